@@ -1,0 +1,7 @@
+"""`python -m vitkit` (and `torchrun -m vitkit`) runs the command line."""
+
+import sys
+
+from vitkit.cli import main
+
+sys.exit(main())

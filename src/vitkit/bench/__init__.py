@@ -1,0 +1,1 @@
+"""Analytic FLOPs (flops.py) and measured throughput (throughput.py)."""
