@@ -1,0 +1,191 @@
+"""Image files: decoding with Pillow, class-folder scanning, and pooled decoding of small folders.
+
+Every image, whatever its Pillow mode (1, L, P, RGB, RGBA, CMYK, I;16, ...), becomes uint8 RGB or L.
+Alpha is dropped as torchvision's ImageFolder does (`convert("RGB")`); 16-bit grayscale is scaled
+to 8 bits rather than clipped.  A file Pillow cannot fully decode (corrupt, truncated, empty) raises
+`BadImageError` naming the file, and an image whose header claims more pixels than `max_pixels` is
+refused before any pixel is decoded (decompression-bomb guard, like Pillow's `MAX_IMAGE_PIXELS`).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import math
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+from PIL import Image
+
+log = logging.getLogger(__name__)
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
+MAX_PIXELS = 89_478_485  # Pillow's default Image.MAX_IMAGE_PIXELS (about 0.25 GiB of 24-bit pixels)
+_MAX_LOGGED = 10  # bad files named one by one in the log; the rest only counted
+
+
+class BadImageError(ValueError):
+    """An image file that cannot be decoded (corrupt, truncated, empty, or not an image)."""
+
+
+class DecompressionBombError(BadImageError):
+    """An image whose header claims more pixels than the configured limit."""
+
+
+def _source_name(source: str | os.PathLike | bytes) -> str:
+    return "<bytes>" if isinstance(source, (bytes, bytearray, memoryview)) else str(source)
+
+
+def _to_mode(image: Image.Image, channels: int) -> Image.Image:
+    """Any Pillow mode -> "L" (channels=1) or "RGB" (channels=3)."""
+    if image.mode in ("I", "I;16", "I;16B", "I;16L", "I;16N", "F"):
+        # 16/32-bit grayscale (e.g. 16-bit PNG): map 0..65535 onto 0..255 instead of clipping at 255.
+        array = np.asarray(image, dtype=np.float64)
+        scale = 255.0 / 65535.0 if image.mode.startswith("I;16") or array.max(initial=0) > 255 else 1.0
+        image = Image.fromarray(np.clip(np.rint(array * scale), 0, 255).astype(np.uint8), "L")
+    if image.mode == "P" and "transparency" in image.info:
+        image = image.convert("RGBA")  # Pillow's advice: palette transparency goes through RGBA
+    target = "L" if channels == 1 else "RGB"
+    return image if image.mode == target else image.convert(target)
+
+
+def _open(source: str | os.PathLike | bytes, max_pixels: int) -> Image.Image:
+    """Open lazily (header only) and refuse decompression bombs before decoding any pixel."""
+    name = _source_name(source)
+    handle = io.BytesIO(source) if isinstance(source, (bytes, bytearray, memoryview)) else source
+    try:
+        image = Image.open(handle)
+    except Exception as error:  # UnidentifiedImageError, OSError, SyntaxError, ...: not an image
+        raise BadImageError(f"{name}: not a readable image ({type(error).__name__}: {error})") from error
+    width, height = image.size
+    if width * height > max_pixels:
+        image.close()
+        raise DecompressionBombError(
+            f"{name}: refusing to decode a {width}x{height} image ({width * height:,} pixels > limit "
+            f"{max_pixels:,}); possible decompression bomb")
+    return image
+
+
+def _decode(source: str | os.PathLike | bytes, channels: int, size: int | None, max_pixels: int) -> np.ndarray:
+    """(H, W, C) uint8 array; with `size`: shorter side resized to `size`, then centre-cropped square."""
+    if channels not in (1, 3):
+        raise ValueError(f"channels must be 1 or 3, got {channels}")
+    image = _open(source, max_pixels)
+    try:
+        with image:
+            if size is not None and image.format == "JPEG":
+                # DCT-domain downscaling (1/2, 1/4, 1/8) while keeping the shorter side >= size: a large speed-up.
+                short = min(image.size)
+                image.draft("L" if channels == 1 else "RGB",
+                            (math.ceil(size * image.size[0] / short), math.ceil(size * image.size[1] / short)))
+            image.load()  # the actual decode: raises on truncated or corrupt data
+            image = _to_mode(image, channels)
+            if size is not None:
+                image = _resize_center_crop(image, size)
+            array = np.asarray(image, dtype=np.uint8)
+    except BadImageError:
+        raise
+    except Exception as error:  # OSError "image file is truncated", SyntaxError, ValueError, zlib errors ...
+        raise BadImageError(f"{_source_name(source)}: corrupt or truncated image ({type(error).__name__}: {error})") from error
+    return array[:, :, None] if array.ndim == 2 else array  # (H, W) -> (H, W, 1)
+
+
+def _resize_center_crop(image: Image.Image, size: int) -> Image.Image:
+    """Shorter side -> `size` (antialiased bilinear, Pillow's convolution resampler), then the centre square."""
+    width, height = image.size
+    scale = size / min(width, height)
+    new_w, new_h = max(size, round(width * scale)), max(size, round(height * scale))
+    if (new_w, new_h) != (width, height):
+        image = image.resize((new_w, new_h), Image.Resampling.BILINEAR)
+    left, top = (new_w - size) // 2, (new_h - size) // 2
+    return image.crop((left, top, left + size, top + size))
+
+
+def decode_image(source: str | os.PathLike | bytes, channels: int = 3, *, size: int | None = None,
+                 max_pixels: int = MAX_PIXELS) -> torch.Tensor:
+    """Decode one image file (or its bytes) to uint8 (C, H, W).
+
+    Args:
+        source: a path or the encoded bytes.
+        channels: 3 for RGB, 1 for grayscale ("L"); every Pillow mode is converted.
+        size: if given, resize the shorter side to `size` and centre-crop to (size, size).
+        max_pixels: refuse images whose header claims more pixels (decompression bombs).
+
+    Raises:
+        BadImageError: the data is not a decodable image; the message names the file.
+        DecompressionBombError: the image is larger than `max_pixels`.
+    """
+    array = _decode(source, channels, size, max_pixels)
+    return torch.from_numpy(np.ascontiguousarray(array.transpose(2, 0, 1)))  # (H, W, C) -> (C, H, W)
+
+
+def image_size(path: Path) -> tuple[int, int] | None:
+    """(width, height) from the header alone, or None if the file does not open."""
+    try:
+        with Image.open(path) as image:
+            return image.size
+    except Exception:  # noqa: BLE001 - any unreadable file just has no size
+        return None
+
+
+# ------------------------------------------------------------------------------------- folders
+def class_folders(root: Path) -> list[str]:
+    """Class names of an ImageFolder-style `root`: its sub-directories, in sorted order (capitals first)."""
+    if not root.is_dir():
+        raise FileNotFoundError(f"{root}: not a directory")
+    names = sorted(entry.name for entry in os.scandir(root) if entry.is_dir() and not entry.name.startswith("."))
+    if not names:
+        raise ValueError(f"{root}: no class sub-folders (expected {root}/<class>/<image>.jpg)")
+    return names
+
+
+def scan_folder(root: Path, class_names: Sequence[str]) -> tuple[list[Path], list[int]]:
+    """Image files under `root/<class>/` (recursive, sorted) and their class indices in `class_names`."""
+    index = {name: i for i, name in enumerate(class_names)}
+    extra = [name for name in class_folders(root) if name not in index]
+    if extra:
+        raise ValueError(f"{root}: class folders {extra} do not exist in the training split")
+    files, labels = [], []
+    for name in class_names:
+        folder = root / name
+        if not folder.is_dir():
+            continue  # a class may be absent from a val/ split
+        found = sorted(p for p in folder.rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file())
+        files += found
+        labels += [index[name]] * len(found)
+    return files, labels
+
+
+def decode_files(files: Sequence[Path], channels: int, size: int, *, strict: bool = False,
+                 num_workers: int | None = None, max_pixels: int = MAX_PIXELS) -> tuple[torch.Tensor, list[int]]:
+    """Decode `files` to one uint8 (N_good, C, size, size) tensor with a thread pool.
+
+    Pillow releases the GIL while decoding and resizing, so threads scale without pickling pixels
+    between processes.  Returns the tensor and the positions (into `files`) that decoded; the bad
+    ones are logged (or, with `strict`, the first raises `BadImageError`).
+    """
+    out = torch.empty(len(files), channels, size, size, dtype=torch.uint8)
+    workers = num_workers or min(8, os.cpu_count() or 1)
+
+    def work(i: int) -> str | None:
+        try:
+            out[i] = torch.from_numpy(_decode(files[i], channels, size, max_pixels).transpose(2, 0, 1))
+        except BadImageError as error:
+            if strict:
+                raise
+            return str(error)
+        return None
+
+    with ThreadPoolExecutor(workers) as pool:
+        errors = list(pool.map(work, range(len(files))))
+    bad = [i for i, error in enumerate(errors) if error is not None]
+    for i in bad[:_MAX_LOGGED]:
+        log.warning("skipping bad image %s", errors[i])
+    if bad:
+        log.warning("skipped %d of %d image files that could not be decoded", len(bad), len(files))
+    good = [i for i, error in enumerate(errors) if error is None]
+    return (out if not bad else out[good]), good

@@ -1,0 +1,192 @@
+"""Readers for the fixed-size array formats behind the data URIs: IDX (MNIST, Fashion-MNIST),
+the CIFAR-10/100 binary version, and `.npz` archives.
+
+Each reader validates what it reads (magic number, header, size) and raises `DataFormatError` naming
+the file, so a wrong or truncated download stops with one clear line instead of a reshape error deep
+inside numpy.  Nothing here unpickles: `.npz` files are opened with `allow_pickle=False`.
+"""
+
+from __future__ import annotations
+
+import gzip
+import struct
+import zipfile
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+IDX_IMAGES_MAGIC = 2051  # 0x00000803: unsigned bytes, 3 dims (N, rows, cols)
+IDX_LABELS_MAGIC = 2049  # 0x00000801: unsigned bytes, 1 dim (N,)
+CIFAR_PIXELS = 3 * 32 * 32  # one record's image: 1024 R, then 1024 G, then 1024 B bytes, row-major
+
+
+class DataFormatError(ValueError):
+    """A data file is missing, truncated or not in the format its name says."""
+
+
+# ----------------------------------------------------------------------------------------- IDX
+def idx_path(directory: Path, stem: str) -> Path:
+    """`stem` (e.g. `train-images-idx3-ubyte`) as `.gz` or uncompressed in `directory`."""
+    for name in (f"{stem}.gz", stem):
+        if (directory / name).is_file():
+            return directory / name
+    raise DataFormatError(f"{directory}: neither {stem}.gz nor {stem} exists")
+
+
+def _read_bytes(path: Path, limit: int | None = None) -> bytes:
+    """The (gunzipped) content of `path`, or only its first `limit` bytes."""
+    try:
+        if path.suffix == ".gz":
+            with gzip.open(path, "rb") as handle:
+                return handle.read() if limit is None else handle.read(limit)
+        with open(path, "rb") as handle:
+            return handle.read() if limit is None else handle.read(limit)
+    except (EOFError, OSError, zlib.error) as error:  # truncated or corrupt gzip stream
+        raise DataFormatError(f"{path}: cannot read ({error}); the file is truncated or corrupt") from error
+
+
+def idx_header(path: Path) -> tuple[int, tuple[int, ...]]:
+    """(magic, dims) from the first bytes of an IDX file; decompresses only the header."""
+    head = _read_bytes(path, 16)
+    if len(head) < 8:
+        raise DataFormatError(f"{path}: {len(head)} bytes is too short for an IDX header")
+    magic = struct.unpack(">i", head[:4])[0]
+    if magic not in (IDX_IMAGES_MAGIC, IDX_LABELS_MAGIC):
+        raise DataFormatError(
+            f"{path}: IDX magic number is {magic}, expected {IDX_IMAGES_MAGIC} (images) or "
+            f"{IDX_LABELS_MAGIC} (labels); this is not an IDX ubyte file")
+    ndim = magic & 0xFF  # the low byte counts the dimensions
+    if len(head) < 4 + 4 * ndim:
+        raise DataFormatError(f"{path}: truncated IDX header")
+    return magic, struct.unpack(f">{ndim}i", head[4:4 + 4 * ndim])
+
+
+def read_idx(path: Path, expect_magic: int) -> np.ndarray:
+    """The uint8 array of an IDX file, after checking its magic number and its exact size."""
+    magic, dims = idx_header(path)
+    if magic != expect_magic:
+        kind = "images" if expect_magic == IDX_IMAGES_MAGIC else "labels"
+        raise DataFormatError(f"{path}: IDX magic number is {magic}, expected {expect_magic} for {kind}")
+    data = _read_bytes(path)
+    offset = 4 + 4 * len(dims)
+    expected = int(np.prod(dims))
+    if len(data) - offset != expected:
+        raise DataFormatError(
+            f"{path}: header says {dims} = {expected} bytes of data but the file holds {len(data) - offset}; "
+            "the file is truncated or corrupt")
+    return np.frombuffer(data, dtype=np.uint8, offset=offset).reshape(dims)
+
+
+def read_idx_pair(directory: Path, prefix: str, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
+    """Images (N, 1, 28, 28) and labels (N,) of one MNIST-style split (`prefix` is `train` or `t10k`)."""
+    images_file = idx_path(directory, f"{prefix}-images-idx3-ubyte")
+    labels_file = idx_path(directory, f"{prefix}-labels-idx1-ubyte")
+    images = read_idx(images_file, IDX_IMAGES_MAGIC)
+    labels = read_idx(labels_file, IDX_LABELS_MAGIC)
+    if len(images) != len(labels):
+        raise DataFormatError(f"{images_file} has {len(images)} images but {labels_file} has {len(labels)} labels")
+    if labels.size and labels.max() >= num_classes:
+        raise DataFormatError(f"{labels_file}: label {labels.max()} is out of range for {num_classes} classes")
+    return images[:, None], labels  # (N, H, W) -> (N, 1, H, W)
+
+
+def idx_count(directory: Path, prefix: str) -> int:
+    """Number of images in a split, from the header alone."""
+    return idx_header(idx_path(directory, f"{prefix}-images-idx3-ubyte"))[1][0]
+
+
+# --------------------------------------------------------------------------------------- CIFAR
+def read_cifar_bin(path: Path, label_bytes: int, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
+    """Images (N, 3, 32, 32) and labels (N,) of one CIFAR binary file.
+
+    A record is `label_bytes` label bytes then 3072 pixel bytes.  CIFAR-10 has one label byte; CIFAR-100
+    has two, `<coarse><fine>`, and the fine label (the last one) is the class.
+    """
+    if not path.is_file():
+        raise DataFormatError(f"{path}: missing (expected the official CIFAR binary version)")
+    data = np.fromfile(path, dtype=np.uint8)
+    record = label_bytes + CIFAR_PIXELS
+    if data.size == 0 or data.size % record:
+        raise DataFormatError(
+            f"{path}: {data.size} bytes is not a whole number of {record}-byte records; "
+            "the file is truncated or not the binary version")
+    rows = data.reshape(-1, record)  # (N, label_bytes + 3072)
+    labels = rows[:, label_bytes - 1].astype(np.int64)
+    if labels.max() >= num_classes or (label_bytes == 2 and rows[:, 0].max() >= 20):
+        raise DataFormatError(f"{path}: label out of range for {num_classes} classes; wrong file for this data set?")
+    return rows[:, label_bytes:].reshape(-1, 3, 32, 32), labels  # (N, 3072) -> (N, C, H, W)
+
+
+def cifar_count(path: Path, label_bytes: int) -> int:
+    if not path.is_file():
+        raise DataFormatError(f"{path}: missing (expected the official CIFAR binary version)")
+    return path.stat().st_size // (label_bytes + CIFAR_PIXELS)
+
+
+def read_names(path: Path) -> list[str] | None:
+    """Class names, one per non-empty line (batches.meta.txt, fine_label_names.txt), if the file exists."""
+    if not path.is_file():
+        return None
+    return [line.strip() for line in path.read_text().splitlines() if line.strip()]
+
+
+# ----------------------------------------------------------------------------------------- NPZ
+NPZ_KEYS = (("x_train", "y_train", "x_test", "y_test"), ("images", "labels"))
+
+
+def npz_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """Array shapes in an `.npz`, read from the `.npy` headers without decompressing the data."""
+    shapes = {}
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for name in archive.namelist():
+                with archive.open(name) as handle:
+                    version = np.lib.format.read_magic(handle)
+                    read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+                    shape, _, _ = read_header(handle)
+                shapes[name.removesuffix(".npy")] = shape
+    except (OSError, zipfile.BadZipFile, ValueError) as error:
+        raise DataFormatError(f"{path}: not a readable .npz archive ({error})") from error
+    return shapes
+
+
+def to_nchw(array: np.ndarray, path: Path, key: str) -> np.ndarray:
+    """uint8 NHWC, NCHW or NHW (grayscale) -> NCHW.  A channel axis of size 1, 3 or 4 marks the layout."""
+    if array.dtype != np.uint8:
+        raise DataFormatError(f"{path}: `{key}` has dtype {array.dtype}; images must be uint8 0..255")
+    if array.ndim == 3:
+        return array[:, None]
+    if array.ndim != 4:
+        raise DataFormatError(f"{path}: `{key}` has shape {array.shape}; expected (N, H, W, C) or (N, C, H, W)")
+    if array.shape[1] in (1, 3) and array.shape[3] not in (1, 3):
+        return array
+    if array.shape[3] in (1, 3):
+        return array.transpose(0, 3, 1, 2)
+    raise DataFormatError(f"{path}: `{key}` has shape {array.shape}; no channel axis of size 1 or 3")
+
+
+def read_npz(path: Path) -> dict[str, np.ndarray]:
+    """The arrays of an `.npz` file, never unpickling; images are returned NCHW, labels int64."""
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            arrays = {key: archive[key] for key in archive.files}
+    except (OSError, zipfile.BadZipFile, ValueError, EOFError) as error:
+        raise DataFormatError(f"{path}: cannot read .npz ({error})") from error
+    for keys in NPZ_KEYS:
+        if all(key in arrays for key in keys):
+            break
+    else:
+        raise DataFormatError(f"{path}: holds {sorted(arrays)}; expected x_train, y_train, x_test, y_test or images, labels")
+    out = {}
+    for image_key, label_key in zip(keys[0::2], keys[1::2]):
+        images = to_nchw(arrays[image_key], path, image_key)
+        labels = arrays[label_key]
+        if labels.ndim != 1 or labels.dtype.kind not in "iu" or len(labels) != len(images):
+            raise DataFormatError(f"{path}: `{label_key}` must be {len(images)} integer labels, got {labels.dtype} {labels.shape}")
+        if labels.size and labels.min() < 0:
+            raise DataFormatError(f"{path}: `{label_key}` has negative labels")
+        out[image_key], out[label_key] = images, labels.astype(np.int64)
+    if "class_names" in arrays:
+        out["class_names"] = arrays["class_names"]
+    return out

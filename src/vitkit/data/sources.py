@@ -1,0 +1,354 @@
+"""Data sources named by URI (DESIGN.md) -> `ImageSet`s of uint8 (N, C, H, W) images and int64 labels.
+
+    digits            scikit-learn's bundled 8x8 digits (1,797 images, 10 classes); needs no files
+    mnist:DIR         the original IDX files (`train-images-idx3-ubyte.gz`, ...; `.gz` optional)
+    fashion-mnist:DIR the same layout as mnist
+    cifar10:DIR       official binary version: data_batch_1..5.bin, test_batch.bin (+ batches.meta.txt)
+    cifar100:DIR      official binary version: train.bin, test.bin (<coarse><fine> labels; fine is the class)
+    folder:DIR        ImageFolder layout DIR/<class>/*.jpg, or DIR/train/<class>/ + DIR/val/<class>/
+    npz:FILE          arrays x_train, y_train, x_test, y_test (or images, labels); NHWC or NCHW uint8
+
+Splits.  "test" is the official test split; digits and an `images, labels` npz have none, so a fixed
+class-stratified 20 % (seed `FIXED_TEST_SEED`) is held out as their test split.  For a folder, "test"
+is DIR/test if present, else DIR/val.  "train" is the training data minus a class-stratified
+`val_fraction` held out by `seed`; "val" is that held-out part, or DIR/val of a folder when
+`val_fraction` is 0.  The same (uri, val_fraction, seed) always gives the same split.
+
+Small sets live in memory as one uint8 tensor.  A folder whose decoded images (at `image_size`) would
+exceed `max_in_memory_bytes` is returned as a list of files that DataLoader workers decode with
+`ImageSet.read`.  Fixed-size sources are returned at native size; resizing is the transforms' job.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import logging
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+
+from vitkit.data import readers
+from vitkit.data.images import (MAX_PIXELS, BadImageError, DecompressionBombError, class_folders, decode_files,
+                                decode_image, image_size as _header_size, scan_folder)
+from vitkit.data.readers import DataFormatError
+
+__all__ = ["ImageSet", "SourceInfo", "parse_uri", "load_split", "describe", "decode_image", "stratified_split",
+           "BadImageError", "DecompressionBombError", "DataFormatError", "KINDS"]
+
+log = logging.getLogger(__name__)
+
+KINDS = ("digits", "mnist", "fashion-mnist", "cifar10", "cifar100", "folder", "npz")
+FIXED_TEST_SEED = 0  # seed of the 20 % test split of digits and of `images, labels` npz files
+FIXED_TEST_FRACTION = 0.2
+DEFAULT_FOLDER_SIZE = 224  # side a folder is decoded to when no image_size is given (the paper's resolution)
+FASHION_MNIST_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
+                         "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"]
+CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+Split = Literal["train", "val", "test"]
+
+
+@dataclass
+class ImageSet:
+    """Images and labels of one split.  Either `images` (in memory) or `files` (decoded on demand) is set."""
+
+    images: torch.Tensor | None  # uint8 (N, C, H, W), all the same size, when the set lives in memory
+    labels: torch.Tensor  # int64 (N,)
+    class_names: list[str]
+    files: list[Path] | None = None  # set instead of `images` for large file-based sets
+    load_size: int | None = None  # side length files are decoded/resized to (file-based sets)
+    skipped: int = 0  # corrupt/unreadable files skipped while building the set
+    channels: int = 3  # decode mode of `files`: 3 = RGB, 1 = L
+
+    def __post_init__(self) -> None:
+        if (self.images is None) == (self.files is None):
+            raise ValueError("ImageSet needs exactly one of `images` or `files`")
+        count = len(self.images) if self.images is not None else len(self.files)
+        if count != len(self.labels):
+            raise ValueError(f"ImageSet has {count} images but {len(self.labels)} labels")
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+    def subset(self, index: torch.Tensor) -> ImageSet:
+        """The samples at `index` (int64 positions), in that order."""
+        index = torch.as_tensor(index, dtype=torch.int64)
+        if self.images is not None:
+            return replace(self, images=self.images[index], labels=self.labels[index])
+        return replace(self, files=[self.files[i] for i in index.tolist()], labels=self.labels[index])
+
+    def read(self, i: int) -> torch.Tensor:
+        """Sample `i` as uint8 (C, H, W); for file sets this decodes (raises `BadImageError` if corrupt)."""
+        if self.images is not None:
+            return self.images[i]
+        return decode_image(self.files[i], self.channels, size=self.load_size)
+
+
+@dataclass(frozen=True)
+class SourceInfo:
+    """What a source holds, found cheaply (headers and directory listings, not pixels)."""
+
+    uri: str
+    num_train: int  # images in the training split (before any val hold-out)
+    num_classes: int
+    image_size: int  # typical side length in pixels (median shorter side for folders)
+    channels: int
+    in_memory: bool  # whether load_split keeps it in memory (at DEFAULT_FOLDER_SIZE for folders)
+
+
+def parse_uri(uri: str) -> tuple[str, str]:
+    """"fashion-mnist:/x" -> ("fashion-mnist", "/x"); "digits" -> ("digits", "")."""
+    kind, _, path = uri.partition(":")
+    if kind not in KINDS:
+        raise ValueError(f"unknown data source {uri!r}; expected one of {', '.join(k + ':' for k in KINDS)} (digits needs no path)")
+    if kind != "digits" and not path:
+        raise ValueError(f"data source {uri!r} needs a path: {kind}:PATH")
+    if kind == "digits" and path:
+        raise ValueError(f"data source 'digits' takes no path, got {uri!r}")
+    return kind, path
+
+
+def stratified_split(labels: torch.Tensor, fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(keep, held) sorted indices; `held` has round(fraction * n_c) of each class's n_c samples.
+
+    Each class keeps at least one sample and, when fraction > 0, gives at least one if it has two.
+    The choice depends only on (labels, fraction, seed).
+    """
+    if not 0.0 <= fraction < 1.0:
+        raise ValueError(f"val_fraction must be in [0, 1), got {fraction}")
+    labels = torch.as_tensor(labels)
+    generator = torch.Generator().manual_seed(seed)
+    held = []
+    for cls in torch.unique(labels).tolist():
+        members = torch.nonzero(labels == cls).flatten()
+        count = round(fraction * len(members))
+        if fraction > 0 and len(members) > 1:
+            count = min(max(count, 1), len(members) - 1)
+        held.append(members[torch.randperm(len(members), generator=generator)[:count]])
+    mask = torch.zeros(len(labels), dtype=torch.bool)
+    mask[torch.cat(held) if held else torch.empty(0, dtype=torch.int64)] = True
+    return torch.nonzero(~mask).flatten(), torch.nonzero(mask).flatten()
+
+
+# --------------------------------------------------------------------------- one reader per kind
+def _in_memory(images: np.ndarray, labels: np.ndarray, class_names: list[str]) -> ImageSet:
+    # A private copy: readers' arrays may be read-only buffers or shared by the in-process cache.
+    return ImageSet(images=torch.from_numpy(np.array(images, order="C")), labels=torch.from_numpy(labels.astype(np.int64)),
+                    class_names=class_names)
+
+
+def _fixed_test_split(whole: ImageSet, part: str) -> ImageSet:
+    keep, held = stratified_split(whole.labels, FIXED_TEST_FRACTION, FIXED_TEST_SEED)
+    return whole.subset(held if part == "test" else keep)
+
+
+@functools.lru_cache(maxsize=1)
+def _digits() -> ImageSet:
+    """scikit-learn's bundled `digits.csv.gz` (64 pixels 0..16 + label per row), read without importing sklearn."""
+    spec = importlib.util.find_spec("sklearn")
+    path = Path(spec.origin).parent / "datasets" / "data" / "digits.csv.gz" if spec and spec.origin else None
+    if path is None or not path.is_file():
+        raise FileNotFoundError("the digits source needs scikit-learn (its bundled datasets/data/digits.csv.gz)")
+    rows = np.loadtxt(path, delimiter=",", dtype=np.uint8)  # (1797, 65)
+    pixels = np.rint(rows[:, :64].reshape(-1, 1, 8, 8) * (255.0 / 16.0)).astype(np.uint8)  # 0..16 -> 0..255
+    return _in_memory(pixels, rows[:, 64], [str(d) for d in range(10)])
+
+
+def _read_digits(part: str) -> ImageSet:
+    return _fixed_test_split(_digits(), part)
+
+
+def _read_idx(kind: str, root: Path, part: str) -> ImageSet:
+    images, labels = _idx_cached(root, "t10k" if part == "test" else "train", _stamp(root))
+    names = FASHION_MNIST_CLASSES if kind == "fashion-mnist" else [str(d) for d in range(10)]
+    return _in_memory(images, labels, names)
+
+
+def _stamp(root: Path) -> tuple:
+    """Directory listing with sizes and mtimes, so the in-process cache notices changed files."""
+    if not root.is_dir():
+        raise FileNotFoundError(f"{root}: data directory does not exist")
+    return tuple(sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in root.iterdir() if p.is_file()))
+
+
+@functools.lru_cache(maxsize=2)
+def _idx_cached(root: Path, prefix: str, stamp: tuple) -> tuple[np.ndarray, np.ndarray]:
+    return readers.read_idx_pair(root, prefix, num_classes=10)
+
+
+def _cifar_dir(root: Path, inner: str) -> Path:
+    """Accept either the extracted `cifar-10-batches-bin` folder or its parent."""
+    return root / inner if (root / inner).is_dir() else root
+
+
+def _read_cifar(kind: str, root: Path, part: str) -> ImageSet:
+    if kind == "cifar10":
+        root = _cifar_dir(root, "cifar-10-batches-bin")
+        names = [f"data_batch_{i}.bin" for i in range(1, 6)] if part != "test" else ["test_batch.bin"]
+        parts = [readers.read_cifar_bin(root / name, 1, 10) for name in names]
+        class_names = readers.read_names(root / "batches.meta.txt") or CIFAR10_CLASSES
+    else:
+        root = _cifar_dir(root, "cifar-100-binary")
+        parts = [readers.read_cifar_bin(root / ("test.bin" if part == "test" else "train.bin"), 2, 100)]
+        class_names = readers.read_names(root / "fine_label_names.txt") or [str(i) for i in range(100)]
+    images = np.concatenate([p[0] for p in parts])
+    labels = np.concatenate([p[1] for p in parts])
+    return _in_memory(images, labels, class_names)
+
+
+def _read_npz(path: Path, part: str) -> ImageSet:
+    arrays = readers.read_npz(path)
+    if "x_train" in arrays:
+        images, labels = (arrays["x_test"], arrays["y_test"]) if part == "test" else (arrays["x_train"], arrays["y_train"])
+        num = int(max(arrays["y_train"].max(initial=-1), arrays["y_test"].max(initial=-1))) + 1
+    else:
+        images, labels = arrays["images"], arrays["labels"]
+        num = int(labels.max(initial=-1)) + 1
+    names = [str(n) for n in arrays["class_names"]] if "class_names" in arrays else [str(i) for i in range(num)]
+    whole = _in_memory(images, labels, names)
+    return whole if "x_train" in arrays else _fixed_test_split(whole, part)
+
+
+def _folder_roots(root: Path) -> dict[str, Path]:
+    """Which directory holds each part of a folder source."""
+    if not root.is_dir():
+        raise FileNotFoundError(f"{root}: data directory does not exist")
+    if not (root / "train").is_dir():
+        return {"train": root}
+    roots = {"train": root / "train"}
+    if (root / "val").is_dir():
+        roots["val"] = roots["test"] = root / "val"
+    if (root / "test").is_dir():
+        roots["test"] = root / "test"
+    return roots
+
+
+def _read_folder(root: Path, part: str, size: int, channels: int) -> ImageSet:
+    """A file-based ImageSet (nothing decoded yet); `_materialise` decodes it if it is small."""
+    roots = _folder_roots(root)
+    if part not in roots:
+        raise ValueError(f"folder:{root} has no {part} split (no {root}/val or {root}/test directory); "
+                         "use val_fraction > 0 to hold out part of the training data")
+    class_names = class_folders(roots["train"])
+    files, labels = scan_folder(roots[part], class_names)
+    if not files:
+        raise ValueError(f"{roots[part]}: no image files (.jpg, .png, ...) in its class folders")
+    return ImageSet(images=None, files=files, labels=torch.tensor(labels, dtype=torch.int64), class_names=class_names,
+                    load_size=size, channels=channels)
+
+
+def _read(kind: str, path: str, part: str, size: int, channels: int) -> ImageSet:
+    if kind == "digits":
+        return _read_digits(part)
+    if kind == "folder":
+        return _read_folder(Path(path), part, size, channels)
+    if part == "val":
+        raise ValueError(f"{kind} has no separate val split; pass val_fraction > 0 to hold out part of train")
+    if kind in ("mnist", "fashion-mnist"):
+        return _read_idx(kind, Path(path), part)
+    if kind in ("cifar10", "cifar100"):
+        return _read_cifar(kind, Path(path), part)
+    return _read_npz(Path(path), part)
+
+
+def _materialise(subset: ImageSet, *, strict: bool, max_in_memory_bytes: int, num_workers: int | None,
+                 max_pixels: int) -> ImageSet:
+    """Decode a file-based set into memory when it fits in `max_in_memory_bytes`; drop bad files."""
+    if subset.files is None:
+        return subset
+    size = subset.load_size
+    if len(subset) * subset.channels * size * size > max_in_memory_bytes:
+        log.info("%d files at %dx%d exceed %d bytes: decoding on the fly", len(subset), size, size, max_in_memory_bytes)
+        return subset
+    images, good = decode_files(subset.files, subset.channels, size, strict=strict, num_workers=num_workers,
+                                max_pixels=max_pixels)
+    return ImageSet(images=images, labels=subset.labels[good], class_names=subset.class_names,
+                    load_size=size, skipped=len(subset) - len(good), channels=subset.channels)
+
+
+def load_split(uri: str, split: Split, *, image_size: int | None = None, val_fraction: float = 0.0, seed: int = 0,
+               strict: bool = False, max_in_memory_bytes: int = 2 << 30, channels: int | None = None,
+               num_workers: int | None = None, max_pixels: int = MAX_PIXELS) -> ImageSet:
+    """One split of the source named by `uri` (see the module docstring for the URIs and splits).
+
+    Args:
+        image_size: side that variable-size files are decoded to (shorter side resized, centre-cropped);
+            default DEFAULT_FOLDER_SIZE.  Fixed-size sources ignore it.
+        val_fraction: class-stratified fraction of the training data held out as "val" (by `seed`).
+        strict: raise `BadImageError` on the first corrupt file instead of skipping and counting it.
+        max_in_memory_bytes: a folder larger than this after decoding is returned as `files`.
+        channels: 3 (RGB) or 1 (L) for folders; fixed-size sources keep their own channels.
+        num_workers: decoding threads for folders (default min(8, CPUs)).
+        max_pixels: decompression-bomb limit per image.
+    """
+    kind, path = parse_uri(uri)
+    if split not in ("train", "val", "test"):
+        raise ValueError(f"split must be 'train', 'val' or 'test', got {split!r}")
+    size, channels = image_size or DEFAULT_FOLDER_SIZE, channels or 3
+    if split == "test" or (split == "val" and val_fraction == 0.0):
+        subset = _read(kind, path, split, size, channels)
+    else:
+        whole = _read(kind, path, "train", size, channels)
+        keep, held = stratified_split(whole.labels, val_fraction, seed)
+        subset = whole.subset(keep if split == "train" else held)
+    result = _materialise(subset, strict=strict, max_in_memory_bytes=max_in_memory_bytes, num_workers=num_workers,
+                          max_pixels=max_pixels)
+    log.info("%s %s: %d images, %d classes%s", uri, split, len(result), result.num_classes,
+             f", {result.skipped} bad files skipped" if result.skipped else "")
+    return result
+
+
+def describe(uri: str, *, image_size: int | None = None, max_in_memory_bytes: int = 2 << 30) -> SourceInfo:
+    """Counts and sizes of a source from headers and listings (decodes no pixels, except digits' 100 KB)."""
+    kind, path = parse_uri(uri)
+    root = Path(path)
+    if kind == "digits":
+        return SourceInfo(uri=uri, num_train=len(_read_digits("train")), num_classes=10, image_size=8, channels=1,
+                          in_memory=True)
+    if kind in ("mnist", "fashion-mnist"):
+        return SourceInfo(uri=uri, num_train=readers.idx_count(root, "train"), num_classes=10, image_size=28,
+                          channels=1, in_memory=True)
+    if kind == "cifar10":
+        root = _cifar_dir(root, "cifar-10-batches-bin")
+        count = sum(readers.cifar_count(root / f"data_batch_{i}.bin", 1) for i in range(1, 6))
+        return SourceInfo(uri=uri, num_train=count, num_classes=10, image_size=32, channels=3, in_memory=True)
+    if kind == "cifar100":
+        count = readers.cifar_count(_cifar_dir(root, "cifar-100-binary") / "train.bin", 2)
+        return SourceInfo(uri=uri, num_train=count, num_classes=100, image_size=32, channels=3, in_memory=True)
+    if kind == "npz":
+        return _describe_npz(uri, root)
+    part = _read_folder(root, "train", image_size or DEFAULT_FOLDER_SIZE, 3)
+    sample = part.files[:: max(1, len(part.files) // 32)]  # about 32 headers spread over the classes
+    sides = sorted(min(s) for s in map(_header_size, sample) if s)
+    typical = sides[len(sides) // 2] if sides else 0
+    fits = len(part) * 3 * part.load_size**2 <= max_in_memory_bytes
+    return SourceInfo(uri=uri, num_train=len(part), num_classes=part.num_classes, image_size=typical, channels=3,
+                      in_memory=fits)
+
+
+def _describe_npz(uri: str, path: Path) -> SourceInfo:
+    shapes = readers.npz_shapes(path)
+    key = "x_train" if "x_train" in shapes else "images"
+    if key not in shapes:
+        raise DataFormatError(f"{path}: holds {sorted(shapes)}; expected x_train, y_train, x_test, y_test or images, labels")
+    shape = shapes[key]
+    nchw = len(shape) == 4 and shape[1] in (1, 3) and shape[3] not in (1, 3)
+    channels = 1 if len(shape) == 3 else (shape[1] if nchw else shape[3])
+    side = shape[-1] if nchw or len(shape) == 3 else shape[2]
+    arrays = readers.read_npz(path) if key == "images" else None  # the 20 % test hold-out needs the labels
+    if arrays is not None:
+        num_train = len(stratified_split(torch.from_numpy(arrays["labels"]), FIXED_TEST_FRACTION, FIXED_TEST_SEED)[0])
+        num_classes = int(arrays["labels"].max(initial=-1)) + 1
+    else:
+        with np.load(path, allow_pickle=False) as archive:  # labels only: small
+            num_classes = int(max(archive["y_train"].max(initial=-1), archive["y_test"].max(initial=-1))) + 1
+        num_train = shape[0]
+    return SourceInfo(uri=uri, num_train=num_train, num_classes=num_classes, image_size=int(side),
+                      channels=int(channels), in_memory=True)
