@@ -1,0 +1,184 @@
+"""Few-shot linear accuracy (Sec. 4.1, "Metrics"): the frozen representation of k training images
+per class, a closed-form regularised least-squares fit to {-1, 1}^K targets (eval/ridge.py holds
+the derivation), accuracy on the test split, repeated over seeds (mean +- std).
+
+Choosing lambda.  Candidates are powers of two (`FewShotConfig.l2_exponents`).  For k >= 2 the k
+shots of every class are dealt into min(k, folds) class-stratified folds; each fold is held out in
+turn, the rest fitted, and the lambda with the most correct held-out predictions wins (ties: lower
+held-out squared error, then the larger lambda).  The winner is refitted on all k shots.
+Fallback for k = 1: holding out the only image of a class leaves that class without a positive
+example, so no hold-out is possible; lambda is then chosen by generalised cross-validation (GCV,
+Golub, Heath & Wahba 1979), the closed-form rotation-invariant estimate of leave-one-out squared
+error, computed on the K shots alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from vitkit.eval.ridge import l2_grid, pm1_targets, ridge_path
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class FewShotConfig:
+    """What `run_fewshot` measures."""
+
+    shots: tuple[int, ...] = (1, 5, 10, 25)  # k images per class (Sec. 4.1 / Figure 4 use 1, 5, 10, 25)
+    seeds: int = 3  # repetitions with different draws of the k shots (seeds 0 ... seeds-1)
+    l2_exponents: tuple[int, ...] = tuple(range(-10, 11))  # lambda candidates 2^e
+    folds: int = 5  # at most this many hold-out folds when choosing lambda (k >= 2)
+    layer: str = "features"  # representation: "features" = what the head reads (y, or pre-logits when present)
+    img_size: int | None = None  # input resolution; None = the checkpoint's
+    batch_size: int = 64  # images per forward pass
+    max_test: int | None = None  # evaluate on a fixed random subset of this many test images (None = all)
+    device: str = "auto"  # "auto" = CUDA when available
+
+    def __post_init__(self) -> None:
+        if not self.shots or min(self.shots) < 1:
+            raise ValueError(f"shots must be positive integers, got {self.shots}")
+        if self.seeds < 1 or self.folds < 2:
+            raise ValueError("seeds must be >= 1 and folds >= 2")
+        if not self.l2_exponents:
+            raise ValueError("l2_exponents must not be empty")
+
+
+@dataclass
+class FewShotResult:
+    """Accuracy per k: mean and std over seeds, plus every (seed, lambda, accuracy)."""
+
+    shots: dict[int, dict[str, Any]] = field(default_factory=dict)
+    num_classes: int = 0
+    num_test: int = 0
+    layer: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"num_classes": self.num_classes, "num_test": self.num_test, "layer": self.layer,
+                "shots": {str(k): v for k, v in self.shots.items()}}
+
+
+def _fold_ids(labels: Tensor, folds: int, seed: int) -> Tensor:
+    """A fold index per image, dealt class by class in a seeded random order (stratified)."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.empty_like(labels)
+    for cls in labels.unique():
+        members = (labels == cls).nonzero().flatten()
+        order = members[torch.randperm(len(members), generator=generator)]
+        ids[order] = torch.arange(len(order)) % folds
+    return ids
+
+
+def _gcv_l2(features: Tensor, targets: Tensor, grid: list[float]) -> float:
+    """lambda minimising GCV(lambda) = n ||Y - Yhat||^2 / (n - dof)^2, dof = 1 + sum s^2 / (s^2 + lambda)."""
+    path = ridge_path(features, targets)
+    n = features.shape[0]
+    best, best_score = grid[-1], math.inf
+    for l2 in grid:
+        residual = targets.double() - path.predict(features, l2)
+        dof = 1.0 + float((path.singular**2 / (path.singular**2 + l2)).sum())
+        if n - dof <= 1e-9:
+            continue
+        score = n * float((residual**2).sum()) / (n - dof) ** 2
+        if score < best_score - 1e-12 * abs(best_score) or (math.isclose(score, best_score) and l2 > best):
+            best, best_score = l2, score
+    return best
+
+
+def select_l2(features: Tensor, labels: Tensor, num_classes: int, grid: list[float], folds: int, seed: int) -> float:
+    """The lambda of `grid` with the best held-out accuracy on the few-shot set (module docstring)."""
+    per_class = torch.bincount(labels, minlength=num_classes)
+    shots = int(per_class[per_class > 0].min())
+    targets = pm1_targets(labels, num_classes)
+    if shots < 2:  # k = 1: no class can lose its only image; documented fallback
+        return _gcv_l2(features, targets, grid)
+    ids = _fold_ids(labels, min(shots, folds), seed)
+    correct = torch.zeros(len(grid), dtype=torch.float64)
+    error = torch.zeros(len(grid), dtype=torch.float64)
+    for fold in ids.unique():
+        held = ids == fold
+        path = ridge_path(features[~held], targets[~held])
+        for index, l2 in enumerate(grid):
+            scores = path.predict(features[held], l2)
+            correct[index] += float((scores.argmax(dim=1) == labels[held]).sum())
+            error[index] += float(((scores - targets[held]) ** 2).sum())
+    # lexicographic: most correct, then least squared error, then the larger lambda (later in the grid)
+    ranking = sorted(range(len(grid)), key=lambda i: (-correct[i].item(), error[i].item(), -grid[i]))
+    return grid[ranking[0]]
+
+
+def fewshot_accuracy(
+    train_features: Tensor,
+    train_labels: Tensor,
+    test_features: Tensor,
+    test_labels: Tensor,
+    num_classes: int,
+    config: FewShotConfig,
+    seed: int,
+) -> tuple[float, float]:
+    """(test accuracy, chosen lambda) of the ridge probe fitted on the given few-shot features."""
+    grid = l2_grid(config.l2_exponents)
+    l2 = select_l2(train_features, train_labels, num_classes, grid, config.folds, seed)
+    path = ridge_path(train_features, pm1_targets(train_labels, num_classes))
+    predictions = path.predict(test_features, l2).argmax(dim=1)
+    return float((predictions == test_labels.to(predictions.device)).double().mean()), l2
+
+
+def evaluate_fewshot(
+    train_features: Tensor,
+    train_labels: Tensor,
+    test_features: Tensor,
+    test_labels: Tensor,
+    num_classes: int,
+    config: FewShotConfig,
+) -> FewShotResult:
+    """Few-shot accuracy for every k and seed from precomputed features of the whole train pool."""
+    from vitkit.data.fewshot import k_per_class
+
+    result = FewShotResult(num_classes=num_classes, num_test=len(test_labels), layer=config.layer)
+    for k in config.shots:
+        runs = []
+        for seed in range(config.seeds):
+            index = k_per_class(train_labels, k, seed)
+            accuracy, l2 = fewshot_accuracy(
+                train_features[index], train_labels[index], test_features, test_labels, num_classes, config, seed
+            )
+            runs.append({"seed": seed, "accuracy": accuracy, "l2": l2})
+            log.info("few-shot k=%d seed=%d: accuracy %.4f (lambda 2^%d)", k, seed, accuracy, round(math.log2(l2)))
+        accuracies = torch.tensor([r["accuracy"] for r in runs], dtype=torch.float64)
+        std = float(accuracies.std(unbiased=True)) if len(runs) > 1 else 0.0
+        result.shots[k] = {"mean": float(accuracies.mean()), "std": std, "runs": runs}
+    return result
+
+
+def run_fewshot(checkpoint, train_set, test_set, config: FewShotConfig) -> FewShotResult:
+    """Few-shot linear accuracy of a checkpoint's frozen representation (Sec. 4.1).
+
+    Only the images some (k, seed) draw uses are passed through the model; `train_set` and
+    `test_set` are `vitkit.data.sources.ImageSet`s with the same classes.
+    """
+    from vitkit.data.fewshot import k_per_class
+    from vitkit.eval.features import compute
+
+    if train_set.num_classes != test_set.num_classes:
+        raise ValueError(f"train has {train_set.num_classes} classes but test has {test_set.num_classes}")
+    needed = torch.cat([k_per_class(train_set.labels, k, seed) for k in config.shots for seed in range(config.seeds)])
+    pool = needed.unique()  # sorted indices of every image any draw uses
+    if config.max_test is not None and config.max_test < len(test_set):
+        keep = torch.randperm(len(test_set), generator=torch.Generator().manual_seed(0))[: config.max_test]
+        test_set = test_set.subset(keep.sort().values)
+    options = {"img_size": config.img_size, "batch_size": config.batch_size, "device": config.device}
+    pool_features, _ = compute(checkpoint, train_set.subset(pool), config.layer, **options)
+    test_features, test_labels = compute(checkpoint, test_set, config.layer, **options)
+    if pool_features.ndim != 2:
+        raise ValueError(f"layer {config.layer!r} gives {tuple(pool_features.shape[1:])} per image; few-shot needs a vector")
+    # Scatter the pool back to full-set positions so k_per_class indices address it directly.
+    features = torch.zeros(len(train_set), pool_features.shape[1])
+    features[pool] = pool_features
+    return evaluate_fewshot(features, train_set.labels, test_features, test_labels, train_set.num_classes, config)
