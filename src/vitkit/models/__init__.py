@@ -7,16 +7,15 @@ from typing import Any
 from torch import nn
 
 from vitkit.models.configs import PRESETS, HybridConfig, ModelConfig, ResNetConfig, ViTConfig, with_overrides
+from vitkit.models.resnet import ResNetV2
 from vitkit.models.vit import VisionTransformer
 
-__all__ = ["build_model", "create_model", "list_models", "VisionTransformer", "ViTConfig", "ResNetConfig", "HybridConfig"]
+__all__ = ["build_model", "create_model", "list_models", "VisionTransformer", "ResNetV2", "ViTConfig", "ResNetConfig", "HybridConfig"]
 
 
 def build_model(config: ModelConfig) -> nn.Module:
     """The model a config describes, freshly initialised as the official code does."""
     if isinstance(config, ResNetConfig):
-        from vitkit.models.resnet import ResNetV2
-
         return ResNetV2(config)
     return VisionTransformer(config)
 

@@ -193,6 +193,8 @@ class VisionTransformer(nn.Module):
             conv = self.patch_embed.proj
             _lecun_normal_(conv.weight, conv.weight[0].numel())
             nn.init.zeros_(conv.bias)
+        else:  # the hybrid's ResNet and projection initialise as models_resnet.py / models_vit.py
+            self.patch_embed.reset_parameters()
         for param in (self.pos_embed, self.pos_embed_x, self.pos_embed_y):
             if param is not None:
                 nn.init.normal_(param, std=0.02)  # AddPositionEmbs: normal(stddev=0.02)
