@@ -1,0 +1,274 @@
+"""Batched preprocessing and augmentation on whatever device the batch lives on.
+
+Images arrive as uint8 (B, C, H, W) and leave as float32 normalised `(x / 255 - mean) / std`
+(the official mean = std = 0.5, i.e. x / 127.5 - 1).  Every random number comes from the caller's
+`torch.Generator` (on the batch's device), so an augmented batch is a pure function of
+(images, labels, generator state): runs are reproducible and resume exactly.
+
+train_transform = crop (inception / pad / none) -> RandAugment -> flip -> normalise -> expand
+channels, and labels -> one-hot -> label smoothing -> Mixup or CutMix.  The inception crop is the
+random resized crop of Szegedy et al. (2015) that the ViT paper's pipeline uses: area fraction
+U(crop_scale), aspect ratio log-uniform in [3/4, 4/3], falling back to a centre crop; all crops of a
+batch are sampled with one `grid_sample` call.  Between ops the pixels stay float in 0..255 and are
+rounded after each resampling, as a uint8 pipeline would.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from vitkit.data.randaugment import rand_augment
+
+__all__ = ["AugmentConfig", "to_float", "resize", "eval_transform", "train_transform", "inception_crop",
+           "pad_crop", "random_flip", "one_hot", "mixup", "cutmix", "sample_beta", "expand_channels"]
+
+MEAN = (0.5, 0.5, 0.5)  # official ViT normalisation: x / 127.5 - 1
+STD = (0.5, 0.5, 0.5)
+_ATTEMPTS = 10  # inception-crop candidates per image before the centre-crop fallback (as torchvision)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AugmentConfig:
+    """Training augmentation; the defaults are the paper's (inception crop + flip)."""
+
+    crop: Literal["none", "inception", "pad"] = "inception"  # inception = random resized crop (Szegedy et al. 2015)
+    crop_scale: tuple[float, float] = (0.08, 1.0)  # area fraction range of the inception crop
+    crop_ratio: tuple[float, float] = (3 / 4, 4 / 3)  # aspect-ratio range (log-uniform) of the inception crop
+    pad: int = 4  # for crop="pad" (CIFAR-style random crop of a zero-padded image)
+    flip: bool = True  # random horizontal flip, p = 0.5
+    randaugment: tuple[int, int] | None = None  # (num_ops N, magnitude M on the 0..10 scale; >10 extrapolates)
+    mixup: float = 0.0  # Beta(alpha, alpha) mixing of images and targets (Zhang et al. 2018); 0 = off
+    cutmix: float = 0.0  # Beta(alpha, alpha) box pasting (Yun et al. 2019); with mixup, one of them per batch
+    label_smoothing: float = 0.0  # epsilon: targets (1 - eps) * one_hot + eps / K (App. B.1)
+
+    def __post_init__(self) -> None:
+        if self.crop not in ("none", "inception", "pad"):
+            raise ValueError(f"crop must be 'none', 'inception' or 'pad', got {self.crop!r}")
+        low, high = self.crop_scale
+        if not 0 < low <= high <= 1:
+            raise ValueError(f"crop_scale must satisfy 0 < low <= high <= 1, got {self.crop_scale}")
+        if not 0 < self.crop_ratio[0] <= self.crop_ratio[1]:
+            raise ValueError(f"crop_ratio must satisfy 0 < low <= high, got {self.crop_ratio}")
+        if self.pad < 0:
+            raise ValueError(f"pad must be >= 0, got {self.pad}")
+        if self.randaugment is not None and (len(self.randaugment) != 2 or self.randaugment[0] < 0 or self.randaugment[1] < 0):
+            raise ValueError(f"randaugment must be (num_ops >= 0, magnitude >= 0), got {self.randaugment}")
+        if self.mixup < 0 or self.cutmix < 0:
+            raise ValueError("mixup and cutmix alphas must be >= 0")
+        if not 0 <= self.label_smoothing < 1:
+            raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
+
+
+# ------------------------------------------------------------------------------- normalisation
+def expand_channels(images: Tensor, channels: int | None) -> Tensor:
+    """(B, 1, H, W) grayscale -> (B, channels, H, W) by repetition; other mismatches are errors."""
+    if channels is None or images.shape[1] == channels:
+        return images
+    if images.shape[1] == 1:
+        return images.expand(-1, channels, -1, -1)
+    raise ValueError(f"images have {images.shape[1]} channels but the model takes {channels}; only 1 -> C expands")
+
+
+def _normalise(pixels: Tensor, mean: Sequence[float], std: Sequence[float]) -> Tensor:
+    """float pixels 0..255 (B, C, H, W) -> (x / 255 - mean) / std, with mean/std of length 1 or C."""
+    channels = pixels.shape[1]
+    if len(mean) not in (1, channels) or len(std) not in (1, channels):
+        raise ValueError(f"mean/std have {len(mean)}/{len(std)} values for {channels} channels")
+    mean_t = torch.tensor(mean, dtype=torch.float32, device=pixels.device).view(1, -1, 1, 1)
+    std_t = torch.tensor(std, dtype=torch.float32, device=pixels.device).view(1, -1, 1, 1)
+    return (pixels.float() / 255.0 - mean_t) / std_t
+
+
+def to_float(images_uint8: Tensor, mean: Sequence[float] = MEAN, std: Sequence[float] = STD,
+             channels: int | None = None) -> Tensor:
+    """uint8 (B, C, H, W) -> float32 (B, channels or C, H, W) = (x / 255 - mean) / std.
+
+    mean and std are in [0, 1] pixel units, one value or one per (output) channel.
+    """
+    images = expand_channels(images_uint8, channels)
+    if len(mean) == 1 or len(mean) == images.shape[1]:
+        return _normalise(images, mean, std)
+    # mean/std given for the source channels (e.g. 1) while expanding: normalise first, then expand.
+    return expand_channels(_normalise(images_uint8, mean, std), channels)
+
+
+# --------------------------------------------------------------------------------- resampling
+def resize(images: Tensor, size: int) -> Tensor:
+    """Batched antialiased bilinear resize to (size, size); uint8 in -> uint8 out (rounded), float -> float."""
+    if images.shape[-2:] == (size, size):
+        return images
+    out = F.interpolate(images.float(), size=(size, size), mode="bilinear", align_corners=False, antialias=True)
+    return out.round_().clamp_(0, 255).to(torch.uint8) if images.dtype == torch.uint8 else out
+
+
+def _center_square(images: Tensor, size: int) -> Tensor:
+    """Shorter side -> size (antialiased), then the central size x size window."""
+    height, width = images.shape[-2:]
+    if height == width:
+        return resize(images, size)
+    scale = size / min(height, width)
+    new_h, new_w = max(size, round(height * scale)), max(size, round(width * scale))
+    out = F.interpolate(images.float(), size=(new_h, new_w), mode="bilinear", align_corners=False, antialias=True)
+    top, left = (new_h - size) // 2, (new_w - size) // 2
+    return out[..., top:top + size, left:left + size]
+
+
+def eval_transform(images_uint8: Tensor, size: int, mean: Sequence[float] = MEAN, std: Sequence[float] = STD,
+                   channels: int | None = None) -> Tensor:
+    """Deterministic evaluation input: resize (shorter side + centre crop if not square) and normalise."""
+    pixels = _center_square(images_uint8, size)
+    if pixels.dtype != torch.uint8:
+        pixels = pixels.round().clamp(0, 255)
+    return to_float(pixels, mean, std, channels)
+
+
+def _uniform(shape: tuple[int, ...], generator: torch.Generator, device: torch.device) -> Tensor:
+    return torch.rand(shape, generator=generator, device=device)
+
+
+def inception_crop(images: Tensor, size: int, generator: torch.Generator, *, scale: tuple[float, float] = (0.08, 1.0),
+                   ratio: tuple[float, float] = (3 / 4, 4 / 3)) -> Tensor:
+    """Random resized ("inception") crop of every image to (size, size), float 0..255 out.
+
+    For each image, up to 10 candidate boxes with area fraction ~ U(scale) and aspect ratio w/h ~
+    log-U(ratio) are drawn at once; the first that fits inside the image is used.  If none fits, the
+    centre crop with the aspect ratio clamped to `ratio` is used (torchvision's rule).  The boxes are
+    turned into per-image affine maps and all crops are resampled by one bilinear `grid_sample`.
+    """
+    batch, _, height, width = images.shape
+    device = images.device
+    draws = _uniform((batch, _ATTEMPTS, 2), generator, device)
+    area = (scale[0] + (scale[1] - scale[0]) * draws[..., 0]) * (height * width)
+    log_low, log_high = math.log(ratio[0]), math.log(ratio[1])
+    aspect = torch.exp(log_low + (log_high - log_low) * draws[..., 1])
+    crop_w, crop_h = torch.sqrt(area * aspect), torch.sqrt(area / aspect)  # (B, attempts)
+    fits = (crop_w <= width) & (crop_h <= height)
+    first = fits.to(torch.uint8).argmax(dim=1, keepdim=True)  # index of the first candidate that fits
+    any_fit = fits.any(dim=1)
+    crop_w, crop_h = crop_w.gather(1, first)[:, 0], crop_h.gather(1, first)[:, 0]
+    # Fallback: centre crop of the whole image with its aspect ratio clamped into `ratio`.
+    image_ratio = width / height
+    fallback_w = width if ratio[0] <= image_ratio <= ratio[1] else (height * ratio[1] if image_ratio > ratio[1] else width)
+    fallback_h = height if ratio[0] <= image_ratio <= ratio[1] else (height if image_ratio > ratio[1] else width / ratio[0])
+    crop_w = torch.where(any_fit, crop_w, torch.full_like(crop_w, fallback_w))
+    crop_h = torch.where(any_fit, crop_h, torch.full_like(crop_h, fallback_h))
+    offsets = _uniform((batch, 2), generator, device)
+    x0 = torch.where(any_fit, offsets[:, 0] * (width - crop_w), (width - crop_w) / 2)
+    y0 = torch.where(any_fit, offsets[:, 1] * (height - crop_h), (height - crop_h) / 2)
+    # Output coordinate u in (-1, 1) (align_corners=False) maps to source x = x0 + (u + 1) / 2 * crop_w,
+    # i.e. normalised source coordinate (crop_w / W) * u + (2 x0 + crop_w) / W - 1.
+    theta = torch.zeros(batch, 2, 3, device=device)
+    theta[:, 0, 0] = crop_w / width
+    theta[:, 0, 2] = (2 * x0 + crop_w) / width - 1
+    theta[:, 1, 1] = crop_h / height
+    theta[:, 1, 2] = (2 * y0 + crop_h) / height - 1
+    grid = F.affine_grid(theta, [batch, images.shape[1], size, size], align_corners=False)
+    out = F.grid_sample(images.float(), grid, mode="bilinear", padding_mode="border", align_corners=False)
+    return out.round_().clamp_(0, 255)
+
+
+def pad_crop(images: Tensor, pad: int, generator: torch.Generator) -> Tensor:
+    """CIFAR-style augmentation: zero-pad each side by `pad`, then take a random H x W window per image."""
+    batch, channels, height, width = images.shape
+    padded = F.pad(images, (pad, pad, pad, pad))
+    shifts = torch.randint(0, 2 * pad + 1, (batch, 2), generator=generator, device=images.device)
+    rows = shifts[:, 0, None] + torch.arange(height, device=images.device)  # (B, H)
+    cols = shifts[:, 1, None] + torch.arange(width, device=images.device)  # (B, W)
+    index = torch.arange(batch, device=images.device)[:, None, None]
+    out = padded.permute(0, 2, 3, 1)[index, rows[:, :, None], cols[:, None, :]]  # (B, H, W, C)
+    return out.permute(0, 3, 1, 2)  # (B, H, W, C) -> (B, C, H, W)
+
+
+def random_flip(images: Tensor, generator: torch.Generator, p: float = 0.5) -> tuple[Tensor, Tensor]:
+    """Mirror each image left-right with probability p; returns (images, flipped mask (B,))."""
+    flipped = _uniform((images.shape[0],), generator, images.device) < p
+    return torch.where(flipped[:, None, None, None], images.flip(-1), images), flipped
+
+
+# ---------------------------------------------------------------------------- targets, mixing
+def one_hot(labels: Tensor, num_classes: int, smoothing: float = 0.0) -> Tensor:
+    """Soft targets (B, K): (1 - eps) * one_hot + eps / K (label smoothing, Szegedy et al. 2016)."""
+    targets = F.one_hot(labels.long(), num_classes).float()
+    return targets * (1.0 - smoothing) + smoothing / num_classes
+
+
+def sample_beta(alpha: float, generator: torch.Generator, device: torch.device) -> float:
+    """One draw from Beta(alpha, alpha) using only `generator` (Johnk's rejection method, in log space).
+
+    torch.distributions cannot take a generator, so reproducibility would be lost; Johnk's method
+    needs only uniforms: X = U^(1/a), Y = V^(1/a), accept when X + Y <= 1, return X / (X + Y).
+    """
+    while True:
+        logs = torch.log(_uniform((64, 2), generator, device).double().clamp_min(1e-300)) / alpha
+        log_total = torch.logsumexp(logs, dim=1)
+        accepted = torch.nonzero(log_total <= 0).flatten()
+        if accepted.numel():
+            i = accepted[0]
+            return float(torch.exp(logs[i, 0] - log_total[i]))
+
+
+def mixup(images: Tensor, targets: Tensor, alpha: float, generator: torch.Generator) -> tuple[Tensor, Tensor, float]:
+    """Mixup with one lambda ~ Beta(alpha, alpha) per batch; image i is mixed with image B-1-i (the batch flipped)."""
+    lam = sample_beta(alpha, generator, images.device)
+    mixed = images * lam + images.flip(0) * (1.0 - lam)
+    return mixed, targets * lam + targets.flip(0) * (1.0 - lam), lam
+
+
+def cutmix(images: Tensor, targets: Tensor, alpha: float, generator: torch.Generator) -> tuple[Tensor, Tensor, float]:
+    """CutMix: paste one box of image B-1-i into image i; lambda = the kept (unpasted) area fraction.
+
+    The box has area (1 - lam) H W for lam ~ Beta(alpha, alpha) and a uniform centre; after clipping
+    it to the image, lambda is recomputed from the real box so the targets match the pixels.
+    """
+    height, width = images.shape[-2:]
+    lam = sample_beta(alpha, generator, images.device)
+    cut = math.sqrt(1.0 - lam)
+    centre = _uniform((2,), generator, images.device).tolist()
+    cy, cx = int(centre[0] * height), int(centre[1] * width)
+    half_h, half_w = int(height * cut) // 2, int(width * cut) // 2
+    top, bottom = max(cy - half_h, 0), min(cy + half_h, height)
+    left, right = max(cx - half_w, 0), min(cx + half_w, width)
+    mixed = images.clone()
+    mixed[..., top:bottom, left:right] = images.flip(0)[..., top:bottom, left:right]
+    lam = 1.0 - (bottom - top) * (right - left) / (height * width)
+    return mixed, targets * lam + targets.flip(0) * (1.0 - lam), lam
+
+
+# ---------------------------------------------------------------------------------- pipeline
+def train_transform(images_uint8: Tensor, labels: Tensor, num_classes: int, size: int,
+                    mean: Sequence[float] = MEAN, std: Sequence[float] = STD, channels: int | None = None,
+                    config: AugmentConfig = AugmentConfig(), generator: torch.Generator | None = None
+                    ) -> tuple[Tensor, Tensor]:
+    """Augmented training batch: (float images (B, channels or C, size, size), soft targets (B, K)).
+
+    All randomness comes from `generator`, which must live on the images' device.
+    """
+    if generator is None:
+        raise ValueError("train_transform needs a torch.Generator on the batch's device (reproducibility)")
+    if config.crop == "inception":
+        pixels = inception_crop(images_uint8, size, generator, scale=config.crop_scale, ratio=config.crop_ratio)
+    elif config.crop == "pad":
+        pixels = resize(pad_crop(images_uint8, config.pad, generator).float(), size).round_().clamp_(0, 255)
+    else:
+        pixels = _center_square(images_uint8, size).round().clamp(0, 255)
+    if config.randaugment is not None and config.randaugment[0] > 0:
+        pixels = rand_augment(pixels, config.randaugment[0], config.randaugment[1], generator)
+    if config.flip:
+        pixels, _ = random_flip(pixels, generator)
+    images = to_float(pixels, mean, std, channels)
+    targets = one_hot(labels.to(images.device), num_classes, config.label_smoothing)
+    use_mixup, use_cutmix = config.mixup > 0, config.cutmix > 0
+    if use_mixup and use_cutmix:  # one of the two per batch, with equal odds (as timm's switch_prob 0.5)
+        use_cutmix = bool(_uniform((1,), generator, images.device).item() < 0.5)
+        use_mixup = not use_cutmix
+    if use_mixup:
+        images, targets, _ = mixup(images, targets, config.mixup, generator)
+    elif use_cutmix:
+        images, targets, _ = cutmix(images, targets, config.cutmix, generator)
+    return images, targets
