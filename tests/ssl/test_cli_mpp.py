@@ -1,0 +1,42 @@
+"""`vitkit pretrain-mpp`: flags -> one pre-training run; JSON on the last line; clear errors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import torch
+
+import vitkit
+from vitkit.cli import main
+
+
+def write_npz(path, count=16, side=16):
+    rng = np.random.default_rng(0)
+    np.savez(path, x_train=rng.integers(0, 256, (count, side, side, 3), dtype=np.uint8), y_train=np.arange(count) % 2,
+             x_test=rng.integers(0, 256, (4, side, side, 3), dtype=np.uint8), y_test=np.arange(4) % 2)
+    return path
+
+
+def test_pretrain_mpp_verb_writes_a_loadable_encoder(tmp_path, capsys):
+    data = write_npz(tmp_path / "tiny.npz")
+    out = tmp_path / "run"
+    code = main(["pretrain-mpp", "--data", f"npz:{data}", "--epochs", "1", "--batch-size", "8", "--target", "downsampled",
+                 "--corrupt-rate", "0.25", "--out", str(out), "--json"])
+    assert code == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["finished"] and summary["step"] == 2 and summary["total_steps"] == 2
+    model = vitkit.load(summary["checkpoint"])
+    assert model.config.patch_size == 4 and model.config.num_classes == 0  # auto: 16 px -> 4x4 grid of 4 px patches
+    assert model(torch.zeros(1, 3, 16, 16)).shape == (1, 192)
+    run_config = json.loads((out / "config.json").read_text())
+    assert run_config["pretrain"]["mpp"]["target"] == "downsampled" and run_config["pretrain"]["mpp"]["corrupt_rate"] == 0.25
+
+
+def test_pretrain_mpp_bad_values_exit_2_with_one_line(tmp_path, capsys):
+    data = write_npz(tmp_path / "tiny.npz")
+    code = main(["pretrain-mpp", "--data", f"npz:{data}", "--corrupt-rate", "0", "--out", str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert code == 2 and "corrupt_rate" in err
+    code = main(["pretrain-mpp", "--data", f"npz:{tmp_path / 'missing.npz'}", "--out", str(tmp_path / "r")])
+    assert code == 2 and "missing.npz" in capsys.readouterr().err
