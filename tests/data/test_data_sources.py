@@ -1,0 +1,258 @@
+"""Array sources: digits, IDX (MNIST-style), CIFAR binary, npz; URIs, splits and describe()."""
+
+from __future__ import annotations
+
+import gzip
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from vitkit.data import sources
+from vitkit.data.readers import DataFormatError
+from vitkit.data.sources import describe, load_split, parse_uri, stratified_split
+
+DIGITS_PER_CLASS = [178, 182, 177, 183, 181, 182, 181, 179, 174, 180]  # sklearn's digits, 1,797 in all
+
+
+# ------------------------------------------------------------------------------------ helpers
+def write_idx(path: Path, array: np.ndarray, magic: int, compress: bool = True, cut: int = 0) -> Path:
+    data = struct.pack(f">i{array.ndim}i", magic, *array.shape) + array.astype(np.uint8).tobytes()
+    data = data[: len(data) - cut]
+    if compress:
+        path = path.with_name(path.name + ".gz")
+        path.write_bytes(gzip.compress(data))
+    else:
+        path.write_bytes(data)
+    return path
+
+
+def make_idx_dir(root: Path, n_train: int = 30, n_test: int = 10, **kwargs) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (n_train, 28, 28), dtype=np.uint8)
+    labels = np.arange(n_train, dtype=np.uint8) % 10
+    write_idx(root / "train-images-idx3-ubyte", images, 2051, **kwargs)
+    write_idx(root / "train-labels-idx1-ubyte", labels, 2049, **kwargs)
+    write_idx(root / "t10k-images-idx3-ubyte", images[:n_test], 2051, **kwargs)
+    write_idx(root / "t10k-labels-idx1-ubyte", labels[:n_test], 2049, **kwargs)
+    return images, labels
+
+
+# ------------------------------------------------------------------------------------- digits
+def test_digits_counts_scaling_and_fixed_split():
+    train, test = load_split("digits", "train"), load_split("digits", "test")
+    assert len(train) + len(test) == 1797
+    assert (torch.bincount(train.labels) + torch.bincount(test.labels)).tolist() == DIGITS_PER_CLASS
+    # 20 % of each class, rounded, is the fixed test split.
+    assert torch.bincount(test.labels).tolist() == [round(0.2 * n) for n in DIGITS_PER_CLASS]
+    assert len(test) == 359 and len(train) == 1438
+    assert train.images.shape == (1438, 1, 8, 8) and train.images.dtype == torch.uint8
+    assert int(train.images.max()) == 255 and int(train.images.min()) == 0
+    assert train.class_names == [str(d) for d in range(10)]
+
+
+def test_digits_pixels_golden():
+    # The first row of sklearn's digits.csv.gz: a "0" whose top rows are 0 0 5 13 9 1 0 0 / 0 0 13 15 10 15 5 0
+    # (0..16); scaled by 255 / 16 and rounded.  (Not via sklearn.load_digits: importing it takes seconds.)
+    whole = sources._digits()
+    assert len(whole) == 1797 and int(whole.labels[0]) == 0
+    assert whole.images[0, 0, 0].tolist() == [0, 0, 80, 207, 143, 16, 0, 0]
+    assert whole.images[0, 0, 1].tolist() == [0, 0, 207, 239, 159, 239, 80, 0]
+    assert torch.bincount(whole.labels).tolist() == DIGITS_PER_CLASS
+
+
+def test_digits_deterministic_and_val_split_disjoint():
+    a = load_split("digits", "train", val_fraction=0.1, seed=3)
+    b = load_split("digits", "train", val_fraction=0.1, seed=3)
+    val = load_split("digits", "val", val_fraction=0.1, seed=3)
+    other = load_split("digits", "val", val_fraction=0.1, seed=4)
+    assert torch.equal(a.images, b.images) and torch.equal(a.labels, b.labels)
+    assert len(a) + len(val) == 1438
+    assert not torch.equal(val.images, other.images)  # the seed matters
+    # No val image is also a train image (rows compared as bytes; digits has a few exact duplicates, so
+    # compare positions instead through the split indices).
+    keep, held = stratified_split(load_split("digits", "train").labels, 0.1, 3)
+    assert set(keep.tolist()).isdisjoint(held.tolist())
+    assert len(keep) + len(held) == 1438
+
+
+def test_stratified_split_per_class_fraction():
+    labels = torch.tensor([0] * 50 + [1] * 30 + [2] * 3 + [3])
+    keep, held = stratified_split(labels, 0.2, seed=0)
+    assert torch.bincount(labels[held], minlength=4).tolist() == [10, 6, 1, 0]  # round(0.6) = 1; a lone sample stays
+    assert sorted(keep.tolist() + held.tolist()) == list(range(len(labels)))
+    assert torch.equal(held, stratified_split(labels, 0.2, seed=0)[1])
+    with pytest.raises(ValueError, match="val_fraction"):
+        stratified_split(labels, 1.0, seed=0)
+
+
+def test_parse_uri():
+    assert parse_uri("fashion-mnist:/x") == ("fashion-mnist", "/x")
+    assert parse_uri("digits") == ("digits", "")
+    assert parse_uri("folder:C:/data") == ("folder", "C:/data")
+    with pytest.raises(ValueError, match="unknown data source"):
+        parse_uri("imagenet:/x")
+    with pytest.raises(ValueError, match="needs a path"):
+        parse_uri("mnist")
+
+
+def test_split_errors_are_clear():
+    with pytest.raises(ValueError, match="split must be"):
+        load_split("digits", "validation")
+    with pytest.raises(ValueError, match="no separate val split"):
+        load_split("npz:/nonexistent.npz", "val")
+
+
+# ---------------------------------------------------------------------------------------- IDX
+@pytest.mark.parametrize("compress", [True, False])
+def test_idx_synthetic_round_trip(tmp_path, compress):
+    images, labels = make_idx_dir(tmp_path, compress=compress)
+    train = load_split(f"mnist:{tmp_path}", "train")
+    test = load_split(f"fashion-mnist:{tmp_path}", "test")
+    assert torch.equal(train.images[:, 0], torch.from_numpy(images))
+    assert torch.equal(train.labels, torch.from_numpy(labels).long())
+    assert test.images.shape == (10, 1, 28, 28) and test.class_names[9] == "Ankle boot"
+    info = describe(f"mnist:{tmp_path}")
+    assert (info.num_train, info.num_classes, info.image_size, info.channels) == (30, 10, 28, 1)
+
+
+def test_idx_wrong_magic_names_the_file(tmp_path):
+    make_idx_dir(tmp_path)
+    write_idx(tmp_path / "train-labels-idx1-ubyte", np.zeros(30, np.uint8), 2051 + 7)
+    with pytest.raises(DataFormatError, match=r"train-labels-idx1-ubyte\.gz.*magic number is 2058"):
+        load_split(f"mnist:{tmp_path}", "train")
+
+
+def test_idx_labels_swapped_for_images_is_refused(tmp_path):
+    make_idx_dir(tmp_path)
+    write_idx(tmp_path / "train-images-idx3-ubyte", np.zeros(30, np.uint8), 2049)
+    with pytest.raises(DataFormatError, match="expected 2051 for images"):
+        load_split(f"mnist:{tmp_path}", "train")
+
+
+def test_idx_truncated_data_names_the_file(tmp_path):
+    make_idx_dir(tmp_path)
+    write_idx(tmp_path / "train-images-idx3-ubyte", np.zeros((30, 28, 28), np.uint8), 2051, cut=100)
+    with pytest.raises(DataFormatError, match=r"train-images-idx3-ubyte\.gz.*truncated"):
+        load_split(f"mnist:{tmp_path}", "train")
+
+
+def test_idx_truncated_gzip_stream_names_the_file(tmp_path):
+    make_idx_dir(tmp_path)
+    path = tmp_path / "t10k-images-idx3-ubyte.gz"
+    path.write_bytes(path.read_bytes()[:-40])
+    with pytest.raises(DataFormatError, match=r"t10k-images-idx3-ubyte\.gz.*truncated or corrupt"):
+        load_split(f"mnist:{tmp_path}", "test")
+
+
+def test_idx_missing_file(tmp_path):
+    with pytest.raises(DataFormatError, match="train-images-idx3-ubyte"):
+        load_split(f"mnist:{tmp_path}", "train")
+
+
+def test_fashion_mnist_real_files(shared_data):
+    uri = f"fashion-mnist:{shared_data / 'fashion-mnist'}"
+    train, test = load_split(uri, "train"), load_split(uri, "test")
+    assert train.images.shape == (60000, 1, 28, 28) and test.images.shape == (10000, 1, 28, 28)
+    assert torch.bincount(train.labels).tolist() == [6000] * 10
+    assert torch.bincount(test.labels).tolist() == [1000] * 10
+    pixels = train.images.numpy()
+    assert abs(pixels.sum(dtype=np.uint64) / pixels.size - 72.94) < 0.01  # README's mean pixel value
+    info = describe(uri)
+    assert (info.num_train, info.num_classes, info.image_size, info.channels, info.in_memory) == (60000, 10, 28, 1, True)
+
+
+def test_mnist_real_files(shared_data):
+    uri = f"mnist:{shared_data / 'mnist'}"
+    test = load_split(uri, "test")
+    assert torch.bincount(test.labels).tolist() == [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
+    assert describe(uri).num_train == 60000
+
+
+# -------------------------------------------------------------------------------------- CIFAR
+def write_cifar(path: Path, images: np.ndarray, labels: list[np.ndarray]) -> None:
+    rows = np.concatenate([np.stack(labels, 1).astype(np.uint8), images.reshape(len(images), -1)], axis=1)
+    path.write_bytes(rows.tobytes())
+
+
+def test_cifar10_binary_round_trip(tmp_path):
+    rng = np.random.default_rng(1)
+    root = tmp_path / "cifar-10-batches-bin"
+    root.mkdir()
+    batches = []
+    for i in range(1, 6):
+        images, labels = rng.integers(0, 256, (4, 3, 32, 32), dtype=np.uint8), rng.integers(0, 10, 4)
+        write_cifar(root / f"data_batch_{i}.bin", images, [labels])
+        batches.append((images, labels))
+    write_cifar(root / "test_batch.bin", batches[0][0], [batches[0][1]])
+    train = load_split(f"cifar10:{tmp_path}", "train")  # the parent folder is accepted too
+    assert torch.equal(train.images, torch.from_numpy(np.concatenate([b[0] for b in batches])))
+    assert torch.equal(train.labels, torch.from_numpy(np.concatenate([b[1] for b in batches])).long())
+    assert train.class_names[0] == "airplane" and len(load_split(f"cifar10:{root}", "test")) == 4
+    assert describe(f"cifar10:{root}").num_train == 20
+
+
+def test_cifar100_fine_labels_and_names(tmp_path):
+    rng = np.random.default_rng(2)
+    images = rng.integers(0, 256, (6, 3, 32, 32), dtype=np.uint8)
+    coarse, fine = np.array([0, 1, 2, 3, 4, 19]), np.array([5, 99, 0, 7, 8, 9])
+    write_cifar(tmp_path / "train.bin", images, [coarse, fine])
+    write_cifar(tmp_path / "test.bin", images[:2], [coarse[:2], fine[:2]])
+    (tmp_path / "fine_label_names.txt").write_text("\n".join(f"name{i}" for i in range(100)) + "\n")
+    train = load_split(f"cifar100:{tmp_path}", "train")
+    assert train.labels.tolist() == fine.tolist() and train.num_classes == 100
+    assert torch.equal(train.images, torch.from_numpy(images)) and train.class_names[99] == "name99"
+    assert describe(f"cifar100:{tmp_path}").num_train == 6
+
+
+def test_cifar_truncated_file_is_named(tmp_path):
+    (tmp_path / "train.bin").write_bytes(bytes(2 + 3072 + 5))
+    with pytest.raises(DataFormatError, match=r"train\.bin.*not a whole number of 3074-byte records"):
+        load_split(f"cifar100:{tmp_path}", "train")
+
+
+# ---------------------------------------------------------------------------------------- npz
+def test_npz_train_test_nhwc_and_nchw(tmp_path):
+    rng = np.random.default_rng(3)
+    nhwc = rng.integers(0, 256, (12, 16, 16, 3), dtype=np.uint8)
+    np.savez(tmp_path / "a.npz", x_train=nhwc, y_train=np.arange(12) % 4, x_test=nhwc[:4].transpose(0, 3, 1, 2),
+             y_test=np.arange(4))
+    train = load_split(f"npz:{tmp_path / 'a.npz'}", "train")
+    test = load_split(f"npz:{tmp_path / 'a.npz'}", "test")
+    assert torch.equal(train.images, torch.from_numpy(nhwc.transpose(0, 3, 1, 2).copy()))
+    assert torch.equal(test.images, train.images[:4]) and train.num_classes == 4
+    info = describe(f"npz:{tmp_path / 'a.npz'}")
+    assert (info.num_train, info.num_classes, info.image_size, info.channels) == (12, 4, 16, 3)
+
+
+def test_npz_images_labels_gets_fixed_test_split(tmp_path):
+    images = np.zeros((50, 8, 8), np.uint8)
+    images[:, 0, 0] = np.arange(50)  # a fingerprint per sample
+    np.savez_compressed(tmp_path / "b.npz", images=images, labels=np.arange(50) % 5)
+    train = load_split(f"npz:{tmp_path / 'b.npz'}", "train")
+    test = load_split(f"npz:{tmp_path / 'b.npz'}", "test")
+    assert (len(train), len(test)) == (40, 10) and torch.bincount(test.labels).tolist() == [2] * 5
+    assert set(train.images[:, 0, 0, 0].tolist()).isdisjoint(test.images[:, 0, 0, 0].tolist())
+    assert describe(f"npz:{tmp_path / 'b.npz'}").num_train == 40
+
+
+def test_npz_refuses_pickles_and_bad_dtypes(tmp_path):
+    np.savez(tmp_path / "obj.npz", images=np.array([{"a": 1}], dtype=object), labels=np.zeros(1, int))
+    with pytest.raises(DataFormatError, match="obj.npz"):
+        load_split(f"npz:{tmp_path / 'obj.npz'}", "train")
+    np.savez(tmp_path / "f.npz", images=np.zeros((2, 4, 4), np.float32), labels=np.zeros(2, int))
+    with pytest.raises(DataFormatError, match="must be uint8"):
+        load_split(f"npz:{tmp_path / 'f.npz'}", "train")
+    np.savez(tmp_path / "k.npz", pixels=np.zeros((2, 4, 4), np.uint8))
+    with pytest.raises(DataFormatError, match="expected x_train"):
+        load_split(f"npz:{tmp_path / 'k.npz'}", "train")
+
+
+def test_imageset_subset_and_describe_digits():
+    train = load_split("digits", "train")
+    part = train.subset(torch.tensor([5, 0, 7]))
+    assert torch.equal(part.images, train.images[[5, 0, 7]]) and torch.equal(part.read(1), train.images[0])
+    assert describe("digits") == sources.SourceInfo(uri="digits", num_train=1438, num_classes=10, image_size=8,
+                                                    channels=1, in_memory=True)
