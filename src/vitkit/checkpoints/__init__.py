@@ -1,28 +1,111 @@
-"""Checkpoint formats: vitkit's own (native.py); foreign formats are converted on load."""
+"""Checkpoint formats: vitkit's own (native.py) and the official, timm and HF ones, converted on read.
+
+`read(path)` probes the format (one probe per format), converts, then applies the surgery asked for
+(Sec. 3.2): another resolution (position embeddings interpolated in 2D), a new zero-initialised head,
+the pre-logits layer kept or dropped.  Nothing is ever unpickled beyond tensors.
+"""
 
 from __future__ import annotations
 
 import os
-from typing import Any
+from pathlib import Path
+from typing import Literal
 
 from torch import nn
 
-from vitkit.checkpoints import native
+from vitkit.checkpoints import hf, native, official, surgery, timm
 from vitkit.checkpoints.native import Checkpoint
+from vitkit.models.configs import ModelConfig, image_size
 
-__all__ = ["Checkpoint", "load", "read", "save"]
+__all__ = ["Checkpoint", "FORMATS", "detect_format", "load", "read", "save", "write"]
 
-
-def read(path: str | os.PathLike, **options: Any) -> Checkpoint:
-    """Read any supported checkpoint into a `Checkpoint` (model + class names + normalisation)."""
-    return native.load(path, **options)
-
-
-def load(path: str | os.PathLike, **options: Any) -> nn.Module:
-    """The model stored at `path`, in any supported format."""
-    return read(path, **options).model
+Format = Literal["vitkit", "official", "timm", "hf"]
+FORMATS: tuple[str, ...] = ("vitkit", "official", "timm", "hf")
 
 
-def save(model: nn.Module | Checkpoint, directory: str | os.PathLike, **meta: Any) -> os.PathLike:
+def detect_format(path: str | os.PathLike) -> Format:
+    """Which format `path` holds: one probe per format, first match wins."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist")
+    if path.is_dir():
+        if native.is_native(path):
+            return "vitkit"
+        if hf.looks_hf(path):
+            return "hf"
+        if timm.looks_timm(path):
+            return "timm"
+        found = sorted(p.name for p in path.iterdir())[:8]
+        raise ValueError(
+            f"{path} is not a checkpoint directory vitkit knows: expected vitkit's config.json + model.safetensors, "
+            f"an HF ViT directory (config.json with model_type 'vit') or a timm one (config.json with 'architecture'); "
+            f"found {found}"
+        )
+    if official.looks_official(path):
+        return "official"
+    if timm.looks_timm(path):
+        return "timm"
+    raise ValueError(
+        f"{path}: unknown checkpoint format (suffix {path.suffix!r}); expected a directory, an official .npz, "
+        "or a timm state dict (.safetensors, .pth, .pt, .bin)"
+    )
+
+
+def read(
+    path: str | os.PathLike,
+    *,
+    img_size: int | None = None,
+    num_classes: int | None = None,
+    pre_logits: surgery.PreLogits | None = None,
+    resample: str = "bilinear",
+    config: ModelConfig | None = None,
+) -> Checkpoint:
+    """Read any supported checkpoint into a `Checkpoint` (model + class names + normalisation).
+
+    Args:
+        img_size: build the model for this resolution; learned position embeddings are interpolated
+            in 2D over the patch grid, [class] row kept aside (`resample`: "bilinear" or "bicubic").
+        num_classes: replace the head by a zero-initialised D x K layer (Sec. 3.2); the pre-logits layer
+            goes too unless `pre_logits="keep"`.
+        pre_logits: "keep" or "drop" the representation layer (default: keep unless a new head is asked for).
+        config: the model config of a foreign file (otherwise inferred from the tensor shapes).
+    """
+    if pre_logits not in (None, "keep", "drop"):
+        raise ValueError(f"pre_logits must be 'keep' or 'drop', got {pre_logits!r}")
+    if resample not in ("bilinear", "bicubic"):
+        raise ValueError(f"resample must be 'bilinear' or 'bicubic', got {resample!r}")
+    kind = detect_format(path)
+    if kind == "vitkit":
+        if config is not None:
+            raise ValueError("a vitkit checkpoint records its own config; config= applies to foreign formats only")
+        checkpoint = native.load(path)
+    else:
+        checkpoint = {"official": official.to_vitkit, "timm": timm.to_vitkit, "hf": hf.to_vitkit}[kind](path, config)
+    checkpoint.provenance.setdefault("format", kind)
+    if img_size is not None and img_size != image_size(checkpoint.config):
+        checkpoint.model = surgery.change_resolution(checkpoint.model, img_size, resample)
+        checkpoint.provenance["resampled_from"] = image_size(checkpoint.config)
+    if num_classes is not None or pre_logits == "drop":
+        checkpoint.model = surgery.replace_head(checkpoint.model, num_classes, pre_logits)
+        if num_classes is not None:
+            checkpoint.class_names = None
+            checkpoint.provenance["new_head"] = num_classes
+    return checkpoint
+
+
+def load(path: str | os.PathLike, **options: object) -> nn.Module:
+    """The model stored at `path`, in any supported format (options as `read`)."""
+    return read(path, **options).model  # type: ignore[arg-type]
+
+
+def save(model: nn.Module | Checkpoint, directory: str | os.PathLike, **meta: object) -> os.PathLike:
     """Write vitkit's own format: `directory/model.safetensors` + `directory/config.json`."""
-    return native.save(model, directory, **meta)
+    return native.save(model, directory, **meta)  # type: ignore[arg-type]
+
+
+def write(checkpoint: Checkpoint, destination: str | os.PathLike, to: str = "vitkit") -> Path:
+    """Write `checkpoint` in format `to`: vitkit / timm / hf (directories) or official (an .npz file)."""
+    writers = {"vitkit": native.save, "timm": timm.write, "hf": hf.write, "official": official.write}
+    if to not in writers:
+        raise ValueError(f"unknown target format {to!r}; choose one of {sorted(writers)}")
+    return Path(writers[to](checkpoint, destination))

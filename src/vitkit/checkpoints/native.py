@@ -137,6 +137,13 @@ def load(directory: str | os.PathLike, map_location: str | torch.device = "cpu")
     )
 
 
+def build_checkpoint(config: ModelConfig, state: dict[str, torch.Tensor], source: str, **meta: Any) -> Checkpoint:
+    """The model `config` describes, filled with `state` (vitkit names), as a Checkpoint with `meta`."""
+    model = build_model(config)
+    load_state_dict_strict(model, state, source=source)
+    return Checkpoint(model=model, **meta)
+
+
 def load_state_dict_strict(model: nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
     """Copy `state` into `model`, naming every missing, unexpected or mis-shaped tensor on failure."""
     own = model.state_dict()

@@ -1,0 +1,76 @@
+"""ONNX export of a vitkit model (opset >= 17, dynamic batch), checked with onnxruntime when installed.
+
+onnx / onnxruntime are the optional `onnx` extra (`pip install vitkit[onnx]`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import warnings
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from vitkit.checkpoints.native import atomic_write
+from vitkit.models.configs import image_size, in_channels
+
+log = logging.getLogger(__name__)
+
+MIN_OPSET = 17
+INPUT, OUTPUT = "pixels", "logits"
+
+
+def _require(module: str) -> None:
+    if importlib.util.find_spec(module) is None:
+        raise ValueError(f"ONNX export needs the '{module}' package: pip install 'vitkit[onnx]'")
+
+
+def export_onnx(model: nn.Module, path: str | os.PathLike, opset: int = MIN_OPSET, batch_size: int = 2) -> Path:
+    """Write `model` (eval mode, fp32, CPU) as ONNX with a dynamic batch axis; input (B, C, H, W) "pixels".
+
+    The input resolution is the model's `img_size`; change it with `read(..., img_size=N)` first.
+    """
+    _require("onnx")
+    if opset < MIN_OPSET:
+        raise ValueError(f"opset {opset} is too old: use {MIN_OPSET} or newer")
+    model = model.eval().float().cpu()
+    size, chans = image_size(model.config), in_channels(model.config)
+    example = torch.zeros(batch_size, chans, size, size)
+    path = Path(path)
+
+    def _export(tmp: Path) -> None:
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")  # the TorchScript tracer warns about Python-level shape checks
+            torch.onnx.export(
+                model, (example,), str(tmp), opset_version=opset, input_names=[INPUT], output_names=[OUTPUT],
+                dynamic_axes={INPUT: {0: "batch"}, OUTPUT: {0: "batch"}}, dynamo=False,
+            )  # fmt: skip
+
+    atomic_write(path, _export)
+    import onnx
+
+    onnx.checker.check_model(str(path))
+    log.info("wrote %s (opset %d, input %s x %d x %d)", path, opset, chans, size, size)
+    return path
+
+
+def check_onnx(model: nn.Module, path: str | os.PathLike, batch_size: int = 3, seed: int = 0) -> float:
+    """max |logits_onnxruntime - logits_torch| on a random batch (of another size than the export's)."""
+    _require("onnxruntime")
+    import onnxruntime
+
+    model = model.eval().float().cpu()
+    size, chans = image_size(model.config), in_channels(model.config)
+    x = torch.randn(batch_size, chans, size, size, generator=torch.Generator().manual_seed(seed))
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    (onnx_logits,) = session.run([OUTPUT], {INPUT: x.numpy()})
+    with torch.no_grad():
+        torch_logits = model(x)
+    return float((torch.from_numpy(onnx_logits) - torch_logits).abs().max())
+
+
+def onnxruntime_available() -> bool:
+    return importlib.util.find_spec("onnxruntime") is not None
