@@ -86,7 +86,7 @@ def _decode(source: str | os.PathLike | bytes, channels: int, size: int | None, 
             image = _to_mode(image, channels)
             if size is not None:
                 image = _resize_center_crop(image, size)
-            array = np.asarray(image, dtype=np.uint8)
+            array = np.array(image, dtype=np.uint8)  # a writable copy (torch wants one)
     except BadImageError:
         raise
     except Exception as error:  # OSError "image file is truncated", SyntaxError, ValueError, zlib errors ...

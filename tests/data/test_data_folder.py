@@ -1,0 +1,148 @@
+"""folder:DIR sources and decode_image: Pillow modes, bad files skipped and counted, strict mode, bombs."""
+
+from __future__ import annotations
+
+import io
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from vitkit.data.images import BadImageError, DecompressionBombError, decode_image
+from vitkit.data.sources import describe, load_split
+
+RED = (200, 30, 40)
+
+
+def _png_bytes(image: Image.Image) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def make_folder(root: Path) -> dict[str, Path]:
+    """Two classes with every awkward kind of file: 6 decodable, 3 bad."""
+    (root / "cat").mkdir(parents=True)
+    (root / "dog").mkdir()
+    files = {
+        "rgb": root / "cat" / "a_rgb.jpg", "gray": root / "cat" / "b_gray.jpg", "corrupt": root / "cat" / "c_corrupt.jpg",
+        "alpha": root / "dog" / "a_alpha.png", "tiny": root / "dog" / "b_tiny.png", "truncated": root / "dog" / "c_truncated.png",
+        "empty": root / "dog" / "d_empty.jpg", "wide": root / "dog" / "e_wide.png", "gray16": root / "dog" / "f_gray16.png",
+    }
+    Image.new("RGB", (40, 30), RED).save(files["rgb"], quality=95)
+    Image.new("L", (24, 24), 77).save(files["gray"], quality=95)
+    files["corrupt"].write_bytes(b"\xff\xd8\xff\xe0 this is not really a jpeg" * 10)
+    alpha = Image.new("RGBA", (16, 16), (10, 20, 30, 0))
+    alpha.save(files["alpha"])
+    Image.new("RGB", (1, 1), (0, 255, 0)).save(files["tiny"])
+    noise = Image.fromarray(np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8))
+    files["truncated"].write_bytes(_png_bytes(noise)[:2000])
+    files["empty"].write_bytes(b"")
+    wide = np.zeros((8, 32, 3), np.uint8)
+    wide[:, 12:20] = 255  # a white band in the middle third of a wide image
+    Image.fromarray(wide).save(files["wide"])
+    Image.fromarray(np.full((8, 8), 65535, np.uint16)).save(files["gray16"])
+    (root / "dog" / "notes.txt").write_text("not an image")  # ignored: not an image extension
+    return files
+
+
+def test_folder_skips_and_counts_bad_files(tmp_path, caplog):
+    files = make_folder(tmp_path)
+    with caplog.at_level(logging.WARNING):
+        train = load_split(f"folder:{tmp_path}", "train", image_size=8, num_workers=2)
+    assert train.skipped == 3 and len(train) == 6
+    assert train.class_names == ["cat", "dog"] and train.labels.tolist() == [0, 0, 1, 1, 1, 1]
+    assert train.images.shape == (6, 3, 8, 8) and train.images.dtype == torch.uint8
+    assert "skipped 3 of 9 image files" in caplog.text
+    for name in ("c_corrupt.jpg", "c_truncated.png", "d_empty.jpg"):
+        assert name in caplog.text  # each bad file is named in the log
+    rgb, gray, alpha, tiny, wide, gray16 = train.images
+    assert (rgb.float().mean((1, 2)) - torch.tensor(RED)).abs().max() < 3  # JPEG is lossy
+    assert torch.equal(gray[0], gray[1]) and torch.equal(gray[1], gray[2]) and abs(int(gray[0, 0, 0]) - 77) <= 1
+    assert alpha[:, 0, 0].tolist() == [10, 20, 30]  # alpha dropped, colour kept (as ImageFolder's convert("RGB"))
+    assert (tiny == torch.tensor([0, 255, 0], dtype=torch.uint8)[:, None, None]).all()  # 1x1 upsampled
+    # 32x8 -> shorter side 8 -> 32x8 is already 8 high, centre 8x8 crop = columns 12..19 = the white band.
+    assert (wide == 255).all()
+    assert (gray16 == 255).all()  # 16-bit white is scaled to 8-bit white, not clipped garbage
+
+
+def test_folder_strict_raises_naming_the_file(tmp_path):
+    make_folder(tmp_path)
+    with pytest.raises(BadImageError, match=r"c_corrupt\.jpg"):
+        load_split(f"folder:{tmp_path}", "train", image_size=8, strict=True)
+
+
+def test_decode_image_modes_and_errors(tmp_path):
+    files = make_folder(tmp_path)
+    assert decode_image(files["rgb"]).shape == (3, 30, 40)
+    assert decode_image(files["rgb"], channels=1).shape == (1, 30, 40)
+    assert decode_image(files["alpha"].read_bytes(), channels=3).shape == (3, 16, 16)  # bytes work too
+    assert decode_image(files["rgb"], size=10).shape == (3, 10, 10)
+    for key in ("corrupt", "truncated", "empty"):
+        with pytest.raises(BadImageError, match=files[key].name):
+            decode_image(files[key])
+    assert issubclass(BadImageError, ValueError)
+
+
+def test_decompression_bomb_refused(tmp_path):
+    path = tmp_path / "big.png"
+    Image.new("L", (200, 100)).save(path)
+    with pytest.raises(DecompressionBombError, match=r"big\.png.*200x100.*decompression bomb"):
+        decode_image(path, max_pixels=10_000)
+    assert decode_image(path, channels=1, max_pixels=20_000).shape == (1, 100, 200)
+    (tmp_path / "a").mkdir()
+    path.rename(tmp_path / "a" / "big.png")
+    Image.new("L", (10, 10)).save(tmp_path / "a" / "small.png")
+    small = load_split(f"folder:{tmp_path}", "train", image_size=4, max_pixels=10_000)
+    assert (len(small), small.skipped) == (1, 1)
+
+
+def test_folder_file_based_when_large(tmp_path):
+    files = make_folder(tmp_path)
+    memory = load_split(f"folder:{tmp_path}", "train", image_size=8)
+    lazy = load_split(f"folder:{tmp_path}", "train", image_size=8, max_in_memory_bytes=100)
+    assert lazy.images is None and len(lazy.files) == 9 and lazy.load_size == 8
+    assert torch.equal(lazy.read(0), memory.images[0])  # the same decode path as the in-memory set
+    with pytest.raises(BadImageError, match="c_corrupt"):
+        lazy.read(lazy.files.index(files["corrupt"]))
+    part = lazy.subset(torch.tensor([1, 0]))
+    assert part.files == [lazy.files[1], lazy.files[0]] and part.labels.tolist() == [0, 0]
+
+
+def test_folder_splits_and_errors(tmp_path):
+    for split, count in (("train", 6), ("val", 2)):
+        for cls in ("b", "A"):
+            (tmp_path / split / cls).mkdir(parents=True)
+            for i in range(count):
+                Image.new("RGB", (5, 5), (i, 0, 0)).save(tmp_path / split / cls / f"{i}.png")
+    uri = f"folder:{tmp_path}"
+    val, test = load_split(uri, "val", image_size=4), load_split(uri, "test", image_size=4)
+    assert len(val) == len(test) == 4 and val.class_names == ["A", "b"]  # sorted: capitals first
+    held = load_split(uri, "val", image_size=4, val_fraction=0.5, seed=1)
+    kept = load_split(uri, "train", image_size=4, val_fraction=0.5, seed=1)
+    assert (len(held), len(kept)) == (6, 6) and torch.bincount(held.labels).tolist() == [3, 3]
+    reds = lambda s: sorted(zip(s.labels.tolist(), s.images[:, 0, 0, 0].tolist()))  # noqa: E731
+    assert set(reds(held)).isdisjoint(reds(kept))
+    info = describe(uri)
+    assert (info.num_train, info.num_classes, info.image_size, info.channels) == (12, 2, 5, 3)
+    with pytest.raises(ValueError, match="no test split"):
+        load_split(f"folder:{tmp_path / 'train'}", "test")
+    (tmp_path / "val" / "zebra").mkdir()
+    with pytest.raises(ValueError, match="zebra"):
+        load_split(uri, "val")
+
+
+def test_caltech101_10(shared_data):
+    uri = f"folder:{shared_data / 'caltech101-10'}"
+    train = load_split(uri, "train", image_size=16)
+    val = load_split(uri, "val", max_in_memory_bytes=0)  # file-based: nothing decoded
+    assert (len(train), train.skipped, len(val)) == (776, 0, 392)
+    assert train.class_names[:2] == ["Leopards", "bonsai"] and train.num_classes == 10
+    assert torch.bincount(train.labels).tolist() == [133, 85, 44, 66, 66, 53, 57, 56, 57, 159]
+    assert torch.bincount(val.labels).tolist() == [67, 43, 23, 33, 34, 27, 29, 28, 28, 80]
+    assert val.files[0].parent.name == "Leopards" and val.files[0].name == sorted(p.name for p in val.files[:67])[0]
+    info = describe(uri)
+    assert (info.num_train, info.num_classes, info.channels) == (776, 10, 3) and 114 <= info.image_size <= 300
