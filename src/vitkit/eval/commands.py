@@ -1,0 +1,91 @@
+"""What the `eval`, `fewshot`, `predict` and `embed` verbs do, one function each: open the checkpoint
+and the data, run the library call, write the outputs, return the numbers for printing."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+from vitkit.checkpoints.native import atomic_write_text
+from vitkit.eval.accuracy import EvalConfig, evaluate
+from vitkit.eval.embed import save_embeddings
+from vitkit.eval.features import channels, compute, find_checkpoint, open_checkpoint, resolution
+from vitkit.eval.fewshot import FewShotConfig, run_fewshot
+from vitkit.eval.predict import PredictConfig, predict_files
+
+log = logging.getLogger(__name__)
+
+
+def _load(uri: str, split: str, checkpoint, img_size: int | None, max_images: int | None = None):
+    from vitkit.data.sources import load_split
+
+    images = load_split(uri, split, image_size=resolution(checkpoint, img_size), channels=1 if channels(checkpoint) == 1 else 3)
+    if max_images is not None and max_images < len(images):
+        import torch
+
+        keep = torch.randperm(len(images), generator=torch.Generator().manual_seed(0))[:max_images].sort().values
+        images = images.subset(keep)
+    if images.skipped:
+        log.warning("%s %s: %d unreadable files skipped", uri, split, images.skipped)
+    return images
+
+
+def default_out(path: str | os.PathLike, name: str) -> Path | None:
+    """RUN/<name> when `path` is a run directory (it has checkpoints/), else None (write nothing)."""
+    path = Path(path)
+    return path / name if (path / "checkpoints").is_dir() else None
+
+
+def eval_command(path: str | os.PathLike, data: str, split: str, config: EvalConfig, out: str | os.PathLike | None,
+                 max_images: int | None = None) -> dict[str, Any]:
+    """Accuracy of a checkpoint (or a run's final checkpoint) on a split; writes eval.json and confusion.png to `out`."""
+    from vitkit.inspect.plots import plot_confusion
+
+    checkpoint = open_checkpoint(path)
+    images = _load(data, split, checkpoint, config.img_size, max_images)
+    result = evaluate(checkpoint, images, config)
+    report = {"checkpoint": str(find_checkpoint(path)), "data": data, "split": split, **result.to_dict()}
+    out = Path(out) if out is not None else default_out(path, "eval")
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(out / f"eval_{split}.json", json.dumps(report, indent=1) + "\n")
+        plot_confusion(result.confusion, result.class_names, out / f"confusion_{split}.png")
+        report["out"] = str(out)
+    return report
+
+
+def fewshot_command(path: str | os.PathLike, data: str, config: FewShotConfig, out: str | os.PathLike | None) -> dict[str, Any]:
+    """Few-shot linear accuracy (Sec. 4.1) of a checkpoint's frozen representation on a data set."""
+    checkpoint = open_checkpoint(path)
+    train = _load(data, "train", checkpoint, config.img_size)
+    test = _load(data, "test", checkpoint, config.img_size)
+    result = run_fewshot(checkpoint, train, test, config)
+    report = {"checkpoint": str(find_checkpoint(path)), "data": data, **result.to_dict()}
+    if out is not None:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        atomic_write_text(Path(out) / "fewshot.json", json.dumps(report, indent=1) + "\n")
+        report["out"] = str(out)
+    return report
+
+
+def predict_command(path: str | os.PathLike, files: Sequence[str], config: PredictConfig) -> list[dict[str, Any]]:
+    """Top-k classes of image files and folders (see `predict_files`)."""
+    return predict_files(open_checkpoint(path), files, config)
+
+
+def embed_command(path: str | os.PathLike, data: str, split: str, layer: str, out: str | os.PathLike, *,
+                  img_size: int | None = None, batch_size: int = 64, device: str = "auto") -> dict[str, Any]:
+    """Representations (`layer`) of every image of a split, saved as .npy or .safetensors with labels."""
+    from vitkit.eval.embed import output_paths
+
+    output_paths(out)  # refuse a bad suffix before any work
+    checkpoint = open_checkpoint(path)
+    images = _load(data, split, checkpoint, img_size)
+    embeddings, labels = compute(checkpoint, images, layer, img_size=img_size, batch_size=batch_size, device=device)
+    meta = {"checkpoint": str(find_checkpoint(path)), "data": data, "split": split, "layer": layer,
+            "img_size": resolution(checkpoint, img_size), "class_names": images.class_names}
+    written = save_embeddings(out, embeddings, labels, meta)
+    return {**meta, "shape": list(embeddings.shape), "files": [str(p) for p in written]}

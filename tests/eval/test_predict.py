@@ -1,0 +1,82 @@
+"""`vitkit predict` on awkward files, run in-process: correct output or one clear error line, never a traceback."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+import vitkit
+from vitkit.cli import main
+
+
+def _write_images(folder: Path) -> dict[str, Path]:
+    rng = np.random.default_rng(0)
+    folder.mkdir()
+    files = {
+        "rgba": folder / "alpha.png",
+        "gray": folder / "gray.jpg",
+        "tiny": folder / "one_pixel.png",
+        "cmyk": folder / "cmyk.jpg",
+        "deep": folder / "sixteen_bit.png",
+        "palette": folder / "palette.png",
+    }
+    Image.fromarray(rng.integers(0, 256, (32, 32, 4), dtype=np.uint8), "RGBA").save(files["rgba"])
+    Image.fromarray(rng.integers(0, 256, (50, 70), dtype=np.uint8), "L").save(files["gray"], quality=90)
+    Image.new("RGB", (1, 1), (200, 30, 90)).save(files["tiny"])
+    Image.new("CMYK", (40, 40), (10, 200, 30, 0)).save(files["cmyk"])
+    Image.fromarray(rng.integers(0, 65536, (24, 40), dtype=np.uint16)).save(files["deep"])
+    palette = Image.fromarray(rng.integers(0, 256, (33, 33, 3), dtype=np.uint8)).convert("P")
+    palette.save(files["palette"], transparency=0)
+    return files
+
+
+def test_predict_awkward_images_and_corrupt_files(tmp_path: Path, rgb_checkpoint: Path, capsys) -> None:
+    files = _write_images(tmp_path / "images")
+    corrupt = tmp_path / "images" / "broken.jpg"
+    corrupt.write_bytes(b"\xff\xd8\xff\xe0 this is not really a jpeg")
+    truncated = tmp_path / "truncated.png"
+    truncated.write_bytes(files["rgba"].read_bytes()[:200])
+    args = ["predict", str(rgb_checkpoint), str(tmp_path / "images"), str(truncated), "--top-k", "3", "--json"]
+    code = main(args)
+    out, err = capsys.readouterr()
+    assert code == 1  # some files failed
+    assert "Traceback" not in out + err
+    errors = err.strip().splitlines()
+    assert len(errors) == 2
+    assert any("broken.jpg" in line for line in errors) and any("truncated.png" in line for line in errors)
+    results = {Path(r["file"]).name: r for r in json.loads(out.strip().splitlines()[-1])["results"]}
+    assert results["broken.jpg"]["error"] and "predictions" not in results["broken.jpg"]
+    for path in files.values():
+        top = results[path.name]["predictions"]
+        assert len(top) == 3
+        probs = [p["probability"] for p in top]
+        assert probs == sorted(probs, reverse=True) and 0 < sum(probs) <= 1 + 1e-6
+        assert all(p["class"] == f"class_{p['index']}" for p in top)
+
+
+def test_predict_probabilities_match_an_independent_forward_pass(tmp_path: Path, rgb_checkpoint: Path, capsys) -> None:
+    files = _write_images(tmp_path / "images")
+    assert main(["predict", str(rgb_checkpoint), str(files["rgba"]), "--top-k", "4", "--json"]) == 0
+    top = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["results"][0]["predictions"]
+    # independent: 32x32 RGBA -> drop alpha -> [-1, 1] (x / 127.5 - 1) -> model -> softmax
+    pixels = np.asarray(Image.open(files["rgba"]).convert("RGB"), dtype=np.float32)
+    inputs = torch.from_numpy(pixels / 127.5 - 1.0).permute(2, 0, 1)[None]
+    model = vitkit.load(rgb_checkpoint).eval()
+    with torch.no_grad():
+        expected = model(inputs).softmax(-1)[0]
+    for entry in top:
+        assert abs(entry["probability"] - float(expected[entry["index"]])) < 1e-5
+    assert top[0]["index"] == int(expected.argmax())
+
+
+def test_predict_missing_file_and_human_output(tmp_path: Path, rgb_checkpoint: Path, capsys) -> None:
+    files = _write_images(tmp_path / "images")
+    code = main(["predict", str(rgb_checkpoint), str(files["tiny"]), str(tmp_path / "nope.png")])
+    out, err = capsys.readouterr()
+    assert code == 1 and "Traceback" not in out + err
+    assert err.count("\n") == 1 and "nope.png" in err
+    assert out.startswith(str(files["tiny"])) and "%" in out
