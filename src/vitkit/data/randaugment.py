@@ -37,11 +37,15 @@ def _blend(base: Tensor, x: Tensor, factor: Tensor) -> Tensor:
 
 
 def autocontrast(x: Tensor) -> Tensor:
-    """Stretch each channel's min..max onto 0..255 (channels with min == max are unchanged)."""
-    low, high = x.amin(dim=(2, 3), keepdim=True), x.amax(dim=(2, 3), keepdim=True)
-    spread = high - low
-    stretched = ((x - low) * (255.0 / spread.clamp_min(1))).clamp_(0, 255).round_()
-    return torch.where(spread > 0, stretched, x)
+    """Stretch each channel's min..max onto 0..255 with Pillow's table, int(i * scale + offset).
+
+    Computed in float64 with Pillow's exact expression so results match ImageOps.autocontrast bit for bit;
+    channels with min == max are unchanged.
+    """
+    low, high = x.amin(dim=(2, 3), keepdim=True).double(), x.amax(dim=(2, 3), keepdim=True).double()
+    scale = 255.0 / (high - low).clamp_min(1)
+    stretched = torch.floor(x.double() * scale + (-low * scale)).clamp_(0, 255).to(x.dtype)
+    return torch.where(high > low, stretched, x)
 
 
 def equalize(x: Tensor) -> Tensor:
