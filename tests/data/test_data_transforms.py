@@ -178,3 +178,13 @@ def test_generator_is_required_and_config_validated():
         AugmentConfig(crop_scale=(0.0, 1.0))
     with pytest.raises(ValueError, match="crop must be"):
         AugmentConfig(crop="random")
+
+
+def test_inception_crop_antialiases_strong_downscaling():
+    # A 1-pixel checkerboard averages to 127.5 grey; shrunk 8x, bilinear point sampling would alias it
+    # into stripes, the pyramid keeps it near grey.
+    board = ((torch.arange(128)[:, None] + torch.arange(128)) % 2 * 255).to(torch.uint8).expand(4, 1, 128, 128)
+    out = inception_crop(board, 16, gen(), scale=(1.0, 1.0), ratio=(1.0, 1.0))
+    assert (out - 127.5).abs().max() <= 1
+    small = inception_crop(board, 16, gen(), scale=(0.02, 0.02), ratio=(1.0, 1.0))  # 18-px boxes: level 0
+    assert small.std() > 30

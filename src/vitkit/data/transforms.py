@@ -140,6 +140,11 @@ def inception_crop(images: Tensor, size: int, generator: torch.Generator, *, sca
     log-U(ratio) are drawn at once; the first that fits inside the image is used.  If none fits, the
     centre crop with the aspect ratio clamped to `ratio` is used (torchvision's rule).  The boxes are
     turned into per-image affine maps and all crops are resampled by one bilinear `grid_sample`.
+
+    Bilinear sampling aliases when a box is shrunk by more than 2x (e.g. 224-px images trained at 32 px),
+    so such boxes are sampled from an antialiased 2x / 4x / ... pyramid of the batch instead: one
+    `grid_sample` per pyramid level in use.  The affine maps are in normalised coordinates, so they
+    apply unchanged to every level.
     """
     batch, _, height, width = images.shape
     device = images.device
@@ -169,8 +174,30 @@ def inception_crop(images: Tensor, size: int, generator: torch.Generator, *, sca
     theta[:, 1, 1] = crop_h / height
     theta[:, 1, 2] = (2 * y0 + crop_h) / height - 1
     grid = F.affine_grid(theta, [batch, images.shape[1], size, size], align_corners=False)
-    out = F.grid_sample(images.float(), grid, mode="bilinear", padding_mode="border", align_corners=False)
+    # Pyramid level k halves the image k times; pick the level where the box shrinks by less than 2x.
+    shrink = torch.minimum(crop_w, crop_h) / size
+    levels = torch.floor(torch.log2(shrink.clamp_min(1.0))).long().clamp_(0, _max_level(height, width, size))
+    source = images.float()
+    if int(levels.max()) == 0:
+        out = F.grid_sample(source, grid, mode="bilinear", padding_mode="border", align_corners=False)
+        return out.round_().clamp_(0, 255)
+    out = torch.empty(batch, images.shape[1], size, size, device=device)
+    for level in range(int(levels.max()) + 1):
+        index = torch.nonzero(levels == level).flatten()
+        if index.numel():
+            scaled = source[index] if level == 0 else F.interpolate(
+                source[index], size=(height >> level, width >> level), mode="bilinear", align_corners=False,
+                antialias=True)
+            out[index] = F.grid_sample(scaled, grid[index], mode="bilinear", padding_mode="border", align_corners=False)
     return out.round_().clamp_(0, 255)
+
+
+def _max_level(height: int, width: int, size: int) -> int:
+    """Deepest pyramid level that still keeps the shorter side >= size (never below 1/8)."""
+    level = 0
+    while level < 3 and min(height, width) >> (level + 1) >= size:
+        level += 1
+    return level
 
 
 def pad_crop(images: Tensor, pad: int, generator: torch.Generator) -> Tensor:
