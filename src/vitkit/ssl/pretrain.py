@@ -237,6 +237,11 @@ def pretrain(config: PretrainConfig, out: str | Path, images: Tensor | None = No
     `images` (uint8 (N, C, H, W)) replaces loading `config.data`; `held_out` likewise for the final
     evaluation.  The summary holds "step", "epochs", "finished", "loss", "accuracy", "checkpoint".
     """
+    return run_pretraining(config, out, images, held_out)[1]
+
+
+def run_pretraining(config: PretrainConfig, out: str | Path, images: Tensor | None = None, held_out: Tensor | None = None) -> tuple[MaskedPatchPrediction, dict[str, Any]]:
+    """`pretrain`, also returning this process's MaskedPatchPrediction module (encoder + [mask] + head)."""
     run = Path(out)
     data = _load_data(config) if images is None else _Data(train=images, held_out=held_out)
     rank, world = _world()
@@ -314,7 +319,7 @@ def pretrain(config: PretrainConfig, out: str | Path, images: Tensor | None = No
             record = {"step": step, "epoch": summary["epochs"], "split": "test", **held}
             _append_metrics(metrics, record)
             summary.update({"test_loss": held["loss"], "test_accuracy": held.get("top1")})
-    return summary
+    return model, summary
 
 
 @torch.no_grad()
