@@ -1,0 +1,47 @@
+"""`vitkit convert` and `vitkit export-onnx`: flags -> read/write, one clear line on errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import vitkit
+from vitkit.checkpoints import read
+from vitkit.cli import main
+
+
+def test_convert_to_each_format_and_back(tmp_path, make_vit, images, capsys):
+    model = make_vit(gelu="exact")  # timm's numerics (exact GELU, eps 1e-6), which every target can carry
+    vitkit.save(model, tmp_path / "src")
+    for target in ("timm", "hf", "vitkit"):
+        assert main(["convert", str(tmp_path / "src"), str(tmp_path / target), "--to", target, "--json"]) == 0
+        summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert summary["to"] == target and summary["format"] == "vitkit"
+        with torch.no_grad():
+            assert torch.equal(read(tmp_path / target).model(images), model(images))
+
+
+def test_convert_with_surgery(tmp_path, make_vit, capsys):
+    vitkit.save(make_vit(representation_size=16), tmp_path / "src")
+    args = ["convert", str(tmp_path / "src"), str(tmp_path / "dst"), "--img-size", "48", "--num-classes", "3", "--pre-logits", "drop"]
+    assert main(args) == 0
+    config = read(tmp_path / "dst").config
+    assert (config.img_size, config.num_classes, config.representation_size) == (48, 3, None)
+
+
+def test_convert_errors_are_one_clear_line(tmp_path, make_vit, capsys):
+    assert main(["convert", str(tmp_path / "missing"), str(tmp_path / "dst")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    vitkit.save(make_vit(pool="gap"), tmp_path / "gap")
+    assert main(["convert", str(tmp_path / "gap"), str(tmp_path / "hf"), "--to", "hf"]) == 2
+    assert "gap" in capsys.readouterr().err
+
+
+def test_export_onnx(tmp_path, make_vit, capsys):
+    pytest.importorskip("onnxruntime")
+    vitkit.save(make_vit(), tmp_path / "src")
+    assert main(["export-onnx", str(tmp_path / "src"), str(tmp_path / "m.onnx"), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["opset"] == 17 and result["max_abs_diff"] <= 1e-4

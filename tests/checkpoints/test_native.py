@@ -1,0 +1,67 @@
+"""vitkit's own format: exact save -> load, and clear errors for damaged or mismatched directories."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+import vitkit
+from vitkit.checkpoints import Checkpoint, read
+
+
+def test_save_load_identical_state_and_logits(tmp_path, make_vit, images):
+    model = make_vit(representation_size=16)
+    vitkit.save(Checkpoint(model=model, class_names=list("abcde"), mean=(0.1, 0.2, 0.3), provenance={"run": "x"}), tmp_path / "c")
+    back = read(tmp_path / "c")
+    assert back.config == model.config and back.class_names == list("abcde") and back.mean == (0.1, 0.2, 0.3)
+    assert back.provenance["run"] == "x" and back.provenance["format"] == "vitkit"
+    for (name, a), b in zip(model.state_dict().items(), back.model.state_dict().values()):
+        assert torch.equal(a, b), name
+    with torch.no_grad():
+        assert torch.equal(vitkit.load(tmp_path / "c")(images), model(images))
+
+
+def test_truncated_weights_are_refused(tmp_path, make_vit):
+    vitkit.save(make_vit(), tmp_path / "c")
+    weights = tmp_path / "c" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])
+    with pytest.raises(ValueError, match="truncated"):
+        read(tmp_path / "c")
+
+
+def test_missing_file_is_named(tmp_path, make_vit):
+    vitkit.save(make_vit(), tmp_path / "c")
+    (tmp_path / "c" / "model.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match="model.safetensors is missing"):
+        read(tmp_path / "c")
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        read(tmp_path / "nowhere")
+
+
+def test_other_models_config_names_the_tensors(tmp_path, make_vit):
+    vitkit.save(make_vit(), tmp_path / "a")
+    vitkit.save(make_vit(depth=3, mlp_dim=48), tmp_path / "b")
+    shutil.copy(tmp_path / "b" / "config.json", tmp_path / "a" / "config.json")
+    with pytest.raises(ValueError, match="SHA-256 differs"):  # the recorded hash catches the swap first
+        read(tmp_path / "a")
+    meta = json.loads((tmp_path / "a" / "config.json").read_text())
+    del meta["weights_sha256"]  # a hand-edited config without the hash: the shapes still catch it
+    (tmp_path / "a" / "config.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match=r"missing \['blocks\.2\..*shape mismatch.*blocks\.0\.mlp\.fc1\.weight"):
+        read(tmp_path / "a")
+
+
+def test_unknown_format_is_a_clear_error(tmp_path):
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "notes.txt").write_text("hi")
+    with pytest.raises(ValueError, match="not a checkpoint directory vitkit knows.*notes.txt"):
+        read(tmp_path / "d")
+    (tmp_path / "w.ckpt").write_bytes(b"\0" * 10)
+    with pytest.raises(ValueError, match="unknown checkpoint format"):
+        read(tmp_path / "w.ckpt")
+    (tmp_path / "x.safetensors").write_bytes(b"garbage")
+    with pytest.raises(ValueError, match="cannot read"):
+        read(tmp_path / "x.safetensors")

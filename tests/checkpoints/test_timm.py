@@ -1,0 +1,155 @@
+"""timm ViT state dicts: exact round trips, numerics carried (exact GELU), parity with timm itself.
+
+`import timm` needs torchvision, which has no CPU build here; the parity tests stub torchvision in
+sys.modules while timm's vision_transformer module is imported (it only touches torchvision for data
+transforms), restore sys.modules afterwards, and skip cleanly if that fails.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import json
+import sys
+import types
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from vitkit.checkpoints import Checkpoint, read, timm, write
+from vitkit.models import build_model
+
+
+class _Anything(type):
+    def __getattr__(cls, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return name
+
+
+class _StubModule(types.ModuleType):
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return sys.modules.get(f"{self.__name__}.{name}") or _Anything(name, (), {"__init__": lambda self, *a, **k: None})
+
+
+class _StubFinder:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "torchvision":
+            return importlib.machinery.ModuleSpec(name, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        module = _StubModule(spec.name)
+        module.__path__ = []
+        return module
+
+    def exec_module(self, module):
+        pass
+
+
+@pytest.fixture(scope="module")
+def timm_vit():
+    """timm's VisionTransformer class, imported with torchvision stubbed; sys.modules restored after."""
+    if importlib.util.find_spec("torchvision") is not None:  # a real torchvision: plain import
+        return pytest.importorskip("timm.models.vision_transformer").VisionTransformer
+    before = set(sys.modules)
+    finder = _StubFinder()
+    sys.meta_path.insert(0, finder)
+    try:
+        from timm.models.vision_transformer import VisionTransformer
+    except Exception as err:  # noqa: BLE001 - any failure of the stubbed import is a skip, not an error
+        pytest.skip(f"timm not importable with a stubbed torchvision: {err!r}")
+    finally:
+        sys.meta_path.remove(finder)
+        for name in set(sys.modules) - before:
+            if name.split(".")[0] in ("torchvision", "timm"):
+                del sys.modules[name]
+    return VisionTransformer
+
+
+def _timm_dir(tmp_path, model, num_heads):
+    directory = tmp_path / "timm"
+    directory.mkdir()
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(directory / "model.safetensors"))
+    (directory / "config.json").write_text(json.dumps({"architecture": "vit_tiny_patch16_224", "model_args": {"num_heads": num_heads}}))
+    return directory
+
+
+def _randomise(model):
+    generator = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn(param.shape, generator=generator) * 0.1)
+    return model.eval()
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {},
+        {"class_token": False, "global_pool": "avg", "fc_norm": False},
+        {"no_embed_class": True},
+        {"qkv_bias": False},
+    ],
+    ids=["token", "gap", "no_embed_class", "no_qkv_bias"],
+)
+def test_logits_match_timm(tmp_path, timm_vit, images, kwargs):
+    reference = _randomise(timm_vit(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, mlp_ratio=2.0, num_classes=5, **kwargs))
+    checkpoint = read(_timm_dir(tmp_path, reference, 2))
+    assert (checkpoint.config.gelu, checkpoint.config.layer_norm_eps) == ("exact", 1e-6)
+    with torch.no_grad():
+        expected = reference(images)
+        diff = (checkpoint.model(images) - expected).abs().max().item()
+    assert diff <= 1e-5, diff
+    assert expected.abs().max() > 0.1
+
+
+def test_timm_loads_our_export(tmp_path, timm_vit, make_vit, images):
+    model = make_vit(gelu="exact", pool="gap")
+    out = write(Checkpoint(model=model), tmp_path / "t", to="timm")
+    args = json.loads((out / "config.json").read_text())["model_args"]
+    reference = timm_vit(**args).eval()
+    reference.load_state_dict(read(out).model.state_dict(), strict=True)
+    with torch.no_grad():
+        assert (reference(images) - model(images)).abs().max() <= 1e-5
+
+
+def test_round_trip_vitkit_timm_vitkit_is_exact(tmp_path, make_vit):
+    for index, overrides in enumerate([{}, {"pool": "gap", "qkv_bias": False}, {"representation_size": 16}]):
+        model = make_vit(gelu="exact", **overrides)
+        back = read(write(Checkpoint(model=model, class_names=list("abcde")), tmp_path / f"t{index}", to="timm"))
+        assert back.config == model.config and back.class_names == list("abcde")
+        for (name, a), b in zip(model.state_dict().items(), back.model.state_dict().values()):
+            assert torch.equal(a, b), name
+
+
+def test_exact_gelu_is_carried(tmp_path, make_vit, images):
+    model = make_vit(gelu="exact")
+    checkpoint = read(write(Checkpoint(model=model), tmp_path / "t", to="timm"))
+    tanh = build_model(checkpoint.config.__class__(**{**checkpoint.config.__dict__, "gelu": "tanh"})).eval()
+    tanh.load_state_dict(checkpoint.model.state_dict())
+    with torch.no_grad():
+        ours, wrong = checkpoint.model(images), tanh(images)
+    assert torch.equal(ours, model(images))
+    assert (ours - wrong).abs().max() > 1e-5  # the GELU variant is visible in the logits: carrying it matters
+
+
+def test_pth_state_dict_with_wrapper_and_config(tmp_path, make_vit, images):
+    model = make_vit(gelu="exact")
+    torch.save({"state_dict": {f"module.{k}": v for k, v in model.state_dict().items()}, "epoch": 3}, tmp_path / "m.pth")
+    back = read(tmp_path / "m.pth", config=model.config).model
+    with torch.no_grad():
+        assert torch.equal(back(images), model(images))
+    with pytest.raises(ValueError, match="num_heads"):  # D=32: no Table 1 size, not a multiple of 64
+        read(tmp_path / "m.pth")
+
+
+def test_unsupported_timm_variants_are_named(tmp_path, make_vit):
+    state = dict(timm.from_vitkit(Checkpoint(model=make_vit(pool="gap"))))
+    state["fc_norm.weight"] = torch.ones(32)
+    save_file(state, str(tmp_path / "a.safetensors"))
+    with pytest.raises(ValueError, match="fc_norm"):
+        read(tmp_path / "a.safetensors")
