@@ -309,6 +309,7 @@ def _add_inspect(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--num-images", type=int, default=32, help="images drawn from --data")
     parser.add_argument("--num-overlays", type=int, default=8, help="images shown in the rollout figure")
     parser.add_argument("--components", type=int, default=28, help="filter principal components shown")
+    parser.add_argument("--no-figures", action="store_true", help="numbers (inspect.json) only, no PNG files")
     _add_run_flags(parser, batch_size=8)
     parser.add_argument("--out", required=True, help="output folder")
     parser.add_argument("--json", action="store_true", help="print one JSON object (summary numbers)")
@@ -319,7 +320,7 @@ def _run_inspect(args: argparse.Namespace) -> int:
     from vitkit.inspect.report import InspectConfig, inspect_command, summary
 
     config = InspectConfig(num_components=args.components, num_overlays=args.num_overlays, batch_size=args.batch_size,
-                           img_size=args.img_size, device=args.device)
+                           img_size=args.img_size, device=args.device, draw=not args.no_figures)
     report = summary(inspect_command(args.checkpoint, args.out, config, image_files=args.images, data=args.data,
                                      split=args.split, num_images=args.num_images))
     if args.json:

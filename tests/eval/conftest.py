@@ -23,6 +23,12 @@ def tiny_checkpoint(directory: Path, *, in_chans: int = 3, img_size: int = 32, n
 
 
 @pytest.fixture
+def make_checkpoint():
+    """The `tiny_checkpoint` factory, for tests that need several."""
+    return tiny_checkpoint
+
+
+@pytest.fixture
 def rgb_checkpoint(tmp_path: Path) -> Path:
     return tiny_checkpoint(tmp_path / "rgb_ckpt", num_classes=4)
 

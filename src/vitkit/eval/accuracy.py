@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,18 +84,20 @@ def accuracy_from_logits(logits: Tensor, labels: Tensor, class_names: list[str],
 def evaluate(checkpoint, images, config: EvalConfig) -> EvalResult:
     """Top-1 / top-k, per-class accuracy and confusion matrix of a checkpoint on an `ImageSet`.
 
-    The data set's classes must be the checkpoint's (same number; names are checked when both have them).
+    The data set's classes must be the checkpoint's: same number (an error otherwise), matched by
+    index (differing names are logged as a warning).
     """
     from vitkit.eval.features import compute, resolution
 
     names = checkpoint.class_names
-    if names and images.class_names and list(names) != list(images.class_names):
-        if len(names) != len(images.class_names):
-            raise ValueError(f"the checkpoint has {len(names)} classes, the data set {len(images.class_names)}")
+    if names and images.class_names and len(names) != len(images.class_names):
         raise ValueError(
-            f"class names differ: checkpoint {list(names)[:5]}... vs data {list(images.class_names)[:5]}...; "
-            "evaluate on the data set the model was trained for"
+            f"the checkpoint has {len(names)} classes but the data set has {len(images.class_names)}: "
+            "evaluate on the data set the model was trained for (or fine-tune a new head)"
         )
+    if names and images.class_names and list(names) != list(images.class_names):
+        log.warning("class names differ (checkpoint %s... vs data %s...); labels are matched by index",
+                    list(names)[:3], list(images.class_names)[:3])
     logits, labels = compute(
         checkpoint, images, "logits", img_size=config.img_size, batch_size=config.batch_size, device=config.device
     )

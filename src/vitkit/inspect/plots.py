@@ -71,8 +71,7 @@ def plot_position_similarity(similarity: Tensor, path: Path) -> Path:
     tiles = similarity.float().cpu().numpy().reshape(gh * gw, gh, gw)
     image = mosaic(tiles, gw)
     figure, ax = plt.subplots(figsize=(0.32 * gw * gw / max(gw, 4) + 2.0, 0.32 * gh * gh / max(gh, 4) + 1.2))
-    cmap = plt.get_cmap("viridis").copy()
-    cmap.set_bad("white")
+    cmap = plt.get_cmap("viridis").with_extremes(bad="white")  # white gaps between tiles
     shown = ax.imshow(np.ma.masked_invalid(image), cmap=cmap, vmin=-1, vmax=1, interpolation="nearest")
     ax.set_xticks([c * (gw + 1) + (gw - 1) / 2 for c in range(gw)])
     ax.set_xticklabels([str(c + 1) for c in range(gw)], fontsize=6)
@@ -144,7 +143,7 @@ def plot_confusion(confusion: Sequence[Sequence[int]], class_names: Sequence[str
     if size <= 50:
         ax.set_xticklabels(class_names, rotation=90, fontsize=7)
         ax.set_yticklabels(class_names, fontsize=7)
-    if size <= 20:
+    if size <= 12:  # counts in the cells (text is slow to render; the JSON has them all)
         limit = matrix.max() / 2 if matrix.size else 0
         for (i, j), value in np.ndenumerate(matrix):
             ax.text(j, i, str(value), ha="center", va="center", fontsize=6, color="white" if value > limit else "black")

@@ -40,6 +40,7 @@ class InspectConfig:
     batch_size: int = 8  # images per forward pass (attention maps of every layer are kept per batch)
     img_size: int | None = None  # input resolution; None = the checkpoint's
     device: str = "auto"  # "auto" = CUDA when available
+    draw: bool = True  # write the PNG figures (False: numbers in inspect.json only)
 
 
 def _notes_for_non_vit(model: torch.nn.Module) -> dict[str, str] | None:
@@ -56,7 +57,8 @@ def _filters(model: torch.nn.Module, out: Path, config: InspectConfig) -> tuple[
         return {}, "the hybrid's patch embedding is a 1x1 projection of ResNet features, not pixel filters (Figure 7 left)"
     weight = model.patch_embed.proj.weight  # (D, C, P, P)
     pca = filter_pca(weight, config.num_components)
-    plots.plot_filters(pca.components, pca.explained_variance_ratio, out / "filters.png")
+    if config.draw:
+        plots.plot_filters(pca.components, pca.explained_variance_ratio, out / "filters.png")
     numbers = {
         "figure": "filters.png",
         "num_filters": weight.shape[0],
@@ -68,14 +70,15 @@ def _filters(model: torch.nn.Module, out: Path, config: InspectConfig) -> tuple[
     return numbers, None
 
 
-def _position_similarity(model: torch.nn.Module, grid: tuple[int, int], out: Path) -> tuple[dict[str, Any], str | None]:
+def _position_similarity(model: torch.nn.Module, grid: tuple[int, int], out: Path, draw: bool) -> tuple[dict[str, Any], str | None]:
     kind = model.encoder_config.posemb
     table = model.position_embeddings(grid)
     if table is None:
         return {}, f"posemb={kind!r} has no absolute position embeddings; Figure 7 center does not apply"
     patches = table[0, model.num_prefix_tokens :]  # first set; (N, D) patch rows without the [class] row
     similarity = position_similarity(patches, grid)
-    plots.plot_position_similarity(similarity, out / "position_similarity.png")
+    if draw:
+        plots.plot_position_similarity(similarity, out / "position_similarity.png")
     gh, gw = grid
     rows = torch.arange(gh)[:, None].expand(gh, gw).reshape(-1)
     cols = torch.arange(gw)[None, :].expand(gh, gw).reshape(-1)
@@ -154,7 +157,7 @@ def inspect_model(checkpoint, images: Sequence[Tensor], out_dir: str | os.PathLi
     if note:
         report["notes"]["filters"] = note
     grid = _grid(model, size)
-    numbers, note = _position_similarity(model, grid, out)
+    numbers, note = _position_similarity(model, grid, out, config.draw)
     report["position_similarity"] = numbers
     if note:
         report["notes"]["position_similarity"] = note
@@ -163,8 +166,9 @@ def inspect_model(checkpoint, images: Sequence[Tensor], out_dir: str | os.PathLi
         report["notes"].update(attention_distance=reason, attention_rollout=reason)
     else:
         distances, maps, grid, patch = _attention(checkpoint, images, size, config)
-        plots.plot_attention_distance(distances, out / "attention_distance.png", size)
-        plots.plot_rollout(list(images[: len(maps)]), maps, out / "attention_rollout.png")
+        if config.draw:
+            plots.plot_attention_distance(distances, out / "attention_distance.png", size)
+            plots.plot_rollout(list(images[: len(maps)]), maps, out / "attention_rollout.png")
         report["attention_distance"] = {
             "figure": "attention_distance.png",
             "pixels_per_patch": patch,

@@ -1,0 +1,116 @@
+"""`vitkit eval`, `fewshot`, `embed` in-process on the bundled digits: numbers against hand computations."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file
+
+import vitkit
+from vitkit.cli import main
+from vitkit.data.fewshot import k_per_class
+from vitkit.data.sources import load_split
+from vitkit.data.transforms import eval_transform
+from vitkit.eval.features import find_checkpoint
+
+
+def _last_json(capsys) -> dict:
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def _hand_logits(checkpoint: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    """All test images through the model in one batch, outside the eval code."""
+    model = vitkit.load(checkpoint).eval()
+    test = load_split("digits", "test")
+    with torch.no_grad():
+        logits = model(eval_transform(test.images, 16, (0.5,), (0.5,), 1))
+    return logits, test.labels
+
+
+def test_eval_matches_hand_computation_and_does_not_depend_on_batch(tmp_path: Path, digits_checkpoint: Path, capsys) -> None:
+    logits, labels = _hand_logits(digits_checkpoint)
+    order = np.argsort(-logits.numpy(), axis=1, kind="stable")
+    top1 = float(np.mean(order[:, 0] == labels.numpy()))
+    top5 = float(np.mean([labels[i].item() in order[i, :5] for i in range(len(labels))]))
+    reports = []
+    out = tmp_path / "eval"
+    for batch, where in (("7", []), ("128", ["--out", str(out)])):
+        assert main(["eval", str(digits_checkpoint), "--data", "digits", "--batch-size", batch, *where, "--json"]) == 0
+        reports.append(_last_json(capsys))
+    assert (out / "confusion_test.png").stat().st_size > 1000
+    assert json.loads((out / "eval_test.json").read_text())["top1"] == reports[-1]["top1"]
+    report = reports[0]
+    assert report["num_images"] == len(labels) == 359
+    assert abs(report["top1"] - top1) < 1e-12 and abs(report["top5"] - top5) < 1e-12
+    assert 0.0 < top1 < 1.0  # the random head predicts several classes
+    confusion = np.array(report["confusion"])
+    assert confusion.sum() == 359 and confusion.sum(1).tolist() == np.bincount(labels.numpy(), minlength=10).tolist()
+    assert abs(np.trace(confusion) / 359 - top1) < 1e-12
+    assert reports[0]["confusion"] == reports[1]["confusion"]  # batch 7 vs 128 vs 359: same predictions
+
+
+def test_eval_at_another_resolution_and_clear_error_for_wrong_classes(tmp_path: Path, digits_checkpoint: Path, make_checkpoint, capsys) -> None:
+    assert main(["eval", str(digits_checkpoint), "--data", "digits", "--img-size", "24", "--json"]) == 0
+    assert _last_json(capsys)["img_size"] == 24  # 3x3 patches: position embeddings resampled on the fly
+    other = make_checkpoint(tmp_path / "three", in_chans=1, img_size=16, num_classes=3)
+    assert main(["eval", str(other), "--data", "digits"]) == 2
+    err = capsys.readouterr().err
+    assert "classes" in err and "Traceback" not in err
+
+
+def test_run_directory_resolves_to_final_or_newest_checkpoint(tmp_path: Path, make_checkpoint) -> None:
+    run = tmp_path / "run"
+    old = make_checkpoint(run / "checkpoints" / "step_000010", in_chans=1, img_size=16)
+    new = make_checkpoint(run / "checkpoints" / "step_000020", in_chans=1, img_size=16)
+    past = time.time() - 100
+    os.utime(old / "config.json", (past, past))
+    assert find_checkpoint(run) == new
+    final = make_checkpoint(run / "checkpoints" / "final", in_chans=1, img_size=16)
+    assert find_checkpoint(run) == final
+    assert find_checkpoint(final) == final
+
+
+def test_fewshot_cli_reports_every_k_and_seed(digits_checkpoint: Path, capsys) -> None:
+    assert main(["fewshot", str(digits_checkpoint), "--data", "digits", "--shots", "1,5", "--seeds", "2", "--json"]) == 0
+    report = _last_json(capsys)
+    assert set(report["shots"]) == {"1", "5"} and report["num_test"] == 359
+    for entry in report["shots"].values():
+        accuracies = [run["accuracy"] for run in entry["runs"]]
+        assert len(accuracies) == 2 and abs(np.mean(accuracies) - entry["mean"]) < 1e-12
+        assert abs(np.std(accuracies, ddof=1) - entry["std"]) < 1e-12
+        assert all(0.0 <= a <= 1.0 for a in accuracies)
+        assert all(float(np.log2(run["l2"])).is_integer() for run in entry["runs"])  # powers of 2
+
+
+def test_k_per_class_draws_exactly_k() -> None:
+    labels = load_split("digits", "train").labels
+    for k in (1, 5, 25):
+        index = k_per_class(labels, k, seed=3)
+        assert torch.bincount(labels[index], minlength=10).tolist() == [k] * 10
+        assert len(index.unique()) == len(index)
+
+
+def test_embed_npy_and_safetensors_round_trip(tmp_path: Path, digits_checkpoint: Path, capsys) -> None:
+    target = tmp_path / "emb.npy"
+    assert main(["embed", str(digits_checkpoint), "--data", "digits", "--out", str(target), "--json"]) == 0
+    assert _last_json(capsys)["shape"] == [359, 32]
+    features = np.load(target, allow_pickle=False)
+    labels = np.load(tmp_path / "emb.labels.npy", allow_pickle=False)
+    model = vitkit.load(digits_checkpoint).eval()
+    test = load_split("digits", "test")
+    with torch.no_grad():
+        expected = model.forward_features(eval_transform(test.images[:5], 16, (0.5,), (0.5,), 1))
+    np.testing.assert_allclose(features[:5], expected.numpy(), atol=1e-5)
+    assert labels.tolist() == test.labels.tolist()
+    tokens = tmp_path / "tokens.safetensors"
+    assert main(["embed", str(digits_checkpoint), "--data", "digits", "--layer", "block01", "--out", str(tokens)]) == 0
+    stored = load_file(str(tokens))
+    assert stored["embeddings"].shape == (359, 5, 32) and stored["labels"].tolist() == test.labels.tolist()
+    assert main(["embed", str(digits_checkpoint), "--data", "digits", "--out", str(tmp_path / "x.txt")]) == 2
+    assert main(["embed", str(digits_checkpoint), "--data", "digits", "--layer", "block09", "--out", str(target)]) == 2
+    assert "unknown layer" in capsys.readouterr().err

@@ -1,0 +1,80 @@
+"""`vitkit inspect` end to end on tiny models: figures written, numbers consistent, inapplicable figures explained."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import vitkit
+from vitkit.checkpoints import Checkpoint
+from vitkit.cli import main
+from vitkit.inspect.report import InspectConfig, inspect_model
+
+TINY = dict(hidden_size=32, depth=2, num_heads=2, mlp_dim=64, patch_size=8, img_size=32, num_classes=3)
+
+
+def _checkpoint(**overrides) -> Checkpoint:
+    model = vitkit.create_model("vit_ti16", **{**TINY, **overrides})
+    channels = model.config.in_chans
+    return Checkpoint(model=model.eval(), class_names=["a", "b", "c"], mean=(0.5,) * channels, std=(0.5,) * channels)
+
+
+def _images(count: int, channels: int = 3) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    return [torch.randint(0, 256, (channels, 40, 48), dtype=torch.uint8, generator=generator) for _ in range(count)]
+
+
+def test_inspect_learned_1d_writes_all_figures_with_consistent_numbers(tmp_path: Path) -> None:
+    checkpoint = _checkpoint()
+    report = inspect_model(checkpoint, _images(3), tmp_path, InspectConfig(num_overlays=2, batch_size=2))
+    for name in ("filters.png", "position_similarity.png", "attention_distance.png", "attention_rollout.png"):
+        assert (tmp_path / name).stat().st_size > 1000
+    assert report["notes"] == {}
+    stored = json.loads((tmp_path / "inspect.json").read_text())
+    distances = np.array(stored["attention_distance"]["per_layer_head"])
+    assert distances.shape == (2, 2)  # (L, k)
+    # a weighted mean of patch-centre distances on a 4x4 grid of 8 px patches: 0 <= d <= diagonal span
+    assert np.all(distances >= 0) and np.all(distances <= np.hypot(24, 24))
+    maps = np.array(stored["attention_rollout"]["maps"])
+    assert maps.shape == (2, 4, 4) and np.allclose(maps.sum(axis=(1, 2)), 1.0)
+    similarity = np.array(stored["position_similarity"]["similarity"])
+    assert similarity.shape == (4, 4, 4, 4) and np.allclose(similarity[np.arange(4)[:, None], np.arange(4), np.arange(4)[:, None], np.arange(4)], 1.0)
+    assert len(stored["filters"]["explained_variance_ratio"]) == 28
+
+
+def test_inspect_distance_averages_over_images_in_any_batching(tmp_path: Path) -> None:
+    checkpoint = _checkpoint(pool="gap", posemb="sincos_2d")
+    images = _images(3)
+    one = inspect_model(checkpoint, images, tmp_path / "a", InspectConfig(batch_size=1, num_overlays=1, draw=False))
+    three = inspect_model(checkpoint, images, tmp_path / "b", InspectConfig(batch_size=3, num_overlays=1, draw=False))
+    assert not (tmp_path / "a" / "attention_distance.png").exists()
+    np.testing.assert_allclose(one["attention_distance"]["per_layer_head"], three["attention_distance"]["per_layer_head"], rtol=1e-6)
+
+
+@pytest.mark.parametrize("posemb", ["relative", "none"])
+def test_inspect_says_position_similarity_does_not_apply(tmp_path: Path, posemb: str) -> None:
+    report = inspect_model(_checkpoint(posemb=posemb), [], tmp_path, InspectConfig())
+    assert "does not apply" in report["notes"]["position_similarity"]
+    assert "no images" in report["notes"]["attention_distance"]
+    assert not (tmp_path / "position_similarity.png").exists() and (tmp_path / "filters.png").exists()
+
+
+def test_inspect_cli_grayscale_model_from_image_files(tmp_path: Path, capsys) -> None:
+    model = vitkit.create_model("vit_ti16", **{**TINY, "in_chans": 1, "posemb": "learned_2d"})
+    checkpoint = vitkit.save(model, tmp_path / "ckpt", class_names=["a", "b", "c"], mean=(0.5,), std=(0.5,))
+    picture = tmp_path / "photo.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (30, 50, 3), dtype=np.uint8)).save(picture)
+    assert main(["inspect", str(checkpoint), "--images", str(picture), "--out", str(tmp_path / "out"), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["num_images"] == 1 and len(summary["attention_distance_per_layer"]) == 2
+    stored = json.loads((tmp_path / "out" / "inspect.json").read_text())
+    assert "grayscale" in stored["filters"]["shown"]
+    broken = tmp_path / "broken.png"
+    broken.write_bytes(b"not an image")
+    assert main(["inspect", str(checkpoint), "--images", str(broken), "--out", str(tmp_path / "out2")]) == 2
+    assert "broken.png" in capsys.readouterr().err
