@@ -114,3 +114,17 @@ def test_embed_npy_and_safetensors_round_trip(tmp_path: Path, digits_checkpoint:
     assert main(["embed", str(digits_checkpoint), "--data", "digits", "--out", str(tmp_path / "x.txt")]) == 2
     assert main(["embed", str(digits_checkpoint), "--data", "digits", "--layer", "block09", "--out", str(target)]) == 2
     assert "unknown layer" in capsys.readouterr().err
+
+
+def test_fewshot_works_for_a_resnet(tmp_path: Path, capsys) -> None:
+    from vitkit.models import build_model
+    from vitkit.models.configs import ResNetConfig
+
+    model = build_model(ResNetConfig(layers=(1, 1), img_size=16, in_chans=1, num_classes=10))
+    checkpoint = vitkit.save(model, tmp_path / "resnet", class_names=[str(i) for i in range(10)], mean=(0.5,), std=(0.5,))
+    assert main(["fewshot", str(checkpoint), "--data", "digits", "--shots", "5", "--seeds", "1", "--json"]) == 0
+    report = _last_json(capsys)
+    # a random-weight ResNet is still a useful feature extractor on 8x8 digits: well above 10 % chance
+    assert report["shots"]["5"]["mean"] > 0.4
+    assert main(["inspect", str(checkpoint), "--out", str(tmp_path / "inspect"), "--json"]) == 0
+    assert "not a Vision Transformer" in _last_json(capsys)["notes"]["attention_rollout"]
