@@ -96,3 +96,24 @@ def test_missing_tensor_is_named(tmp_path):
     save_file(state, str(weights))
     with pytest.raises(ValueError, match=r"vit\.encoder\.layer\.1\.output\.dense\.weight"):
         read(tmp_path / "hf")
+
+
+def test_features_model_exports_as_vit_model_with_pooler(tmp_path, make_vit, images):
+    model = make_vit(representation_size=16, num_classes=0, gelu="exact")
+    out = write(Checkpoint(model=model), tmp_path / "hf", to="hf")
+    hf_model = transformers.ViTModel.from_pretrained(out).eval()
+    with torch.no_grad():
+        assert (hf_model(pixel_values=images).pooler_output - model(images)).abs().max() <= 1e-5
+
+
+def test_pytorch_model_bin_is_read_weights_only(tmp_path, images):
+    from safetensors.torch import load_file
+
+    reference = _randomise_hf(transformers.ViTForImageClassification(_hf_config()))
+    reference.save_pretrained(tmp_path / "hf")
+    weights = tmp_path / "hf" / "model.safetensors"
+    torch.save(load_file(str(weights)), tmp_path / "hf" / "pytorch_model.bin")  # the pre-safetensors layout
+    weights.unlink()
+    with torch.no_grad():
+        diff = (read(tmp_path / "hf").model(images) - reference(pixel_values=images).logits).abs().max().item()
+    assert diff <= 1e-5, diff

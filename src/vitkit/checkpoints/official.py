@@ -186,7 +186,10 @@ def infer_config(arrays: Mapping[str, np.ndarray]) -> ViTConfig | HybridConfig:
     image_chans = arrays["conv_root/kernel"].shape[2] if stride > 1 else in_chans
     posemb = arrays.get("Transformer/posembed_input/pos_embedding")
     if posemb is None:
-        raise ValueError("no position embedding (Transformer/posembed_input/pos_embedding) in the checkpoint")
+        raise ValueError(
+            "no position embedding (Transformer/posembed_input/pos_embedding) in the checkpoint: a big_vision "
+            "sincos2d model; pass config=ViTConfig(..., posemb='sincos_2d', img_size=...) since its size cannot be inferred"
+        )
     tokens = posemb.shape[1] - (pool == "token")
     grid = math.isqrt(tokens)
     if grid * grid != tokens:
