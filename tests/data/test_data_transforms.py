@@ -33,6 +33,12 @@ def test_to_float_endpoints_and_channels():
     assert torch.allclose(out[0, 0, 0, 2], torch.tensor(51 / 127.5 - 1))
     custom = to_float(torch.full((1, 3, 1, 1), 255, dtype=torch.uint8), mean=(0.5, 0.0, 1.0), std=(0.5, 2.0, 0.25))
     assert custom.flatten().tolist() == [1.0, 0.5, 0.0]
+    gray = torch.full((2, 1, 3, 3), 255, dtype=torch.uint8)
+    assert (to_float(gray) == 1).all() and to_float(gray).shape == (2, 1, 3, 3)  # default 3-value mean, 1 channel
+    per_channel = to_float(gray, mean=(0.0, 0.5, 1.0), std=(1.0, 1.0, 1.0), channels=3)
+    assert per_channel[0, :, 0, 0].tolist() == [1.0, 0.5, 0.0]
+    with pytest.raises(ValueError, match="mean has 2 values for 3 channels"):
+        to_float(gray, mean=(0.1, 0.2), channels=3)
     with pytest.raises(ValueError, match="only 1 -> C"):
         to_float(torch.zeros(1, 3, 2, 2, dtype=torch.uint8), channels=1)
 

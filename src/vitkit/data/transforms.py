@@ -6,7 +6,8 @@ Images arrive as uint8 (B, C, H, W) and leave as float32 normalised `(x / 255 - 
 (images, labels, generator state): runs are reproducible and resume exactly.
 
 train_transform = crop (inception / pad / none) -> RandAugment -> flip -> normalise -> expand
-channels, and labels -> one-hot -> label smoothing -> Mixup or CutMix.  The inception crop is the
+channels (with the inception crop the flip is folded into the crop's affine map, before RandAugment:
+the same distribution, since every RandAugment op is mirror-symmetric in law, and two passes cheaper), and labels -> one-hot -> label smoothing -> Mixup or CutMix.  The inception crop is the
 random resized crop of Szegedy et al. (2015) that the ViT paper's pipeline uses: area fraction
 U(crop_scale), aspect ratio log-uniform in [3/4, 4/3], falling back to a centre crop; all crops of a
 batch are sampled with one `grid_sample` call.  Between ops the pixels stay float in 0..255 and are
@@ -75,27 +76,41 @@ def expand_channels(images: Tensor, channels: int | None) -> Tensor:
     raise ValueError(f"images have {images.shape[1]} channels but the model takes {channels}; only 1 -> C expands")
 
 
+def _per_channel(values: Sequence[float], channels: int, what: str) -> list[float]:
+    """`values` for `channels` channels: given per channel, or one value (or all equal) for every channel."""
+    values = [float(v) for v in values]
+    if len(values) == channels:
+        return values
+    if len(values) == 1 or len(set(values)) == 1:
+        return values[:1] * channels
+    raise ValueError(f"{what} has {len(values)} values for {channels} channels")
+
+
 def _normalise(pixels: Tensor, mean: Sequence[float], std: Sequence[float]) -> Tensor:
-    """float pixels 0..255 (B, C, H, W) -> (x / 255 - mean) / std, with mean/std of length 1 or C."""
+    """Pixels 0..255 (B, C, H, W), uint8 or float -> float32 (x - 255 mean) / (255 std).
+
+    Two passes, and exact at the ends for the official mean = std = 0.5: (0 - 127.5) / 127.5 = -1 and
+    (255 - 127.5) / 127.5 = 1, where a fused multiply-add would give 1.0000001.
+    """
     channels = pixels.shape[1]
-    if len(mean) not in (1, channels) or len(std) not in (1, channels):
-        raise ValueError(f"mean/std have {len(mean)}/{len(std)} values for {channels} channels")
-    mean_t = torch.tensor(mean, dtype=torch.float32, device=pixels.device).view(1, -1, 1, 1)
-    std_t = torch.tensor(std, dtype=torch.float32, device=pixels.device).view(1, -1, 1, 1)
-    return (pixels.float() / 255.0 - mean_t) / std_t
+    mean_t = torch.tensor([255.0 * m for m in _per_channel(mean, channels, "mean")], device=pixels.device)
+    std_t = torch.tensor([255.0 * s for s in _per_channel(std, channels, "std")], device=pixels.device)
+    return (pixels - mean_t.view(1, -1, 1, 1)).div_(std_t.view(1, -1, 1, 1))  # uint8 - float32 -> float32
 
 
 def to_float(images_uint8: Tensor, mean: Sequence[float] = MEAN, std: Sequence[float] = STD,
              channels: int | None = None) -> Tensor:
     """uint8 (B, C, H, W) -> float32 (B, channels or C, H, W) = (x / 255 - mean) / std.
 
-    mean and std are in [0, 1] pixel units, one value or one per (output) channel.
+    mean and std are in [0, 1] pixel units: one value, one per output channel, or (all equal) any count.
+    Grayscale expanded to `channels` is normalised once and then broadcast (a view, no copy).
     """
-    images = expand_channels(images_uint8, channels)
-    if len(mean) == 1 or len(mean) == images.shape[1]:
-        return _normalise(images, mean, std)
-    # mean/std given for the source channels (e.g. 1) while expanding: normalise first, then expand.
-    return expand_channels(_normalise(images_uint8, mean, std), channels)
+    expanded = expand_channels(images_uint8, channels)
+    out_channels = expanded.shape[1]
+    mean, std = _per_channel(mean, out_channels, "mean"), _per_channel(std, out_channels, "std")
+    if images_uint8.shape[1] == 1 and out_channels > 1 and len(set(mean)) == 1 and len(set(std)) == 1:
+        return expand_channels(_normalise(images_uint8, mean[:1], std[:1]), out_channels)
+    return _normalise(expanded, mean, std)
 
 
 # --------------------------------------------------------------------------------- resampling
@@ -133,7 +148,7 @@ def _uniform(shape: tuple[int, ...], generator: torch.Generator, device: torch.d
 
 
 def inception_crop(images: Tensor, size: int, generator: torch.Generator, *, scale: tuple[float, float] = (0.08, 1.0),
-                   ratio: tuple[float, float] = (3 / 4, 4 / 3)) -> Tensor:
+                   ratio: tuple[float, float] = (3 / 4, 4 / 3), flip: float = 0.0) -> Tensor:
     """Random resized ("inception") crop of every image to (size, size), float 0..255 out.
 
     For each image, up to 10 candidate boxes with area fraction ~ U(scale) and aspect ratio w/h ~
@@ -144,7 +159,8 @@ def inception_crop(images: Tensor, size: int, generator: torch.Generator, *, sca
     Bilinear sampling aliases when a box is shrunk by more than 2x (e.g. 224-px images trained at 32 px),
     so such boxes are sampled from an antialiased 2x / 4x / ... pyramid of the batch instead: one
     `grid_sample` per pyramid level in use.  The affine maps are in normalised coordinates, so they
-    apply unchanged to every level.
+    apply unchanged to every level.  With `flip` > 0 each crop is mirrored with that probability by
+    negating its map's x scale (no extra pass over the pixels).
     """
     batch, _, height, width = images.shape
     device = images.device
@@ -169,7 +185,8 @@ def inception_crop(images: Tensor, size: int, generator: torch.Generator, *, sca
     # Output coordinate u in (-1, 1) (align_corners=False) maps to source x = x0 + (u + 1) / 2 * crop_w,
     # i.e. normalised source coordinate (crop_w / W) * u + (2 x0 + crop_w) / W - 1.
     theta = torch.zeros(batch, 2, 3, device=device)
-    theta[:, 0, 0] = crop_w / width
+    mirror = torch.where(_uniform((batch,), generator, device) < flip, -1.0, 1.0) if flip > 0 else 1.0
+    theta[:, 0, 0] = mirror * crop_w / width
     theta[:, 0, 2] = (2 * x0 + crop_w) / width - 1
     theta[:, 1, 1] = crop_h / height
     theta[:, 1, 2] = (2 * y0 + crop_h) / height - 1
@@ -179,8 +196,8 @@ def inception_crop(images: Tensor, size: int, generator: torch.Generator, *, sca
     levels = torch.floor(torch.log2(shrink.clamp_min(1.0))).long().clamp_(0, _max_level(height, width, size))
     source = images.float()
     if int(levels.max()) == 0:
-        out = F.grid_sample(source, grid, mode="bilinear", padding_mode="border", align_corners=False)
-        return out.round_().clamp_(0, 255)
+        # A bilinear blend of pixels in 0..255 stays in 0..255: rounding is all a uint8 pipeline would add.
+        return F.grid_sample(source, grid, mode="bilinear", padding_mode="border", align_corners=False).round_()
     out = torch.empty(batch, images.shape[1], size, size, device=device)
     for level in range(int(levels.max()) + 1):
         index = torch.nonzero(levels == level).flatten()
@@ -189,7 +206,7 @@ def inception_crop(images: Tensor, size: int, generator: torch.Generator, *, sca
                 source[index], size=(height >> level, width >> level), mode="bilinear", align_corners=False,
                 antialias=True)
             out[index] = F.grid_sample(scaled, grid[index], mode="bilinear", padding_mode="border", align_corners=False)
-    return out.round_().clamp_(0, 255)
+    return out.round_()
 
 
 def _max_level(height: int, width: int, size: int) -> int:
@@ -215,7 +232,10 @@ def pad_crop(images: Tensor, pad: int, generator: torch.Generator) -> Tensor:
 def random_flip(images: Tensor, generator: torch.Generator, p: float = 0.5) -> tuple[Tensor, Tensor]:
     """Mirror each image left-right with probability p; returns (images, flipped mask (B,))."""
     flipped = _uniform((images.shape[0],), generator, images.device) < p
-    return torch.where(flipped[:, None, None, None], images.flip(-1), images), flipped
+    index = torch.nonzero(flipped).flatten()
+    out = images.clone()
+    out[index] = images[index].flip(-1)
+    return out, flipped
 
 
 # ---------------------------------------------------------------------------- targets, mixing
@@ -278,15 +298,17 @@ def train_transform(images_uint8: Tensor, labels: Tensor, num_classes: int, size
     """
     if generator is None:
         raise ValueError("train_transform needs a torch.Generator on the batch's device (reproducibility)")
+    flip_later = config.flip and config.crop != "inception"
     if config.crop == "inception":
-        pixels = inception_crop(images_uint8, size, generator, scale=config.crop_scale, ratio=config.crop_ratio)
+        pixels = inception_crop(images_uint8, size, generator, scale=config.crop_scale, ratio=config.crop_ratio,
+                                flip=0.5 if config.flip else 0.0)
     elif config.crop == "pad":
         pixels = resize(pad_crop(images_uint8, config.pad, generator).float(), size).round_().clamp_(0, 255)
     else:
         pixels = _center_square(images_uint8, size).round().clamp(0, 255)
     if config.randaugment is not None and config.randaugment[0] > 0:
         pixels = rand_augment(pixels, config.randaugment[0], config.randaugment[1], generator)
-    if config.flip:
+    if flip_later:
         pixels, _ = random_flip(pixels, generator)
     images = to_float(pixels, mean, std, channels)
     targets = one_hot(labels.to(images.device), num_classes, config.label_smoothing)
