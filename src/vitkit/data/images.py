@@ -155,6 +155,8 @@ def scan_folder(root: Path, class_names: Sequence[str]) -> tuple[list[Path], lis
         if not folder.is_dir():
             continue  # a class may be absent from a val/ split
         found = sorted(p for p in folder.rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file())
+        if not found:
+            log.warning("%s: class folder has no image files", folder)
         files += found
         labels += [index[name]] * len(found)
     return files, labels

@@ -342,13 +342,13 @@ def _describe_npz(uri: str, path: Path) -> SourceInfo:
     nchw = len(shape) == 4 and shape[1] in (1, 3) and shape[3] not in (1, 3)
     channels = 1 if len(shape) == 3 else (shape[1] if nchw else shape[3])
     side = shape[-1] if nchw or len(shape) == 3 else shape[2]
-    arrays = readers.read_npz(path) if key == "images" else None  # the 20 % test hold-out needs the labels
-    if arrays is not None:
-        num_train = len(stratified_split(torch.from_numpy(arrays["labels"]), FIXED_TEST_FRACTION, FIXED_TEST_SEED)[0])
-        num_classes = int(arrays["labels"].max(initial=-1)) + 1
-    else:
-        with np.load(path, allow_pickle=False) as archive:  # labels only: small
+    with np.load(path, allow_pickle=False) as archive:  # decompresses the labels only
+        if key == "images":  # the fixed 20 % test hold-out needs the labels
+            labels = torch.from_numpy(archive["labels"].astype(np.int64))
+            num_train = len(stratified_split(labels, FIXED_TEST_FRACTION, FIXED_TEST_SEED)[0])
+            num_classes = int(labels.max()) + 1 if len(labels) else 0
+        else:
+            num_train = shape[0]
             num_classes = int(max(archive["y_train"].max(initial=-1), archive["y_test"].max(initial=-1))) + 1
-        num_train = shape[0]
     return SourceInfo(uri=uri, num_train=num_train, num_classes=num_classes, image_size=int(side),
                       channels=int(channels), in_memory=True)

@@ -245,12 +245,33 @@ def one_hot(labels: Tensor, num_classes: int, smoothing: float = 0.0) -> Tensor:
     return targets * (1.0 - smoothing) + smoothing / num_classes
 
 
-def sample_beta(alpha: float, generator: torch.Generator, device: torch.device) -> float:
-    """One draw from Beta(alpha, alpha) using only `generator` (Johnk's rejection method, in log space).
+def _gamma(shape: float, generator: torch.Generator, device: torch.device) -> float:
+    """One Gamma(shape, 1) draw, shape >= 1, by Marsaglia and Tsang's squeeze method (uniforms and normals only)."""
+    d = shape - 1.0 / 3.0
+    c = 1.0 / math.sqrt(9.0 * d)
+    while True:
+        x = torch.randn(64, generator=generator, device=device, dtype=torch.float64)
+        u = torch.rand(64, generator=generator, device=device, dtype=torch.float64)
+        v = (1.0 + c * x) ** 3
+        ok = (v > 0) & (torch.log(u) < 0.5 * x**2 + d - d * v + d * torch.log(v.clamp_min(1e-300)))
+        accepted = torch.nonzero(ok).flatten()
+        if accepted.numel():
+            return float(d * v[accepted[0]])
 
-    torch.distributions cannot take a generator, so reproducibility would be lost; Johnk's method
-    needs only uniforms: X = U^(1/a), Y = V^(1/a), accept when X + Y <= 1, return X / (X + Y).
+
+def sample_beta(alpha: float, generator: torch.Generator, device: torch.device) -> float:
+    """One draw from Beta(alpha, alpha) using only `generator` (torch.distributions cannot take one).
+
+    alpha < 1 (the usual mixup values): Johnk's rejection method in log space, X = U^(1/a),
+    Y = V^(1/a), accepted when X + Y <= 1, returns X / (X + Y); it accepts often for small alpha.
+    alpha >= 1: G1 / (G1 + G2) with Gamma(alpha) draws (Marsaglia-Tsang), which stays efficient
+    where Johnk's acceptance rate collapses.
     """
+    if alpha <= 0:
+        raise ValueError(f"Beta alpha must be > 0, got {alpha}")
+    if alpha >= 1.0:
+        first = _gamma(alpha, generator, device)
+        return first / (first + _gamma(alpha, generator, device))
     while True:
         logs = torch.log(_uniform((64, 2), generator, device).double().clamp_min(1e-300)) / alpha
         log_total = torch.logsumexp(logs, dim=1)
