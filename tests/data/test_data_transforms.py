@@ -196,3 +196,11 @@ def test_inception_crop_antialiases_strong_downscaling():
     assert (out - 127.5).abs().max() <= 1
     small = inception_crop(board, 16, gen(), scale=(0.02, 0.02), ratio=(1.0, 1.0))  # 18-px boxes: level 0
     assert small.std() > 30
+
+
+def test_inception_flip_mirrors_the_same_crop():
+    x = torch.randint(0, 256, (8, 3, 24, 24), dtype=torch.uint8)
+    plain = inception_crop(x, 16, gen(4))
+    mirrored = inception_crop(x, 16, gen(4), flip=1.0)  # the same boxes: the flip draw comes after them
+    assert (mirrored - plain.flip(-1)).abs().max() <= 1  # equal up to rounding ties of the sample positions
+    assert (mirrored != plain.flip(-1)).float().mean() < 0.01

@@ -95,11 +95,11 @@ class ImageSet:
 class SourceInfo:
     """What a source holds, found cheaply (headers and directory listings, not pixels)."""
 
-    uri: str
+    uri: str  # the URI as given
     num_train: int  # images in the training split (before any val hold-out)
-    num_classes: int
-    image_size: int  # typical side length in pixels (median shorter side for folders)
-    channels: int
+    num_classes: int  # K
+    image_size: int  # typical side length in pixels (median shorter side of ~32 headers for folders)
+    channels: int  # C of the stored images (1 for digits / MNIST-style, 3 otherwise)
     in_memory: bool  # whether load_split keeps it in memory (at DEFAULT_FOLDER_SIZE for folders)
 
 
