@@ -283,7 +283,8 @@ def load_split(uri: str, split: Split, *, image_size: int | None = None, val_fra
             default DEFAULT_FOLDER_SIZE.  Fixed-size sources ignore it.
         val_fraction: class-stratified fraction of the training data held out as "val" (by `seed`).
         strict: raise `BadImageError` on the first corrupt file instead of skipping and counting it.
-        max_in_memory_bytes: a folder larger than this after decoding is returned as `files`.
+        max_in_memory_bytes: a folder larger than this after decoding is returned as `files`; its bad
+            files surface later, as `BadImageError` from `ImageSet.read` in the loader's workers.
         channels: 3 (RGB) or 1 (L) for folders; fixed-size sources keep their own channels.
         num_workers: decoding threads for folders (default min(8, CPUs)).
         max_pixels: decompression-bomb limit per image.
