@@ -99,13 +99,7 @@ def to_vit_config(hf: Mapping[str, Any], state: Mapping[str, Tensor]) -> ViTConf
     pooler = "vit.pooler.dense.weight" in state
     if pooler and hf.get("pooler_act", "tanh") != "tanh":
         raise ValueError(f"pooler_act {hf.get('pooler_act')!r}: vitkit's pre-logits layer is dense + tanh")
-    image = hf.get("image_size", 224)
-    patch = hf.get("patch_size", 16)
-    if isinstance(image, (list, tuple)) or isinstance(patch, (list, tuple)):
-        if len(set(image if isinstance(image, (list, tuple)) else [image])) > 1:
-            raise ValueError(f"non-square image_size {image} is not supported")
-        image = image[0] if isinstance(image, (list, tuple)) else image
-        patch = patch[0] if isinstance(patch, (list, tuple)) else patch
+    image, patch = _square(hf.get("image_size", 224), "image_size"), _square(hf.get("patch_size", 16), "patch_size")
     return ViTConfig(
         img_size=image, patch_size=patch, in_chans=hf.get("num_channels", 3),
         hidden_size=hf["hidden_size"], depth=hf["num_hidden_layers"], num_heads=hf["num_attention_heads"],
@@ -115,6 +109,14 @@ def to_vit_config(hf: Mapping[str, Any], state: Mapping[str, Tensor]) -> ViTConf
         qkv_bias=hf.get("qkv_bias", True), layer_norm_eps=hf.get("layer_norm_eps", 1e-12), gelu=ACTIVATIONS[act],
         dropout=hf.get("hidden_dropout_prob", 0.0), attention_dropout=hf.get("attention_probs_dropout_prob", 0.0),
     )  # fmt: skip
+
+
+def _square(value: int | list[int], name: str) -> int:
+    # HF accepts (height, width) pairs; vitkit's models are square
+    values = list(value) if isinstance(value, (list, tuple)) else [value]
+    if len(set(values)) != 1:
+        raise ValueError(f"non-square {name} {value} is not supported")
+    return int(values[0])
 
 
 def class_names(hf: Mapping[str, Any], num_classes: int) -> list[str] | None:
