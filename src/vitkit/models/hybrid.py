@@ -54,6 +54,7 @@ class Bottleneck(nn.Module):
             if needs_projection
             else None
         )
+        init_official_(self)
 
     def forward(self, x: Tensor) -> Tensor:
         shortcut = x if self.downsample is None else self.downsample(x)  # conv_proj + gn_proj
@@ -86,19 +87,10 @@ class HybridBackbone(nn.Module):
             channels = out
         self.stages = nn.Sequential(*stages)
         self.num_features = channels
-        self.reset_parameters()
+        init_official_(self.stem)  # the units initialised themselves
 
-    @torch.no_grad()
     def reset_parameters(self) -> None:
-        for module in self.modules():
-            if isinstance(module, nn.Conv2d):
-                lecun_normal_(module.weight)  # flax.linen.Conv default kernel_init
-            elif isinstance(module, nn.GroupNorm):
-                nn.init.ones_(module.weight)
-                nn.init.zeros_(module.bias)
-        for module in self.modules():
-            if isinstance(module, Bottleneck):
-                nn.init.zeros_(module.norm3.weight)  # gn3 scale_init=zeros: each unit starts as its shortcut
+        init_official_(self)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.stages(self.stem(x))
@@ -133,3 +125,18 @@ class HybridEmbed(nn.Module):
         grid = pe.check_grid(x.shape[-2], x.shape[-1], self.stride)
         x = self.proj(self.backbone(x))  # (B, C, H, W) -> (B, D, H/s, W/s)
         return x.flatten(2).transpose(1, 2), grid  # (B, D, gh, gw) -> (B, N, D)
+
+
+@torch.no_grad()
+def init_official_(module: nn.Module) -> None:
+    """Flax defaults (LeCun-normal kernels, GroupNorm scale 1, bias 0), then gn3 scale_init=zeros in every unit,
+    so that each unit starts as relu(shortcut)."""
+    for child in module.modules():
+        if isinstance(child, nn.Conv2d):
+            lecun_normal_(child.weight)
+        elif isinstance(child, nn.GroupNorm):
+            nn.init.ones_(child.weight)
+            nn.init.zeros_(child.bias)
+    for child in module.modules():
+        if isinstance(child, Bottleneck):
+            nn.init.zeros_(child.norm3.weight)
