@@ -78,3 +78,8 @@ def test_inspect_cli_grayscale_model_from_image_files(tmp_path: Path, capsys) ->
     broken.write_bytes(b"not an image")
     assert main(["inspect", str(checkpoint), "--images", str(broken), "--out", str(tmp_path / "out2")]) == 2
     assert "broken.png" in capsys.readouterr().err
+
+
+def test_rollout_figure_holds_num_overlays_images(tmp_path: Path) -> None:
+    report = inspect_model(_checkpoint(), _images(5), tmp_path, InspectConfig(num_overlays=3, batch_size=1, draw=False))
+    assert len(report["attention_rollout"]["maps"]) == 3 and report["num_images"] == 5

@@ -112,7 +112,7 @@ def _attention(checkpoint, images: Sequence[Tensor], size: int, config: InspectC
     device = pick_device(config.device)
     model.to(device)
     prefix = model.num_prefix_tokens
-    total, count, maps = None, 0, []
+    total, count, maps, shown = None, 0, [], 0
     grid, patch = (0, 0), 0
     for start in range(0, len(images), config.batch_size):
         chunk = images[start : start + config.batch_size]
@@ -124,9 +124,10 @@ def _attention(checkpoint, images: Sequence[Tensor], size: int, config: InspectC
         distances = torch.stack([mean_attention_distance(a, grid, patch, prefix) for a in attns])  # (L, k)
         total = distances * len(chunk) if total is None else total + distances * len(chunk)
         count += len(chunk)
-        if len(maps) < config.num_overlays:
+        if shown < config.num_overlays:  # rollout only for the images that will be drawn
             maps.append(rollout_map(attention_rollout(attns), grid, prefix).cpu())
-    return total / count, torch.cat(maps)[: config.num_overlays], grid, patch
+            shown += len(chunk)
+    return (total / count).cpu(), torch.cat(maps)[: config.num_overlays], grid, patch
 
 
 def inspect_model(checkpoint, images: Sequence[Tensor], out_dir: str | os.PathLike, config: InspectConfig) -> dict[str, Any]:
