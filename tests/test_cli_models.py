@@ -1,0 +1,80 @@
+"""`vitkit models`: every preset with its golden parameter count, Table 1 columns and GFLOPs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import vitkit.bench.flops as flops
+from vitkit.cli import main
+from vitkit.models.configs import PRESETS, ViTConfig
+
+GOLDEN = json.loads((Path(__file__).parent / "golden" / "param_counts.json").read_text())["presets"]
+
+
+def run_json(capsys, *flags: str) -> list[dict]:
+    assert main(["models", "--json", *flags]) == 0
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])["models"]
+
+
+@pytest.fixture
+def fast_flops(monkeypatch):
+    """Tracing the FLOPs of every ResNet and hybrid takes ~10 s of CPU and tests/bench/test_flops.py checks the
+    counter, so these tests report 0 for non-ViT families; test_json_real_flops_for_a_hybrid runs the real one."""
+    monkeypatch.setattr(flops, "model_flops", lambda c, s=None: flops.vit_flops(c, s) if isinstance(c, ViTConfig) else 0)
+
+
+def pick(rows: list[dict], name: str) -> dict:
+    return {row["name"]: row for row in rows}[name]
+
+
+def test_json_lists_every_preset_with_golden_params(capsys, fast_flops):
+    rows = run_json(capsys)
+    assert [row["name"] for row in rows] == list(PRESETS)
+    for row in rows:
+        config = PRESETS[row["name"]]
+        assert row["params"] == GOLDEN[row["name"]]["params"], row["name"]
+        assert row["img_size"] == 224
+        if isinstance(config, ViTConfig):
+            assert (row["layers"], row["hidden"], row["mlp"], row["heads"]) == (
+                config.depth,
+                config.hidden_size,
+                config.mlp_dim,
+                config.num_heads,
+            )
+            assert row["gflops"] == round(flops.vit_flops(config) / 1e9, 2)
+    by_name = {row["name"]: row for row in rows}
+    assert by_name["vit_b16"]["gflops"] == 35.13
+    assert by_name["bit_r50x1"]["layers"] == "-"
+    assert by_name["r50_vit_b16"]["hidden"] == 768
+
+
+def test_json_real_flops_for_a_hybrid(capsys):
+    (row,) = run_json(capsys, "--filter", "r26_vit_s32")
+    assert row["params"] == 36_431_912  # official R26+ViT-S_32
+    assert row["gflops"] == round(flops.counted_flops(PRESETS["r26_vit_s32"]) / 1e9, 2) > 0
+
+
+def test_num_classes_changes_the_head_only(capsys, fast_flops):
+    row = pick(run_json(capsys, "--filter", "vit_b16", "--num-classes", "10"), "vit_b16")
+    assert row["params"] == 86_567_656 - 990 * (768 + 1)
+
+
+def test_text_table(capsys, fast_flops):
+    assert main(["models", "--filter", "vit_ti1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["name", "layers", "hidden", "mlp", "heads", "params", "img", "GFLOPs"]
+    assert lines[2].split() == ["vit_ti16", "12", "192", "768", "3", "5,717,416", "224", "2.51"]
+
+
+def test_bad_num_classes_is_a_clear_error(capsys, fast_flops):
+    assert main(["models", "--filter", "vit_b16", "--num-classes", "-1"]) == 2
+    assert "num_classes must be >= 0" in capsys.readouterr().err
+
+
+def test_img_size_flag(capsys, fast_flops):
+    row = pick(run_json(capsys, "--filter", "vit_b16", "--img-size", "384"), "vit_b16")
+    assert row["img_size"] == 384 and row["params"] == 86_567_656 + (577 - 197) * 768  # E_pos for 24x24 + 1 tokens
+    assert row["gflops"] == round(flops.vit_flops(PRESETS["vit_b16"], 384) / 1e9, 2)
