@@ -1,0 +1,268 @@
+"""TrainConfig: one frozen dataclass per concern, nested at most two levels (STYLE.md section 3).
+
+    TrainConfig.model    the network (a vitkit ModelConfig: ViTConfig, HybridConfig or ResNetConfig)
+    TrainConfig.data     where images come from and how many are seen (batch, epochs, accumulation)
+    TrainConfig.augment  vitkit.data.transforms.AugmentConfig (crop, flip, RandAugment, Mixup, smoothing)
+    TrainConfig.optim    optimiser, learning-rate schedule, clipping, weight decay, EMA, loss
+    TrainConfig.eval     when and how to evaluate
+    TrainConfig.run      seed, time budget, checkpoints, precision, compile, parallelism
+
+`apply_overrides` turns `--set a.b=v` strings into a new config, type-checked against each field.
+`to_dict` / `from_dict` are exact inverses; the dict goes to `config.json` in the run directory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from vitkit.data.transforms import AugmentConfig
+from vitkit.models.configs import HybridConfig, ModelConfig, ResNetConfig, ViTConfig, config_from_dict, config_to_dict
+
+Precision = Literal["auto", "fp32", "bf16"]
+Parallel = Literal["ddp", "fsdp"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    """The data set and how it is batched.  Image side length is the model's `img_size`."""
+
+    uri: str = "digits"  # vitkit.data source URI (DESIGN.md "Data sources")
+    batch_size: int = 128  # effective global batch: images per optimiser step over all processes
+    micro_batch_size: int = 0  # images per forward pass per process; 0 = batch_size / world (no accumulation)
+    epochs: float = 10.0  # passes over the training split (ignored when steps > 0)
+    steps: int = 0  # optimiser steps; 0 = derived from epochs
+    val_fraction: float = 0.0  # held-out part of train for model selection / the LR sweep (App. B.1.1)
+    mean: tuple[float, ...] = (0.5, 0.5, 0.5)  # x = (pixel/255 - mean)/std; 0.5/0.5 = the official [-1, 1]
+    std: tuple[float, ...] = (0.5, 0.5, 0.5)
+    workers: int = 2  # DataLoader workers for file-based sets (in-memory sets need none)
+    strict: bool = False  # a corrupt file stops the run instead of being skipped and counted
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1 or self.micro_batch_size < 0:
+            raise ValueError(f"batch_size must be >= 1 and micro_batch_size >= 0, got {self.batch_size}/{self.micro_batch_size}")
+        if self.micro_batch_size and self.batch_size % self.micro_batch_size:
+            raise ValueError(f"batch_size {self.batch_size} is not a multiple of micro_batch_size {self.micro_batch_size}")
+        if self.epochs <= 0 and self.steps <= 0:
+            raise ValueError("set epochs > 0 or steps > 0")
+        if not 0.0 <= self.val_fraction < 1.0:
+            raise ValueError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
+        if len(self.mean) != len(self.std):
+            raise ValueError("mean and std need the same number of channels")
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimConfig:
+    """Optimiser, schedule and loss (Sec. 4.1 "Training & Fine-tuning", App. B.1, Tables 3-4)."""
+
+    name: Literal["adamw", "sgd"] = "adamw"  # pre-training: Adam; fine-tuning: SGD with momentum
+    lr: float = 1e-3  # peak learning rate after warmup, for `base_batch_size` images per step
+    base_batch_size: int = 0  # batch the lr was tuned for; 0 = data.batch_size (no rescaling)
+    lr_scaling: Literal["none", "linear", "sqrt"] = "none"  # lr *= (batch/base) or its sqrt when they differ
+    betas: tuple[float, float] = (0.9, 0.999)  # Adam beta1, beta2 (Sec. 4.1)
+    eps: float = 1e-8  # Adam epsilon
+    momentum: float = 0.9  # SGD momentum (App. B.1.1)
+    weight_decay: float = 0.0  # decoupled, multiplied by the scheduled lr (flax.optim.Adam / torch AdamW)
+    decay_on: Literal["all", "kernels"] = "kernels"  # "kernels": no decay on biases, norms, pos-embed, [class]
+    schedule: Literal["cosine", "linear", "constant"] = "cosine"  # decay after the linear warmup
+    warmup_steps: int = 0  # linear warmup from 0 (Table 3: 10k steps)
+    warmup_fraction: float = 0.0  # alternative: warmup as a fraction of all steps (used when warmup_steps == 0)
+    end_lr_fraction: float = 0.0  # lr at the last step as a fraction of the peak
+    clip_norm: float = 1.0  # global gradient norm clip (Tables 3-4); 0 = off
+    ema_decay: float = 0.0  # Polyak averaging of the weights (Sec. 4.1: 0.9999); 0 = off
+    loss: Literal["softmax", "sigmoid"] = "softmax"  # cross-entropy; "sigmoid" as big_vision's i21k pre-training
+    lr_sweep: tuple[float, ...] = ()  # fine-tuning grid (Table 4); non-empty = sweep on a held-out split first
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0 or self.weight_decay < 0 or self.clip_norm < 0:
+            raise ValueError(f"need lr > 0, weight_decay >= 0, clip_norm >= 0 (got {self.lr}, {self.weight_decay}, {self.clip_norm})")
+        if not 0.0 <= self.ema_decay < 1.0:
+            raise ValueError(f"ema_decay must be in [0, 1), got {self.ema_decay}")
+        if not 0.0 <= self.warmup_fraction < 1.0 or self.warmup_steps < 0:
+            raise ValueError("warmup_fraction must be in [0, 1) and warmup_steps >= 0")
+        if any(lr <= 0 for lr in self.lr_sweep):
+            raise ValueError(f"every lr_sweep value must be > 0, got {self.lr_sweep}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalConfig:
+    """Evaluation during and after training."""
+
+    every_epochs: float = 1.0  # evaluate the val (or test) split this often; 0 = only at the end
+    batch_size: int = 512  # images per evaluation forward pass
+    final_split: Literal["test", "val"] = "test"  # the split of the last line of metrics.jsonl
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    """How the run executes: reproducibility, budget, checkpoints and hardware."""
+
+    out: str = ""  # run directory; "" = runs/<data>-<model>-<timestamp> (chosen by the CLI)
+    seed: int = 0  # seeds init, data order, augmentation and dropout
+    max_minutes: float = 0.0  # stop cleanly when spent, then evaluate and save; 0 = no budget
+    checkpoint_every: int = 500  # optimiser steps between checkpoints (also at the end and on SIGTERM/SIGINT)
+    log_every: int = 20  # optimiser steps between train records in metrics.jsonl
+    nan_patience: int = 5  # consecutive non-finite losses (each skipped) before the run stops
+    precision: Precision = "auto"  # "auto" = bf16 autocast on CUDA, fp32 on CPU
+    compile: bool = False  # torch.compile the model
+    parallel: Parallel = "ddp"  # with several processes: replicate (DDP) or shard (FSDP2, CUDA only)
+    device: str = "auto"  # "auto" = cuda when available (this process's local rank), else cpu
+    progress: bool = True  # tqdm bar on stderr (also needs a TTY)
+    tensorboard: bool = True  # write TensorBoard events when the package is installed
+    init_from: str = ""  # checkpoint to start from (fine-tuning): head surgery + resolution change
+
+    def __post_init__(self) -> None:
+        if self.checkpoint_every < 1 or self.log_every < 1 or self.nan_patience < 1:
+            raise ValueError("checkpoint_every, log_every and nan_patience must be >= 1")
+        if self.max_minutes < 0:
+            raise ValueError(f"max_minutes must be >= 0, got {self.max_minutes}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    """A complete run: what recipes return and what `config.json` records."""
+
+    recipe: str = "custom"  # name of the recipe this config came from (informational)
+    model: ModelConfig = field(default_factory=lambda: ViTConfig(img_size=32, patch_size=4, num_classes=10))
+    data: DataConfig = field(default_factory=DataConfig)
+    augment: AugmentConfig = field(default_factory=AugmentConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+    def __post_init__(self) -> None:
+        if self.run.parallel == "fsdp" and self.run.device == "cpu":
+            raise ValueError("run.parallel='fsdp' needs CUDA; use 'ddp' on CPU")
+        if self.optim.lr_sweep and self.data.val_fraction <= 0:
+            raise ValueError("optim.lr_sweep needs data.val_fraction > 0 (the held-out split it is scored on)")
+
+
+GROUPS = ("model", "data", "augment", "optim", "eval", "run")
+
+
+def to_dict(config: TrainConfig) -> dict[str, Any]:
+    """JSON-ready dict (the model through its family-tagged form)."""
+    out: dict[str, Any] = {"recipe": config.recipe, "model": config_to_dict(config.model)}
+    for name in GROUPS[1:]:
+        out[name] = dataclasses.asdict(getattr(config, name))
+    return out
+
+
+def from_dict(data: dict[str, Any]) -> TrainConfig:
+    """Inverse of `to_dict`; unknown keys raise a ValueError naming them."""
+    groups = {"data": DataConfig, "augment": AugmentConfig, "optim": OptimConfig, "eval": EvalConfig, "run": RunConfig}
+    unknown = sorted(set(data) - set(GROUPS) - {"recipe"})
+    if unknown:
+        raise ValueError(f"unknown train config key(s) {unknown}")
+    parts: dict[str, Any] = {"recipe": data.get("recipe", "custom"), "model": config_from_dict(data["model"])}
+    for name, cls in groups.items():
+        values = dict(data.get(name, {}))
+        hints = typing.get_type_hints(cls)
+        names = {f.name for f in dataclasses.fields(cls)}
+        bad = sorted(set(values) - names)
+        if bad:
+            raise ValueError(f"unknown field(s) {bad} in {name} (valid: {sorted(names)})")
+        parts[name] = cls(**{k: _from_json(v, hints[k]) for k, v in values.items()})
+    return TrainConfig(**parts)
+
+
+def _from_json(value: Any, hint: Any) -> Any:
+    """JSON lists back to tuples where the field is a tuple."""
+    if isinstance(value, list) and _is_tuple(hint):
+        return tuple(value)
+    return value
+
+
+def _is_tuple(hint: Any) -> bool:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_is_tuple(arg) for arg in typing.get_args(hint))
+    return origin is tuple or hint is tuple
+
+
+def apply_overrides(config: TrainConfig, overrides: list[str] | tuple[str, ...]) -> TrainConfig:
+    """Apply `group.field=value` strings, each parsed and checked against the field's type.
+
+    Unknown groups or fields, and values of the wrong type, raise a ValueError naming them.
+    """
+    for item in overrides:
+        if "=" not in item:
+            raise ValueError(f"--set {item!r}: expected group.field=value, e.g. optim.warmup_steps=500")
+        key, text = item.split("=", 1)
+        group, _, name = key.strip().partition(".")
+        if group == "recipe" and not name:
+            config = dataclasses.replace(config, recipe=text)
+            continue
+        if group not in GROUPS or not name or "." in name:
+            raise ValueError(f"--set {key!r}: unknown key; use one of {', '.join(g + '.<field>' for g in GROUPS)}")
+        config = set_field(config, group, name, text)
+    return config
+
+
+def set_field(config: TrainConfig, group: str, name: str, text: str) -> TrainConfig:
+    """A copy of `config` with `group.name` parsed from `text` (validated by the dataclasses)."""
+    target = getattr(config, group)
+    if isinstance(target, HybridConfig) and name not in ("resnet_layers", "width_factor"):
+        target_fields, hints = _fields(target.vit)
+    else:
+        target_fields, hints = _fields(target)
+    if name not in target_fields:
+        raise ValueError(f"--set {group}.{name}: unknown field; {group} has {', '.join(sorted(target_fields))}")
+    value = parse_value(text, hints[name], f"{group}.{name}")
+    if isinstance(target, HybridConfig) and name not in ("resnet_layers", "width_factor"):
+        new = dataclasses.replace(target, vit=dataclasses.replace(target.vit, **{name: value}))
+    else:
+        new = dataclasses.replace(target, **{name: value})
+    return dataclasses.replace(config, **{group: new})
+
+
+def _fields(obj: Any) -> tuple[set[str], dict[str, Any]]:
+    return {f.name for f in dataclasses.fields(obj)}, typing.get_type_hints(type(obj))
+
+
+def parse_value(text: str, hint: Any, key: str) -> Any:
+    """Parse `text` as a value of type `hint` (bool, int, float, str, Literal, tuple, X | None)."""
+    text = text.strip()
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if type(None) in args and text.lower() in ("none", "null", ""):
+            return None
+        errors = []
+        for arg in (a for a in args if a is not type(None)):
+            try:
+                return parse_value(text, arg, key)
+            except ValueError as err:
+                errors.append(str(err))
+        raise ValueError(errors[0] if errors else f"--set {key}: cannot parse {text!r}")
+    if origin is Literal:
+        if text not in [str(a) for a in args]:
+            raise ValueError(f"--set {key}={text}: must be one of {', '.join(map(str, args))}")
+        return next(a for a in args if str(a) == text)
+    if origin is tuple:
+        items = [t for t in text.strip("()[]").split(",") if t.strip()]
+        item_types = [args[0]] * len(items) if len(args) == 2 and args[1] is Ellipsis else list(args)
+        if len(item_types) != len(items):
+            raise ValueError(f"--set {key}={text}: expected {len(item_types)} comma-separated values")
+        return tuple(parse_value(t, h, key) for t, h in zip(items, item_types))
+    if hint is bool:
+        if text.lower() in ("true", "1", "yes", "on"):
+            return True
+        if text.lower() in ("false", "0", "no", "off"):
+            return False
+        raise ValueError(f"--set {key}={text}: expected true or false")
+    if hint in (int, float):
+        try:
+            value = hint(text)
+        except ValueError:
+            raise ValueError(f"--set {key}={text}: expected {hint.__name__}") from None
+        return value
+    if hint is str:
+        return text
+    raise ValueError(f"--set {key}: fields of type {hint} cannot be set from the command line")
+
+
+def model_family(config: ModelConfig) -> str:
+    return {ViTConfig: "vit", HybridConfig: "hybrid", ResNetConfig: "resnet"}[type(config)]

@@ -1,0 +1,494 @@
+"""The training loop: `train_step` and `evaluate` are small; `train(config)` composes them.
+
+One code path for CPU and CUDA and for 1 or N processes (torchrun; see distributed.py).  A run
+lives in a directory (DESIGN.md "A run"): config.json, metrics.jsonl, checkpoints/, plots/.
+
+Where the weights come from, decided once, in this order (STYLE.md section 5):
+  (1) a checkpoint in the run directory -> resume it (weights, optimiser, step, RNG; the data
+      position is a function of the step, see vitkit.data.loader);
+  (2) else `run.init_from` -> load that checkpoint, replace the head (Sec. 3.2: zero-initialised
+      D x K, pre-logits dropped) and resample the position embeddings to the new resolution;
+  (3) else -> a freshly initialised model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import math
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from vitkit.checkpoints import native
+from vitkit.data import loader as batches
+from vitkit.data.sources import ImageSet, load_split
+from vitkit.data.transforms import eval_transform, train_transform
+from vitkit.models import build_model
+from vitkit.models.configs import in_channels, image_size, num_classes
+from vitkit.train import distributed
+from vitkit.train.config import TrainConfig, to_dict
+from vitkit.train.ema import ModelEMA
+from vitkit.train.optim import build_optimizer, set_lr
+from vitkit.train.plots import MetricsLog, plot_curves
+from vitkit.train.schedule import lr_multiplier, resolve_warmup, scaled_lr
+from vitkit.train.state import TrainState, latest_checkpoint, load_checkpoint, save_checkpoint
+
+log = logging.getLogger(__name__)
+
+
+class NonFiniteLossError(ValueError):
+    """The loss (or gradient norm) was NaN/Inf for `run.nan_patience` consecutive steps."""
+
+
+# ----------------------------------------------------------------------------------- one step
+@dataclass(frozen=True)
+class StepSpec:
+    """Per-step constants of `train_step`."""
+
+    lr: float  # learning rate of this step (schedule applied)
+    clip_norm: float  # 0 = no clipping (the norm is still computed, for the finiteness check)
+    loss: str  # "softmax" | "sigmoid"
+    autocast_dtype: torch.dtype | None  # bf16 autocast, or None for full precision
+
+
+def loss_fn(logits: Tensor, targets: Tensor, kind: str) -> Tensor:
+    """Mean over the batch of softmax cross-entropy with soft targets, or of summed sigmoid CE.
+
+    Sigmoid CE sums the K binary losses per image, as big_vision's `sigmoid_xent` (i21k recipe).
+    """
+    logits = logits.float()
+    if kind == "sigmoid":
+        return F.binary_cross_entropy_with_logits(logits, targets, reduction="none").sum(-1).mean()
+    return -(targets * F.log_softmax(logits, dim=-1)).sum(-1).mean()
+
+
+def train_step(state: TrainState, batch: list[tuple[Tensor, Tensor]], spec: StepSpec) -> dict[str, Any]:
+    """One optimiser step over `batch`: a list of micro-batches (float images (B, C, H, W), soft targets (B, K)).
+
+    Gradients of the micro-batches are averaged (so 4 x B accumulates to exactly the gradient of
+    one 4B batch); DDP reduces only on the last one.  A non-finite loss or gradient norm skips the
+    update (the optimiser state is untouched).  Returns 0-d tensors for "loss" and "grad_norm" (no
+    host sync; read them at log intervals) and Python values for "lr" and "skipped".
+    """
+    model, optimizer = state.model, state.optimizer
+    set_lr(optimizer, spec.lr)
+    model.train()
+    optimizer.zero_grad(set_to_none=True)
+    loss_total = None
+    for index, (images, targets) in enumerate(batch):
+        last = index == len(batch) - 1
+        sync = contextlib.nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync()
+        autocast = (torch.autocast(images.device.type, dtype=spec.autocast_dtype) if spec.autocast_dtype
+                    else contextlib.nullcontext())
+        with sync:
+            with autocast:
+                logits = model(images)
+            loss = loss_fn(logits, targets, spec.loss)
+            (loss / len(batch)).backward()
+        loss_total = loss.detach() if loss_total is None else loss_total + loss.detach()
+    mean_loss = loss_total / len(batch)
+    params = [p for p in model.parameters() if p.grad is not None]
+    if spec.clip_norm > 0:
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, spec.clip_norm)
+    else:
+        grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+    if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor
+        grad_norm = grad_norm.full_tensor()
+    # The one host sync per step: deciding to skip needs the value.  The gradient norm is reduced
+    # over processes (DDP/FSDP), so every process takes the same decision.
+    finite = bool(torch.isfinite(grad_norm + mean_loss.to(grad_norm.device) * 0))
+    if finite:
+        optimizer.step()
+        if state.ema is not None:
+            state.ema.update(state.module)
+        state.nan_streak = 0
+    else:
+        optimizer.zero_grad(set_to_none=True)
+        state.nan_streak += 1
+        state.skipped_steps += 1
+    state.step += 1
+    return {"loss": mean_loss, "grad_norm": grad_norm.detach(), "lr": spec.lr, "skipped": not finite}
+
+
+# ---------------------------------------------------------------------------------- evaluation
+@torch.no_grad()
+def evaluate(model: nn.Module, data: ImageSet, *, size: int, mean: tuple[float, ...], std: tuple[float, ...],
+             channels: int, batch_size: int = 512, device: torch.device | str = "cpu", loss: str = "softmax",
+             autocast_dtype: torch.dtype | None = None, rank: int = 0, world: int = 1,
+             workers: int = 0) -> dict[str, float]:
+    """Loss, top-1 and top-5 accuracy of `model` on `data` (uint8 images resized/normalised as in training).
+
+    With several processes each evaluates a strided share and the sums are all-reduced.
+    """
+    device = torch.device(device)
+    was_training = model.training
+    model.eval()
+    sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, top-1 hits, top-5 hits, count
+    for images, labels in batches.eval_batches(data, batch_size, device, rank=rank, world=world, workers=workers):
+        inputs = eval_transform(images, size, mean, std, channels)
+        autocast = (torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype
+                    else contextlib.nullcontext())
+        with autocast:
+            logits = model(inputs)
+        logits = logits.float()
+        k = min(5, logits.shape[1])
+        targets = F.one_hot(labels, logits.shape[1]).float()
+        per_image = (F.binary_cross_entropy_with_logits(logits, targets, reduction="none").sum(-1) if loss == "sigmoid"
+                     else F.cross_entropy(logits, labels, reduction="none"))
+        top = logits.topk(k, dim=1).indices  # (B, k)
+        sums += torch.stack([per_image.sum().double(), (top[:, 0] == labels).sum().double(),
+                             (top == labels[:, None]).any(1).sum().double(),
+                             torch.tensor(float(len(labels)), dtype=torch.float64, device=device)])
+    distributed.all_reduce_sum(sums)
+    model.train(was_training)
+    loss_sum, top1, top5, count = sums.tolist()
+    if count == 0:
+        raise ValueError("evaluation split is empty")
+    return {"loss": loss_sum / count, "top1": top1 / count, "top5": top5 / count, "count": int(count)}
+
+
+# ---------------------------------------------------------------------------------- the run
+@dataclass
+class _Data:
+    train: ImageSet
+    evals: dict[str, ImageSet]  # split name -> set, evaluated during training ("val" or "test")
+    test: ImageSet  # the final evaluation split
+
+
+def _load_data(config: TrainConfig) -> _Data:
+    size = image_size(config.model)
+    common = dict(image_size=size, seed=config.run.seed, strict=config.data.strict)
+    train = load_split(config.data.uri, "train", val_fraction=config.data.val_fraction, **common)
+    test = load_split(config.data.uri, config.eval.final_split, val_fraction=config.data.val_fraction, **common)
+    evals = {}
+    if config.data.val_fraction > 0:
+        evals["val"] = test if config.eval.final_split == "val" else load_split(
+            config.data.uri, "val", val_fraction=config.data.val_fraction, **common)
+    else:
+        evals[config.eval.final_split] = test
+    if train.num_classes != num_classes(config.model):
+        raise ValueError(f"{config.data.uri} has {train.num_classes} classes but the model head has "
+                         f"{num_classes(config.model)} (set model.num_classes={train.num_classes})")
+    return _Data(train=train, evals=evals, test=test)
+
+
+def total_steps(config: TrainConfig, num_train: int) -> int:
+    """Optimiser steps of the run: data.steps, or ceil(epochs x N / B)."""
+    if config.data.steps > 0:
+        return config.data.steps
+    return max(1, math.ceil(config.data.epochs * num_train / config.data.batch_size))
+
+
+def micro_batch_size(config: TrainConfig, world: int) -> int:
+    local, rest = divmod(config.data.batch_size, world)
+    if rest:
+        raise ValueError(f"data.batch_size {config.data.batch_size} is not divisible by {world} processes")
+    micro = config.data.micro_batch_size or local
+    if local % micro:
+        raise ValueError(f"per-process batch {local} is not a multiple of data.micro_batch_size {micro}")
+    return micro
+
+
+def _autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
+    if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
+        return torch.bfloat16
+    return None
+
+
+def _initial_model(config: TrainConfig) -> nn.Module:
+    """Resume order steps (2) and (3): `init_from` with surgery, else a fresh model."""
+    model = build_model(config.model)
+    if not config.run.init_from:
+        return model
+    from vitkit.checkpoints import read
+    from vitkit.checkpoints.surgery import change_resolution, replace_head
+
+    source = read(config.run.init_from).model
+    if num_classes(source.config) != num_classes(config.model) or not _same_head(source, model):
+        source = replace_head(source, num_classes(config.model))  # Sec. 3.2: zero-init D x K head
+    source = change_resolution(source, image_size(config.model))  # Sec. 3.2: 2D-interpolated E_pos
+    native.load_state_dict_strict(model, source.state_dict(), source=config.run.init_from)
+    log.info("initialised from %s (head %d classes, %d px)", config.run.init_from, num_classes(config.model),
+             image_size(config.model))
+    return model
+
+
+def _same_head(source: nn.Module, target: nn.Module) -> bool:
+    ours, theirs = target.state_dict(), source.state_dict()
+    keys = [k for k in ours if k.startswith(("head.", "pre_logits."))]
+    return all(k in theirs and theirs[k].shape == ours[k].shape for k in keys) and \
+        not [k for k in theirs if k.startswith("pre_logits.") and k not in ours]
+
+
+class _StopFlag:
+    """Set by SIGTERM/SIGINT; the loop checks it at step boundaries (handlers only in the main thread)."""
+
+    def __init__(self) -> None:
+        self.signum = 0
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _StopFlag:
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.signum = signum
+
+    def __exit__(self, *exc: Any) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+
+def summary(config: TrainConfig, num_train: int, world: int = 1) -> dict[str, Any]:
+    """What the run will do: model, parameters, effective batch, accumulation, LR rule, steps."""
+    with torch.device("meta"):
+        params = sum(p.numel() for p in build_model(config.model).parameters())
+    micro = micro_batch_size(config, world)
+    steps = total_steps(config, num_train)
+    base = config.optim.base_batch_size or config.data.batch_size
+    lr = scaled_lr(config.optim.lr, config.data.batch_size, base, config.optim.lr_scaling)
+    return {"recipe": config.recipe, "data": config.data.uri, "num_train": num_train, "params": params,
+            "img_size": image_size(config.model), "global_batch": config.data.batch_size, "processes": world,
+            "micro_batch": micro, "accumulation": config.data.batch_size // world // micro, "steps": steps,
+            "epochs": steps * config.data.batch_size / num_train, "lr": lr, "base_lr": config.optim.lr,
+            "base_batch": base, "lr_scaling": config.optim.lr_scaling, "optimizer": config.optim.name}
+
+
+def train(config: TrainConfig, *, progress_stream: Any = None) -> dict[str, Any]:
+    """Run (or resume) the training described by `config` in `config.run.out`; returns the final metrics.
+
+    Returns a dict with "status" ("finished", "time_budget" or "interrupted"), "run_dir", "step",
+    "test" (final evaluation; absent when interrupted) and "minutes".
+    """
+    if not config.run.out:
+        raise ValueError("run.out (the run directory) must be set")
+    started = time.monotonic()
+    info = distributed.from_env()
+    device = distributed.pick_device(config.run.device, info)
+    if config.run.parallel == "fsdp" and device.type != "cuda":
+        raise ValueError("run.parallel='fsdp' (FSDP2) needs CUDA; use 'ddp' on CPU")
+    distributed.setup(info, device)
+    try:
+        return _train(config, info, device, started, progress_stream)
+    finally:
+        distributed.teardown()
+
+
+def _train(config: TrainConfig, info: distributed.DistInfo, device: torch.device, started: float,
+           progress_stream: Any) -> dict[str, Any]:
+    run_dir = Path(config.run.out)
+    if info.main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    distributed.barrier()
+    torch.manual_seed(config.run.seed * 1000 + info.rank)  # init (same on all ranks: DDP broadcasts rank 0's) and dropout
+    data = _load_data(config)
+    steps = total_steps(config, len(data.train))
+    plan = summary(config, len(data.train), info.world)
+    warmup = resolve_warmup(steps, config.optim.warmup_steps, config.optim.warmup_fraction)
+    micro = plan["micro_batch"]
+    channels, size = in_channels(config.model), image_size(config.model)
+
+    module = _initial_model(config).to(device)
+    model = distributed.wrap(module, info, device, config.run.parallel)
+    if config.run.compile:
+        model = torch.compile(model)
+    optimizer = build_optimizer(model if config.run.parallel == "fsdp" else module, config.optim, plan["lr"])
+    generator = torch.Generator(device=device).manual_seed(config.run.seed * 7919 + info.rank)
+    ema = ModelEMA(module, config.optim.ema_decay) if config.optim.ema_decay > 0 else None
+    state = TrainState(model=model, module=module, optimizer=optimizer, generator=generator, ema=ema)
+
+    resumed = latest_checkpoint(run_dir)
+    if resumed is not None:  # (1) resume
+        load_checkpoint(resumed, state, device)
+        if info.rank:  # only rank 0's RNG was saved; others continue from a (seed, rank, step) stream
+            torch.manual_seed(config.run.seed * 1000 + info.rank + 7 * state.step)
+        log.info("resuming %s at step %d", resumed, state.step)
+    metrics = MetricsLog(run_dir, enabled=info.main, tensorboard=config.run.tensorboard)
+    if info.main:
+        metrics.truncate_after(state.step)
+        native.atomic_write_text(run_dir / "config.json", json.dumps(to_dict(config), indent=2) + "\n")
+    meta = {"class_names": data.train.class_names, "mean": config.data.mean, "std": config.data.std,
+            "provenance": {"recipe": config.recipe, "data": config.data.uri, "run_dir": str(run_dir)}}
+    autocast_dtype = _autocast_dtype(config.run.precision, device)
+    eval_kwargs = dict(size=size, mean=config.data.mean, std=config.data.std, channels=channels,
+                       batch_size=config.eval.batch_size, device=device, loss=config.optim.loss,
+                       autocast_dtype=autocast_dtype, rank=info.rank, world=info.world, workers=config.data.workers)
+    steps_per_epoch = len(data.train) / config.data.batch_size
+    eval_every = max(1, round(config.eval.every_epochs * steps_per_epoch)) if config.eval.every_epochs > 0 else 0
+
+    def epoch_of(step: int) -> float:
+        return round(step / steps_per_epoch, 4)
+
+    def run_eval(split: str, ref: ImageSet, final: bool = False) -> dict[str, Any]:
+        if state.ema is not None:  # evaluate the Polyak average (Sec. 4.1)
+            backup = {k: v.clone() for k, v in state.module.state_dict().items()}
+            state.ema.copy_to(state.module)
+        result = evaluate(state.module if info.world == 1 or config.run.parallel != "fsdp" else state.model,
+                          ref, **eval_kwargs)
+        if state.ema is not None:
+            state.module.load_state_dict(backup)
+        record = {"step": state.step, "epoch": epoch_of(state.step), "split": split, "loss": result["loss"],
+                  "top1": result["top1"], "top5": result["top5"], "count": result["count"]}
+        if final:
+            record["final"] = True
+        metrics.write(record)
+        log.info("step %d %s: loss %.4f top-1 %.2f%% top-5 %.2f%%", state.step, split, result["loss"],
+                 100 * result["top1"], 100 * result["top5"])
+        return record
+
+    def checkpoint() -> Path | None:
+        path = None
+        if info.main:
+            path = save_checkpoint(run_dir, state, meta)
+        distributed.barrier()
+        return path
+
+    stream = batches.IndexStream(len(data.train), config.run.seed)
+    batch_iter = _step_batches(config, data.train, stream, state.step, steps, info, micro, device)
+    num_classes_ = data.train.num_classes
+    bar = _progress(config, info, steps, state.step, progress_stream)
+    status, invocation_start = "finished", time.monotonic()
+    pending: list[dict[str, Any]] = []
+    last_log_time, last_log_step = time.monotonic(), state.step
+    stop = _StopFlag()
+    with stop:
+        while state.step < steps:
+            raw = next(batch_iter)
+            batch = [train_transform(images, labels, num_classes_, size, config.data.mean, config.data.std, channels,
+                                     config.augment, state.generator) for images, labels in raw]
+            mult = lr_multiplier(state.step, steps, warmup, config.optim.schedule, config.optim.end_lr_fraction)
+            spec = StepSpec(lr=plan["lr"] * mult, clip_norm=config.optim.clip_norm, loss=config.optim.loss,
+                            autocast_dtype=autocast_dtype)
+            out = train_step(state, batch, spec)
+            pending.append(out)
+            if out["skipped"]:
+                log.warning("step %d: non-finite loss or gradient; update skipped (%d in a row)", state.step,
+                            state.nan_streak)
+                metrics.write({"step": state.step, "epoch": epoch_of(state.step), "split": "train",
+                               "skipped": True, "nan_streak": state.nan_streak})
+                if state.nan_streak >= config.run.nan_patience:
+                    bar.close()
+                    last = latest_checkpoint(run_dir)
+                    raise NonFiniteLossError(
+                        f"loss/gradient was NaN or Inf for {state.nan_streak} consecutive steps, the last at step "
+                        f"{state.step}; stopped without saving. Last good checkpoint: {last or 'none (no checkpoint yet)'}. "
+                        "Lower optim.lr, raise optim.warmup_steps or use run.precision=fp32")
+            bar.update(1)
+            if state.step % config.run.log_every == 0 or state.step == steps:
+                now = time.monotonic()
+                record = _train_record(pending, state.step, epoch_of(state.step),
+                                       (state.step - last_log_step) * config.data.batch_size / max(now - last_log_time, 1e-9))
+                pending, last_log_time, last_log_step = [], now, state.step
+                if record:
+                    metrics.write(record)
+                    bar.set_postfix(loss=f"{record['loss']:.3f}", img_s=f"{record['images_per_s']:.0f}")
+            if eval_every and state.step % eval_every == 0 and state.step < steps:
+                for split, ref in data.evals.items():
+                    run_eval(split, ref)
+            out_of_time = config.run.max_minutes > 0 and (time.monotonic() - started) / 60 >= config.run.max_minutes
+            signalled = distributed.any_true(stop.signum != 0, device) if info.world > 1 else stop.signum != 0
+            out_of_time = distributed.any_true(out_of_time, device) if info.world > 1 else out_of_time
+            if state.step % config.run.checkpoint_every == 0 or signalled or out_of_time:
+                state.elapsed += time.monotonic() - invocation_start
+                invocation_start = time.monotonic()
+                checkpoint()
+            if signalled:
+                status = "interrupted"
+                break
+            if out_of_time:
+                status = "time_budget"
+                log.info("time budget of %.1f min spent at step %d/%d: stopping", config.run.max_minutes, state.step, steps)
+                break
+    bar.close()
+    state.elapsed += time.monotonic() - invocation_start
+    result: dict[str, Any] = {"status": status, "run_dir": str(run_dir), "step": state.step, "steps": steps,
+                              "skipped_steps": state.skipped_steps, "plan": plan}
+    if status == "interrupted":
+        log.warning("stopped by signal %d at step %d; checkpoint saved, re-run the same command to resume",
+                    stop.signum, state.step)
+        result["signal"] = stop.signum
+        metrics.close()
+        return result
+    final = run_eval(config.eval.final_split, data.test, final=False)
+    if state.step >= steps or status == "time_budget":
+        checkpoint()
+        if state.ema is not None and info.main:  # also export the averaged weights as a usable model
+            backup = {k: v.clone() for k, v in state.module.state_dict().items()}
+            state.ema.copy_to(state.module)
+            native.save(state.module, run_dir / "checkpoints" / "ema", **meta)
+            state.module.load_state_dict(backup)
+    if info.main:
+        metrics.write({**final, "final": True})
+        metrics.close()
+        try:
+            plot_curves(run_dir / "metrics.jsonl", run_dir / "plots" / "curves.png")
+        except Exception as err:  # a plot must never fail a finished run
+            log.warning("could not draw plots/curves.png: %s", err)
+    result.update({config.eval.final_split: {k: final[k] for k in ("loss", "top1", "top5", "count")},
+                   "epoch": final["epoch"], "minutes": state.elapsed / 60,
+                   "wall_minutes": (time.monotonic() - started) / 60})
+    return result
+
+
+def _train_record(pending: list[dict[str, Any]], step: int, epoch: float, images_per_s: float) -> dict[str, Any] | None:
+    good = [p for p in pending if not p["skipped"]]
+    if not good:
+        return None
+    losses = torch.stack([p["loss"] for p in good]).float()
+    norms = torch.stack([p["grad_norm"].float().to(losses.device) for p in good])
+    return {"step": step, "epoch": epoch, "split": "train", "loss": float(losses.mean()),
+            "grad_norm": float(norms.mean()), "lr": good[-1]["lr"], "images_per_s": images_per_s}
+
+
+def _step_batches(config: TrainConfig, train: ImageSet, stream: batches.IndexStream, start: int, steps: int,
+                  info: distributed.DistInfo, micro: int, device: torch.device) -> Iterator[list[tuple[Tensor, Tensor]]]:
+    """uint8 micro-batches (images, labels) for each step from `start`, on `device`."""
+    if train.images is not None:
+        data = batches.DeviceImages(train, device)
+        for step in range(start, steps):
+            yield [data.batch(index) for index in
+                   batches.micro_batches(stream, step, config.data.batch_size, info.rank, info.world, micro)]
+        return
+    files = batches.FileBatches(train, stream, start_step=start, total_steps=steps, global_batch=config.data.batch_size,
+                                rank=info.rank, world=info.world, micro_batch=micro, device=device,
+                                workers=config.data.workers, strict=config.data.strict)
+    yield from files
+
+
+class _NoBar:
+    postfix = ""
+
+    def update(self, n: int) -> None:
+        pass
+
+    def set_postfix(self, **kwargs: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _progress(config: TrainConfig, info: distributed.DistInfo, steps: int, start: int, stream: Any) -> Any:
+    """tqdm bar (steps, images/s, ETA) on `stream` when enabled, rank 0, and `stream` is a terminal."""
+    if stream is None or not config.run.progress or not info.main or not getattr(stream, "isatty", lambda: False)():
+        return _NoBar()
+    from tqdm import tqdm
+
+    return tqdm(total=steps, initial=start, file=stream, unit="step", dynamic_ncols=True, smoothing=0.05)
+
+
+def with_out(config: TrainConfig, out: str) -> TrainConfig:
+    return dataclasses.replace(config, run=dataclasses.replace(config.run, out=out))
+

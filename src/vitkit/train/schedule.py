@@ -1,0 +1,52 @@
+"""Learning-rate schedules as pure functions of the step (Sec. 4.1, App. B.1, Tables 3-4).
+
+Pre-training: linear warmup (10k steps in Table 3) then linear decay to 0 (or cosine).
+Fine-tuning: cosine decay (Table 4), with a short warmup as the official fine-tuning code.
+A pure function keeps resuming trivial: the multiplier at step t depends on t only.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+ScheduleKind = Literal["cosine", "linear", "constant"]
+
+
+def lr_multiplier(step: int, total_steps: int, warmup_steps: int = 0, kind: ScheduleKind = "cosine",
+                  end_fraction: float = 0.0) -> float:
+    """Factor applied to the peak learning rate for optimiser step `step` (0-based).
+
+    Warmup ramps linearly as (step + 1) / warmup_steps, so the first update is not wasted at lr 0;
+    afterwards progress p runs from 0 (first step after warmup) to 1 (last step, `total_steps - 1`)
+    and the factor decays from 1 to `end_fraction`: linearly, as a half cosine, or not at all.
+    """
+    if total_steps < 1:
+        raise ValueError(f"total_steps must be >= 1, got {total_steps}")
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    decay_steps = max(total_steps - 1 - warmup_steps, 1)
+    progress = min(max((step - warmup_steps) / decay_steps, 0.0), 1.0)
+    if kind == "constant":
+        shape = 1.0
+    elif kind == "linear":
+        shape = 1.0 - progress
+    elif kind == "cosine":
+        shape = 0.5 * (1.0 + math.cos(math.pi * progress))
+    else:
+        raise ValueError(f"unknown schedule {kind!r}; expected cosine, linear or constant")
+    return end_fraction + (1.0 - end_fraction) * shape
+
+
+def resolve_warmup(total_steps: int, warmup_steps: int, warmup_fraction: float) -> int:
+    """Warmup length in steps: explicit steps win; else a fraction of the run; never the whole run."""
+    steps = warmup_steps if warmup_steps > 0 else int(round(warmup_fraction * total_steps))
+    return min(steps, max(total_steps - 1, 0))
+
+
+def scaled_lr(lr: float, batch_size: int, base_batch_size: int, rule: Literal["none", "linear", "sqrt"]) -> float:
+    """The learning-rate scaling rule (Goyal et al. 2017 linear; sqrt for Adam) from base to actual batch."""
+    if rule == "none" or base_batch_size <= 0 or batch_size == base_batch_size:
+        return lr
+    ratio = batch_size / base_batch_size
+    return lr * (ratio if rule == "linear" else math.sqrt(ratio))
