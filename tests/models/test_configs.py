@@ -47,6 +47,8 @@ OFFICIAL_VARIANTS = [
     ("vit_s32", {"pool": "gap"}, 22_878_184),  # ViT-S_32-gap-norep
     # "testing": D=10, MLP 10, k=2, L=1, /16
     ("vit_b16", {"hidden_size": 10, "mlp_dim": 10, "num_heads": 2, "depth": 1}, 21_390),
+    # R+ViT-Ti_16: the ResNet root alone (no stages) and 8x8 patches on its stride-4 map (49 tokens at 224 px)
+    ("r26_vit_s32", {"hidden_size": 192, "mlp_dim": 768, "num_heads": 3, "patch_size": 8, "resnet_layers": ()}, 6_337_704),
 ]
 # timm 1.0.31 BiT models built with random init (resnetv2_{50x1,50x3,101x1,101x3,152x2,152x4}_bit).
 TIMM_BIT = {
@@ -182,8 +184,10 @@ def test_config_validation_messages():
         ViTConfig(img_size=230, patch_size=16)
     with pytest.raises(ValueError, match="dropout"):
         ViTConfig(dropout=1.0)
-    with pytest.raises(ValueError, match="1 to 4 stages"):
+    with pytest.raises(ValueError, match="0 to 4 stages"):
         HybridConfig(resnet_layers=(1, 1, 1, 1, 1))
+    with pytest.raises(ValueError, match="0 to 4 stages"):
+        HybridConfig(resnet_layers=(3, 0, 2))
     with pytest.raises(ValueError, match="total stride 16"):
         HybridConfig(vit=ViTConfig(patch_size=1, img_size=200), resnet_layers=(3, 4, 9))
     with pytest.raises(ValueError, match="bad ResNet layers"):

@@ -39,6 +39,16 @@ def test_sequence_length_at_224(name, option_tokens, stride, channels):
         assert model.pos_embed.shape[1] == 1 + option_tokens
 
 
+def test_root_only_hybrid_has_stride_four():
+    """Official R+ViT-Ti/16: no stages, 8x8 patches on the root's stride-4 map -> stride 32, 7x7 tokens at 224 px."""
+    config = HybridConfig(vit=ViTConfig(patch_size=8, hidden_size=192, num_heads=3, mlp_dim=768), resnet_layers=())
+    with torch.device("meta"), torch.no_grad():
+        embed = HybridEmbed(config)
+        tokens, grid = embed(torch.empty(1, 3, 224, 224))
+    assert config.stride == 4 and embed.stride == 32 and embed.backbone.num_features == 64
+    assert tokens.shape == (1, 49, 192) and grid == (7, 7)
+
+
 def test_patch_size_on_the_feature_map_multiplies_the_stride():
     config = HybridConfig(vit=ViTConfig(patch_size=2, img_size=224), resnet_layers=(3, 4, 9))
     with torch.device("meta"):

@@ -208,3 +208,13 @@ def test_matches_timm_resnetv2_bit():
     x = torch.randn(2, 3, 67, 50)
     with torch.no_grad():
         torch.testing.assert_close(model(x), reference(x), atol=1e-5, rtol=1e-4)  # WS eps 1e-10 vs timm's 1e-8
+
+
+def test_reset_head_keeps_the_model_device_and_dtype():
+    model = tiny().double()
+    model.reset_head(3)
+    assert model.head.fc.weight.dtype == torch.float64
+    with torch.device("meta"):
+        big = create_model("bit_r50x1")
+    big.reset_head(10)
+    assert big.head.fc.weight.is_meta

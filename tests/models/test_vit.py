@@ -258,3 +258,14 @@ def test_init_statistics_follow_the_official_code():
     assert abs(patch.std().item() * math.sqrt(fan_in) - 1) < 0.02
     assert patch.abs().max() <= 2 / math.sqrt(fan_in) / 0.87962566103423978
     assert torch.equal(model.norm.weight, torch.ones(d)) and torch.equal(model.norm.bias, torch.zeros(d))
+
+
+def test_reset_head_keeps_the_model_device_and_dtype():
+    model = tiny(representation_size=8).double()
+    model.reset_head(3)
+    assert model.head.weight.dtype == torch.float64
+    assert model(torch.randn(1, 3, 32, 32, dtype=torch.float64)).dtype == torch.float64
+    with torch.device("meta"):
+        big = create_model("vit_b16")
+    big.reset_head(10)  # e.g. head surgery before loading weights into a meta-initialised model
+    assert big.head.weight.is_meta

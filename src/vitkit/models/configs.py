@@ -89,7 +89,7 @@ class HybridConfig:
 
     Four stages is the paper's option (i) (stride 32: 7x7 tokens at 224 px); three stages with
     stage 4's units moved into stage 3, (3, 4, 9), is option (ii) (stride 16: 14x14 tokens), the
-    released R50+ViT-B/16.
+    released R50+ViT-B/16.  No stages, (), is the official R+ViT-Ti/16: the root block alone (stride 4).
     """
 
     vit: ViTConfig = field(default_factory=lambda: ViTConfig(patch_size=1))  # encoder; vit.in_chans = image channels
@@ -97,8 +97,8 @@ class HybridConfig:
     width_factor: int = 1
 
     def __post_init__(self) -> None:
-        if not 1 <= len(self.resnet_layers) <= 4:
-            raise ValueError(f"hybrid backbone needs 1 to 4 stages, got {self.resnet_layers}")
+        if len(self.resnet_layers) > 4 or min(self.resnet_layers, default=1) < 1:
+            raise ValueError(f"hybrid backbone needs 0 to 4 stages of >= 1 unit, got {self.resnet_layers}")
         if self.vit.img_size % (self.stride * self.vit.patch_size):
             raise ValueError(
                 f"img_size {self.vit.img_size} is not divisible by the hybrid's total stride "
@@ -106,8 +106,8 @@ class HybridConfig:
             )
 
     @property
-    def stride(self) -> int:  # root (4) and one factor 2 per stage after the first
-        return 4 * 2 ** (len(self.resnet_layers) - 1)
+    def stride(self) -> int:  # root (conv /2, max-pool /2) and one factor 2 per stage after the first
+        return 4 * 2 ** max(len(self.resnet_layers) - 1, 0)
 
 
 ModelConfig = ViTConfig | ResNetConfig | HybridConfig

@@ -221,7 +221,8 @@ class ResNetV2(nn.Module):
 
     def reset_head(self, num_classes: int) -> None:
         """Fine-tuning: a fresh zero-initialised head with `num_classes` outputs (0: no head)."""
-        self.head = linear_head(self.num_features, num_classes).to(self.norm.weight)
+        reference = self.norm.weight  # the new head lives on the model's device, in its dtype
+        self.head = linear_head(self.num_features, num_classes).to(device=reference.device, dtype=reference.dtype)
         zero_head_(self.head)
         self.config = replace(self.config, num_classes=num_classes)
 

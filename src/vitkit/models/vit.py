@@ -276,7 +276,8 @@ class VisionTransformer(nn.Module):
         width = self.encoder_config.hidden_size
         self.pre_logits = nn.Identity()
         self.num_features = width
-        self.head = nn.Linear(width, num_classes) if num_classes else nn.Identity()
+        reference = self.norm.weight  # the new head lives on the model's device, in its dtype
+        self.head = nn.Linear(width, num_classes, device=reference.device, dtype=reference.dtype) if num_classes else nn.Identity()
         if num_classes:
             nn.init.zeros_(self.head.weight)
             nn.init.zeros_(self.head.bias)
