@@ -13,7 +13,8 @@ and moves its units into stage 3, (3, 4, 9) for R50 (stride 16: 14x14 tokens), t
 - init: Flax defaults (LeCun-normal kernels, GroupNorm scale 1 and bias 0) except the last GroupNorm
   of every unit, whose scale starts at zero, so that every unit starts as its shortcut.
 Module names follow timm's hybrid (`patch_embed.backbone.stem.conv`, `patch_embed.backbone.stages.…`,
-`patch_embed.proj`), so its weights map one to one.
+`patch_embed.proj`), so its weights map one to one (timm's numerics differ slightly: weight
+standardisation / sqrt(var + 1e-8), GroupNorm eps 1e-5).
 """
 
 from __future__ import annotations
