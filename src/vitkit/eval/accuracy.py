@@ -21,6 +21,10 @@ class EvalConfig:
     top_k: int = 5  # the second accuracy reported, capped at the number of classes
     device: str = "auto"  # "auto" = CUDA when available
 
+    def __post_init__(self) -> None:
+        if self.batch_size < 1 or self.top_k < 1 or (self.img_size is not None and self.img_size < 1):
+            raise ValueError("batch_size, top_k and img_size must be positive")
+
 
 @dataclass
 class EvalResult:

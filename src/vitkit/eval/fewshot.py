@@ -44,8 +44,8 @@ class FewShotConfig:
     def __post_init__(self) -> None:
         if not self.shots or min(self.shots) < 1:
             raise ValueError(f"shots must be positive integers, got {self.shots}")
-        if self.seeds < 1 or self.folds < 2:
-            raise ValueError("seeds must be >= 1 and folds >= 2")
+        if self.seeds < 1 or self.folds < 2 or self.batch_size < 1:
+            raise ValueError("seeds and batch_size must be >= 1, folds >= 2")
         if not self.l2_exponents:
             raise ValueError("l2_exponents must not be empty")
 

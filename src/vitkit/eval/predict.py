@@ -26,6 +26,10 @@ class PredictConfig:
     batch_size: int = 32  # images per forward pass (outputs do not depend on it)
     device: str = "auto"  # "auto" = CUDA when available
 
+    def __post_init__(self) -> None:
+        if self.top_k < 1 or self.batch_size < 1 or (self.img_size is not None and self.img_size < 1):
+            raise ValueError("--top-k, --batch-size and --img-size must be positive")
+
 
 def expand_inputs(paths: Sequence[str | os.PathLike]) -> list[Path]:
     """Files as given, folders replaced by the image files below them (sorted, recursive)."""

@@ -42,6 +42,10 @@ class InspectConfig:
     device: str = "auto"  # "auto" = CUDA when available
     draw: bool = True  # write the PNG figures (False: numbers in inspect.json only)
 
+    def __post_init__(self) -> None:
+        if self.num_components < 1 or self.num_overlays < 1 or self.batch_size < 1:
+            raise ValueError("num_components, num_overlays and batch_size must be positive")
+
 
 def _notes_for_non_vit(model: torch.nn.Module) -> dict[str, str] | None:
     if hasattr(model, "blocks") and hasattr(model, "forward_intermediates"):
