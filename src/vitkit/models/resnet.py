@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from dataclasses import replace
-from typing import Literal, Sequence
+from typing import Any, Literal, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -99,10 +99,11 @@ class MaxPool2dSame(nn.Module):
 
 
 def group_norm(channels: int, eps: float) -> nn.GroupNorm:
+    """GroupNorm with BiT's 32 groups (both BiT and the ViT code use 32 everywhere)."""
     return nn.GroupNorm(GN_GROUPS, channels, eps=eps)
 
 
-def projection(in_chans: int, out_chans: int, stride: int, norm: nn.Module | None = None, **conv_kw) -> nn.Sequential:
+def projection(in_chans: int, out_chans: int, stride: int, norm: nn.Module | None = None, **conv_kw: Any) -> nn.Sequential:
     """Projection shortcut: a strided 1x1 StdConv (`downsample.conv`), with a GroupNorm (`downsample.norm`) if given."""
     layers: OrderedDict[str, nn.Module] = OrderedDict(conv=StdConv2d(in_chans, out_chans, 1, stride, **conv_kw))
     if norm is not None:
@@ -236,6 +237,7 @@ def linear_head(features: int, num_classes: int) -> nn.Module:
 
 @torch.no_grad()
 def zero_head_(head: nn.Module) -> None:
+    """Zero every head parameter, so that fine-tuning starts from zero logits."""
     for param in head.parameters():  # BiT fine-tunes from a zero head (and so does ViT, Sec. 3.2)
         param.zero_()
 
