@@ -331,7 +331,43 @@ def _run_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
-VERBS: list[Callable[[argparse._SubParsersAction], None]] = [_add_models, _add_pretrain_mpp, _add_convert, _add_export_onnx, _add_eval, _add_fewshot, _add_predict, _add_embed, _add_inspect]
+def _add_bench(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("bench", help="measure inference and training images/s, FLOP/s and MFU of a preset")
+    parser.add_argument("--model", default="vit_ti16", help="preset name (vitkit models lists them)")
+    parser.add_argument("--img-size", type=int, default=None, help="resolution (default: the preset's)")
+    parser.add_argument("--num-classes", type=int, default=1000, help="head size")
+    parser.add_argument("--batch-size", type=int, default=32, help="images per step")
+    parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
+                        help="fp32, bf16 autocast, or auto: bf16 where the device has native bf16 matmuls")
+    parser.add_argument("--attn-impl", choices=("auto", "sdpa", "explicit"), default=None,
+                        help="attention path (default: the preset's, auto)")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the model (compile time reported as warm-up)")
+    parser.add_argument("--mode", choices=("both", "inference", "training"), default="both", help="what to measure")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps per mode")
+    parser.add_argument("--steps", type=int, default=5, help="steps per timed repeat")
+    parser.add_argument("--repeats", type=int, default=3, help="timed repeats (the median is reported)")
+    parser.add_argument("--peak-tflops", type=float, default=None, help="peak for MFU (default: measure a large matmul)")
+    parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.set_defaults(handler=_run_bench)
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    from vitkit.bench.throughput import BenchConfig, format_table, run_benchmark
+
+    modes = ("inference", "training") if args.mode == "both" else (args.mode,)
+    config = BenchConfig(
+        model=args.model, img_size=args.img_size, num_classes=args.num_classes, batch_size=args.batch_size,
+        precision=args.precision, attn_impl=args.attn_impl, compile=args.compile, modes=modes, warmup=args.warmup,
+        steps=args.steps, repeats=args.repeats, peak_tflops=args.peak_tflops, device=args.device, threads=args.threads,
+    )
+    result = run_benchmark(config)
+    print(json.dumps(result) if args.json else format_table(result))
+    return 0
+
+
+VERBS: list[Callable[[argparse._SubParsersAction], None]] = [_add_models, _add_pretrain_mpp, _add_convert, _add_export_onnx, _add_eval, _add_fewshot, _add_predict, _add_embed, _add_inspect, _add_bench]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -15,6 +15,7 @@ Pool = Literal["token", "gap"]
 PosEmb = Literal["none", "learned_1d", "learned_2d", "sincos_2d", "relative"]
 PosEmbWhere = Literal["input", "per_layer", "shared_per_layer"]
 Gelu = Literal["tanh", "exact"]
+AttnImpl = Literal["auto", "sdpa", "explicit"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,6 +40,7 @@ class ViTConfig:
     layer_norm_eps: float = 1e-6  # official code (Flax default); timm 1e-6, HF 1e-12
     gelu: Gelu = "tanh"  # Flax's nn.gelu is the tanh approximation; timm and HF use exact erf
     qkv_bias: bool = True  # official code has biases on q, k, v and out
+    attn_impl: AttnImpl = "auto"  # how Eq. 5-7 are computed (same numbers): fused SDPA kernel, softmax spelt out, or auto = explicit for bf16 on CPU (measured faster there, benchmarks/compare.py), SDPA elsewhere
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_heads:
@@ -56,6 +58,8 @@ class ViTConfig:
         for name in ("dropout", "attention_dropout", "drop_path"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.attn_impl not in ("auto", "sdpa", "explicit"):
+            raise ValueError(f"attn_impl must be auto, sdpa or explicit, got {self.attn_impl!r}")
         if self.num_classes < 0 or self.in_chans < 1:
             raise ValueError("num_classes must be >= 0 and in_chans >= 1")
 

@@ -48,6 +48,7 @@ class Attention(nn.Module):
         self.scale = self.head_dim**-0.5  # 1 / sqrt(D_h), Eq. 5
         self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=config.qkv_bias)
         self.attn_drop = config.attention_dropout
+        self.attn_impl = config.attn_impl  # fused SDPA kernel or Eq. 5-7 spelt out; equal results
         self.proj = nn.Linear(config.hidden_size, config.hidden_size)
         self.proj_drop = nn.Dropout(config.dropout)  # App. B.1: after every dense layer except qkv
         # App. D.4 relative attention: one learned D_h-vector per offset i - j in -(T-1) ... T-1.
@@ -60,14 +61,25 @@ class Attention(nn.Module):
         bias = pe.relative_logits(q, self.rel_pos) * self.scale if self.rel_pos is not None else None
         drop = self.attn_drop if self.training else 0.0
         weights = None
-        if need_weights:  # Eq. 5-6 spelt out, to return A
-            logits = (q @ k.transpose(-2, -1)) * self.scale  # (B, k, T, T)
+        if need_weights or self.explicit(q):  # Eq. 5-6 spelt out; the only path that can return A
+            logits = (q * self.scale) @ k.transpose(-2, -1)  # (B, k, T, T); scaling q is the cheaper side
             weights = (logits if bias is None else logits + bias).softmax(dim=-1)
             out = F.dropout(weights, drop, self.training) @ v
         else:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=drop)
         out = out.transpose(1, 2).reshape(batch, tokens, dim)  # (B, k, T, D_h) -> (B, T, D), Eq. 8 concat
-        return self.proj_drop(self.proj(out)), weights  # Eq. 8: [SA_1; ...; SA_k] U_msa
+        return self.proj_drop(self.proj(out)), weights if need_weights else None  # Eq. 8: [SA_1; ...; SA_k] U_msa
+
+    def explicit(self, q: Tensor) -> bool:
+        """Whether Eq. 5-7 run as plain matmuls + softmax rather than the fused SDPA kernel.
+
+        "auto" picks the explicit path for bf16/fp16 queries on the CPU: there torch's SDPA kernel is
+        2-6x slower than matmul + softmax (forward and, above all, backward; benchmarks/compare.py);
+        in fp32 and on CUDA (flash / memory-efficient kernels) SDPA is as fast or faster.
+        """
+        if self.attn_impl == "auto":
+            return q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16)
+        return self.attn_impl == "explicit"
 
 
 class Mlp(nn.Module):
