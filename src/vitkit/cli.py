@@ -367,7 +367,75 @@ def _run_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-VERBS: list[Callable[[argparse._SubParsersAction], None]] = [_add_models, _add_pretrain_mpp, _add_convert, _add_export_onnx, _add_eval, _add_fewshot, _add_predict, _add_embed, _add_inspect, _add_bench]
+def _add_train_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data", default="digits", help="data source URI: digits (default), fashion-mnist:DIR, "
+                        "mnist:DIR, cifar10:DIR, cifar100:DIR, folder:DIR, npz:FILE")
+    parser.add_argument("--model", default=None, help="model preset (vitkit models); default: the recipe's")
+    parser.add_argument("--recipe", default=None, help="recipe name (paper-pretrain, paper-finetune, small-8px, ...; "
+                        "each has a -tiny variant); default: chosen from the data set's size and resolution")
+    parser.add_argument("--epochs", type=float, default=None)
+    parser.add_argument("--batch-size", type=int, default=None, help="effective global batch (accumulated as needed)")
+    parser.add_argument("--lr", type=float, default=None, help="peak learning rate")
+    parser.add_argument("--img-size", type=int, default=None, help="training resolution in pixels")
+    parser.add_argument("--max-minutes", type=float, default=None, help="stop cleanly when spent, evaluate and save")
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--out", default=None, help="run directory (default runs/<data>-<model>-<time>); "
+                        "re-running with the same directory resumes")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="GROUP.FIELD=VALUE",
+                        help="override any config field, e.g. --set optim.warmup_steps=500 (type-checked)")
+    parser.add_argument("--strict", action="store_true", help="stop on the first corrupt image instead of skipping it")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the model")
+    parser.add_argument("--json", action="store_true", help="print one JSON object (no progress bar)")
+
+
+def _add_train(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("train", help="train a ViT (recipe chosen from the data set; default: digits)")
+    _add_train_flags(parser)
+    parser.set_defaults(handler=_run_train, init_from=None, lr_sweep=False)
+
+
+def _add_finetune(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("finetune", help="fine-tune a checkpoint (App. B.1.1): new zero-init head, new resolution")
+    parser.add_argument("init_from", metavar="CHECKPOINT", help="any checkpoint vitkit can read")
+    _add_train_flags(parser)
+    parser.add_argument("--lr-sweep", action="store_true", help="sweep lr {0.001, 0.003, 0.01, 0.03} on a held-out "
+                        "10%% (2%% for large sets) of train, then train the best on all of it")
+    parser.set_defaults(handler=_run_train)
+
+
+def _run_train(args: argparse.Namespace) -> int:
+    import logging
+
+    from vitkit.train.resolve import Request, resolve
+    from vitkit.train.sweep import train_with_sweep
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
+    request = Request(data=args.data, recipe=args.recipe, model=args.model, epochs=args.epochs,
+                      batch_size=args.batch_size, lr=args.lr, img_size=args.img_size, max_minutes=args.max_minutes,
+                      seed=args.seed, out=args.out, overrides=tuple(args.overrides), strict=args.strict,
+                      compile=args.compile, quiet=args.json, init_from=args.init_from, lr_sweep=args.lr_sweep)
+    resolved = resolve(request)
+    for line in resolved.notes:
+        print(line, file=sys.stderr)
+    for line in resolved.warnings:
+        print(f"warning: {line}", file=sys.stderr)
+    result = train_with_sweep(resolved.config, progress_stream=sys.stderr)
+    split = resolved.config.eval.final_split
+    if args.json:
+        print(json.dumps(result))
+    elif result["status"] == "interrupted":
+        print(f"interrupted at step {result['step']}/{result['steps']}; checkpoint saved in {result['run_dir']} "
+              f"(re-run with --out {result['run_dir']} to resume)")
+    else:
+        final = result[split]
+        note = " (time budget spent)" if result["status"] == "time_budget" else ""
+        print(f"{split} accuracy: top-1 {100 * final['top1']:.2f}%, top-5 {100 * final['top5']:.2f}% on "
+              f"{final['count']} images after {result['step']}/{result['steps']} steps, "
+              f"{result['wall_minutes']:.2f} min{note}; run: {result['run_dir']}")
+    return 128 + result.get("signal", 0) if result["status"] == "interrupted" else 0
+
+
+VERBS: list[Callable[[argparse._SubParsersAction], None]] = [_add_models, _add_pretrain_mpp, _add_convert, _add_export_onnx, _add_eval, _add_fewshot, _add_predict, _add_embed, _add_inspect, _add_bench, _add_train, _add_finetune]
 
 
 def build_parser() -> argparse.ArgumentParser:

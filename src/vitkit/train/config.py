@@ -110,6 +110,7 @@ class RunConfig:
     compile: bool = False  # torch.compile the model
     parallel: Parallel = "ddp"  # with several processes: replicate (DDP) or shard (FSDP2, CUDA only)
     device: str = "auto"  # "auto" = cuda when available (this process's local rank), else cpu
+    threads: int = 0  # torch intra-op CPU threads for this run; 0 = torch's default (small models: 1 is fastest)
     progress: bool = True  # tqdm bar on stderr (also needs a TTY)
     tensorboard: bool = True  # write TensorBoard events when the package is installed
     init_from: str = ""  # checkpoint to start from (fine-tuning): head surgery + resolution change

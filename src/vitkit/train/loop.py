@@ -36,7 +36,7 @@ from vitkit.data.transforms import eval_transform, train_transform
 from vitkit.models import build_model
 from vitkit.models.configs import in_channels, image_size, num_classes
 from vitkit.train import distributed
-from vitkit.train.config import TrainConfig, to_dict
+from vitkit.train.config import TrainConfig, from_dict, to_dict
 from vitkit.train.ema import ModelEMA
 from vitkit.train.optim import build_optimizer, set_lr
 from vitkit.train.plots import MetricsLog, plot_curves
@@ -280,10 +280,31 @@ def train(config: TrainConfig, *, progress_stream: Any = None) -> dict[str, Any]
     if config.run.parallel == "fsdp" and device.type != "cuda":
         raise ValueError("run.parallel='fsdp' (FSDP2) needs CUDA; use 'ddp' on CPU")
     distributed.setup(info, device)
+    threads = torch.get_num_threads()
+    if config.run.threads > 0:
+        torch.set_num_threads(config.run.threads)
     try:
         return _train(config, info, device, started, progress_stream)
     finally:
+        torch.set_num_threads(threads)
         distributed.teardown()
+
+
+def _reconcile(config: TrainConfig, run_dir: Path) -> TrainConfig:
+    """Resuming: the run directory's config.json wins over a different request (time budget and display aside)."""
+    stored_path = run_dir / "config.json"
+    if not stored_path.is_file() or latest_checkpoint(run_dir) is None:
+        return config
+    stored = from_dict(json.loads(stored_path.read_text()))
+    volatile = dict(max_minutes=config.run.max_minutes, progress=config.run.progress, out=config.run.out)
+    stored = dataclasses.replace(stored, run=dataclasses.replace(stored.run, **volatile))
+    old, new = to_dict(stored), to_dict(config)
+    changed = [f"{group}.{key}" for group in old if isinstance(old[group], dict)
+               for key in old[group] if old[group][key] != new.get(group, {}).get(key)]
+    if changed:
+        log.warning("%s already holds a run with a different config (%s); resuming it with its own config",
+                    run_dir, ", ".join(changed[:8]))
+    return stored
 
 
 def _train(config: TrainConfig, info: distributed.DistInfo, device: torch.device, started: float,
@@ -292,6 +313,7 @@ def _train(config: TrainConfig, info: distributed.DistInfo, device: torch.device
     if info.main:
         run_dir.mkdir(parents=True, exist_ok=True)
     distributed.barrier()
+    config = _reconcile(config, run_dir)
     torch.manual_seed(config.run.seed * 1000 + info.rank)  # init (same on all ranks: DDP broadcasts rank 0's) and dropout
     data = _load_data(config)
     steps = total_steps(config, len(data.train))
@@ -331,7 +353,7 @@ def _train(config: TrainConfig, info: distributed.DistInfo, device: torch.device
     def epoch_of(step: int) -> float:
         return round(step / steps_per_epoch, 4)
 
-    def run_eval(split: str, ref: ImageSet, final: bool = False) -> dict[str, Any]:
+    def run_eval(split: str, ref: ImageSet, write: bool = True) -> dict[str, Any]:
         if state.ema is not None:  # evaluate the Polyak average (Sec. 4.1)
             backup = {k: v.clone() for k, v in state.module.state_dict().items()}
             state.ema.copy_to(state.module)
@@ -341,9 +363,8 @@ def _train(config: TrainConfig, info: distributed.DistInfo, device: torch.device
             state.module.load_state_dict(backup)
         record = {"step": state.step, "epoch": epoch_of(state.step), "split": split, "loss": result["loss"],
                   "top1": result["top1"], "top5": result["top5"], "count": result["count"]}
-        if final:
-            record["final"] = True
-        metrics.write(record)
+        if write:
+            metrics.write(record)
         log.info("step %d %s: loss %.4f top-1 %.2f%% top-5 %.2f%%", state.step, split, result["loss"],
                  100 * result["top1"], 100 * result["top5"])
         return record
@@ -421,7 +442,7 @@ def _train(config: TrainConfig, info: distributed.DistInfo, device: torch.device
         result["signal"] = stop.signum
         metrics.close()
         return result
-    final = run_eval(config.eval.final_split, data.test, final=False)
+    final = run_eval(config.eval.final_split, data.test, write=False)
     if state.step >= steps or status == "time_budget":
         checkpoint()
         if state.ema is not None and info.main:  # also export the averaged weights as a usable model

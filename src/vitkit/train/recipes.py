@@ -1,0 +1,276 @@
+"""Recipes: functions returning complete TrainConfigs (STYLE.md section 3).
+
+| recipe              | when                                   | what                                                        |
+| ------------------- | -------------------------------------- | ----------------------------------------------------------- |
+| paper-pretrain      | Sec. 4.1, App. B.1, Table 3            | Adam (0.9, 0.999), wd 0.1, warmup 10k + linear decay, clip 1, dropout 0.1, batch 4096 (accumulated), pre-logits head |
+| paper-finetune      | App. B.1.1, Table 4                    | SGD momentum 0.9, cosine, no wd, clip 1, batch 512 (accumulated), zero-init head, 384 px, optional EMA 0.9999, LR sweep |
+| small-8px           | auto: sides <= 12 px (digits)          | ViT D=64 L=4 on 4x4 patches, pad-crop shift, AdamW          |
+| small-28px          | auto: sides <= 30 px (MNIST, Fashion)  | ViT D=128 L=6 on 4x4 patches (7x7 tokens), pad-crop, flip off for MNIST |
+| small-32px          | auto: sides <= 40 px (CIFAR)           | ViT D=192 L=6 on 4x4 patches (8x8 tokens), pad-crop + flip + RandAugment |
+| small-64px          | auto: larger images (folders)          | resize to 64, ViT D=192 L=6 on 8x8 patches, inception crop + flip + RandAugment |
+
+Every recipe has a "-tiny" variant (D=32, L=2, k=2) that runs in seconds on a CPU, used by tests.
+The small-data recipes exist because a plain ViT trained from scratch on a small set needs smaller
+patches, stronger augmentation and longer schedules than the paper's (Sec. 4.2: ViT lacks the
+CNN's inductive biases and "does not generalize well when trained on insufficient amounts of data").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable
+
+from vitkit.data.sources import SourceInfo
+from vitkit.data.transforms import AugmentConfig
+from vitkit.models import preset_config
+from vitkit.models.configs import ViTConfig
+from vitkit.train.config import DataConfig, EvalConfig, OptimConfig, RunConfig, TrainConfig
+
+PAPER_LR_GRID = (0.001, 0.003, 0.01, 0.03)  # Table 4 fine-tuning learning rates (ImageNet adds 0.06 for ResNets)
+
+
+def _data(info: SourceInfo, **fields) -> DataConfig:
+    norm = (0.5,) * info.channels  # the official x / 127.5 - 1
+    return DataConfig(uri=info.uri, mean=norm, std=norm, **fields)
+
+
+def _tiny_vit(info: SourceInfo, img_size: int = 32, patch_size: int = 8, **fields) -> ViTConfig:
+    return ViTConfig(img_size=img_size, patch_size=patch_size, in_chans=info.channels, num_classes=info.num_classes,
+                     hidden_size=32, depth=2, num_heads=2, mlp_dim=64, **fields)
+
+
+# ---------------------------------------------------------------------------------- the paper
+def paper_pretrain(info: SourceInfo, model: str = "vit_b16") -> TrainConfig:
+    """Pre-training as Sec. 4.1 / App. B.1 / Table 3 (ImageNet-21k column for ViT-B).
+
+    Command:  vitkit train --data folder:/data/imagenet21k --recipe paper-pretrain --model vit_b16
+    Expected: the paper's ImageNet-21k ViT-B/16 after 90 epochs (fine-tuned: 84.0% ImageNet top-1,
+    Table 5); about 30 TPUv3-core-days (Sec. 4.2) -- not a CPU job.  Batch 4096 is reached on
+    small devices by accumulating micro-batches of 128 per process.
+    """
+    base = preset_config(model, num_classes=info.num_classes, img_size=224, in_chans=info.channels)
+    width = base.vit.hidden_size if hasattr(base, "vit") else getattr(base, "hidden_size", 0)
+    if width:  # the pre-training head has a tanh pre-logits layer of width D (Sec. 3.1)
+        from vitkit.models.configs import with_overrides
+
+        base = with_overrides(base, representation_size=width, dropout=0.1)
+    return TrainConfig(
+        recipe="paper-pretrain",
+        model=base,
+        data=_data(info, batch_size=4096, micro_batch_size=128, epochs=90, workers=8),
+        augment=AugmentConfig(crop="inception", flip=True),
+        optim=OptimConfig(name="adamw", lr=1e-3, base_batch_size=4096, lr_scaling="linear", betas=(0.9, 0.999),
+                          weight_decay=0.1, decay_on="kernels", schedule="linear", warmup_steps=10_000, clip_norm=1.0,
+                          loss="softmax"),
+        eval=EvalConfig(every_epochs=1.0, batch_size=256),
+        run=RunConfig(checkpoint_every=1000, log_every=50),
+    )
+
+
+def paper_pretrain_tiny(info: SourceInfo) -> TrainConfig:
+    """paper-pretrain's optimiser, schedule shape, clipping, dropout and pre-logits head at toy scale.
+
+    Command:  vitkit train --data digits --recipe paper-pretrain-tiny
+    Expected: runs in seconds on a CPU (accumulates 4 micro-batches of 16); accuracy is not the point.
+    """
+    config = paper_pretrain(info)
+    return dataclasses.replace(
+        config, recipe="paper-pretrain-tiny",
+        model=_tiny_vit(info, img_size=16, patch_size=4, representation_size=32, dropout=0.1),
+        data=dataclasses.replace(config.data, batch_size=64, micro_batch_size=16, epochs=0, steps=20, workers=0),
+        optim=dataclasses.replace(config.optim, base_batch_size=64, warmup_steps=5),
+        eval=EvalConfig(every_epochs=0, batch_size=256),
+        run=RunConfig(checkpoint_every=10, log_every=5),
+    )
+
+
+def finetune_val_fraction(num_train: int) -> float:
+    """Held-out share for the LR sweep (App. B.1.1: 10% Pets/Flowers, 2% CIFAR, 1% ImageNet)."""
+    if num_train < 20_000:
+        return 0.1
+    return 0.02 if num_train < 500_000 else 0.01
+
+
+def paper_finetune(info: SourceInfo, model: str = "vit_b16") -> TrainConfig:
+    """Fine-tuning as App. B.1.1 / Table 4: SGD momentum 0.9, cosine, no weight decay, clip 1, batch 512.
+
+    Used by `vitkit finetune CHECKPOINT --data URI`: the head is replaced by a zero-initialised
+    D x K layer and the position embeddings are 2D-interpolated to 384 px (Sec. 3.2).  Steps follow
+    Table 4 by data set size (500 for Pets/Flowers-sized sets, 10k for CIFAR-sized, 20k beyond).
+    `--lr-sweep` scores {0.001, 0.003, 0.01, 0.03} on a held-out split, then trains the best on all of it.
+    Command:  vitkit finetune vit_b16_i21k/ --data cifar10:/data/cifar10 --lr-sweep
+    Expected: ~98.9% CIFAR-10 top-1 from the i21k ViT-B/16 (Table 5); GPU hours, not a CPU job.
+    """
+    steps = 500 if info.num_train < 10_000 else (10_000 if info.num_train < 500_000 else 20_000)
+    return TrainConfig(
+        recipe="paper-finetune",
+        model=preset_config(model, num_classes=info.num_classes, img_size=384, in_chans=info.channels),
+        data=_data(info, batch_size=512, micro_batch_size=64, epochs=0, steps=steps, workers=8),
+        augment=AugmentConfig(crop="inception", crop_scale=(0.05, 1.0), flip=True),
+        optim=OptimConfig(name="sgd", lr=0.003, momentum=0.9, weight_decay=0.0, schedule="cosine",
+                          warmup_steps=min(500, steps // 10), clip_norm=1.0, ema_decay=0.0),
+        eval=EvalConfig(every_epochs=0, batch_size=128),
+        run=RunConfig(checkpoint_every=500, log_every=20),
+    )
+
+
+def paper_finetune_tiny(info: SourceInfo) -> TrainConfig:
+    """paper-finetune at toy scale (32 px, 16 steps of 64 accumulated from 32s).
+
+    Command:  vitkit finetune runs/<pretrain-tiny-run>/checkpoints/step_0000020 --data digits --recipe paper-finetune-tiny
+    Expected: seconds on a CPU.
+    """
+    config = paper_finetune(info)
+    return dataclasses.replace(
+        config, recipe="paper-finetune-tiny", model=_tiny_vit(info, img_size=32, patch_size=8),
+        data=dataclasses.replace(config.data, batch_size=64, micro_batch_size=32, steps=16, workers=0),
+        optim=dataclasses.replace(config.optim, lr=0.01, warmup_steps=2),
+        run=RunConfig(checkpoint_every=8, log_every=4),
+    )
+
+
+# ------------------------------------------------------------------------------ small data sets
+def small_8px(info: SourceInfo) -> TrainConfig:
+    """Tiny images (scikit-learn digits, 8x8): ViT D=64 L=4 k=4 on 4x4 patches, GAP, short AdamW run.
+
+    Command:  vitkit train            (the default data set is `digits`)
+    Expected: >= 97% test top-1 (359 held-out digits) in about a minute on a 2-core CPU.
+    """
+    model = ViTConfig(img_size=8, patch_size=4, in_chans=info.channels, num_classes=info.num_classes,
+                      hidden_size=64, depth=4, num_heads=4, mlp_dim=128, pool="gap")
+    return TrainConfig(
+        recipe="small-8px", model=model,
+        data=_data(info, batch_size=128, epochs=40, workers=0),
+        augment=AugmentConfig(crop="pad", pad=1, flip=False, label_smoothing=0.1),
+        optim=OptimConfig(name="adamw", lr=4e-3, weight_decay=0.05, schedule="cosine", warmup_fraction=0.05, clip_norm=1.0),
+        eval=EvalConfig(every_epochs=10, batch_size=512),
+        run=RunConfig(checkpoint_every=200, log_every=20, threads=1),  # tiny matmuls: more threads only spin (10x slower on a loaded CPU)
+    )
+
+
+def small_28px(info: SourceInfo) -> TrainConfig:
+    """28x28 sets (MNIST, Fashion-MNIST): ViT D=128 L=6 k=4 on 4x4 patches (7x7 = 49 tokens).
+
+    Command:  vitkit train --data fashion-mnist:../shared/data/fashion-mnist
+    Expected: ~92% Fashion-MNIST test top-1 in about 15 minutes on a 2-core CPU
+    (see benchmarks/train_fashion_mnist.py); MNIST ~99%.
+    """
+    model = ViTConfig(img_size=28, patch_size=4, in_chans=info.channels, num_classes=info.num_classes,
+                      hidden_size=128, depth=6, num_heads=4, mlp_dim=256, pool="gap")
+    return TrainConfig(
+        recipe="small-28px", model=model,
+        data=_data(info, batch_size=256, epochs=10, workers=0),
+        augment=AugmentConfig(crop="pad", pad=2, flip=False, label_smoothing=0.1),
+        optim=OptimConfig(name="adamw", lr=2e-3, weight_decay=0.05, schedule="cosine", warmup_fraction=0.03, clip_norm=1.0),
+        eval=EvalConfig(every_epochs=1, batch_size=1000),
+        run=RunConfig(checkpoint_every=500, log_every=50),
+    )
+
+
+def small_32px(info: SourceInfo) -> TrainConfig:
+    """32x32 colour sets (CIFAR-10/100): ViT D=192 L=6 k=3 on 4x4 patches (64 tokens), RandAugment.
+
+    Command:  vitkit train --data cifar10:/data/cifar10
+    Expected: ~85% CIFAR-10 test top-1 after 100 epochs (GPU minutes; many CPU hours).
+    """
+    model = ViTConfig(img_size=32, patch_size=4, in_chans=info.channels, num_classes=info.num_classes,
+                      hidden_size=192, depth=6, num_heads=3, mlp_dim=384, pool="gap", drop_path=0.1)
+    return TrainConfig(
+        recipe="small-32px", model=model,
+        data=_data(info, batch_size=256, epochs=100, workers=2),
+        augment=AugmentConfig(crop="pad", pad=4, flip=True, randaugment=(2, 9), label_smoothing=0.1),
+        optim=OptimConfig(name="adamw", lr=1e-3, weight_decay=0.05, schedule="cosine", warmup_fraction=0.05, clip_norm=1.0),
+        eval=EvalConfig(every_epochs=5, batch_size=500),
+        run=RunConfig(checkpoint_every=1000, log_every=50),
+    )
+
+
+def small_64px(info: SourceInfo) -> TrainConfig:
+    """Larger images (folders such as caltech101-10): resized to 64 px, ViT D=192 L=6 on 8x8 patches.
+
+    Command:  vitkit train --data folder:../shared/data/caltech101-10
+    Expected: a few thousand images train in minutes on a CPU; expect well below a CNN's accuracy
+    from scratch (Sec. 4.2) -- fine-tune a pre-trained checkpoint for real accuracy.
+    """
+    model = ViTConfig(img_size=64, patch_size=8, in_chans=info.channels, num_classes=info.num_classes,
+                      hidden_size=192, depth=6, num_heads=3, mlp_dim=384, pool="gap", drop_path=0.1)
+    epochs = 100 if info.num_train < 20_000 else 30
+    return TrainConfig(
+        recipe="small-64px", model=model,
+        data=_data(info, batch_size=128, epochs=epochs, workers=2),
+        augment=AugmentConfig(crop="inception", crop_scale=(0.25, 1.0), flip=True, randaugment=(2, 9),
+                              label_smoothing=0.1),
+        optim=OptimConfig(name="adamw", lr=1e-3, weight_decay=0.05, schedule="cosine", warmup_fraction=0.05, clip_norm=1.0),
+        eval=EvalConfig(every_epochs=5, batch_size=256),
+        run=RunConfig(checkpoint_every=500, log_every=20),
+    )
+
+
+def _tiny(recipe: Callable[[SourceInfo], TrainConfig], name: str, img_size: int, patch_size: int
+          ) -> Callable[[SourceInfo], TrainConfig]:
+    def tiny(info: SourceInfo) -> TrainConfig:
+        config = recipe(info)
+        return dataclasses.replace(
+            config, recipe=name, model=_tiny_vit(info, img_size=img_size, patch_size=patch_size, pool="gap"),
+            data=dataclasses.replace(config.data, batch_size=32, epochs=0, steps=10, workers=0),
+            augment=dataclasses.replace(config.augment, randaugment=None),
+            eval=EvalConfig(every_epochs=0, batch_size=256), run=RunConfig(checkpoint_every=5, log_every=5))
+
+    tiny.__doc__ = (f"{recipe.__name__} at toy scale (D=32, L=2, k=2, 10 steps of 32).\n\n"
+                    f"    Command:  vitkit train --data digits --recipe {name}\n    Expected: a few seconds on a CPU.\n")
+    return tiny
+
+
+RECIPES: dict[str, Callable[[SourceInfo], TrainConfig]] = {
+    "paper-pretrain": paper_pretrain,
+    "paper-pretrain-tiny": paper_pretrain_tiny,
+    "paper-finetune": paper_finetune,
+    "paper-finetune-tiny": paper_finetune_tiny,
+    "small-8px": small_8px,
+    "small-8px-tiny": _tiny(small_8px, "small-8px-tiny", 8, 2),
+    "small-28px": small_28px,
+    "small-28px-tiny": _tiny(small_28px, "small-28px-tiny", 28, 7),
+    "small-32px": small_32px,
+    "small-32px-tiny": _tiny(small_32px, "small-32px-tiny", 32, 8),
+    "small-64px": small_64px,
+    "small-64px-tiny": _tiny(small_64px, "small-64px-tiny", 32, 8),
+}
+
+
+def auto_recipe_name(info: SourceInfo) -> str:
+    """The small-data recipe for a source's typical image side (DESIGN.md "Contracts")."""
+    if info.image_size <= 12:
+        return "small-8px"
+    if info.image_size <= 30:
+        return "small-28px"
+    if info.image_size <= 40:
+        return "small-32px"
+    return "small-64px"
+
+
+def get_recipe(name: str, info: SourceInfo) -> TrainConfig:
+    if name not in RECIPES:
+        raise ValueError(f"unknown recipe {name!r}; choose from {', '.join(RECIPES)}")
+    return RECIPES[name](info)
+
+
+def large_model_warning(params: int, num_train: int, from_scratch: bool) -> str | None:
+    """Sec. 4.2 / Fig. 3: big ViTs trained from scratch on small sets underperform; say so."""
+    if not from_scratch or num_train <= 0:
+        return None
+    if params > 20_000_000 and num_train < 1_000_000 or params > 50 * num_train * 100:
+        return (f"training a {params / 1e6:.1f}M-parameter ViT from scratch on {num_train:,} images: the paper "
+                "(Sec. 4.2, Fig. 3) needs ImageNet-21k/JFT-scale data for large ViTs to beat smaller ones; "
+                "expect overfitting. Consider a smaller --model or `vitkit finetune` from a pre-trained checkpoint.")
+    return None
+
+
+def lr_scaling_rule(config: TrainConfig) -> str:
+    """One line describing how the learning rate relates to the global batch."""
+    optim, batch = config.optim, config.data.batch_size
+    base = optim.base_batch_size or batch
+    if optim.lr_scaling == "none" or base == batch:
+        return f"lr {optim.lr:g} at global batch {batch} (tuned for this batch; no rescaling)"
+    factor = batch / base if optim.lr_scaling == "linear" else math.sqrt(batch / base)
+    return (f"lr {optim.lr:g} x {optim.lr_scaling} rule ({batch}/{base}) = {optim.lr * factor:g} at global batch {batch}")
