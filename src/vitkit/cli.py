@@ -349,8 +349,30 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--peak-tflops", type=float, default=None, help="peak for MFU (default: measure a large matmul)")
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's)")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                        help="model-config field, e.g. --set depth=6 --set patch_size=4 (repeatable)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(handler=_run_bench)
+
+
+def _bench_overrides(pairs: list[str]) -> dict[str, Any]:
+    """`FIELD=VALUE` strings -> dict; values read as int, float, true/false/none, else text."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--set wants FIELD=VALUE, got {pair!r}")
+        lowered = text.lower()
+        value: Any = {"true": True, "false": False, "none": None}.get(lowered, text)
+        if value is text:
+            for kind in (int, float):
+                try:
+                    value = kind(text)
+                    break
+                except ValueError:
+                    continue
+        out[key] = value
+    return out
 
 
 def _run_bench(args: argparse.Namespace) -> int:
@@ -361,6 +383,7 @@ def _run_bench(args: argparse.Namespace) -> int:
         model=args.model, img_size=args.img_size, num_classes=args.num_classes, batch_size=args.batch_size,
         precision=args.precision, attn_impl=args.attn_impl, compile=args.compile, modes=modes, warmup=args.warmup,
         steps=args.steps, repeats=args.repeats, peak_tflops=args.peak_tflops, device=args.device, threads=args.threads,
+        overrides=_bench_overrides(args.set),
     )
     result = run_benchmark(config)
     print(json.dumps(result) if args.json else format_table(result))

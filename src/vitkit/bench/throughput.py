@@ -17,7 +17,7 @@ import contextlib
 import logging
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Literal
 
@@ -46,12 +46,14 @@ class BenchConfig:
     batch_size: int = 32  # images per step
     precision: Precision = "auto"  # fp32, bf16 autocast, or auto = bf16 where the device computes it natively
     attn_impl: str | None = None  # override the model's attention path (models/vit.py); None keeps the preset's
+    overrides: dict[str, Any] = field(default_factory=dict)  # other model-config fields, e.g. {"depth": 6, "patch_size": 4}
     compile: bool = False  # torch.compile the model (its compile time is spent in warm-up and reported)
     modes: tuple[Mode, ...] = ("inference", "training")  # what to measure
     warmup: int = 2  # untimed steps per mode
     steps: int = 5  # steps per timed repeat
     repeats: int = 3  # timed repeats; the median is reported
     peak_tflops: float | None = None  # hardware peak for MFU; None = measure a large matmul
+    peak_matmul_size: int | None = None  # side of that square matmul; None = 2048 on CPU, 8192 on CUDA
     device: str = "auto"  # "cpu", "cuda", "cuda:1", or auto (CUDA when present)
     threads: int | None = None  # CPU intra-op threads; None keeps torch's default (one per core)
     seed: int = 0  # weights and synthetic inputs
@@ -264,7 +266,7 @@ def summarize(
 
 
 def _bench_model(config: BenchConfig) -> tuple[nn.Module, Any]:
-    overrides: dict[str, Any] = {}
+    overrides = dict(config.overrides)
     if config.attn_impl is not None:
         overrides["attn_impl"] = config.attn_impl
     model_config = preset_config(config.model, num_classes=config.num_classes, img_size=config.img_size, **overrides)
@@ -288,7 +290,8 @@ def _run_benchmark(config: BenchConfig) -> dict[str, Any]:
     if config.peak_tflops is not None:
         peak, peak_source = config.peak_tflops * 1e12, "given"
     else:
-        peak, peak_source = measure_peak_flops(device, precision), f"measured ({precision} matmul)"
+        peak = measure_peak_flops(device, precision, config.peak_matmul_size)
+        peak_source = f"measured ({precision} matmul)"
     runner = torch.compile(model) if config.compile else model
     gen = torch.Generator(device="cpu").manual_seed(config.seed)
     size, chans = image_size(model_config), in_channels(model_config)

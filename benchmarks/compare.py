@@ -1,0 +1,297 @@
+"""vitkit beside timm and Hugging Face: training and inference images/s of the same ViT, in one process.
+
+    .venv/bin/python benchmarks/compare.py                          # both configs of issue 7, ~10 min on 2 cores
+    .venv/bin/python benchmarks/compare.py --configs cifar --rounds 5 --steps 3 --threads 2 --json
+
+Each configuration is built three times with the same shape and parameter count (asserted): vitkit's
+VisionTransformer, timm's `timm.models.vision_transformer.VisionTransformer` and transformers'
+`ViTForImageClassification` (ViTModel without pooler, plus the linear head), each with its library
+defaults (timm and HF: SDPA attention, exact GELU).  Every step is timed as `vitkit bench` times it
+(bench/throughput.py: same batch, AdamW, cross-entropy in fp32).  Rounds alternate the libraries and
+rotate their order, so load from other processes on a shared machine falls on all of them alike;
+figures are medians over rounds.
+
+"default" is what each library does with no precision flag: timm and HF train and infer in fp32 on
+the CPU; vitkit resolves precision "auto" (bf16 autocast where the CPU multiplies bf16 natively) and
+attention "auto" (explicit softmax under bf16 on CPU).  The same-precision rows show vitkit is not
+slower when both use fp32, or both bf16.
+
+timm imports torchvision at import time, and there is no CPU torchvision here: inside this script
+only, `torchvision` and its submodules are stubbed in `sys.modules` so that the ViT module imports
+(timm's ViT itself uses no torchvision code).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.abc
+import importlib.machinery
+import json
+import statistics
+import sys
+import time
+import types
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch import Tensor, nn
+
+from vitkit.bench.throughput import (
+    inference_step,
+    make_optimizer,
+    num_threads,
+    resolve_precision,
+    time_steps,
+    training_step,
+)
+from vitkit.models import create_model
+
+
+@dataclass(frozen=True, kw_only=True)
+class Spec:
+    """One ViT shape (Table 1 names) and the batch it is measured with."""
+
+    img_size: int
+    patch_size: int  # P
+    hidden_size: int  # D
+    depth: int  # L
+    num_heads: int  # k
+    mlp_dim: int
+    num_classes: int  # K
+    batch_size: int
+
+
+SPECS = {
+    # The CIFAR-size ViT of issue 7 (32x32, patch 4, 192 wide, 6 deep, 3 heads, MLP 768).
+    "cifar": Spec(img_size=32, patch_size=4, hidden_size=192, depth=6, num_heads=3, mlp_dim=768, num_classes=10, batch_size=64),
+    # ViT-Ti/16 at 224 px, 1000 classes.
+    "ti224": Spec(img_size=224, patch_size=16, hidden_size=192, depth=12, num_heads=3, mlp_dim=768, num_classes=1000, batch_size=32),
+}
+LIBRARIES = ("vitkit", "timm", "hf")
+
+
+# ---------------------------------------------------------------------------------------------
+# timm without torchvision: a finder that answers every `torchvision...` import with an empty module
+
+
+class _Placeholder:
+    """Stands for any torchvision name timm touches at import time; using one raises."""
+
+    def __init__(self, *args: object, **kwargs: object):
+        raise ImportError("torchvision is stubbed in benchmarks/compare.py and cannot be used")
+
+
+class _TorchvisionStub(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, name: str, path: object, target: object = None) -> importlib.machinery.ModuleSpec | None:
+        if name == "torchvision" or name.startswith("torchvision."):
+            return importlib.machinery.ModuleSpec(name, self, is_package=True)
+        return None
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        module = types.ModuleType(spec.name)
+        module.__path__ = []
+
+        def attribute(name: str) -> Any:  # a distinct class per name (timm keys dicts by them)
+            if name.startswith("__"):
+                raise AttributeError(name)
+            value = _placeholder_class(name)
+            setattr(module, name, value)
+            return value
+
+        module.__getattr__ = attribute  # type: ignore[method-assign]
+        return module
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        pass
+
+
+class _PlaceholderMeta(type):
+    def __getattr__(cls, name: str) -> Any:  # e.g. InterpolationMode.BILINEAR: distinct members
+        if name.startswith("__"):
+            raise AttributeError(name)
+        value = _placeholder_class(name)
+        setattr(cls, name, value)
+        return value
+
+
+def _placeholder_class(name: str) -> type:
+    return _PlaceholderMeta(name, (_Placeholder,), {})
+
+
+def import_timm_vit() -> type:
+    """timm's VisionTransformer class, stubbing torchvision during timm's import only if it is not installed.
+
+    The stub is removed again afterwards, so that other libraries (transformers probes for
+    torchvision) still see that there is none.
+    """
+    try:
+        import torchvision  # noqa: F401
+    except ImportError:
+        stub = _TorchvisionStub()
+        sys.meta_path.insert(0, stub)
+        try:
+            from timm.models.vision_transformer import VisionTransformer
+        finally:
+            sys.meta_path.remove(stub)
+            for name in [n for n in sys.modules if n == "torchvision" or n.startswith("torchvision.")]:
+                del sys.modules[name]
+        return VisionTransformer
+    from timm.models.vision_transformer import VisionTransformer
+
+    return VisionTransformer
+
+
+# ---------------------------------------------------------------------------------------------
+# The three models
+
+
+class _LogitsOnly(nn.Module):
+    """HF models return an output object; the step functions want the logits tensor."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, images: Tensor) -> Tensor:
+        return self.model(pixel_values=images).logits
+
+
+def build(library: str, spec: Spec) -> nn.Module:
+    if library == "vitkit":
+        return create_model(
+            "vit_ti16", num_classes=spec.num_classes, img_size=spec.img_size, patch_size=spec.patch_size,
+            hidden_size=spec.hidden_size, depth=spec.depth, num_heads=spec.num_heads, mlp_dim=spec.mlp_dim,
+        )
+    if library == "timm":
+        timm_vit = import_timm_vit()
+        return timm_vit(
+            img_size=spec.img_size, patch_size=spec.patch_size, embed_dim=spec.hidden_size, depth=spec.depth,
+            num_heads=spec.num_heads, mlp_ratio=spec.mlp_dim / spec.hidden_size, num_classes=spec.num_classes,
+        )
+    from transformers import ViTConfig as HFViTConfig
+    from transformers import ViTForImageClassification
+
+    config = HFViTConfig(
+        image_size=spec.img_size, patch_size=spec.patch_size, hidden_size=spec.hidden_size,
+        num_hidden_layers=spec.depth, num_attention_heads=spec.num_heads, intermediate_size=spec.mlp_dim,
+        num_labels=spec.num_classes,
+    )
+    return _LogitsOnly(ViTForImageClassification(config))
+
+
+# ---------------------------------------------------------------------------------------------
+# Interleaved measurement
+
+
+def compare(spec: Spec, rounds: int, steps: int, warmup: int, precisions: tuple[str, ...], modes: tuple[str, ...]) -> dict[str, Any]:
+    device = torch.device("cpu")
+    gen = torch.Generator().manual_seed(0)
+    images = torch.randn(spec.batch_size, 3, spec.img_size, spec.img_size, generator=gen)
+    labels = torch.randint(0, spec.num_classes, (spec.batch_size,), generator=gen)
+    torch.manual_seed(0)
+    models = {lib: build(lib, spec) for lib in LIBRARIES}
+    params = {lib: sum(p.numel() for p in m.parameters()) for lib, m in models.items()}
+    assert len(set(params.values())) == 1, f"parameter counts differ: {params}"
+    optimizers = {lib: make_optimizer(m, device) for lib, m in models.items()}
+    steps_of: dict[tuple[str, str, str], Callable[[], Tensor]] = {}
+    for lib, model in models.items():
+        for precision in precisions:
+            steps_of[lib, precision, "inference"] = inference_step(model, images, device, precision)
+            steps_of[lib, precision, "training"] = training_step(model, optimizers[lib], images, labels, device, precision)
+    times: dict[tuple[str, str, str], list[float]] = {key: [] for key in steps_of}
+    for round_index in range(-1, rounds):  # round -1 is the warm-up
+        for mode in modes:
+            for model in models.values():
+                model.train(mode == "training")
+            for precision in precisions:
+                shift = max(round_index, 0) % len(LIBRARIES)
+                for lib in LIBRARIES[shift:] + LIBRARIES[:shift]:  # rotate who goes first
+                    step = steps_of[lib, precision, mode]
+                    if round_index < 0:
+                        for _ in range(warmup):
+                            step()
+                    else:
+                        times[lib, precision, mode].append(time_steps(step, device, steps))
+    rates = {
+        f"{lib}/{precision}/{mode}": spec.batch_size / statistics.median(t)
+        for (lib, precision, mode), t in times.items()
+    }
+    return {"params": params["vitkit"], "images_per_s": rates, "seconds_per_step": {
+        f"{lib}/{precision}/{mode}": t for (lib, precision, mode), t in times.items()}}
+
+
+def report(name: str, spec: Spec, result: dict[str, Any], default_precision: str, precisions, modes) -> list[str]:
+    rates = result["images_per_s"]
+    lines = [
+        f"== {name}: {spec.img_size}px, P={spec.patch_size}, D={spec.hidden_size}, L={spec.depth}, k={spec.num_heads}, "
+        f"MLP {spec.mlp_dim}, K={spec.num_classes}, batch {spec.batch_size}; {result['params']:,} parameters in each library",
+        f"{'mode':<10}{'precision':<10}{'vitkit':>9}{'timm':>9}{'hf':>9}{'vitkit/timm':>13}{'vitkit/hf':>11}   (images/s)",
+    ]
+    ratios: dict[str, float] = {}
+    for mode in modes:
+        for precision in precisions:
+            v, t, h = (rates[f"{lib}/{precision}/{mode}"] for lib in LIBRARIES)
+            ratios[f"{mode}/{precision}/vs_timm"] = v / t
+            ratios[f"{mode}/{precision}/vs_hf"] = v / h
+            lines.append(f"{mode:<10}{precision:<10}{v:>9.1f}{t:>9.1f}{h:>9.1f}{v / t:>13.2f}{v / h:>11.2f}")
+    for mode in modes:
+        ours = rates[f"vitkit/{default_precision}/{mode}"]
+        timm_default = rates[f"timm/fp32/{mode}"] if "fp32" in precisions else None
+        timm_best = max(rates[f"timm/{p}/{mode}"] for p in precisions)
+        hf_best = max(rates[f"hf/{p}/{mode}"] for p in precisions)
+        if timm_default:
+            ratios[f"{mode}/default_vs_timm_default"] = ours / timm_default
+        ratios[f"{mode}/default_vs_timm_best"] = ours / timm_best
+        ratios[f"{mode}/default_vs_hf_best"] = ours / hf_best
+        lines.append(
+            f"{mode}: vitkit default ({default_precision}) {ours:.1f} img/s = "
+            + (f"{ours / timm_default:.2f}x timm default (fp32), " if timm_default else "")
+            + f"{ours / timm_best:.2f}x timm's best precision, {ours / hf_best:.2f}x HF's best precision"
+        )
+    result["ratios"] = ratios
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--configs", default="cifar,ti224", help=f"comma-separated, from {sorted(SPECS)}")
+    parser.add_argument("--rounds", type=int, default=3, help="timed rounds (medians are reported)")
+    parser.add_argument("--steps", type=int, default=3, help="steps per timed block")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps per case before round 1")
+    parser.add_argument("--precisions", default="fp32,bf16", help="comma-separated: fp32, bf16")
+    parser.add_argument("--modes", default="training,inference", help="comma-separated: training, inference")
+    parser.add_argument("--batch-size", type=int, default=None, help="override each config's batch")
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's, one per core)")
+    parser.add_argument("--json", action="store_true", help="also print one JSON object as the last line")
+    args = parser.parse_args(argv)
+    names = [n for n in args.configs.split(",") if n]
+    unknown = sorted(set(names) - set(SPECS))
+    if unknown:
+        parser.error(f"unknown config(s) {unknown}; choose from {sorted(SPECS)}")
+    precisions = tuple(p for p in args.precisions.split(",") if p)
+    modes = tuple(m for m in args.modes.split(",") if m)
+    default_precision = resolve_precision("auto", torch.device("cpu"))
+    if default_precision not in precisions:
+        parser.error(f"vitkit's default precision here is {default_precision}; include it in --precisions")
+    out: dict[str, Any] = {"torch": torch.__version__, "default_precision": default_precision, "configs": {}}
+    with num_threads(args.threads):
+        out["threads"] = torch.get_num_threads()
+        print(f"torch {torch.__version__}, CPU, {out['threads']} threads; vitkit default precision here: {default_precision}")
+        for name in names:
+            spec = SPECS[name]
+            if args.batch_size:
+                spec = Spec(**{**spec.__dict__, "batch_size": args.batch_size})
+            start = time.perf_counter()
+            result = compare(spec, args.rounds, args.steps, args.warmup, precisions, modes)
+            lines = report(name, spec, result, default_precision, precisions, modes)
+            result.update(spec=spec.__dict__, wall_s=time.perf_counter() - start)
+            out["configs"][name] = result
+            print("\n".join(lines) + f"\n({result['wall_s']:.0f} s)", flush=True)
+    if args.json:
+        print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

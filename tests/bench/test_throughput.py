@@ -1,0 +1,150 @@
+"""bench/throughput.py and `vitkit bench`: the reported figures are consistent with each other.
+
+No test here asserts a timing; they check that images/s, FLOP/s, MFU and memory are derived from
+the measured step times exactly as documented.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+
+import pytest
+import torch
+
+from vitkit.bench import throughput as tp
+from vitkit.bench.flops import model_flops
+from vitkit.cli import main
+from vitkit.models import preset_config
+
+TINY = {"hidden_size": 32, "depth": 2, "num_heads": 2, "mlp_dim": 64, "patch_size": 8}
+
+
+def _tiny_bench(**changes) -> tp.BenchConfig:
+    fields = dict(
+        model="vit_ti16", img_size=32, num_classes=10, batch_size=4, precision="fp32", overrides=TINY,
+        warmup=1, steps=2, repeats=3, peak_tflops=0.5, device="cpu",
+    )
+    fields.update(changes)
+    return tp.BenchConfig(**fields)
+
+
+def _check_mode(result: dict, mode: str, flops_per_image: int, batch: int, peak: float) -> None:
+    r = result[mode]
+    assert set(r) >= {"images_per_s", "seconds_per_step", "seconds_per_step_repeats", "flops_per_image",
+                      "achieved_flops", "mfu", "peak_memory_bytes", "memory_kind", "warmup_s"}
+    assert r["seconds_per_step"] == statistics.median(r["seconds_per_step_repeats"])
+    assert math.isclose(r["images_per_s"], batch / r["seconds_per_step"], rel_tol=1e-12)
+    assert r["flops_per_image"] == flops_per_image
+    assert math.isclose(r["achieved_flops"], r["images_per_s"] * r["flops_per_image"], rel_tol=1e-12)
+    assert math.isclose(r["mfu"], r["achieved_flops"] / peak, rel_tol=1e-12)
+
+
+def test_benchmark_fields_are_consistent() -> None:
+    config = _tiny_bench()
+    result = tp.run_benchmark(config)
+    forward = model_flops(preset_config("vit_ti16", num_classes=10, img_size=32, **TINY))
+    assert result["forward_flops_per_image"] == forward
+    assert result["peak_flops"] == 0.5e12 and result["peak_source"] == "given"
+    assert result["params"] == sum(
+        p.numel() for p in tp._bench_model(config)[0].parameters()
+    )
+    assert result["precision"] == "fp32" and result["attn_impl"] == "auto" and result["batch_size"] == 4
+    _check_mode(result, "inference", forward, 4, 0.5e12)
+    _check_mode(result, "training", tp.TRAIN_FLOPS_FACTOR * forward, 4, 0.5e12)
+    assert len(result["training"]["seconds_per_step_repeats"]) == 3
+
+
+def test_summarize_golden() -> None:
+    out = tp.summarize([0.2, 0.1, 0.4], batch_size=8, flops_per_image=1e9, peak_flops=1e11)
+    assert out["seconds_per_step"] == 0.2
+    assert math.isclose(out["images_per_s"], 40.0)
+    assert math.isclose(out["achieved_flops"], 4e10)
+    assert math.isclose(out["mfu"], 0.4)
+    assert tp.summarize([0.5], 2, 1e9, None)["mfu"] is None
+
+
+def test_cli_bench_json_last_line(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["bench", "--model", "vit_ti16", "--img-size", "32", "--num-classes", "10", "--batch-size", "2",
+            "--precision", "bf16", "--attn-impl", "explicit", "--warmup", "0", "--steps", "1", "--repeats", "1",
+            "--peak-tflops", "2", "--device", "cpu", "--mode", "training", "--json"]
+    for pair in ("hidden_size=32", "depth=2", "num_heads=2", "mlp_dim=64", "patch_size=8"):
+        argv += ["--set", pair]
+    assert main(argv) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert "inference" not in result and result["attn_impl"] == "explicit" and result["precision"] == "bf16"
+    forward = model_flops(preset_config("vit_ti16", num_classes=10, img_size=32, **TINY))
+    _check_mode(result, "training", 3 * forward, 2, 2e12)
+
+
+def test_cli_bench_table_and_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["bench", "--img-size", "32", "--num-classes", "10", "--batch-size", "2", "--precision", "fp32",
+            "--warmup", "0", "--steps", "1", "--repeats", "1", "--peak-tflops", "1", "--device", "cpu",
+            "--mode", "inference", "--set", "depth=1", "--set", "patch_size=8"]
+    assert main(argv) == 0
+    table = capsys.readouterr().out
+    assert "inference" in table and "MFU" in table and "training" not in table.splitlines()[-1]
+    assert main(argv + ["--set", "no_such_field=3"]) == 2  # unknown field: one clear line, status 2
+    assert "no_such_field" in capsys.readouterr().err
+    assert main(argv[:-4] + ["--set", "depth"]) == 2
+    assert main(["bench", "--batch-size", "0", "--device", "cpu"]) == 2
+    with pytest.raises(SystemExit):
+        main(["bench", "--precision", "fp16"])
+
+
+def test_config_validation() -> None:
+    with pytest.raises(ValueError, match="precision"):
+        tp.BenchConfig(precision="fp16")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="modes"):
+        tp.BenchConfig(modes=("eval",))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="peak_tflops"):
+        tp.BenchConfig(peak_tflops=0.0)
+    with pytest.raises(ValueError, match="CUDA"):
+        if not torch.cuda.is_available():
+            tp.resolve_device("cuda")
+        else:  # pragma: no cover - only where a GPU exists
+            raise ValueError("CUDA present; nothing to check")
+
+
+def test_precision_resolution(monkeypatch: pytest.MonkeyPatch) -> None:
+    cpu = torch.device("cpu")
+    assert tp.resolve_precision("fp32", cpu) == "fp32" and tp.resolve_precision("bf16", cpu) == "bf16"
+    monkeypatch.setattr(tp, "native_bf16", lambda device: False)
+    assert tp.resolve_precision("auto", cpu) == "fp32"
+    monkeypatch.setattr(tp, "native_bf16", lambda device: True)
+    assert tp.resolve_precision("auto", cpu) == "bf16"
+
+
+def test_measured_peak_is_a_matmul_rate() -> None:
+    peak = tp.measure_peak_flops(torch.device("cpu"), "fp32", size=64, repeats=2)
+    assert math.isfinite(peak) and peak > 0
+    config = _tiny_bench(peak_tflops=None, peak_matmul_size=128, modes=("inference",), repeats=1, steps=1)
+    result = tp.run_benchmark(config)
+    assert result["peak_source"] == "measured (fp32 matmul)"
+    assert math.isclose(result["inference"]["mfu"], result["inference"]["achieved_flops"] / result["peak_flops"])
+
+
+def test_peak_memory_sees_a_large_cpu_allocation() -> None:
+    if tp._proc_status_bytes("VmHWM") is None:
+        pytest.skip("no /proc/self/status here")
+    with tp.PeakMemory(torch.device("cpu")) as memory:
+        block = torch.ones(16 * 2**20 // 4 * 4)  # 64 MiB, every page touched
+        del block
+    assert memory.kind == "cpu peak RSS increase"
+    assert memory.bytes is not None and memory.bytes >= 48 * 2**20
+
+
+def test_training_step_updates_weights_and_returns_loss() -> None:
+    config = _tiny_bench()
+    model, _ = tp._bench_model(config)
+    torch.nn.init.normal_(model.head.weight)
+    before = model.blocks[0].attn.qkv.weight.detach().clone()
+    images, labels = torch.randn(4, 3, 32, 32), torch.tensor([0, 1, 2, 3])
+    optimizer = tp.make_optimizer(model, torch.device("cpu"), lr=1e-2)
+    loss = tp.training_step(model, optimizer, images, labels, torch.device("cpu"), "fp32")()
+    expected = torch.nn.functional.cross_entropy(model(images), labels)  # after the step: smaller
+    assert loss.ndim == 0 and not loss.requires_grad
+    assert not torch.equal(before, model.blocks[0].attn.qkv.weight)
+    assert all(p.grad is None for p in model.parameters())  # zero_grad(set_to_none=True)
+    assert expected.item() < loss.item()
