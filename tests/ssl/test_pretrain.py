@@ -83,3 +83,15 @@ def test_bad_inputs_are_refused(tmp_path, images):
         pretrain(tiny_config(batch_size=64), tmp_path, images=images)
     with pytest.raises(ValueError, match="positive"):
         PretrainConfig(epochs=0)
+
+
+def test_non_finite_loss_raises_naming_the_step_and_leaves_weights_alone():
+    from vitkit.ssl.masked_patch import MaskedPatchPrediction
+    from vitkit.ssl.pretrain import make_optimizer, train_step
+
+    model = MaskedPatchPrediction(create_model("vit_ti16", img_size=32, patch_size=8, num_classes=0, **TINY), MPPConfig())
+    before = [p.detach().clone() for p in model.parameters()]
+    batch = torch.full((2, 3, 32, 32), float("nan"))
+    with pytest.raises(ValueError, match="non-finite MPP loss .* at step 3"):
+        train_step(model, make_optimizer(model, tiny_config()), batch, torch.Generator().manual_seed(0), 1e-3, 1.0, 3)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))

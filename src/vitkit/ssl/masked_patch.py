@@ -145,7 +145,8 @@ def quantize_colors(pixels: Tensor, bits: int = 3) -> Tensor:
     float error of un-normalising, so a patch of exact value 32 lands in level 1, not 0.
     """
     levels = 2**bits
-    level = torch.floor(pixels.float() * (levels / 256.0) + 1e-4).clamp(0, levels - 1).long()
+    pixels = torch.nan_to_num(pixels.float(), nan=0.0)  # a NaN input must surface as a NaN loss, not a bad index
+    level = torch.floor(pixels * (levels / 256.0) + 1e-4).clamp(0, levels - 1).long()
     index = torch.zeros(level.shape[:-1], dtype=torch.long, device=level.device)
     for channel in range(level.shape[-1]):  # index = r * levels^2 + g * levels + b for RGB
         index = index * levels + level[..., channel]

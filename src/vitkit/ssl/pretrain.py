@@ -285,24 +285,14 @@ def run_pretraining(config: PretrainConfig, out: str | Path, images: Tensor | No
         index = order[offset * config.batch_size : (offset + 1) * config.batch_size][rank::world]
         batch = _prepare(data.train[index].to(device), size, config, generators["flip"])
         lr = learning_rate(step, total, warmup, config.lr)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        out_dict = net(batch, generators["corrupt"])
-        loss = out_dict["loss"]
-        if not torch.isfinite(loss):
-            raise ValueError(f"non-finite MPP loss {float(loss)} at step {step}; the last checkpoint is kept in {run / 'checkpoints'}")
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if config.grad_clip:
-            nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
-        optimizer.step()
+        stats = train_step(net, optimizer, batch, generators["corrupt"], lr, config.grad_clip, step)
         step += 1
         if rank == 0 and (step % config.log_every == 0 or step == total):
-            last_record = {"step": step, "epoch": round(step / per_epoch, 4), "split": "train", "loss": loss.item(),
-                           "accuracy": _finite_or_none(out_dict["accuracy"]), "lr": lr, "seconds": round(time.monotonic() - start, 2)}
+            last_record = {"step": step, "epoch": round(step / per_epoch, 4), "split": "train", **stats, "lr": lr,
+                           "seconds": round(time.monotonic() - start, 2)}
             _append_metrics(metrics, last_record)
             log.info("step %d/%d  loss %.4f  accuracy %s  lr %.2e", step, total, last_record["loss"], last_record["accuracy"], lr)
-        out_of_time = config.max_minutes is not None and time.monotonic() - start > 60 * config.max_minutes
+        out_of_time = _agree(config.max_minutes is not None and time.monotonic() - start > 60 * config.max_minutes, device)
         if rank == 0 and (step % config.checkpoint_every == 0 or out_of_time or step == total):
             _write_last(run, model, optimizer, step, config, generators)
         if out_of_time:
@@ -320,6 +310,37 @@ def run_pretraining(config: PretrainConfig, out: str | Path, images: Tensor | No
             _append_metrics(metrics, record)
             summary.update({"test_loss": held["loss"], "test_accuracy": held.get("top1")})
     return model, summary
+
+
+def train_step(net: nn.Module, optimizer: torch.optim.Optimizer, batch: Tensor, generator: torch.Generator, lr: float,
+               grad_clip: float, step: int) -> dict[str, float | None]:
+    """One optimiser step on a normalised batch; returns {"loss", "accuracy"} (accuracy None for "pixels").
+
+    bf16 autocast on CUDA (DESIGN.md), fp32 on CPU; a non-finite loss raises before any update.
+    """
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    device = batch.device
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+        out = net(batch, generator)
+    loss = out["loss"]
+    if not torch.isfinite(loss):
+        raise ValueError(f"non-finite MPP loss {loss.item()} at step {step}; the last checkpoint is kept")
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    if grad_clip:
+        nn.utils.clip_grad_norm_([p for group in optimizer.param_groups for p in group["params"]], grad_clip)
+    optimizer.step()
+    return {"loss": loss.item(), "accuracy": _finite_or_none(out["accuracy"])}
+
+
+def _agree(flag: bool, device: torch.device) -> bool:
+    """True on every process when it is true on any (so all ranks stop at the same step)."""
+    if _world()[1] == 1:
+        return flag
+    value = torch.tensor([float(flag)], device=device)
+    torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX)
+    return bool(value.item())
 
 
 @torch.no_grad()
