@@ -55,7 +55,8 @@ def _free_port() -> int:
 
 @pytest.mark.dist
 def test_two_process_run_writes_one_checkpoint(tmp_path):
-    mp.spawn(_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
+    # fork: the children inherit the imported modules (spawn would re-import torch in each, ~10 s on 2 cores)
+    mp.start_processes(_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=True, start_method="fork")
     final = load_file(str(tmp_path / "checkpoints" / "final" / "model.safetensors"))
     assert "patch_embed.proj.weight" in final and "mask_token" not in final
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
