@@ -137,8 +137,6 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.run.parallel == "fsdp" and self.run.device == "cpu":
             raise ValueError("run.parallel='fsdp' needs CUDA; use 'ddp' on CPU")
-        if self.optim.lr_sweep and self.data.val_fraction <= 0:
-            raise ValueError("optim.lr_sweep needs data.val_fraction > 0 (the held-out split it is scored on)")
 
 
 GROUPS = ("model", "data", "augment", "optim", "eval", "run")

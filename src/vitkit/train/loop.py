@@ -421,7 +421,8 @@ def _train(config: TrainConfig, info: distributed.DistInfo, device: torch.device
             out_of_time = config.run.max_minutes > 0 and (time.monotonic() - started) / 60 >= config.run.max_minutes
             signalled = distributed.any_true(stop.signum != 0, device) if info.world > 1 else stop.signum != 0
             out_of_time = distributed.any_true(out_of_time, device) if info.world > 1 else out_of_time
-            if state.step % config.run.checkpoint_every == 0 or signalled or out_of_time:
+            periodic = state.step % config.run.checkpoint_every == 0 and state.nan_streak == 0  # keep the last good one
+            if periodic or signalled or out_of_time:
                 state.elapsed += time.monotonic() - invocation_start
                 invocation_start = time.monotonic()
                 checkpoint()

@@ -48,6 +48,8 @@ def train_with_sweep(config: TrainConfig, **train_kwargs: Any) -> dict[str, Any]
     """`train(config)`, preceded by the LR sweep when `config.optim.lr_sweep` is non-empty."""
     if not config.optim.lr_sweep:
         return train(config, **train_kwargs)
+    if config.data.val_fraction <= 0:
+        raise ValueError("optim.lr_sweep needs data.val_fraction > 0 (the held-out split the trials are scored on)")
     scores: dict[str, float] = {}
     for lr in config.optim.lr_sweep:
         result = train(trial_config(config, lr), **train_kwargs)

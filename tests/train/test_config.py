@@ -1,0 +1,57 @@
+"""TrainConfig: --set overrides are type-checked, unknown keys are errors, config.json round-trips."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from vitkit.data.sources import SourceInfo
+from vitkit.train.config import TrainConfig, apply_overrides, from_dict, to_dict
+from vitkit.train.recipes import auto_recipe_name, get_recipe
+
+INFO = SourceInfo(uri="digits", num_train=1438, num_classes=10, image_size=8, channels=1, in_memory=True)
+
+
+def test_overrides_parse_each_type() -> None:
+    config = apply_overrides(get_recipe("small-8px-tiny", INFO), [
+        "optim.warmup_steps=500", "optim.lr=3e-4", "run.compile=true", "optim.schedule=linear",
+        "optim.betas=0.8,0.99", "augment.randaugment=2,9", "augment.randaugment=none", "model.depth=3",
+        "data.uri=digits", "optim.lr_sweep=0.001,0.01",
+    ])
+    assert config.optim.warmup_steps == 500 and isinstance(config.optim.warmup_steps, int)
+    assert config.optim.lr == 3e-4 and config.run.compile is True and config.optim.schedule == "linear"
+    assert config.optim.betas == (0.8, 0.99) and config.augment.randaugment is None
+    assert config.model.depth == 3 and config.optim.lr_sweep == (0.001, 0.01)
+
+
+@pytest.mark.parametrize("item, message", [
+    ("optim.warmup_steps=abc", "expected int"),
+    ("optim.nope=1", "unknown field"),
+    ("nope.lr=1", "unknown key"),
+    ("optim.schedule=cubic", "must be one of"),
+    ("run.compile=maybe", "expected true or false"),
+    ("optim.betas=0.9", "expected 2 comma-separated"),
+    ("optim.lr", "expected group.field=value"),
+    ("model.hidden_size=33", "not divisible"),  # the dataclass's own validation still runs
+    ("optim.lr=-1", "lr > 0"),
+])
+def test_bad_overrides_are_clear_errors(item: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        apply_overrides(get_recipe("small-8px-tiny", INFO), [item])
+
+
+def test_to_dict_from_dict_round_trip() -> None:
+    for name in ("paper-pretrain", "paper-finetune-tiny", "small-32px"):
+        config = get_recipe(name, INFO)
+        data = json.loads(json.dumps(to_dict(config)))
+        assert from_dict(data) == config
+    with pytest.raises(ValueError, match="unknown field"):
+        from_dict({**to_dict(TrainConfig()), "optim": {"bogus": 1}})
+
+
+def test_auto_recipe_by_resolution() -> None:
+    def info(side: int) -> SourceInfo:
+        return SourceInfo(uri="digits", num_train=100, num_classes=2, image_size=side, channels=3, in_memory=True)
+
+    assert [auto_recipe_name(info(s)) for s in (8, 28, 32, 200)] == ["small-8px", "small-28px", "small-32px", "small-64px"]

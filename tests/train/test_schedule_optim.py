@@ -1,0 +1,114 @@
+"""Schedules and optimiser settings match the paper's numbers (Tables 3-4, App. B.1, B.1.1)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from vitkit.data.sources import SourceInfo
+from vitkit.models import build_model
+from vitkit.train.optim import build_optimizer, is_kernel, param_groups
+from vitkit.train.recipes import PAPER_LR_GRID, RECIPES, get_recipe
+from vitkit.train.schedule import lr_multiplier, resolve_warmup, scaled_lr
+
+INFO = SourceInfo(uri="digits", num_train=1438, num_classes=10, image_size=8, channels=1, in_memory=True)
+
+
+def test_linear_warmup_then_linear_decay() -> None:
+    # Table 3: 10k warmup steps, then linear decay to 0 at the last step.
+    total, warm = 100_000, 10_000
+    assert lr_multiplier(0, total, warm, "linear") == pytest.approx(1 / 10_000)
+    assert lr_multiplier(4_999, total, warm, "linear") == pytest.approx(0.5)
+    assert lr_multiplier(9_999, total, warm, "linear") == pytest.approx(1.0)
+    assert lr_multiplier(10_000, total, warm, "linear") == pytest.approx(1.0)
+    mid = 10_000 + (total - 1 - 10_000) / 2
+    assert lr_multiplier(int(mid), total, warm, "linear") == pytest.approx(1 - (int(mid) - 10_000) / (total - 1 - 10_000))
+    assert lr_multiplier(total - 1, total, warm, "linear") == pytest.approx(0.0)
+
+
+def test_cosine_values_and_end_fraction() -> None:
+    total, warm = 1001, 0
+    assert lr_multiplier(0, total, warm, "cosine") == pytest.approx(1.0)
+    assert lr_multiplier(500, total, warm, "cosine") == pytest.approx(0.5)
+    assert lr_multiplier(250, total, warm, "cosine") == pytest.approx(0.5 * (1 + math.cos(math.pi / 4)))
+    assert lr_multiplier(1000, total, warm, "cosine") == pytest.approx(0.0, abs=1e-12)
+    assert lr_multiplier(1000, total, warm, "cosine", end_fraction=0.1) == pytest.approx(0.1)
+    assert lr_multiplier(7, 10, 2, "constant") == 1.0
+
+
+def test_warmup_resolution_and_scaling_rules() -> None:
+    assert resolve_warmup(1000, 0, 0.05) == 50
+    assert resolve_warmup(1000, 10_000, 0.0) == 999  # never the whole run
+    assert scaled_lr(1e-3, 512, 4096, "linear") == pytest.approx(1.25e-4)
+    assert scaled_lr(1e-3, 1024, 4096, "sqrt") == pytest.approx(5e-4)
+    assert scaled_lr(1e-3, 512, 4096, "none") == 1e-3
+
+
+def test_paper_pretrain_optimizer_groups() -> None:
+    config = get_recipe("paper-pretrain-tiny", INFO)
+    assert config.optim.name == "adamw" and config.optim.betas == (0.9, 0.999)
+    assert config.optim.weight_decay == 0.1 and config.optim.clip_norm == 1.0
+    assert config.optim.schedule == "linear" and config.model.dropout == 0.1
+    assert config.model.representation_size == config.model.hidden_size  # pre-logits head (Sec. 3.1)
+    assert config.data.batch_size == 4 * config.data.micro_batch_size  # accumulation
+    full = get_recipe("paper-pretrain", INFO)
+    assert full.data.batch_size == 4096 and full.optim.warmup_steps == 10_000 and full.optim.lr == 1e-3
+    model = build_model(config.model)
+    optimizer = build_optimizer(model, config.optim, lr=1e-3)
+    assert isinstance(optimizer, torch.optim.AdamW)
+    groups = {g["name"]: g for g in optimizer.param_groups}
+    assert groups["decay"]["weight_decay"] == 0.1 and groups["decay"]["betas"] == (0.9, 0.999)
+    assert groups["no_decay"]["weight_decay"] == 0.0
+    names = {id(p): n for n, p in model.named_parameters()}
+    decayed = {names[id(p)] for p in groups["decay"]["params"]}
+    plain = {names[id(p)] for p in groups["no_decay"]["params"]}
+    assert "blocks.0.attn.qkv.weight" in decayed and "patch_embed.proj.weight" in decayed and "head.weight" in decayed
+    for name in ("pos_embed", "blocks.0.norm1.weight", "blocks.0.attn.qkv.bias", "norm.bias"):
+        assert name in plain
+    assert decayed | plain == set(names.values()) and not decayed & plain
+
+
+def test_adamw_equals_flax_adam_weight_decay_formula() -> None:
+    # flax.optim.Adam(weight_decay=wd): p <- p - lr * m_hat / (sqrt(v_hat) + eps) - lr * wd * p
+    torch.manual_seed(0)
+    param = torch.nn.Parameter(torch.randn(5, 3))
+    grad = torch.randn(5, 3)
+    lr, wd = 0.01, 0.1
+    start = param.detach().clone()
+    optimizer = torch.optim.AdamW([param], lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=wd)
+    param.grad = grad.clone()
+    optimizer.step()
+    m_hat = (0.1 * grad) / (1 - 0.9)
+    v_hat = (0.001 * grad**2) / (1 - 0.999)
+    expected = start - lr * m_hat / (v_hat.sqrt() + 1e-8) - lr * wd * start
+    torch.testing.assert_close(param.detach(), expected, rtol=0, atol=1e-6)
+
+
+def test_paper_finetune_optimizer() -> None:
+    config = get_recipe("paper-finetune", INFO)
+    assert config.optim.name == "sgd" and config.optim.momentum == 0.9 and config.optim.weight_decay == 0.0
+    assert config.optim.schedule == "cosine" and config.optim.clip_norm == 1.0
+    assert config.data.batch_size == 512 and config.model.img_size == 384
+    assert PAPER_LR_GRID == (0.001, 0.003, 0.01, 0.03)
+    tiny = get_recipe("paper-finetune-tiny", INFO)
+    optimizer = build_optimizer(build_model(tiny.model), tiny.optim, lr=0.01)
+    assert isinstance(optimizer, torch.optim.SGD)
+    assert all(g["momentum"] == 0.9 and g["weight_decay"] == 0.0 for g in optimizer.param_groups)
+
+
+def test_decay_on_all_and_kernel_rule() -> None:
+    model = build_model(get_recipe("small-8px-tiny", INFO).model)
+    groups = param_groups(model, 0.1, "all")
+    assert len(groups) == 1 and groups[0]["weight_decay"] == 0.1
+    assert not is_kernel("pos_embed", torch.zeros(1, 5, 4)) and is_kernel("head.weight", torch.zeros(3, 4))
+
+
+def test_every_recipe_is_complete_and_has_a_tiny_variant() -> None:
+    for name in RECIPES:
+        config = get_recipe(name, INFO)
+        assert config.recipe == name and config.model.num_classes == 10
+        if not name.endswith("-tiny"):
+            assert f"{name}-tiny" in RECIPES
+            assert "Command:" in RECIPES[name].__doc__ and "Expected:" in RECIPES[name].__doc__

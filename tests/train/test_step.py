@@ -1,0 +1,100 @@
+"""train_step and evaluate alone: accumulation, non-finite skipping, metrics against direct computation."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+
+from vitkit.data.sources import ImageSet
+from vitkit.models import build_model
+from vitkit.models.configs import ViTConfig
+from vitkit.train.config import OptimConfig
+from vitkit.train.loop import StepSpec, evaluate, loss_fn, train_step
+from vitkit.train.optim import build_optimizer
+from vitkit.train.state import TrainState
+
+CONFIG = ViTConfig(img_size=32, patch_size=8, in_chans=3, num_classes=5, hidden_size=32, depth=2, num_heads=2,
+                   mlp_dim=64)
+SPEC = StepSpec(lr=1e-3, clip_norm=1.0, loss="softmax", autocast_dtype=None)
+
+
+def _state(seed: int = 0, name: str = "adamw") -> TrainState:
+    torch.manual_seed(seed)
+    model = build_model(CONFIG)
+    with torch.no_grad():  # a non-zero head, so every parameter gets a gradient at step 1
+        model.head.weight.normal_(std=0.02)
+    optimizer = build_optimizer(model, OptimConfig(name=name, weight_decay=0.1), lr=1e-3)
+    return TrainState(model=model, module=model, optimizer=optimizer, generator=torch.Generator())
+
+
+def _batch(n: int, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    images = torch.randn(n, 3, 32, 32, generator=g)
+    targets = F.one_hot(torch.randint(0, 5, (n,), generator=g), 5).float() * 0.9 + 0.02
+    return images, targets
+
+
+def test_accumulating_4_micro_batches_equals_one_big_batch() -> None:
+    # Gradients agree to float32 rounding; SGD-momentum weights too.  (Adam is not used for the weight
+    # comparison: it divides by sqrt(v), turning ~1e-10 rounding noise in gradients that are zero in
+    # exact arithmetic, such as the key bias's, into steps of size lr.)
+    images, targets = _batch(32)
+    big, small = _state(name="sgd"), _state(name="sgd")
+    for _ in range(3):
+        out_big = train_step(big, [(images, targets)], SPEC)
+        out_small = train_step(small, list(zip(images.split(8), targets.split(8))), SPEC)
+        torch.testing.assert_close(out_small["loss"], out_big["loss"], rtol=0, atol=1e-6)
+        for (name, a), (_, b) in zip(big.module.named_parameters(), small.module.named_parameters()):
+            torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=1e-6, msg=name)
+    for (name, a), (_, b) in zip(big.module.named_parameters(), small.module.named_parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6, msg=name)
+    assert big.step == small.step == 3
+
+
+def test_non_finite_loss_skips_the_update_and_counts() -> None:
+    state = _state()
+    train_step(state, [_batch(8)], SPEC)
+    before = copy.deepcopy(state.module.state_dict())
+    optim_before = copy.deepcopy(state.optimizer.state_dict())
+    images, targets = _batch(8)
+    images[0, 0, 0, 0] = float("nan")
+    out = train_step(state, [(images, targets)], SPEC)
+    assert out["skipped"] and state.nan_streak == 1 and state.skipped_steps == 1 and state.step == 2
+    for key, value in state.module.state_dict().items():
+        assert torch.equal(value, before[key]), key
+    steps = [s["step"] for s in state.optimizer.state_dict()["state"].values()]
+    assert all(float(s) == 1.0 for s in steps)  # Adam's step counter did not advance
+    assert all(float(s["step"]) == 1.0 for s in optim_before["state"].values())
+    out = train_step(state, [_batch(8)], SPEC)
+    assert not out["skipped"] and state.nan_streak == 0 and state.skipped_steps == 1
+
+
+def test_loss_functions_match_torch() -> None:
+    logits = torch.randn(6, 4)
+    labels = torch.tensor([0, 1, 2, 3, 0, 1])
+    hard = F.one_hot(labels, 4).float()
+    torch.testing.assert_close(loss_fn(logits, hard, "softmax"), F.cross_entropy(logits, labels))
+    smooth = hard * 0.9 + 0.1 / 4
+    torch.testing.assert_close(loss_fn(logits, smooth, "softmax"), F.cross_entropy(logits, labels, label_smoothing=0.1))
+    expected = F.binary_cross_entropy_with_logits(logits, hard, reduction="sum") / 6
+    torch.testing.assert_close(loss_fn(logits, hard, "sigmoid"), expected)
+
+
+def test_evaluate_matches_direct_computation() -> None:
+    torch.manual_seed(0)
+    model = build_model(CONFIG).eval()
+    with torch.no_grad():
+        model.head.weight.normal_(std=0.5)
+    images = torch.randint(0, 256, (23, 3, 32, 32), dtype=torch.uint8)
+    labels = torch.randint(0, 5, (23,))
+    data = ImageSet(images=images, labels=labels, class_names=list("abcde"))
+    result = evaluate(model, data, size=32, mean=(0.5,) * 3, std=(0.5,) * 3, channels=3, batch_size=5)
+    with torch.no_grad():
+        logits = model(images.float() / 127.5 - 1)
+    assert result["count"] == 23
+    assert abs(result["top1"] - (logits.argmax(1) == labels).double().mean().item()) < 1e-9
+    top5 = (logits.topk(5, 1).indices == labels[:, None]).any(1).double().mean().item()
+    assert abs(result["top5"] - top5) < 1e-9
+    assert abs(result["loss"] - F.cross_entropy(logits, labels).item()) < 1e-5
