@@ -1,0 +1,136 @@
+"""train(config): golden losses, time budget, NaN patience, signals, kill -9 + resume = uninterrupted."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from helpers import tiny_config
+from vitkit.train import loop
+from vitkit.train.config import to_dict
+from vitkit.train.state import LATEST, STATE_FILE
+
+GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "train_tiny_losses.json"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _records(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def _weights(checkpoint: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(checkpoint / "model.safetensors"))
+
+
+def test_tiny_recipe_first_losses_match_golden(tmp_path: Path) -> None:
+    config = tiny_config(tmp_path / "run", "run.log_every=1", "data.steps=5")
+    result = loop.train(config)
+    losses = [r["loss"] for r in _records(tmp_path / "run") if r["split"] == "train"][:5]
+    golden = json.loads(GOLDEN.read_text())
+    assert golden["command"] and len(golden["losses"]) == 5
+    assert losses == pytest.approx(golden["losses"], rel=1e-4, abs=1e-5)
+    assert result["status"] == "finished" and result["step"] == 5
+
+
+def test_run_directory_layout_and_final_line(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    loop.train(tiny_config(run, "data.steps=6", "run.checkpoint_every=4"))
+    expected = json.loads(json.dumps(to_dict(tiny_config(run, "data.steps=6", "run.checkpoint_every=4"))))
+    assert json.loads((run / "config.json").read_text()) == expected
+    last = _records(run)[-1]
+    assert last["split"] == "test" and last["final"] and last["step"] == 6
+    assert set(last) >= {"step", "epoch", "split", "loss", "top1", "top5"}
+    assert (run / "checkpoints" / LATEST).read_text().strip() == "step_0000006"
+    assert (run / "plots" / "curves.png").stat().st_size > 1000
+    state = torch.load(run / "checkpoints" / "step_0000006" / STATE_FILE, weights_only=True)  # no pickled objects
+    assert state["step"] == 6 and set(state["rng"]) >= {"torch", "augment"}
+
+
+def test_max_minutes_stops_evaluates_and_saves(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    result = loop.train(tiny_config(run, "data.steps=50", "run.max_minutes=0.000001"))
+    assert result["status"] == "time_budget" and result["step"] == 1
+    assert result["test"]["count"] == 359
+    assert _records(run)[-1]["final"] and (run / "checkpoints" / "step_0000001").is_dir()
+
+
+def test_nan_losses_skip_then_stop_with_last_good_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = {"n": 0}
+    real = loop.train_transform
+
+    def poisoned(*args, **kwargs):
+        calls["n"] += 1
+        images, targets = real(*args, **kwargs)
+        return (images * float("nan") if calls["n"] >= 3 else images), targets
+
+    monkeypatch.setattr(loop, "train_transform", poisoned)
+    run = tmp_path / "run"
+    with pytest.raises(loop.NonFiniteLossError, match=r"5 consecutive steps, the last at step 7.*step_0000002"):
+        loop.train(tiny_config(run, "data.steps=20", "run.checkpoint_every=2"))
+    assert (run / "checkpoints" / LATEST).read_text().strip() == "step_0000002"  # not overwritten during the streak
+    skipped = [r for r in _records(run) if r.get("skipped")]
+    assert [r["step"] for r in skipped] == [3, 4, 5, 6, 7]
+
+
+def test_sigterm_saves_at_step_boundary_and_returns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = loop.train_step
+
+    def step(state, batch, spec):
+        out = real(state, batch, spec)
+        if state.step == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return out
+
+    monkeypatch.setattr(loop, "train_step", step)
+    run = tmp_path / "run"
+    result = loop.train(tiny_config(run, "data.steps=10", "run.checkpoint_every=100"))
+    assert result["status"] == "interrupted" and result["step"] == 3 and result["signal"] == signal.SIGTERM
+    assert (run / "checkpoints" / LATEST).read_text().strip() == "step_0000003"
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL or callable(signal.getsignal(signal.SIGTERM))
+
+
+KILLER = """
+import json, os, signal, sys
+from vitkit.train import loop
+from vitkit.train.config import from_dict
+config = from_dict(json.loads(open(sys.argv[1]).read()))
+kill_at = int(sys.argv[2])
+real = loop.train_step
+def step(state, batch, spec):
+    out = real(state, batch, spec)
+    if state.step == kill_at:
+        os.kill(os.getpid(), signal.SIGKILL)  # no handler, no cleanup: as `kill -9`
+    return out
+loop.train_step = step
+loop.train(config)
+"""
+
+
+def test_kill_9_then_resume_equals_uninterrupted_bit_exact(tmp_path: Path) -> None:
+    args = ("data.steps=16", "run.checkpoint_every=5", "run.log_every=1")  # dropout + pad-crop: RNG must resume
+    reference = tmp_path / "reference"
+    loop.train(tiny_config(reference, *args))
+    run = tmp_path / "killed"
+    config_file = tmp_path / "config.json"
+    config_file.write_text(json.dumps(to_dict(tiny_config(run, *args))))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
+    killed = subprocess.run([sys.executable, "-c", KILLER, str(config_file), "12"], env=env, capture_output=True, text=True)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert (run / "checkpoints" / LATEST).read_text().strip() == "step_0000010"
+    assert max(r["step"] for r in _records(run)) == 11  # records past the checkpoint exist before resuming
+    resumed = subprocess.run([sys.executable, "-c", KILLER, str(config_file), "0"], env=env, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    ours, theirs = _weights(run / "checkpoints" / "step_0000016"), _weights(reference / "checkpoints" / "step_0000016")
+    assert ours.keys() == theirs.keys()
+    for key in ours:
+        assert torch.equal(ours[key], theirs[key]), key
+    strip = lambda rs: [{k: v for k, v in r.items() if k != "images_per_s"} for r in rs]  # noqa: E731
+    assert strip(_records(run)) == strip(_records(reference))  # the log was rewound to the checkpoint too
