@@ -71,26 +71,27 @@ def _list_models() -> list[str]:
 
 def _add_pretrain_mpp(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
-        "pretrain-mpp", help="self-supervised masked patch prediction pre-training (App. B.1.2), labels unused"
+        "pretrain-mpp", help="self-supervised masked patch prediction pre-training (App. B.1.2); labels are not used"
     )
     parser.add_argument("--data", required=True, help="data source URI (digits, fashion-mnist:DIR, folder:DIR, ...)")
-    parser.add_argument("--model", default="auto", help="preset name, or auto: a small ViT for the data's resolution")
+    parser.add_argument("--recipe", default=None, help="recipe whose model/data/augmentation to use (default: chosen "
+                        "for the data set, as vitkit train); its optimiser is replaced by App. B.1.2's")
+    parser.add_argument("--model", default=None, help="preset name (vitkit models lists them); default: the recipe's")
     parser.add_argument("--target", default="mean_color", choices=["mean_color", "downsampled", "pixels"],
                         help="3-bit mean colour (512 classes, the paper's), 4x4 downsized 3-bit patch, or L2 on pixels")
     parser.add_argument("--corrupt-rate", type=float, default=0.5, help="fraction of patches corrupted (BERT: 0.15)")
     parser.add_argument("--replace", type=float, nargs=3, default=(0.8, 0.1, 0.1), metavar=("MASK", "RANDOM", "KEEP"),
                         help="split of the corrupted patches: [mask] / random other patch / kept")
-    parser.add_argument("--epochs", type=float, default=10.0)
-    parser.add_argument("--batch-size", type=int, default=256, help="global batch (paper: 4096)")
-    parser.add_argument("--lr", type=float, default=2e-4, help="Adam base learning rate (paper: 2e-4)")
-    parser.add_argument("--warmup-steps", type=int, default=None, help="default min(10000, 5%% of the run)")
-    parser.add_argument("--weight-decay", type=float, default=0.1)
+    parser.add_argument("--epochs", type=float, default=None)
+    parser.add_argument("--batch-size", type=int, default=None, help="global batch (paper: 4096)")
+    parser.add_argument("--lr", type=float, default=None, help="Adam learning rate (default: the paper's 2e-4)")
+    parser.add_argument("--warmup-steps", type=int, default=None, help="default: min(10000, 5%% of the run)")
     parser.add_argument("--img-size", type=int, default=None)
-    parser.add_argument("--patch-size", type=int, default=None)
     parser.add_argument("--max-minutes", type=float, default=None, help="stop cleanly after this long; re-run resumes")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--out", default="runs/pretrain-mpp", help="run directory (re-running with it resumes)")
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--out", default=None, help="run directory (re-running with it resumes)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="GROUP.FIELD=VALUE",
+                        help="any other TrainConfig field, e.g. --set run.checkpoint_every=200 (repeatable)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(handler=_run_pretrain_mpp)
 
@@ -99,22 +100,24 @@ def _run_pretrain_mpp(args: argparse.Namespace) -> int:
     import logging
 
     from vitkit.ssl.masked_patch import MPPConfig
-    from vitkit.ssl.pretrain import PretrainConfig, pretrain
+    from vitkit.ssl.pretrain import mpp_train_config, pretrain
+    from vitkit.train.config import apply_overrides
+    from vitkit.train.resolve import Request, resolve
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
     mpp = MPPConfig(target=args.target, corrupt_rate=args.corrupt_rate, replace=tuple(args.replace))
-    config = PretrainConfig(
-        data=args.data, model=args.model, img_size=args.img_size, patch_size=args.patch_size, mpp=mpp,
-        epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, warmup_steps=args.warmup_steps,
-        weight_decay=args.weight_decay, max_minutes=args.max_minutes, seed=args.seed, device=args.device,
-    )
-    summary = pretrain(config, args.out)
+    request = Request(data=args.data, recipe=args.recipe, model=args.model, epochs=args.epochs, batch_size=args.batch_size,
+                      img_size=args.img_size, max_minutes=args.max_minutes, seed=args.seed, out=args.out, quiet=True,
+                      runs_root="runs/mpp")
+    config = mpp_train_config(resolve(request).config, lr=args.lr, warmup_steps=args.warmup_steps)
+    config = apply_overrides(config, args.overrides)
+    summary = pretrain(config, mpp)
     if args.json:
         print(json.dumps(summary))
     else:
-        state = "finished" if summary["finished"] else "stopped (re-run to resume)"
-        print(f"MPP pre-training {state} at step {summary['step']}/{summary['total_steps']}: "
-              f"loss {summary['loss']}, checkpoint {summary['checkpoint']}")
+        state = "finished" if summary["status"] == "finished" else "stopped by --max-minutes (re-run to resume)"
+        print(f"MPP pre-training {state} at step {summary['step']}/{summary['steps']}: loss {summary['loss']}; "
+              f"encoder checkpoint (no MPP head): {summary['checkpoint']}")
     return 0
 
 

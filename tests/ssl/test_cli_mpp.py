@@ -21,22 +21,25 @@ def write_npz(path, count=16, side=16):
 def test_pretrain_mpp_verb_writes_a_loadable_encoder(tmp_path, capsys):
     data = write_npz(tmp_path / "tiny.npz")
     out = tmp_path / "run"
-    code = main(["pretrain-mpp", "--data", f"npz:{data}", "--epochs", "1", "--batch-size", "8", "--target", "downsampled",
-                 "--corrupt-rate", "0.25", "--out", str(out), "--json"])
+    code = main(["pretrain-mpp", "--data", f"npz:{data}", "--recipe", "small-32px-tiny", "--img-size", "16",
+                 "--epochs", "1", "--batch-size", "8", "--target", "downsampled", "--corrupt-rate", "0.25",
+                 "--set", "run.tensorboard=false", "--set", "model.patch_size=4", "--out", str(out), "--json"])
     assert code == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert summary["finished"] and summary["step"] == 2 and summary["total_steps"] == 2
+    assert summary["status"] == "finished" and summary["step"] == 2 and summary["steps"] == 2
     model = vitkit.load(summary["checkpoint"])
-    assert model.config.patch_size == 4 and model.config.num_classes == 0  # auto: 16 px -> 4x4 grid of 4 px patches
-    assert model(torch.zeros(1, 3, 16, 16)).shape == (1, 192)
+    assert model.config.patch_size == 4 and model.config.num_classes == 0 and model.config.img_size == 16
+    assert model(torch.zeros(1, 3, 16, 16)).shape == (1, 32)  # no head: forward returns the representation
     run_config = json.loads((out / "config.json").read_text())
-    assert run_config["pretrain"]["mpp"]["target"] == "downsampled" and run_config["pretrain"]["mpp"]["corrupt_rate"] == 0.25
+    assert run_config["mpp"]["target"] == "downsampled" and run_config["mpp"]["corrupt_rate"] == 0.25
+    assert run_config["optim"]["lr"] == 2e-4 and run_config["optim"]["name"] == "adamw"  # App. B.1.2
 
 
 def test_pretrain_mpp_bad_values_exit_2_with_one_line(tmp_path, capsys):
     data = write_npz(tmp_path / "tiny.npz")
     code = main(["pretrain-mpp", "--data", f"npz:{data}", "--corrupt-rate", "0", "--out", str(tmp_path / "r")])
-    err = capsys.readouterr().err
-    assert code == 2 and "corrupt_rate" in err
+    assert code == 2 and "corrupt_rate" in capsys.readouterr().err
     code = main(["pretrain-mpp", "--data", f"npz:{tmp_path / 'missing.npz'}", "--out", str(tmp_path / "r")])
     assert code == 2 and "missing.npz" in capsys.readouterr().err
+    code = main(["pretrain-mpp", "--data", f"npz:{data}", "--set", "optim.nope=1", "--out", str(tmp_path / "r")])
+    assert code == 2 and "optim.nope" in capsys.readouterr().err

@@ -11,19 +11,28 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
+from vitkit.data.sources import ImageSet
+from vitkit.data.transforms import AugmentConfig
 from vitkit.models import create_model
-from vitkit.ssl.pretrain import PretrainConfig, run_pretraining
+from vitkit.models.configs import ViTConfig
+from vitkit.ssl.masked_patch import MPPConfig
+from vitkit.ssl.pretrain import mpp_train_config, run_pretraining
+from vitkit.train.config import DataConfig, RunConfig, TrainConfig
 
 TINY = {"hidden_size": 32, "depth": 2, "num_heads": 2, "mlp_dim": 64}
 
 
-def _config() -> PretrainConfig:
-    return PretrainConfig(model="vit_ti16", img_size=32, patch_size=8, model_overrides=TINY, epochs=1, batch_size=8,
-                          log_every=1, eval_images=0, device="cpu")
+def _config(out: str) -> TrainConfig:
+    return mpp_train_config(TrainConfig(
+        model=ViTConfig(img_size=32, patch_size=8, num_classes=0, **TINY),
+        data=DataConfig(uri="npz:unused", batch_size=8, epochs=1, workers=0),
+        augment=AugmentConfig(crop="none", flip=True),
+        run=RunConfig(out=out, log_every=1, progress=False, tensorboard=False, device="cpu"),
+    ))
 
 
 def _initial_parameters() -> torch.Tensor:
-    torch.manual_seed(0)  # pretrain seeds the encoder init with config.seed = 0
+    torch.manual_seed(0)  # pretrain seeds the encoder init with run.seed = 0 on every rank
     encoder = create_model("vit_ti16", img_size=32, patch_size=8, num_classes=0, in_chans=3, **TINY)
     return torch.cat([p.detach().flatten() for p in encoder.parameters()])
 
@@ -34,8 +43,9 @@ def _worker(rank: int, port: int, out: str) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=2)
     try:
         images = torch.randint(0, 256, (16, 3, 32, 32), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
-        model, summary = run_pretraining(_config(), out, images=images)
-        assert summary["finished"] and summary["step"] == 2
+        train = ImageSet(images=images, labels=torch.zeros(16, dtype=torch.int64), class_names=["x"])
+        model, summary = run_pretraining(_config(out), MPPConfig(), train=train, eval_images=0)
+        assert summary["status"] == "finished" and summary["step"] == 2
         flat = torch.cat([p.detach().flatten() for p in model.parameters()])
         gathered = [torch.zeros_like(flat) for _ in range(2)]
         dist.all_gather(gathered, flat)
