@@ -26,11 +26,14 @@ FINAL_NAMES = ("final", "last", "latest")  # preferred checkpoint names inside a
 
 
 def find_checkpoint(path: str | os.PathLike) -> Path:
-    """The checkpoint a path names: itself, or the final/newest one in a run's `checkpoints/`.
+    """The checkpoint a path names: itself, or the one a run directory's `checkpoints/` points at.
 
-    A run directory (DESIGN.md) holds `checkpoints/`; inside it a checkpoint called final/last/latest
-    wins, else the newest (by modification time, then by the step number in its name).  Any other
-    path is returned unchanged for `vitkit.checkpoints.read` to detect its format.
+    In a run directory from `vitkit train` (checkpoints/step_NNNNNNN/, a LATEST file naming the
+    newest, and checkpoints/ema/ with the Polyak-averaged weights at the end of a run that uses
+    them): the `ema` export when it is at least as new as LATEST's target (the run's own evaluations
+    use those weights), else LATEST's target.  Without LATEST: a checkpoint named final/last/latest,
+    else the newest by modification time (then by the step number in its name).  Any other path is
+    returned unchanged for `vitkit.checkpoints.read` to detect its format.
     """
     path = Path(path)
     if not path.exists():
@@ -38,11 +41,22 @@ def find_checkpoint(path: str | os.PathLike) -> Path:
     if not path.is_dir() or is_native(path):
         return path
     folder = path / "checkpoints" if (path / "checkpoints").is_dir() else path
-    candidates = [p for p in folder.iterdir() if p.is_dir() and is_native(p)]
+    candidates = [p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".") and is_native(p)]
     if not candidates:
         if folder is path:
             return path  # maybe a foreign-format directory (e.g. a Hugging Face folder)
         raise FileNotFoundError(f"{folder} holds no complete vitkit checkpoint (a folder with config.json + model.safetensors)")
+
+    def mtime(p: Path) -> float:
+        return (p / "config.json").stat().st_mtime
+
+    pointer = folder / "LATEST"
+    if pointer.is_file():
+        latest = folder / pointer.read_text().strip()
+        if not is_native(latest):
+            raise ValueError(f"{pointer} names {latest.name}, which is missing or incomplete")
+        ema = folder / "ema"
+        return ema if is_native(ema) and mtime(ema) >= mtime(latest) else latest
     for name in FINAL_NAMES:
         for candidate in candidates:
             if candidate.name == name:
@@ -50,7 +64,7 @@ def find_checkpoint(path: str | os.PathLike) -> Path:
 
     def order(p: Path) -> tuple[float, int]:
         digits = re.findall(r"\d+", p.name)
-        return ((p / "config.json").stat().st_mtime, int(digits[-1]) if digits else -1)
+        return (mtime(p), int(digits[-1]) if digits else -1)
 
     return max(candidates, key=order)
 
