@@ -251,10 +251,19 @@ class _StopFlag:
             signal.signal(signum, handler)
 
 
+def count_params(model_config: Any) -> int:
+    """Parameters of a model config; big models are built on the meta device (no memory, no init cost)."""
+    vit = getattr(model_config, "vit", model_config)
+    rough = 12 * getattr(vit, "depth", 50) * getattr(vit, "hidden_size", 1024) ** 2
+    if rough < 50_000_000:  # building small models for real is faster than the meta device's first use
+        return sum(p.numel() for p in build_model(model_config).parameters())
+    with torch.device("meta"):
+        return sum(p.numel() for p in build_model(model_config).parameters())
+
+
 def summary(config: TrainConfig, num_train: int, world: int = 1) -> dict[str, Any]:
     """What the run will do: model, parameters, effective batch, accumulation, LR rule, steps."""
-    with torch.device("meta"):
-        params = sum(p.numel() for p in build_model(config.model).parameters())
+    params = count_params(config.model)
     micro = micro_batch_size(config, world)
     steps = total_steps(config, num_train)
     base = config.optim.base_batch_size or config.data.batch_size

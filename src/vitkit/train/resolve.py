@@ -15,11 +15,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
 from vitkit.data.sources import SourceInfo, describe, parse_uri
-from vitkit.models import build_model, preset_config
-from vitkit.models.configs import PRESETS, HybridConfig, ResNetConfig, ViTConfig, image_size, in_channels, with_overrides
+from vitkit.models import preset_config
+from vitkit.models.configs import HybridConfig, ResNetConfig, ViTConfig, image_size, in_channels, with_overrides
 from vitkit.train.config import TrainConfig, apply_overrides
 from vitkit.train.recipes import (PAPER_LR_GRID, auto_recipe_name, finetune_val_fraction, get_recipe,
                                   large_model_warning, lr_scaling_rule)
@@ -115,10 +113,10 @@ def _finetune_model(path: str, config: TrainConfig, info: SourceInfo):
 
     source = read(path).model.config
     vit = source.vit if isinstance(source, HybridConfig) else source
-    fields = {"num_classes": info.num_classes}
-    if isinstance(vit, ViTConfig):
-        fields["representation_size"] = None
-    target = with_overrides(source, **fields)
+    target = with_overrides(source, num_classes=info.num_classes)
+    if isinstance(vit, ViTConfig):  # with_overrides skips None values: drop the pre-logits layer directly
+        plain = dataclasses.replace(vit, representation_size=None, num_classes=info.num_classes)
+        target = dataclasses.replace(source, vit=plain) if isinstance(source, HybridConfig) else plain
     size = image_size(config.model)
     if size % _stride(target):
         size = image_size(source)
@@ -194,9 +192,4 @@ def _describe(config: TrainConfig, info: SourceInfo, name: str, chose: bool, req
     return Resolved(config=config, info=info, notes=notes, warnings=warnings)
 
 
-def count_params(config: TrainConfig) -> int:
-    with torch.device("meta"):
-        return sum(p.numel() for p in build_model(config.model).parameters())
-
-
-__all__ = ["Request", "Resolved", "resolve", "count_params", "PRESETS"]
+__all__ = ["Request", "Resolved", "resolve"]

@@ -1,0 +1,108 @@
+"""`vitkit train` / `vitkit finetune`: flags -> config -> run; head surgery; LR sweep; errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from helpers import tiny_config
+from vitkit.checkpoints import read
+from vitkit.cli import main
+from vitkit.train import loop
+from vitkit.train.resolve import Request, resolve
+
+
+def _last_json(text: str) -> dict:
+    return json.loads(text.strip().splitlines()[-1])
+
+
+def test_train_tiny_recipe_json(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "run"
+    code = main(["train", "--recipe", "small-8px-tiny", "--out", str(out), "--json", "--seed", "1",
+                 "--set", "run.threads=1", "--set", "data.steps=3"])
+    captured = capsys.readouterr()
+    assert code == 0
+    result = _last_json(captured.out)
+    assert result["status"] == "finished" and result["step"] == 3 and result["test"]["count"] == 359
+    assert "recipe: small-8px-tiny" in captured.err and "effective global batch: 32" in captured.err
+    assert "learning rate:" in captured.err
+    config = json.loads((out / "config.json").read_text())
+    assert config["run"]["seed"] == 1 and config["data"]["steps"] == 3
+    # Re-running the same command resumes the finished run: nothing is trained again.
+    assert main(["train", "--recipe", "small-8px-tiny", "--out", str(out), "--json", "--seed", "1",
+                 "--set", "run.threads=1", "--set", "data.steps=3"]) == 0
+    again = _last_json(capsys.readouterr().out)
+    assert again["step"] == 3 and again["test"] == result["test"]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--set", "optim.warmup_steps=abc"], "expected int"),
+    (["--set", "optim.bogus=1"], "unknown field"),
+    (["--data", "nosuch:x"], "unknown data source"),
+    (["--recipe", "nope"], "unknown recipe"),
+    (["--model", "vit_q16"], "unknown model"),
+])
+def test_bad_flags_exit_2_with_a_clear_message(flags: list[str], message: str, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture) -> None:
+    assert main(["train", "--out", str(tmp_path / "r"), *flags]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_default_request_picks_the_digits_recipe_and_names_the_run() -> None:
+    resolved = resolve(Request())
+    assert resolved.config.recipe == "small-8px" and resolved.config.data.uri == "digits"
+    assert Path(resolved.config.run.out).name.startswith("digits-vit-d64-l4-p4-")
+    big = resolve(Request(model="vit_b16", out="x"))
+    assert big.config.model.img_size == 16 and big.config.model.num_classes == 10 and big.config.model.in_chans == 1
+    assert any("from scratch" in w for w in big.warnings)
+
+
+def _npz(path: Path, classes: int = 4, n: int = 80) -> Path:
+    rng = np.random.default_rng(0)
+    labels = np.arange(n) % classes
+    images = (rng.integers(0, 60, (n, 8, 8)) + labels[:, None, None] * 50).astype(np.uint8)
+    np.savez(path, images=images, labels=labels)
+    return path
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("pre") / "run"
+    loop.train(tiny_config(out, "data.steps=2", "run.checkpoint_every=2", recipe="paper-pretrain-tiny"))
+    return out / "checkpoints" / "step_0000002"
+
+
+def test_finetune_initialises_by_surgery(pretrained: Path, tmp_path: Path) -> None:
+    data = _npz(tmp_path / "four.npz")
+    resolved = resolve(Request(data=f"npz:{data}", recipe="paper-finetune-tiny", init_from=str(pretrained),
+                               out=str(tmp_path / "ft")))
+    config = resolved.config
+    assert config.model.num_classes == 4 and config.model.img_size == 32 and config.model.representation_size is None
+    source = read(pretrained).model
+    model = loop._initial_model(config)
+    assert source.pre_logits.fc.weight.shape == (32, 32) and isinstance(model.pre_logits, torch.nn.Identity)
+    assert torch.count_nonzero(model.head.weight) == 0 and model.head.weight.shape == (4, 32)  # Sec. 3.2 zero init
+    assert torch.equal(model.blocks[1].mlp.fc2.weight, source.blocks[1].mlp.fc2.weight)
+    assert model.pos_embed.shape == (1, 1 + 8 * 8, 32) and source.pos_embed.shape == (1, 1 + 4 * 4, 32)
+    assert torch.equal(model.pos_embed[0, 0], source.pos_embed[0, 0])  # [class] row kept
+    assert torch.equal(model.pos_embed[0, 1], source.pos_embed[0, 1])  # corner patches map onto corners
+
+
+def test_finetune_cli_with_lr_sweep(pretrained: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    data = _npz(tmp_path / "four.npz")
+    out = tmp_path / "ft"
+    code = main(["finetune", str(pretrained), "--data", f"npz:{data}", "--recipe", "paper-finetune-tiny",
+                 "--lr-sweep", "--out", str(out), "--json", "--set", "data.steps=2", "--set", "run.threads=1"])
+    assert code == 0, capsys.readouterr().err[-2000:]
+    result = _last_json(capsys.readouterr().out)
+    sweep = json.loads((out / "sweep.json").read_text())
+    assert set(sweep["val_top1"]) == {"0.001", "0.003", "0.01", "0.03"} and result["best_lr"] == sweep["best_lr"]
+    assert sorted(p.name for p in (out / "sweep").iterdir()) == ["lr_0.001", "lr_0.003", "lr_0.01", "lr_0.03"]
+    trial = json.loads((out / "sweep" / "lr_0.01" / "config.json").read_text())
+    final = json.loads((out / "config.json").read_text())
+    assert trial["data"]["val_fraction"] == 0.1 and final["data"]["val_fraction"] == 0.0
+    assert final["optim"]["lr"] == sweep["best_lr"] and result["test"]["count"] == 16  # the fixed 20% test split
