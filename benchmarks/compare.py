@@ -9,7 +9,9 @@ VisionTransformer, timm's `timm.models.vision_transformer.VisionTransformer` and
 defaults (timm and HF: SDPA attention, exact GELU).  Every step is timed as `vitkit bench` times it
 (bench/throughput.py: same batch, AdamW, cross-entropy in fp32).  Rounds alternate the libraries and
 rotate their order, so load from other processes on a shared machine falls on all of them alike;
-figures are medians over rounds.
+figures are medians over rounds.  Two clocks are reported: wall-clock images/s, and images per
+CPU-second of this process (`time.process_time`), which a loaded machine disturbs far less
+(with --threads 1 it is the single-core speed; with more threads it also counts idle-spinning).
 
 "default" is what each library does with no precision flag: timm and HF train and infer in fp32 on
 the CPU; vitkit resolves precision "auto" (bf16 autocast where the CPU multiplies bf16 natively) and
@@ -200,6 +202,7 @@ def compare(spec: Spec, rounds: int, steps: int, warmup: int, precisions: tuple[
             steps_of[lib, precision, "inference"] = inference_step(model, images, device, precision)
             steps_of[lib, precision, "training"] = training_step(model, optimizers[lib], images, labels, device, precision)
     times: dict[tuple[str, str, str], list[float]] = {key: [] for key in steps_of}
+    cpu_times: dict[tuple[str, str, str], list[float]] = {key: [] for key in steps_of}  # process CPU seconds
     for round_index in range(-1, rounds):  # round -1 is the warm-up
         for mode in modes:
             for model in models.values():
@@ -212,21 +215,26 @@ def compare(spec: Spec, rounds: int, steps: int, warmup: int, precisions: tuple[
                         for _ in range(warmup):
                             step()
                     else:
+                        cpu_start = time.process_time()
                         times[lib, precision, mode].append(time_steps(step, device, steps))
-    rates = {
-        f"{lib}/{precision}/{mode}": spec.batch_size / statistics.median(t)
-        for (lib, precision, mode), t in times.items()
+                        cpu_times[lib, precision, mode].append((time.process_time() - cpu_start) / steps)
+    key = "{}/{}/{}".format
+    return {
+        "params": params["vitkit"],
+        "images_per_s": {key(*k): spec.batch_size / statistics.median(t) for k, t in times.items()},
+        "images_per_cpu_s": {key(*k): spec.batch_size / statistics.median(t) for k, t in cpu_times.items()},
+        "seconds_per_step": {key(*k): t for k, t in times.items()},
+        "cpu_seconds_per_step": {key(*k): t for k, t in cpu_times.items()},
     }
-    return {"params": params["vitkit"], "images_per_s": rates, "seconds_per_step": {
-        f"{lib}/{precision}/{mode}": t for (lib, precision, mode), t in times.items()}}
 
 
-def report(name: str, spec: Spec, result: dict[str, Any], default_precision: str, precisions, modes) -> list[str]:
-    rates = result["images_per_s"]
+def report(name: str, spec: Spec, result: dict[str, Any], default_precision: str, precisions, modes, clock: str) -> list[str]:
+    """Table and ratios by wall-clock ("images_per_s") or per CPU-second ("images_per_cpu_s")."""
+    rates = result[clock]
+    unit = "images/s" if clock == "images_per_s" else "images per CPU-second"
     lines = [
-        f"== {name}: {spec.img_size}px, P={spec.patch_size}, D={spec.hidden_size}, L={spec.depth}, k={spec.num_heads}, "
-        f"MLP {spec.mlp_dim}, K={spec.num_classes}, batch {spec.batch_size}; {result['params']:,} parameters in each library",
-        f"{'mode':<10}{'precision':<10}{'vitkit':>9}{'timm':>9}{'hf':>9}{'vitkit/timm':>13}{'vitkit/hf':>11}   (images/s)",
+        f"-- {name}, {unit}",
+        f"{'mode':<10}{'precision':<10}{'vitkit':>9}{'timm':>9}{'hf':>9}{'vitkit/timm':>13}{'vitkit/hf':>11}",
     ]
     ratios: dict[str, float] = {}
     for mode in modes:
@@ -245,11 +253,11 @@ def report(name: str, spec: Spec, result: dict[str, Any], default_precision: str
         ratios[f"{mode}/default_vs_timm_best"] = ours / timm_best
         ratios[f"{mode}/default_vs_hf_best"] = ours / hf_best
         lines.append(
-            f"{mode}: vitkit default ({default_precision}) {ours:.1f} img/s = "
+            f"{mode}: vitkit default ({default_precision}) {ours:.1f} = "
             + (f"{ours / timm_default:.2f}x timm default (fp32), " if timm_default else "")
             + f"{ours / timm_best:.2f}x timm's best precision, {ours / hf_best:.2f}x HF's best precision"
         )
-    result["ratios"] = ratios
+    result[f"ratios_{clock}"] = ratios
     return lines
 
 
@@ -284,7 +292,12 @@ def main(argv: list[str] | None = None) -> int:
                 spec = Spec(**{**spec.__dict__, "batch_size": args.batch_size})
             start = time.perf_counter()
             result = compare(spec, args.rounds, args.steps, args.warmup, precisions, modes)
-            lines = report(name, spec, result, default_precision, precisions, modes)
+            head = (f"== {name}: {spec.img_size}px, P={spec.patch_size}, D={spec.hidden_size}, L={spec.depth}, "
+                    f"k={spec.num_heads}, MLP {spec.mlp_dim}, K={spec.num_classes}, batch {spec.batch_size}; "
+                    f"{result['params']:,} parameters in each library; medians of {args.rounds} rounds x {args.steps} steps")
+            lines = [head]
+            for clock in ("images_per_s", "images_per_cpu_s"):
+                lines += report(name, spec, result, default_precision, precisions, modes, clock)
             result.update(spec=spec.__dict__, wall_s=time.perf_counter() - start)
             out["configs"][name] = result
             print("\n".join(lines) + f"\n({result['wall_s']:.0f} s)", flush=True)
