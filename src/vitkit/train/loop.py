@@ -256,7 +256,8 @@ def count_params(model_config: Any) -> int:
     vit = getattr(model_config, "vit", model_config)
     rough = 12 * getattr(vit, "depth", 50) * getattr(vit, "hidden_size", 1024) ** 2
     if rough < 50_000_000:  # building small models for real is faster than the meta device's first use
-        return sum(p.numel() for p in build_model(model_config).parameters())
+        with torch.random.fork_rng(devices=[]):  # counting must not move the RNG that initialises the run
+            return sum(p.numel() for p in build_model(model_config).parameters())
     with torch.device("meta"):
         return sum(p.numel() for p in build_model(model_config).parameters())
 
