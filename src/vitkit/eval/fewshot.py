@@ -9,7 +9,8 @@ held-out squared error, then the larger lambda).  The winner is refitted on all 
 Fallback for k = 1: holding out the only image of a class leaves that class without a positive
 example, so no hold-out is possible; lambda is then chosen by generalised cross-validation (GCV,
 Golub, Heath & Wahba 1979), the closed-form rotation-invariant estimate of leave-one-out squared
-error, computed on the K shots alone.
+error, computed on the K shots alone.  In practice it tends to pick the strongest regularisation of
+the grid, where W ~ Xc^T Yc / lambda: a class-prototype (centroid dot-product) classifier.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ class FewShotConfig:
 
     shots: tuple[int, ...] = (1, 5, 10, 25)  # k images per class (Sec. 4.1 / Figure 4 use 1, 5, 10, 25)
     seeds: int = 3  # repetitions with different draws of the k shots (seeds 0 ... seeds-1)
-    l2_exponents: tuple[int, ...] = tuple(range(-10, 11))  # lambda candidates 2^e
+    l2_exponents: tuple[int, ...] = tuple(range(-10, 21))  # lambda candidates 2^e: 2^-10 ... 2^20 (large = prototype-like)
     folds: int = 5  # at most this many hold-out folds when choosing lambda (k >= 2)
     layer: str = "features"  # representation: "features" = what the head reads (y, or pre-logits when present)
     img_size: int | None = None  # input resolution; None = the checkpoint's
