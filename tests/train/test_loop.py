@@ -50,6 +50,7 @@ def test_run_directory_layout_and_final_line(tmp_path: Path) -> None:
     assert set(last) >= {"step", "epoch", "split", "loss", "top1", "top5"}
     assert (run / "checkpoints" / LATEST).read_text().strip() == "step_0000006"
     assert (run / "plots" / "curves.png").stat().st_size > 1000
+    assert (run / "checkpoints" / "final" / "model.safetensors").is_file()  # what `vitkit eval RUN` reads
     state = torch.load(run / "checkpoints" / "step_0000006" / STATE_FILE, weights_only=True)  # no pickled objects
     assert state["step"] == 6 and set(state["rng"]) >= {"torch", "augment"}
 

@@ -454,13 +454,13 @@ def _train(config: TrainConfig, info: distributed.DistInfo, device: torch.device
         metrics.close()
         return result
     final = run_eval(config.eval.final_split, data.test, write=False)
-    if state.step >= steps or status == "time_budget":
-        checkpoint()
-        if state.ema is not None and info.main:  # also export the averaged weights as a usable model
-            backup = {k: v.clone() for k, v in state.module.state_dict().items()}
+    checkpoint()
+    if info.main:  # checkpoints/final: the evaluated model (the Polyak average when enabled), for eval/predict
+        backup = {k: v.clone() for k, v in state.module.state_dict().items()}
+        if state.ema is not None:
             state.ema.copy_to(state.module)
-            native.save(state.module, run_dir / "checkpoints" / "ema", **meta)
-            state.module.load_state_dict(backup)
+        native.save(state.module, run_dir / "checkpoints" / "final", **meta)
+        state.module.load_state_dict(backup)
     if info.main:
         metrics.write({**final, "final": True})
         metrics.close()
