@@ -242,7 +242,10 @@ def _run(config: TrainConfig, mpp: MPPConfig, info: distributed.DistInfo, device
     if train is None:
         train = load_split(config.data.uri, "train", image_size=size, seed=config.run.seed, strict=config.data.strict)
     if held_out is None and eval_images:
-        held_out = load_split(config.data.uri, "test", image_size=size, seed=config.run.seed, strict=config.data.strict)
+        try:
+            held_out = load_split(config.data.uri, "test", image_size=size, seed=config.run.seed, strict=config.data.strict)
+        except ValueError as err:  # e.g. a folder without val/ or test/: pre-training needs no test split
+            log.warning("no held-out MPP evaluation: %s", err)
     steps = max(1, config.data.steps or math.ceil(config.data.epochs * len(train) / config.data.batch_size))
     warmup = warmup_of(config, steps)
     local, rest = divmod(config.data.batch_size, info.world)
