@@ -40,6 +40,7 @@ class DataConfig:
     std: tuple[float, ...] = (0.5, 0.5, 0.5)
     workers: int = 2  # DataLoader workers for file-based sets (in-memory sets need none)
     strict: bool = False  # a corrupt file stops the run instead of being skipped and counted
+    max_in_memory_mb: int = 2048  # a decoded folder larger than this is read from files by DataLoader workers
 
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.micro_batch_size < 0:
@@ -50,8 +51,6 @@ class DataConfig:
             raise ValueError("set epochs > 0 or steps > 0")
         if not 0.0 <= self.val_fraction < 1.0:
             raise ValueError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
-        if len(self.mean) != len(self.std):
-            raise ValueError("mean and std need the same number of channels")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -167,7 +167,8 @@ class _Data:
 
 def _load_data(config: TrainConfig) -> _Data:
     size = image_size(config.model)
-    common = dict(image_size=size, seed=config.run.seed, strict=config.data.strict)
+    common = dict(image_size=size, seed=config.run.seed, strict=config.data.strict,
+                  max_in_memory_bytes=config.data.max_in_memory_mb << 20)
     train = load_split(config.data.uri, "train", val_fraction=config.data.val_fraction, **common)
     test = load_split(config.data.uri, config.eval.final_split, val_fraction=config.data.val_fraction, **common)
     evals = {}
