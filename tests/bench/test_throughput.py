@@ -148,3 +148,15 @@ def test_training_step_updates_weights_and_returns_loss() -> None:
     assert not torch.equal(before, model.blocks[0].attn.qkv.weight)
     assert all(p.grad is None for p in model.parameters())  # zero_grad(set_to_none=True)
     assert expected.item() < loss.item()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_benchmark_fields_are_consistent() -> None:  # pragma: no cover - only where a GPU exists
+    result = tp.run_benchmark(_tiny_bench(device="cuda", precision="bf16", peak_tflops=None, peak_matmul_size=1024))
+    forward = result["forward_flops_per_image"]
+    assert result["device"].startswith("cuda") and result["attn_impl"] == "auto"
+    _check_mode(result, "inference", forward, 4, result["peak_flops"])
+    _check_mode(result, "training", 3 * forward, 4, result["peak_flops"])
+    assert result["training"]["memory_kind"] == "cuda max_memory_allocated"
+    assert result["training"]["peak_memory_bytes"] > 0
