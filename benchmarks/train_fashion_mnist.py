@@ -43,18 +43,18 @@ def main() -> int:
     epochs = args.epochs
     if epochs is None:  # measure images/s of the real recipe for a few steps
         with tempfile.TemporaryDirectory() as tmp:
-            probe = resolve(Request(data=uri, out=tmp, overrides=("data.steps=40", "eval.every_epochs=0",
-                                                                  *args.overrides), quiet=True)).config
-            t0 = time.monotonic()
-            probe_result = train(probe)
-            probe_s = time.monotonic() - t0
-        images_per_s = 40 * probe.data.batch_size / max(probe_s, 1e-9)
+            probe = resolve(Request(data=uri, out=tmp, overrides=("data.steps=60", "eval.every_epochs=0",
+                                                                  "run.log_every=20", *args.overrides), quiet=True)).config
+            train(probe)
+            records = [json.loads(line) for line in (Path(tmp) / "metrics.jsonl").read_text().splitlines()]
+        # steady-state speed: the train records after the first (which includes warm-up)
+        speeds = [r["images_per_s"] for r in records if r.get("split") == "train" and "images_per_s" in r][1:]
+        images_per_s = sum(speeds) / len(speeds)
         left_s = args.minutes * 60 - (time.monotonic() - start)
         # 85% of what is left goes to training steps; the rest covers start-up, evaluations and saving.
         epochs = max(1.0, min(args.max_epochs, math.floor(0.85 * left_s * images_per_s / NUM_TRAIN)))
         print(f"calibration: {images_per_s:.0f} images/s (load average {os.getloadavg()[0]:.1f}) -> {epochs:g} epochs",
               flush=True)
-        del probe_result
     left_min = args.minutes - (time.monotonic() - start) / 60
     config = resolve(Request(data=uri, out=args.out, epochs=epochs, max_minutes=max(left_min - 0.5, 0.5),
                              overrides=tuple(args.overrides), quiet=True)).config

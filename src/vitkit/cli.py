@@ -431,6 +431,7 @@ def _add_finetune(sub: argparse._SubParsersAction) -> None:
 
 def _run_train(args: argparse.Namespace) -> int:
     import logging
+    import os
 
     from vitkit.train.resolve import Request, resolve
     from vitkit.train.sweep import train_with_sweep
@@ -439,14 +440,20 @@ def _run_train(args: argparse.Namespace) -> int:
     request = Request(data=args.data, recipe=args.recipe, model=args.model, epochs=args.epochs,
                       batch_size=args.batch_size, lr=args.lr, img_size=args.img_size, max_minutes=args.max_minutes,
                       seed=args.seed, out=args.out, overrides=tuple(args.overrides), strict=args.strict,
-                      compile=args.compile, quiet=args.json, init_from=args.init_from, lr_sweep=args.lr_sweep)
+                      compile=args.compile, quiet=args.json, init_from=args.init_from, lr_sweep=args.lr_sweep,
+                      world=int(os.environ.get("WORLD_SIZE", "1")))
     resolved = resolve(request)
-    for line in resolved.notes:
+    main_process = os.environ.get("RANK", "0") == "0"  # under torchrun only rank 0 talks
+    if not main_process:
+        logging.getLogger("vitkit").setLevel(logging.WARNING)
+    for line in resolved.notes if main_process else ():
         print(line, file=sys.stderr)
-    for line in resolved.warnings:
+    for line in resolved.warnings if main_process else ():
         print(f"warning: {line}", file=sys.stderr)
     result = train_with_sweep(resolved.config, progress_stream=sys.stderr)
     split = resolved.config.eval.final_split
+    if not main_process:
+        return 0
     if args.json:
         print(json.dumps(result))
     elif result["status"] == "interrupted":

@@ -376,8 +376,9 @@ def _train(config: TrainConfig, info: distributed.DistInfo, device: torch.device
                   "top1": result["top1"], "top5": result["top5"], "count": result["count"]}
         if write:
             metrics.write(record)
-        log.info("step %d %s: loss %.4f top-1 %.2f%% top-5 %.2f%%", state.step, split, result["loss"],
-                 100 * result["top1"], 100 * result["top5"])
+        if info.main:
+                log.info("step %d %s: loss %.4f top-1 %.2f%% top-5 %.2f%%", state.step, split, result["loss"],
+                         100 * result["top1"], 100 * result["top5"])
         return record
 
     def checkpoint() -> Path | None:
@@ -446,7 +447,7 @@ def _train(config: TrainConfig, info: distributed.DistInfo, device: torch.device
                 break
     bar.close()
     state.elapsed += time.monotonic() - invocation_start
-    result: dict[str, Any] = {"status": status, "run_dir": str(run_dir), "step": state.step, "steps": steps,
+    result: dict[str, Any] = {"status": status, "run_dir": str(run_dir), "rank": info.rank, "step": state.step, "steps": steps,
                               "skipped_steps": state.skipped_steps, "plan": plan}
     if status == "interrupted":
         log.warning("stopped by signal %d at step %d; checkpoint saved, re-run the same command to resume",

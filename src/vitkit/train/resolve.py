@@ -46,6 +46,7 @@ class Request:
     init_from: str | None = None  # fine-tuning: the checkpoint to start from
     lr_sweep: bool = False  # fine-tuning: sweep PAPER_LR_GRID on a held-out split first
     runs_root: str = "runs"  # parent of the default run directory
+    world: int = 1  # processes the run will use (torchrun's WORLD_SIZE), for the printed plan
 
 
 @dataclass
@@ -172,7 +173,7 @@ def _describe(config: TrainConfig, info: SourceInfo, name: str, chose: bool, req
     from vitkit.train.loop import summary
 
     num_train = int(info.num_train * (1 - config.data.val_fraction)) if config.data.val_fraction else info.num_train
-    plan = summary(config, num_train)
+    plan = summary(config, num_train, request.world)
     how = f"chosen for {info.image_size}px images, {info.num_train:,} training images" if chose else "as requested"
     model = config.model
     shape = (f"ViT D={model.hidden_size} L={model.depth} k={model.num_heads} P={model.patch_size} "
