@@ -57,7 +57,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--labels-per-class", type=int, default=100, help="labelled training images per class for fine-tuning")
     p.add_argument("--finetune-epochs", type=float, default=60)
     p.add_argument("--finetune-batch", type=int, default=128)
-    p.add_argument("--max-minutes", type=float, default=10.0, help="time cap of the MPP pre-training")
+    p.add_argument("--max-minutes", type=float, default=20.0, help="time cap of the MPP pre-training")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
