@@ -255,29 +255,12 @@ def _run(config: TrainConfig, mpp: MPPConfig, info: distributed.DistInfo, device
     lr = scaled_lr(config.optim.lr, config.data.batch_size, config.optim.base_batch_size or config.data.batch_size,
                    config.optim.lr_scaling)
 
-    torch.manual_seed(config.run.seed)  # the same init on every rank
-    encoder = build_model(config.model)
-    model = MaskedPatchPrediction(encoder, mpp).to(device)
-    net = distributed.wrap(model, info, device, "ddp")
-    optimizer = build_optimizer(model, config.optim, lr)
-    generator = torch.Generator(device=device).manual_seed(config.run.seed * 7919 + info.rank)  # crops, flips, corruption
-    state = MPPState(model=net, module=model.encoder, optimizer=optimizer, generator=generator, mpp=model)
-    resolved = json.loads(json.dumps({**to_dict(config), "mpp": dataclasses.asdict(mpp)}))  # tuples -> lists, as stored
-    resumed = latest_checkpoint(run_dir) if run_dir.is_dir() else None
-    if info.main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        _check_run_config(run_dir, resolved, resumed is not None)
-        native.atomic_write_text(run_dir / "config.json", json.dumps(resolved, indent=2) + "\n")
-    distributed.barrier()
-    if resumed is not None:
-        load_checkpoint(resumed, state, device)
-        if info.rank:  # only rank 0's generator is saved: the others continue from a (seed, rank, step) stream
-            generator.manual_seed(config.run.seed * 7919 + info.rank + 7 * state.step)
-        log.info("resuming %s at step %d", resumed, state.step)
+    model, state = _build_and_resume(config, mpp, info, device, run_dir, lr)
+    net, optimizer, generator = state.model, state.optimizer, state.generator
     metrics = MetricsLog(run_dir, enabled=info.main, tensorboard=config.run.tensorboard)
-    metrics.truncate_after(state.step)
+    metrics.truncate_after(state.step)  # records written after the checkpoint this run restarts from
     meta = {"class_names": None, "mean": mean, "std": std,
-            "provenance": {"objective": "masked_patch_prediction", "mpp": resolved["mpp"], "data": config.data.uri,
+            "provenance": {"objective": "masked_patch_prediction", "mpp": _jsonable(dataclasses.asdict(mpp)), "data": config.data.uri,
                            "recipe": config.recipe, "run_dir": str(run_dir)}}
     autocast_dtype = torch.bfloat16 if config.run.precision == "bf16" or (config.run.precision == "auto" and device.type == "cuda") else None
     log.info("MPP pre-training (%s target, %.0f%% corrupted) on %d images: %d steps of %d, lr %.1e, warmup %d",
@@ -315,6 +298,45 @@ def _run(config: TrainConfig, mpp: MPPConfig, info: distributed.DistInfo, device
             log.info("time budget of %.1f min spent at step %d/%d; re-run with the same --out to resume",
                      config.run.max_minutes, state.step, steps)
             break
+    summary = _finish(model, state, status, steps, last, run_dir, meta, metrics, info, held_out, eval_images, size, device)
+    metrics.close()
+    return model, summary
+
+
+def _jsonable(value: Any) -> Any:
+    """Tuples -> lists, as a JSON round trip stores them (so stored and requested configs compare equal)."""
+    return json.loads(json.dumps(value))
+
+
+def _build_and_resume(config: TrainConfig, mpp: MPPConfig, info: distributed.DistInfo, device: torch.device,
+                      run_dir: Path, lr: float) -> tuple[MaskedPatchPrediction, MPPState]:
+    """The MPP module, its optimiser and state (STYLE.md section 5 order: resume a checkpoint of the run
+    directory, else start from scratch), and config.json written by rank 0."""
+    torch.manual_seed(config.run.seed)  # the same init on every rank
+    model = MaskedPatchPrediction(build_model(config.model), mpp).to(device)
+    net = distributed.wrap(model, info, device, "ddp")
+    optimizer = build_optimizer(model, config.optim, lr)
+    generator = torch.Generator(device=device).manual_seed(config.run.seed * 7919 + info.rank)  # crops, flips, corruption
+    state = MPPState(model=net, module=model.encoder, optimizer=optimizer, generator=generator, mpp=model)
+    resolved = _jsonable({**to_dict(config), "mpp": dataclasses.asdict(mpp)})
+    resumed = latest_checkpoint(run_dir) if run_dir.is_dir() else None
+    if info.main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        _check_run_config(run_dir, resolved, resumed is not None)
+        native.atomic_write_text(run_dir / "config.json", json.dumps(resolved, indent=2) + "\n")
+    distributed.barrier()
+    if resumed is not None:
+        load_checkpoint(resumed, state, device)
+        if info.rank:  # only rank 0's generator is saved: the others continue from a (seed, rank, step) stream
+            generator.manual_seed(config.run.seed * 7919 + info.rank + 7 * state.step)
+        log.info("resuming %s at step %d", resumed, state.step)
+    return model, state
+
+
+def _finish(model: MaskedPatchPrediction, state: MPPState, status: str, steps: int, last: dict[str, Any], run_dir: Path,
+            meta: dict[str, Any], metrics: MetricsLog, info: distributed.DistInfo, held_out: ImageSet | None,
+            eval_images: int, size: int, device: torch.device) -> dict[str, Any]:
+    """The summary; a finished run also writes `checkpoints/final` and the held-out MPP evaluation."""
     summary: dict[str, Any] = {"status": status, "run_dir": str(run_dir), "step": state.step, "steps": steps,
                                "skipped_steps": state.skipped_steps, "loss": last.get("loss"), "accuracy": last.get("accuracy")}
     final = run_dir / "checkpoints" / "final"
@@ -324,8 +346,7 @@ def _run(config: TrainConfig, mpp: MPPConfig, info: distributed.DistInfo, device
         if held_out is not None and eval_images:
             count = min(eval_images, len(held_out))
             images = held_out.images[:count] if held_out.images is not None else torch.stack([held_out.read(i) for i in range(count)])
-            test = evaluate_mpp(model, images, size, mean, std, device)
+            test = evaluate_mpp(model, images, size, meta["mean"], meta["std"], device)
             metrics.write({"step": state.step, "split": "test", **test, "final": True})
             summary["test"] = test
-    metrics.close()
-    return model, summary
+    return summary
