@@ -98,3 +98,27 @@ def test_evaluate_matches_direct_computation() -> None:
     top5 = (logits.topk(5, 1).indices == labels[:, None]).any(1).double().mean().item()
     assert abs(result["top5"] - top5) < 1e-9
     assert abs(result["loss"] - F.cross_entropy(logits, labels).item()) < 1e-5
+
+
+def test_polyak_ema_follows_its_formula_and_is_what_gets_saved(tmp_path) -> None:
+    from helpers import tiny_config
+    from vitkit.checkpoints import read
+    from vitkit.train import loop
+    from vitkit.train.ema import ModelEMA
+
+    model = build_model(CONFIG)
+    ema = ModelEMA(model, 0.9)
+    start = {k: v.clone() for k, v in ema.state_dict().items()}
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    ema.update(model)
+    for key, value in ema.state_dict().items():
+        torch.testing.assert_close(value, 0.9 * start[key] + 0.1 * model.state_dict()[key])
+    run = tmp_path / "run"
+    loop.train(tiny_config(run, "data.steps=3", "optim.ema_decay=0.5"))
+    raw = read(run / "checkpoints" / "step_0000003").model.state_dict()
+    final = read(run / "checkpoints" / "final").model.state_dict()
+    payload = torch.load(run / "checkpoints" / "step_0000003" / "train_state.pt", weights_only=True)
+    assert all(torch.equal(final[k], payload["ema"][k]) for k in payload["ema"])  # final = the average
+    assert any(not torch.equal(final[k], raw[k]) for k in raw)  # the raw weights are kept for resuming

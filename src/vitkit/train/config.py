@@ -136,6 +136,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.run.parallel == "fsdp" and self.run.device == "cpu":
             raise ValueError("run.parallel='fsdp' needs CUDA; use 'ddp' on CPU")
+        if self.run.parallel == "fsdp" and self.optim.ema_decay > 0:
+            raise ValueError("optim.ema_decay (Polyak averaging) is not supported with run.parallel='fsdp'")
 
 
 GROUPS = ("model", "data", "augment", "optim", "eval", "run")

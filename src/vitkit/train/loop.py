@@ -41,7 +41,8 @@ from vitkit.train.ema import ModelEMA
 from vitkit.train.optim import build_optimizer, set_lr
 from vitkit.train.plots import MetricsLog, plot_curves
 from vitkit.train.schedule import lr_multiplier, resolve_warmup, scaled_lr
-from vitkit.train.state import TrainState, latest_checkpoint, load_checkpoint, save_checkpoint
+from vitkit.train.state import (TrainState, gather_sharded, latest_checkpoint, load_checkpoint, load_sharded,
+                                save_checkpoint)
 
 log = logging.getLogger(__name__)
 
@@ -344,7 +345,10 @@ def _train(config: TrainConfig, info: distributed.DistInfo, device: torch.device
 
     resumed = latest_checkpoint(run_dir)
     if resumed is not None:  # (1) resume
-        load_checkpoint(resumed, state, device)
+        if config.run.parallel == "fsdp" and info.world > 1:
+            load_sharded(resumed, state)
+        else:
+            load_checkpoint(resumed, state, device)
         if info.rank:  # only rank 0's RNG was saved; others continue from a (seed, rank, step) stream
             torch.manual_seed(config.run.seed * 1000 + info.rank + 7 * state.step)
         log.info("resuming %s at step %d", resumed, state.step)
@@ -381,10 +385,13 @@ def _train(config: TrainConfig, info: distributed.DistInfo, device: torch.device
                          100 * result["top1"], 100 * result["top5"])
         return record
 
+    sharded = config.run.parallel == "fsdp" and info.world > 1
+
     def checkpoint() -> Path | None:
         path = None
+        full = gather_sharded(state) if sharded else None  # a collective: all processes
         if info.main:
-            path = save_checkpoint(run_dir, state, meta)
+            path = save_checkpoint(run_dir, state, meta, full)
         distributed.barrier()
         return path
 
@@ -457,7 +464,7 @@ def _train(config: TrainConfig, info: distributed.DistInfo, device: torch.device
         return result
     final = run_eval(config.eval.final_split, data.test, write=False)
     checkpoint()
-    if info.main:  # checkpoints/final: the evaluated model (the Polyak average when enabled), for eval/predict
+    if info.main and not sharded:  # checkpoints/final: the evaluated model (Polyak average when enabled)
         backup = {k: v.clone() for k, v in state.module.state_dict().items()}
         if state.ema is not None:
             state.ema.copy_to(state.module)

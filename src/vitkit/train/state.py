@@ -46,7 +46,7 @@ class TrainState:
     elapsed: float = 0.0  # training seconds over all invocations
     extra: dict[str, Any] = field(default_factory=dict)
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, *, optimizer: bool = True) -> dict[str, Any]:
         rng: dict[str, Any] = {"torch": torch.get_rng_state(), "augment": self.generator.get_state()}
         if torch.cuda.is_available():
             rng["cuda"] = torch.cuda.get_rng_state_all()
@@ -55,17 +55,18 @@ class TrainState:
             "skipped_steps": self.skipped_steps,
             "nan_streak": self.nan_streak,
             "elapsed": self.elapsed,
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": self.optimizer.state_dict() if optimizer else None,
             "ema": self.ema.state_dict() if self.ema is not None else None,
             "rng": rng,
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any], *, optimizer: bool = True) -> None:
         self.step = int(state["step"])
         self.skipped_steps = int(state["skipped_steps"])
         self.nan_streak = int(state["nan_streak"])
         self.elapsed = float(state["elapsed"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        if optimizer:
+            self.optimizer.load_state_dict(state["optimizer"])
         if (state["ema"] is None) != (self.ema is None):
             raise ValueError("the checkpoint's EMA setting differs from the config's optim.ema_decay")
         if self.ema is not None:
@@ -76,15 +77,52 @@ class TrainState:
             torch.cuda.set_rng_state_all(state["rng"]["cuda"])
 
 
-def save_checkpoint(run_dir: Path, state: TrainState, meta: dict[str, Any]) -> Path:
-    """Write `checkpoints/step_<step>/` atomically and point LATEST at it; prune old ones."""
+def gather_sharded(state: TrainState) -> tuple[dict[str, Any], dict[str, Any]]:
+    """FSDP2: the full (unsharded) model and optimiser state dicts on the CPU.
+
+    A collective: every process must call it; only rank 0 then writes.  The optimiser state is keyed
+    by parameter names (torch.distributed.checkpoint's format), loadable with weights_only=True.
+    """
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                         get_optimizer_state_dict)
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return (get_model_state_dict(state.model, options=options),
+            get_optimizer_state_dict(state.model, state.optimizer, options=options))
+
+
+def load_sharded(path: Path, state: TrainState) -> None:
+    """FSDP2 resume: every process reads the full checkpoint and keeps its shards."""
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
+                                                         set_optimizer_state_dict)
+
+    options = StateDictOptions(full_state_dict=True)
+    weights = native.load(path, map_location="cpu").model.state_dict()
+    payload = torch.load(Path(path) / STATE_FILE, map_location="cpu", weights_only=True)
+    set_model_state_dict(state.model, weights, options=options)
+    set_optimizer_state_dict(state.model, state.optimizer, optim_state_dict=payload["optimizer"], options=options)
+    state.load_state_dict(payload, optimizer=False)
+
+
+def save_checkpoint(run_dir: Path, state: TrainState, meta: dict[str, Any],
+                    full: tuple[dict[str, Any], dict[str, Any]] | None = None) -> Path:
+    """Write `checkpoints/step_<step>/` atomically and point LATEST at it; prune old ones.
+
+    `full` = (model, optimiser) state dicts gathered by `gather_sharded` for an FSDP2 run.
+    """
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     name = f"step_{state.step:07d}"
     final, tmp = root / name, root / f".{name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    native.save(state.module, tmp, **meta)
-    payload = state.state_dict()
+    payload = state.state_dict() if full is None else {**state.state_dict(optimizer=False), "optimizer": full[1]}
+    module = state.module
+    if full is not None:  # a plain CPU copy of the sharded model, for vitkit's own format
+        from vitkit.models import build_model
+
+        module = build_model(state.module.config)
+        module.load_state_dict(full[0])
+    native.save(module, tmp, **meta)
     native.atomic_write(tmp / STATE_FILE, lambda path: torch.save(payload, path))
     _fsync_dir(tmp)
     if final.exists():  # re-saving the same step (e.g. the end of a resumed, finished run)
@@ -127,7 +165,7 @@ def load_checkpoint(path: Path, state: TrainState, map_location: torch.device) -
     checkpoint = native.load(path, map_location="cpu")
     own = {k: v for k, v in checkpoint.model.state_dict().items()}
     native.load_state_dict_strict(state.module, own, source=str(path))
-    payload = torch.load(Path(path) / STATE_FILE, map_location=map_location, weights_only=True)
+    payload = torch.load(Path(path) / STATE_FILE, map_location="cpu", weights_only=True)
     state.load_state_dict(payload)
 
 
