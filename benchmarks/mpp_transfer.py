@@ -48,8 +48,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", default="fashion-mnist:../shared/data/fashion-mnist")
     p.add_argument("--out", default="/tmp/mpp_transfer")
-    p.add_argument("--model", action="append", default=None, help="--set overrides of the recipe's model (repeatable; "
-                   "default CPU-sized: D=96 L=4 k=3 MLP 384 P=7, i.e. 16 tokens at 28 px)")
+    p.add_argument("--model", action="append", default=[], help="--set overrides of the recipe's model, e.g. "
+                   "model.depth=6 (repeatable; default: the model `vitkit train` picks for the data set)")
     p.add_argument("--target", default="mean_color", choices=["mean_color", "downsampled", "pixels"])
     p.add_argument("--pretrain-epochs", type=float, default=2.0)
     p.add_argument("--pretrain-lr", type=float, default=1e-3, help="Adam lr (paper: 2e-4 at batch 4096 for 1M steps)")
@@ -89,15 +89,13 @@ def fewshot(checkpoint_dir: Path, train_set, test_set) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    args.model = args.model or ["model.hidden_size=96", "model.depth=4", "model.num_heads=3", "model.mlp_dim=384",
-                                "model.patch_size=7"]
     torch.set_num_threads(args.threads)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     info = describe(args.data)
     recipe = auto_recipe_name(info)
-    base = apply_overrides(get_recipe(recipe, info), args.model)  # the supervised recipe, CPU-sized model
+    base = apply_overrides(get_recipe(recipe, info), args.model)  # the supervised recipe of `vitkit train`
     size = base.model.img_size
     train_set = load_split(args.data, "train", image_size=size)
     test_set = load_split(args.data, "test", image_size=size)
