@@ -121,3 +121,16 @@ def test_mpp_state_refuses_a_mismatched_head(tmp_path):
                               generator=torch.Generator(), mpp=m)
     with pytest.raises(ValueError, match="do not fit"):
         make(colours).load_state_dict(make(pixels).state_dict())
+
+
+def test_mpp_config_keeps_hybrids_and_refuses_resnets(tmp_path):
+    from vitkit.models.configs import HybridConfig, ResNetConfig
+
+    base = tiny_config(tmp_path)
+    hybrid = HybridConfig(vit=ViTConfig(img_size=32, patch_size=1, num_classes=10, representation_size=32, **TINY),
+                          resnet_layers=(1, 1))
+    converted = mpp_train_config(base.__class__(**{**base.__dict__, "model": hybrid}))
+    assert converted.model.vit.num_classes == 0 and converted.model.vit.representation_size is None
+    assert converted.model.resnet_layers == (1, 1)
+    with pytest.raises(ValueError, match="ViT or hybrid"):
+        mpp_train_config(base.__class__(**{**base.__dict__, "model": ResNetConfig(num_classes=10)}))
