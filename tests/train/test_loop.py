@@ -63,7 +63,9 @@ def test_max_minutes_stops_evaluates_and_saves(tmp_path: Path) -> None:
     assert _records(run)[-1]["final"] and (run / "checkpoints" / "step_0000001").is_dir()
 
 
-def test_nan_losses_skip_then_stop_with_last_good_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("nan_check", ["sync", "deferred"])
+def test_nan_losses_skip_then_stop_with_last_good_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             nan_check: str) -> None:
     calls = {"n": 0}
     real = loop.train_transform
 
@@ -75,7 +77,7 @@ def test_nan_losses_skip_then_stop_with_last_good_checkpoint(tmp_path: Path, mon
     monkeypatch.setattr(loop, "train_transform", poisoned)
     run = tmp_path / "run"
     with pytest.raises(loop.NonFiniteLossError, match=r"5 consecutive steps, the last at step 7.*step_0000002"):
-        loop.train(tiny_config(run, "data.steps=20", "run.checkpoint_every=2"))
+        loop.train(tiny_config(run, "data.steps=20", "run.checkpoint_every=2", f"run.nan_check={nan_check}"))
     assert (run / "checkpoints" / LATEST).read_text().strip() == "step_0000002"  # not overwritten during the streak
     skipped = [r for r in _records(run) if r.get("skipped")]
     assert [r["step"] for r in skipped] == [3, 4, 5, 6, 7]

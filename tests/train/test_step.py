@@ -122,3 +122,21 @@ def test_polyak_ema_follows_its_formula_and_is_what_gets_saved(tmp_path) -> None
     payload = torch.load(run / "checkpoints" / "step_0000003" / "train_state.pt", weights_only=True)
     assert all(torch.equal(final[k], payload["ema"][k]) for k in payload["ema"])  # final = the average
     assert any(not torch.equal(final[k], raw[k]) for k in raw)  # the raw weights are kept for resuming
+
+
+def test_deferred_skip_happens_on_the_device_without_reading_the_flag() -> None:
+    # CUDA's default: the fused optimiser skips via found_inf; the flag comes back as a tensor.
+    torch.manual_seed(0)
+    model = build_model(CONFIG)
+    optimizer = build_optimizer(model, OptimConfig(weight_decay=0.1), lr=1e-3, fused=True)
+    state = TrainState(model=model, module=model, optimizer=optimizer, generator=torch.Generator())
+    spec = StepSpec(lr=1e-3, clip_norm=1.0, loss="softmax", autocast_dtype=None, deferred=True)
+    first = train_step(state, [_batch(8)], spec)
+    assert isinstance(first["skipped"], torch.Tensor) and not bool(first["skipped"])
+    before = copy.deepcopy(model.state_dict())
+    images, targets = _batch(8)
+    images[1] = float("inf")
+    out = train_step(state, [(images, targets)], spec)
+    assert bool(out["skipped"]) and state.step == 2
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    assert all(float(s["step"]) == 1.0 for s in optimizer.state_dict()["state"].values())

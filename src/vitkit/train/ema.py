@@ -20,11 +20,17 @@ class ModelEMA:
         self.shadow = {k: v.detach().clone() for k, v in model.state_dict().items() if v.is_floating_point()}
 
     @torch.no_grad()
-    def update(self, model: nn.Module) -> None:
+    def update(self, model: nn.Module, skip: Tensor | None = None) -> None:
+        """One averaging step; `skip` (a 0-d bool tensor) turns it into a no-op without a host sync."""
         current = model.state_dict()
         keys = list(self.shadow)
         shadow = [self.shadow[k] for k in keys]
-        torch._foreach_lerp_(shadow, [current[k].detach() for k in keys], 1.0 - self.decay)  # one fused pass
+        if skip is None:
+            torch._foreach_lerp_(shadow, [current[k].detach() for k in keys], 1.0 - self.decay)  # one fused pass
+            return
+        weight = (1.0 - self.decay) * (~skip).float()
+        for average, value in zip(shadow, (current[k].detach() for k in keys)):
+            average.lerp_(value, weight.to(average.dtype))
 
     @torch.no_grad()
     def copy_to(self, model: nn.Module) -> None:

@@ -60,6 +60,7 @@ class StepSpec:
     clip_norm: float  # 0 = no clipping (the norm is still computed, for the finiteness check)
     loss: str  # "softmax" | "sigmoid"
     autocast_dtype: torch.dtype | None  # bf16 autocast, or None for full precision
+    deferred: bool = False  # skip non-finite steps on the device (fused optimiser's found_inf): no host sync
 
 
 def loss_fn(logits: Tensor, targets: Tensor, kind: str) -> Tensor:
@@ -79,7 +80,9 @@ def train_step(state: TrainState, batch: list[tuple[Tensor, Tensor]], spec: Step
     Gradients of the micro-batches are averaged (so 4 x B accumulates to exactly the gradient of
     one 4B batch); DDP reduces only on the last one.  A non-finite loss or gradient norm skips the
     update (the optimiser state is untouched).  Returns 0-d tensors for "loss" and "grad_norm" (no
-    host sync; read them at log intervals) and Python values for "lr" and "skipped".
+    host sync; read them at log intervals), "lr", and "skipped": a bool, or with `spec.deferred` a
+    0-d bool tensor that the caller reads later (the skip itself happens on the device; the
+    caller then also keeps `state.nan_streak` / `skipped_steps`).
     """
     model, optimizer = state.model, state.optimizer
     set_lr(optimizer, spec.lr)
@@ -105,9 +108,19 @@ def train_step(state: TrainState, batch: list[tuple[Tensor, Tensor]], spec: Step
         grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params])
     if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor
         grad_norm = grad_norm.full_tensor()
-    # The one host sync per step: deciding to skip needs the value.  The gradient norm is reduced
-    # over processes (DDP/FSDP), so every process takes the same decision.
-    finite = bool(torch.isfinite(grad_norm + mean_loss.to(grad_norm.device) * 0))
+    # The gradient norm is reduced over processes (DDP/FSDP), so every process takes the same decision.
+    bad = ~torch.isfinite(grad_norm + mean_loss.to(grad_norm.device) * 0)
+    if spec.deferred:  # the fused kernel skips the update (and undoes its step count) when found_inf is 1
+        optimizer.found_inf = bad.float()
+        try:
+            optimizer.step()
+        finally:
+            del optimizer.found_inf
+        if state.ema is not None:
+            state.ema.update(state.module, skip=bad)
+        state.step += 1
+        return {"loss": mean_loss, "grad_norm": grad_norm.detach(), "lr": spec.lr, "skipped": bad}
+    finite = not bool(bad)  # a host sync; free on the CPU, where there is no device to wait for
     if finite:
         optimizer.step()
         if state.ema is not None:
@@ -338,7 +351,10 @@ def _train(config: TrainConfig, info: distributed.DistInfo, device: torch.device
     model = distributed.wrap(module, info, device, config.run.parallel)
     if config.run.compile:
         model = torch.compile(model)
-    optimizer = build_optimizer(model if config.run.parallel == "fsdp" else module, config.optim, plan["lr"])
+    deferred = config.run.nan_check == "deferred" or (
+        config.run.nan_check == "auto" and device.type == "cuda" and config.run.parallel != "fsdp")
+    optimizer = build_optimizer(model if config.run.parallel == "fsdp" else module, config.optim, plan["lr"],
+                                fused=deferred)
     generator = torch.Generator(device=device).manual_seed(config.run.seed * 7919 + info.rank)
     ema = ModelEMA(module, config.optim.ema_decay) if config.optim.ema_decay > 0 else None
     state = TrainState(model=model, module=module, optimizer=optimizer, generator=generator, ema=ema)
@@ -403,6 +419,29 @@ def _train(config: TrainConfig, info: distributed.DistInfo, device: torch.device
     pending: list[dict[str, Any]] = []
     last_log_time, last_log_step = time.monotonic(), state.step
     stop = _StopFlag()
+    unchecked: list[tuple[int, Any]] = []  # (step, skipped flag) not yet looked at
+
+    def check_skips(bar: Any) -> None:
+        """Account and report skipped steps; stop after run.nan_patience in a row (one sync per call)."""
+        flags = [bool(f) for _, f in unchecked]
+        for (step, _), skipped in zip(unchecked, flags):
+            if deferred:  # train_step left the counters to us
+                state.nan_streak = state.nan_streak + 1 if skipped else 0
+                state.skipped_steps += int(skipped)
+            if not skipped:
+                continue
+            log.warning("step %d: non-finite loss or gradient; update skipped (%d in a row)", step, state.nan_streak)
+            metrics.write({"step": step, "epoch": epoch_of(step), "split": "train", "skipped": True,
+                           "nan_streak": state.nan_streak})
+            if state.nan_streak >= config.run.nan_patience:
+                bar.close()
+                last = latest_checkpoint(run_dir)
+                raise NonFiniteLossError(
+                    f"loss/gradient was NaN or Inf for {state.nan_streak} consecutive steps, the last at step "
+                    f"{step}; stopped without saving. Last good checkpoint: {last or 'none (no checkpoint yet)'}. "
+                    "Lower optim.lr, raise optim.warmup_steps or use run.precision=fp32")
+        unchecked.clear()
+
     with stop:
         while state.step < steps:
             raw = next(batch_iter)
@@ -410,23 +449,15 @@ def _train(config: TrainConfig, info: distributed.DistInfo, device: torch.device
                                      config.augment, state.generator) for images, labels in raw]
             mult = lr_multiplier(state.step, steps, warmup, config.optim.schedule, config.optim.end_lr_fraction)
             spec = StepSpec(lr=plan["lr"] * mult, clip_norm=config.optim.clip_norm, loss=config.optim.loss,
-                            autocast_dtype=autocast_dtype)
+                            autocast_dtype=autocast_dtype, deferred=deferred)
             out = train_step(state, batch, spec)
             pending.append(out)
-            if out["skipped"]:
-                log.warning("step %d: non-finite loss or gradient; update skipped (%d in a row)", state.step,
-                            state.nan_streak)
-                metrics.write({"step": state.step, "epoch": epoch_of(state.step), "split": "train",
-                               "skipped": True, "nan_streak": state.nan_streak})
-                if state.nan_streak >= config.run.nan_patience:
-                    bar.close()
-                    last = latest_checkpoint(run_dir)
-                    raise NonFiniteLossError(
-                        f"loss/gradient was NaN or Inf for {state.nan_streak} consecutive steps, the last at step "
-                        f"{state.step}; stopped without saving. Last good checkpoint: {last or 'none (no checkpoint yet)'}. "
-                        "Lower optim.lr, raise optim.warmup_steps or use run.precision=fp32")
+            unchecked.append((state.step, out["skipped"]))
+            at_log = state.step % config.run.log_every == 0 or state.step == steps
+            if not deferred or at_log or state.step % config.run.checkpoint_every == 0:
+                check_skips(bar)
             bar.update(1)
-            if state.step % config.run.log_every == 0 or state.step == steps:
+            if at_log:
                 now = time.monotonic()
                 record = _train_record(pending, state.step, epoch_of(state.step),
                                        (state.step - last_log_step) * config.data.batch_size / max(now - last_log_time, 1e-9))

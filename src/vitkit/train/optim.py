@@ -37,14 +37,19 @@ def param_groups(model: nn.Module, weight_decay: float, decay_on: str) -> list[d
     return [g for g in groups if g["params"]]
 
 
-def build_optimizer(model: nn.Module, config: OptimConfig, lr: float) -> torch.optim.Optimizer:
-    """AdamW or SGD-momentum over `model`'s trainable parameters with peak learning rate `lr`."""
+def build_optimizer(model: nn.Module, config: OptimConfig, lr: float, fused: bool = False) -> torch.optim.Optimizer:
+    """AdamW or SGD-momentum over `model`'s trainable parameters with peak learning rate `lr`.
+
+    `fused=True` uses the fused kernels, which can skip a step on the device (`found_inf`).
+    """
     groups = param_groups(model, config.weight_decay, config.decay_on)
+    extra = {"fused": True} if fused else {}
     if config.name == "adamw":
-        return torch.optim.AdamW(groups, lr=lr, betas=config.betas, eps=config.eps, weight_decay=config.weight_decay)
+        return torch.optim.AdamW(groups, lr=lr, betas=config.betas, eps=config.eps, weight_decay=config.weight_decay,
+                                 **extra)
     if config.name == "sgd":
         # torch SGD's weight_decay is an L2 term added to the gradient (the fine-tuning recipe uses 0).
-        return torch.optim.SGD(groups, lr=lr, momentum=config.momentum, weight_decay=config.weight_decay)
+        return torch.optim.SGD(groups, lr=lr, momentum=config.momentum, weight_decay=config.weight_decay, **extra)
     raise ValueError(f"unknown optimizer {config.name!r}; expected adamw or sgd")
 
 
