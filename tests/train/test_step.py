@@ -122,6 +122,9 @@ def test_polyak_ema_follows_its_formula_and_is_what_gets_saved(tmp_path) -> None
     payload = torch.load(run / "checkpoints" / "step_0000003" / "train_state.pt", weights_only=True)
     assert all(torch.equal(final[k], payload["ema"][k]) for k in payload["ema"])  # final = the average
     assert any(not torch.equal(final[k], raw[k]) for k in raw)  # the raw weights are kept for resuming
+    from vitkit.eval.features import find_checkpoint
+
+    assert find_checkpoint(run) == run / "checkpoints" / "ema"  # what `vitkit eval RUN` evaluates
 
 
 def test_deferred_skip_happens_on_the_device_without_reading_the_flag() -> None:

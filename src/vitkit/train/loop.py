@@ -500,6 +500,8 @@ def _train(config: TrainConfig, info: distributed.DistInfo, device: torch.device
         if state.ema is not None:
             state.ema.copy_to(state.module)
         native.save(state.module, run_dir / "checkpoints" / "final", **meta)
+        if state.ema is not None:  # the name vitkit.eval's find_checkpoint prefers over LATEST
+            native.save(state.module, run_dir / "checkpoints" / "ema", **meta)
         state.module.load_state_dict(backup)
     if info.main:
         metrics.write({**final, "final": True})
