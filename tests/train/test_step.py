@@ -11,7 +11,7 @@ from vitkit.data.sources import ImageSet
 from vitkit.models import build_model
 from vitkit.models.configs import ViTConfig
 from vitkit.train.config import OptimConfig
-from vitkit.train.loop import StepSpec, evaluate, loss_fn, train_step
+from vitkit.train.step import StepSpec, evaluate, loss_fn, train_step
 from vitkit.train.optim import build_optimizer
 from vitkit.train.state import TrainState
 
