@@ -160,10 +160,11 @@ class _LogitsOnly(nn.Module):
 
 
 def build(library: str, spec: Spec) -> nn.Module:
-    if library == "vitkit":
+    if library.startswith("vitkit"):  # "vitkit_erf": exact-erf GELU as timm and HF (vitkit's default is tanh, as Flax)
         return create_model(
             "vit_ti16", num_classes=spec.num_classes, img_size=spec.img_size, patch_size=spec.patch_size,
             hidden_size=spec.hidden_size, depth=spec.depth, num_heads=spec.num_heads, mlp_dim=spec.mlp_dim,
+            gelu="exact" if library == "vitkit_erf" else "tanh",
         )
     if library == "timm":
         timm_vit = import_timm_vit()
@@ -186,13 +187,14 @@ def build(library: str, spec: Spec) -> nn.Module:
 # Interleaved measurement
 
 
-def compare(spec: Spec, rounds: int, steps: int, warmup: int, precisions: tuple[str, ...], modes: tuple[str, ...]) -> dict[str, Any]:
+def compare(spec: Spec, rounds: int, steps: int, warmup: int, precisions: tuple[str, ...], modes: tuple[str, ...],
+            libraries: tuple[str, ...] = LIBRARIES) -> dict[str, Any]:
     device = torch.device("cpu")
     gen = torch.Generator().manual_seed(0)
     images = torch.randn(spec.batch_size, 3, spec.img_size, spec.img_size, generator=gen)
     labels = torch.randint(0, spec.num_classes, (spec.batch_size,), generator=gen)
     torch.manual_seed(0)
-    models = {lib: build(lib, spec) for lib in LIBRARIES}
+    models = {lib: build(lib, spec) for lib in libraries}
     params = {lib: sum(p.numel() for p in m.parameters()) for lib, m in models.items()}
     assert len(set(params.values())) == 1, f"parameter counts differ: {params}"
     optimizers = {lib: make_optimizer(m, device) for lib, m in models.items()}
@@ -208,8 +210,8 @@ def compare(spec: Spec, rounds: int, steps: int, warmup: int, precisions: tuple[
             for model in models.values():
                 model.train(mode == "training")
             for precision in precisions:
-                shift = max(round_index, 0) % len(LIBRARIES)
-                for lib in LIBRARIES[shift:] + LIBRARIES[:shift]:  # rotate who goes first
+                shift = max(round_index, 0) % len(libraries)
+                for lib in libraries[shift:] + libraries[:shift]:  # rotate who goes first
                     step = steps_of[lib, precision, mode]
                     if round_index < 0:
                         for _ in range(warmup):
@@ -257,6 +259,13 @@ def report(name: str, spec: Spec, result: dict[str, Any], default_precision: str
             + (f"{ours / timm_default:.2f}x timm default (fp32), " if timm_default else "")
             + f"{ours / timm_best:.2f}x timm's best precision, {ours / hf_best:.2f}x HF's best precision"
         )
+    if "vitkit_erf/fp32/training" in rates:  # same numerics as timm and HF: isolates the GELU's cost
+        lines.append("vitkit with exact GELU (timm's and HF's numerics) / timm: " + ", ".join(
+            f"{mode} {p} {rates[f'vitkit_erf/{p}/{mode}'] / rates[f'timm/{p}/{mode}']:.2f}"
+            for mode in modes for p in precisions))
+        for mode in modes:
+            for p in precisions:
+                ratios[f"{mode}/{p}/erf_vs_timm"] = rates[f"vitkit_erf/{p}/{mode}"] / rates[f"timm/{p}/{mode}"]
     result[f"ratios_{clock}"] = ratios
     return lines
 
@@ -271,8 +280,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", default="training,inference", help="comma-separated: training, inference")
     parser.add_argument("--batch-size", type=int, default=None, help="override each config's batch")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's, one per core)")
+    parser.add_argument("--with-exact-gelu", action="store_true",
+                        help="also time vitkit with gelu=exact (timm's and HF's GELU) to isolate that cost")
     parser.add_argument("--json", action="store_true", help="also print one JSON object as the last line")
     args = parser.parse_args(argv)
+    libraries = LIBRARIES + (("vitkit_erf",) if args.with_exact_gelu else ())
     names = [n for n in args.configs.split(",") if n]
     unknown = sorted(set(names) - set(SPECS))
     if unknown:
@@ -291,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.batch_size:
                 spec = Spec(**{**spec.__dict__, "batch_size": args.batch_size})
             start = time.perf_counter()
-            result = compare(spec, args.rounds, args.steps, args.warmup, precisions, modes)
+            result = compare(spec, args.rounds, args.steps, args.warmup, precisions, modes, libraries)
             head = (f"== {name}: {spec.img_size}px, P={spec.patch_size}, D={spec.hidden_size}, L={spec.depth}, "
                     f"k={spec.num_heads}, MLP {spec.mlp_dim}, K={spec.num_classes}, batch {spec.batch_size}; "
                     f"{result['params']:,} parameters in each library; medians of {args.rounds} rounds x {args.steps} steps")
