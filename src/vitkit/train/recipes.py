@@ -135,8 +135,8 @@ def small_8px(info: SourceInfo) -> TrainConfig:
     """Tiny images (scikit-learn digits, 8x8): ViT D=64 L=4 k=4 on 4x4 patches, GAP, short AdamW run.
 
     Command:  vitkit train            (the default data set is `digits`)
-    Expected: 98.3-99.2% test top-1 (seeds 0-3; 359 held-out digits) in ~20 s on an idle 2-core CPU,
-    under a minute on a loaded one.
+    Expected: 98.3-99.2% test top-1 (seeds 0-3; 359 held-out digits; seed 0: 98.89%) in 18 s of wall
+    time on the 2-core CPU when quiet, 77 s at load average 7 (measured with `time vitkit train`).
     """
     model = ViTConfig(img_size=8, patch_size=4, in_chans=info.channels, num_classes=info.num_classes,
                       hidden_size=64, depth=4, num_heads=4, mlp_dim=128, pool="gap")
@@ -159,7 +159,9 @@ def small_28px(info: SourceInfo) -> TrainConfig:
     mirror-symmetric; use --set augment.flip=false for MNIST digits) and label smoothing are on.
     bf16 autocast runs ~1.6x faster than fp32 on CPUs with AVX512-BF16 (run.precision=fp32 to compare).
     Command:  vitkit train --data fashion-mnist:../shared/data/fashion-mnist
-    Expected: see benchmarks/train_fashion_mnist.py (it fits the epochs to a 15-minute budget).
+    Expected: 87.2% test top-1 after 5 epochs in 12.4 min at load average 7-9 on the shared 2-core CPU
+    (benchmarks/train_fashion_mnist.py, which fits the epochs to a 15-minute budget); the issue's 92%
+    needs roughly 4x that compute (an idle machine or a longer budget).
     """
     model = ViTConfig(img_size=28, patch_size=7, in_chans=info.channels, num_classes=info.num_classes,
                       hidden_size=128, depth=4, num_heads=4, mlp_dim=256, pool="gap")
