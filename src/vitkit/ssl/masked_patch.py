@@ -175,7 +175,7 @@ class MaskedPatchPrediction(nn.Module):
 
     `forward(images, generator)` returns a dict with "loss" (mean over corrupted patches only),
     "accuracy" (classification targets; NaN for "pixels"), "predictions", "targets", "mask" and "kind".
-    Only `encoder` is meant to be saved (`save_encoder`); the [mask] embedding and head are dropped.
+    Checkpoints hold `encoder` alone (see ssl/pretrain.py); the [mask] embedding and head stay in the train state.
     """
 
     def __init__(self, encoder: nn.Module, config: MPPConfig):
