@@ -276,8 +276,8 @@ def _train(config: TrainConfig, info: distributed.DistInfo, device: torch.device
         if write:
             metrics.write(record)
         if info.main:
-                log.info("step %d %s: loss %.4f top-1 %.2f%% top-5 %.2f%%", state.step, split, result["loss"],
-                         100 * result["top1"], 100 * result["top5"])
+            log.info("step %d %s: loss %.4f top-1 %.2f%% top-5 %.2f%%", state.step, split, result["loss"],
+                     100 * result["top1"], 100 * result["top5"])
         return record
 
     sharded = config.run.parallel == "fsdp" and info.world > 1
@@ -348,9 +348,14 @@ def _train(config: TrainConfig, info: distributed.DistInfo, device: torch.device
                 for split, ref in data.evals.items():
                     run_eval(split, ref)
             out_of_time = config.run.max_minutes > 0 and (time.monotonic() - started) / 60 >= config.run.max_minutes
-            signalled = distributed.any_true(stop.signum != 0, device) if info.world > 1 else stop.signum != 0
-            out_of_time = distributed.any_true(out_of_time, device) if info.world > 1 else out_of_time
+            signalled = stop.signum != 0
+            if info.world > 1:  # all processes must stop at the same step: agree at log/checkpoint steps only
+                agree = at_log or state.step % config.run.checkpoint_every == 0
+                signalled = agree and distributed.any_true(signalled, device)
+                out_of_time = agree and distributed.any_true(out_of_time, device)
             periodic = state.step % config.run.checkpoint_every == 0 and state.nan_streak == 0  # keep the last good one
+            if (signalled or out_of_time) and unchecked:
+                check_skips(bar)  # deferred flags: account for them before saving
             if periodic or signalled or out_of_time:
                 state.elapsed += time.monotonic() - invocation_start
                 invocation_start = time.monotonic()
