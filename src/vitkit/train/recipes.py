@@ -47,7 +47,10 @@ def paper_pretrain(info: SourceInfo, model: str = "vit_b16") -> TrainConfig:
     Command:  vitkit train --data folder:/data/imagenet21k --recipe paper-pretrain --model vit_b16
     Expected: the paper's ImageNet-21k ViT-B/16 after 90 epochs (fine-tuned: 84.0% ImageNet top-1,
     Table 5); about 30 TPUv3-core-days (Sec. 4.2) -- not a CPU job.  Batch 4096 is reached on
-    small devices by accumulating micro-batches of 128 per process.
+    small devices by accumulating micro-batches of 128 per process.  Loss: softmax cross-entropy;
+    `--set optim.loss=sigmoid` gives big_vision's ImageNet-21k choice (summed per-class sigmoid CE,
+    suited to multi-label JFT/i21k), `--set augment.label_smoothing=0.1` the regulariser of Sec. 4.2.
+    Weight decay 0.1 is decoupled and scaled by the scheduled lr (see vitkit.train.optim).
     """
     base = preset_config(model, num_classes=info.num_classes, img_size=224, in_chans=info.channels)
     width = base.vit.hidden_size if hasattr(base, "vit") else getattr(base, "hidden_size", 0)
