@@ -13,8 +13,12 @@ DIGITS = SourceInfo(uri="digits", num_train=1438, num_classes=10, image_size=8, 
 
 
 def tiny_config(out: Path, *overrides: str, recipe: str = "small-8px-tiny") -> TrainConfig:
-    """small-8px-tiny with dropout (so the RNG matters), 1 thread, no progress bar, in `out`."""
+    """small-8px-tiny with dropout (so the RNG matters), fp32, 1 thread, no progress bar, in `out`.
+
+    Precision is pinned to fp32: these tests check the loop's mechanics against golden values and
+    exact equalities, which must not move when run.precision's "auto" default changes.
+    """
     config = get_recipe(recipe, DIGITS)
     config = dataclasses.replace(config, run=dataclasses.replace(config.run, out=str(out), threads=1, progress=False,
                                                                  tensorboard=False))
-    return apply_overrides(config, ["model.dropout=0.1", *overrides])
+    return apply_overrides(config, ["model.dropout=0.1", "run.precision=fp32", *overrides])
