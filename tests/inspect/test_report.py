@@ -40,6 +40,8 @@ def test_inspect_learned_1d_writes_all_figures_with_consistent_numbers(tmp_path:
     assert distances.shape == (2, 2)  # (L, k)
     # a weighted mean of patch-centre distances on a 4x4 grid of 8 px patches: 0 <= d <= diagonal span
     assert np.all(distances >= 0) and np.all(distances <= np.hypot(24, 24))
+    uniform = stored["attention_distance"]["uniform_reference"]
+    assert abs(uniform - 8 * 2.0080150) < 1e-5  # mean pairwise distance of a 4x4 unit grid (self-pairs included)
     maps = np.array(stored["attention_rollout"]["maps"])
     assert maps.shape == (2, 4, 4) and np.allclose(maps.sum(axis=(1, 2)), 1.0)
     similarity = np.array(stored["position_similarity"]["similarity"])

@@ -25,7 +25,7 @@ from torch import Tensor
 
 from vitkit.checkpoints.native import atomic_write_text
 from vitkit.inspect import plots
-from vitkit.inspect.attention import attention_rollout, mean_attention_distance, rollout_map
+from vitkit.inspect.attention import attention_rollout, mean_attention_distance, patch_distances, rollout_map
 from vitkit.inspect.embeddings import filter_pca, position_similarity
 
 log = logging.getLogger(__name__)
@@ -177,6 +177,7 @@ def inspect_model(checkpoint, images: Sequence[Tensor], out_dir: str | os.PathLi
         report["attention_distance"] = {
             "figure": "attention_distance.png",
             "pixels_per_patch": patch,
+            "uniform_reference": float(patch_distances(grid, patch).mean()),  # what uniform attention would give
             "per_layer_head": distances.tolist(),
             "per_layer_mean": distances.mean(dim=1).tolist(),
             "per_layer_min": distances.min(dim=1).values.tolist(),
@@ -259,8 +260,10 @@ def summary(report: dict[str, Any]) -> dict[str, Any]:
     distance = report.get("attention_distance") or {}
     if distance:
         short["attention_distance_per_layer"] = distance["per_layer_mean"]
+        short["attention_distance_uniform"] = distance["uniform_reference"]
         lines.append("Figure 7 right  attention_distance.png: mean attention distance (px) per layer: "
-                     + ", ".join(f"{d:.1f}" for d in distance["per_layer_mean"]))
+                     + ", ".join(f"{d:.1f}" for d in distance["per_layer_mean"])
+                     + f" (uniform attention: {distance['uniform_reference']:.1f})")
         lines.append("                min/max over heads per layer: "
                      + ", ".join(f"{a:.0f}-{b:.0f}" for a, b in zip(distance["per_layer_min"], distance["per_layer_max"])))
     rollout = report.get("attention_rollout") or {}
