@@ -17,7 +17,8 @@ from vitkit.train import loop
 
 # SGD: Adam would turn ~1e-10 all-reduce rounding in gradients that are zero in exact arithmetic
 # (the key bias's) into steps of size lr, so it compares replicas, not the method.
-ARGS = ("optim.name=sgd", "optim.lr=0.05", "data.steps=4", "data.batch_size=16", "model.dropout=0.0", "augment.crop=none", "augment.flip=false",
+# fp32: the comparison is of the method; bf16 rounds weight gradients per micro-batch shape.
+ARGS = ("run.precision=fp32", "optim.name=sgd", "optim.lr=0.05", "data.steps=4", "data.batch_size=16", "model.dropout=0.0", "augment.crop=none", "augment.flip=false",
         "run.checkpoint_every=100", "optim.warmup_steps=1")
 
 

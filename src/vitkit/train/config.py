@@ -106,7 +106,7 @@ class RunConfig:
     log_every: int = 20  # optimiser steps between train records in metrics.jsonl
     nan_patience: int = 5  # consecutive non-finite losses (each skipped) before the run stops
     nan_check: Literal["auto", "sync", "deferred"] = "auto"  # deferred: skip on the device (fused optimiser), read at log steps; auto = deferred on CUDA
-    precision: Precision = "auto"  # "auto" = bf16 autocast on CUDA, fp32 on CPU
+    precision: Precision = "auto"  # "auto" = bf16 autocast where the device has native bf16 (CUDA, AVX512-BF16/AMX CPUs), else fp32
     compile: bool = False  # torch.compile the model
     parallel: Parallel = "ddp"  # with several processes: replicate (DDP) or shard (FSDP2, CUDA only)
     device: str = "auto"  # "auto" = cuda when available (this process's local rank), else cpu

@@ -185,7 +185,7 @@ def _describe(config: TrainConfig, info: SourceInfo, name: str, chose: bool, req
         f"effective global batch: {plan['global_batch']} = {plan['processes']} process(es) x {plan['micro_batch']} "
         f"x {plan['accumulation']} accumulation step(s); {plan['steps']} steps ({plan['epochs']:.1f} epochs)",
         f"learning rate: {lr_scaling_rule(config)}; {config.optim.name}, {config.optim.schedule} schedule",
-        f"precision: {config.run.precision} (auto = bf16 autocast on CUDA, fp32 on CPU); CPU threads: "
+        f"precision: {config.run.precision} (auto = bf16 autocast where the device has native bf16, else fp32); CPU threads: "
         f"{config.run.threads or 'torch default'}",
     ]
     warnings = []
