@@ -149,7 +149,9 @@ def small_8px(info: SourceInfo) -> TrainConfig:
         augment=AugmentConfig(crop="pad", pad=1, flip=False, label_smoothing=0.1),
         optim=OptimConfig(name="adamw", lr=4e-3, weight_decay=0.05, schedule="cosine", warmup_fraction=0.05, clip_norm=1.0),
         eval=EvalConfig(every_epochs=10, batch_size=512),
-        run=RunConfig(checkpoint_every=200, log_every=20, threads=1),  # tiny matmuls: more threads only spin (10x slower on a loaded CPU)
+        # Tiny matmuls: more threads only spin (10x slower on a loaded CPU), and bf16 autocast costs more
+        # in casts than it saves (measured: 0.97 vs 0.77 min, 98.6% vs 98.9% with fp32).
+        run=RunConfig(checkpoint_every=200, log_every=20, threads=1, precision="fp32"),
     )
 
 
