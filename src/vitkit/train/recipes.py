@@ -271,9 +271,9 @@ def large_model_warning(params: int, num_train: int, from_scratch: bool) -> str 
     """Sec. 4.2 / Fig. 3: big ViTs trained from scratch on small sets underperform; say so."""
     if not from_scratch or num_train <= 0:
         return None
-    # ViT-L/B trained on ImageNet-1k alone (1.3M images) already trail smaller models (Fig. 3); far
-    # more parameters than images (> 1000x) is a red flag at any size.
-    if (params > 20_000_000 and num_train < 1_000_000) or params > 1000 * num_train:
+    # ViT-L/B trained on ImageNet-1k alone (1.3M images) already trail smaller models (Fig. 3); a
+    # preset-sized model (> 5M) with far more parameters than images (> 1000x) is a red flag too.
+    if (params > 20_000_000 and num_train < 1_000_000) or (params > 5_000_000 and params > 1000 * num_train):
         return (f"training a {params / 1e6:.1f}M-parameter ViT from scratch on {num_train:,} images: the paper "
                 "(Sec. 4.2, Fig. 3) needs ImageNet-21k/JFT-scale data for large ViTs to beat smaller ones; "
                 "expect overfitting. Consider a smaller --model or `vitkit finetune` from a pre-trained checkpoint.")
