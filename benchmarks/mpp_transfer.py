@@ -17,6 +17,14 @@ Here: CPU minutes per arm, so only the direction is comparable, not the size.
         --data fashion-mnist:../shared/data/fashion-mnist --out /tmp/mpp_transfer
 
 Prints a table and, last, one JSON object.  Re-running with the same --out resumes the MPP run.
+
+Measured (the defaults above, Fashion-MNIST, recipe small-28px: ViT D=128 L=4 k=4 P=7, GAP,
+bf16 autocast; MPP 2 epochs = 938 steps x 128 at Adam lr 1e-3, ~5.5 min; fine-tuning on 100 labels
+per class, 60 epochs, ~2.5 min per arm; 1 thread of a shared 2-core CPU; seed 0; test = 10,000 images):
+
+    target       fine-tune top-1 (MPP / scratch)   few-shot k=1/5/10/25, MPP encoder vs random init
+    mean_color   76.31% / 72.44%  (+3.87)          .328/.561/.638/.691  vs  .294/.426/.477/.567
+    pixels (L2)  75.86% / 72.44%  (+3.42)          .349/.596/.649/.699  vs  the same
 """
 
 from __future__ import annotations
@@ -51,6 +59,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--model", action="append", default=[], help="--set overrides of the recipe's model, e.g. "
                    "model.depth=6 (repeatable; default: the model `vitkit train` picks for the data set)")
     p.add_argument("--target", default="mean_color", choices=["mean_color", "downsampled", "pixels"])
+    p.add_argument("--corrupt-rate", type=float, default=0.5, help="0.15: the BERT rate the paper also tried")
     p.add_argument("--pretrain-epochs", type=float, default=2.0)
     p.add_argument("--pretrain-lr", type=float, default=1e-3, help="Adam lr (paper: 2e-4 at batch 4096 for 1M steps)")
     p.add_argument("--pretrain-batch", type=int, default=128)
@@ -107,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         run=dataclasses.replace(mpp_config.run, out=str(out / "mpp"), max_minutes=args.max_minutes, threads=args.threads,
                                 seed=args.seed, progress=False, tensorboard=False, log_every=50, checkpoint_every=200))
     started = time.monotonic()
-    summary = pretrain(mpp_config, MPPConfig(target=args.target), train=train_set, held_out=test_set, eval_images=2000)
+    summary = pretrain(mpp_config, MPPConfig(target=args.target, corrupt_rate=args.corrupt_rate), train=train_set, held_out=test_set, eval_images=2000)
     pretrain_minutes = (time.monotonic() - started) / 60
     if summary["status"] != "finished":
         logging.warning("MPP stopped at step %d/%d by the time cap; its last checkpoint is used", summary["step"], summary["steps"])
@@ -118,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     # 2. The same fine-tuning from the MPP encoder and from scratch, on k labelled images per class.
     uri = labelled_subset(args, train_set, test_set, out / "labelled.npz")
     results = {"data": args.data, "recipe": recipe, "model_overrides": args.model, "target": args.target,
-               "pretrain": {"status": summary["status"], "step": summary["step"], "steps": summary["steps"],
+               "corrupt_rate": args.corrupt_rate, "pretrain": {"status": summary["status"], "step": summary["step"], "steps": summary["steps"],
                             "batch": args.pretrain_batch, "lr": args.pretrain_lr, "minutes": round(pretrain_minutes, 2),
                             "train_loss": summary["loss"], "test": summary.get("test")},
                "finetune": {"labelled": args.labels_per_class * train_set.num_classes, "epochs": args.finetune_epochs,
