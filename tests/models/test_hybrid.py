@@ -170,7 +170,8 @@ def test_eval_output_does_not_depend_on_the_batch():
     model = tiny()
     x = torch.randn(3, 3, 32, 32)
     together = model.forward_features(x)
-    torch.testing.assert_close(model.forward_features(x[1:2])[0], together[1], atol=1e-6, rtol=1e-5)
+    # Batched and single-image convolutions sum in different orders across threads: fp32 rounding only.
+    torch.testing.assert_close(model.forward_features(x[1:2])[0], together[1], atol=1e-5, rtol=1e-4)
 
 
 def test_matches_timm_hybrid():
