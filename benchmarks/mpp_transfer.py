@@ -24,6 +24,7 @@ per class, 60 epochs, ~2.5 min per arm; 1 thread of a shared 2-core CPU; seed 0;
 
     target       fine-tune top-1 (MPP / scratch)   few-shot k=1/5/10/25, MPP encoder vs random init
     mean_color   76.31% / 72.44%  (+3.87)          .328/.561/.638/.691  vs  .294/.426/.477/.567
+    downsampled  76.34% / 72.44%  (+3.90)          .333/.517/.646/.689  vs  the same
     pixels (L2)  75.86% / 72.44%  (+3.42)          .349/.596/.649/.699  vs  the same
 """
 
