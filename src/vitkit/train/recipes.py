@@ -164,8 +164,8 @@ def small_28px(info: SourceInfo) -> TrainConfig:
     mirror-symmetric; use --set augment.flip=false for MNIST digits) and label smoothing are on.
     bf16 autocast runs ~1.6x faster than fp32 on CPUs with AVX512-BF16 (run.precision=fp32 to compare).
     Command:  vitkit train --data fashion-mnist:../shared/data/fashion-mnist
-    Expected (benchmarks/train_fashion_mnist.py, which fits the epochs to a 15-minute budget, on the
-    shared 2-core CPU): 88.8% test top-1 after 8 epochs in 11.2 min (load average 4-6); 89.2% in
+    Expected: (benchmarks/train_fashion_mnist.py, which fits the epochs to a 15-minute budget, on the
+    shared 2-core CPU) 88.8% test top-1 after 8 epochs in 11.2 min (load average 4-6); 89.2% in
     14.6 min when stopped by the budget at 9.7 of 14 planned epochs (load rose from 2 to 7).  The
     issue's 92% needs more compute than 15 minutes of this machine gives a plain ViT.
     """
