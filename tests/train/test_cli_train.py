@@ -106,3 +106,13 @@ def test_finetune_cli_with_lr_sweep(pretrained: Path, tmp_path: Path, capsys: py
     final = json.loads((out / "config.json").read_text())
     assert trial["data"]["val_fraction"] == 0.1 and final["data"]["val_fraction"] == 0.0
     assert final["optim"]["lr"] == sweep["best_lr"] and result["test"]["count"] == 16  # the fixed 20% test split
+
+
+def test_automatic_finetune_keeps_a_small_checkpoints_resolution(pretrained: Path, tmp_path: Path) -> None:
+    # paper-finetune's 384 px is a step up from 224 px; a 16 px small-data checkpoint must not become 96x96 tokens.
+    data = _npz(tmp_path / "four.npz")
+    resolved = resolve(Request(data=f"npz:{data}", init_from=str(pretrained), out=str(tmp_path / "ft")))
+    assert resolved.config.recipe == "paper-finetune"
+    assert resolved.config.model.img_size == read(pretrained).model.config.img_size == 16
+    explicit = resolve(Request(data=f"npz:{data}", init_from=str(pretrained), img_size=32, out=str(tmp_path / "x")))
+    assert explicit.config.model.img_size == 32

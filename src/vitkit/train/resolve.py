@@ -66,7 +66,7 @@ def resolve(request: Request) -> Resolved:
     if request.init_from and chose:
         name = "paper-finetune"
     config = get_recipe(name, info)
-    config = _apply_model(config, request, info)
+    config = _apply_model(config, request, info, auto_recipe=chose)
     config = _apply_flags(config, request, info)
     config = apply_overrides(config, request.overrides)
     if not config.run.out:
@@ -76,10 +76,10 @@ def resolve(request: Request) -> Resolved:
     return _describe(config, info, name, chose, request)
 
 
-def _apply_model(config: TrainConfig, request: Request, info: SourceInfo) -> TrainConfig:
+def _apply_model(config: TrainConfig, request: Request, info: SourceInfo, auto_recipe: bool = False) -> TrainConfig:
     model = config.model
     if request.init_from:
-        model = _finetune_model(request.init_from, config, info)
+        model = _finetune_model(request.init_from, config, info, auto_recipe)
     if request.model:
         model = preset_config(request.model, num_classes=info.num_classes, in_chans=info.channels)
         size = request.img_size or image_size(config.model)
@@ -108,8 +108,13 @@ def _stride(model) -> int:
     return getattr(model, "patch_size", 32)
 
 
-def _finetune_model(path: str, config: TrainConfig, info: SourceInfo):
-    """The checkpoint's architecture with a K-way head, no pre-logits (Sec. 3.2) and the recipe's resolution."""
+def _finetune_model(path: str, config: TrainConfig, info: SourceInfo, auto_recipe: bool = False):
+    """The checkpoint's architecture with a K-way head, no pre-logits (Sec. 3.2) and the recipe's resolution.
+
+    With the recipe chosen automatically, a checkpoint pre-trained below 224 px (a small-data model)
+    keeps its own resolution: the paper's 384 px is a step up from 224 px, and would blow a model with
+    tiny patches up to thousands of tokens.
+    """
     from vitkit.checkpoints import read
 
     source = read(path).model.config
@@ -119,7 +124,7 @@ def _finetune_model(path: str, config: TrainConfig, info: SourceInfo):
         plain = dataclasses.replace(vit, representation_size=None, num_classes=info.num_classes)
         target = dataclasses.replace(source, vit=plain) if isinstance(source, HybridConfig) else plain
     size = image_size(config.model)
-    if size % _stride(target):
+    if size % _stride(target) or (auto_recipe and image_size(source) < 224):
         size = image_size(source)
     return with_overrides(target, img_size=size)
 
