@@ -27,7 +27,7 @@ import logging
 import math
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -41,6 +41,7 @@ from vitkit.models.configs import HybridConfig, ResNetConfig, image_size, in_cha
 from vitkit.ssl.masked_patch import MaskedPatchPrediction, MPPConfig
 from vitkit.train import distributed
 from vitkit.train.config import TrainConfig, to_dict
+from vitkit.train.loop import step_batches
 from vitkit.train.optim import build_optimizer, set_lr
 from vitkit.train.plots import MetricsLog
 from vitkit.train.schedule import lr_multiplier, resolve_warmup, scaled_lr
@@ -185,21 +186,6 @@ def _check_run_config(run_dir: Path, resolved: dict[str, Any], resuming: bool) -
                              "use a new --out")
 
 
-def _batches(train: ImageSet, config: TrainConfig, start: int, steps: int, info: distributed.DistInfo, micro: int,
-             device: torch.device) -> Iterator[list[tuple[Tensor, Tensor]]]:
-    """uint8 micro-batches per step from the engine's deterministic sample stream."""
-    stream = loader.IndexStream(len(train), config.run.seed)
-    if train.images is not None:
-        data = loader.DeviceImages(train, device)
-        for step in range(start, steps):
-            yield [data.batch(index) for index in
-                   loader.micro_batches(stream, step, config.data.batch_size, info.rank, info.world, micro)]
-        return
-    yield from loader.FileBatches(train, stream, start_step=start, total_steps=steps, global_batch=config.data.batch_size,
-                                  rank=info.rank, world=info.world, micro_batch=micro, device=device,
-                                  workers=config.data.workers, strict=config.data.strict)
-
-
 def pretrain(config: TrainConfig, mpp: MPPConfig, *, train: ImageSet | None = None, held_out: ImageSet | None = None,
              eval_images: int = 1024) -> dict[str, Any]:
     """Run (or resume) MPP pre-training into `config.run.out`; returns a summary dict.
@@ -268,7 +254,8 @@ def _run(config: TrainConfig, mpp: MPPConfig, info: distributed.DistInfo, device
     num_classes = max(1, train.num_classes)
     status, last, invocation = "finished", {}, time.monotonic()
     model.train()
-    for raw in _batches(train, config, state.step, steps, info, micro, device):
+    stream = loader.IndexStream(len(train), config.run.seed)
+    for raw in step_batches(config, train, stream, state.step, steps, info, micro, device):
         batch = [train_transform(images, labels, num_classes, size, mean, std, channels, config.augment, generator)[0]
                  for images, labels in raw]
         step_lr = lr * lr_multiplier(state.step, steps, warmup, config.optim.schedule, config.optim.end_lr_fraction)

@@ -303,7 +303,7 @@ def _train(config: TrainConfig, info: distributed.DistInfo, device: torch.device
         return path
 
     stream = batches.IndexStream(len(data.train), config.run.seed)
-    batch_iter = _step_batches(config, data.train, stream, state.step, steps, info, micro, device)
+    batch_iter = step_batches(config, data.train, stream, state.step, steps, info, micro, device)
     num_classes_ = data.train.num_classes
     bar = _progress(config, info, steps, state.step, progress_stream)
     status, invocation_start = "finished", time.monotonic()
@@ -422,7 +422,7 @@ def _train_record(pending: list[dict[str, Any]], step: int, epoch: float, images
             "grad_norm": float(norms.mean()), "lr": good[-1]["lr"], "images_per_s": images_per_s}
 
 
-def _step_batches(config: TrainConfig, train: ImageSet, stream: batches.IndexStream, start: int, steps: int,
+def step_batches(config: TrainConfig, train: ImageSet, stream: batches.IndexStream, start: int, steps: int,
                   info: distributed.DistInfo, micro: int, device: torch.device) -> Iterator[list[tuple[Tensor, Tensor]]]:
     """uint8 micro-batches (images, labels) for each step from `start`, on `device`."""
     if train.images is not None:
