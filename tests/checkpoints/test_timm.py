@@ -7,11 +7,7 @@ transforms), restore sys.modules afterwards, and skip cleanly if that fails.
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import json
-import sys
-import types
 
 import pytest
 import torch
@@ -19,55 +15,13 @@ from safetensors.torch import save_file
 
 from vitkit.checkpoints import Checkpoint, read, timm, write
 from vitkit.models import build_model
-
-
-class _Anything(type):
-    def __getattr__(cls, name: str):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return name
-
-
-class _StubModule(types.ModuleType):
-    def __getattr__(self, name: str):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return sys.modules.get(f"{self.__name__}.{name}") or _Anything(name, (), {"__init__": lambda self, *a, **k: None})
-
-
-class _StubFinder:
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] == "torchvision":
-            return importlib.machinery.ModuleSpec(name, self, is_package=True)
-        return None
-
-    def create_module(self, spec):
-        module = _StubModule(spec.name)
-        module.__path__ = []
-        return module
-
-    def exec_module(self, module):
-        pass
+from timm_stub import import_timm
 
 
 @pytest.fixture(scope="module")
 def timm_vit():
     """timm's VisionTransformer class, imported with torchvision stubbed; sys.modules restored after."""
-    if importlib.util.find_spec("torchvision") is not None:  # a real torchvision: plain import
-        return pytest.importorskip("timm.models.vision_transformer").VisionTransformer
-    before = set(sys.modules)
-    finder = _StubFinder()
-    sys.meta_path.insert(0, finder)
-    try:
-        from timm.models.vision_transformer import VisionTransformer
-    except Exception as err:  # noqa: BLE001 - any failure of the stubbed import is a skip, not an error
-        pytest.skip(f"timm not importable with a stubbed torchvision: {err!r}")
-    finally:
-        sys.meta_path.remove(finder)
-        for name in set(sys.modules) - before:
-            if name.split(".")[0] in ("torchvision", "timm"):
-                del sys.modules[name]
-    return VisionTransformer
+    return import_timm("timm.models.vision_transformer").VisionTransformer
 
 
 def _timm_dir(tmp_path, model, num_heads):

@@ -13,6 +13,7 @@ from vitkit.models.configs import HybridConfig, ViTConfig
 from vitkit.models.hybrid import Bottleneck, HybridEmbed
 from vitkit.models.resnet import StdConv2d, standardize_weight
 from vitkit.models.vit import VisionTransformer
+from timm_stub import import_timm
 
 TINY_VIT = ViTConfig(img_size=32, patch_size=1, hidden_size=32, depth=1, num_heads=2, mlp_dim=64, num_classes=5)
 TINY = HybridConfig(vit=TINY_VIT, resnet_layers=(1, 1))  # stride 4 * 2 = 8: 4x4 tokens at 32 px
@@ -176,7 +177,7 @@ def test_eval_output_does_not_depend_on_the_batch():
 
 def test_matches_timm_hybrid():
     """timm's R26+ViT-S/32 (random init) with our weights; eps set to timm's; skipped where timm does not import."""
-    timm = pytest.importorskip("timm", exc_type=ImportError)
+    timm = import_timm("timm")
     reference = timm.create_model("vit_small_r26_s32_224", pretrained=False, img_size=64, num_classes=5).eval()
     model = create_model("r26_vit_s32", img_size=64, num_classes=5, gelu="exact").eval()
     for module in model.modules():  # timm: WS / sqrt(var + 1e-8), GroupNorm eps 1e-5

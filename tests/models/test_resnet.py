@@ -20,6 +20,7 @@ from vitkit.models.resnet import (
     same_padding,
     standardize_weight,
 )
+from timm_stub import import_timm
 
 TINY = ResNetConfig(layers=(1, 1), width_factor=1, img_size=32, num_classes=10)
 
@@ -193,10 +194,10 @@ def test_init_and_timm_names():
 
 def test_matches_timm_resnetv2_bit():
     """Same weights in timm's BiT ResNetV2 (random init) give the same logits; skipped where timm does not import."""
-    timm_resnetv2 = pytest.importorskip("timm.models.resnetv2", exc_type=ImportError)
+    timm_resnetv2 = import_timm("timm.models.resnetv2")
     from functools import partial
 
-    from timm.layers import StdConv2d as TimmStdConv2d
+    TimmStdConv2d = timm_resnetv2.StdConv2d
 
     reference = timm_resnetv2.ResNetV2(
         layers=(2, 1, 1), num_classes=7, stem_type="fixed", conv_layer=partial(TimmStdConv2d, eps=1e-8)
