@@ -27,7 +27,8 @@ from torch import Tensor, nn
 
 from vitkit.models import posemb as pe
 from vitkit.models.configs import HybridConfig
-from vitkit.models.resnet import MaxPool2dSame, ResNetStage, StdConv2d, group_norm, lecun_normal_, projection
+from vitkit.models.resnet import (MaxPool2dSame, ResNetStage, StdConv2d, flax_default_init_, group_norm, lecun_normal_,
+                                  projection)
 
 WS_EPS = 1e-5  # models_resnet.weight_standardize(..., eps=1e-5), added to the std
 GN_EPS = 1e-6  # flax.linen.GroupNorm default epsilon
@@ -132,12 +133,7 @@ class HybridEmbed(nn.Module):
 def init_official_(module: nn.Module) -> None:
     """Flax defaults (LeCun-normal kernels, GroupNorm scale 1, bias 0), then gn3 scale_init=zeros in every unit,
     so that each unit starts as relu(shortcut)."""
-    for child in module.modules():
-        if isinstance(child, nn.Conv2d):
-            lecun_normal_(child.weight)
-        elif isinstance(child, nn.GroupNorm):
-            nn.init.ones_(child.weight)
-            nn.init.zeros_(child.bias)
+    flax_default_init_(module)
     for child in module.modules():
         if isinstance(child, Bottleneck):
             nn.init.zeros_(child.norm3.weight)

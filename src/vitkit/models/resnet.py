@@ -149,6 +149,17 @@ class ResNetStage(nn.Module):
         return self.blocks(x)
 
 
+@torch.no_grad()
+def flax_default_init_(module: nn.Module) -> None:
+    """Flax's defaults for every conv and GroupNorm below `module`: LeCun-normal kernels, scale 1, bias 0."""
+    for child in module.modules():
+        if isinstance(child, nn.Conv2d):
+            lecun_normal_(child.weight)
+        elif isinstance(child, nn.GroupNorm):
+            nn.init.ones_(child.weight)
+            nn.init.zeros_(child.bias)
+
+
 class ResNetV2(nn.Module):
     """BiT ResNet-v2 R{50,101,152,200}x{1..4}.  `forward(x)` takes a normalised (B, C, H, W) tensor, returns logits.
 
@@ -183,12 +194,7 @@ class ResNetV2(nn.Module):
     @torch.no_grad()
     def reset_parameters(self) -> None:
         """Initialise as bit_jax: LeCun-normal kernels (Flax default), GroupNorm 1 / 0, zero head."""
-        for module in self.modules():
-            if isinstance(module, nn.Conv2d):
-                lecun_normal_(module.weight)
-            elif isinstance(module, nn.GroupNorm):
-                nn.init.ones_(module.weight)
-                nn.init.zeros_(module.bias)
+        flax_default_init_(self)
         zero_head_(self.head)
 
     def forward_stages(self, x: Tensor) -> dict[str, Tensor]:
