@@ -11,8 +11,6 @@ import json
 import sys
 from typing import Any, Callable, Sequence
 
-Handler = Callable[[argparse.Namespace], int]
-
 
 def _add_models(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("models", help="list the model presets (Table 1) with parameters and GFLOPs")

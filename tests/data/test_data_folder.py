@@ -50,7 +50,7 @@ def make_folder(root: Path) -> dict[str, Path]:
 
 
 def test_folder_skips_and_counts_bad_files(tmp_path, caplog):
-    files = make_folder(tmp_path)
+    make_folder(tmp_path)
     with caplog.at_level(logging.WARNING):
         train = load_split(f"folder:{tmp_path}", "train", image_size=8, num_workers=2)
     assert train.skipped == 3 and len(train) == 6

@@ -24,11 +24,10 @@ import os
 import re
 import zipfile
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Mapping
 
 import numpy as np
 import torch
-from torch import Tensor
 
 from vitkit.checkpoints import keymap, surgery
 from vitkit.checkpoints.native import Checkpoint, atomic_write, build_checkpoint

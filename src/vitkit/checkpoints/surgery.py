@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from vitkit.models import build_model
 from vitkit.models import posemb as pe
-from vitkit.models.configs import HybridConfig, ResNetConfig, ViTConfig, image_size, with_overrides
+from vitkit.models.configs import HybridConfig, ResNetConfig, image_size, with_overrides
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,3 @@ def replace_head(model: nn.Module, num_classes: int, pre_logits: PreLogits | Non
         return model
     model.reset_head(num_classes)
     return model
-
-
-def is_vit(config: object) -> bool:
-    return isinstance(config, (ViTConfig, HybridConfig))

@@ -125,7 +125,6 @@ VIT_SIZES: dict[str, tuple[int, int, int, int]] = {
     "h": (1280, 32, 5120, 16),  # ViT-Huge, 632M
 }
 PATCH_SIZES = (8, 14, 16, 32)
-SIZE_NAMES = {"ti": "Tiny", "s": "Small", "b": "Base", "l": "Large", "h": "Huge"}
 
 
 def _vit(size: str, patch: int) -> ViTConfig:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from vitkit.data.transforms import AugmentConfig
-from vitkit.models.configs import HybridConfig, ModelConfig, ResNetConfig, ViTConfig, config_from_dict, config_to_dict
+from vitkit.models.configs import HybridConfig, ModelConfig, ViTConfig, config_from_dict, config_to_dict
 
 Precision = Literal["auto", "fp32", "bf16"]
 Parallel = Literal["ddp", "fsdp"]
@@ -263,7 +263,3 @@ def parse_value(text: str, hint: Any, key: str) -> Any:
     if hint is str:
         return text
     raise ValueError(f"--set {key}: fields of type {hint} cannot be set from the command line")
-
-
-def model_family(config: ModelConfig) -> str:
-    return {ViTConfig: "vit", HybridConfig: "hybrid", ResNetConfig: "resnet"}[type(config)]
