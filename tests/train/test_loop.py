@@ -63,6 +63,20 @@ def test_max_minutes_stops_evaluates_and_saves(tmp_path: Path) -> None:
     assert _records(run)[-1]["final"] and (run / "checkpoints" / "step_0000001").is_dir()
 
 
+def test_fitted_schedule_ends_annealed_when_the_budget_is_spent(tmp_path: Path) -> None:
+    run = tmp_path / "run"  # far more steps than 3 s allow: the clock, not the step count, ends the decay
+    result = loop.train(tiny_config(run, "data.steps=1000000", "run.max_minutes=0.05", "run.budget_schedule=fit",
+                                    "run.log_every=1", "optim.warmup_steps=5"))
+    assert result["status"] == "finished" and 20 < result["step"] < 1_000_000
+    assert result["minutes"] * 60 < 3.0 + 1.0
+    lrs = [r["lr"] for r in _records(run) if r["split"] == "train"]
+    assert len(lrs) == result["step"] and max(lrs) == pytest.approx(result["plan"]["lr"], rel=0.05)
+    assert all(later <= earlier for earlier, later in zip(lrs[5:], lrs[6:]))  # decays after warmup
+    assert lrs[-1] < 0.02 * max(lrs)  # ended annealed, not cut at a high learning rate
+    with pytest.raises(ValueError, match="max_minutes"):
+        tiny_config(run, "run.budget_schedule=fit")
+
+
 @pytest.mark.parametrize("nan_check", ["sync", "deferred"])
 def test_nan_losses_skip_then_stop_with_last_good_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                              nan_check: str) -> None:

@@ -11,7 +11,7 @@ from vitkit.data.sources import SourceInfo
 from vitkit.models import build_model
 from vitkit.train.optim import build_optimizer, is_kernel, param_groups
 from vitkit.train.recipes import PAPER_LR_GRID, RECIPES, get_recipe
-from vitkit.train.schedule import lr_multiplier, resolve_warmup, scaled_lr
+from vitkit.train.schedule import BudgetClock, lr_multiplier, resolve_warmup, scaled_lr
 
 INFO = SourceInfo(uri="digits", num_train=1438, num_classes=10, image_size=8, channels=1, in_memory=True)
 
@@ -112,3 +112,21 @@ def test_every_recipe_is_complete_and_has_a_tiny_variant() -> None:
         if not name.endswith("-tiny"):
             assert f"{name}-tiny" in RECIPES
             assert "Command:" in RECIPES[name].__doc__ and "Expected:" in RECIPES[name].__doc__
+
+
+def test_budget_clock_runs_the_schedule_by_the_clock() -> None:
+    clock = BudgetClock(total_steps=100, budget_s=10.0)
+    clock.observe(step=10, elapsed_s=1.0)  # steps ahead of the clock: the steps lead
+    assert clock.position(10) == 10 and not clock.done(10)
+    clock.observe(step=20, elapsed_s=5.0)  # the clock ahead: half the budget = half the schedule
+    assert clock.position(20) == pytest.approx(50.0) and clock.position(21) == pytest.approx(51.0)
+    clock.observe(step=21, elapsed_s=0.0)  # never moves back
+    assert clock.position(21) == pytest.approx(51.0)
+    clock.reserve_s = 2.0  # the final evaluation's share: 8 s usable
+    clock.observe(step=30, elapsed_s=6.0)
+    assert clock.position(30) == pytest.approx(75.0)
+    clock.observe(step=40, elapsed_s=8.0)
+    assert clock.done(40) and clock.position(41) == 100.0
+    assert lr_multiplier(clock.position(40), 100, 0, "cosine") == pytest.approx(0.0, abs=1e-12)
+    with pytest.raises(ValueError, match="max_minutes"):
+        BudgetClock(total_steps=100, budget_s=0.0)

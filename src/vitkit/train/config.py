@@ -102,6 +102,7 @@ class RunConfig:
     out: str = ""  # run directory; "" = runs/<data>-<model>-<timestamp> (chosen by the CLI)
     seed: int = 0  # seeds init, data order, augmentation and dropout
     max_minutes: float = 0.0  # stop cleanly when spent, then evaluate and save; 0 = no budget
+    budget_schedule: Literal["cut", "fit"] = "cut"  # fit: the LR schedule runs by the clock and ends annealed when max_minutes (whole run) is spent
     checkpoint_every: int = 500  # optimiser steps between checkpoints (also at the end and on SIGTERM/SIGINT)
     log_every: int = 20  # optimiser steps between train records in metrics.jsonl
     nan_patience: int = 5  # consecutive non-finite losses (each skipped) before the run stops
@@ -120,6 +121,8 @@ class RunConfig:
             raise ValueError("checkpoint_every, log_every and nan_patience must be >= 1")
         if self.max_minutes < 0:
             raise ValueError(f"max_minutes must be >= 0, got {self.max_minutes}")
+        if self.budget_schedule == "fit" and self.max_minutes <= 0:
+            raise ValueError("budget_schedule='fit' fits the schedule to a time budget: set max_minutes (--max-minutes)")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -89,11 +89,16 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
 
 def any_true(flag: bool, device: torch.device) -> bool:
     """True on every process when `flag` is true on any (so all stop at the same step)."""
+    return bool(max_across(1.0 if flag else 0.0, device))
+
+
+def max_across(value: float, device: torch.device) -> float:
+    """The largest of each process's `value`, on every process (the value itself with one process)."""
     if not dist.is_initialized():
-        return flag
-    value = torch.tensor([1.0 if flag else 0.0], device=device)
-    dist.all_reduce(value, op=dist.ReduceOp.MAX)
-    return bool(value.item())
+        return value
+    tensor = torch.tensor([value], dtype=torch.float64 if device.type == "cpu" else torch.float32, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return float(tensor.item())
 
 
 def barrier() -> None:

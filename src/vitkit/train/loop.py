@@ -38,7 +38,7 @@ from vitkit.train.config import TrainConfig, from_dict, to_dict
 from vitkit.train.ema import ModelEMA
 from vitkit.train.optim import build_optimizer
 from vitkit.train.plots import MetricsLog, plot_curves
-from vitkit.train.schedule import lr_multiplier, resolve_warmup, scaled_lr
+from vitkit.train.schedule import BudgetClock, lr_multiplier, resolve_warmup, scaled_lr
 from vitkit.train.step import StepSpec, evaluate, loss_fn, train_step  # noqa: F401 (loss_fn re-exported)
 from vitkit.train.state import (TrainState, gather_sharded, latest_checkpoint, load_checkpoint, load_sharded,
                                 save_checkpoint)
@@ -333,12 +333,18 @@ def _train(config: TrainConfig, info: distributed.DistInfo, device: torch.device
                     "Lower optim.lr, raise optim.warmup_steps or use run.precision=fp32")
         unchecked.clear()
 
+    clock = None  # the schedule's budget: what max_minutes leaves after this invocation's start-up
+    if config.run.budget_schedule == "fit":
+        clock = BudgetClock(steps, max(config.run.max_minutes * 60 - (time.monotonic() - started), 1.0))
+    if clock is not None:
+        clock.observe(state.step, state.elapsed)
     with stop:
-        while state.step < steps:
+        while state.step < steps and not (clock is not None and clock.done(state.step)):
             raw = next(batch_iter)
             batch = [train_transform(images, labels, num_classes_, size, config.data.mean, config.data.std, channels,
                                      config.augment, state.generator) for images, labels in raw]
-            mult = lr_multiplier(state.step, steps, warmup, config.optim.schedule, config.optim.end_lr_fraction)
+            position = clock.position(state.step) if clock is not None else state.step
+            mult = lr_multiplier(position, steps, warmup, config.optim.schedule, config.optim.end_lr_fraction)
             spec = StepSpec(lr=plan["lr"] * mult, clip_norm=config.optim.clip_norm, loss=config.optim.loss,
                             autocast_dtype=autocast_dtype, deferred=deferred)
             out = train_step(state, batch, spec)
@@ -357,9 +363,16 @@ def _train(config: TrainConfig, info: distributed.DistInfo, device: torch.device
                     metrics.write(record)
                     bar.set_postfix(loss=f"{record['loss']:.3f}", img_s=f"{record['images_per_s']:.0f}")
             if eval_every and state.step % eval_every == 0 and state.step < steps:
+                eval_start = time.monotonic()
                 for split, ref in data.evals.items():
                     run_eval(split, ref)
+                if clock is not None:  # keep as long back for the final evaluation
+                    clock.reserve_s = distributed.max_across(time.monotonic() - eval_start, device)
+            if clock is not None and (info.world == 1 or at_log or state.step % config.run.checkpoint_every == 0):
+                elapsed = state.elapsed + time.monotonic() - invocation_start
+                clock.observe(state.step, distributed.max_across(elapsed, device))  # all processes: one position
             out_of_time = config.run.max_minutes > 0 and (time.monotonic() - started) / 60 >= config.run.max_minutes
+            out_of_time = out_of_time and not (clock is not None and clock.done(state.step))  # that ends annealed
             signalled = stop.signum != 0
             if info.world > 1:  # all processes must stop at the same step: agree at log/checkpoint steps only
                 agree = at_log or state.step % config.run.checkpoint_every == 0
@@ -380,6 +393,8 @@ def _train(config: TrainConfig, info: distributed.DistInfo, device: torch.device
                 log.info("time budget of %.1f min spent at step %d/%d: stopping", config.run.max_minutes, state.step, steps)
                 break
     bar.close()
+    if clock is not None and state.step < steps and status == "finished":
+        log.info("time budget (budget_schedule=fit): schedule annealed at step %d of at most %d", state.step, steps)
     state.elapsed += time.monotonic() - invocation_start
     result: dict[str, Any] = {"status": status, "run_dir": str(run_dir), "rank": info.rank, "step": state.step, "steps": steps,
                               "skipped_steps": state.skipped_steps, "plan": plan}

@@ -50,3 +50,33 @@ def scaled_lr(lr: float, batch_size: int, base_batch_size: int, rule: Literal["n
         return lr
     ratio = batch_size / base_batch_size
     return lr * (ratio if rule == "linear" else math.sqrt(ratio))
+
+
+class BudgetClock:
+    """Schedule position under a wall-clock budget: the schedule ends when the budget is spent.
+
+    With `run.budget_schedule="fit"` the run's planned steps are an upper bound, and the schedule is
+    read at position max(step, total_steps * elapsed / usable budget): on a slower machine the decay
+    advances by the clock, so the run still ends annealed (a budget that merely cuts a cosine run
+    ends it at a high learning rate). The budget left for the final evaluation is the length of the
+    last periodic one. The position only moves forward; `observe` must get the same elapsed time on
+    every process (the loop takes the maximum over processes).
+    """
+
+    def __init__(self, total_steps: int, budget_s: float):
+        if budget_s <= 0:
+            raise ValueError(f"a fitted schedule needs a time budget (run.max_minutes > 0), got {budget_s} s")
+        self.total_steps, self.budget_s = total_steps, budget_s
+        self.offset = 0.0  # schedule position - optimiser step; grows when the clock runs ahead of the steps
+        self.reserve_s = 0.0  # kept back for the final evaluation
+
+    def observe(self, step: int, elapsed_s: float) -> None:
+        usable = max(self.budget_s - self.reserve_s, 1e-9)
+        self.offset = max(self.offset, self.total_steps * elapsed_s / usable - step)
+
+    def position(self, step: int) -> float:
+        return min(step + self.offset, float(self.total_steps))
+
+    def done(self, step: int) -> bool:
+        """Whether the schedule has reached its end: the next update would be at (or past) the last step."""
+        return step + self.offset >= self.total_steps
