@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from vitkit.data.transforms import (AugmentConfig, cutmix, eval_transform, inception_crop, mixup, one_hot, pad_crop,
-                                    random_flip, resize, sample_beta, to_float, train_transform)
+                                    random_erase, random_flip, resize, sample_beta, to_float, train_transform)
 
 
 def gen(seed: int = 0) -> torch.Generator:
@@ -177,6 +177,28 @@ def test_train_transform_without_augmentation_is_eval():
     out, targets = train_transform(images, torch.tensor([0, 1, 2, 0]), 3, 16, config=plain, generator=gen())
     assert torch.equal(out, eval_transform(images, 16))
     assert torch.equal(targets, one_hot(torch.tensor([0, 1, 2, 0]), 3))
+
+
+def test_random_erase_replaces_one_clipped_box_per_chosen_image():
+    images = torch.full((400, 2, 10, 12), 7.0)  # no pixel of N(0, 1) noise equals 7
+    out = random_erase(images, 0.5, gen(3), scale=(0.1, 0.3))
+    erased = out != 7.0
+    assert torch.equal(erased[:, 0], erased[:, 1])  # the same box in every channel
+    chosen = erased.flatten(1).any(1)
+    assert 160 < int(chosen.sum()) < 240  # p = 0.5 of 400 images
+    for mask in erased[chosen, 0]:  # each box is one rectangle of 10% .. 30% of the image (up to rounding)
+        rows, cols = mask.any(1).nonzero().flatten(), mask.any(0).nonzero().flatten()
+        assert int(mask.sum()) == len(rows) * len(cols)
+        assert len(rows) == int(rows[-1] - rows[0]) + 1 and len(cols) == int(cols[-1] - cols[0]) + 1
+        assert 0.1 * 120 - 12 <= int(mask.sum()) <= 0.3 * 120 + 12
+    assert torch.equal(out, random_erase(images, 0.5, gen(3), scale=(0.1, 0.3)))  # a pure function of the generator
+    assert torch.equal(random_erase(images, 0.0, gen(3)), images)
+    config = AugmentConfig(crop="none", flip=False, erasing=1.0)
+    batch, _ = train_transform(torch.zeros(8, 1, 12, 12, dtype=torch.uint8), torch.zeros(8, dtype=torch.long), 2, 12,
+                               config=config, generator=gen())
+    assert bool(((batch != -1).flatten(1).any(1)).all())  # every image got its box (zeros map to -1)
+    with pytest.raises(ValueError, match="erasing"):
+        AugmentConfig(erasing=1.5)
 
 
 def test_generator_is_required_and_config_validated():

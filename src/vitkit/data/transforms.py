@@ -6,8 +6,9 @@ Images arrive as uint8 (B, C, H, W) and leave as float32 normalised `(x / 255 - 
 (images, labels, generator state): runs are reproducible and resume exactly.
 
 train_transform = crop (inception / pad / none) -> RandAugment -> flip -> normalise -> expand
-channels (with the inception crop the flip is folded into the crop's affine map, before RandAugment:
-the same distribution, since every RandAugment op is mirror-symmetric in law, and two passes cheaper), and labels -> one-hot -> label smoothing -> Mixup or CutMix.  The inception crop is the
+channels -> random erasing (with the inception crop the flip is folded into the crop's affine map, before
+RandAugment: the same distribution, since every RandAugment op is mirror-symmetric in law, and two
+passes cheaper), and labels -> one-hot -> label smoothing -> Mixup or CutMix.  The inception crop is the
 random resized crop of Szegedy et al. (2015) that the ViT paper's pipeline uses: area fraction
 U(crop_scale), aspect ratio log-uniform in [3/4, 4/3], falling back to a centre crop; all crops of a
 batch are sampled with one `grid_sample` call.  Between ops the pixels stay float in 0..255 and are
@@ -27,7 +28,7 @@ from torch import Tensor
 from vitkit.data.randaugment import rand_augment
 
 __all__ = ["AugmentConfig", "to_float", "resize", "eval_transform", "train_transform", "inception_crop",
-           "pad_crop", "random_flip", "one_hot", "mixup", "cutmix", "sample_beta", "expand_channels"]
+           "pad_crop", "random_flip", "random_erase", "one_hot", "mixup", "cutmix", "sample_beta", "expand_channels"]
 
 MEAN = (0.5, 0.5, 0.5)  # official ViT normalisation: x / 127.5 - 1
 STD = (0.5, 0.5, 0.5)
@@ -46,6 +47,8 @@ class AugmentConfig:
     randaugment: tuple[int, int] | None = None  # (num_ops N, magnitude M on the 0..10 scale; >10 extrapolates)
     mixup: float = 0.0  # Beta(alpha, alpha) mixing of images and targets (Zhang et al. 2018); 0 = off
     cutmix: float = 0.0  # Beta(alpha, alpha) box pasting (Yun et al. 2019); with mixup, one of them per batch
+    erasing: float = 0.0  # probability of random erasing per image (Zhong et al. 2020); 0 = off
+    erasing_scale: tuple[float, float] = (0.02, 1 / 3)  # area fraction range of the erased box
     label_smoothing: float = 0.0  # epsilon: targets (1 - eps) * one_hot + eps / K (App. B.1)
 
     def __post_init__(self) -> None:
@@ -62,6 +65,9 @@ class AugmentConfig:
             raise ValueError(f"randaugment must be (num_ops >= 0, magnitude >= 0), got {self.randaugment}")
         if self.mixup < 0 or self.cutmix < 0:
             raise ValueError("mixup and cutmix alphas must be >= 0")
+        if not 0 <= self.erasing <= 1 or not 0 < self.erasing_scale[0] <= self.erasing_scale[1] <= 1:
+            raise ValueError(f"erasing must be in [0, 1] and 0 < erasing_scale low <= high <= 1, got "
+                             f"{self.erasing}, {self.erasing_scale}")
         if not 0 <= self.label_smoothing < 1:
             raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
 
@@ -238,6 +244,29 @@ def random_flip(images: Tensor, generator: torch.Generator, p: float = 0.5) -> t
     return out, flipped
 
 
+def random_erase(images: Tensor, p: float, generator: torch.Generator, *, scale: tuple[float, float] = (0.02, 1 / 3),
+                 ratio: tuple[float, float] = (0.3, 1 / 0.3)) -> Tensor:
+    """Random erasing (Zhong et al. 2020) of normalised images: with probability p per image, one box
+    of area fraction U(scale) and aspect ratio log-uniform in `ratio` (clipped to the image) is
+    replaced by N(0, 1) noise, per pixel and channel."""
+    batch, _, height, width = images.shape
+    device = images.device
+    draws = _uniform((batch, 5), generator, device)  # apply?, area, log-ratio, top, left
+    area = height * width * (scale[0] + (scale[1] - scale[0]) * draws[:, 1])
+    aspect = torch.exp(math.log(ratio[0]) + (math.log(ratio[1]) - math.log(ratio[0])) * draws[:, 2])
+    box_h = torch.sqrt(area * aspect).round().clamp(1, height)
+    box_w = torch.sqrt(area / aspect).round().clamp(1, width)
+    top = (draws[:, 3] * (height - box_h + 1)).floor()
+    left = (draws[:, 4] * (width - box_w + 1)).floor()
+    rows = torch.arange(height, device=device, dtype=images.dtype)[None, :]  # (1, H)
+    cols = torch.arange(width, device=device, dtype=images.dtype)[None, :]
+    in_rows = (rows >= top[:, None]) & (rows < (top + box_h)[:, None])  # (B, H)
+    in_cols = (cols >= left[:, None]) & (cols < (left + box_w)[:, None])  # (B, W)
+    mask = in_rows[:, :, None] & in_cols[:, None, :] & (draws[:, 0] < p)[:, None, None]  # (B, H, W)
+    noise = torch.randn(images.shape, generator=generator, device=device, dtype=images.dtype)
+    return torch.where(mask[:, None], noise, images)
+
+
 # ---------------------------------------------------------------------------- targets, mixing
 def one_hot(labels: Tensor, num_classes: int, smoothing: float = 0.0) -> Tensor:
     """Soft targets (B, K): (1 - eps) * one_hot + eps / K (label smoothing, Szegedy et al. 2016)."""
@@ -332,6 +361,8 @@ def train_transform(images_uint8: Tensor, labels: Tensor, num_classes: int, size
     if flip_later:
         pixels, _ = random_flip(pixels, generator)
     images = to_float(pixels, mean, std, channels)
+    if config.erasing > 0:
+        images = random_erase(images, config.erasing, generator, scale=config.erasing_scale)
     targets = one_hot(labels.to(images.device), num_classes, config.label_smoothing)
     use_mixup, use_cutmix = config.mixup > 0, config.cutmix > 0
     if use_mixup and use_cutmix:  # one of the two per batch, with equal odds (as timm's switch_prob 0.5)
