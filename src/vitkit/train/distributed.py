@@ -96,7 +96,7 @@ def max_across(value: float, device: torch.device) -> float:
     """The largest of each process's `value`, on every process (the value itself with one process)."""
     if not dist.is_initialized():
         return value
-    tensor = torch.tensor([value], dtype=torch.float64 if device.type == "cpu" else torch.float32, device=device)
+    tensor = torch.tensor([value], dtype=torch.float64, device=device)
     dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
     return float(tensor.item())
 

@@ -333,18 +333,18 @@ def _train(config: TrainConfig, info: distributed.DistInfo, device: torch.device
                     "Lower optim.lr, raise optim.warmup_steps or use run.precision=fp32")
         unchecked.clear()
 
-    clock = None  # the schedule's budget: what max_minutes leaves after this invocation's start-up
-    if config.run.budget_schedule == "fit":
-        clock = BudgetClock(steps, max(config.run.max_minutes * 60 - (time.monotonic() - started), 1.0))
-    if clock is not None:
-        clock.observe(state.step, state.elapsed)
+    # The schedule's clock: unfitted, an infinite budget leaves position = step and done = (step >= steps);
+    # fitted, the budget is what max_minutes leaves after this invocation's start-up.
+    fitted = config.run.budget_schedule == "fit"
+    budget_s = max(config.run.max_minutes * 60 - (time.monotonic() - started), 1.0) if fitted else math.inf
+    clock = BudgetClock(steps, budget_s)
+    clock.observe(state.step, state.elapsed)
     with stop:
-        while state.step < steps and not (clock is not None and clock.done(state.step)):
+        while not clock.done(state.step):
             raw = next(batch_iter)
             batch = [train_transform(images, labels, num_classes_, size, config.data.mean, config.data.std, channels,
                                      config.augment, state.generator) for images, labels in raw]
-            position = clock.position(state.step) if clock is not None else state.step
-            mult = lr_multiplier(position, steps, warmup, config.optim.schedule, config.optim.end_lr_fraction)
+            mult = lr_multiplier(clock.position(state.step), steps, warmup, config.optim.schedule, config.optim.end_lr_fraction)
             spec = StepSpec(lr=plan["lr"] * mult, clip_norm=config.optim.clip_norm, loss=config.optim.loss,
                             autocast_dtype=autocast_dtype, deferred=deferred)
             out = train_step(state, batch, spec)
@@ -366,13 +366,13 @@ def _train(config: TrainConfig, info: distributed.DistInfo, device: torch.device
                 eval_start = time.monotonic()
                 for split, ref in data.evals.items():
                     run_eval(split, ref)
-                if clock is not None:  # keep as long back for the final evaluation
+                if fitted:  # keep as long back for the final evaluation
                     clock.reserve_s = distributed.max_across(time.monotonic() - eval_start, device)
-            if clock is not None and (info.world == 1 or at_log or state.step % config.run.checkpoint_every == 0):
+            if fitted and (info.world == 1 or at_log or state.step % config.run.checkpoint_every == 0):
                 elapsed = state.elapsed + time.monotonic() - invocation_start
                 clock.observe(state.step, distributed.max_across(elapsed, device))  # all processes: one position
             out_of_time = config.run.max_minutes > 0 and (time.monotonic() - started) / 60 >= config.run.max_minutes
-            out_of_time = out_of_time and not (clock is not None and clock.done(state.step))  # that ends annealed
+            out_of_time = out_of_time and not (fitted and clock.done(state.step))  # the fitted schedule ends it annealed
             signalled = stop.signum != 0
             if info.world > 1:  # all processes must stop at the same step: agree at log/checkpoint steps only
                 agree = at_log or state.step % config.run.checkpoint_every == 0
@@ -393,7 +393,7 @@ def _train(config: TrainConfig, info: distributed.DistInfo, device: torch.device
                 log.info("time budget of %.1f min spent at step %d/%d: stopping", config.run.max_minutes, state.step, steps)
                 break
     bar.close()
-    if clock is not None and state.step < steps and status == "finished":
+    if fitted and state.step < steps and status == "finished":
         log.info("time budget (budget_schedule=fit): schedule annealed at step %d of at most %d", state.step, steps)
     state.elapsed += time.monotonic() - invocation_start
     result: dict[str, Any] = {"status": status, "run_dir": str(run_dir), "rank": info.rank, "step": state.step, "steps": steps,

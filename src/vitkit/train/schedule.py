@@ -60,7 +60,8 @@ class BudgetClock:
     advances by the clock, so the run still ends annealed (a budget that merely cuts a cosine run
     ends it at a high learning rate). The budget left for the final evaluation is the length of the
     last periodic one. The position only moves forward; `observe` must get the same elapsed time on
-    every process (the loop takes the maximum over processes).
+    every process (the loop takes the maximum over processes). An infinite budget is the plain
+    step schedule: position = step, done once step reaches total_steps.
     """
 
     def __init__(self, total_steps: int, budget_s: float):
