@@ -183,6 +183,29 @@ def test_dropout_is_off_in_eval_and_on_in_train():
     assert (model.forward_features(x) - model.forward_features(x)).abs().max() > 1e-4
 
 
+@pytest.mark.parametrize("pool", ["token", "gap"])
+def test_patch_dropout_keeps_a_random_subset_of_the_embedded_patches(pool):
+    model = _randomise(tiny(pool=pool, patch_dropout=0.5))
+    prefix = model.num_prefix_tokens
+    x = torch.randn(3, 3, 32, 32)
+    full = model.forward_intermediates(x)["embed"]  # eval: all 16 patches
+    model.train()
+    subsets = []
+    for _ in range(2):
+        kept = model.forward_intermediates(x)["embed"]
+        assert kept.shape == (3, prefix + 8, 32)
+        assert torch.equal(kept[:, :prefix], full[:, :prefix])  # the [class] token always stays
+        match = (kept[:, prefix:, None] == full[:, None, prefix:]).all(-1)  # (B, 8 kept, 16 patches)
+        assert match.sum(-1).eq(1).all() and match.any(1).sum(-1).eq(8).all()  # 8 distinct patches, E_pos added
+        subsets.append(match.any(1))
+    assert not torch.equal(subsets[0], subsets[1])  # a fresh draw per forward pass
+    plain = tiny(pool=pool)
+    plain.load_state_dict(model.state_dict())
+    assert torch.equal(model.eval()(x), plain(x))  # evaluation sees every patch
+    with pytest.raises(ValueError, match="patch_dropout"):
+        tiny(posemb="relative", patch_dropout=0.5)
+
+
 # ---------------------------------------------------------------- attention (App. A, Eq. 5-8)
 
 

@@ -37,6 +37,7 @@ class ViTConfig:
     dropout: float = 0.0  # after every dense layer but qkv, and after adding position embeddings (App. B.1)
     attention_dropout: float = 0.0  # on attention weights (official code's attention_dropout_rate)
     drop_path: float = 0.0  # stochastic depth, maximal rate at the last block (not in the paper; an option)
+    patch_dropout: float = 0.0  # training drops this fraction of each image's patch tokens (Liu et al. 2023; an option)
     layer_norm_eps: float = 1e-6  # official code (Flax default); timm 1e-6, HF 1e-12
     gelu: Gelu = "tanh"  # Flax's nn.gelu is the tanh approximation; timm and HF use exact erf
     qkv_bias: bool = True  # official code has biases on q, k, v and out
@@ -55,7 +56,10 @@ class ViTConfig:
                 f"use {self.img_size // self.patch_size * self.patch_size} or "
                 f"{(self.img_size // self.patch_size + 1) * self.patch_size}"
             )
-        for name in ("dropout", "attention_dropout", "drop_path"):
+        if self.patch_dropout and (self.posemb == "relative" or self.posemb_where != "input"):
+            raise ValueError("patch_dropout needs position embeddings added once at the input (posemb_where='input', "
+                             "not relative): the dropped tokens' positions are not tracked further")
+        for name in ("dropout", "attention_dropout", "drop_path", "patch_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
         if self.attn_impl not in ("auto", "sdpa", "explicit"):
