@@ -41,6 +41,19 @@ def test_bad_overrides_are_clear_errors(item: str, message: str) -> None:
         apply_overrides(get_recipe("small-8px-tiny", INFO), [item])
 
 
+def test_fields_of_one_group_change_together() -> None:
+    base = get_recipe("small-8px-tiny", INFO)  # resolutions and resolution_until are checked against each other
+    config = apply_overrides(base, ["data.resolutions=4,6", "optim.lr=1e-3", "data.resolution_until=0.3,0.6"])
+    assert config.data.resolutions == (4, 6) and config.data.resolution_until == (0.3, 0.6)
+    assert from_dict(json.loads(json.dumps(to_dict(config)))) == config
+    for bad in (["data.resolutions=4,6", "data.resolution_until=0.3"],  # one bound per phase
+                ["data.resolutions=4,6", "data.resolution_until=0.6,0.3"],  # increasing
+                ["data.resolutions=4", "data.resolution_until=1.5"],  # within (0, 1]
+                ["data.resolutions=0", "data.resolution_until=0.5"]):
+        with pytest.raises(ValueError, match="resolution"):
+            apply_overrides(base, bad)
+
+
 def test_to_dict_from_dict_round_trip() -> None:
     for name in ("paper-pretrain", "paper-finetune-tiny", "small-32px"):
         config = get_recipe(name, INFO)

@@ -77,6 +77,35 @@ def test_fitted_schedule_ends_annealed_when_the_budget_is_spent(tmp_path: Path) 
         tiny_config(run, "run.budget_schedule=fit")
 
 
+def test_progressive_resolution_trains_each_phase_at_its_size(tmp_path: Path) -> None:
+    phases = ("data.steps=10", "run.log_every=1", "data.resolutions=4,6", "data.resolution_until=0.3,0.6")
+    result = loop.train(tiny_config(tmp_path / "run", *phases))  # the model's own side is 8, on 2x2 patches
+    train = [r for r in _records(tmp_path / "run") if r["split"] == "train"]
+    assert [r["img_size"] for r in train] == [4, 4, 4, 6, 6, 6, 8, 8, 8, 8]  # step t at fraction t / 10
+    assert result["test"]["count"] == 359 and result["plan"]["resolution_phases"] == [[4, 0.3], [6, 0.6]]
+    with pytest.raises(ValueError, match="multiple of the model's 2-pixel patches"):
+        loop.train(tiny_config(tmp_path / "bad", "data.resolutions=5", "data.resolution_until=0.5"))
+
+
+def test_a_phase_at_the_model_size_changes_nothing(tmp_path: Path) -> None:
+    loop.train(tiny_config(tmp_path / "plain", "data.steps=6"))
+    loop.train(tiny_config(tmp_path / "phased", "data.steps=6", "data.resolutions=8", "data.resolution_until=0.5"))
+    plain, phased = (_weights(tmp_path / run / "checkpoints" / "final") for run in ("plain", "phased"))
+    assert all(torch.equal(plain[k], phased[k]) for k in plain)
+
+
+def test_patch_dropout_is_switched_off_where_the_schedule_says(tmp_path: Path) -> None:
+    def final(name: str, *overrides: str) -> dict[str, torch.Tensor]:
+        loop.train(tiny_config(tmp_path / name, "data.steps=6", *overrides))
+        return _weights(tmp_path / name / "checkpoints" / "final")
+
+    plain = final("plain")
+    off = final("off", "model.patch_dropout=0.5", "data.patch_dropout_until=0")  # off from the first step
+    on = final("on", "model.patch_dropout=0.5", "data.patch_dropout_until=0.5")
+    assert all(torch.equal(plain[k], off[k]) for k in plain)
+    assert max((plain[k] - on[k]).abs().max() for k in plain) > 1e-4
+
+
 @pytest.mark.parametrize("nan_check", ["sync", "deferred"])
 def test_nan_losses_skip_then_stop_with_last_good_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                              nan_check: str) -> None:

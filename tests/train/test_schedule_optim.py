@@ -11,7 +11,7 @@ from vitkit.data.sources import SourceInfo
 from vitkit.models import build_model
 from vitkit.train.optim import build_optimizer, is_kernel, param_groups
 from vitkit.train.recipes import PAPER_LR_GRID, RECIPES, get_recipe
-from vitkit.train.schedule import BudgetClock, lr_multiplier, resolve_warmup, scaled_lr
+from vitkit.train.schedule import BudgetClock, lr_multiplier, resolution_at, resolve_warmup, scaled_lr
 
 INFO = SourceInfo(uri="digits", num_train=1438, num_classes=10, image_size=8, channels=1, in_memory=True)
 
@@ -130,3 +130,10 @@ def test_budget_clock_runs_the_schedule_by_the_clock() -> None:
     assert lr_multiplier(clock.position(40), 100, 0, "cosine") == pytest.approx(0.0, abs=1e-12)
     with pytest.raises(ValueError, match="max_minutes"):
         BudgetClock(total_steps=100, budget_s=0.0)
+
+
+def test_resolution_phases_switch_at_their_fractions() -> None:
+    sizes, until = (16, 20), (0.5, 0.75)
+    got = [resolution_at(f, sizes, until, 28) for f in (0.0, 0.49, 0.5, 0.74, 0.75, 0.99, 1.0)]
+    assert got == [16, 16, 20, 20, 28, 28, 28]
+    assert resolution_at(0.0, (), (), 28) == 28  # no phases: the model's size throughout

@@ -41,6 +41,11 @@ class DataConfig:
     workers: int = 2  # DataLoader workers for file-based sets (in-memory sets need none)
     strict: bool = False  # a corrupt file stops the run instead of being skipped and counted
     max_in_memory_mb: int = 2048  # a decoded folder larger than this is read from files by DataLoader workers
+    # Progressive resolution: train at resolutions[i] until the schedule reaches resolution_until[i]
+    # (a fraction of it), then at the model's img_size; E_pos is 2D-interpolated on the fly (Sec. 3.2).
+    resolutions: tuple[int, ...] = ()  # training side lengths of the early phases, e.g. (16, 20)
+    resolution_until: tuple[float, ...] = ()  # where each phase ends, increasing in (0, 1], e.g. (0.5, 0.75)
+    patch_dropout_until: float = 1.0  # model.patch_dropout applies until this fraction of the schedule, then all patches
 
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.micro_batch_size < 0:
@@ -51,6 +56,15 @@ class DataConfig:
             raise ValueError("set epochs > 0 or steps > 0")
         if not 0.0 <= self.val_fraction < 1.0:
             raise ValueError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
+        if len(self.resolutions) != len(self.resolution_until):
+            raise ValueError(f"resolutions {self.resolutions} and resolution_until {self.resolution_until} "
+                             "must have one entry per phase")
+        if not 0.0 <= self.patch_dropout_until <= 1.0:
+            raise ValueError(f"patch_dropout_until must be in [0, 1], got {self.patch_dropout_until}")
+        bounds = (0.0, *self.resolution_until)
+        if any(not a < b <= 1.0 for a, b in zip(bounds, bounds[1:])) or any(s < 1 for s in self.resolutions):
+            raise ValueError(f"resolution_until must increase within (0, 1] and resolutions be >= 1, got "
+                             f"{self.resolution_until} / {self.resolutions}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -190,8 +204,11 @@ def _is_tuple(hint: Any) -> bool:
 def apply_overrides(config: TrainConfig, overrides: list[str] | tuple[str, ...]) -> TrainConfig:
     """Apply `group.field=value` strings, each parsed and checked against the field's type.
 
-    Unknown groups or fields, and values of the wrong type, raise a ValueError naming them.
+    The fields of one group change together, so that fields checked against each other (such as
+    data.resolutions and data.resolution_until) can be set by separate strings.  Unknown groups or
+    fields, and values of the wrong type, raise a ValueError naming them.
     """
+    changes: dict[str, dict[str, Any]] = {}
     for item in overrides:
         if "=" not in item:
             raise ValueError(f"--set {item!r}: expected group.field=value, e.g. optim.warmup_steps=500")
@@ -202,25 +219,36 @@ def apply_overrides(config: TrainConfig, overrides: list[str] | tuple[str, ...])
             continue
         if group not in GROUPS or not name or "." in name:
             raise ValueError(f"--set {key!r}: unknown key; use one of {', '.join(g + '.<field>' for g in GROUPS)}")
-        config = set_field(config, group, name, text)
+        target = _target(getattr(config, group), name)
+        target_fields, hints = _fields(target)
+        if name not in target_fields:
+            raise ValueError(f"--set {group}.{name}: unknown field; {group} has {', '.join(sorted(target_fields))}")
+        changes.setdefault(group, {})[name] = parse_value(text, hints[name], f"{group}.{name}")
+    for group, values in changes.items():
+        config = dataclasses.replace(config, **{group: _replace(getattr(config, group), values)})
     return config
 
 
 def set_field(config: TrainConfig, group: str, name: str, text: str) -> TrainConfig:
     """A copy of `config` with `group.name` parsed from `text` (validated by the dataclasses)."""
-    target = getattr(config, group)
-    if isinstance(target, HybridConfig) and name not in ("resnet_layers", "width_factor"):
-        target_fields, hints = _fields(target.vit)
-    else:
-        target_fields, hints = _fields(target)
-    if name not in target_fields:
-        raise ValueError(f"--set {group}.{name}: unknown field; {group} has {', '.join(sorted(target_fields))}")
-    value = parse_value(text, hints[name], f"{group}.{name}")
-    if isinstance(target, HybridConfig) and name not in ("resnet_layers", "width_factor"):
-        new = dataclasses.replace(target, vit=dataclasses.replace(target.vit, **{name: value}))
-    else:
-        new = dataclasses.replace(target, **{name: value})
-    return dataclasses.replace(config, **{group: new})
+    return apply_overrides(config, [f"{group}.{name}={text}"])
+
+
+_HYBRID_OWN = ("resnet_layers", "width_factor")  # a HybridConfig's own fields; the rest live in its .vit
+
+
+def _target(part: Any, name: str) -> Any:
+    """The dataclass that holds field `name` of a config group (a hybrid's ViT fields are in .vit)."""
+    return part.vit if isinstance(part, HybridConfig) and name not in _HYBRID_OWN else part
+
+
+def _replace(part: Any, values: dict[str, Any]) -> Any:
+    """`part` with `values` applied in one construction (so their joint checks see all of them)."""
+    if isinstance(part, HybridConfig):
+        inner = {k: v for k, v in values.items() if k not in _HYBRID_OWN}
+        outer = {k: v for k, v in values.items() if k in _HYBRID_OWN}
+        return dataclasses.replace(part, vit=dataclasses.replace(part.vit, **inner), **outer)
+    return dataclasses.replace(part, **values)
 
 
 def _fields(obj: Any) -> tuple[set[str], dict[str, Any]]:

@@ -38,7 +38,7 @@ from vitkit.train.config import TrainConfig, from_dict, to_dict
 from vitkit.train.ema import ModelEMA
 from vitkit.train.optim import build_optimizer
 from vitkit.train.plots import MetricsLog, plot_curves
-from vitkit.train.schedule import BudgetClock, lr_multiplier, resolve_warmup, scaled_lr
+from vitkit.train.schedule import BudgetClock, lr_multiplier, resolution_at, resolve_warmup, scaled_lr
 from vitkit.train.step import StepSpec, evaluate, loss_fn, train_step  # noqa: F401 (loss_fn re-exported)
 from vitkit.train.state import (TrainState, gather_sharded, latest_checkpoint, load_checkpoint, load_sharded,
                                 save_checkpoint)
@@ -179,7 +179,10 @@ def summary(config: TrainConfig, num_train: int, world: int = 1) -> dict[str, An
             "img_size": image_size(config.model), "global_batch": config.data.batch_size, "processes": world,
             "micro_batch": micro, "accumulation": config.data.batch_size // world // micro, "steps": steps,
             "epochs": steps * config.data.batch_size / num_train, "lr": lr, "base_lr": config.optim.lr,
-            "base_batch": base, "lr_scaling": config.optim.lr_scaling, "optimizer": config.optim.name}
+            "base_batch": base, "lr_scaling": config.optim.lr_scaling, "optimizer": config.optim.name,
+            **({"resolution_phases": [[side, until] for side, until in
+                                      zip(config.data.resolutions, config.data.resolution_until)]}
+               if config.data.resolutions else {})}
 
 
 def train(config: TrainConfig, *, progress_stream: Any = None) -> dict[str, Any]:
@@ -239,6 +242,10 @@ def _train(config: TrainConfig, info: distributed.DistInfo, device: torch.device
     channels, size = in_channels(config.model), image_size(config.model)
 
     module = _initial_model(config).to(device)
+    stride = getattr(getattr(module, "patch_embed", None), "stride", 1)  # pixels per token (1: any side works)
+    if any(side % stride for side in config.data.resolutions):
+        raise ValueError(f"data.resolutions {config.data.resolutions}: every side must be a multiple of the "
+                         f"model's {stride}-pixel patches")
     model = distributed.wrap(module, info, device, config.run.parallel)
     if config.run.compile:
         model = torch.compile(model)
@@ -339,11 +346,19 @@ def _train(config: TrainConfig, info: distributed.DistInfo, device: torch.device
     budget_s = max(config.run.max_minutes * 60 - (time.monotonic() - started), 1.0) if fitted else math.inf
     clock = BudgetClock(steps, budget_s)
     clock.observe(state.step, state.elapsed)
+    train_size, patch_dropout = 0, getattr(module, "patch_dropout", 0.0)
     with stop:
         while not clock.done(state.step):
             raw = next(batch_iter)
-            batch = [train_transform(images, labels, num_classes_, size, config.data.mean, config.data.std, channels,
-                                     config.augment, state.generator) for images, labels in raw]
+            fraction = clock.position(state.step) / steps  # how far the schedule is: the phases follow it
+            phase_size = resolution_at(fraction, config.data.resolutions, config.data.resolution_until, size)
+            if phase_size != train_size and config.data.resolutions and info.main:
+                log.info("step %d: training at %dx%d", state.step, phase_size, phase_size)
+            train_size = phase_size
+            if patch_dropout:  # PatchDropout early, all patches for the last part of the schedule
+                module.patch_dropout = patch_dropout if fraction < config.data.patch_dropout_until else 0.0
+            batch = [train_transform(images, labels, num_classes_, train_size, config.data.mean, config.data.std,
+                                     channels, config.augment, state.generator) for images, labels in raw]
             mult = lr_multiplier(clock.position(state.step), steps, warmup, config.optim.schedule, config.optim.end_lr_fraction)
             spec = StepSpec(lr=plan["lr"] * mult, clip_norm=config.optim.clip_norm, loss=config.optim.loss,
                             autocast_dtype=autocast_dtype, deferred=deferred)
@@ -360,7 +375,7 @@ def _train(config: TrainConfig, info: distributed.DistInfo, device: torch.device
                                        (state.step - last_log_step) * config.data.batch_size / max(now - last_log_time, 1e-9))
                 pending, last_log_time, last_log_step = [], now, state.step
                 if record:
-                    metrics.write(record)
+                    metrics.write({**record, "img_size": train_size})
                     bar.set_postfix(loss=f"{record['loss']:.3f}", img_s=f"{record['images_per_s']:.0f}")
             if eval_every and state.step % eval_every == 0 and state.step < steps:
                 eval_start = time.monotonic()

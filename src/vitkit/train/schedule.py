@@ -38,6 +38,19 @@ def lr_multiplier(step: int, total_steps: int, warmup_steps: int = 0, kind: Sche
     return end_fraction + (1.0 - end_fraction) * shape
 
 
+def resolution_at(fraction: float, sizes: tuple[int, ...], until: tuple[float, ...], final: int) -> int:
+    """Training side length at `fraction` (0..1) of the schedule: sizes[i] before until[i], then `final`.
+
+    Progressive resolution as the paper's own practice of training low and fine-tuning high
+    (Sec. 3.2), applied within one run: the early phases see fewer tokens per image, so each step
+    is cheaper; the last phase trains at the resolution the model is evaluated at.
+    """
+    for size, end in zip(sizes, until):
+        if fraction < end:
+            return size
+    return final
+
+
 def resolve_warmup(total_steps: int, warmup_steps: int, warmup_fraction: float) -> int:
     """Warmup length in steps: explicit steps win; else a fraction of the run; never the whole run."""
     steps = warmup_steps if warmup_steps > 0 else int(round(warmup_fraction * total_steps))
