@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import mmap
 import statistics
 
 import pytest
@@ -129,8 +130,10 @@ def test_peak_memory_sees_a_large_cpu_allocation() -> None:
     if tp._proc_status_bytes("VmHWM") is None:
         pytest.skip("no /proc/self/status here")
     with tp.PeakMemory(torch.device("cpu")) as memory:
-        block = torch.ones(16 * 2**20 // 4 * 4)  # 64 MiB, every page touched
-        del block
+        # Fresh pages from the kernel: a tensor could reuse heap memory that earlier tests left resident.
+        block = mmap.mmap(-1, 64 * 2**20)
+        block.write(b"\x01" * (64 * 2**20))  # 64 MiB, every page touched
+        block.close()
     assert memory.kind == "cpu peak RSS increase"
     assert memory.bytes is not None and memory.bytes >= 48 * 2**20
 
