@@ -63,10 +63,7 @@ class Attention(nn.Module):
         weights = None
         if need_weights or self.explicit(q):  # Eq. 5-6 spelt out; the only path that can return A
             logits = (q * self.scale) @ k.transpose(-2, -1)  # (B, k, T, T); scaling q is the cheaper side
-            logits = logits if bias is None else logits + bias
-            # Softmax in fp32 even under bf16 autocast: more exact, and on the CPU 3x faster (forward +
-            # backward) than torch's bf16 softmax kernel (benchmarks/compare.py).
-            weights = logits.softmax(dim=-1, dtype=torch.float32).to(logits.dtype)
+            weights = _softmax(logits if bias is None else logits + bias)
             out = F.dropout(weights, drop, self.training) @ v
         else:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=drop)
@@ -83,6 +80,19 @@ class Attention(nn.Module):
         if self.attn_impl == "auto":
             return q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16)
         return self.attn_impl == "explicit"
+
+
+def _softmax(logits: Tensor) -> Tensor:
+    """Softmax over the last axis, in the logits' dtype.
+
+    On the CPU, torch's bf16 softmax kernel processes rows shorter than one 512-bit vector (32 bf16
+    values) element by element: there, as for the 17-25 tokens of small-28px under PatchDropout,
+    computing in fp32 and rounding back is 2-2.5x faster forward + backward; from 32 tokens up the
+    bf16 kernel is faster (3x at 197 tokens).  benchmarks/cpu_kernels.py measures both sides.
+    """
+    if logits.dtype == torch.bfloat16 and logits.device.type == "cpu" and logits.shape[-1] < 32:
+        return logits.softmax(dim=-1, dtype=torch.float32).to(logits.dtype)
+    return logits.softmax(dim=-1)
 
 
 class Mlp(nn.Module):
