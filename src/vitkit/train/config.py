@@ -229,11 +229,6 @@ def apply_overrides(config: TrainConfig, overrides: list[str] | tuple[str, ...])
     return config
 
 
-def set_field(config: TrainConfig, group: str, name: str, text: str) -> TrainConfig:
-    """A copy of `config` with `group.name` parsed from `text` (validated by the dataclasses)."""
-    return apply_overrides(config, [f"{group}.{name}={text}"])
-
-
 _HYBRID_OWN = ("resnet_layers", "width_factor")  # a HybridConfig's own fields; the rest live in its .vit
 
 

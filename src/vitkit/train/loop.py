@@ -350,7 +350,8 @@ def _train(config: TrainConfig, info: distributed.DistInfo, device: torch.device
     with stop:
         while not clock.done(state.step):
             raw = next(batch_iter)
-            fraction = clock.position(state.step) / steps  # how far the schedule is: the phases follow it
+            position = clock.position(state.step)
+            fraction = position / steps  # how far the schedule is: the phases follow it
             phase_size = resolution_at(fraction, config.data.resolutions, config.data.resolution_until, size)
             if phase_size != train_size and config.data.resolutions and info.main:
                 log.info("step %d: training at %dx%d", state.step, phase_size, phase_size)
@@ -359,7 +360,7 @@ def _train(config: TrainConfig, info: distributed.DistInfo, device: torch.device
                 module.patch_dropout = patch_dropout if fraction < config.data.patch_dropout_until else 0.0
             batch = [train_transform(images, labels, num_classes_, train_size, config.data.mean, config.data.std,
                                      channels, config.augment, state.generator) for images, labels in raw]
-            mult = lr_multiplier(clock.position(state.step), steps, warmup, config.optim.schedule, config.optim.end_lr_fraction)
+            mult = lr_multiplier(position, steps, warmup, config.optim.schedule, config.optim.end_lr_fraction)
             spec = StepSpec(lr=plan["lr"] * mult, clip_norm=config.optim.clip_norm, loss=config.optim.loss,
                             autocast_dtype=autocast_dtype, deferred=deferred)
             out = train_step(state, batch, spec)
