@@ -408,7 +408,8 @@ def _add_train_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="GROUP.FIELD=VALUE",
                         help="override any config field, e.g. --set optim.warmup_steps=500 (type-checked)")
     parser.add_argument("--strict", action="store_true", help="stop on the first corrupt image instead of skipping it")
-    parser.add_argument("--compile", action="store_true", help="torch.compile the model")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the model (the small-28px recipe "
+                        "compiles by default; --set run.compile=false trains eagerly)")
     parser.add_argument("--json", action="store_true", help="print one JSON object (no progress bar)")
 
 

@@ -122,7 +122,7 @@ class RunConfig:
     nan_patience: int = 5  # consecutive non-finite losses (each skipped) before the run stops
     nan_check: Literal["auto", "sync", "deferred"] = "auto"  # deferred: skip on the device (fused optimiser), read at log steps; auto = deferred on CUDA
     precision: Precision = "auto"  # "auto" = bf16 autocast where the device has native bf16 (CUDA, AVX512-BF16/AMX CPUs), else fp32
-    compile: bool = False  # torch.compile the model
+    compile: bool = False  # torch.compile the model (vitkit.train.compiled: graphs compiled before the clock starts)
     parallel: Parallel = "ddp"  # with several processes: replicate (DDP) or shard (FSDP2, CUDA only)
     device: str = "auto"  # "auto" = cuda when available (this process's local rank), else cpu
     threads: int = 0  # torch intra-op CPU threads for this run; 0 = torch's default (small models: 1 is fastest)

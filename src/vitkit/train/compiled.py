@@ -1,0 +1,91 @@
+"""torch.compile for training: the compiler check and a warm-up that compiles before the clock starts.
+
+On the CPU, inductor writes C++ and needs a compiler (g++, clang++ or $CXX); without one
+`compile_for_training` warns and keeps the eager model.  Compiling one graph (forward + backward)
+takes 20-30 s on a 2-core CPU, and a run needs one per phase of the schedule (PatchDropout on or
+off, each training resolution).  Left to the first step of each phase, that time would count on
+the budget clock of `run.budget_schedule=fit` and eat the warm-up of the learning rate.
+`warm_up` compiles every graph the run will still need on zero batches, before the clock starts:
+under a forked RNG and without an optimiser step, so weights, gradients and random streams are
+exactly what they would be without it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import time
+from typing import Callable
+
+import torch
+from torch import Tensor, nn
+
+from vitkit.train.schedule import resolution_at
+
+log = logging.getLogger("vitkit.train")
+
+
+def cpp_compiler() -> str | None:
+    """Path of the C++ compiler inductor would use on the CPU, or None."""
+    for name in (os.environ.get("CXX"), "g++", "clang++", "c++"):
+        path = shutil.which(name) if name else None
+        if path:
+            return path
+    return None
+
+
+def compile_for_training(model: nn.Module, device: torch.device) -> nn.Module:
+    """`torch.compile(model)` with static shapes (one graph per phase), or `model` where it cannot compile."""
+    if device.type == "cpu" and cpp_compiler() is None:
+        log.warning("run.compile: no C++ compiler (g++, clang++ or $CXX) for torch.compile's CPU code; "
+                    "training eagerly (install g++ to compile)")
+        return model
+    return torch.compile(model, dynamic=False)
+
+
+def phases(rate: float, until: float, resolutions: tuple[int, ...], resolution_until: tuple[float, ...], size: int,
+           start: float = 0.0) -> list[tuple[float, int]]:
+    """(PatchDropout rate, side) of each phase of the schedule that is not over at fraction `start`.
+
+    Follows the loop's rules: the rate applies while the schedule's fraction is below `until`,
+    the side is `resolution_at(fraction, ...)`.
+    """
+    marks = sorted({0.0, 1.0, *(f for f in (*resolution_until, until) if 0.0 < f < 1.0)})
+    found: list[tuple[float, int]] = []
+    for begin, end in zip(marks, marks[1:]):
+        phase = (rate if begin < until else 0.0, resolution_at(begin, resolutions, resolution_until, size))
+        if end > start and phase not in found:
+            found.append(phase)
+    return found
+
+
+def warm_up(model: nn.Module, module: nn.Module, needed: list[tuple[float, int]], inputs: Callable[[int], Tensor],
+            autocast_dtype: torch.dtype | None, device: torch.device) -> float:
+    """One forward + backward of `model` per (PatchDropout rate, side) in `needed`; returns the seconds spent.
+
+    `module` is the unwrapped model (it carries `patch_dropout`); `inputs(side)` gives a batch laid
+    out as the training batches are (the compiled code is specialised to shapes and strides, also of
+    size-1 axes).  Gradients are cleared afterwards and the RNG state is restored, so the run
+    continues as if nothing had happened.
+    """
+    start = time.monotonic()
+    rate_before, was_training = getattr(module, "patch_dropout", None), module.training
+    module.train()
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        for rate, side in needed:
+            if rate_before is not None:
+                module.patch_dropout = rate
+            images = inputs(side)
+            autocast = (torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype
+                        else contextlib.nullcontext())
+            with autocast:
+                logits = model(images)
+            logits.float().sum().backward()
+    if rate_before is not None:
+        module.patch_dropout = rate_before
+    module.train(was_training)
+    for param in module.parameters():
+        param.grad = None
+    return time.monotonic() - start
