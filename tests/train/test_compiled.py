@@ -78,7 +78,8 @@ def test_compiled_run_compiles_before_the_loop_and_matches_eager(tmp_path: Path,
     assert "torch.compile: 2 graph(s)" in caplog.text
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2  # the loop added none
     loop.train(tiny_config(tmp_path / "eager", *overrides))
-    final = [load_file(str(tmp_path / run / "checkpoints" / "final" / "model.safetensors")) for run in ("compiled", "eager")]
+    final = [load_file(str(tmp_path / run / "checkpoints" / "final" / "model.safetensors"))
+             for run in ("compiled", "eager")]
     # Fused kernels round differently; after 6 Adam steps the weights agree to ~5e-5, 1% of one step's
     # size (the learning rate); different patch subsets would differ by ~1e-2.
     for key, value in final[0].items():

@@ -22,7 +22,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import Tensor, nn
@@ -314,14 +314,7 @@ def _train(config: TrainConfig, info: distributed.DistInfo, device: torch.device
     if model is not eager:  # every graph the run still needs, before the clock starts
         needed = compiled.phases(getattr(module, "patch_dropout", 0.0), config.data.patch_dropout_until,
                                  config.data.resolutions, config.data.resolution_until, size, start=state.step / steps)
-        raw = tuple(data.train.images.shape[1:]) if data.train.images is not None else (
-            data.train.channels, data.train.load_size or size, data.train.load_size or size)
-        blank = torch.zeros(micro, *raw, dtype=torch.uint8, device=device), torch.zeros(micro, dtype=torch.long)
-
-        def inputs(side: int) -> Tensor:  # laid out as the training batches: the transform's own output
-            return train_transform(*blank, data.train.num_classes, side, config.data.mean, config.data.std, channels,
-                                   config.augment, torch.Generator(device=device).manual_seed(0))[0]
-
+        inputs = _blank_batches(config, data.train, micro, channels, device)
         seconds = compiled.warm_up(model, module, needed, inputs, autocast_dtype, device)
         log.info("torch.compile: %d graph(s) (PatchDropout rate, side) %s in %.0f s", len(needed), needed, seconds)
     stream = batches.IndexStream(len(data.train), config.run.seed)
@@ -466,6 +459,16 @@ def _train_record(pending: list[dict[str, Any]], step: int, epoch: float, images
     norms = torch.stack([p["grad_norm"].float().to(losses.device) for p in good])
     return {"step": step, "epoch": epoch, "split": "train", "loss": float(losses.mean()),
             "grad_norm": float(norms.mean()), "lr": good[-1]["lr"], "images_per_s": images_per_s}
+
+
+def _blank_batches(config: TrainConfig, train: ImageSet, micro: int, channels: int, device: torch.device
+                   ) -> Callable[[int], Tensor]:
+    """side -> a training batch of blank images, laid out (shape and strides) as the transform lays out real ones."""
+    side = train.load_size or image_size(config.model)
+    raw = tuple(train.images.shape[1:]) if train.images is not None else (train.channels, side, side)
+    blank = torch.zeros(micro, *raw, dtype=torch.uint8, device=device), torch.zeros(micro, dtype=torch.long)
+    return lambda size: train_transform(*blank, train.num_classes, size, config.data.mean, config.data.std, channels,
+                                        config.augment, torch.Generator(device=device).manual_seed(0))[0]
 
 
 def step_batches(config: TrainConfig, train: ImageSet, stream: batches.IndexStream, start: int, steps: int,
