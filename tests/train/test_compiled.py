@@ -53,6 +53,14 @@ def test_warm_up_runs_each_phase_once_and_leaves_no_trace() -> None:
     assert module.patch_dropout == 0.5 and not module.training
 
 
+def test_unsupported_python_keeps_the_eager_model(monkeypatch, caplog) -> None:
+    monkeypatch.setattr(torch._dynamo, "is_dynamo_supported", lambda: False)
+    module = _vit()
+    with caplog.at_level(logging.WARNING, logger="vitkit.train"):
+        assert compiled.compile_for_training(module, torch.device("cpu")) is module
+    assert "not supported" in caplog.text
+
+
 def test_no_compiler_keeps_the_eager_model(monkeypatch, caplog) -> None:
     monkeypatch.delenv("CXX", raising=False)
     monkeypatch.setattr(compiled.shutil, "which", lambda name: None)
@@ -84,3 +92,24 @@ def test_compiled_run_compiles_before_the_loop_and_matches_eager(tmp_path: Path,
     # size (the learning rate); different patch subsets would differ by ~1e-2.
     for key, value in final[0].items():
         torch.testing.assert_close(value, final[1][key], rtol=0, atol=2e-4)
+
+
+class _Exploding(torch.nn.Module):
+    """Stands in for a compiled model whose compiler fails on the first call."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("C++ compile failed: g++ exited with status 1")
+
+
+def test_failed_compilation_trains_eagerly(tmp_path: Path, caplog, monkeypatch) -> None:
+    """The warm-up's failure is reported and the run goes on eagerly: same weights as a plain eager run."""
+    monkeypatch.setattr(compiled, "compile_for_training", lambda model, device: _Exploding())
+    overrides = ("data.steps=4", "model.patch_dropout=0.5", "data.patch_dropout_until=0.5")
+    with caplog.at_level(logging.WARNING, logger="vitkit.train"):
+        result = loop.train(tiny_config(tmp_path / "fallback", *overrides, "run.compile=true"))
+    assert "torch.compile failed (RuntimeError: C++ compile failed" in caplog.text and result["status"] == "finished"
+    loop.train(tiny_config(tmp_path / "eager", *overrides))
+    final = [load_file(str(tmp_path / run / "checkpoints" / "final" / "model.safetensors"))
+             for run in ("fallback", "eager")]
+    assert final[0].keys() == final[1].keys()
+    assert all(torch.equal(value, final[1][key]) for key, value in final[0].items())

@@ -1,7 +1,7 @@
 """torch.compile for training: the compiler check and a warm-up that compiles before the clock starts.
 
-On the CPU, inductor writes C++ and needs a compiler (g++, clang++ or $CXX); without one
-`compile_for_training` warns and keeps the eager model.  Compiling one graph (forward + backward)
+On the CPU, inductor writes C++ and needs a compiler (g++, clang++ or $CXX); without one, or on a
+Python that torch.compile does not support, `compile_for_training` warns and keeps the eager model.  Compiling one graph (forward + backward)
 takes 20-30 s on a 2-core CPU, and a run needs one per phase of the schedule (PatchDropout on or
 off, each training resolution).  Left to the first step of each phase, that time would count on
 the budget clock of `run.budget_schedule=fit` and eat the warm-up of the learning rate.
@@ -38,6 +38,9 @@ def cpp_compiler() -> str | None:
 
 def compile_for_training(model: nn.Module, device: torch.device) -> nn.Module:
     """`torch.compile(model)` with static shapes (one graph per phase), or `model` where it cannot compile."""
+    if not torch._dynamo.is_dynamo_supported():  # e.g. a Python version this torch cannot trace
+        log.warning("run.compile: torch.compile is not supported on this Python/torch; training eagerly")
+        return model
     if device.type == "cpu" and cpp_compiler() is None:
         log.warning("run.compile: no C++ compiler (g++, clang++ or $CXX) for torch.compile's CPU code; "
                     "training eagerly (install g++ to compile)")
@@ -73,19 +76,21 @@ def warm_up(model: nn.Module, module: nn.Module, needed: list[tuple[float, int]]
     start = time.monotonic()
     rate_before, was_training = getattr(module, "patch_dropout", None), module.training
     module.train()
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        for rate, side in needed:
-            if rate_before is not None:
-                module.patch_dropout = rate
-            images = inputs(side)
-            autocast = (torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype
-                        else contextlib.nullcontext())
-            with autocast:
-                logits = model(images)
-            logits.float().sum().backward()
-    if rate_before is not None:
-        module.patch_dropout = rate_before
-    module.train(was_training)
-    for param in module.parameters():
-        param.grad = None
+    try:
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            for rate, side in needed:
+                if rate_before is not None:
+                    module.patch_dropout = rate
+                images = inputs(side)
+                autocast = (torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype
+                            else contextlib.nullcontext())
+                with autocast:
+                    logits = model(images)
+                logits.float().sum().backward()
+    finally:  # also when compilation fails: the caller may go on eagerly
+        if rate_before is not None:
+            module.patch_dropout = rate_before
+        module.train(was_training)
+        for param in module.parameters():
+            param.grad = None
     return time.monotonic() - start

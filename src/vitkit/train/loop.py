@@ -315,8 +315,13 @@ def _train(config: TrainConfig, info: distributed.DistInfo, device: torch.device
         needed = compiled.phases(getattr(module, "patch_dropout", 0.0), config.data.patch_dropout_until,
                                  config.data.resolutions, config.data.resolution_until, size, start=state.step / steps)
         inputs = _blank_batches(config, data.train, micro, channels, device)
-        seconds = compiled.warm_up(model, module, needed, inputs, autocast_dtype, device)
-        log.info("torch.compile: %d graph(s) (PatchDropout rate, side) %s in %.0f s", len(needed), needed, seconds)
+        try:
+            seconds = compiled.warm_up(model, module, needed, inputs, autocast_dtype, device)
+            log.info("torch.compile: %d graph(s) (PatchDropout rate, side) %s in %.0f s", len(needed), needed, seconds)
+        except Exception as err:  # a broken compiler toolchain: train eagerly rather than not at all
+            log.warning("torch.compile failed (%s: %s); training eagerly (run.compile=false skips compiling)",
+                        type(err).__name__, str(err).strip().splitlines()[0] if str(err).strip() else "")
+            model = state.model = eager
     stream = batches.IndexStream(len(data.train), config.run.seed)
     batch_iter = step_batches(config, data.train, stream, state.step, steps, info, micro, device)
     num_classes_ = data.train.num_classes
