@@ -315,9 +315,12 @@ def _train(config: TrainConfig, info: distributed.DistInfo, device: torch.device
         needed = compiled.phases(getattr(module, "patch_dropout", 0.0), config.data.patch_dropout_until,
                                  config.data.resolutions, config.data.resolution_until, size, start=state.step / steps)
         inputs = _blank_batches(config, data.train, micro, channels, device)
+        log.info("torch.compile: compiling %d graph(s) before the first step (tens of seconds each on a CPU)",
+                 len(needed))
         try:
             seconds = compiled.warm_up(model, module, needed, inputs, autocast_dtype, device)
-            log.info("torch.compile: %d graph(s) (PatchDropout rate, side) %s in %.0f s", len(needed), needed, seconds)
+            log.info("torch.compile: %d graph(s) (PatchDropout rate, side) %s compiled in %.0f s", len(needed), needed,
+                     seconds)
         except Exception as err:  # a broken compiler toolchain: train eagerly rather than not at all
             log.warning("torch.compile failed (%s: %s); training eagerly (run.compile=false skips compiling)",
                         type(err).__name__, str(err).strip().splitlines()[0] if str(err).strip() else "")
