@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from vitkit.models.configs import ViTConfig
-from vitkit.models.vit import VisionTransformer, _softmax
+from vitkit.models.vit import BF16_SOFTMAX_MIN_TOKENS, VisionTransformer, _softmax
 
 
 def _time(fn: Callable[[], None], repeat: int) -> float:
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     batch, tokens, bf16 = args.batch, args.tokens, torch.bfloat16
     logits = torch.randn(batch, 4, tokens, tokens, dtype=bf16, requires_grad=True)
-    fp32_rows = tokens < 32  # what vitkit's _softmax does at this length
+    fp32_rows = tokens < BF16_SOFTMAX_MIN_TOKENS  # what vitkit's _softmax does at this length
     softmax_row = f"softmax {'fp32' if fp32_rows else 'bf16'} (vitkit) vs {'bf16' if fp32_rows else 'fp32'}"
 
     def other_softmax(x: torch.Tensor) -> torch.Tensor:

@@ -82,6 +82,9 @@ class Attention(nn.Module):
         return self.attn_impl == "explicit"
 
 
+BF16_SOFTMAX_MIN_TOKENS = 32  # CPU rows shorter than this: softmax in fp32 (see `_softmax`)
+
+
 def _softmax(logits: Tensor) -> Tensor:
     """Softmax over the last axis, in the logits' dtype.
 
@@ -90,7 +93,7 @@ def _softmax(logits: Tensor) -> Tensor:
     computing in fp32 and rounding back is 2-2.5x faster forward + backward; from 32 tokens up the
     bf16 kernel is faster (3x at 197 tokens).  benchmarks/cpu_kernels.py measures both sides.
     """
-    if logits.dtype == torch.bfloat16 and logits.device.type == "cpu" and logits.shape[-1] < 32:
+    if logits.dtype == torch.bfloat16 and logits.device.type == "cpu" and logits.shape[-1] < BF16_SOFTMAX_MIN_TOKENS:
         return logits.softmax(dim=-1, dtype=torch.float32).to(logits.dtype)
     return logits.softmax(dim=-1)
 

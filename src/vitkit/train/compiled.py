@@ -1,13 +1,13 @@
 """torch.compile for training: the compiler check and a warm-up that compiles before the clock starts.
 
 On the CPU, inductor writes C++ and needs a compiler (g++, clang++ or $CXX); without one, or on a
-Python that torch.compile does not support, `compile_for_training` warns and keeps the eager model.  Compiling one graph (forward + backward)
-takes 20-30 s on a 2-core CPU, and a run needs one per phase of the schedule (PatchDropout on or
-off, each training resolution).  Left to the first step of each phase, that time would count on
-the budget clock of `run.budget_schedule=fit` and eat the warm-up of the learning rate.
-`warm_up` compiles every graph the run will still need on zero batches, before the clock starts:
-under a forked RNG and without an optimiser step, so weights, gradients and random streams are
-exactly what they would be without it.
+Python that torch.compile does not support, `compile_for_training` warns and keeps the eager
+model.  Compiling one graph (forward + backward) takes 20-30 s on a 2-core CPU, and a run needs one
+per phase of the schedule (PatchDropout on or off, each training resolution).  Left to the first
+step of each phase, that time would count on the budget clock of `run.budget_schedule=fit` and eat
+the warm-up of the learning rate.  `warm_up` compiles every graph the run will still need on blank
+batches, before the clock starts: under a forked RNG and without an optimiser step, so weights,
+gradients and random streams are exactly what they would be without it.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-from vitkit.train.schedule import resolution_at
+from vitkit.train.schedule import phase_at
 
 log = logging.getLogger("vitkit.train")
 
@@ -52,13 +52,13 @@ def phases(rate: float, until: float, resolutions: tuple[int, ...], resolution_u
            start: float = 0.0) -> list[tuple[float, int]]:
     """(PatchDropout rate, side) of each phase of the schedule that is not over at fraction `start`.
 
-    Follows the loop's rules: the rate applies while the schedule's fraction is below `until`,
-    the side is `resolution_at(fraction, ...)`.
+    The schedule changes phase only at `until` and the `resolution_until` marks; each span between
+    marks is read with `phase_at`, the loop's own rule.
     """
     marks = sorted({0.0, 1.0, *(f for f in (*resolution_until, until) if 0.0 < f < 1.0)})
     found: list[tuple[float, int]] = []
     for begin, end in zip(marks, marks[1:]):
-        phase = (rate if begin < until else 0.0, resolution_at(begin, resolutions, resolution_until, size))
+        phase = phase_at(begin, rate, until, resolutions, resolution_until, size)
         if end > start and phase not in found:
             found.append(phase)
     return found
@@ -81,11 +81,8 @@ def warm_up(model: nn.Module, module: nn.Module, needed: list[tuple[float, int]]
             for rate, side in needed:
                 if rate_before is not None:
                     module.patch_dropout = rate
-                images = inputs(side)
-                autocast = (torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype
-                            else contextlib.nullcontext())
-                with autocast:
-                    logits = model(images)
+                with torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext():
+                    logits = model(inputs(side))
                 logits.float().sum().backward()
     finally:  # also when compilation fails: the caller may go on eagerly
         if rate_before is not None:

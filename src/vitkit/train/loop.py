@@ -38,7 +38,7 @@ from vitkit.train.config import TrainConfig, from_dict, to_dict
 from vitkit.train.ema import ModelEMA
 from vitkit.train.optim import build_optimizer
 from vitkit.train.plots import MetricsLog, plot_curves
-from vitkit.train.schedule import BudgetClock, lr_multiplier, resolution_at, resolve_warmup, scaled_lr
+from vitkit.train.schedule import BudgetClock, lr_multiplier, phase_at, resolve_warmup, scaled_lr
 from vitkit.train.step import StepSpec, evaluate, loss_fn, train_step  # noqa: F401 (loss_fn re-exported)
 from vitkit.train.state import (TrainState, gather_sharded, latest_checkpoint, load_checkpoint, load_sharded,
                                 save_checkpoint)
@@ -323,7 +323,7 @@ def _train(config: TrainConfig, info: distributed.DistInfo, device: torch.device
                      seconds)
         except Exception as err:  # a broken compiler toolchain: train eagerly rather than not at all
             log.warning("torch.compile failed (%s: %s); training eagerly (run.compile=false skips compiling)",
-                        type(err).__name__, str(err).strip().splitlines()[0] if str(err).strip() else "")
+                        type(err).__name__, (str(err).strip().splitlines() or [""])[0])
             model = state.model = eager
     stream = batches.IndexStream(len(data.train), config.run.seed)
     batch_iter = step_batches(config, data.train, stream, state.step, steps, info, micro, device)
@@ -368,12 +368,13 @@ def _train(config: TrainConfig, info: distributed.DistInfo, device: torch.device
             raw = next(batch_iter)
             position = clock.position(state.step)
             fraction = position / steps  # how far the schedule is: the phases follow it
-            phase_size = resolution_at(fraction, config.data.resolutions, config.data.resolution_until, size)
+            phase_rate, phase_size = phase_at(fraction, patch_dropout, config.data.patch_dropout_until,
+                                              config.data.resolutions, config.data.resolution_until, size)
             if phase_size != train_size and config.data.resolutions and info.main:
                 log.info("step %d: training at %dx%d", state.step, phase_size, phase_size)
             train_size = phase_size
             if patch_dropout:  # PatchDropout early, all patches for the last part of the schedule
-                module.patch_dropout = patch_dropout if fraction < config.data.patch_dropout_until else 0.0
+                module.patch_dropout = phase_rate
             batch = [train_transform(images, labels, num_classes_, train_size, config.data.mean, config.data.std,
                                      channels, config.augment, state.generator) for images, labels in raw]
             mult = lr_multiplier(position, steps, warmup, config.optim.schedule, config.optim.end_lr_fraction)

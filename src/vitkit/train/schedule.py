@@ -51,6 +51,13 @@ def resolution_at(fraction: float, sizes: tuple[int, ...], until: tuple[float, .
     return final
 
 
+def phase_at(fraction: float, rate: float, until: float, sizes: tuple[int, ...], size_until: tuple[float, ...],
+             final: int) -> tuple[float, int]:
+    """(PatchDropout rate, training side) at `fraction` of the schedule: `rate` before `until`, then all
+    patches; the side as `resolution_at`.  The loop and the compile warm-up both read the phases here."""
+    return (rate if fraction < until else 0.0), resolution_at(fraction, sizes, size_until, final)
+
+
 def resolve_warmup(total_steps: int, warmup_steps: int, warmup_fraction: float) -> int:
     """Warmup length in steps: explicit steps win; else a fraction of the run; never the whole run."""
     steps = warmup_steps if warmup_steps > 0 else int(round(warmup_fraction * total_steps))
