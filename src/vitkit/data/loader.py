@@ -10,7 +10,8 @@ one process sees with B.  The stream has no epoch boundaries to drop or pad.
 
 In-memory sets (`DeviceImages`) are moved to the training device once as uint8 and indexed there;
 file-based sets (`FileBatches`) are decoded by DataLoader workers into pinned uint8 batches that
-are copied with `non_blocking=True`.
+are copied with `non_blocking=True`.  Streamed sets (tar shards, Parquet) have their own order and
+`TrainBatches`: vitkit.data.stream.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
+from vitkit.data import stream
 from vitkit.data.sources import BadImageError, ImageSet
 
 log = logging.getLogger(__name__)
@@ -99,7 +101,7 @@ class _Files(Dataset):
         except BadImageError:
             if self.strict:
                 raise
-            log.warning("skipping unreadable image %s", self.data.files[i])
+            log.warning("skipping unreadable image %s", self.data.name(i))
             return None
 
 
@@ -139,9 +141,12 @@ class FileBatches:
                 step = []
 
 
-def eval_batches(data: ImageSet, batch_size: int, device: torch.device, *, rank: int = 0, world: int = 1,
-                 workers: int = 0, strict: bool = False) -> Iterator[tuple[Tensor, Tensor]]:
+def eval_batches(data: ImageSet | stream.ShardSet, batch_size: int, device: torch.device, *, rank: int = 0,
+                 world: int = 1, workers: int = 0, strict: bool = False) -> Iterator[tuple[Tensor, Tensor]]:
     """This process's share (a strided 1/world of the samples) of `data` in fixed-order uint8 batches."""
+    if isinstance(data, stream.ShardSet):
+        yield from stream.eval_batches(data, batch_size, device, rank=rank, world=world, workers=workers, strict=strict)
+        return
     mine = torch.arange(rank, len(data), world)
     if data.images is not None:
         images, labels = data.images, data.labels

@@ -7,6 +7,8 @@
     cifar100:DIR      official binary version: train.bin, test.bin (<coarse><fine> labels; fine is the class)
     folder:DIR        ImageFolder layout DIR/<class>/*.jpg, or DIR/train/<class>/ + DIR/val/<class>/
     npz:FILE          arrays x_train, y_train, x_test, y_test (or images, labels); NHWC or NCHW uint8
+    wds:DIR|PATTERN   webdataset tar shards (vitkit.data.tarshards: splits by index or name prefix)
+    hf:DIR            a Hugging Face dataset on disk: save_to_disk Arrow files or Parquet (vitkit.data.hf)
 
 Splits.  "test" is the official test split; digits and an `images, labels` npz have none, so a fixed
 class-stratified 20 % (seed `FIXED_TEST_SEED`) is held out as their test split.  For a folder, "test"
@@ -14,9 +16,16 @@ is DIR/test if present, else DIR/val.  "train" is the training data minus a clas
 `val_fraction` held out by `seed`; "val" is that held-out part, or DIR/val of a folder when
 `val_fraction` is 0.  The same (uri, val_fraction, seed) always gives the same split.
 
-Small sets live in memory as one uint8 tensor.  A folder whose decoded images (at `image_size`) would
-exceed `max_in_memory_bytes` is returned as a list of files that DataLoader workers decode with
-`ImageSet.read`.  Fixed-size sources are returned at native size; resizing is the transforms' job.
+A wds: or Parquet split with no val split of its own holds out whole shards (row groups) instead.
+
+How training reads a split is its `access` ("memory", "files" or "stream"):
+  memory  small sets live in memory as one uint8 tensor (fixed-size sources always; folders, hf: and
+          wds: sets whose decoded images fit in `max_in_memory_bytes` and that have at most
+          MAX_FILES_IN_MEMORY images, so a million-file folder starts without decoding anything);
+  files   larger folders and Arrow datasets: random access, decoded by DataLoader workers (`ImageSet.read`);
+  stream  larger tar shards and Parquet files: a `vitkit.data.stream.ShardSet`, read front to back by
+          every process and worker.
+Fixed-size sources are returned at native size; resizing is the transforms' job.
 """
 
 from __future__ import annotations
@@ -24,24 +33,26 @@ from __future__ import annotations
 import functools
 import importlib.util
 import logging
-from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
 import torch
 
-from vitkit.data import readers
+from vitkit.data import large, readers
 from vitkit.data.images import (MAX_PIXELS, BadImageError, DecompressionBombError, class_folders, decode_files,
                                 decode_image, image_size as _header_size, scan_folder)
 from vitkit.data.readers import DataFormatError
+from vitkit.data.imageset import MAX_FILES_IN_MEMORY, ImageSet, SourceInfo, fits_in_memory
+from vitkit.data.stream import ShardSet, read_all
 
-__all__ = ["ImageSet", "SourceInfo", "parse_uri", "load_split", "describe", "decode_image", "stratified_split",
-           "BadImageError", "DecompressionBombError", "DataFormatError", "KINDS"]
+__all__ = ["ImageSet", "SourceInfo", "ShardSet", "parse_uri", "load_split", "describe", "decode_image",
+           "stratified_split", "BadImageError", "DecompressionBombError", "DataFormatError", "KINDS",
+           "MAX_FILES_IN_MEMORY"]
 
 log = logging.getLogger(__name__)
 
-KINDS = ("digits", "mnist", "fashion-mnist", "cifar10", "cifar100", "folder", "npz")
+KINDS = ("digits", "mnist", "fashion-mnist", "cifar10", "cifar100", "folder", "npz", "wds", "hf")
 FIXED_TEST_SEED = 0  # seed of the 20 % test split of digits and of `images, labels` npz files
 FIXED_TEST_FRACTION = 0.2
 DEFAULT_FOLDER_SIZE = 224  # side a folder is decoded to when no image_size is given (the paper's resolution)
@@ -49,58 +60,6 @@ FASHION_MNIST_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
                          "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"]
 CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 Split = Literal["train", "val", "test"]
-
-
-@dataclass
-class ImageSet:
-    """Images and labels of one split.  Either `images` (in memory) or `files` (decoded on demand) is set."""
-
-    images: torch.Tensor | None  # uint8 (N, C, H, W), all the same size, when the set lives in memory
-    labels: torch.Tensor  # int64 (N,)
-    class_names: list[str]
-    files: list[Path] | None = None  # set instead of `images` for large file-based sets
-    load_size: int | None = None  # side length files are decoded/resized to (file-based sets)
-    skipped: int = 0  # corrupt/unreadable files skipped while building the set
-    channels: int = 3  # decode mode of `files`: 3 = RGB, 1 = L
-
-    def __post_init__(self) -> None:
-        if (self.images is None) == (self.files is None):
-            raise ValueError("ImageSet needs exactly one of `images` or `files`")
-        count = len(self.images) if self.images is not None else len(self.files)
-        if count != len(self.labels):
-            raise ValueError(f"ImageSet has {count} images but {len(self.labels)} labels")
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    @property
-    def num_classes(self) -> int:
-        return len(self.class_names)
-
-    def subset(self, index: torch.Tensor) -> ImageSet:
-        """The samples at `index` (int64 positions), in that order."""
-        index = torch.as_tensor(index, dtype=torch.int64)
-        if self.images is not None:
-            return replace(self, images=self.images[index], labels=self.labels[index])
-        return replace(self, files=[self.files[i] for i in index.tolist()], labels=self.labels[index])
-
-    def read(self, i: int) -> torch.Tensor:
-        """Sample `i` as uint8 (C, H, W); for file sets this decodes (raises `BadImageError` if corrupt)."""
-        if self.images is not None:
-            return self.images[i]
-        return decode_image(self.files[i], self.channels, size=self.load_size)
-
-
-@dataclass(frozen=True)
-class SourceInfo:
-    """What a source holds, found cheaply (headers and directory listings, not pixels)."""
-
-    uri: str  # the URI as given
-    num_train: int  # images in the training split (before any val hold-out)
-    num_classes: int  # K
-    image_size: int  # typical side length in pixels (median shorter side of ~32 headers for folders)
-    channels: int  # C of the stored images (1 for digits / MNIST-style, 3 otherwise)
-    in_memory: bool  # whether load_split keeps it in memory (at DEFAULT_FOLDER_SIZE for folders)
 
 
 def parse_uri(uri: str) -> tuple[str, str]:
@@ -244,11 +203,16 @@ def _read_folder(root: Path, part: str, size: int, channels: int) -> ImageSet:
                     load_size=size, channels=channels)
 
 
-def _read(kind: str, path: str, part: str, size: int, channels: int) -> ImageSet:
+def _read(kind: str, path: str, part: str, size: int, channels: int | None, columns: tuple[str, str]
+          ) -> ImageSet | ShardSet:
     if kind == "digits":
         return _read_digits(part)
     if kind == "folder":
-        return _read_folder(Path(path), part, size, channels)
+        return _read_folder(Path(path), part, size, channels or 3)
+    if kind == "wds":
+        return large.read_wds(path, part, size, channels)
+    if kind == "hf":
+        return large.read_hf(path, part, size, channels, *columns)
     if part == "val":
         raise ValueError(f"{kind} has no separate val split; pass val_fraction > 0 to hold out part of train")
     if kind in ("mnist", "fashion-mnist"):
@@ -258,58 +222,82 @@ def _read(kind: str, path: str, part: str, size: int, channels: int) -> ImageSet
     return _read_npz(Path(path), part)
 
 
-def _materialise(subset: ImageSet, *, strict: bool, max_in_memory_bytes: int, num_workers: int | None,
-                 max_pixels: int) -> ImageSet:
-    """Decode a file-based set into memory when it fits in `max_in_memory_bytes`; drop bad files."""
-    if subset.files is None:
+def _hold_out(whole: ImageSet | ShardSet, split: str, fraction: float, seed: int) -> ImageSet | ShardSet:
+    """The train or val part of a training split: class-stratified, or whole shards of a stream."""
+    if isinstance(whole, ShardSet):
+        return whole.hold_out(fraction, seed)[split == "val"]
+    keep, held = stratified_split(whole.labels, fraction, seed)
+    return whole.subset(keep if split == "train" else held)
+
+
+def _materialise(subset: ImageSet | ShardSet, *, strict: bool, max_in_memory_bytes: int, num_workers: int | None,
+                 max_pixels: int) -> ImageSet | ShardSet:
+    """Decode a file-based or streamed set into memory when it is small (imageset.fits_in_memory); drop bad ones."""
+    if subset.images is not None:
         return subset
-    size = subset.load_size
-    if len(subset) * subset.channels * size * size > max_in_memory_bytes:
-        log.info("%d files at %dx%d exceed %d bytes: decoding on the fly", len(subset), size, size, max_in_memory_bytes)
+    size, channels = subset.load_size, subset.channels
+    if not fits_in_memory(len(subset), channels, size, max_in_memory_bytes):
+        log.info("%d images at %dx%d exceed %d bytes or %d images: %s", len(subset), size, size, max_in_memory_bytes,
+                 MAX_FILES_IN_MEMORY, "streamed from shards" if subset.access == "stream" else "decoding on the fly")
         return subset
-    images, good = decode_files(subset.files, subset.channels, size, strict=strict, num_workers=num_workers,
-                                max_pixels=max_pixels)
-    return ImageSet(images=images, labels=subset.labels[good], class_names=subset.class_names,
-                    load_size=size, skipped=len(subset) - len(good), channels=subset.channels)
+    if isinstance(subset, ShardSet):
+        samples = read_all(subset)
+        ok = [not s.problem and 0 <= s.label < subset.num_classes for s in samples]
+        sources = [s.image if good else b"" for s, good in zip(samples, ok)]
+        labels = torch.tensor([s.label if good else -1 for s, good in zip(samples, ok)], dtype=torch.int64)
+    else:
+        sources, labels = subset.files, subset.labels
+    images, good = decode_files(sources, channels, size, strict=strict, num_workers=num_workers, max_pixels=max_pixels)
+    return ImageSet(images=images, labels=labels[good], class_names=subset.class_names,
+                    load_size=size, skipped=len(subset) - len(good), channels=channels)
 
 
 def load_split(uri: str, split: Split, *, image_size: int | None = None, val_fraction: float = 0.0, seed: int = 0,
                strict: bool = False, max_in_memory_bytes: int = 2 << 30, channels: int | None = None,
-               num_workers: int | None = None, max_pixels: int = MAX_PIXELS) -> ImageSet:
-    """One split of the source named by `uri` (see the module docstring for the URIs and splits).
+               num_workers: int | None = None, max_pixels: int = MAX_PIXELS, image_column: str = "",
+               label_column: str = "") -> ImageSet | ShardSet:
+    """One split of the source named by `uri` (see the module docstring for the URIs, splits and `access`).
 
     Args:
         image_size: side that variable-size files are decoded to (shorter side resized, centre-cropped);
             default DEFAULT_FOLDER_SIZE.  Fixed-size sources ignore it.
-        val_fraction: class-stratified fraction of the training data held out as "val" (by `seed`).
+        val_fraction: class-stratified fraction of the training data held out as "val" (by `seed`);
+            for a streamed split, that fraction of its shards.
         strict: raise `BadImageError` on the first corrupt file instead of skipping and counting it.
-        max_in_memory_bytes: a folder larger than this after decoding is returned as `files`; its bad
-            files surface later, as `BadImageError` from `ImageSet.read` in the loader's workers.
-        channels: 3 (RGB) or 1 (L) for folders; fixed-size sources keep their own channels.
-        num_workers: decoding threads for folders (default min(8, CPUs)).
+        max_in_memory_bytes: a set larger than this after decoding is returned as `files` or a stream;
+            its bad images surface later, as `BadImageError` in the loader's workers (skipped, counted).
+        channels: 3 (RGB) or 1 (L) for folders (default 3), wds: and hf: (default: the stored images');
+            fixed-size sources keep their own channels.
+        num_workers: decoding threads for sets decoded up front (default min(8, CPUs)).
         max_pixels: decompression-bomb limit per image.
+        image_column, label_column: hf: columns, when the types do not single them out.
     """
     kind, path = parse_uri(uri)
     if split not in ("train", "val", "test"):
         raise ValueError(f"split must be 'train', 'val' or 'test', got {split!r}")
-    size, channels = image_size or DEFAULT_FOLDER_SIZE, channels or 3
-    if split == "test" or (split == "val" and val_fraction == 0.0):
-        subset = _read(kind, path, split, size, channels)
+    size, columns = image_size or DEFAULT_FOLDER_SIZE, (image_column, label_column)
+    if split == "test" or val_fraction == 0.0:
+        subset = _read(kind, path, split, size, channels, columns)
     else:
-        whole = _read(kind, path, "train", size, channels)
-        keep, held = stratified_split(whole.labels, val_fraction, seed)
-        subset = whole.subset(keep if split == "train" else held)
+        subset = _hold_out(_read(kind, path, "train", size, channels, columns), split, val_fraction, seed)
+    if isinstance(subset, ShardSet):
+        subset.max_pixels = max_pixels  # checked by the workers that decode it
     result = _materialise(subset, strict=strict, max_in_memory_bytes=max_in_memory_bytes, num_workers=num_workers,
                           max_pixels=max_pixels)
-    log.info("%s %s: %d images, %d classes%s", uri, split, len(result), result.num_classes,
+    log.info("%s %s: %d images, %d classes, %s%s", uri, split, len(result), result.num_classes, ACCESS[result.access],
              f", {result.skipped} bad files skipped" if result.skipped else "")
     return result
 
 
-def describe(uri: str, *, image_size: int | None = None, max_in_memory_bytes: int = 2 << 30) -> SourceInfo:
-    """Counts and sizes of a source from headers and listings (decodes no pixels, except digits' 100 KB)."""
+ACCESS = {"memory": "in memory", "files": "files decoded by DataLoader workers",
+          "stream": "streamed from shards by every process and worker"}
+
+
+def describe(uri: str, *, image_size: int | None = None, max_in_memory_bytes: int = 2 << 30, image_column: str = "",
+             label_column: str = "") -> SourceInfo:
+    """Counts and sizes of a source from headers, listings and indexes (decodes no pixels, except digits' 100 KB)."""
     kind, path = parse_uri(uri)
-    root = Path(path)
+    root, size = Path(path), image_size or DEFAULT_FOLDER_SIZE
     if kind == "digits":
         return SourceInfo(uri=uri, num_train=len(_read_digits("train")), num_classes=10, image_size=8, channels=1,
                           in_memory=True)
@@ -325,13 +313,16 @@ def describe(uri: str, *, image_size: int | None = None, max_in_memory_bytes: in
         return SourceInfo(uri=uri, num_train=count, num_classes=100, image_size=32, channels=3, in_memory=True)
     if kind == "npz":
         return _describe_npz(uri, root)
-    part = _read_folder(root, "train", image_size or DEFAULT_FOLDER_SIZE, 3)
+    if kind == "wds":
+        return large.describe_wds(uri, path, size, max_in_memory_bytes)
+    if kind == "hf":
+        return large.describe_hf(uri, path, size, max_in_memory_bytes, image_column, label_column)
+    part = _read_folder(root, "train", size, 3)
     sample = part.files[:: max(1, len(part.files) // 32)]  # about 32 headers spread over the classes
     sides = sorted(min(s) for s in map(_header_size, sample) if s)
     typical = sides[len(sides) // 2] if sides else 0
-    fits = len(part) * 3 * part.load_size**2 <= max_in_memory_bytes
     return SourceInfo(uri=uri, num_train=len(part), num_classes=part.num_classes, image_size=typical, channels=3,
-                      in_memory=fits)
+                      in_memory=fits_in_memory(len(part), 3, size, max_in_memory_bytes))
 
 
 def _describe_npz(uri: str, path: Path) -> SourceInfo:

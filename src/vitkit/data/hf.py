@@ -1,0 +1,244 @@
+"""Hugging Face datasets on disk (`hf:DIR`), read with pyarrow (the `datasets` extra); no hub is contacted.
+
+    DIR/dataset_dict.json + DIR/<split>/     DatasetDict.save_to_disk
+    DIR/<split>/ (each a saved Dataset)      one sub-directory per split
+    DIR itself a saved Dataset               Dataset.save_to_disk: the training split only
+    DIR/**/*.parquet                         Parquet files; the split from the parent directory's name or
+                                             the file name's prefix (the Hub's data/train-00000-of-00004.parquet)
+
+Split names: train; val = validation, valid or val; test = test, else val.  `save_to_disk` Arrow files
+are memory-mapped, so a split is random-access (map-style): it is served exactly like a folder, by the
+step-indexed order of vitkit.data.loader.  Parquet stores compressed row groups that cannot be read
+one row at a time, so a Parquet split is streamed by row groups (vitkit.data.stream).
+
+Columns are found by feature type (the `huggingface` schema metadata that `datasets` writes): the image
+column is the `Image` one (else a struct column with binary `bytes`), the label column the `ClassLabel`
+one, whose names are the classes (else the one integer column).  When there are several,
+`data.image_column` / `data.label_column` choose.  Rows labelled -1 (unlabelled) are dropped.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from vitkit.data.stream import Sample, Unit
+
+log = logging.getLogger(__name__)
+
+SPLIT_NAMES = {"train": "train", "validation": "val", "valid": "val", "val": "val", "test": "test"}
+
+
+def _pyarrow() -> Any:
+    try:
+        import pyarrow as pa  # noqa: F401
+        import pyarrow.parquet  # noqa: F401
+    except ImportError as error:  # pragma: no cover - depends on the environment
+        raise ImportError("hf: sources need pyarrow: pip install 'vitkit[datasets]'") from error
+    return pa
+
+
+@dataclass(frozen=True)
+class HFSplit:
+    """Where one split's rows are: memory-mapped Arrow files or Parquet files."""
+
+    kind: str  # "arrow" or "parquet"
+    files: tuple[str, ...]
+
+
+def find_splits(root: Path) -> dict[str, HFSplit]:
+    """{train/val/test: files} of an hf: directory (see the module docstring)."""
+    if not root.is_dir():
+        raise FileNotFoundError(f"hf:{root}: no such directory")
+    if (root / "state.json").is_file():
+        return {"train": _arrow_split(root)}
+    found: dict[str, HFSplit] = {}
+    for child in sorted(p for p in root.iterdir() if p.is_dir() and (p / "state.json").is_file()):
+        if child.name in SPLIT_NAMES:
+            found[SPLIT_NAMES[child.name]] = _arrow_split(child)
+        else:
+            log.info("hf:%s: ignoring split %r (not train/validation/test)", root, child.name)
+    if found:
+        return found
+    parquet: dict[str, list[str]] = {}
+    for path in sorted(root.rglob("*.parquet")):
+        prefix = path.name.split("-")[0].split("_")[0].split(".")[0]
+        split = SPLIT_NAMES.get(path.parent.name) or SPLIT_NAMES.get(prefix)
+        parquet.setdefault(split or "", []).append(str(path))
+    if not parquet:
+        raise FileNotFoundError(f"hf:{root}: neither a saved dataset (state.json, dataset_dict.json) nor Parquet files")
+    if set(parquet) == {""}:
+        return {"train": HFSplit("parquet", tuple(parquet[""]))}
+    if "" in parquet:
+        log.warning("hf:%s: ignoring %d Parquet file(s) outside the train/validation/test splits", root, len(parquet[""]))
+    return {split: HFSplit("parquet", tuple(files)) for split, files in parquet.items() if split}
+
+
+def _arrow_split(directory: Path) -> HFSplit:
+    state = json.loads((directory / "state.json").read_text())
+    files = tuple(str(directory / entry["filename"]) for entry in state.get("_data_files", []))
+    if not files:
+        raise ValueError(f"{directory}/state.json lists no Arrow data files")
+    return HFSplit("arrow", files)
+
+
+def schema(split: HFSplit) -> Any:
+    """The Arrow schema (with the `huggingface` metadata) of a split's first file, without reading rows."""
+    pa = _pyarrow()
+    if split.kind == "parquet":
+        return pa.parquet.ParquetFile(split.files[0]).schema_arrow
+    with pa.memory_map(split.files[0]) as source:
+        return pa.ipc.open_stream(source).schema
+
+
+def choose_columns(arrow_schema: Any, image_column: str = "", label_column: str = "",
+                   where: str = "") -> tuple[str, str, list[str] | None]:
+    """(image column, label column, ClassLabel names or None), by feature type unless named."""
+    pa = _pyarrow()
+    raw = (arrow_schema.metadata or {}).get(b"huggingface")
+    features = json.loads(raw).get("info", {}).get("features", {}) if raw else {}
+    names = list(arrow_schema.names)
+
+    def kind(column: str) -> str:
+        feature, field = features.get(column, {}), arrow_schema.field(column)
+        if isinstance(feature, dict) and feature.get("_type") in ("Image", "ClassLabel"):
+            return feature["_type"]
+        if not features and pa.types.is_struct(field.type) and field.type.get_field_index("bytes") >= 0:
+            return "Image"
+        return "int" if pa.types.is_integer(field.type) else "other"
+
+    kinds = {column: kind(column) for column in names}
+    image = _pick(image_column, [c for c in names if kinds[c] == "Image"], "image", names, where)
+    labels = [c for c in names if kinds[c] == "ClassLabel"] or [c for c in names if kinds[c] == "int"]
+    label = _pick(label_column, labels, "label", names, where)
+    class_names = features.get(label, {}).get("names") if kinds[label] == "ClassLabel" else None
+    return image, label, class_names
+
+
+def _pick(chosen: str, candidates: list[str], what: str, names: list[str], where: str) -> str:
+    if chosen:
+        if chosen not in names:
+            raise ValueError(f"{where}: data.{what}_column={chosen!r} is not a column; columns: {', '.join(names)}")
+        return chosen
+    if len(candidates) != 1:
+        found = f"several ({', '.join(candidates)})" if candidates else "no"
+        raise ValueError(f"{where}: {found} {what} columns among {', '.join(names)}; choose one with "
+                         f"--set data.{what}_column=NAME")
+    return candidates[0]
+
+
+def _image_value(value: Any) -> bytes | str | None:
+    """An Image cell (struct of bytes/path, or plain binary) -> encoded bytes, or the file path stored instead."""
+    if isinstance(value, dict):
+        return value.get("bytes") or value.get("path")
+    return value
+
+
+# ------------------------------------------------------------------------------ map-style (Arrow)
+def open_arrow_table(files: tuple[str, ...]) -> Any:
+    """The rows of `files` as one table whose buffers are memory-mapped (nothing is copied)."""
+    pa = _pyarrow()
+    return pa.concat_tables([pa.ipc.open_stream(pa.memory_map(path)).read_all() for path in files])
+
+
+class ArrowImages:
+    """The image column of memory-mapped Arrow files as a sequence: item i -> encoded bytes (or a path).
+
+    Picklable without its table: each DataLoader worker maps the files again instead of copying rows.
+    """
+
+    def __init__(self, files: tuple[str, ...], column: str, rows: np.ndarray | None = None, count: int = 0):
+        self.files, self.column, self.rows = files, column, rows  # rows: positions in the files (None: all)
+        self.count = len(rows) if rows is not None else count
+        self._chunks: tuple[list[int], list[Any]] | None = None
+
+    def __len__(self) -> int:
+        return self.count
+
+    def _row(self, i: int) -> int:
+        if not -len(self) <= i < len(self):
+            raise IndexError(i)
+        return int(self.rows[i]) if self.rows is not None else i % len(self)
+
+    def __getitem__(self, i: int) -> bytes | str:
+        if self._chunks is None:
+            chunks = open_arrow_table(self.files).column(self.column).chunks
+            self._chunks = (list(np.cumsum([0] + [len(c) for c in chunks])), chunks)
+        row = self._row(i)
+        offsets, chunks = self._chunks
+        k = bisect.bisect_right(offsets, row) - 1
+        return _image_value(chunks[k][row - offsets[k]].as_py()) or b""
+
+    def take(self, index: Any) -> ArrowImages:
+        index = np.asarray(index, dtype=np.int64)
+        return ArrowImages(self.files, self.column, self.rows[index] if self.rows is not None else index)
+
+    def name(self, i: int) -> str:
+        return f"{Path(self.files[0]).parent} row {self._row(i)}"
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_chunks": None}
+
+
+def arrow_rows(split: HFSplit, image: str, label: str, where: str) -> tuple[ArrowImages, np.ndarray]:
+    """The split's images (lazily read) and int64 labels; unlabelled (-1) rows dropped."""
+    table = open_arrow_table(split.files)
+    labels = table.column(label).to_numpy(zero_copy_only=False)
+    if labels.dtype.kind not in "iu":
+        raise ValueError(f"{where}: label column {label!r} is {labels.dtype}, not integer class indices")
+    labels = labels.astype(np.int64)
+    keep = np.flatnonzero(labels >= 0)
+    if len(keep) < len(labels):
+        log.warning("%s: dropping %d unlabelled row(s) (label -1)", where, len(labels) - len(keep))
+    rows = keep if len(keep) < len(labels) else None
+    return ArrowImages(split.files, image, rows, count=len(labels)), labels[keep]
+
+
+# ------------------------------------------------------------------------------ streamed (Parquet)
+def parquet_units(split: HFSplit) -> list[Unit]:
+    """One unit per Parquet row group (from the footers; no rows read)."""
+    pq = _pyarrow().parquet
+    units = []
+    for path in split.files:
+        meta = pq.ParquetFile(path).metadata
+        units += [Unit(path, meta.row_group(g).num_rows, g) for g in range(meta.num_row_groups)]
+    return units
+
+
+def parquet_labels(split: HFSplit, label: str) -> np.ndarray:
+    """Every label of the split (one column: cheap), to count the classes when they have no names."""
+    pq = _pyarrow().parquet
+    return np.concatenate([pq.read_table(path, columns=[label]).column(label).to_numpy(zero_copy_only=False)
+                           for path in split.files])
+
+
+@dataclass(frozen=True)
+class ParquetReader:
+    """Reads one row group (`Unit.part`) of a Parquet file at a time; picklable."""
+
+    image_column: str
+    label_column: str
+
+    def samples(self, unit: Unit, start: int = 0, wanted: frozenset[int] | None = None) -> Iterator[tuple[int, Sample]]:
+        pq = _pyarrow().parquet
+        try:
+            table = pq.ParquetFile(unit.path).read_row_group(unit.part, columns=[self.image_column, self.label_column])
+            images = table.column(self.image_column).to_pylist()
+            labels = table.column(self.label_column).to_pylist()
+        except (OSError, ValueError) as error:  # ArrowInvalid/ArrowIOError are ValueError/OSError subclasses
+            images, labels = [], []
+            log.warning("%s row group %d is unreadable (%s); its samples count as corrupt", unit.path, unit.part, error)
+        for j in range(start, unit.count):
+            if wanted is not None and j not in wanted:
+                continue
+            key = f"{unit.path}:{unit.part}:{j}"
+            if j >= len(images) or labels[j] is None:
+                yield j, Sample(key, None, None, "missing row or label")
+            else:
+                yield j, Sample(key, _image_value(images[j]) or b"", int(labels[j]))

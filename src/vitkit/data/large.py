@@ -1,0 +1,111 @@
+"""The sources for large data, `wds:` (tar shards) and `hf:` (Hugging Face datasets on disk): one split
+each as vitkit.data.sources wants it, and their description from the index or metadata alone.
+
+Splits follow the folder rules: "test" is the test split if there is one, else the val split; "val"
+(with val_fraction 0) is the val split; a missing one is an error that says so.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from vitkit.data import hf, tarshards
+from vitkit.data.images import probe_images
+from vitkit.data.imageset import ImageSet, SourceInfo, fits_in_memory
+from vitkit.data.stream import ShardSet, Unit
+
+PROBED = 16  # images whose headers give the typical side and the channels when no index says
+
+
+def _part(splits: dict[str, Any], part: str, where: str) -> Any:
+    if part == "test" and "test" not in splits:
+        part = "val"
+    if part not in splits:
+        have = ", ".join(sorted(splits)) or "none"
+        raise ValueError(f"{where} has no {part} split (it has: {have}); "
+                         + ("use val_fraction > 0 to hold out part of the training data" if part == "val" else
+                            "name shards train-*/val-*/test-* or list the splits in dataset.json"))
+    return splits[part]
+
+
+def _probe_stream(units: list[Unit], reader: Any) -> tuple[int, int]:
+    """(typical shorter side, channels) from the headers of the first images of the first unit."""
+    images = []
+    for unit in units:
+        for _, sample in reader.samples(unit):
+            if sample.image is not None:
+                images.append(sample.image)
+            if len(images) >= PROBED:
+                return probe_images(images)
+    return probe_images(images)
+
+
+# ------------------------------------------------------------------------------ wds:
+def read_wds(path: str, part: str, size: int, channels: int | None) -> ShardSet:
+    """One split of `wds:path` as a ShardSet (nothing read but the index, or the shards' headers without one)."""
+    splits, classes, index = tarshards.split_units(path)
+    where = f"wds:{path}"
+    units = _part(splits, part, where)
+    if "train" not in splits:
+        raise ValueError(f"{where} has no train split (no train-* shards and none listed in dataset.json)")
+    reader = tarshards.TarReader()
+    if not channels:
+        channels = index.get("channels") or _probe_stream(units, reader)[1]
+    names = classes or tarshards.class_names_by_scan(splits["train"])
+    return ShardSet(units=units, reader=reader, class_names=list(names), load_size=size, channels=int(channels))
+
+
+def describe_wds(uri: str, path: str, size: int, max_in_memory_bytes: int) -> SourceInfo:
+    splits, _, index = tarshards.split_units(path)
+    data = read_wds(path, "train", size, index.get("channels"))
+    side = index.get("image_size") or _probe_stream(data.units, data.reader)[0]
+    return SourceInfo(uri=uri, num_train=len(data), num_classes=data.num_classes, image_size=int(side),
+                      channels=data.channels, in_memory=fits_in_memory(len(data), data.channels, size, max_in_memory_bytes))
+
+
+# ------------------------------------------------------------------------------ hf:
+def _hf_classes(train: hf.HFSplit, label: str, names: list[str] | None) -> list[str]:
+    if names:
+        return list(names)
+    labels = (hf.parquet_labels(train, label) if train.kind == "parquet"
+              else hf.open_arrow_table(train.files).column(label).to_numpy(zero_copy_only=False))
+    top = int(np.max(labels, initial=-1))
+    if top < 0:
+        raise ValueError(f"{train.files[0]}: the label column {label!r} holds no class index >= 0")
+    return [str(i) for i in range(top + 1)]
+
+
+def read_hf(path: str, part: str, size: int, channels: int | None, image_column: str = "",
+            label_column: str = "") -> ImageSet | ShardSet:
+    """One split of `hf:path`: an Arrow split as a random-access ImageSet, a Parquet split as a ShardSet."""
+    where = f"hf:{path}"
+    splits = hf.find_splits(Path(path))
+    if "train" not in splits:
+        raise ValueError(f"{where} has no train split (found: {', '.join(sorted(splits))})")
+    split = _part(splits, part, where)
+    image, label, names = hf.choose_columns(hf.schema(splits["train"]), image_column, label_column, where)
+    class_names = _hf_classes(splits["train"], label, names)
+    if split.kind == "parquet":
+        units = hf.parquet_units(split)
+        reader = hf.ParquetReader(image, label)
+        channels = channels or _probe_stream(units, reader)[1]
+        return ShardSet(units=units, reader=reader, class_names=class_names, load_size=size, channels=channels)
+    images, labels = hf.arrow_rows(split, image, label, f"{where} ({part})")
+    channels = channels or probe_images([images[i] for i in range(min(PROBED, len(images)))])[1]
+    return ImageSet(images=None, files=images, labels=torch.from_numpy(labels), class_names=class_names,
+                    load_size=size, channels=channels)
+
+
+def describe_hf(uri: str, path: str, size: int, max_in_memory_bytes: int, image_column: str = "",
+                label_column: str = "") -> SourceInfo:
+    data = read_hf(path, "train", size, None, image_column, label_column)
+    if isinstance(data, ShardSet):
+        side = _probe_stream(data.units, data.reader)[0]
+    else:
+        side = probe_images([data.files[i] for i in range(min(PROBED, len(data)))])[0]
+    return SourceInfo(uri=uri, num_train=len(data), num_classes=data.num_classes, image_size=side,
+                      channels=data.channels, in_memory=fits_in_memory(len(data), data.channels, size, max_in_memory_bytes))

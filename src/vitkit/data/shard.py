@@ -1,0 +1,217 @@
+"""`vitkit shard`: any source vitkit reads, written as webdataset tar shards plus `dataset.json`.
+
+    vitkit shard folder:/data/photos --out /data/photos-wds --samples-per-shard 1000 [--max-side 384]
+
+Each split the source holds (train; val where it has its own; test) becomes {split}-000000.tar,
+{split}-000001.tar, ... of `samples_per_shard` samples (the last one fewer).  A sample is KEY.<ext>
+(the image) and KEY.cls (the class index as text), KEY being the sample's index in the source split
+(9 digits), so every shard can be traced back.  Samples are written in a fixed random order (by
+`seed`): a stream reads a few shards at a time and shuffles within a window, so each shard must hold
+a mix of classes already (a class-sorted folder would otherwise train class by class).
+
+Files keep their original bytes (no re-encoding loss) unless `max_side` asks for a smaller longer
+side: those are downscaled (aspect kept) and re-encoded, JPEG at quality 95 for JPEG sources, else
+PNG.  Arrays (MNIST, CIFAR, npz, digits) are encoded losslessly as PNG.  A file whose header does
+not open is left out and counted.  The output is deterministic (tar headers carry no time or owner);
+each shard is written under a temporary name and renamed, and dataset.json is written last.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import tarfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import torch
+from PIL import Image
+
+from vitkit.data import stream
+from vitkit.data.images import probe_images
+from vitkit.data.imageset import ImageSet
+from vitkit.data.sources import load_split, parse_uri
+from vitkit.data.tarshards import INDEX, INDEX_FORMAT
+
+log = logging.getLogger(__name__)
+
+FORMAT_EXT = {"JPEG": "jpg", "PNG": "png", "WEBP": "webp", "GIF": "gif", "BMP": "bmp", "TIFF": "tif", "PPM": "ppm"}
+
+
+def _png(pixels: torch.Tensor) -> bytes:
+    """uint8 (C, H, W) -> lossless PNG bytes (C = 1: grayscale)."""
+    array = pixels.numpy()
+    image = Image.fromarray(array[0], "L") if array.shape[0] == 1 else Image.fromarray(array.transpose(1, 2, 0), "RGB")
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def _shrink(data: bytes, max_side: int | None) -> tuple[bytes, str] | None:
+    """(bytes, extension), downscaled to `max_side` when larger; None when the header does not open."""
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            fmt = image.format
+            if max_side is None or max(image.size) <= max_side:
+                return data, FORMAT_EXT.get(fmt, "png" if fmt is None else fmt.lower())
+            image.thumbnail((max_side, max_side))  # aspect kept; JPEGs are reduced in the DCT domain first
+            if fmt == "JPEG":
+                image = image.convert("L" if image.mode == "L" else "RGB")
+            elif image.mode not in ("1", "L", "LA", "P", "RGB", "RGBA", "I;16"):
+                image = image.convert("RGB")
+            buffer = io.BytesIO()
+            image.save(buffer, format="JPEG" if fmt == "JPEG" else "PNG", **({"quality": 95} if fmt == "JPEG" else {}))
+            return buffer.getvalue(), "jpg" if fmt == "JPEG" else "png"
+    except Exception as error:  # noqa: BLE001 - any undecodable file is left out and counted
+        log.warning("leaving out an image that does not open: %s", error)
+        return None
+
+
+def _read_bytes(source: Any) -> bytes:
+    if isinstance(source, (bytes, bytearray)):
+        return bytes(source)
+    try:
+        return Path(source).read_bytes()
+    except OSError as error:
+        log.warning("leaving out %s: %s", source, error)
+        return b""
+
+
+def _records(data: ImageSet | stream.ShardSet, seed: int) -> Iterator[tuple[int, Callable[[], Any], int]]:
+    """(source index, a loader of the raw image, label) in the written order."""
+    if isinstance(data, stream.ShardSet):  # front to back, one pass: epoch 0 of a single lane (window-shuffled)
+        samples = stream.lane_samples(data, seed, 0, 1, 10 * stream.WINDOW, 0)
+        for index in range(len(data)):
+            sample = next(samples)
+            good = not sample.problem and 0 <= sample.label < data.num_classes
+            yield index, (lambda s=sample, g=good: s.image if g else b""), sample.label if good else -1
+        return
+    order = torch.randperm(len(data), generator=torch.Generator().manual_seed(seed)).tolist()
+    for index in order:
+        if data.images is not None:
+            yield index, (lambda i=index: data.images[i]), int(data.labels[index])
+        else:
+            yield index, (lambda i=index: data.files[i]), int(data.labels[index])
+
+
+def _encode(item: tuple[int, Callable[[], Any], int], max_side: int | None) -> tuple[int, bytes, str, int] | None:
+    index, load, label = item
+    raw = load()
+    if isinstance(raw, torch.Tensor):
+        if max_side is not None and max(raw.shape[1:]) > max_side:
+            return _encode((index, lambda: _png(raw), label), max_side)
+        return index, _png(raw), "png", label
+    data = _read_bytes(raw)
+    shrunk = _shrink(data, max_side) if data and label >= 0 else None
+    return (index, *shrunk, label) if shrunk else None
+
+
+def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime, info.mode, info.uid, info.gid, info.uname, info.gname = len(data), 0, 0o644, 0, 0, "", ""
+    tar.addfile(info, io.BytesIO(data))
+
+
+class _Shards:
+    """Writes one split's shards one sample at a time: each under a temporary name, fsynced, then renamed."""
+
+    def __init__(self, out: Path, split: str, per_shard: int):
+        self.out, self.split, self.per_shard = out, split, per_shard
+        self.written: list[dict[str, Any]] = []
+        self.first: list[bytes] = []  # a few stored images, for the index's typical size
+        self._handle: Any = None
+        self._tar: tarfile.TarFile | None = None
+        self._count = 0
+        self.skipped = 0  # source images left out (header does not open, unreadable)
+
+    def add(self, index: int, data: bytes, ext: str, label: int) -> None:
+        if self._tar is None:
+            self._handle = open(self._temporary(), "wb")
+            self._tar = tarfile.open(fileobj=self._handle, mode="w", format=tarfile.USTAR_FORMAT)
+        _add(self._tar, f"{index:09d}.{ext}", data)
+        _add(self._tar, f"{index:09d}.cls", str(label).encode())
+        self._count += 1
+        if len(self.first) < 16:
+            self.first.append(data)
+        if self._count == self.per_shard:
+            self.close()
+
+    def _temporary(self) -> Path:
+        return self.out / f".{self.split}-{len(self.written):06d}.tar.tmp"
+
+    def close(self) -> None:
+        if self._tar is None:
+            return
+        self._tar.close()
+        self._handle.flush()
+        os.fsync(self._handle.fileno())
+        self._handle.close()
+        name = f"{self.split}-{len(self.written):06d}.tar"
+        os.replace(self._temporary(), self.out / name)
+        self.written.append({"shard": name, "count": self._count})
+        self._tar, self._count = None, 0
+
+
+def _write_split(data: ImageSet | stream.ShardSet, split: str, out: Path, per_shard: int, max_side: int | None,
+                 seed: int, workers: int) -> _Shards:
+    shards, skipped = _Shards(out, split, per_shard), 0
+    items = _records(data, seed)
+    with ThreadPoolExecutor(workers) as pool:  # Pillow releases the GIL while it decodes and encodes
+        while batch := [item for _, item in zip(range(256), items)]:
+            for encoded in pool.map(lambda item: _encode(item, max_side), batch):
+                if encoded is None:
+                    skipped += 1
+                else:
+                    shards.add(*encoded)
+    shards.close()
+    shards.skipped += skipped
+    log.info("%s: %d samples in %d shards%s", split, sum(s["count"] for s in shards.written), len(shards.written),
+             f", {skipped} left out" if skipped else "")
+    return shards
+
+
+def _source_splits(uri: str) -> list[str]:
+    """The splits `uri` holds as its own (not "test" standing in for "val", nor a held-out part)."""
+    kind, path = parse_uri(uri)
+    if kind == "folder":
+        root = Path(path)
+        if not (root / "train").is_dir():
+            return ["train"]
+        return ["train"] + [s for s in ("val", "test") if (root / s).is_dir()]
+    if kind in ("wds", "hf"):
+        from vitkit.data import hf, tarshards
+
+        splits = tarshards.split_units(path)[0] if kind == "wds" else hf.find_splits(Path(path))
+        return [s for s in ("train", "val", "test") if s in splits]
+    return ["train", "test"]
+
+
+def write_shards(uri: str, out: str | Path, samples_per_shard: int, *, max_side: int | None = None, seed: int = 0,
+                 workers: int | None = None, image_column: str = "", label_column: str = "") -> dict[str, Any]:
+    """Write every split of `uri` as tar shards in `out` plus dataset.json; returns what was written."""
+    if samples_per_shard < 1 or (max_side is not None and max_side < 1):
+        raise ValueError(f"samples_per_shard and max_side must be >= 1, got {samples_per_shard} and {max_side}")
+    out = Path(out)
+    if out.exists() and (any(out.glob("*.tar")) or (out / INDEX).exists()):
+        raise ValueError(f"{out} already holds shards or {INDEX}; choose an empty directory")
+    out.mkdir(parents=True, exist_ok=True)
+    workers = workers or min(8, os.cpu_count() or 1)
+    splits, classes, channels, probe = {}, None, 3, []
+    for split in _source_splits(uri):
+        data = load_split(uri, split, max_in_memory_bytes=0, image_column=image_column, label_column=label_column)
+        classes = classes or data.class_names
+        channels = data.images.shape[1] if data.images is not None else data.channels
+        splits[split] = _write_split(data, split, out, samples_per_shard, max_side, seed, workers)
+        probe = probe or splits[split].first
+    index = {"format": INDEX_FORMAT, "source": uri, "classes": classes, "channels": int(channels),
+             "image_size": probe_images(probe)[0], "samples_per_shard": samples_per_shard, "max_side": max_side,
+             "seed": seed, "splits": {s: w.written for s, w in splits.items()},
+             "skipped": {s: w.skipped for s, w in splits.items()}}
+    temporary = out / f".{INDEX}.tmp"
+    temporary.write_text(json.dumps(index, indent=1) + "\n")
+    os.replace(temporary, out / INDEX)
+    return {"out": str(out), "splits": {s: {"shards": len(w.written), "samples": sum(e["count"] for e in w.written),
+                                            "skipped": w.skipped} for s, w in splits.items()}}
