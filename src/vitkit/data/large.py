@@ -22,14 +22,14 @@ PROBED = 16  # images whose headers give the typical side and the channels when 
 
 
 def _part(splits: dict[str, Any], part: str, where: str) -> Any:
-    if part == "test" and "test" not in splits:
-        part = "val"
-    if part not in splits:
+    wanted = "val" if part == "test" and "test" not in splits else part
+    if wanted not in splits:
         have = ", ".join(sorted(splits)) or "none"
-        raise ValueError(f"{where} has no {part} split (it has: {have}); "
-                         + ("use val_fraction > 0 to hold out part of the training data" if part == "val" else
-                            "name shards train-*/val-*/test-* or list the splits in dataset.json"))
-    return splits[part]
+        raise ValueError(f"{where} has no {part} split{' (nor a val split to stand in)' if part == 'test' else ''} "
+                         f"(it has: {have}); " + ("use val_fraction > 0 to hold out part of the training data"
+                                                  if part == "val" else "name shards train-*/val-*/test-* or list "
+                                                  "the splits in dataset.json"))
+    return splits[wanted]
 
 
 def _probe_stream(units: list[Unit], reader: Any) -> tuple[int, int]:

@@ -129,7 +129,8 @@ class FileBatches:
                  for idx in micro_batches(stream, step, global_batch, rank, world, micro_batch))
         self.loader = DataLoader(_Files(data, strict), batch_sampler=order, num_workers=workers,
                                  collate_fn=_collate, pin_memory=device.type == "cuda",
-                                 persistent_workers=False, prefetch_factor=4 if workers else None)
+                                 persistent_workers=False, prefetch_factor=4 if workers else None,
+                                 generator=stream.own_generator())
 
     def __iter__(self) -> Iterator[list[tuple[Tensor, Tensor]]]:
         step: list[tuple[Tensor, Tensor]] = []
@@ -154,7 +155,8 @@ def eval_batches(data: ImageSet | stream.ShardSet, batch_size: int, device: torc
             yield images[index].to(device, non_blocking=True), labels[index].to(device, non_blocking=True)
         return
     loader = DataLoader(_Files(data, strict), batch_sampler=[i.tolist() for i in mine.split(batch_size)],
-                        num_workers=workers, collate_fn=_collate, pin_memory=device.type == "cuda")
+                        num_workers=workers, collate_fn=_collate, pin_memory=device.type == "cuda",
+                        generator=stream.own_generator())
     for images, labels, _ in loader:
         if len(labels):
             yield images.to(device, non_blocking=True), labels.to(device, non_blocking=True)

@@ -140,6 +140,12 @@ def decode_samples(samples: list[Sample], data: ShardSet, strict: bool) -> tuple
     return stacked, torch.tensor(labels, dtype=torch.int64), len(samples) - len(images)
 
 
+def own_generator() -> torch.Generator:
+    """For a DataLoader, which otherwise draws its workers' base seed from the global RNG when it starts
+    iterating: that draw would move the dropout/augmentation stream differently in a resumed run."""
+    return torch.Generator().manual_seed(0)
+
+
 # ------------------------------------------------------------------------------ the order of a lane
 class _UnitSequence:
     """U: epoch e (positions e*n .. e*n+n-1) is a permutation of range(n) seeded by (seed, e)."""
@@ -280,7 +286,7 @@ class ShardBatches:
         dataset = _LaneBatches(self.data, seed=self.seed, rank=self.rank, world=self.world, lanes=lanes,
                                window=self.window, micro=self.micro, start=self._step * self.accum, strict=self.strict)
         loader = DataLoader(dataset, batch_size=None, num_workers=self.workers, pin_memory=self.device.type == "cuda",
-                            prefetch_factor=2 if self.workers else None)
+                            prefetch_factor=2 if self.workers else None, generator=own_generator())
         step: list[tuple[Tensor, Tensor]] = []
         for images, labels, bad in loader:
             self.skipped += bad
@@ -317,7 +323,8 @@ def eval_batches(data: ShardSet, batch_size: int, device: torch.device, *, rank:
     """This process's share (units rank, rank + W, ...) of a streamed split, every sample once, in batches."""
     units = data.units[rank::world]
     loader = DataLoader(_EvalSamples(data, units, batch_size, strict), batch_size=None,
-                        num_workers=min(workers, len(units)), pin_memory=device.type == "cuda")
+                        num_workers=min(workers, len(units)), pin_memory=device.type == "cuda",
+                        generator=own_generator())
     for images, labels, _ in loader:
         if len(labels):
             yield images.to(device, non_blocking=True), labels.to(device, non_blocking=True)

@@ -41,6 +41,8 @@ class DataConfig:
     workers: int = 2  # DataLoader workers for file-based sets (in-memory sets need none)
     strict: bool = False  # a corrupt file stops the run instead of being skipped and counted
     max_in_memory_mb: int = 2048  # a decoded folder larger than this is read from files by DataLoader workers
+    image_column: str = ""  # hf: sources: the image column when its type does not single it out
+    label_column: str = ""  # hf: sources: the label column when its type does not single it out
     # Progressive resolution: train at resolutions[i] until the schedule reaches resolution_until[i]
     # (a fraction of it), then at the model's img_size; E_pos is 2D-interpolated on the fly (Sec. 3.2).
     resolutions: tuple[int, ...] = ()  # training side lengths of the early phases, e.g. (16, 20)

@@ -5,7 +5,7 @@ lives in a directory (DESIGN.md "A run"): config.json, metrics.jsonl, checkpoint
 
 Where the weights come from, decided once, in this order (STYLE.md section 5):
   (1) a checkpoint in the run directory -> resume it (weights, optimiser, step, RNG; the data
-      position is a function of the step, see vitkit.data.loader);
+      position is a function of the step, see vitkit.data.loader, and a shard stream's is saved too);
   (2) else `run.init_from` -> load that checkpoint, replace the head (Sec. 3.2: zero-initialised
       D x K, pre-logits dropped) and resample the position embeddings to the new resolution;
   (3) else -> a freshly initialised model.
@@ -22,7 +22,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 from torch import Tensor, nn
@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from vitkit.checkpoints import native
 from vitkit.data import loader as batches
 from vitkit.data.sources import ImageSet, load_split
+from vitkit.data.stream import ShardBatches, ShardSet
 from vitkit.data.transforms import train_transform
 from vitkit.models import build_model
 from vitkit.models.configs import in_channels, image_size, num_classes
@@ -61,7 +62,8 @@ class _Data:
 def _load_data(config: TrainConfig) -> _Data:
     size = image_size(config.model)
     common = dict(image_size=size, seed=config.run.seed, strict=config.data.strict,
-                  max_in_memory_bytes=config.data.max_in_memory_mb << 20)
+                  max_in_memory_bytes=config.data.max_in_memory_mb << 20, image_column=config.data.image_column,
+                  label_column=config.data.label_column)
     train = load_split(config.data.uri, "train", val_fraction=config.data.val_fraction, **common)
     test = load_split(config.data.uri, config.eval.final_split, val_fraction=config.data.val_fraction, **common)
     evals = {}
@@ -257,7 +259,10 @@ def _train(config: TrainConfig, info: distributed.DistInfo, device: torch.device
                                 fused=deferred or device.type == "cpu")
     generator = torch.Generator(device=device).manual_seed(config.run.seed * 7919 + info.rank)
     ema = ModelEMA(module, config.optim.ema_decay) if config.optim.ema_decay > 0 else None
-    state = TrainState(model=model, module=module, optimizer=optimizer, generator=generator, ema=ema)
+    feed = ShardBatches(data.train, seed=config.run.seed, global_batch=config.data.batch_size, rank=info.rank,
+                        world=info.world, micro_batch=micro, device=device, workers=config.data.workers,
+                        strict=config.data.strict) if isinstance(data.train, ShardSet) else None
+    state = TrainState(model=model, module=module, optimizer=optimizer, generator=generator, ema=ema, data=feed)
 
     resumed = latest_checkpoint(run_dir)
     if resumed is not None:  # (1) resume
@@ -325,8 +330,17 @@ def _train(config: TrainConfig, info: distributed.DistInfo, device: torch.device
             log.warning("torch.compile failed (%s: %s); training eagerly (run.compile=false skips compiling)",
                         type(err).__name__, (str(err).strip().splitlines() or [""])[0])
             model = state.model = eager
-    stream = batches.IndexStream(len(data.train), config.run.seed)
-    batch_iter = step_batches(config, data.train, stream, state.step, steps, info, micro, device)
+    if feed is None:
+        stream = batches.IndexStream(len(data.train), config.run.seed)
+        feed = step_batches(config, data.train, stream, state.step, steps, info, micro, device)
+    batch_iter = iter(feed)
+    skipped_before = state.skipped_samples
+
+    def count_skipped() -> int:
+        """Corrupt samples skipped over all processes and invocations (a collective: every process calls it)."""
+        here = torch.tensor([float(getattr(feed, "skipped", 0))], dtype=torch.float64, device=device)
+        state.skipped_samples = skipped_before + int(distributed.all_reduce_sum(here).item())
+        return state.skipped_samples
     num_classes_ = data.train.num_classes
     bar = _progress(config, info, steps, state.step, progress_stream)
     status, invocation_start = "finished", time.monotonic()
@@ -392,6 +406,11 @@ def _train(config: TrainConfig, info: distributed.DistInfo, device: torch.device
                 record = _train_record(pending, state.step, epoch_of(state.step),
                                        (state.step - last_log_step) * config.data.batch_size / max(now - last_log_time, 1e-9))
                 pending, last_log_time, last_log_step = [], now, state.step
+                if data.train.access != "memory":  # files or a stream: corrupt samples are skipped and totalled
+                    seen = state.skipped_samples
+                    if count_skipped() > seen and info.main:
+                        log.warning("step %d: %d corrupt samples skipped so far", state.step, state.skipped_samples)
+                    record = record and {**record, "skipped_samples": state.skipped_samples}
                 if record:
                     metrics.write({**record, "img_size": train_size})
                     bar.set_postfix(loss=f"{record['loss']:.3f}", img_s=f"{record['images_per_s']:.0f}")
@@ -417,6 +436,7 @@ def _train(config: TrainConfig, info: distributed.DistInfo, device: torch.device
             if periodic or signalled or out_of_time:
                 state.elapsed += time.monotonic() - invocation_start
                 invocation_start = time.monotonic()
+                count_skipped()
                 checkpoint()
             if signalled:
                 status = "interrupted"
@@ -430,7 +450,7 @@ def _train(config: TrainConfig, info: distributed.DistInfo, device: torch.device
         log.info("time budget (budget_schedule=fit): schedule annealed at step %d of at most %d", state.step, steps)
     state.elapsed += time.monotonic() - invocation_start
     result: dict[str, Any] = {"status": status, "run_dir": str(run_dir), "rank": info.rank, "step": state.step, "steps": steps,
-                              "skipped_steps": state.skipped_steps, "plan": plan}
+                              "skipped_steps": state.skipped_steps, "skipped_samples": count_skipped(), "plan": plan}
     if status == "interrupted":
         log.warning("stopped by signal %d at step %d; checkpoint saved, re-run the same command to resume",
                     stop.signum, state.step)
@@ -481,18 +501,17 @@ def _blank_batches(config: TrainConfig, train: ImageSet, micro: int, channels: i
 
 
 def step_batches(config: TrainConfig, train: ImageSet, stream: batches.IndexStream, start: int, steps: int,
-                  info: distributed.DistInfo, micro: int, device: torch.device) -> Iterator[list[tuple[Tensor, Tensor]]]:
-    """uint8 micro-batches (images, labels) for each step from `start`, on `device`."""
-    if train.images is not None:
-        data = batches.DeviceImages(train, device)
-        for step in range(start, steps):
-            yield [data.batch(index) for index in
-                   batches.micro_batches(stream, step, config.data.batch_size, info.rank, info.world, micro)]
-        return
-    files = batches.FileBatches(train, stream, start_step=start, total_steps=steps, global_batch=config.data.batch_size,
-                                rank=info.rank, world=info.world, micro_batch=micro, device=device,
-                                workers=config.data.workers, strict=config.data.strict)
-    yield from files
+                 info: distributed.DistInfo, micro: int, device: torch.device) -> Iterable[list[tuple[Tensor, Tensor]]]:
+    """uint8 micro-batches (images, labels) for each step from `start`, on `device` (FileBatches counts `skipped`)."""
+    if train.images is None:
+        return batches.FileBatches(train, stream, start_step=start, total_steps=steps,
+                                   global_batch=config.data.batch_size, rank=info.rank, world=info.world,
+                                   micro_batch=micro, device=device, workers=config.data.workers,
+                                   strict=config.data.strict)
+    data = batches.DeviceImages(train, device)
+    return ([data.batch(index) for index in
+             batches.micro_batches(stream, step, config.data.batch_size, info.rank, info.world, micro)]
+            for step in range(start, steps))
 
 
 class _NoBar:

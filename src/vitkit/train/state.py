@@ -3,7 +3,8 @@
 A checkpoint is `checkpoints/step_NNNNNNN/` holding the model in vitkit's own format
 (`model.safetensors` + `config.json`, readable by `vitkit.load`) and `train_state.pt` (optimiser,
 EMA, step, RNG states, counters), which contains only tensors and plain Python containers so that
-`torch.load(..., weights_only=True)` reads it.  The directory is written under a temporary name
+`torch.load(..., weights_only=True)` reads it.  A streamed training split (tar shards, Parquet) adds
+its position under "data" (vitkit.data.stream.ShardBatches.state_dict).  The directory is written under a temporary name
 and renamed; then `checkpoints/LATEST` is replaced atomically.  A crash at any moment therefore
 leaves the previous checkpoint intact and LATEST pointing at a complete one.
 """
@@ -44,6 +45,8 @@ class TrainState:
     skipped_steps: int = 0  # non-finite steps skipped in total
     nan_streak: int = 0  # consecutive non-finite steps
     elapsed: float = 0.0  # training seconds over all invocations
+    skipped_samples: int = 0  # corrupt samples skipped over all processes and invocations (at the last count)
+    data: Any = None  # a TrainBatches whose position is saved ("data"), or None when the step alone gives it
     extra: dict[str, Any] = field(default_factory=dict)
 
     def state_dict(self, *, optimizer: bool = True) -> dict[str, Any]:
@@ -58,6 +61,8 @@ class TrainState:
             "optimizer": self.optimizer.state_dict() if optimizer else None,
             "ema": self.ema.state_dict() if self.ema is not None else None,
             "rng": rng,
+            "skipped_samples": self.skipped_samples,
+            "data": self.data.state_dict() if self.data is not None else None,
         }
 
     def load_state_dict(self, state: dict[str, Any], *, optimizer: bool = True) -> None:
@@ -65,6 +70,9 @@ class TrainState:
         self.skipped_steps = int(state["skipped_steps"])
         self.nan_streak = int(state["nan_streak"])
         self.elapsed = float(state["elapsed"])
+        self.skipped_samples = int(state.get("skipped_samples", 0))
+        if self.data is not None and state.get("data") is not None:
+            self.data.load_state_dict(state["data"])
         if optimizer:
             self.optimizer.load_state_dict(state["optimizer"])
         if (state["ema"] is None) != (self.ema is None):

@@ -1,0 +1,102 @@
+"""hf: sources made in the test with `datasets` (never a hub): save_to_disk Arrow and Parquet files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from shardkit import image_ids, numbered_images, png
+from vitkit.data.loader import FileBatches, IndexStream, eval_batches
+from vitkit.data.shard import write_shards
+from vitkit.data.sources import describe, load_split
+from vitkit.data.stream import ShardBatches, ShardSet, read_all
+
+datasets = pytest.importorskip("datasets")
+CLASSES = ["ant", "bee", "cat", "dog"]
+
+
+def _dataset(count: int, start: int = 0, extra_image: bool = False, int_labels: bool = False):
+    images, labels = numbered_images(start + count, classes=len(CLASSES))
+    features = {"picture": datasets.Image(),
+                "target": datasets.Value("int64") if int_labels else datasets.ClassLabel(names=CLASSES),
+                "weight": datasets.Value("float32")}
+    rows = {"picture": [{"bytes": png(images[i]), "path": None} for i in range(start, start + count)],
+            "target": labels[start:].tolist(), "weight": [0.5] * count}
+    if extra_image:
+        features["thumb"] = datasets.Image()
+        rows["thumb"] = rows["picture"]
+    return datasets.Dataset.from_dict(rows, features=datasets.Features(features))
+
+
+def _truth(count: int, start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    images, labels = numbered_images(start + count, classes=len(CLASSES))
+    return torch.from_numpy(images[start:, None]), torch.from_numpy(labels[start:])
+
+
+def test_saved_dataset_dict_is_read_map_style(tmp_path: Path) -> None:
+    datasets.DatasetDict({"train": _dataset(30), "validation": _dataset(6, start=30)}).save_to_disk(str(tmp_path))
+    uri = f"hf:{tmp_path}"
+    info = describe(uri)
+    assert (info.num_train, info.num_classes, info.image_size, info.channels, info.in_memory) == (30, 4, 8, 1, True)
+    train = load_split(uri, "train", image_size=8)
+    assert train.access == "memory" and train.class_names == CLASSES
+    assert torch.equal(train.images, _truth(30)[0]) and torch.equal(train.labels, _truth(30)[1])
+    test = load_split(uri, "test", image_size=8)  # no test split: validation stands in
+    assert image_ids(test.images) == list(range(30, 36))
+    files = load_split(uri, "train", image_size=8, val_fraction=0.25, seed=3, max_in_memory_bytes=0)
+    assert files.access == "files" and len(files) == 22 and "row" in files.name(0)
+    loader = FileBatches(files, IndexStream(len(files), 0), start_step=0, total_steps=2, global_batch=11, rank=0,
+                         world=1, micro_batch=11, device=torch.device("cpu"), workers=2, strict=False)
+    seen = [i for step in loader for images, labels in step for i in image_ids(images)]  # rows read in workers
+    held = load_split(uri, "val", image_size=8, val_fraction=0.25, seed=3)
+    assert sorted(seen + image_ids(held.images)) == list(range(30))
+
+
+def test_parquet_files_are_streamed_by_row_group(tmp_path: Path) -> None:
+    (tmp_path / "data").mkdir()
+    _dataset(40).to_parquet(str(tmp_path / "data" / "train-00000-of-00001.parquet"), batch_size=8)
+    _dataset(8, start=40).to_parquet(str(tmp_path / "data" / "test-00000-of-00001.parquet"), batch_size=8)
+    uri = f"hf:{tmp_path}"
+    train = load_split(uri, "train", image_size=8, max_in_memory_bytes=0)
+    assert isinstance(train, ShardSet) and [u.count for u in train.units] == [8] * 5 and train.class_names == CLASSES
+    samples = read_all(train)
+    assert [s.label for s in samples] == _truth(40)[1].tolist()
+    memory = load_split(uri, "train", image_size=8)
+    assert torch.equal(memory.images, _truth(40)[0])
+    stream = ShardBatches(train, seed=0, global_batch=10, rank=0, world=1, micro_batch=5, device=torch.device("cpu"),
+                          workers=0, strict=False, window=8)
+    iterator = iter(stream)
+    first = [i for _ in range(4) for images, _ in next(iterator) for i in image_ids(images)]
+    assert sorted(first) == list(range(40)) and first != list(range(40))  # one epoch, shuffled
+    test = load_split(uri, "test", image_size=8, max_in_memory_bytes=0)
+    evaluated = [i for images, _ in eval_batches(test, 3, torch.device("cpu"), workers=2) for i in image_ids(images)]
+    assert sorted(evaluated) == list(range(40, 48))
+
+
+def test_columns_by_type_or_by_name_and_integer_labels(tmp_path: Path) -> None:
+    _dataset(12, extra_image=True).save_to_disk(str(tmp_path / "two"))
+    with pytest.raises(ValueError, match=r"several \(picture, thumb\) image columns.*data.image_column"):
+        load_split(f"hf:{tmp_path / 'two'}", "train")
+    data = load_split(f"hf:{tmp_path / 'two'}", "train", image_size=8, image_column="thumb")
+    assert torch.equal(data.images, _truth(12)[0])
+    with pytest.raises(ValueError, match="not a column"):
+        load_split(f"hf:{tmp_path / 'two'}", "train", image_column="nope")
+    _dataset(12, int_labels=True).save_to_disk(str(tmp_path / "ints"))  # a single Dataset: the train split
+    plain = load_split(f"hf:{tmp_path / 'ints'}", "train", image_size=8)
+    assert plain.class_names == ["0", "1", "2", "3"] and torch.equal(plain.labels, _truth(12)[1])
+
+
+def test_unlabelled_rows_are_dropped_and_hf_shards_round_trip(tmp_path: Path) -> None:
+    rows = _dataset(10).to_dict()
+    rows["target"][3] = -1
+    datasets.Dataset.from_dict(rows, features=_dataset(1).features).save_to_disk(str(tmp_path / "ds"))
+    data = load_split(f"hf:{tmp_path / 'ds'}", "train", image_size=8)
+    assert image_ids(data.images) == [0, 1, 2, 4, 5, 6, 7, 8, 9]
+    write_shards(f"hf:{tmp_path / 'ds'}", tmp_path / "wds", 4)
+    shards = load_split(f"wds:{tmp_path / 'wds'}", "train", image_size=8)
+    assert shards.class_names == CLASSES and sorted(image_ids(shards.images)) == image_ids(data.images)
+    order = np.argsort(image_ids(shards.images))
+    assert torch.equal(shards.labels[torch.from_numpy(order)], data.labels)

@@ -1,0 +1,83 @@
+"""Large folders start fast (listing, no decoding up front past MAX_FILES_IN_MEMORY); the optional fast JPEG
+decoder gives Pillow's pixels exactly."""
+
+from __future__ import annotations
+
+import io
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from vitkit.data import imageset, images
+from vitkit.data.images import FileList, decode_image, scan_folder
+from vitkit.data.sources import describe, load_split
+
+
+def test_scan_keeps_sorted_path_order_with_nested_folders(tmp_path: Path) -> None:
+    names = ["a/b.png", "a-c.png", "a/a/z.png", "B.png", "a.png", "x.txt"]
+    for name in names:
+        (tmp_path / "cls" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "cls" / name).write_bytes(b"")
+    files, labels = scan_folder(tmp_path, ["cls"])
+    expected = sorted(p for p in (tmp_path / "cls").rglob("*") if p.suffix == ".png")
+    assert list(files) == expected and files == expected and labels == [0] * 5
+
+
+def test_file_list_takes_pickles_and_names(tmp_path: Path) -> None:
+    files = FileList.of([tmp_path / "a.jpg", tmp_path / "ü.png", tmp_path / "c.png"])
+    assert files[1] == tmp_path / "ü.png" and files.name(2) == str(tmp_path / "c.png")
+    assert list(files.take(torch.tensor([2, 0]))) == [tmp_path / "c.png", tmp_path / "a.jpg"]
+    assert list(files[1:]) == [tmp_path / "ü.png", tmp_path / "c.png"]
+    assert pickle.loads(pickle.dumps(files)) == files and files.index(tmp_path / "c.png") == 2
+
+
+def test_many_files_are_not_decoded_up_front(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for k in range(2):
+        (tmp_path / f"c{k}").mkdir()
+        for i in range(6):
+            Image.new("RGB", (5, 5), (40 * i, k, 0)).save(tmp_path / f"c{k}" / f"{i}.png")
+    small = load_split(f"folder:{tmp_path}", "train", image_size=4)
+    assert small.access == "memory" and describe(f"folder:{tmp_path}", image_size=4).in_memory
+    monkeypatch.setattr(imageset, "MAX_FILES_IN_MEMORY", 11)  # 12 files: "many", however small decoded
+    lazy = load_split(f"folder:{tmp_path}", "train", image_size=4)
+    assert lazy.access == "files" and not describe(f"folder:{tmp_path}", image_size=4).in_memory
+    assert torch.equal(torch.stack([lazy.read(i) for i in range(len(lazy))]), small.images)
+
+
+def _jpegs() -> dict[str, bytes]:
+    rng = np.random.default_rng(1)
+    smooth = np.cumsum(rng.integers(0, 9, (97, 131, 3)), axis=1).clip(0, 255).astype(np.uint8)
+    out = {}
+    for name, image, options in [("rgb420", Image.fromarray(smooth), {"quality": 85}),
+                                 ("rgb444", Image.fromarray(smooth), {"quality": 90, "subsampling": 0}),
+                                 ("progressive", Image.fromarray(smooth), {"progressive": True}),
+                                 ("gray", Image.fromarray(smooth[..., 0]), {}),
+                                 ("tiny", Image.fromarray(smooth[:3, :5]), {}),
+                                 ("cmyk", Image.fromarray(smooth).convert("CMYK"), {})]:
+        buffer = io.BytesIO()
+        image.save(buffer, format="JPEG", **options)
+        out[name] = buffer.getvalue()
+    return out
+
+
+def test_fast_jpeg_decoder_gives_pillows_pixels(monkeypatch: pytest.MonkeyPatch) -> None:
+    fast = pytest.importorskip("simplejpeg")
+    calls = {"n": 0}
+    real = fast.decode_jpeg
+
+    def counting(*args, **kwargs):
+        calls["n"] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(images, "_simplejpeg", fast)
+    monkeypatch.setattr(fast, "decode_jpeg", counting)
+    cases = [(name, data, size) for name, data in _jpegs().items() for size in (None, 2, 8, 24, 48, 97, 200)]
+    ours = [decode_image(data, 3, size=size) for _, data, size in cases]
+    assert calls["n"] >= 30  # the fast path did the work (CMYK and tiny odd scales fall back)
+    monkeypatch.setattr(images, "_simplejpeg", None)
+    for (name, data, size), mine in zip(cases, ours):
+        assert torch.equal(mine, decode_image(data, 3, size=size)), (name, size)

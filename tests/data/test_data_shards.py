@@ -1,0 +1,186 @@
+"""wds: sources and `vitkit shard`: round trips, splits, foreign shards, corrupt samples, stream order and resume."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from shardkit import image_ids, numbered_npz, numbered_shards, png, write_tar
+from vitkit.data.images import BadImageError
+from vitkit.data.shard import write_shards
+from vitkit.data.sources import describe, load_split
+from vitkit.data.stream import ShardBatches, ShardSet, lane_samples, read_all
+from vitkit.data.tarshards import expand_braces
+
+CPU = torch.device("cpu")
+
+
+def _batches(data: ShardSet, workers: int = 0, seed: int = 0, batch: int = 8, micro: int = 4, world: int = 1,
+             rank: int = 0) -> ShardBatches:
+    return ShardBatches(data, seed=seed, global_batch=batch, rank=rank, world=world, micro_batch=micro, device=CPU,
+                        workers=workers, strict=False, window=16)
+
+
+def _ids(steps: list[list[tuple[torch.Tensor, torch.Tensor]]]) -> list[int]:
+    return [i for step in steps for images, _ in step for i in image_ids(images)]
+
+
+def _take(batches: ShardBatches, count: int) -> list:
+    iterator = iter(batches)
+    return [next(iterator) for _ in range(count)]
+
+
+def test_brace_patterns_expand_like_bash() -> None:
+    assert expand_braces("t-{000..002}.tar") == ["t-000.tar", "t-001.tar", "t-002.tar"]
+    assert expand_braces("{a,b}-{8..10}") == ["a-8", "a-9", "a-10", "b-8", "b-9", "b-10"]
+    assert expand_braces("x{1,{2,3}}y") == ["x1y", "x2y", "x3y"]
+    with pytest.raises(ValueError, match="unbalanced"):
+        expand_braces("a{1..2")
+
+
+def test_shard_round_trip_keeps_every_image_and_label(tmp_path: Path) -> None:
+    source = f"npz:{numbered_npz(tmp_path / 'n.npz', 50)}"
+    summary = write_shards(source, tmp_path / "wds", 12)
+    assert summary["splits"] == {"train": {"shards": 4, "samples": 40, "skipped": 0},
+                                 "test": {"shards": 1, "samples": 10, "skipped": 0}}
+    index = json.loads((tmp_path / "wds" / "dataset.json").read_text())
+    assert [e["count"] for e in index["splits"]["train"]] == [12, 12, 12, 4] and index["channels"] == 1
+    assert index["classes"] == [f"c{k}" for k in range(10)] and index["image_size"] == 8
+    for split in ("train", "test"):
+        ours = load_split(f"wds:{tmp_path / 'wds'}", split, image_size=8)  # small: decoded into memory
+        theirs = load_split(source, split)
+        assert ours.access == "memory" and ours.class_names == theirs.class_names
+        order = image_ids(ours.images)  # written in a fixed random order (seed 0) of the source split
+        position = {i: k for k, i in enumerate(image_ids(theirs.images))}
+        rows = torch.tensor([position[i] for i in order])
+        assert sorted(order) == sorted(position) and order != sorted(order)
+        assert torch.equal(ours.images, theirs.images[rows]) and torch.equal(ours.labels, theirs.labels[rows])
+    assert rows.tolist() == torch.randperm(10, generator=torch.Generator().manual_seed(0)).tolist()
+
+
+def test_shards_are_deterministic_and_keep_file_bytes(tmp_path: Path) -> None:
+    for k, cls in enumerate(("cat", "dog")):
+        (tmp_path / "photos" / cls).mkdir(parents=True)
+        for i in range(3):
+            noise = np.random.default_rng(10 * k + i).integers(0, 256, (30 + i, 40, 3), dtype=np.uint8)
+            Image.fromarray(noise).save(tmp_path / "photos" / cls / f"{i}.jpg", quality=80)
+    (tmp_path / "photos" / "dog" / "bad.jpg").write_bytes(b"not an image")
+    digests = []
+    for out in ("a", "b"):
+        summary = write_shards(f"folder:{tmp_path / 'photos'}", tmp_path / out, 4)
+        digests.append([hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted((tmp_path / out).iterdir())])
+    assert digests[0] == digests[1] and summary["splits"]["train"] == {"shards": 2, "samples": 6, "skipped": 1}
+    files = sorted((tmp_path / "photos").rglob("[0-9].jpg"))
+    stored = {r.key: r.image for r in read_all(load_split(f"wds:{tmp_path / 'a'}", "train", max_in_memory_bytes=0))}
+    assert sorted(stored.values()) == sorted(p.read_bytes() for p in files)  # the original bytes, not re-encoded
+    write_shards(f"folder:{tmp_path / 'photos'}", tmp_path / "small", 10, max_side=20)
+    small = read_all(load_split(f"wds:{tmp_path / 'small'}", "train", max_in_memory_bytes=0))
+    assert sorted(Image.open(io.BytesIO(s.image)).size for s in small) == [(20, 15)] * 2 + [(20, 16)] * 4
+    with pytest.raises(ValueError, match="already holds shards"):
+        write_shards(f"folder:{tmp_path / 'photos'}", tmp_path / "a", 4)
+
+
+def test_splits_by_prefix_index_and_pattern(tmp_path: Path) -> None:
+    numbered_shards(tmp_path / "d", [5, 5, 5])
+    numbered_shards(tmp_path / "d", [4], prefix="val", start=15)
+    uri = f"wds:{tmp_path / 'd'}"
+    info = describe(uri)
+    assert (info.num_train, info.num_classes, info.channels, info.image_size) == (15, 10, 1, 8)
+    test = load_split(uri, "test", image_size=8)  # no test-* shards: val-* stands in, as for folders
+    assert sorted(image_ids(test.images)) == [15, 16, 17, 18]
+    pattern = load_split(f"wds:{tmp_path / 'd'}/train-{{000000..000001}}.tar", "train", image_size=8)
+    assert sorted(image_ids(pattern.images)) == list(range(10))
+    held = load_split(uri, "val", image_size=8, val_fraction=0.34, seed=1)  # whole shards held out
+    kept = load_split(uri, "train", image_size=8, val_fraction=0.34, seed=1)
+    assert len(held) == 5 and sorted(image_ids(held.images) + image_ids(kept.images)) == list(range(15))
+    with pytest.raises(FileNotFoundError, match="do not exist"):
+        load_split(f"wds:{tmp_path / 'd'}/train-{{000000..000009}}.tar", "train")
+    numbered_shards(tmp_path / "e", [3])
+    with pytest.raises(ValueError, match="has no test split"):
+        load_split(f"wds:{tmp_path / 'e'}", "test")
+
+
+def test_webdataset_shardwriter_shards_are_read(tmp_path: Path) -> None:
+    wds = pytest.importorskip("webdataset")
+    rng = np.random.default_rng(0)
+    pixels = rng.integers(0, 256, (7, 6, 6, 3), dtype=np.uint8)
+    with wds.ShardWriter(str(tmp_path / "shard-%06d.tar"), maxcount=3) as sink:
+        for i in range(7):
+            label = {"cls": i % 2} if i % 3 else {"json": {"label": i % 2, "note": "x"}}
+            sink.write({"__key__": f"sample{i:04d}", "input.png": png(pixels[i]), **label})
+    data = load_split(f"wds:{tmp_path}", "train", image_size=6)  # no prefix: every shard is train
+    assert len(list(tmp_path.glob("*.tar"))) == 3 and data.class_names == ["0", "1"]
+    assert torch.equal(data.images, torch.from_numpy(pixels).permute(0, 3, 1, 2))
+    assert data.labels.tolist() == [i % 2 for i in range(7)]
+
+
+def test_corrupt_members_are_skipped_and_counted(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    good = numbered_shards(tmp_path, [6])
+    members = [("a.png", b"\x89PNG garbage"), ("a.cls", b"1"), ("b.png", png(np.zeros((8, 8), np.uint8))),
+               ("c.png", png(np.full((8, 8), 7, np.uint8))), ("c.cls", b"nine"),
+               ("d.png", png(np.full((8, 8), 9, np.uint8))), ("d.cls", b"42")]
+    write_tar(tmp_path / "train-000001.tar", members)
+    data = load_split(f"wds:{tmp_path}", "train", image_size=8, max_in_memory_bytes=0)
+    data.class_names = [str(k) for k in range(10)]
+    batches = _batches(data, batch=10, micro=10)
+    ids = sorted(_ids(_take(batches, 1)))
+    assert ids == good and batches.skipped == 4  # garbage image, no label, unreadable label, label out of range
+    assert "skipping corrupt sample a" in caplog.text and "label 42 is outside" in caplog.text
+    memory = load_split(f"wds:{tmp_path}", "train", image_size=8)  # without an index the labels name the classes
+    assert memory.num_classes == 43 and memory.skipped == 3 and len(memory) == 7
+    strict = ShardBatches(data, seed=0, global_batch=10, rank=0, world=1, micro_batch=10, device=CPU, workers=0,
+                          strict=True)
+    with pytest.raises(BadImageError, match="sample"):
+        _take(strict, 1)
+
+
+def test_lanes_split_each_epoch_disjointly_and_never_run_dry(tmp_path: Path) -> None:
+    ids = numbered_shards(tmp_path, [5, 3, 7, 2, 6, 1])
+    data = load_split(f"wds:{tmp_path}", "train", image_size=8, max_in_memory_bytes=0)
+    lanes = 3  # 6 shards: two per lane in each round
+    firsts = []
+    for lane in range(lanes):
+        size = sum(u.count for u in _round0_units(data, lane, lanes))
+        firsts.append([s.key for _, s in zip(range(size), lane_samples(data, 0, lane, lanes, 4, 0))])
+    keys = [k for first in firsts for k in first]
+    assert sorted(keys) == [f"s{i:06d}" for i in ids] and len(set(keys)) == len(keys)
+    many = lane_samples(load_split(f"wds:{tmp_path}", "train", max_in_memory_bytes=0), 0, 7, 8, 4, 0)
+    assert len([s for _, s in zip(range(100), many)]) == 100  # 8 lanes, 6 shards: lane 7 still streams
+
+
+def _round0_units(data: ShardSet, lane: int, lanes: int) -> list:
+    from vitkit.data.stream import _UnitSequence
+
+    sequence, per_round = _UnitSequence(len(data.units), 0), -(-len(data.units) // lanes)
+    return [data.units[sequence[lane + k * lanes]] for k in range(per_round)]
+
+
+def test_stream_order_depends_on_the_seed_and_is_reshuffled_each_epoch(tmp_path: Path) -> None:
+    numbered_shards(tmp_path, [8, 8, 8])
+    data = load_split(f"wds:{tmp_path}", "train", image_size=8, max_in_memory_bytes=0)
+    first, again, other = (_ids(_take(_batches(data, seed=s, batch=24, micro=24), 2)) for s in (0, 0, 1))
+    assert first == again and first != other
+    assert sorted(first[:24]) == sorted(first[24:]) == list(range(24)) and first[:24] != first[24:]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resuming_at_any_step_continues_the_same_stream(tmp_path: Path, workers: int) -> None:
+    numbered_shards(tmp_path, [9, 4, 11, 6])
+    data = load_split(f"wds:{tmp_path}", "train", image_size=8, max_in_memory_bytes=0)
+    whole = _batches(data, workers=workers, batch=6, micro=3)
+    steps = _take(whole, 12)  # 72 samples: past the first epoch (30) and the second
+    assert whole.state_dict()["step"] == 12
+    for start in (1, 4, 9):
+        resumed = _batches(data, workers=workers, batch=6, micro=3)
+        resumed.load_state_dict({**whole.state_dict(), "step": start})
+        assert _ids(_take(resumed, 12 - start)) == _ids(steps[start:]), start
+    changed = _batches(data, workers=workers + 2, batch=6, micro=3)  # 0 and 1 workers: both one lane
+    with pytest.raises(ValueError, match="lanes_per_process"):
+        changed.load_state_dict(whole.state_dict())
