@@ -184,3 +184,22 @@ def test_resuming_at_any_step_continues_the_same_stream(tmp_path: Path, workers:
     changed = _batches(data, workers=workers + 2, batch=6, micro=3)  # 0 and 1 workers: both one lane
     with pytest.raises(ValueError, match="lanes_per_process"):
         changed.load_state_dict(whole.state_dict())
+
+
+def test_cli_shards_then_trains_on_the_shards(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                             caplog: pytest.LogCaptureFixture) -> None:
+    from vitkit.cli import main
+
+    caplog.set_level("INFO", logger="vitkit.data.sources")
+    assert main(["shard", "digits", "--out", str(tmp_path / "wds"), "--samples-per-shard", "500", "--json"]) == 0
+    written = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert written["splits"]["train"] == {"shards": 3, "samples": 1438, "skipped": 0}
+    assert main(["shard", "digits", "--out", str(tmp_path / "wds"), "--samples-per-shard", "5"]) == 2
+    assert "already holds shards" in capsys.readouterr().err
+    code = main(["train", "--data", f"wds:{tmp_path / 'wds'}", "--recipe", "small-8px-tiny", "--out",
+                 str(tmp_path / "run"), "--json", "--set", "run.threads=1", "--set", "data.steps=2",
+                 "--set", "data.max_in_memory_mb=0"])
+    captured = capsys.readouterr()
+    result = json.loads(captured.out.strip().splitlines()[-1])
+    assert code == 0 and result["step"] == 2 and result["test"]["count"] == 359 and result["skipped_samples"] == 0
+    assert "train: 1438 images, 10 classes, streamed from shards by every process and worker" in caplog.text

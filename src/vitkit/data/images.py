@@ -105,7 +105,7 @@ def _decode_jpeg_fast(data: bytes, size: int | None, max_pixels: int, name: str)
     shape = (-(-height // scale), -(-width // scale))
     try:
         array = _simplejpeg.decode_jpeg(data, colorspace="RGB", min_height=shape[0], min_width=shape[1], strict=True)
-    except ValueError:
+    except (ValueError, TypeError):  # damaged data (Pillow names it), or a simplejpeg without `strict`
         return None
     if array.shape[:2] != shape:  # libjpeg-turbo chose an M/8 scale Pillow would not: keep Pillow's pixels
         return None
