@@ -203,3 +203,44 @@ def test_cli_shards_then_trains_on_the_shards(tmp_path: Path, capsys: pytest.Cap
     result = json.loads(captured.out.strip().splitlines()[-1])
     assert code == 0 and result["step"] == 2 and result["test"]["count"] == 359 and result["skipped_samples"] == 0
     assert "train: 1438 images, 10 classes, streamed from shards by every process and worker" in caplog.text
+
+
+@pytest.mark.parametrize("fmt", ["GNU_FORMAT", "PAX_FORMAT", "USTAR_FORMAT"])
+def test_tar_reader_agrees_with_tarfile_on_every_format(tmp_path: Path, fmt: str) -> None:
+    import tarfile
+
+    from vitkit.data.tarshards import tar_members
+
+    names = ["a.png", "d" * 60 + "/" + "n" * 70 + ".png", "x" * 150 + ".cls", "é/ü.json"]
+    if fmt == "USTAR_FORMAT":
+        names = names[:2] + ["é/ü.json"]  # ustar: a name up to 100 bytes plus a 155-byte prefix, no more
+    with tarfile.open(tmp_path / "t.tar", "w", format=getattr(tarfile, fmt)) as tar:
+        for k, name in enumerate(names):
+            info = tarfile.TarInfo(name)
+            info.size = 700 * k + 3
+            tar.addfile(info, io.BytesIO(bytes([k]) * info.size))
+        folder = tarfile.TarInfo("folder")
+        folder.type = tarfile.DIRTYPE
+        tar.addfile(folder)  # not a regular file: skipped by both
+    with tarfile.open(tmp_path / "t.tar") as tar:
+        theirs = [(m.name, m.offset_data, m.size) for m in tar if m.isfile()]
+    with open(tmp_path / "t.tar", "rb") as handle:
+        ours = [(m.name, m.offset, m.size) for m in tar_members(handle)]
+    assert ours == theirs and [n for n, _, _ in ours] == names
+
+
+def test_damaged_and_truncated_shards_count_their_rest_as_corrupt(tmp_path: Path) -> None:
+    numbered_shards(tmp_path, [4, 4])
+    damaged = bytearray((tmp_path / "train-000000.tar").read_bytes())
+    damaged[2 * 1024 + 130] ^= 0x01  # the size field of sample 1's image header: its checksum fails
+    (tmp_path / "train-000000.tar").write_bytes(bytes(damaged))
+    whole = (tmp_path / "train-000001.tar").read_bytes()
+    (tmp_path / "train-000001.tar").write_bytes(whole[:2 * 1024 + 512 + 50])  # ends inside sample 1's image
+    index = {"splits": {"train": [{"shard": "train-000000.tar", "count": 4}, {"shard": "train-000001.tar", "count": 4}]},
+             "classes": [str(k) for k in range(10)], "channels": 1}
+    (tmp_path / "dataset.json").write_text(json.dumps(index))
+    data = load_split(f"wds:{tmp_path}", "train", image_size=8, max_in_memory_bytes=0)
+    samples = read_all(data)
+    assert [bool(s.problem) for s in samples] == [False, True, True, True, False, True, True, True]
+    batches = _batches(data, batch=8, micro=8)
+    assert sorted(_ids(_take(batches, 1))) == [0, 4] and batches.skipped == 6

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
-from vitkit.data import stream
+from vitkit.data import stream as streams
 from vitkit.data.sources import BadImageError, ImageSet
 
 log = logging.getLogger(__name__)
@@ -130,7 +130,7 @@ class FileBatches:
         self.loader = DataLoader(_Files(data, strict), batch_sampler=order, num_workers=workers,
                                  collate_fn=_collate, pin_memory=device.type == "cuda",
                                  persistent_workers=False, prefetch_factor=4 if workers else None,
-                                 generator=stream.own_generator())
+                                 generator=streams.own_generator())
 
     def __iter__(self) -> Iterator[list[tuple[Tensor, Tensor]]]:
         step: list[tuple[Tensor, Tensor]] = []
@@ -142,11 +142,11 @@ class FileBatches:
                 step = []
 
 
-def eval_batches(data: ImageSet | stream.ShardSet, batch_size: int, device: torch.device, *, rank: int = 0,
+def eval_batches(data: ImageSet | streams.ShardSet, batch_size: int, device: torch.device, *, rank: int = 0,
                  world: int = 1, workers: int = 0, strict: bool = False) -> Iterator[tuple[Tensor, Tensor]]:
     """This process's share (a strided 1/world of the samples) of `data` in fixed-order uint8 batches."""
-    if isinstance(data, stream.ShardSet):
-        yield from stream.eval_batches(data, batch_size, device, rank=rank, world=world, workers=workers, strict=strict)
+    if isinstance(data, streams.ShardSet):
+        yield from streams.eval_batches(data, batch_size, device, rank=rank, world=world, workers=workers, strict=strict)
         return
     mine = torch.arange(rank, len(data), world)
     if data.images is not None:
@@ -156,7 +156,7 @@ def eval_batches(data: ImageSet | stream.ShardSet, batch_size: int, device: torc
         return
     loader = DataLoader(_Files(data, strict), batch_sampler=[i.tolist() for i in mine.split(batch_size)],
                         num_workers=workers, collate_fn=_collate, pin_memory=device.type == "cuda",
-                        generator=stream.own_generator())
+                        generator=streams.own_generator())
     for images, labels, _ in loader:
         if len(labels):
             yield images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
