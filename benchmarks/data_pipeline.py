@@ -3,6 +3,7 @@ per DataLoader worker, at 64 and 224 px; and how many workers a GPU training ViT
 
     .venv/bin/python benchmarks/data_pipeline.py                                  # both data sets, 64 + 224 px, 1-2 workers
     .venv/bin/python benchmarks/data_pipeline.py --data caltech --sizes 224 --workers 1,2,4,8 --rounds 5
+    .venv/bin/python benchmarks/data_pipeline.py --listing /tmp/bigfolder      # listing a folder of many files
 
 The images: caltech101-10's 776 training JPEGs (full size, about 263x233) and --cifar-count of the
 50,000 cifar10-jpg JPEGs (32x32; every k-th file), from ../shared/data.  They are prepared once under
@@ -75,23 +76,27 @@ def _prepare(name: str, source: Path, step: int, work: Path) -> dict[str, str]:
 
 
 # ------------------------------------------------------------------------------ one measurement each
-def _steady_rate(batches: Iterable[Any], count: Callable[[Any], int], limit: int, workers: int, prefetch: int) -> float:
-    """Images/s over `limit` batches once the workers are up and their prefetched batches are drained
-    (the clock starts after 1 + prefetch x workers batches, which were decoded while the first one was)."""
+def _steady_rate(batches: Iterable[Any], count: Callable[[Any], int], limit: int, workers: int,
+                 prefetch: int) -> tuple[float, float]:
+    """(images per wall second, images per CPU second of this process) over `limit` batches, once the
+    workers are up and their prefetched batches are drained (the clock starts after 1 + prefetch x workers
+    batches, which were decoded while the first one was).  With 0 workers all the work is this
+    process's, so the CPU-second rate is what one worker does on a core of its own, whatever else the
+    machine is running."""
     iterator = iter(batches)
     for _ in range(1 + prefetch * workers):
         next(iterator)
-    start, seen = time.perf_counter(), 0
+    start, cpu, seen = time.perf_counter(), time.process_time(), 0
     for _, batch in zip(range(limit), iterator):
         seen += count(batch)
-    return seen / (time.perf_counter() - start)
+    return seen / (time.perf_counter() - start), seen / max(time.process_time() - cpu, 1e-9)
 
 
 def _steps_count(step: list[tuple[torch.Tensor, torch.Tensor]]) -> int:
     return sum(len(labels) for _, labels in step)
 
 
-def folder_like(uri: str, size: int, workers: int, batch: int, limit: int) -> float:
+def folder_like(uri: str, size: int, workers: int, batch: int, limit: int) -> tuple[float, float]:
     """folder: or hf: (Arrow) through FileBatches; corrupt files would be dropped and counted."""
     data = load_split(uri, "train", image_size=size, max_in_memory_bytes=0)
     loader = FileBatches(data, IndexStream(len(data), 1), start_step=0, total_steps=limit + 1 + 4 * workers,
@@ -99,14 +104,14 @@ def folder_like(uri: str, size: int, workers: int, batch: int, limit: int) -> fl
     return _steady_rate(loader, _steps_count, limit, workers, 4)
 
 
-def shards(uri: str, size: int, workers: int, batch: int, limit: int) -> float:
+def shards(uri: str, size: int, workers: int, batch: int, limit: int) -> tuple[float, float]:
     data = load_split(uri, "train", image_size=size, max_in_memory_bytes=0)
     stream = ShardBatches(data, seed=1, global_batch=batch, rank=0, world=1, micro_batch=batch, device=CPU,
                           workers=workers, strict=False)
     return _steady_rate(stream, _steps_count, limit, workers, 2)
 
 
-def pillow_only(uri: str, size: int, workers: int, batch: int, limit: int) -> float:
+def pillow_only(uri: str, size: int, workers: int, batch: int, limit: int) -> tuple[float, float]:
     fast, image_module._simplejpeg = image_module._simplejpeg, None  # forked workers inherit the switch
     try:
         return folder_like(uri, size, workers, batch, limit)
@@ -114,7 +119,7 @@ def pillow_only(uri: str, size: int, workers: int, batch: int, limit: int) -> fl
         image_module._simplejpeg = fast
 
 
-def webdataset_library(uri: str, size: int, workers: int, batch: int, limit: int) -> float:
+def webdataset_library(uri: str, size: int, workers: int, batch: int, limit: int) -> tuple[float, float]:
     """The webdataset package reading the same shards (its tar pipeline and shard split), vitkit's decode."""
     import webdataset as wds
 
@@ -128,7 +133,7 @@ def webdataset_library(uri: str, size: int, workers: int, batch: int, limit: int
     return _steady_rate(loader, lambda b: len(b[1]), limit, workers, 2)
 
 
-PATHS: dict[str, tuple[str, Callable[..., float]]] = {
+PATHS: dict[str, tuple[str, Callable[..., tuple[float, float]]]] = {
     "folder": ("folder", folder_like), "wds": ("wds", shards), "hf": ("hf", folder_like),
     "folder/pillow": ("folder", pillow_only), "wds/webdataset-lib": ("wds", webdataset_library)}
 
@@ -168,6 +173,36 @@ def augment_rate(size: int, batch: int, repeats: int) -> float:
     return repeats * batch / (time.perf_counter() - start)
 
 
+# ------------------------------------------------------------------------------ listing a large folder
+def listing(folder: Path, rounds: int) -> dict[str, float]:
+    """Seconds to list a large folder (vitkit's os.scandir scan vs the pathlib rglob + is_file scan it
+    replaced, alternating), and to describe it and open its training split (nothing decoded)."""
+    from vitkit.data.images import IMAGE_EXTENSIONS, class_folders, scan_folder
+    from vitkit.data.sources import describe
+
+    root = folder / "train" if (folder / "train").is_dir() else folder
+    names = class_folders(root)
+
+    def pathlib_scan() -> int:  # the scan before: Path objects and one stat per file
+        return sum(len(sorted(p for p in (root / n).rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS
+                              and p.is_file())) for n in names)
+
+    times: dict[str, list[float]] = {}
+    for _ in range(rounds):
+        for name, run in (("scandir", lambda: len(scan_folder(root, names)[0])), ("pathlib", pathlib_scan),
+                          ("describe", lambda: describe(f"folder:{folder}").num_train),
+                          ("load_split", lambda: len(load_split(f"folder:{folder}", "train", image_size=64)))):
+            start = time.perf_counter()
+            count = run()
+            times.setdefault(name, []).append(time.perf_counter() - start)
+    median = {k: statistics.median(v) for k, v in times.items()}
+    ratio = statistics.median(b / a for a, b in zip(times["scandir"], times["pathlib"]))
+    print(f"{folder}: {count:,} files; listing {median['scandir']:.2f} s (pathlib scan {median['pathlib']:.2f} s, "
+          f"{ratio:.1f}x slower); describe {median['describe']:.2f} s; load_split(train, 64 px) "
+          f"{median['load_split']:.2f} s, {load_split(f'folder:{folder}', 'train', image_size=64).access}")
+    return {**median, "pathlib_over_scandir": ratio, "files": count}
+
+
 # ------------------------------------------------------------------------------ the run
 def measure(sets: dict[str, dict[str, str]], sizes: list[int], workers: list[int], paths: list[str], rounds: int,
             batch: int, limit: int) -> dict[str, list[float]]:
@@ -178,8 +213,10 @@ def measure(sets: dict[str, dict[str, str]], sizes: list[int], workers: list[int
                 for n in workers:
                     for path in paths:  # alternated within a round: folder, wds, hf, ... at the same load
                         kind, run = PATHS[path]
-                        key = f"{name}/{size}/{n}/{path}"
-                        rates.setdefault(key, []).append(run(f"{kind}:{where[kind]}", size, n, batch, limit))
+                        wall, cpu = run(f"{kind}:{where[kind]}", size, n, batch, limit)
+                        rates.setdefault(f"{name}/{size}/{n}/{path}", []).append(wall)
+                        if n == 0:
+                            rates.setdefault(f"{name}/{size}/cpu/{path}", []).append(cpu)
                 rates.setdefault(f"augment/{size}", []).append(augment_rate(size, batch, 4))
             ours, theirs = header_rates(Path(where["wds"]))
             rates.setdefault(f"{name}/headers/vitkit", []).append(ours)
@@ -191,22 +228,24 @@ def report(rates: dict[str, list[float]], sets: list[str], sizes: list[int], wor
            paths: list[str]) -> dict[str, Any]:
     median = {k: statistics.median(v) for k, v in rates.items()}
     summary: dict[str, Any] = {}
+    columns = "".join(f"{f'{n} workers' if n != 1 else '1 worker':>11}" for n in workers)
     for name in sets:
         for size in sizes:
-            print(f"\n{name} at {size} px (decode img/s; ratio to folder in the same round; workers for {TARGET:,} img/s)")
-            print(f"{'path':<20}" + "".join(f"{f'{n} workers' if n != 1 else '1 worker':>12}" for n in workers)
-                  + f"{'ratio':>8}{'needed':>8}")
+            print(f"\n{name} at {size} px: decoded img/s per worker (CPU time, 0 workers), its ratio to folder "
+                  f"(within rounds), workers for {TARGET:,} img/s; then wall-clock img/s by DataLoader workers")
+            print(f"{'path':<20}{'per worker':>11}{'ratio':>7}{'needed':>7}{columns}")
             for path in paths:
+                cpu = rates.get(f"{name}/{size}/cpu/{path}")
+                per_worker = statistics.median(cpu) if cpu else median[f"{name}/{size}/{workers[0]}/{path}"]
+                base = rates.get(f"{name}/{size}/cpu/folder") or rates[f"{name}/{size}/{workers[0]}/folder"]
+                ratio = statistics.median(a / b for a, b in zip(cpu or rates[f"{name}/{size}/{workers[0]}/{path}"], base))
                 row = [median[f"{name}/{size}/{n}/{path}"] for n in workers]
-                ratio = statistics.median(a / b for a, b in zip(rates[f"{name}/{size}/{workers[0]}/{path}"],
-                                                                 rates[f"{name}/{size}/{workers[0]}/folder"]))
-                per_worker = median[f"{name}/{size}/0/{path}"] if 0 in workers else row[0]
                 needed = math.ceil(TARGET / per_worker)
-                summary[f"{name}/{size}/{path}"] = {"per_worker": per_worker, "by_workers": dict(zip(workers, row)),
-                                                    "ratio_to_folder": ratio, "workers_for_3900": needed}
-                print(f"{path:<20}" + "".join(f"{r:>12.0f}" for r in row) + f"{ratio:>8.2f}{needed:>8}")
+                summary[f"{name}/{size}/{path}"] = {"per_worker": per_worker, "ratio_to_folder": ratio,
+                                                    "workers_for_3900": needed, "wall_by_workers": dict(zip(workers, row))}
+                print(f"{path:<20}{per_worker:>11.0f}{ratio:>7.2f}{needed:>7}" + "".join(f"{r:>11.0f}" for r in row))
     for size in sizes:
-        print(f"augmentation at {size} px, batched in one process: {median[f'augment/{size}']:.0f} img/s")
+        print(f"augmentation at {size} px, batched in this process (wall): {median[f'augment/{size}']:.0f} img/s")
         summary[f"augment/{size}"] = median[f"augment/{size}"]
     for name in sets:
         ratio = statistics.median(a / b for a, b in zip(rates[f"{name}/headers/vitkit"], rates[f"{name}/headers/tarfile"]))
@@ -230,8 +269,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, default=16, help="batches timed per measurement")
     parser.add_argument("--work", default="/tmp/vitkit-data-bench", help="where the three copies are prepared")
     parser.add_argument("--shared", default=str(SHARED), help="the shared data directory")
+    parser.add_argument("--listing", default="", help="instead: time listing this (large) folder, e.g. 200k files")
     parser.add_argument("--json", action="store_true", help="also print one JSON object as the last line")
     args = parser.parse_args(argv)
+    if args.listing:
+        result = listing(Path(args.listing), args.rounds)
+        if args.json:
+            print(json.dumps(result))
+        return 0
     shared, work = Path(args.shared), Path(args.work)
     sources = {"caltech": (shared / "caltech101-10" / "train", 1),
                "cifar": (shared / "cifar10-jpg" / "train", max(1, 50_000 // args.cifar_count))}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -100,3 +101,16 @@ def test_unlabelled_rows_are_dropped_and_hf_shards_round_trip(tmp_path: Path) ->
     assert shards.class_names == CLASSES and sorted(image_ids(shards.images)) == image_ids(data.images)
     order = np.argsort(image_ids(shards.images))
     assert torch.equal(shards.labels[torch.from_numpy(order)], data.labels)
+
+
+def test_train_cli_threads_the_column_choice(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from vitkit.cli import main
+
+    _dataset(24, extra_image=True).save_to_disk(str(tmp_path / "two"))
+    command = ["train", "--data", f"hf:{tmp_path / 'two'}", "--recipe", "small-8px-tiny", "--out", str(tmp_path / "run"),
+               "--json", "--set", "run.threads=1", "--set", "data.steps=2", "--set", "data.val_fraction=0.25",
+               "--set", "eval.final_split=val"]
+    assert main(command) == 2 and "data.image_column" in capsys.readouterr().err
+    assert main([*command, "--set", "data.image_column=thumb"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["step"] == 2 and result["val"]["count"] == 8  # round(0.25 x 6) = 2 of each class held out

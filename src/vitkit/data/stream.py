@@ -106,6 +106,12 @@ class ShardSet:
     def num_classes(self) -> int:
         return len(self.class_names)
 
+    @property
+    def labels(self) -> Tensor:
+        raise ValueError("a streamed split (tar shards, Parquet) has no label index in memory; this use needs a "
+                         "random-access source (folder:, hf: Arrow) or a split small enough to be decoded "
+                         "(data.max_in_memory_mb)")
+
     def hold_out(self, fraction: float, seed: int) -> tuple[ShardSet, ShardSet]:
         """(kept, held): round(fraction x units) whole units held out, chosen by `seed` (not class-stratified)."""
         count = len(self.units)

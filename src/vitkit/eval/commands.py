@@ -23,6 +23,8 @@ def _load(uri: str, split: str, checkpoint, img_size: int | None, max_images: in
     from vitkit.data.sources import load_split
 
     images = load_split(uri, split, image_size=resolution(checkpoint, img_size), channels=1 if channels(checkpoint) == 1 else 3)
+    if max_images is not None and max_images < len(images) and images.access == "stream":
+        raise ValueError("--max-images needs a random-access split; this one is streamed from shards")
     if max_images is not None and max_images < len(images):
         import torch
 

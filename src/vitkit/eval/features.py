@@ -108,6 +108,12 @@ def batches(checkpoint: Checkpoint, images, batch_size: int, size: int, device: 
     In-memory sets are sliced; file-based sets are decoded file by file, each image transformed on
     its own, so a batch can mix source sizes.
     """
+    if getattr(images, "access", "") == "stream":  # tar shards / Parquet: read front to back, decoded at load_size
+        from vitkit.data.stream import eval_batches
+
+        for pixels, labels in eval_batches(images, batch_size, device):
+            yield prepare(pixels, checkpoint, size), labels.cpu()
+        return
     total = len(images)
     for start in range(0, total, batch_size):
         stop = min(start + batch_size, total)

@@ -60,7 +60,9 @@ class Resolved:
 def resolve(request: Request) -> Resolved:
     """The complete config for `request` (see the module docstring)."""
     parse_uri(request.data)  # a clear error for a bad URI before anything else
-    info = describe(request.data)
+    columns = dict(o.split("=", 1) for o in request.overrides if o.startswith(("data.image_column=", "data.label_column=")))
+    info = describe(request.data, image_column=columns.get("data.image_column", ""),
+                    label_column=columns.get("data.label_column", ""))  # hf: columns, needed to count classes
     chose = request.recipe is None
     name = auto_recipe_name(info) if chose else request.recipe
     if request.init_from and chose:
