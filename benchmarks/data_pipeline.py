@@ -11,8 +11,9 @@ The images: caltech101-10's 776 training JPEGs (full size, about 263x233) and --
   folder   class folders of symlinks to the originals   FileBatches: random access, one file per image
   wds      `vitkit shard` of that folder (original bytes) ShardBatches: shards front to back, shuffle window
   hf       datasets.Dataset.save_to_disk of the bytes    FileBatches over memory-mapped Arrow rows
-and three reference rows: folder decoded by Pillow alone (no simplejpeg), the webdataset library's
-tar pipeline on the same shards (vitkit's decode, the library's reading), and the training-side
+and reference rows: folder decoded by Pillow alone (no simplejpeg), the webdataset library's tar
+pipeline on the same shards (vitkit's decode, the library's reading), the datasets library reading the
+same Arrow files (its own Pillow decode; --paths hf,hf/datasets-lib), and the training-side
 augmentation (the recipe's train_transform on uint8 batches in this process; on a GPU it runs there).
 
 "decode" is what DataLoader workers do: read, decode (JPEG DCT-domain downscaling where the target
@@ -133,9 +134,34 @@ def webdataset_library(uri: str, size: int, workers: int, batch: int, limit: int
     return _steady_rate(loader, lambda b: len(b[1]), limit, workers, 2)
 
 
+def datasets_library(uri: str, size: int, workers: int, batch: int, limit: int) -> tuple[float, float]:
+    """The `datasets` package reading the same Arrow files: `ds[i]` decodes the Image feature with Pillow
+    (full size, no DCT-domain scaling), then vitkit's resize and crop."""
+    import datasets
+    import numpy as np
+
+    rows = datasets.load_from_disk(uri.removeprefix("hf:"))
+
+    class Rows(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return len(rows)
+
+        def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+            row = rows[i]
+            pixels = np.asarray(image_module._resize_center_crop(row["image"].convert("RGB"), size))
+            return torch.from_numpy(pixels.transpose(2, 0, 1).copy()), row["label"]
+
+    sampler = torch.utils.data.RandomSampler(Rows(), replacement=True, num_samples=10**9,
+                                             generator=torch.Generator().manual_seed(1))
+    loader = torch.utils.data.DataLoader(Rows(), batch_size=batch, sampler=sampler, num_workers=workers,
+                                         prefetch_factor=4 if workers else None)
+    return _steady_rate(loader, lambda b: len(b[1]), limit, workers, 4)
+
+
 PATHS: dict[str, tuple[str, Callable[..., tuple[float, float]]]] = {
     "folder": ("folder", folder_like), "wds": ("wds", shards), "hf": ("hf", folder_like),
-    "folder/pillow": ("folder", pillow_only), "wds/webdataset-lib": ("wds", webdataset_library)}
+    "folder/pillow": ("folder", pillow_only), "wds/webdataset-lib": ("wds", webdataset_library),
+    "hf/datasets-lib": ("hf", datasets_library)}
 
 
 def header_rates(directory: Path) -> tuple[float, float]:

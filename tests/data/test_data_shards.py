@@ -100,7 +100,7 @@ def test_splits_by_prefix_index_and_pattern(tmp_path: Path) -> None:
     held = load_split(uri, "val", image_size=8, val_fraction=0.34, seed=1)  # whole shards held out
     kept = load_split(uri, "train", image_size=8, val_fraction=0.34, seed=1)
     assert len(held) == 5 and sorted(image_ids(held.images) + image_ids(kept.images)) == list(range(15))
-    with pytest.raises(FileNotFoundError, match="do not exist"):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
         load_split(f"wds:{tmp_path / 'd'}/train-{{000000..000009}}.tar", "train")
     numbered_shards(tmp_path / "e", [3])
     with pytest.raises(ValueError, match="has no test split"):

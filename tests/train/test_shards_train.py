@@ -12,14 +12,13 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
 from helpers import tiny_config
-from shardkit import image_ids, numbered_shards, png, write_tar
+from shardkit import image_ids, numbered_shards, write_tar
 from vitkit.train import loop
 from vitkit.train.config import to_dict
 from vitkit.train.state import LATEST, STATE_FILE

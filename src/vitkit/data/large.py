@@ -60,7 +60,7 @@ def read_wds(path: str, part: str, size: int, channels: int | None) -> ShardSet:
 
 
 def describe_wds(uri: str, path: str, size: int, max_in_memory_bytes: int) -> SourceInfo:
-    splits, _, index = tarshards.split_units(path)
+    index = tarshards.split_units(path)[2]
     data = read_wds(path, "train", size, index.get("channels"))
     side = index.get("image_size") or _probe_stream(data.units, data.reader)[0]
     return SourceInfo(uri=uri, num_train=len(data), num_classes=data.num_classes, image_size=int(side),

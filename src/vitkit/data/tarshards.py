@@ -250,15 +250,20 @@ class TarReader:
 def _shard_files(spec: str) -> tuple[Path, list[Path], bool]:
     """(directory, shard files, is_pattern) of a wds: path."""
     if "{" in spec or any(c in Path(spec).name for c in "*?["):
-        directory = Path(spec).parent
-        names = [name for part in expand_braces(spec) for name in sorted(map(str, directory.glob(Path(part).name)))]
-        missing = [p for p in expand_braces(spec) if not any(c in p for c in "*?[") and not Path(p).is_file()]
-        if missing:
-            raise FileNotFoundError(f"wds:{spec}: {len(missing)} shard(s) of the pattern do not exist, e.g. {missing[0]}")
-        files = [Path(name) for name in dict.fromkeys(names)]
+        expanded = expand_braces(spec)
+        files: list[Path] = []
+        for part in map(Path, expanded):
+            if any(c in part.name for c in "*?["):
+                files += sorted(part.parent.glob(part.name))
+            elif part.is_file():
+                files.append(part)
+            else:
+                raise FileNotFoundError(f"wds:{spec}: shard {part} of the pattern does not exist "
+                                        f"({len(expanded)} names in the pattern)")
+        files = list(dict.fromkeys(files))
         if not files:
             raise FileNotFoundError(f"wds:{spec}: the pattern matches no shard")
-        return directory, files, True
+        return Path(expanded[0]).parent, files, True
     directory = Path(spec)
     if not directory.is_dir():
         raise FileNotFoundError(f"wds:{spec}: no such directory (or brace pattern of .tar files)")
