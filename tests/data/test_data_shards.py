@@ -93,6 +93,7 @@ def test_splits_by_prefix_index_and_pattern(tmp_path: Path) -> None:
     uri = f"wds:{tmp_path / 'd'}"
     info = describe(uri)
     assert (info.num_train, info.num_classes, info.channels, info.image_size) == (15, 10, 1, 8)
+    assert (info.access, describe(uri, max_in_memory_bytes=0).access) == ("memory", "stream")
     test = load_split(uri, "test", image_size=8)  # no test-* shards: val-* stands in, as for folders
     assert sorted(image_ids(test.images)) == [15, 16, 17, 18]
     pattern = load_split(f"wds:{tmp_path / 'd'}/train-{{000000..000001}}.tar", "train", image_size=8)

@@ -82,3 +82,4 @@ class SourceInfo:
     image_size: int  # typical side length in pixels (median shorter side of ~32 headers for folders)
     channels: int  # C of the stored images (1 for digits / MNIST-style, 3 otherwise)
     in_memory: bool  # whether load_split keeps it in memory (at DEFAULT_FOLDER_SIZE for folders)
+    access: str = "memory"  # how training would read it at that size: "memory", "files" or "stream" (ImageSet.access)

@@ -63,8 +63,9 @@ def describe_wds(uri: str, path: str, size: int, max_in_memory_bytes: int) -> So
     index = tarshards.split_units(path)[2]
     data = read_wds(path, "train", size, index.get("channels"))
     side = index.get("image_size") or _probe_stream(data.units, data.reader)[0]
+    fits = fits_in_memory(len(data), data.channels, size, max_in_memory_bytes)
     return SourceInfo(uri=uri, num_train=len(data), num_classes=data.num_classes, image_size=int(side),
-                      channels=data.channels, in_memory=fits_in_memory(len(data), data.channels, size, max_in_memory_bytes))
+                      channels=data.channels, in_memory=fits, access="memory" if fits else "stream")
 
 
 # ------------------------------------------------------------------------------ hf:
@@ -107,5 +108,6 @@ def describe_hf(uri: str, path: str, size: int, max_in_memory_bytes: int, image_
         side = _probe_stream(data.units, data.reader)[0]
     else:
         side = probe_images([data.files[i] for i in range(min(PROBED, len(data)))])[0]
+    fits = fits_in_memory(len(data), data.channels, size, max_in_memory_bytes)
     return SourceInfo(uri=uri, num_train=len(data), num_classes=data.num_classes, image_size=side,
-                      channels=data.channels, in_memory=fits_in_memory(len(data), data.channels, size, max_in_memory_bytes))
+                      channels=data.channels, in_memory=fits, access="memory" if fits else data.access)

@@ -321,8 +321,9 @@ def describe(uri: str, *, image_size: int | None = None, max_in_memory_bytes: in
     sample = part.files[:: max(1, len(part.files) // 32)]  # about 32 headers spread over the classes
     sides = sorted(min(s) for s in map(_header_size, sample) if s)
     typical = sides[len(sides) // 2] if sides else 0
+    fits = fits_in_memory(len(part), 3, size, max_in_memory_bytes)
     return SourceInfo(uri=uri, num_train=len(part), num_classes=part.num_classes, image_size=typical, channels=3,
-                      in_memory=fits_in_memory(len(part), 3, size, max_in_memory_bytes))
+                      in_memory=fits, access="memory" if fits else "files")
 
 
 def _describe_npz(uri: str, path: Path) -> SourceInfo:
