@@ -18,7 +18,6 @@ CNN's inductive biases and "does not generalize well when trained on insufficien
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Callable
 
 from vitkit.data.sources import SourceInfo
@@ -293,13 +292,3 @@ def large_model_warning(params: int, num_train: int, from_scratch: bool) -> str 
                 "(Sec. 4.2, Fig. 3) needs ImageNet-21k/JFT-scale data for large ViTs to beat smaller ones; "
                 "expect overfitting. Consider a smaller --model or `vitkit finetune` from a pre-trained checkpoint.")
     return None
-
-
-def lr_scaling_rule(config: TrainConfig) -> str:
-    """One line describing how the learning rate relates to the global batch."""
-    optim, batch = config.optim, config.data.batch_size
-    base = optim.base_batch_size or batch
-    if optim.lr_scaling == "none" or base == batch:
-        return f"lr {optim.lr:g} at global batch {batch} (tuned for this batch; no rescaling)"
-    factor = batch / base if optim.lr_scaling == "linear" else math.sqrt(batch / base)
-    return (f"lr {optim.lr:g} x {optim.lr_scaling} rule ({batch}/{base}) = {optim.lr * factor:g} at global batch {batch}")

@@ -1,0 +1,133 @@
+"""What a run is assembled from before its first step: the data splits, the initial model, the batches.
+
+Where the weights come from, decided once, in this order (STYLE.md section 5):
+  (1) a checkpoint in the run directory -> resume it (train/checkpointer.py; weights, optimiser, step,
+      RNG and the data position);
+  (2) else `run.init_from` -> load that checkpoint, replace the head (Sec. 3.2: zero-initialised
+      D x K, pre-logits dropped) and resample the position embeddings to the new resolution;
+  (3) else -> a freshly initialised model.
+`initial_model` does (2) and (3); the trainer tries (1) first.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import torch
+from torch import Tensor, nn
+
+from vitkit.checkpoints import native
+from vitkit.data import loader
+from vitkit.data.sources import ImageSet, load_split
+from vitkit.models import build_model
+from vitkit.models.configs import image_size, num_classes
+from vitkit.train.config import TrainConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Splits:
+    """The parts of the data a run reads: train, the splits evaluated during training, the final one."""
+
+    train: ImageSet
+    test: ImageSet | None  # the final evaluation split (None: an MPP run without held-out images)
+    evals: dict[str, ImageSet] = field(default_factory=dict)  # split name -> set, evaluated during training
+
+
+def load_splits(config: TrainConfig, *, need_test: bool = True) -> Splits:
+    """The splits of `config.data.uri` (DESIGN.md "Data sources"); evaluation during training reads "val"
+    when a part of train is held out, else the final split."""
+    common = dict(image_size=image_size(config.model), seed=config.run.seed, strict=config.data.strict,
+                  max_in_memory_bytes=config.data.max_in_memory_mb << 20, val_fraction=config.data.val_fraction)
+    train = load_split(config.data.uri, "train", **common)
+    test = load_split(config.data.uri, config.eval.final_split, **common) if need_test else None
+    evals = {}
+    if config.data.val_fraction > 0:
+        evals["val"] = test if config.eval.final_split == "val" and test is not None else load_split(
+            config.data.uri, "val", **common)
+    elif test is not None:
+        evals[config.eval.final_split] = test
+    return Splits(train=train, test=test, evals=evals)
+
+
+def check_classes(config: TrainConfig, train: ImageSet) -> None:
+    if config.mpp is None and train.num_classes != num_classes(config.model):
+        raise ValueError(f"{config.data.uri} has {train.num_classes} classes but the model head has "
+                         f"{num_classes(config.model)} (set model.num_classes={train.num_classes})")
+
+
+def initial_model(config: TrainConfig) -> nn.Module:
+    """Resume order steps (2) and (3): `init_from` with surgery, else a fresh model."""
+    model = build_model(config.model)
+    if not config.run.init_from:
+        return model
+    from vitkit.checkpoints.surgery import change_resolution, replace_head
+    from vitkit.runs import open_checkpoint
+
+    source = open_checkpoint(config.run.init_from).model
+    if num_classes(source.config) != num_classes(config.model) or not _same_head(source, model):
+        source = replace_head(source, num_classes(config.model))  # Sec. 3.2: zero-init D x K head
+    source = change_resolution(source, image_size(config.model))  # Sec. 3.2: 2D-interpolated E_pos
+    native.load_state_dict_strict(model, source.state_dict(), source=config.run.init_from)
+    log.info("initialised from %s (head %d classes, %d px)", config.run.init_from, num_classes(config.model),
+             image_size(config.model))
+    return model
+
+
+def _same_head(source: nn.Module, target: nn.Module) -> bool:
+    ours, theirs = target.state_dict(), source.state_dict()
+    keys = [k for k in ours if k.startswith(("head.", "pre_logits."))]
+    return all(k in theirs and theirs[k].shape == ours[k].shape for k in keys) and \
+        not [k for k in theirs if k.startswith("pre_logits.") and k not in ours]
+
+
+class IndexBatches:
+    """The training batches of an in-memory or file-based split: one deterministic stream of per-epoch
+    permutations (vitkit.data.loader), so the data position is a function of the step alone.
+
+    Implements the TrainBatches protocol: iterating yields each step's micro-batches (uint8 images,
+    labels) on the device; `state_dict` is the position (the step), `skipped` counts corrupt files.
+    """
+
+    def __init__(self, data: ImageSet, *, seed: int, global_batch: int, micro_batch: int, rank: int, world: int,
+                 device: torch.device, total_steps: int, workers: int = 0, strict: bool = False):
+        self.data, self.seed, self.global_batch, self.micro_batch = data, seed, global_batch, micro_batch
+        self.rank, self.world, self.device, self.total_steps = rank, world, device, total_steps
+        self.workers, self.strict = workers, strict
+        self.step = 0
+        self._files: loader.FileBatches | None = None
+
+    @property
+    def skipped(self) -> int:
+        return self._files.skipped if self._files is not None else 0
+
+    @property
+    def path(self) -> str:
+        return "in memory" if self.data.images is not None else f"files, decoded by {self.workers} DataLoader worker(s)"
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"kind": "index", "step": self.step}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step = int(state["step"])
+
+    def __iter__(self) -> Iterator[list[tuple[Tensor, Tensor]]]:
+        stream = loader.IndexStream(len(self.data), self.seed)
+        if self.data.images is not None:
+            images = loader.DeviceImages(self.data, self.device)
+            while self.step < self.total_steps:
+                indices = loader.micro_batches(stream, self.step, self.global_batch, self.rank, self.world,
+                                               self.micro_batch)
+                self.step += 1
+                yield [images.batch(index) for index in indices]
+            return
+        self._files = loader.FileBatches(self.data, stream, start_step=self.step, total_steps=self.total_steps,
+                                         global_batch=self.global_batch, rank=self.rank, world=self.world,
+                                         micro_batch=self.micro_batch, device=self.device, workers=self.workers,
+                                         strict=self.strict)
+        for batch in self._files:
+            self.step += 1
+            yield batch
