@@ -71,7 +71,8 @@ class RunDir:
         self.checkpoints.mkdir(parents=True, exist_ok=True)
         name = f"step_{step:07d}"
         final, tmp = self.checkpoints / name, self.checkpoints / f".{name}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
+        for torn in self.checkpoints.glob(".step_*.tmp"):  # left by a save that crashed before its rename
+            shutil.rmtree(torn, ignore_errors=True)
         write_model(tmp)
         atomic_write(tmp / STATE_FILE, lambda path: torch.save(payload, path))
         fsync_dir(tmp)

@@ -246,7 +246,8 @@ class Trainer:
         batches = iter(self.batches)
         with stop:
             while not self.clock.done(state.step) and (raw := next(batches, None)) is not None:
-                phase = self.schedule.at(self.clock.position(state.step))
+                position = self.clock.position(state.step)
+                phase = self.schedule.at(position)
                 out = train_step(state, self.objective.batch(raw, phase, state.generator), self._spec(phase),
                                  self.objective.loss_of(self._spec(phase), state.generator))
                 self.guard.observe(state.step, out["skipped"])
@@ -265,8 +266,8 @@ class Trainer:
                     self.guard.flush()  # deferred flags: account for them before saving
                 if reason or (self.checkpointer.due(state.step) and state.nan_streak == 0):  # keep the last good one
                     self._save()
-                if reason:
-                    status = reason
+                if reason or position >= self.plan.steps - 1:  # the last step ran at the schedule's end value
+                    status = reason or status
                     break
         bar.close()
         return self._finish(status, stop.signum)
