@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from vitkit.checkpoints import native
 from vitkit.data import loader
-from vitkit.data.sources import ImageSet, load_split
+from vitkit.data.sources import ImageSet, describe, load_split, separate_val
 from vitkit.models import build_model
 from vitkit.models.configs import image_size, num_classes
 from vitkit.train.config import TrainConfig
@@ -37,20 +37,30 @@ class Splits:
     evals: dict[str, ImageSet] = field(default_factory=dict)  # split name -> set, evaluated during training
 
 
+AUTO_VAL_FRACTION, AUTO_VAL_MAX = 0.1, 5000  # the validation hold-out of a run that evaluates as it goes
+
+
 def load_splits(config: TrainConfig, *, need_test: bool = True) -> Splits:
-    """The splits of `config.data.uri` (DESIGN.md "Data sources"); evaluation during training reads "val"
-    when a part of train is held out, else the final split."""
-    common = dict(image_size=image_size(config.model), seed=config.run.seed, strict=config.data.strict,
-                  max_in_memory_bytes=config.data.max_in_memory_mb << 20, val_fraction=config.data.val_fraction)
-    train = load_split(config.data.uri, "train", **common)
-    test = load_split(config.data.uri, config.eval.final_split, **common) if need_test else None
+    """The splits of `config.data.uri` (DESIGN.md "Data sources").
+
+    Evaluation during training never reads the final test images: it reads the source's own validation
+    split where it has one apart from its test split, else a class-stratified hold-out of train
+    (`data.val_fraction`, or 10% capped at 5,000 images when the run evaluates as it goes).
+    """
+    uri, data = config.data.uri, config.data
+    common = dict(image_size=image_size(config.model), seed=config.run.seed, strict=data.strict,
+                  max_in_memory_bytes=data.max_in_memory_mb << 20)
+    periodic = config.eval.every_epochs > 0
+    val_fraction = data.val_fraction
+    if periodic and val_fraction == 0 and not separate_val(uri):
+        val_fraction = min(AUTO_VAL_FRACTION, AUTO_VAL_MAX / max(describe(uri).num_train, 1))
+    train = load_split(uri, "train", val_fraction=val_fraction, **common)
+    test = load_split(uri, config.eval.final_split, val_fraction=val_fraction, **common) if need_test else None
     evals = {}
-    if config.data.val_fraction > 0:
+    if periodic or val_fraction > 0:
         evals["val"] = test if config.eval.final_split == "val" and test is not None else load_split(
-            config.data.uri, "val", **common)
-    elif test is not None:
-        evals[config.eval.final_split] = test
-    return Splits(train=train, test=test, evals=evals)
+            uri, "val", val_fraction=val_fraction, **common)
+    return Splits(train=train, test=test, evals=evals if periodic else {})
 
 
 def check_classes(config: TrainConfig, train: ImageSet) -> None:

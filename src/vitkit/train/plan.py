@@ -168,14 +168,14 @@ def plan_lines(plan: Plan) -> list[str]:
     rule = (f"lr {plan.base_lr:g} at global batch {plan.global_batch} (tuned for this batch; no rescaling)"
             if plan.lr_scaling == "none" or plan.base_batch == plan.global_batch else
             f"lr {plan.base_lr:g} x {plan.lr_scaling} rule ({plan.global_batch}/{plan.base_batch}) = {plan.lr:g}")
-    parts = ", ".join(f"{name} {count:,}" for name, count in plan.splits.items())
     lines = [
         f"objective: {plan.objective}; model: {plan.params:,} parameters at {plan.img_size}px",
-        f"data: {plan.data} ({parts}; training split {plan.data_path or 'in memory'})",
+        f"data: {plan.data}; training split read {plan.data_path or 'in memory'}",
+        *(f"  {name}: {part['images']:,} images from {part['from'] or plan.data}" for name, part in plan.splits.items()),
         f"effective global batch: {plan.global_batch} = {plan.processes} process(es) x {plan.micro_batch} x "
         f"{plan.accumulation} accumulation step(s); {plan.steps:,} steps ({plan.epochs:.1f} epochs), warmup {plan.warmup}",
         f"learning rate: {rule}; {plan.optimizer}",
-        f"augmentation: {', '.join(plan.augment) or 'none'}",
+        f"augmentation: {', '.join(plan.augment) or 'none'}" + _flip_note(plan),
         f"device: {plan.device}, precision {plan.precision}; seed {plan.seed}; evaluation "
         + (f"every {plan.eval_every} steps" if plan.eval_every else "at the end only"),
     ]
@@ -183,3 +183,12 @@ def plan_lines(plan: Plan) -> list[str]:
         lines.append("resolution phases: " + ", ".join(f"{side}px until {until:.0%}" for side, until in
                                                           plan.resolution_phases) + f", then {plan.img_size}px")
     return lines + eta_lines(plan)
+
+
+def _flip_note(plan: Plan) -> str:
+    """Where the source cannot tell whether a mirror image keeps its label, say which convention runs."""
+    from vitkit.data.sources import mirror_keeps_label
+
+    if "horizontal flip" in plan.augment and mirror_keeps_label(plan.data) is None:
+        return " (flips: the convention for natural images; --set augment.flip=false if a mirror image changes the label)"
+    return ""

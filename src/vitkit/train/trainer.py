@@ -170,10 +170,11 @@ class Trainer:
         log.info("resuming %s at step %d", resumed, self.state.step)
 
     def _split_sizes(self) -> dict[str, Any]:
-        parts = {"train": len(self.data.train), **{name: len(s) for name, s in self.data.evals.items()}}
+        """Images per part and where each came from (the plan prints them)."""
+        parts = {"train": self.data.train, **self.data.evals}
         if self.data.test is not None:
-            parts[self.config.eval.final_split] = len(self.data.test)
-        return parts
+            parts[self.config.eval.final_split] = self.data.test
+        return {name: {"images": len(part), "from": part.origin} for name, part in parts.items()}
 
     # ---------------------------------------------------------------------------------- rehearsal
     def _spec(self, phase: Phase) -> StepSpec:
@@ -239,7 +240,8 @@ class Trainer:
         state.startup += time.monotonic() - self.started
         self.clock.observe(state.step, state.elapsed)
         deadline = config.run.max_minutes * 60 if config.run.max_minutes > 0 and not self.plan.fitted else None
-        stop = StopPolicy(started=self.started, deadline_s=deadline, world=self.info.world, device=self.device)
+        stop = StopPolicy(started=self.started, deadline_s=deadline, world=self.info.world, device=self.device,
+                          now=time.monotonic)
         records = TrainRecords(state.step, config.data.batch_size)
         bar = progress_bar(config.run.progress and self.info.main, self.plan.steps, state.step, self.progress_stream)
         self.loop_start, self.saved_step, status = time.monotonic(), -1, "finished"
