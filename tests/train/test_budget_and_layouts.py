@@ -89,3 +89,17 @@ def test_every_folder_layout_trains_and_reports_test_accuracy(tmp_path: Path, la
     assert splits["val"]["images"] == 2 and splits["train"]["images"] == 14  # val: held out of train, not test
     assert "test: 4 images from a fixed 20% class-stratified hold-out" in captured.err
     assert "the convention for natural images" in captured.err  # a folder cannot tell whether flips keep labels
+
+
+def test_train_fraction_takes_nested_stratified_parts(tmp_path: Path) -> None:
+    from vitkit.train.assemble import load_splits
+
+    parts = [load_splits(tiny_config(tmp_path, f"data.train_fraction={f}")).train for f in (0.1, 0.3, 1.0)]
+    per_class = parts[2].labels.bincount().tolist()
+    assert [len(p) for p in parts] == [sum(max(1, round(f * n)) for n in per_class) for f in (0.1, 0.3, 1.0)]
+    for part in parts[:2]:
+        counts = part.labels.bincount(minlength=10).double()
+        assert ((counts / counts.sum() - 0.1).abs() < 0.02).all()  # class-stratified: ~10% of each digit
+    rows = [{tuple(img.flatten().tolist()) for img in part.images} for part in parts]
+    assert rows[0] <= rows[1] <= rows[2]  # growing subsets contain the smaller ones
+    assert "10.0% class-stratified part" in parts[0].origin

@@ -331,8 +331,10 @@ def load_split(uri: str, split: Split, *, image_size: int | None = None, val_fra
         whole = _read(kind, path, "train", size, channels)
         keep, held = stratified_split(whole.labels, val_fraction, seed)
         subset = whole.subset(keep if split == "train" else held)
-        subset.origin = (f"{whole.origin} minus a {val_fraction:.0%} validation hold-out (seed {seed})" if split == "train"
-                         else f"a {val_fraction:.0%} class-stratified hold-out of {whole.origin} (seed {seed})")
+        if val_fraction > 0:
+            subset.origin = (f"{whole.origin} minus a {val_fraction:.1%} validation hold-out (seed {seed})"
+                             if split == "train" else
+                             f"a {val_fraction:.1%} class-stratified hold-out of {whole.origin} (seed {seed})")
     result = _materialise(subset, strict=strict, max_in_memory_bytes=max_in_memory_bytes, num_workers=num_workers,
                           max_pixels=max_pixels)
     log.info("%s %s: %d images, %d classes%s", uri, split, len(result), result.num_classes,

@@ -54,13 +54,35 @@ def load_splits(config: TrainConfig, *, need_test: bool = True) -> Splits:
     val_fraction = data.val_fraction
     if periodic and val_fraction == 0 and not separate_val(uri):
         val_fraction = min(AUTO_VAL_FRACTION, AUTO_VAL_MAX / max(describe(uri).num_train, 1))
-    train = load_split(uri, "train", val_fraction=val_fraction, **common)
+    train = _subset(load_split(uri, "train", val_fraction=val_fraction, **common), data.train_fraction)
     test = load_split(uri, config.eval.final_split, val_fraction=val_fraction, **common) if need_test else None
     evals = {}
     if periodic or val_fraction > 0:
         evals["val"] = test if config.eval.final_split == "val" and test is not None else load_split(
             uri, "val", val_fraction=val_fraction, **common)
     return Splits(train=train, test=test, evals=evals if periodic else {})
+
+
+SUBSET_SEED = 12345  # the fixed draw of data.train_fraction: nested parts for growing fractions
+
+
+def _subset(train: ImageSet, fraction: float) -> ImageSet:
+    """A fixed class-stratified `fraction` of the training split (every class keeps at least one image).
+
+    One random order per class, taken by its first round(fraction * n_c): smaller fractions are subsets of
+    larger ones, as the paper's growing subsets of JFT (Sec. 4.3).
+    """
+    if fraction >= 1.0:
+        return train
+    generator = torch.Generator().manual_seed(SUBSET_SEED)
+    keep = []
+    for cls in torch.unique(train.labels).tolist():
+        members = torch.nonzero(train.labels == cls).flatten()
+        order = members[torch.randperm(len(members), generator=generator)]
+        keep.append(order[:max(1, round(fraction * len(members)))])
+    part = train.subset(torch.cat(keep).sort().values)
+    part.origin = f"a fixed {fraction:.1%} class-stratified part of {train.origin}"
+    return part
 
 
 def check_classes(config: TrainConfig, train: ImageSet) -> None:

@@ -38,6 +38,7 @@ class DataConfig:
     epochs: float = 10.0  # passes over the training split (ignored when steps > 0)
     steps: int = 0  # optimiser steps; 0 = derived from epochs
     val_fraction: float = 0.0  # held-out part of train for model selection / the LR sweep (App. B.1.1)
+    train_fraction: float = 1.0  # train on a fixed class-stratified part of the training split (data-size studies, Sec. 4.3)
     mean: tuple[float, ...] = (0.5, 0.5, 0.5)  # x = (pixel/255 - mean)/std; 0.5/0.5 = the official [-1, 1]
     std: tuple[float, ...] = (0.5, 0.5, 0.5)
     workers: int = 2  # DataLoader workers for file-based sets (in-memory sets need none)
@@ -58,6 +59,8 @@ class DataConfig:
             raise ValueError("set epochs > 0 or steps > 0")
         if not 0.0 <= self.val_fraction < 1.0:
             raise ValueError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
+        if not 0.0 < self.train_fraction <= 1.0:
+            raise ValueError(f"train_fraction must be in (0, 1], got {self.train_fraction}")
         if len(self.resolutions) != len(self.resolution_until):
             raise ValueError(f"resolutions {self.resolutions} and resolution_until {self.resolution_until} "
                              "must have one entry per phase")
