@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from vitkit.cli.flags import add_run_flags
+from vitkit.cli.flags import add_run_flags, emit
 
 
 def add_eval(sub: argparse._SubParsersAction) -> None:
@@ -27,17 +27,13 @@ def run_eval(args: argparse.Namespace) -> int:
 
     config = EvalConfig(img_size=args.img_size, batch_size=args.batch_size, device=args.device)
     report = eval_command(args.checkpoint, args.data, args.split, config, args.out, args.max_images)
-    if args.json:
-        print(json.dumps(report))
-        return 0
     k = next(key for key in report if key.startswith("top") and key != "top1")
-    print(f"{args.data} {args.split}: {report['num_images']} images at {report['img_size']} px")
-    print(f"top-1 {100 * report['top1']:.2f}%   {k} {100 * report[k]:.2f}%")
-    for name, value in report["per_class"].items():
-        print(f"  {name:<24} {'-' if value is None else f'{100 * value:.1f}%'}")
+    lines = [f"{args.data} {args.split}: {report['num_images']} images at {report['img_size']} px",
+             f"top-1 {100 * report['top1']:.2f}%   {k} {100 * report[k]:.2f}%",
+             *(f"  {name:<24} {'-' if value is None else f'{100 * value:.1f}%'}" for name, value in report["per_class"].items())]
     if "out" in report:
-        print(f"wrote {report['out']}/eval_{args.split}.json and confusion_{args.split}.png")
-    return 0
+        lines.append(f"wrote {report['out']}/eval_{args.split}.json and confusion_{args.split}.png")
+    return emit(args, report, lines)
 
 
 def add_fewshot(sub: argparse._SubParsersAction) -> None:
@@ -65,13 +61,10 @@ def run_fewshot(args: argparse.Namespace) -> int:
     config = FewShotConfig(shots=shots, seeds=args.seeds, layer=args.layer, img_size=args.img_size,
                            batch_size=args.batch_size, max_test=args.max_test, device=args.device)
     report = fewshot_command(args.checkpoint, args.data, config, args.out)
-    if args.json:
-        print(json.dumps(report))
-        return 0
-    print(f"{args.data}: {report['num_classes']} classes, {report['num_test']} test images, layer {report['layer']}")
-    for k, entry in report["shots"].items():
-        print(f"  {k:>3}-shot: {100 * entry['mean']:.2f}% +- {100 * entry['std']:.2f}  ({len(entry['runs'])} seeds)")
-    return 0
+    return emit(args, report, [
+        f"{args.data}: {report['num_classes']} classes, {report['num_test']} test images, layer {report['layer']}",
+        *(f"  {k:>3}-shot: {100 * entry['mean']:.2f}% +- {100 * entry['std']:.2f}  ({len(entry['runs'])} seeds)"
+          for k, entry in report["shots"].items())])
 
 
 def add_predict(sub: argparse._SubParsersAction) -> None:
@@ -123,8 +116,7 @@ def run_embed(args: argparse.Namespace) -> int:
     report = embed_command(args.checkpoint, args.data, args.split, args.layer, args.out, img_size=args.img_size,
                            batch_size=args.batch_size, device=args.device)
     report.pop("class_names")
-    print(json.dumps(report) if args.json else f"wrote {', '.join(report['files'])}: {report['shape']} ({args.layer})")
-    return 0
+    return emit(args, report, [f"wrote {', '.join(report['files'])}: {report['shape']} ({args.layer})"])
 
 
 def add_inspect(sub: argparse._SubParsersAction) -> None:
@@ -150,9 +142,4 @@ def run_inspect(args: argparse.Namespace) -> int:
                            img_size=args.img_size, device=args.device, draw=not args.no_figures)
     report = summary(inspect_command(args.checkpoint, args.out, config, image_files=args.images, data=args.data,
                                      split=args.split, num_images=args.num_images))
-    if args.json:
-        print(json.dumps(report))
-        return 0
-    for line in report["lines"]:
-        print(line)
-    return 0
+    return emit(args, report, report["lines"])

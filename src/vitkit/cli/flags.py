@@ -1,8 +1,10 @@
-"""Flag groups shared by the verbs."""
+"""Flag groups shared by the verbs, and `emit`, the one way a verb prints its result."""
 
 from __future__ import annotations
 
 import argparse
+import json
+from typing import Any, Iterable
 
 
 def add_surgery_flags(parser: argparse.ArgumentParser) -> None:
@@ -43,3 +45,13 @@ def add_train_flags(parser: argparse.ArgumentParser, *, lr_help: str = "peak lea
                         "compiles by default; --set run.compile=false trains eagerly)")
     parser.add_argument("--json", action="store_true", help="print one JSON object (no progress bar)")
     parser.set_defaults(runs_root=runs_root)
+
+
+def emit(args: argparse.Namespace, report: Any, lines: Iterable[str] | None) -> int:
+    """One JSON object with --json (DESIGN.md "Contracts"), else the human-readable lines; exit status 0."""
+    if args.json:
+        print(json.dumps(report))
+    else:
+        for line in lines or ():
+            print(line)
+    return 0

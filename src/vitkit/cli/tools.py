@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
-from vitkit.cli.flags import add_surgery_flags
+from vitkit.cli.flags import add_surgery_flags, emit
 
 
 def add_models(sub: argparse._SubParsersAction) -> None:
@@ -45,17 +44,10 @@ def run_models(args: argparse.Namespace) -> int:
             "gflops": round(model_flops(config) / 1e9, 2),
         }
         rows.append(row)
-    if args.json:
-        print(json.dumps({"models": rows}))
-        return 0
     header = f"{'name':<14}{'layers':>7}{'hidden':>8}{'mlp':>7}{'heads':>6}{'params':>14}{'img':>6}{'GFLOPs':>9}"
-    print(header)
-    for r in rows:
-        print(
-            f"{r['name']:<14}{r['layers']!s:>7}{r['hidden']!s:>8}{r['mlp']!s:>7}{r['heads']!s:>6}"
-            f"{r['params']:>14,}{r['img_size']:>6}{r['gflops']:>9.2f}"
-        )
-    return 0
+    return emit(args, {"models": rows}, [header, *(
+        f"{r['name']:<14}{r['layers']!s:>7}{r['hidden']!s:>8}{r['mlp']!s:>7}{r['heads']!s:>6}"
+        f"{r['params']:>14,}{r['img_size']:>6}{r['gflops']:>9.2f}" for r in rows)])
 
 
 def _list_models() -> list[str]:
@@ -87,8 +79,7 @@ def run_convert(args: argparse.Namespace) -> int:
     out = write(checkpoint, args.dst, to=args.to)
     params = sum(p.numel() for p in checkpoint.model.parameters())
     summary = {"src": args.src, "format": checkpoint.provenance.get("format"), "dst": str(out), "to": args.to, "params": params}
-    print(json.dumps(summary) if args.json else f"wrote {out} ({args.to}, {params:,} parameters) from {args.src}")
-    return 0
+    return emit(args, summary, [f"wrote {out} ({args.to}, {params:,} parameters) from {args.src}"])
 
 
 def add_export_onnx(sub: argparse._SubParsersAction) -> None:
@@ -107,12 +98,9 @@ def run_export_onnx(args: argparse.Namespace) -> int:
     checkpoint = _read_checkpoint(args)
     out = export_onnx(checkpoint.model, args.out, opset=args.opset)
     diff = check_onnx(checkpoint.model, out) if onnxruntime_available() else None
-    if args.json:
-        print(json.dumps({"out": str(out), "opset": args.opset, "max_abs_diff": diff}))
-    else:
-        check = f"onnxruntime vs PyTorch max |diff| = {diff:.3g}" if diff is not None else "onnxruntime not installed: not checked"
-        print(f"wrote {out} (opset {args.opset}, dynamic batch); {check}")
-    return 0
+    check = f"onnxruntime vs PyTorch max |diff| = {diff:.3g}" if diff is not None else "onnxruntime not installed: not checked"
+    return emit(args, {"out": str(out), "opset": args.opset, "max_abs_diff": diff},
+                [f"wrote {out} (opset {args.opset}, dynamic batch); {check}"])
 
 
 def add_bench(sub: argparse._SubParsersAction) -> None:
@@ -162,5 +150,4 @@ def run_bench(args: argparse.Namespace) -> int:
         overrides=_bench_overrides(args.model, args.set),
     )
     result = run_benchmark(config)
-    print(json.dumps(result) if args.json else format_table(result))
-    return 0
+    return emit(args, result, [format_table(result)])

@@ -189,7 +189,7 @@ def small_28px(info: SourceInfo) -> TrainConfig:
         data=_data(info, batch_size=128, epochs=30, workers=0, patch_dropout_until=0.8),
         augment=AugmentConfig(crop="pad", pad=2, flip=_flip(info), label_smoothing=0.1),
         optim=OptimConfig(name="adamw", lr=2e-3, weight_decay=0.05, schedule="cosine", warmup_fraction=0.03, clip_norm=1.0),
-        eval=EvalConfig(every_epochs=5, batch_size=1000),
+        eval=EvalConfig(every_epochs=0, batch_size=1000),  # every training image trains; --set eval.every_epochs=5 holds out a val part
         run=RunConfig(checkpoint_every=500, log_every=50, precision="bf16", compile=True),
     )
 
@@ -207,7 +207,7 @@ def small_32px(info: SourceInfo) -> TrainConfig:
         data=_data(info, batch_size=256, epochs=100, workers=2),
         augment=AugmentConfig(crop="pad", pad=4, flip=_flip(info), randaugment=(2, 9), label_smoothing=0.1),
         optim=OptimConfig(name="adamw", lr=1e-3, weight_decay=0.05, schedule="cosine", warmup_fraction=0.05, clip_norm=1.0),
-        eval=EvalConfig(every_epochs=5, batch_size=500),
+        eval=EvalConfig(every_epochs=0, batch_size=500),  # every training image trains; --set eval.every_epochs=5 holds out a val part
         run=RunConfig(checkpoint_every=1000, log_every=50),
     )
 
