@@ -33,6 +33,7 @@ class ImageSet:
     load_size: int | None = None  # side length files are decoded/resized to (file-based sets)
     skipped: int = 0  # corrupt/unreadable files skipped while building the set
     channels: int = 3  # decode mode of `files`: 3 = RGB, 1 = L
+    origin: str = ""  # where this split came from (a directory, an official split, a hold-out), for the plan
 
     def __post_init__(self) -> None:
         if (self.images is None) == (self.files is None):

@@ -44,6 +44,11 @@ def _probe_stream(units: list[Unit], reader: Any) -> tuple[int, int]:
     return probe_images(images)
 
 
+def split_names(kind: str, path: str) -> list[str]:
+    """The splits a wds: or hf: source holds of its own."""
+    return list(tarshards.split_units(path)[0] if kind == "wds" else hf.find_splits(Path(path)))
+
+
 # ------------------------------------------------------------------------------ wds:
 def read_wds(path: str, part: str, size: int, channels: int | None) -> ShardSet:
     """One split of `wds:path` as a ShardSet (nothing read but the index, or the shards' headers without one)."""
@@ -56,7 +61,8 @@ def read_wds(path: str, part: str, size: int, channels: int | None) -> ShardSet:
     if not channels:
         channels = index.get("channels") or _probe_stream(units, reader)[1]
     names = classes or tarshards.class_names_by_scan(splits["train"])
-    return ShardSet(units=units, reader=reader, class_names=list(names), load_size=size, channels=int(channels))
+    return ShardSet(units=units, reader=reader, class_names=list(names), load_size=size, channels=int(channels),
+                    origin=f"{len(units)} {part if part in splits else 'val'} shard(s) of {where}")
 
 
 def describe_wds(uri: str, path: str, size: int, max_in_memory_bytes: int) -> SourceInfo:
@@ -94,11 +100,13 @@ def read_hf(path: str, part: str, size: int, channels: int | None, image_column:
         units = hf.parquet_units(split)
         reader = hf.ParquetReader(image, label)
         channels = channels or _probe_stream(units, reader)[1]
-        return ShardSet(units=units, reader=reader, class_names=class_names, load_size=size, channels=channels)
+        return ShardSet(units=units, reader=reader, class_names=class_names, load_size=size, channels=channels,
+                        origin=f"{len(split.files)} Parquet file(s) of {where} ({len(units)} row groups)")
     images, labels = hf.arrow_rows(split, image, label, f"{where} ({part})")
     channels = channels or probe_images([images[i] for i in range(min(PROBED, len(images)))])[1]
     return ImageSet(images=None, files=images, labels=torch.from_numpy(labels), class_names=class_names,
-                    load_size=size, channels=channels)
+                    load_size=size, channels=channels, origin=f"{where} {'train' if split is splits['train'] else part} "
+                                                              "Arrow rows")
 
 
 def describe_hf(uri: str, path: str, size: int, max_in_memory_bytes: int, image_column: str = "",

@@ -176,16 +176,14 @@ def _write_split(data: ImageSet | stream.ShardSet, split: str, out: Path, per_sh
 def _source_splits(uri: str) -> list[str]:
     """The splits `uri` holds as its own (not "test" standing in for "val", nor a held-out part)."""
     kind, path = parse_uri(uri)
-    if kind == "folder":
-        root = Path(path)
-        if not (root / "train").is_dir():
-            return ["train"]
-        return ["train"] + [s for s in ("val", "test") if (root / s).is_dir()]
+    if kind == "folder":  # test: DIR/test, else DIR/val (written as val), else the fixed hold-out of the files
+        root = Path(path) / "train" if (Path(path) / "train").is_dir() else None
+        val, test = root is not None and (root.parent / "val").is_dir(), root is not None and (root.parent / "test").is_dir()
+        return ["train", *(["val"] if val else []), *(["test"] if test or not val else [])]
     if kind in ("wds", "hf"):
-        from vitkit.data import hf, tarshards
+        from vitkit.data.large import split_names
 
-        splits = tarshards.split_units(path)[0] if kind == "wds" else hf.find_splits(Path(path))
-        return [s for s in ("train", "val", "test") if s in splits]
+        return [s for s in ("train", "val", "test") if s in split_names(kind, path)]
     return ["train", "test"]
 
 

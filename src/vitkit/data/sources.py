@@ -10,11 +10,13 @@
     wds:DIR|PATTERN   webdataset tar shards (vitkit.data.tarshards: splits by index or name prefix)
     hf:DIR            a Hugging Face dataset on disk: save_to_disk Arrow files or Parquet (vitkit.data.hf)
 
-Splits.  "test" is the official test split; digits and an `images, labels` npz have none, so a fixed
-class-stratified 20 % (seed `FIXED_TEST_SEED`) is held out as their test split.  For a folder, "test"
-is DIR/test if present, else DIR/val.  "train" is the training data minus a class-stratified
-`val_fraction` held out by `seed`; "val" is that held-out part, or DIR/val of a folder when
-`val_fraction` is 0.  The same (uri, val_fraction, seed) always gives the same split.
+Splits.  "test" is the official test split; digits, an `images, labels` npz and a folder without
+DIR/test or DIR/val have none, so a fixed class-stratified 20 % (at most FIXED_TEST_MAX images, seed
+`FIXED_TEST_SEED`) is held out as their test split.  For a folder, "test" is DIR/test if present,
+else DIR/val.  "train" is the training data minus a class-stratified `val_fraction` held out by
+`seed`; "val" is that held-out part, or DIR/val of a folder (beside DIR/test) when `val_fraction` is
+0.  The same (uri, val_fraction, seed) always gives the same split; `ImageSet.origin` says where each
+part came from.
 
 A wds: or Parquet split with no val split of its own holds out whole shards (row groups) instead.
 
@@ -33,6 +35,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import logging
+from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
@@ -47,19 +50,23 @@ from vitkit.data.imageset import MAX_FILES_IN_MEMORY, ImageSet, SourceInfo, fits
 from vitkit.data.stream import ShardSet, read_all
 
 __all__ = ["ImageSet", "SourceInfo", "ShardSet", "parse_uri", "load_split", "describe", "decode_image",
-           "stratified_split", "BadImageError", "DecompressionBombError", "DataFormatError", "KINDS",
-           "MAX_FILES_IN_MEMORY"]
+           "stratified_split", "mirror_keeps_label", "separate_val", "BadImageError", "DecompressionBombError",
+           "DataFormatError", "KINDS", "MAX_FILES_IN_MEMORY"]
 
 log = logging.getLogger(__name__)
 
 KINDS = ("digits", "mnist", "fashion-mnist", "cifar10", "cifar100", "folder", "npz", "wds", "hf")
 FIXED_TEST_SEED = 0  # seed of the 20 % test split of digits and of `images, labels` npz files
 FIXED_TEST_FRACTION = 0.2
+FIXED_TEST_MAX = 10_000  # a large folder without a test part holds out at most this many images
 DEFAULT_FOLDER_SIZE = 224  # side a folder is decoded to when no image_size is given (the paper's resolution)
 FASHION_MNIST_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
                          "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"]
 CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 Split = Literal["train", "val", "test"]
+# Whether a left-right mirror keeps an image's label: not for digits; yes for clothes and natural images.
+# Sources not listed (folders, npz) cannot know: training follows the convention (flip) and says so.
+MIRROR_KEEPS_LABEL = {"digits": False, "mnist": False, "fashion-mnist": True, "cifar10": True, "cifar100": True}
 
 
 def parse_uri(uri: str) -> tuple[str, str]:
@@ -72,6 +79,11 @@ def parse_uri(uri: str) -> tuple[str, str]:
     if kind == "digits" and path:
         raise ValueError(f"data source 'digits' takes no path, got {uri!r}")
     return kind, path
+
+
+def mirror_keeps_label(uri: str) -> bool | None:
+    """True / False where the source's kind tells whether flips preserve labels, None where it cannot."""
+    return MIRROR_KEEPS_LABEL.get(parse_uri(uri)[0])
 
 
 def stratified_split(labels: torch.Tensor, fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -103,9 +115,13 @@ def _in_memory(images: np.ndarray, labels: np.ndarray, class_names: list[str]) -
                     class_names=class_names)
 
 
-def _fixed_test_split(whole: ImageSet, part: str) -> ImageSet:
-    keep, held = stratified_split(whole.labels, FIXED_TEST_FRACTION, FIXED_TEST_SEED)
-    return whole.subset(held if part == "test" else keep)
+def _fixed_test_split(whole: ImageSet, part: str, where: str) -> ImageSet:
+    """The fixed class-stratified test hold-out of a source without a test split (or the rest, for train)."""
+    fraction = min(FIXED_TEST_FRACTION, FIXED_TEST_MAX / max(len(whole), 1))
+    keep, held = stratified_split(whole.labels, fraction, FIXED_TEST_SEED)
+    if part == "test":
+        return replace(whole.subset(held), origin=f"a fixed {fraction:.0%} class-stratified hold-out of {where}")
+    return replace(whole.subset(keep), origin=f"{where} minus the fixed {fraction:.0%} test hold-out")
 
 
 @functools.lru_cache(maxsize=1)
@@ -121,13 +137,13 @@ def _digits() -> ImageSet:
 
 
 def _read_digits(part: str) -> ImageSet:
-    return _fixed_test_split(_digits(), part)
+    return _fixed_test_split(_digits(), part, "digits")
 
 
 def _read_idx(kind: str, root: Path, part: str) -> ImageSet:
     images, labels = _idx_cached(root, "t10k" if part == "test" else "train", _stamp(root))
     names = FASHION_MNIST_CLASSES if kind == "fashion-mnist" else [str(d) for d in range(10)]
-    return _in_memory(images, labels, names)
+    return replace(_in_memory(images, labels, names), origin=f"{root} {'t10k' if part == 'test' else 'train'} IDX files")
 
 
 def _stamp(root: Path) -> tuple:
@@ -159,7 +175,7 @@ def _read_cifar(kind: str, root: Path, part: str) -> ImageSet:
         class_names = readers.read_names(root / "fine_label_names.txt") or [str(i) for i in range(100)]
     images = np.concatenate([p[0] for p in parts])
     labels = np.concatenate([p[1] for p in parts])
-    return _in_memory(images, labels, class_names)
+    return replace(_in_memory(images, labels, class_names), origin=f"{root} {'test' if part == 'test' else 'training'} batches")
 
 
 def _read_npz(path: Path, part: str) -> ImageSet:
@@ -172,7 +188,9 @@ def _read_npz(path: Path, part: str) -> ImageSet:
         num = int(labels.max(initial=-1)) + 1
     names = [str(n) for n in arrays["class_names"]] if "class_names" in arrays else [str(i) for i in range(num)]
     whole = _in_memory(images, labels, names)
-    return whole if "x_train" in arrays else _fixed_test_split(whole, part)
+    if "x_train" in arrays:
+        return replace(whole, origin=f"{path} {'x_test' if part == 'test' else 'x_train'}")
+    return _fixed_test_split(whole, part, str(path))
 
 
 def _folder_roots(root: Path) -> dict[str, Path]:
@@ -190,17 +208,33 @@ def _folder_roots(root: Path) -> dict[str, Path]:
 
 
 def _read_folder(root: Path, part: str, size: int, channels: int) -> ImageSet:
-    """A file-based ImageSet (nothing decoded yet); `_materialise` decodes it if it is small."""
+    """A file-based ImageSet (nothing decoded yet); `_materialise` decodes it if it is small.
+
+    Without DIR/test and DIR/val, "test" is a fixed class-stratified hold-out of the training files and
+    "train" the rest, so every folder layout trains and reports a test accuracy.
+    """
     roots = _folder_roots(root)
-    if part not in roots:
-        raise ValueError(f"folder:{root} has no {part} split (no {root}/val or {root}/test directory); "
-                         "use val_fraction > 0 to hold out part of the training data")
     class_names = class_folders(roots["train"])
-    files, labels = scan_folder(roots[part], class_names)
+    if part == "val" and part not in roots:
+        raise ValueError(f"folder:{root} has no val split (no {root}/val directory); set data.val_fraction > 0 to "
+                         "hold out part of the training data (training does so itself when it evaluates as it goes)")
+    source = roots[part] if part in roots else roots["train"]
+    files, labels = scan_folder(source, class_names)
     if not files:
-        raise ValueError(f"{roots[part]}: no image files (.jpg, .png, ...) in its class folders")
-    return ImageSet(images=None, files=files, labels=torch.tensor(labels, dtype=torch.int64), class_names=class_names,
-                    load_size=size, channels=channels)
+        raise ValueError(f"{source}: no image files (.jpg, .png, ...) in its class folders")
+    found = ImageSet(images=None, files=files, labels=torch.tensor(labels, dtype=torch.int64), class_names=class_names,
+                     load_size=size, channels=channels, origin=str(source))
+    return found if "test" in roots else _fixed_test_split(found, part, str(source))
+
+
+def separate_val(uri: str) -> bool:
+    """Whether a source has a validation split of its own, apart from its test split (folder DIR/val + DIR/test,
+    val-* beside test-* shards, a validation beside a test split)."""
+    kind, path = parse_uri(uri)
+    if kind in ("wds", "hf"):
+        return {"val", "test"} <= set(large.split_names(kind, path))
+    roots = _folder_roots(Path(path)) if kind == "folder" else {}
+    return "val" in roots and roots["val"] != roots.get("test")
 
 
 def _read(kind: str, path: str, part: str, size: int, channels: int | None, columns: tuple[str, str]
@@ -249,7 +283,8 @@ def _materialise(subset: ImageSet | ShardSet, *, strict: bool, max_in_memory_byt
         sources, labels = subset.files, subset.labels
     images, good = decode_files(sources, channels, size, strict=strict, num_workers=num_workers, max_pixels=max_pixels)
     return ImageSet(images=images, labels=labels[good], class_names=subset.class_names,
-                    load_size=size, skipped=len(subset) - len(good), channels=channels)
+                    load_size=size, skipped=len(subset) - len(good), channels=channels,
+                    origin=subset.origin)
 
 
 def load_split(uri: str, split: Split, *, image_size: int | None = None, val_fraction: float = 0.0, seed: int = 0,
@@ -279,7 +314,11 @@ def load_split(uri: str, split: Split, *, image_size: int | None = None, val_fra
     if split == "test" or val_fraction == 0.0:
         subset = _read(kind, path, split, size, channels, columns)
     else:
-        subset = _hold_out(_read(kind, path, "train", size, channels, columns), split, val_fraction, seed)
+        whole = _read(kind, path, "train", size, channels, columns)
+        subset = _hold_out(whole, split, val_fraction, seed)
+        how = "whole-shard" if isinstance(whole, ShardSet) else "class-stratified"
+        subset.origin = (f"{whole.origin} minus a {val_fraction:.1%} validation hold-out (seed {seed})"
+                         if split == "train" else f"a {val_fraction:.1%} {how} hold-out of {whole.origin} (seed {seed})")
     if isinstance(subset, ShardSet):
         subset.max_pixels = max_pixels  # checked by the workers that decode it
     result = _materialise(subset, strict=strict, max_in_memory_bytes=max_in_memory_bytes, num_workers=num_workers,

@@ -95,6 +95,7 @@ class ShardSet:
     channels: int = 3
     skipped: int = 0
     max_pixels: int = MAX_PIXELS
+    origin: str = ""  # where this split came from (shards of a directory, a hold-out), for the plan
     images: ClassVar[None] = None  # an ImageSet-like split that is neither in memory ...
     files: ClassVar[None] = None  # ... nor a list of files
     access: ClassVar[str] = "stream"  # how training reads it: see vitkit.data.sources.ImageSet.access
@@ -261,7 +262,8 @@ class ShardBatches:
     """TrainBatches over a ShardSet: this process's lanes, decoded by DataLoader workers (see the module doc)."""
 
     def __init__(self, data: ShardSet, *, seed: int, global_batch: int, rank: int, world: int, micro_batch: int,
-                 device: torch.device, workers: int, strict: bool, window: int = WINDOW):
+                 device: torch.device, workers: int, strict: bool, window: int = WINDOW, total_steps: int = 0):
+        # total_steps: accepted for the trainer's uniform call; a stream is endless, the trainer stops it
         if global_batch % world or (global_batch // world) % micro_batch:
             raise ValueError(f"global batch {global_batch} does not split into {world} processes x micro-batches "
                              f"of {micro_batch}")
@@ -275,10 +277,19 @@ class ShardBatches:
                 "micro_batch": self.micro, "micro_batches_per_step": self.accum, "window": self.window,
                 "units": len(self.data.units), "samples": len(self.data)}
 
+    @property
+    def path(self) -> str:
+        """How the data arrives, for the plan."""
+        return (f"streamed from {len(self.data.units)} shard(s) by {self.world} process(es) x "
+                f"{max(1, self.workers)} DataLoader lane(s), shuffled within {self.window} samples")
+
     def state_dict(self) -> dict[str, Any]:
         return {**self._layout(), "step": self._step}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "kind" not in state:  # a checkpoint that kept only the step (written before the stream's state)
+            self._step = int(state["step"])
+            return
         ours = self._layout()
         changed = [f"{key} {state.get(key)!r} -> {value!r}" for key, value in ours.items() if state.get(key) != value]
         if changed:

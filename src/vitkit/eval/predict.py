@@ -63,7 +63,8 @@ def _decode(path: Path, channels: int, size: int) -> torch.Tensor | str:
 def predict_files(checkpoint, paths: Sequence[str | os.PathLike], config: PredictConfig) -> list[dict[str, Any]]:
     """One entry per input file, in order: {"file", "predictions": [{"class", "index", "probability"}]}
     or {"file", "error"}."""
-    from vitkit.eval.features import channels, pick_device, prepare, resolution
+    from vitkit.device import pick_device
+    from vitkit.eval.features import channels, prepare, resolution
 
     model = checkpoint.model.eval()
     device = pick_device(config.device)
