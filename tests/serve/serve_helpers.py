@@ -5,7 +5,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
+import signal
 import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import AsyncIterator
 
@@ -69,3 +73,32 @@ def metric(text: str, name: str, **labels: str) -> float:
         if key == (f"{name}{{{wanted}}}" if labels else name):
             return float(value)
     return 0.0
+
+
+def start_server(checkpoint: Path, log: Path, *flags: str) -> tuple[subprocess.Popen, str]:
+    """`python -m vitkit serve CKPT --port P FLAGS` and its base URL, once /health answers 200."""
+    import httpx
+
+    port = free_port()
+    with open(log, "w") as out:
+        process = subprocess.Popen([sys.executable, "-m", "vitkit", "serve", str(checkpoint), "--port", str(port), *flags],
+                                   stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"the server exited with {process.returncode}:\n{log.read_text()}")
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return process, url
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    process.kill()
+    raise AssertionError(f"the server did not become ready:\n{log.read_text()}")
+
+
+def stop_server(process: subprocess.Popen) -> int:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+    return process.wait(timeout=30)

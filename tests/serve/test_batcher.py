@@ -34,11 +34,12 @@ def test_batches_fill_up_to_max_batch_and_answers_go_to_their_callers() -> None:
     async def scenario():
         batcher = _batcher(sizes)
         batcher.start()
-        results = await asyncio.gather(*(batcher.submit(i) for i in range(10)))
+        single = [batcher.submit([i]) for i in range(7)]
+        results = await asyncio.gather(*single, batcher.submit([7, 8, 9]))  # seven callers of one, one of three
         await batcher.close()
         return results
 
-    assert asyncio.run(scenario()) == [i * 10 for i in range(10)]
+    assert asyncio.run(scenario()) == [[i * 10] for i in range(7)] + [[70, 80, 90]]
     assert sizes == [4, 4, 2]
 
 
@@ -49,13 +50,13 @@ def test_a_full_batch_does_not_wait_and_a_lone_one_waits_max_wait() -> None:
         full = _batcher(sizes, max_batch=2, max_wait_s=30.0)
         full.start()
         start = time.perf_counter()
-        await asyncio.gather(full.submit(1), full.submit(2))
+        await asyncio.gather(full.submit([1]), full.submit([2]))
         full_wait = time.perf_counter() - start
         await full.close()
         lone = _batcher(sizes, max_batch=8, max_wait_s=0.3)
         lone.start()
         start = time.perf_counter()
-        await lone.submit(3)
+        await lone.submit([3])
         lone_wait = time.perf_counter() - start
         await lone.close()
         return full_wait, lone_wait
@@ -72,16 +73,16 @@ def test_a_failing_batch_fails_its_callers_only_and_closing_refuses_new_work() -
     async def scenario():
         batcher = _batcher(sizes, max_batch=2, max_wait_s=0.2)
         batcher.start()
-        failed = await asyncio.gather(batcher.submit("boom"), batcher.submit(1), return_exceptions=True)
-        after = await batcher.submit(5)
+        failed = await asyncio.gather(batcher.submit(["boom"]), batcher.submit([1]), return_exceptions=True)
+        after = await batcher.submit([5])
         await batcher.close()
         with pytest.raises(BatcherClosed):
-            await batcher.submit(6)
+            await batcher.submit([6])
         return failed, after
 
     failed, after = asyncio.run(scenario())
     assert all(isinstance(error, ValueError) and "boom" in str(error) for error in failed)
-    assert after == 50 and sizes == [2, 1]
+    assert after == [50] and sizes == [2, 1]
 
 
 def test_concurrent_http_requests_share_forwards(vit_checkpoint: Path) -> None:

@@ -6,8 +6,6 @@ from __future__ import annotations
 import select
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -17,42 +15,15 @@ import pytest
 pytest.importorskip("starlette", reason="vitkit serve needs the serve extra: pip install -e '.[serve]'")
 httpx = pytest.importorskip("httpx", reason="the serve tests need httpx (in the test extra)")
 
-from serve_helpers import free_port, metric, png_bytes  # noqa: E402 - after the skips
+from serve_helpers import free_port, metric, png_bytes, start_server, stop_server  # noqa: E402 - after the skips
 from vitkit.cli import main  # noqa: E402
-
-
-def start_server(checkpoint: Path, log: Path, *flags: str) -> tuple[subprocess.Popen, str]:
-    """`python -m vitkit serve CKPT --port P FLAGS` and its base URL, once /health answers 200."""
-    port = free_port()
-    with open(log, "w") as out:
-        process = subprocess.Popen([sys.executable, "-m", "vitkit", "serve", str(checkpoint), "--port", str(port), *flags],
-                                   stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise AssertionError(f"the server exited with {process.returncode}:\n{log.read_text()}")
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return process, url
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    process.kill()
-    raise AssertionError(f"the server did not become ready:\n{log.read_text()}")
-
-
-def _stop(process: subprocess.Popen) -> int:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-    return process.wait(timeout=30)
 
 
 @pytest.fixture(scope="module")
 def server(vit_checkpoint: Path, tmp_path_factory):
     process, url = start_server(vit_checkpoint, tmp_path_factory.mktemp("server") / "log.txt", "--max-body-mb", "1")
     yield url
-    assert _stop(process) == 0
+    assert stop_server(process) == 0
 
 
 def _raw_request(url: str, head: str, body_chunks: int = 0) -> bytes:

@@ -51,15 +51,21 @@ class Batcher:
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._serve(), name="vitkit-batcher")
 
-    async def submit(self, payload: Any) -> Any:
-        """Queue one payload and wait for its output (exceptions of the batch are raised here)."""
+    async def submit(self, payloads: Sequence[Any]) -> list[Any]:
+        """Queue payloads (one image each) and wait for their outputs, in order; an exception of a batch
+        that held one of them is raised here."""
         if self._closed:
             raise BatcherClosed("the server is shutting down")
-        job = _Job(payload, asyncio.get_running_loop().create_future())
-        self._waiting.append(job)
+        loop = asyncio.get_running_loop()
+        jobs = [_Job(payload, loop.create_future()) for payload in payloads]
+        self._waiting.extend(jobs)
         self._on_depth(len(self._waiting))
         self._arrived.set()
-        return await job.future
+        try:
+            return list(await asyncio.gather(*(job.future for job in jobs)))
+        finally:
+            for job in jobs:  # a caller that gives up (error elsewhere, disconnect) frees its places
+                job.future.cancel()
 
     async def close(self) -> None:
         """Refuse new work, finish what is queued, stop the model thread."""

@@ -25,6 +25,7 @@ class ServeConfig:
     threads: int | None = None  # torch intra-op threads of the model forward; None = torch's default
     decode_workers: int = 2  # threads that decode images off the event loop
     drain_timeout_s: float = 30.0  # SIGTERM: the longest wait for requests in flight before exiting
+    switch_interval_ms: float = 0.5  # Python's GIL switch interval in the server process (default 5 ms)
 
     def __post_init__(self) -> None:
         positive = {"max_batch": self.max_batch, "max_queue": self.max_queue, "max_files": self.max_files,
@@ -32,8 +33,8 @@ class ServeConfig:
         bad = [name for name, value in positive.items() if value < 1]
         if bad:
             raise ValueError(f"{', '.join(bad)} must be at least 1")
-        if self.max_wait_ms < 0 or self.max_body_mb <= 0 or self.drain_timeout_s < 0:
-            raise ValueError("max_wait_ms and drain_timeout_s must be >= 0 and max_body_mb > 0")
+        if self.max_wait_ms < 0 or self.max_body_mb <= 0 or self.drain_timeout_s < 0 or self.switch_interval_ms <= 0:
+            raise ValueError("max_wait_ms and drain_timeout_s must be >= 0, max_body_mb and switch_interval_ms > 0")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
         if self.threads is not None and self.threads < 1:

@@ -103,9 +103,9 @@ class Service:
     async def answer(self, uploads: Sequence[Upload], top_k: int, explain: bool) -> list[dict[str, Any]]:
         """One answer per image: {"predictions"} (+ {"attention", "overlay_png"} when explaining)."""
         model = self.ready()
-        inputs = await asyncio.gather(*(self._prepare(model, upload) for upload in uploads))
+        inputs = await self._prepare(model, uploads)
         try:
-            outputs: list[Output] = await asyncio.gather(*(self.batcher.submit(Job(x, explain)) for x in inputs))
+            outputs: list[Output] = await self.batcher.submit([Job(x, explain) for x in inputs])
         except BatcherClosed as error:
             raise HTTPError(503, str(error), RETRY_AFTER) from error
         answers = []
@@ -121,16 +121,29 @@ class Service:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._decoders, model.overlay_png, upload.data, relevance, self.config.max_pixels)
 
-    async def _prepare(self, model: ServedModel, upload: Upload) -> Tensor:
-        """Decode + transform in the decoder pool; undecodable -> 400, decompression bomb -> 413."""
+    async def _prepare(self, model: ServedModel, uploads: Sequence[Upload]) -> list[Tensor]:
+        """Model inputs of every upload, decoded in the decoder pool (one hand-off per worker, not per image)."""
         loop = asyncio.get_running_loop()
-        try:
-            return await loop.run_in_executor(self._decoders, model.prepare, upload.data, self.config.max_pixels)
-        except BadImageError as error:
-            # Pillow refuses images over twice its own pixel limit at open time, before vitkit's check sees the size
-            bomb = isinstance(error, DecompressionBombError) or isinstance(error.__cause__, Image.DecompressionBombError)
-            message = re.sub(r" <_io\.BytesIO object at 0x[0-9a-f]+>", "", str(error)).replace("<bytes>", upload.name)
-            raise HTTPError(413 if bomb else 400, message) from error
+        workers = min(len(uploads), self.config.decode_workers)
+        groups = [uploads[i::workers] for i in range(workers)]  # round-robin split, re-interleaved below
+        decoded = await asyncio.gather(*(loop.run_in_executor(self._decoders, self._decode, model, group) for group in groups))
+        inputs: list[Tensor] = [None] * len(uploads)  # type: ignore[list-item]
+        for i, group in enumerate(decoded):
+            inputs[i::workers] = group
+        return inputs
+
+    def _decode(self, model: ServedModel, uploads: Sequence[Upload]) -> list[Tensor]:
+        """In a decoder thread: undecodable -> 400, decompression bomb -> 413, naming the upload."""
+        inputs = []
+        for upload in uploads:
+            try:
+                inputs.append(model.prepare(upload.data, self.config.max_pixels))
+            except BadImageError as error:
+                # Pillow refuses images over twice its own pixel limit at open time, before vitkit's check sees the size
+                bomb = isinstance(error, DecompressionBombError) or isinstance(error.__cause__, Image.DecompressionBombError)
+                message = re.sub(r" <_io\.BytesIO object at 0x[0-9a-f]+>", "", str(error)).replace("<bytes>", upload.name)
+                raise HTTPError(413 if bomb else 400, message) from error
+        return inputs
 
     @staticmethod
     def _attention(model: ServedModel, relevance: Tensor) -> dict[str, Any]:
