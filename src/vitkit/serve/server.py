@@ -35,13 +35,13 @@ def run_server(path: str | os.PathLike, config: ServeConfig) -> int:
     server = uvicorn.Server(uvicorn.Config(
         app, host=config.host, port=config.port, lifespan="on", access_log=False, server_header=False,
         timeout_graceful_shutdown=config.drain_timeout_s, log_level="info"))
-    # uvicorn re-raises the signal that stopped it once it has drained; with a no-op handler in place
-    # that replay is harmless and the process exits 0 instead of dying by the signal.
     # The model thread releases the GIL inside every torch op and must win it back after each one; with
-    # Python's default 5 ms switch interval it can wait that long behind the event loop (measured: ~1.5x
-    # fewer images/s under load), so the server process switches every `switch_interval_ms`.
+    # Python's default 5 ms switch interval it can wait that long behind the event loop, so the server
+    # process switches every `switch_interval_ms` (README, "Serving": the load benchmark with both).
     interval = sys.getswitchinterval()
     sys.setswitchinterval(config.switch_interval_ms / 1000)
+    # uvicorn re-raises the signal that stopped it once it has drained; with a no-op handler in place
+    # that replay is harmless and the process exits 0 instead of dying by the signal.
     previous = {sig: signal.signal(sig, lambda *_: None) for sig in STOP_SIGNALS}
     try:
         server.run()
