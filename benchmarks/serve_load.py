@@ -13,7 +13,9 @@ The script starts `vitkit serve CKPT` on a free loopback port (a subprocess), en
   for `--seconds`.
 
 It prints requests/s, images/s, latency percentiles, errors, the batch sizes the server's batcher
-formed (read from /metrics) and the ratio of served to offline images/s, per round and as medians.
+formed (read from /metrics) and the ratio of served to offline images/s, per round and as medians,
+and the CPU time per image of the server process, of the load generator and of the offline run (the
+steadier figures on a shared machine).
 The server and the load generator share the machine's cores, as do the offline runs and whatever
 else runs there; the rounds alternate so that both sides see the same load on average.
 """
@@ -24,6 +26,8 @@ import argparse
 import asyncio
 import io
 import json
+import os
+import resource
 import signal
 import socket
 import statistics
@@ -123,6 +127,15 @@ async def load(url: str, images: list[bytes], clients: int, seconds: float, per_
             "p50_ms": percentile(0.50), "p95_ms": percentile(0.95), "p99_ms": percentile(0.99)}
 
 
+def cpu_seconds(pid: int | None = None) -> float:
+    """CPU time (user + system) of this process, or of process `pid` from /proc (Linux)."""
+    if pid is None:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return usage.ru_utime + usage.ru_stime
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def batch_histogram(url: str) -> dict[int, int]:
     """Cumulative counts of the batcher's batch-size histogram buckets, by upper bound."""
     buckets = {}
@@ -193,29 +206,38 @@ def main() -> None:
         offline(checkpoint, images, args.max_batch, 1.0)  # warm-up of both sides
         asyncio.run(load(url, images, args.clients, 1.0, args.images_per_request))
         for number in range(1, args.rounds + 1):
+            cpu = cpu_seconds()
             reference = offline(checkpoint, images, args.max_batch, args.seconds)
-            before = batch_histogram(url)
+            offline_cpu = cpu_seconds() - cpu
+            before, cpu, server_cpu = batch_histogram(url), cpu_seconds(), cpu_seconds(process.pid)
             served = asyncio.run(load(url, images, args.clients, args.seconds, args.images_per_request))
+            count = served["images_per_s"] * served["seconds"]
+            cpu, server_cpu = cpu_seconds() - cpu, cpu_seconds(process.pid) - server_cpu
             batches = formed(before, batch_histogram(url))
             served.update(offline_images_per_s=reference, ratio=served["images_per_s"] / reference, batches=batches,
+                          offline_cpu_ms=1000 * offline_cpu / (reference * args.seconds), server_cpu_ms=1000 * server_cpu / count,
+                          client_cpu_ms=1000 * cpu / count,
                           mean_batch=sum(k * v for k, v in batches.items()) / max(1, sum(batches.values())))
             rounds.append(served)
             print(f"round {number}: served {served['requests_per_s']:.0f} requests/s = {served['images_per_s']:.0f} images/s "
                   f"({args.images_per_request} per request), latency p50 {served['p50_ms']:.1f} / p95 {served['p95_ms']:.1f} / "
                   f"p99 {served['p99_ms']:.1f} ms, errors {served['errors']} of {served['requests']}; offline "
                   f"{reference:.0f} images/s; ratio {served['ratio']:.2f}x; mean batch {served['mean_batch']:.1f}, "
-                  f"batches by size {dict(sorted(batches.items()))}")
+                  f"batches by size {dict(sorted(batches.items()))}; CPU ms per image: server {served['server_cpu_ms']:.2f} + "
+                  f"load generator {served['client_cpu_ms']:.2f}, offline {served['offline_cpu_ms']:.2f}")
     finally:
         process.send_signal(signal.SIGTERM)
         code = process.wait(timeout=60)
     summary = {key: statistics.median(r[key] for r in rounds) for key in
-               ("requests_per_s", "images_per_s", "offline_images_per_s", "ratio", "p50_ms", "p95_ms", "p99_ms", "mean_batch")}
+               ("requests_per_s", "images_per_s", "offline_images_per_s", "ratio", "p50_ms", "p95_ms", "p99_ms", "mean_batch",
+                "server_cpu_ms", "client_cpu_ms", "offline_cpu_ms")}
     summary.update(errors=sum(r["errors"] for r in rounds), requests=sum(r["requests"] for r in rounds), clients=args.clients,
                    images_per_request=args.images_per_request,
                    server_exit=code, rounds=args.rounds)
     print(f"median of {args.rounds} rounds: {summary['images_per_s']:.0f} images/s served vs {summary['offline_images_per_s']:.0f} "
           f"offline = {summary['ratio']:.2f}x; p50/p95/p99 {summary['p50_ms']:.1f}/{summary['p95_ms']:.1f}/{summary['p99_ms']:.1f} ms; "
-          f"{summary['errors']} errors in {summary['requests']} requests; server exit status {code} after SIGTERM")
+          f"{summary['errors']} errors in {summary['requests']} requests; CPU ms per image: server {summary['server_cpu_ms']:.2f}, "
+          f"load generator {summary['client_cpu_ms']:.2f}, offline {summary['offline_cpu_ms']:.2f}; server exit status {code} after SIGTERM")
     print(json.dumps(summary))
 
 
