@@ -6,12 +6,14 @@
     POST /v1/predict  ?top_k=K            one image (image/*) or a multipart form of 'file' fields
     POST /v1/explain  ?top_k=K&format=png prediction + attention rollout + PNG overlay
 
-Every error is `{"error": "..."}` with its status: 400 undecodable / bad parameter, 401 token, 413 body
-or image too large, 415 content type, 422 explain without attention, 503 loading or busy (Retry-After).
+Every error is `{"error": "..."}` with its status: 400 undecodable / bad parameter, 401 token, 408 body
+too slow, 413 body or image too large, 415 content type, 422 explain without attention, 503 loading or
+busy (Retry-After).
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import hmac
@@ -99,7 +101,8 @@ async def _images(request: Request, explain: bool) -> Response:
     if form not in ("json", "png") or (form == "png" and not explain):
         raise HTTPError(400, f"format must be 'json' (or 'png' on /v1/explain), got {form!r}")
     with service.admit():
-        uploads, multipart = await read_images(request, service.config.max_body_bytes, service.config.max_files)
+        config = service.config
+        uploads, multipart = await read_images(request, config.max_body_bytes, config.max_files, config.body_timeout_s)
         if form == "png" and len(uploads) != 1:
             raise HTTPError(400, f"format=png returns one image; this request holds {len(uploads)}")
         answers = await service.answer(uploads, top_k, explain)
@@ -148,8 +151,8 @@ def _json_errors(handler: Callable[[Request], Awaitable[Response]]) -> Callable[
 
 async def _router_error(request: Request, error: Exception) -> Response:
     """404 unknown route, 405 wrong method, ... as JSON."""
-    assert isinstance(error, HTTPException)
-    return error_response(error.status_code, str(error.detail), dict(error.headers or {}))
+    status = getattr(error, "status_code", 500)
+    return error_response(status, str(getattr(error, "detail", error)), dict(getattr(error, "headers", None) or {}))
 
 
 def create_app(path: str | os.PathLike, config: ServeConfig | None = None, *,
@@ -162,8 +165,6 @@ def create_app(path: str | os.PathLike, config: ServeConfig | None = None, *,
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        import asyncio
-
         loading = asyncio.get_running_loop().create_task(service.start(), name="vitkit-load")
         try:
             yield

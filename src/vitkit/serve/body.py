@@ -6,6 +6,7 @@ more `file` fields.  Everything that goes wrong here is an `HTTPError` with the 
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import AsyncIterator
 
@@ -63,10 +64,14 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-async def read_images(request: Request, limit: int, max_files: int) -> tuple[list[Upload], bool]:
-    """(the images of the request, whether it was a multipart form)."""
+async def read_images(request: Request, limit: int, max_files: int, timeout_s: float) -> tuple[list[Upload], bool]:
+    """(the images of the request, whether it was a multipart form); 408 when the body takes over `timeout_s`."""
     check_content_type(request)
-    body = await read_body(request, limit)
+    try:
+        async with asyncio.timeout(timeout_s):
+            body = await read_body(request, limit)
+    except TimeoutError as error:
+        raise HTTPError(408, f"the request body did not arrive within {timeout_s:g} s") from error
     if media_type(request) != "multipart/form-data":
         return [Upload("body", body)], False
     return await _multipart(request, body, max_files), True

@@ -22,6 +22,7 @@ class ServeConfig:
     max_queue: int = 256  # requests admitted at once (reading, decoding, waiting, running); more get 503 + Retry-After
     max_files: int = 32  # images in one multipart request
     max_pixels: int = MAX_PIXELS  # decompression-bomb guard: larger images are refused from their header
+    body_timeout_s: float = 30.0  # a body not fully received by then gets 408 (a stalled client frees its place)
     threads: int | None = None  # torch intra-op threads of the model forward; None = torch's default
     decode_workers: int = 2  # threads that decode images off the event loop
     drain_timeout_s: float = 30.0  # SIGTERM: the longest wait for requests in flight before exiting
@@ -33,8 +34,9 @@ class ServeConfig:
         bad = [name for name, value in positive.items() if value < 1]
         if bad:
             raise ValueError(f"{', '.join(bad)} must be at least 1")
-        if self.max_wait_ms < 0 or self.max_body_mb <= 0 or self.drain_timeout_s < 0 or self.switch_interval_ms <= 0:
-            raise ValueError("max_wait_ms and drain_timeout_s must be >= 0, max_body_mb and switch_interval_ms > 0")
+        if self.max_wait_ms < 0 or self.max_body_mb <= 0 or self.drain_timeout_s < 0 or self.switch_interval_ms <= 0 \
+                or self.body_timeout_s <= 0:
+            raise ValueError("max_wait_ms and drain_timeout_s must be >= 0; max_body_mb, switch_interval_ms and body_timeout_s > 0")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
         if self.threads is not None and self.threads < 1:

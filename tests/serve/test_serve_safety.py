@@ -31,6 +31,13 @@ def _bomb_png(width: int, height: int) -> bytes:
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
 
 
+def post_scope(path: str, headers: list[tuple[bytes, bytes]]) -> dict:
+    """The ASGI scope of a POST from a client on loopback (for driving the app's receive by hand)."""
+    return {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+            "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "", "headers": headers,
+            "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}
+
+
 def _run(checkpoint: Path, config: ServeConfig, requests, **app_options):
     """Send `requests(client)` to a fresh app, then one good request that must still succeed."""
     async def scenario():
@@ -141,15 +148,34 @@ def test_an_oversized_body_is_refused_before_it_is_read_whole(vit_checkpoint: Pa
     async def scenario():
         app = create_app(vit_checkpoint, ServeConfig(max_body_mb=limit / 2**20))
         async with serving(app):
-            scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
-                     "path": "/v1/predict", "raw_path": b"/v1/predict", "query_string": b"", "root_path": "",
-                     "headers": [(b"content-type", b"image/png"), (b"transfer-encoding", b"chunked")],
-                     "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}
-            await app(scope, receive, send)
+            await app(post_scope("/v1/predict", [(b"content-type", b"image/png"), (b"transfer-encoding", b"chunked")]),
+                      receive, send)
 
     asyncio.run(scenario())
     assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 413
     assert len(pulled) == limit // chunk + 1  # 17 of the 1000 chunks: stopped at the first one past the limit
+
+
+def test_a_stalled_body_gets_408_and_frees_its_place(vit_checkpoint: Path) -> None:
+    sent = []
+
+    async def receive():
+        if not sent:
+            await asyncio.sleep(3600)  # a client that sends its headers and then nothing
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+
+    async def scenario():
+        app = create_app(vit_checkpoint, ServeConfig(body_timeout_s=0.2, max_queue=1))
+        async with serving(app) as client:
+            await asyncio.wait_for(app(post_scope("/v1/predict", [(b"content-type", b"image/png")]), receive, send), 10)
+            return await client.post("/v1/predict", content=png_bytes(32, 32), headers=PNG)  # the one place is free again
+
+    after = asyncio.run(scenario())
+    assert sent[0]["status"] == 408 and b"did not arrive within 0.2 s" in sent[1]["body"]
+    assert after.status_code == 200
 
 
 def test_token_guards_every_route_but_the_page(vit_checkpoint: Path) -> None:
