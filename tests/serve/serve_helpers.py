@@ -75,8 +75,9 @@ def metric(text: str, name: str, **labels: str) -> float:
     return 0.0
 
 
-def start_server(checkpoint: Path, log: Path, *flags: str) -> tuple[subprocess.Popen, str]:
-    """`python -m vitkit serve CKPT --port P FLAGS` and its base URL, once /health answers 200."""
+def start_server(checkpoint: Path, log: Path, *flags: str, token: str | None = None) -> tuple[subprocess.Popen, str]:
+    """`python -m vitkit serve CKPT --port P FLAGS` and its base URL, once /health answers 200 (asked with
+    the bearer `token` when given)."""
     import httpx
 
     port = free_port()
@@ -89,7 +90,8 @@ def start_server(checkpoint: Path, log: Path, *flags: str) -> tuple[subprocess.P
         if process.poll() is not None:
             raise AssertionError(f"the server exited with {process.returncode}:\n{log.read_text()}")
         try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+            headers = {"Authorization": f"Bearer {token}"} if token else {}
+            if httpx.get(f"{url}/health", headers=headers, timeout=1).status_code == 200:
                 return process, url
         except httpx.TransportError:
             pass

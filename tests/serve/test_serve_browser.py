@@ -1,6 +1,6 @@
 """The page in a real browser: Debian's chromium, headless, driven by Selenium through Debian's
-chromedriver (nothing is downloaded).  It opens the page of a real `vitkit serve` process, uploads an
-image and waits for the top class, the bars and the attention overlay.
+chromedriver (nothing is downloaded).  It opens the page of a real `vitkit serve --token` process,
+gives the token, uploads an image and waits for the top class, the bars and the attention overlay.
 
 Skipped where chromium or chromedriver is missing; to run it on Debian/Ubuntu:
     apt-get install -y chromium chromium-driver
@@ -49,11 +49,15 @@ def test_the_page_shows_the_top_class_bars_and_overlay(vit_checkpoint: Path, ima
     image = images[0]
     expected = predict_files(open_checkpoint(vit_checkpoint), [image], PredictConfig(top_k=5))[0]["predictions"]
     browser = chromium_driver(tmp_path / "profile")  # skips here when there is no browser
-    process, url = start_server(vit_checkpoint, tmp_path / "server.log")
+    process, url = start_server(vit_checkpoint, tmp_path / "server.log", "--token", "s3cret", token="s3cret")
     try:
         browser.get(f"{url}/")
         wait = WebDriverWait(browser, 30)
+        wait.until(lambda b: b.find_element(By.ID, "token-box").is_displayed())  # /health said 401
+        browser.find_element(By.ID, "token").send_keys("s3cret")
+        browser.find_element(By.ID, "token-save").click()
         wait.until(lambda b: b.find_element(By.ID, "status").text == "Ready.")
+        assert not browser.find_element(By.ID, "token-box").is_displayed()
         assert "VisionTransformer" in browser.find_element(By.ID, "model").text
         browser.find_element(By.ID, "file").send_keys(str(image))
         wait.until(lambda b: b.find_element(By.ID, "top-class").text != "")
