@@ -43,10 +43,10 @@ from vitkit.bench.throughput import (
     inference_step,
     make_optimizer,
     num_threads,
-    resolve_precision,
     time_steps,
     training_step,
 )
+from vitkit.device import resolve_precision
 from vitkit.models import create_model
 
 

@@ -25,7 +25,8 @@ from pathlib import Path
 
 import torch
 
-from vitkit.bench.throughput import make_optimizer, num_threads, resolve_precision, training_step
+from vitkit.bench.throughput import make_optimizer, num_threads, training_step
+from vitkit.device import resolve_precision
 from vitkit.data.loader import FileBatches, IndexStream
 from vitkit.data.sources import load_split
 from vitkit.data.transforms import to_float

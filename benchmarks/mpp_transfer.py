@@ -51,9 +51,10 @@ from vitkit.data.sources import describe, load_split
 from vitkit.eval.fewshot import FewShotConfig, run_fewshot
 from vitkit.models import build_model
 from vitkit.ssl.masked_patch import MPPConfig
-from vitkit.ssl.pretrain import mpp_train_config, pretrain
+from vitkit.ssl.objective import mpp_train_config
+from vitkit.train.assemble import Splits
 from vitkit.train.config import EvalConfig, TrainConfig, apply_overrides
-from vitkit.train.loop import train
+from vitkit.train.trainer import train
 from vitkit.train.recipes import auto_recipe_name, get_recipe
 
 
@@ -125,13 +126,15 @@ def main(argv: list[str] | None = None) -> int:
     test_set = load_split(args.data, "test", image_size=size)
 
     # 1. MPP on all training images, labels unused.
-    mpp_config = mpp_train_config(base, lr=args.pretrain_lr)
+    mpp = MPPConfig(target=args.target, corrupt_rate=args.corrupt_rate, eval_images=2000)
+    mpp_config = mpp_train_config(base, mpp, lr=args.pretrain_lr)
     mpp_config = dataclasses.replace(
         mpp_config, data=dataclasses.replace(mpp_config.data, epochs=args.pretrain_epochs, batch_size=args.pretrain_batch),
         run=dataclasses.replace(mpp_config.run, out=str(out / "mpp"), max_minutes=args.max_minutes, threads=args.threads,
-                                seed=args.seed, progress=False, tensorboard=False, log_every=50, checkpoint_every=200))
+                                seed=args.seed, progress=False, tensorboard=False, log_every=50, checkpoint_every=200,
+                                budget_schedule="cut"))
     started = time.monotonic()
-    summary = pretrain(mpp_config, MPPConfig(target=args.target, corrupt_rate=args.corrupt_rate), train=train_set, held_out=test_set, eval_images=2000)
+    summary = train(mpp_config, data=Splits(train=train_set, test=test_set))
     pretrain_minutes = (time.monotonic() - started) / 60
     if summary["status"] != "finished":
         logging.warning("MPP stopped at step %d/%d by the time cap; its last checkpoint is used", summary["step"], summary["steps"])
@@ -144,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     results = {"data": args.data, "recipe": recipe, "overrides": args.overrides, "target": args.target,
                "corrupt_rate": args.corrupt_rate, "pretrain": {"status": summary["status"], "step": summary["step"], "steps": summary["steps"],
                             "batch": args.pretrain_batch, "lr": args.pretrain_lr, "minutes": round(pretrain_minutes, 2),
-                            "train_loss": summary["loss"], "test": summary.get("test")},
+                            "test": summary.get("test")},
                "finetune": {"labelled": args.labels_per_class * train_set.num_classes, "epochs": args.finetune_epochs,
                             "batch": args.finetune_batch, "optim": base.optim.name, "lr": base.optim.lr,
                             "test_images": len(test_set)}}

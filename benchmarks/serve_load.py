@@ -41,8 +41,10 @@ import torch
 from PIL import Image
 
 from vitkit.data.sources import load_split
-from vitkit.eval.features import open_checkpoint, pick_device, resolution
+from vitkit.device import pick_device
+from vitkit.eval.features import resolution
 from vitkit.eval.predict import class_probabilities, decode_input, model_input, top_classes
+from vitkit.runs import open_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = f"fashion-mnist:{ROOT.parent / 'shared' / 'data' / 'fashion-mnist'}"

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from vitkit.train.loop import train
+from vitkit.train.trainer import train
 from vitkit.train.resolve import Request, resolve
 
 NUM_TRAIN = 60_000

@@ -14,6 +14,7 @@ import statistics
 import pytest
 import torch
 
+import vitkit.device
 from vitkit.bench import throughput as tp
 from vitkit.bench.flops import model_flops
 from vitkit.cli import main
@@ -103,7 +104,7 @@ def test_config_validation() -> None:
         tp.BenchConfig(peak_tflops=0.0)
     with pytest.raises(ValueError, match="CUDA"):
         if not torch.cuda.is_available():
-            tp.resolve_device("cuda")
+            tp.pick_device("cuda")
         else:  # pragma: no cover - only where a GPU exists
             raise ValueError("CUDA present; nothing to check")
 
@@ -111,9 +112,9 @@ def test_config_validation() -> None:
 def test_precision_resolution(monkeypatch: pytest.MonkeyPatch) -> None:
     cpu = torch.device("cpu")
     assert tp.resolve_precision("fp32", cpu) == "fp32" and tp.resolve_precision("bf16", cpu) == "bf16"
-    monkeypatch.setattr(tp, "native_bf16", lambda device: False)
+    monkeypatch.setattr(vitkit.device, "native_bf16", lambda device: False)
     assert tp.resolve_precision("auto", cpu) == "fp32"
-    monkeypatch.setattr(tp, "native_bf16", lambda device: True)
+    monkeypatch.setattr(vitkit.device, "native_bf16", lambda device: True)
     assert tp.resolve_precision("auto", cpu) == "bf16"
 
 

@@ -23,8 +23,12 @@ def _png_bytes(image: Image.Image) -> bytes:
     return buffer.getvalue()
 
 
-def make_folder(root: Path) -> dict[str, Path]:
-    """Two classes with every awkward kind of file: 6 decodable, 3 bad."""
+def make_folder(base: Path) -> dict[str, Path]:
+    """base/train: two classes with every awkward kind of file, 6 decodable, 3 bad; base/test: one image each."""
+    for name in ("cat", "dog"):
+        (base / "test" / name).mkdir(parents=True)
+        Image.new("RGB", (8, 8), RED).save(base / "test" / name / "x.png")
+    root = base / "train"
     (root / "cat").mkdir(parents=True)
     (root / "dog").mkdir()
     files = {
@@ -93,9 +97,11 @@ def test_decompression_bomb_refused(tmp_path):
     with pytest.raises(DecompressionBombError, match=r"big\.png.*200x100.*decompression bomb"):
         decode_image(path, max_pixels=10_000)
     assert decode_image(path, channels=1, max_pixels=20_000).shape == (1, 100, 200)
-    (tmp_path / "a").mkdir()
-    path.rename(tmp_path / "a" / "big.png")
-    Image.new("L", (10, 10)).save(tmp_path / "a" / "small.png")
+    for part in ("train", "test"):
+        (tmp_path / part / "a").mkdir(parents=True)
+    path.rename(tmp_path / "train" / "a" / "big.png")
+    Image.new("L", (10, 10)).save(tmp_path / "train" / "a" / "small.png")
+    Image.new("L", (10, 10)).save(tmp_path / "test" / "a" / "small.png")
     small = load_split(f"folder:{tmp_path}", "train", image_size=4, max_pixels=10_000)
     assert (len(small), small.skipped) == (1, 1)
 
@@ -128,8 +134,13 @@ def test_folder_splits_and_errors(tmp_path):
     assert set(reds(held)).isdisjoint(reds(kept))
     info = describe(uri)
     assert (info.num_train, info.num_classes, info.image_size, info.channels) == (12, 2, 5, 3)
-    with pytest.raises(ValueError, match="no test split"):
-        load_split(f"folder:{tmp_path / 'train'}", "test")
+    # a folder without test/ or val/ holds out a fixed, class-stratified 20% as its test split
+    flat_test, flat_train = (load_split(f"folder:{tmp_path / 'train'}", part, image_size=4) for part in ("test", "train"))
+    assert (len(flat_test), len(flat_train)) == (2, 10) and torch.bincount(flat_test.labels).tolist() == [1, 1]
+    assert set(reds(flat_test)).isdisjoint(reds(flat_train)) and "hold-out" in flat_test.origin
+    assert describe(f"folder:{tmp_path / 'train'}").num_train == 10
+    with pytest.raises(ValueError, match="no val split"):
+        load_split(f"folder:{tmp_path / 'train'}", "val")
     (tmp_path / "val" / "zebra").mkdir()
     with pytest.raises(ValueError, match="zebra"):
         load_split(uri, "val")

@@ -1,10 +1,38 @@
-"""Top-1 / top-5 and confusion matrix against hand computations."""
+"""The one evaluator: top-1 / top-k, confusion matrix and per-class accuracy against hand computations."""
 
 from __future__ import annotations
 
 import torch
+from torch import nn
 
-from vitkit.eval.accuracy import accuracy_from_logits, confusion_matrix, topk_accuracy
+from vitkit.checkpoints import Checkpoint
+from vitkit.data.sources import ImageSet
+from vitkit.eval.accuracy import EvalConfig, evaluate as evaluate_checkpoint
+from vitkit.eval.evaluator import evaluate
+from vitkit.models.configs import ViTConfig
+
+
+class Lookup(nn.Module):
+    """Returns fixed logits per image: image i is a 1x2x2 tile of pixel value i (decoded from the input)."""
+
+    def __init__(self, logits: torch.Tensor):
+        super().__init__()
+        self.logits = logits
+        self.config = ViTConfig(img_size=2, patch_size=1, in_chans=1, num_classes=logits.shape[1])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        index = torch.round((x[:, 0, 0, 0] + 1) * 127.5).long()  # undo x / 127.5 - 1
+        return self.logits[index]
+
+
+def _data(logits: torch.Tensor, labels: torch.Tensor) -> ImageSet:
+    images = torch.arange(len(labels), dtype=torch.uint8).view(-1, 1, 1, 1).expand(-1, 1, 2, 2).contiguous()
+    return ImageSet(images=images, labels=labels, class_names=[str(k) for k in range(logits.shape[1])])
+
+
+def _counts(logits: torch.Tensor, labels: torch.Tensor, top_k: int = 5, batch_size: int = 3):
+    return evaluate(Lookup(logits), _data(logits, labels), size=2, mean=(0.5,), std=(0.5,), channels=1,
+                    batch_size=batch_size, top_k=top_k)
 
 
 def test_topk_against_hand_computation() -> None:
@@ -15,24 +43,28 @@ def test_topk_against_hand_computation() -> None:
         [0.0, 0.0, 1.0, 0.0, 0.0, 0.0],  # label 2: hit
     ])
     labels = torch.tensor([0, 1, 0, 2])
-    assert topk_accuracy(logits, labels, 1) == 0.5
-    assert topk_accuracy(logits, labels, 5) == 0.75
-    assert topk_accuracy(logits, labels, 10) == 1.0  # k capped at K = 6
+    assert _counts(logits, labels).top1 == 0.5
+    assert _counts(logits, labels).topk == 0.75
+    assert _counts(logits, labels, top_k=10).topk == 1.0 and _counts(logits, labels, top_k=10).k == 6  # capped at K
+    assert _counts(logits, labels, batch_size=1).topk == _counts(logits, labels, batch_size=4).topk  # batch-independent
 
 
 def test_confusion_matrix_counts_and_sums() -> None:
     predictions = torch.tensor([0, 1, 1, 2, 2, 2, 0])
     labels = torch.tensor([0, 1, 2, 2, 2, 0, 0])
-    matrix = confusion_matrix(predictions, labels, 3)
+    matrix = _counts(torch.eye(3)[predictions], labels).confusion
     assert matrix.tolist() == [[2, 0, 1], [0, 1, 0], [0, 1, 2]]
     assert int(matrix.sum()) == 7
     assert matrix.sum(1).tolist() == torch.bincount(labels).tolist()
 
 
-def test_accuracy_from_logits_per_class() -> None:
+def test_checkpoint_accuracy_per_class() -> None:
     logits = torch.eye(3)[torch.tensor([0, 1, 1, 2, 2, 2, 0])]
     labels = torch.tensor([0, 1, 2, 2, 2, 0, 0])
-    result = accuracy_from_logits(logits, labels, ["a", "b", "c"], k=5)
+    checkpoint = Checkpoint(model=Lookup(logits), class_names=["a", "b", "c"], mean=(0.5,), std=(0.5,))
+    data = _data(logits, labels)
+    data.class_names = ["a", "b", "c"]
+    result = evaluate_checkpoint(checkpoint, data, EvalConfig(img_size=2, device="cpu", batch_size=2))
     assert result.k == 3 and result.topk == 1.0
     assert abs(result.top1 - 5 / 7) < 1e-12
     assert result.per_class == [2 / 3, 1.0, 2 / 3]

@@ -16,7 +16,7 @@ from vitkit.cli import main
 from vitkit.data.fewshot import k_per_class
 from vitkit.data.sources import load_split
 from vitkit.data.transforms import eval_transform
-from vitkit.eval.features import find_checkpoint
+from vitkit.runs import find_checkpoint
 
 
 def _last_json(capsys) -> dict:

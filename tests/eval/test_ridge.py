@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from vitkit.eval.fewshot import FewShotConfig, evaluate_fewshot, fewshot_accuracy, select_l2
-from vitkit.eval.ridge import pm1_targets, ridge_fit, ridge_path
+from vitkit.eval.ridge import pm1_targets, ridge_path
 
 
 def _augmented_lstsq(x: torch.Tensor, y: torch.Tensor, l2: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -25,7 +25,7 @@ def test_ridge_equals_lstsq_and_normal_equations(n: int, d: int) -> None:
     labels = torch.arange(n) % 4
     y = pm1_targets(labels, 4)
     for l2 in (2.0**-6, 1.0, 2.0**5):
-        weight, bias = ridge_fit(x, y, l2)
+        weight, bias = ridge_path(x, y).weights(l2)
         ref_w, ref_b = _augmented_lstsq(x, y, l2)
         torch.testing.assert_close(weight, ref_w, atol=1e-5, rtol=0)
         torch.testing.assert_close(bias, ref_b, atol=1e-5, rtol=0)
@@ -86,4 +86,4 @@ def test_ridge_path_reuses_one_decomposition_for_every_lambda() -> None:
     y = pm1_targets(torch.arange(10) % 3, 3)
     path = ridge_path(x, y)
     for l2 in (0.5, 8.0):
-        torch.testing.assert_close(path.weights(l2)[0], ridge_fit(x, y, l2)[0])
+        torch.testing.assert_close(path.weights(l2)[0], ridge_path(x, y).weights(l2)[0])

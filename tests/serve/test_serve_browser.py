@@ -18,7 +18,7 @@ pytest.importorskip("httpx", reason="the serve tests need httpx (in the test ext
 
 from serve_helpers import start_server, stop_server  # noqa: E402 - after the skips
 from vitkit.eval.predict import PredictConfig, predict_files  # noqa: E402
-from vitkit.eval.features import open_checkpoint  # noqa: E402
+from vitkit.runs import open_checkpoint  # noqa: E402
 
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",

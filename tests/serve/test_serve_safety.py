@@ -14,7 +14,7 @@ pytest.importorskip("starlette", reason="vitkit serve needs the serve extra: pip
 pytest.importorskip("httpx", reason="the serve tests need httpx (in the test extra)")
 
 from serve_helpers import metric, png_bytes, serving  # noqa: E402 - after the skips
-from vitkit.eval.features import open_checkpoint  # noqa: E402
+from vitkit.runs import open_checkpoint  # noqa: E402
 from vitkit.serve.app import create_app  # noqa: E402
 from vitkit.serve.config import ServeConfig  # noqa: E402
 from vitkit.serve.model import ServedModel  # noqa: E402

@@ -1,8 +1,10 @@
-"""MPP pre-training on the engine's parts: paper settings, resume, checkpoints that load as a plain ViT."""
+"""MPP pre-training on the engine: paper settings, resume, checkpoints that load as a plain ViT."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import math
 
 import pytest
@@ -15,9 +17,14 @@ from vitkit.data.transforms import AugmentConfig
 from vitkit.models import create_model
 from vitkit.models.configs import ViTConfig
 from vitkit.ssl.masked_patch import MaskedPatchPrediction, MPPConfig
-from vitkit.ssl.pretrain import MPPState, mpp_train_config, pretrain, train_step, warmup_of
+from vitkit.ssl.objective import MaskedPatchObjective, mpp_train_config
+from vitkit.train.assemble import Splits
 from vitkit.train.config import DataConfig, OptimConfig, RunConfig, TrainConfig
 from vitkit.train.optim import build_optimizer
+from vitkit.train.plan import warmup_steps
+from vitkit.train.state import TrainState
+from vitkit.train.step import StepSpec, train_step
+from vitkit.train.trainer import train
 
 TINY = {"hidden_size": 32, "depth": 2, "num_heads": 2, "mlp_dim": 64}
 
@@ -39,6 +46,10 @@ def image_set(count: int = 32, channels: int = 3, seed: int = 0) -> ImageSet:
     return ImageSet(images=images, labels=torch.arange(count) % 2, class_names=["a", "b"])
 
 
+def no_eval(config: TrainConfig) -> TrainConfig:
+    return dataclasses.replace(config, mpp=dataclasses.replace(config.mpp, eval_images=0))
+
+
 def test_paper_settings_replace_the_supervised_ones(tmp_path):
     config = tiny_config(tmp_path)
     assert config.model.num_classes == 0 and config.model.representation_size is None
@@ -46,16 +57,17 @@ def test_paper_settings_replace_the_supervised_ones(tmp_path):
     assert (optim.name, optim.lr, optim.betas, optim.schedule, optim.clip_norm, optim.weight_decay) == (
         "adamw", 2e-4, (0.9, 0.999), "cosine", 1.0, 0.1)
     assert config.augment.mixup == 0 and config.augment.label_smoothing == 0 and config.augment.flip
-    assert warmup_of(config, 1_000_000) == 10_000  # the paper's 10k of 1M
-    assert warmup_of(config, 1000) == 50  # scaled down: 5% of a small run
-    assert warmup_of(mpp_train_config(config, warmup_steps=7), 1000) == 7
+    assert config.mpp == MPPConfig()  # the paper's objective (App. B.1.2) by default
+    assert warmup_steps(config, 1_000_000) == 10_000  # the paper's 10k of 1M
+    assert warmup_steps(config, 1000) == 50  # scaled down: 5% of a small run
+    assert warmup_steps(mpp_train_config(config, warmup_steps=7), 1000) == 7
 
 
 def test_checkpoint_loads_as_plain_vit_without_mpp_keys(tmp_path):
-    summary = pretrain(tiny_config(tmp_path / "run"), MPPConfig(), train=image_set(), held_out=image_set(8, seed=1))
-    assert summary["status"] == "finished" and summary["step"] == 8
+    result = train(tiny_config(tmp_path / "run"), data=Splits(train=image_set(), test=image_set(8, seed=1)))
+    assert result["status"] == "finished" and result["step"] == 8
     final = tmp_path / "run" / "checkpoints" / "final"
-    assert summary["checkpoint"] == str(final)
+    assert result["checkpoint"] == str(final)
     keys = set(load_file(str(final / "model.safetensors")))
     reference = create_model("vit_ti16", img_size=32, patch_size=8, num_classes=0, **TINY)
     assert keys == set(reference.state_dict())  # exactly a ViT's keys: no mask_token, no MPP head
@@ -75,10 +87,11 @@ def test_checkpoint_loads_as_plain_vit_without_mpp_keys(tmp_path):
 
 
 def test_interrupted_run_resumes_bit_identically(tmp_path):
-    pretrain(tiny_config(tmp_path / "straight"), MPPConfig(), train=image_set(), eval_images=0)
-    first = pretrain(tiny_config(tmp_path / "resumed", max_minutes=1e-9), MPPConfig(), train=image_set(), eval_images=0)
+    train(no_eval(tiny_config(tmp_path / "straight")), data=Splits(train=image_set(), test=None))
+    cut = no_eval(tiny_config(tmp_path / "resumed", max_minutes=1e-9, budget_schedule="cut"))
+    first = train(cut, data=Splits(train=image_set(), test=None))
     assert first["status"] == "time_budget" and first["step"] == 1  # stops after one step, checkpoint saved
-    second = pretrain(tiny_config(tmp_path / "resumed"), MPPConfig(), train=image_set(), eval_images=0)
+    second = train(no_eval(tiny_config(tmp_path / "resumed")), data=Splits(train=image_set(), test=None))
     assert second["status"] == "finished" and second["step"] == 8
     a = load_file(str(tmp_path / "straight" / "checkpoints" / "final" / "model.safetensors"))
     b = load_file(str(tmp_path / "resumed" / "checkpoints" / "final" / "model.safetensors"))
@@ -88,39 +101,55 @@ def test_interrupted_run_resumes_bit_identically(tmp_path):
     assert all(torch.equal(sa["mpp"][k], sb["mpp"][k]) for k in sa["mpp"])
 
 
-def test_resume_refuses_another_configuration(tmp_path):
-    pretrain(tiny_config(tmp_path, epochs=1), MPPConfig(), train=image_set(), eval_images=0)
-    with pytest.raises(ValueError, match="another configuration"):
-        pretrain(tiny_config(tmp_path, epochs=1), MPPConfig(target="pixels"), train=image_set(), eval_images=0)
+def test_resume_keeps_the_runs_own_configuration(tmp_path, caplog):
+    """One resume policy for every objective: the run directory's config wins, and the change is named."""
+    train(no_eval(tiny_config(tmp_path, epochs=1)), data=Splits(train=image_set(), test=None))
+    pixels = dataclasses.replace(tiny_config(tmp_path, epochs=1), mpp=MPPConfig(target="pixels", eval_images=0))
+    with caplog.at_level(logging.WARNING, logger="vitkit"):
+        result = train(pixels, data=Splits(train=image_set(), test=None))
+    assert "mpp.target" in caplog.text and "resuming it with its own config" in caplog.text
+    assert result["status"] == "finished"
+    assert json.loads((tmp_path / "config.json").read_text())["mpp"]["target"] == "mean_color"
 
 
 def test_pixels_target_and_grayscale_run(tmp_path):
-    config = tiny_config(tmp_path, epochs=1)
-    config = config.__class__(**{**config.__dict__, "model": ViTConfig(img_size=32, patch_size=8, in_chans=1, num_classes=0, **TINY),
-                                 "data": DataConfig(uri="npz:unused", batch_size=8, epochs=1, mean=(0.5,), std=(0.5,))})
-    summary = pretrain(config, MPPConfig(target="pixels"), train=image_set(16, 1), held_out=image_set(4, 1))
-    assert summary["status"] == "finished" and summary["test"]["top1"] is None and summary["test"]["loss"] > 0
+    config = dataclasses.replace(tiny_config(tmp_path, epochs=1), mpp=MPPConfig(target="pixels"),
+                                 model=ViTConfig(img_size=32, patch_size=8, in_chans=1, num_classes=0, **TINY),
+                                 data=DataConfig(uri="npz:unused", batch_size=8, epochs=1, mean=(0.5,), std=(0.5,)))
+    result = train(config, data=Splits(train=image_set(16, 1), test=image_set(4, 1)))
+    assert result["status"] == "finished" and result["test"]["top1"] is None and result["test"]["loss"] > 0
     assert vitkit.load(tmp_path / "checkpoints" / "final").config.in_chans == 1
 
 
-def test_non_finite_loss_skips_the_update(tmp_path):
-    model = MaskedPatchPrediction(create_model("vit_ti16", img_size=32, patch_size=8, num_classes=0, **TINY), MPPConfig())
-    optimizer = build_optimizer(model, tiny_config(tmp_path).optim, 1e-3)
-    before = [p.detach().clone() for p in model.parameters()]
-    out = train_step(model, optimizer, [torch.full((2, 3, 32, 32), float("nan"))], torch.Generator().manual_seed(0), 1e-3, 1.0, None)
-    assert out["skipped"] and not math.isfinite(out["loss"])
-    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
-    good = train_step(model, optimizer, [torch.rand(2, 3, 32, 32)], torch.Generator().manual_seed(0), 1e-3, 1.0, None)
-    assert not good["skipped"] and good["loss"] == pytest.approx(math.log(512), abs=1e-5)
+def _mpp_state(target: str = "mean_color") -> TrainState:
+    model = MaskedPatchPrediction(create_model("vit_ti16", img_size=32, patch_size=8, num_classes=0, **TINY),
+                                  MPPConfig(target=target))
+    optimizer = build_optimizer(model, OptimConfig(weight_decay=0.1), 1e-3)
+    return TrainState(model=model, module=model.encoder, optimizer=optimizer, generator=torch.Generator())
+
+
+def test_non_finite_loss_skips_the_update():
+    state = _mpp_state()
+    generator = torch.Generator().manual_seed(0)
+    loss_of = lambda model, images: (model(images, generator)["loss"], {})  # noqa: E731
+    spec = StepSpec(lr=1e-3, clip_norm=1.0)
+    before = [p.detach().clone() for p in state.model.parameters()]
+    out = train_step(state, [torch.full((2, 3, 32, 32), float("nan"))], spec, loss_of)
+    assert out["skipped"] and not math.isfinite(float(out["loss"]))
+    assert all(torch.equal(a, b) for a, b in zip(before, state.model.parameters()))
+    good = train_step(state, [torch.rand(2, 3, 32, 32)], spec, loss_of)
+    assert not good["skipped"] and float(good["loss"]) == pytest.approx(math.log(512), abs=1e-5)
 
 
 def test_mpp_state_refuses_a_mismatched_head(tmp_path):
-    pixels = MaskedPatchPrediction(create_model("vit_ti16", img_size=32, patch_size=8, num_classes=0, **TINY), MPPConfig(target="pixels"))
-    colours = MaskedPatchPrediction(create_model("vit_ti16", img_size=32, patch_size=8, num_classes=0, **TINY), MPPConfig())
-    make = lambda m: MPPState(model=m, module=m.encoder, optimizer=torch.optim.AdamW(m.parameters()),  # noqa: E731
-                              generator=torch.Generator(), mpp=m)
+    def objective(target: str) -> MaskedPatchObjective:
+        config = dataclasses.replace(tiny_config(tmp_path), mpp=MPPConfig(target=target))
+        made = MaskedPatchObjective(config, channels=3)
+        made.network(create_model("vit_ti16", img_size=32, patch_size=8, num_classes=0, **TINY))
+        return made
+
     with pytest.raises(ValueError, match="do not fit"):
-        make(colours).load_state_dict(make(pixels).state_dict())
+        objective("mean_color").load_state_dict(objective("pixels").state_dict())
 
 
 def test_mpp_config_keeps_hybrids_and_refuses_resnets(tmp_path):
@@ -129,8 +158,8 @@ def test_mpp_config_keeps_hybrids_and_refuses_resnets(tmp_path):
     base = tiny_config(tmp_path)
     hybrid = HybridConfig(vit=ViTConfig(img_size=32, patch_size=1, num_classes=10, representation_size=32, **TINY),
                           resnet_layers=(1, 1))
-    converted = mpp_train_config(base.__class__(**{**base.__dict__, "model": hybrid}))
+    converted = mpp_train_config(dataclasses.replace(base, model=hybrid))
     assert converted.model.vit.num_classes == 0 and converted.model.vit.representation_size is None
     assert converted.model.resnet_layers == (1, 1)
     with pytest.raises(ValueError, match="ViT or hybrid"):
-        mpp_train_config(base.__class__(**{**base.__dict__, "model": ResNetConfig(num_classes=10)}))
+        mpp_train_config(dataclasses.replace(base, model=ResNetConfig(num_classes=10)))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 
 import pytest
 import torch
@@ -16,7 +17,10 @@ from vitkit.data.transforms import AugmentConfig
 from vitkit.models import create_model
 from vitkit.models.configs import ViTConfig
 from vitkit.ssl.masked_patch import MPPConfig
-from vitkit.ssl.pretrain import mpp_train_config, run_pretraining
+from vitkit.ssl.objective import mpp_train_config
+from vitkit.train import distributed
+from vitkit.train.assemble import Splits
+from vitkit.train.trainer import Trainer
 from vitkit.train.config import DataConfig, RunConfig, TrainConfig
 
 TINY = {"hidden_size": 32, "depth": 2, "num_heads": 2, "mlp_dim": 64}
@@ -28,7 +32,7 @@ def _config(out: str) -> TrainConfig:
         data=DataConfig(uri="npz:unused", batch_size=8, epochs=1, workers=0),
         augment=AugmentConfig(crop="none", flip=True),
         run=RunConfig(out=out, log_every=1, progress=False, tensorboard=False, device="cpu"),
-    ))
+    ), MPPConfig(eval_images=0))
 
 
 def _initial_parameters() -> torch.Tensor:
@@ -44,7 +48,10 @@ def _worker(rank: int, port: int, out: str) -> None:
     try:
         images = torch.randint(0, 256, (16, 3, 32, 32), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
         train = ImageSet(images=images, labels=torch.zeros(16, dtype=torch.int64), class_names=["x"])
-        model, summary = run_pretraining(_config(out), MPPConfig(), train=train, eval_images=0)
+        trainer = Trainer(_config(out), distributed.current(), torch.device("cpu"), time.monotonic(),
+                          data=Splits(train=train, test=None))
+        summary = trainer.fit()
+        model = trainer.state.model.module  # the MPP wrapper inside DDP
         assert summary["status"] == "finished" and summary["step"] == 2
         flat = torch.cat([p.detach().flatten() for p in model.parameters()])
         gathered = [torch.zeros_like(flat) for _ in range(2)]

@@ -12,7 +12,8 @@ import torch
 from helpers import tiny_config
 from vitkit.checkpoints import read
 from vitkit.cli import main
-from vitkit.train import loop
+from vitkit.train import trainer
+from vitkit.train.assemble import initial_model
 from vitkit.train.resolve import Request, resolve
 
 
@@ -72,7 +73,7 @@ def _npz(path: Path, classes: int = 4, n: int = 80) -> Path:
 @pytest.fixture(scope="module")
 def pretrained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("pre") / "run"
-    loop.train(tiny_config(out, "data.steps=2", "run.checkpoint_every=2", recipe="paper-pretrain-tiny"))
+    trainer.train(tiny_config(out, "data.steps=2", "run.checkpoint_every=2", recipe="paper-pretrain-tiny"))
     return out / "checkpoints" / "step_0000002"
 
 
@@ -83,7 +84,7 @@ def test_finetune_initialises_by_surgery(pretrained: Path, tmp_path: Path) -> No
     config = resolved.config
     assert config.model.num_classes == 4 and config.model.img_size == 32 and config.model.representation_size is None
     source = read(pretrained).model
-    model = loop._initial_model(config)
+    model = initial_model(config)
     assert source.pre_logits.fc.weight.shape == (32, 32) and isinstance(model.pre_logits, torch.nn.Identity)
     assert torch.count_nonzero(model.head.weight) == 0 and model.head.weight.shape == (4, 32)  # Sec. 3.2 zero init
     assert torch.equal(model.blocks[1].mlp.fc2.weight, source.blocks[1].mlp.fc2.weight)

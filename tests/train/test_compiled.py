@@ -12,7 +12,9 @@ from safetensors.torch import load_file
 from helpers import tiny_config
 from vitkit.models import build_model
 from vitkit.models.configs import ViTConfig
-from vitkit.train import compiled, loop
+from vitkit.train import compiled, trainer
+from vitkit.train.estimate import rehearse
+from vitkit.train.schedule import Schedule
 
 
 @pytest.mark.parametrize(("args", "start", "expected"), [
@@ -26,7 +28,13 @@ from vitkit.train import compiled, loop
     ((0.5, 0.5, (16, 20), (0.45, 0.7), 28), 0.6, [(0.0, 20), (0.0, 28)]),
 ])
 def test_phases_follow_the_loops_rules(args, start, expected) -> None:
-    assert compiled.phases(*args, start=start) == expected
+    rate, until, sizes, size_until, side = args
+    schedule = Schedule(total_steps=100, peak_lr=1.0, patch_dropout=rate, patch_until=until, resolutions=sizes,
+                        resolution_until=size_until, side=side)
+    assert schedule.phases(start=start) == expected
+    # the loop reads each step's phase with the same rule
+    steps = [schedule.at(step) for step in range(int(start * 100), 100)]
+    assert sorted({(s.patch_dropout, s.side) for s in steps}, key=expected.index) == expected
 
 
 def _vit() -> torch.nn.Module:
@@ -34,23 +42,26 @@ def _vit() -> torch.nn.Module:
                                  num_heads=2, mlp_dim=32, pool="gap", dropout=0.1, patch_dropout=0.5))
 
 
-def test_warm_up_runs_each_phase_once_and_leaves_no_trace() -> None:
+def test_rehearsal_runs_each_phase_and_leaves_no_trace() -> None:
     module = _vit().eval()
-    seen: list[tuple[int, tuple[int, ...], bool]] = []
-    module.blocks[0].register_forward_pre_hook(lambda m, inputs: seen.append((inputs[0].shape[1], inputs[0].shape,
+    seen: list[tuple[int, int, bool]] = []
+    module.blocks[0].register_forward_pre_hook(lambda m, inputs: seen.append((inputs[0].shape[1], inputs[0].shape[0],
                                                                               m.training)))
     weights = {k: v.clone() for k, v in module.state_dict().items()}
     torch.manual_seed(3)
     rng = torch.get_rng_state()
-    compiled.warm_up(module, module, [(0.5, 16), (0.0, 16), (0.0, 8)], lambda side: torch.zeros(5, 1, side, side),
-                     autocast_dtype=None, device=torch.device("cpu"))
-    # 16 patches (8 kept under PatchDropout 0.5), then all 16, then 4 at 8 px; in training mode
-    assert [(tokens, shape[0], training) for tokens, shape, training in seen] == [(8, 5, True), (16, 5, True),
-                                                                                 (4, 5, True)]
+
+    def run_once(rate: float, side: int) -> None:
+        module(torch.zeros(5, 1, side, side), patch_dropout=rate).float().sum().backward()
+
+    _, timings = rehearse(module, [(0.5, 16), (0.0, 16), (0.0, 8)], run_once, torch.device("cpu"), timed=1)
+    # 16 patches (8 kept under PatchDropout 0.5), then all 16, then 4 at 8 px; each twice (one untimed); training mode
+    assert seen == [(8, 5, True)] * 2 + [(16, 5, True)] * 2 + [(4, 5, True)] * 2
+    assert set(timings) == {(0.5, 16), (0.0, 16), (0.0, 8)} and all(t > 0 for t in timings.values())
     assert torch.equal(torch.get_rng_state(), rng)
     assert all(p.grad is None for p in module.parameters())
     assert all(torch.equal(v, weights[k]) for k, v in module.state_dict().items())
-    assert module.patch_dropout == 0.5 and not module.training
+    assert not module.training
 
 
 def test_unsupported_python_keeps_the_eager_model(monkeypatch, caplog) -> None:
@@ -82,10 +93,10 @@ def test_compiled_run_compiles_before_the_loop_and_matches_eager(tmp_path: Path,
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     with caplog.at_level(logging.INFO, logger="vitkit.train"):
-        loop.train(tiny_config(tmp_path / "compiled", *overrides, "run.compile=true"))
+        trainer.train(tiny_config(tmp_path / "compiled", *overrides, "run.compile=true"))
     assert "torch.compile: 2 graph(s)" in caplog.text
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2  # the loop added none
-    loop.train(tiny_config(tmp_path / "eager", *overrides))
+    trainer.train(tiny_config(tmp_path / "eager", *overrides))
     final = [load_file(str(tmp_path / run / "checkpoints" / "final" / "model.safetensors"))
              for run in ("compiled", "eager")]
     # Fused kernels round differently; after 6 Adam steps the weights agree to ~5e-5, 1% of one step's
@@ -97,7 +108,7 @@ def test_compiled_run_compiles_before_the_loop_and_matches_eager(tmp_path: Path,
 class _Exploding(torch.nn.Module):
     """Stands in for a compiled model whose compiler fails on the first call."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, **kwargs: object) -> torch.Tensor:
         raise RuntimeError("C++ compile failed: g++ exited with status 1")
 
 
@@ -106,9 +117,9 @@ def test_failed_compilation_trains_eagerly(tmp_path: Path, caplog, monkeypatch) 
     monkeypatch.setattr(compiled, "compile_for_training", lambda model, device: _Exploding())
     overrides = ("data.steps=4", "model.patch_dropout=0.5", "data.patch_dropout_until=0.5")
     with caplog.at_level(logging.WARNING, logger="vitkit.train"):
-        result = loop.train(tiny_config(tmp_path / "fallback", *overrides, "run.compile=true"))
+        result = trainer.train(tiny_config(tmp_path / "fallback", *overrides, "run.compile=true"))
     assert "torch.compile failed (RuntimeError: C++ compile failed" in caplog.text and result["status"] == "finished"
-    loop.train(tiny_config(tmp_path / "eager", *overrides))
+    trainer.train(tiny_config(tmp_path / "eager", *overrides))
     final = [load_file(str(tmp_path / run / "checkpoints" / "final" / "model.safetensors"))
              for run in ("fallback", "eager")]
     assert final[0].keys() == final[1].keys()

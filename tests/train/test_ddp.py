@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from helpers import tiny_config
 from vitkit.data.loader import IndexStream, micro_batches
-from vitkit.train import loop
+from vitkit.train import trainer
 
 # SGD: Adam would turn ~1e-10 all-reduce rounding in gradients that are zero in exact arithmetic
 # (the key bias's) into steps of size lr, so it compares replicas, not the method.
@@ -31,7 +31,7 @@ def _free_port() -> int:
 def _worker(rank: int, world: int, port: int, out: str) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
-    loop.train(tiny_config(Path(out), *ARGS))
+    trainer.train(tiny_config(Path(out), *ARGS))
 
 
 def test_shards_of_all_processes_make_the_global_batch() -> None:
@@ -47,7 +47,7 @@ def test_shards_of_all_processes_make_the_global_batch() -> None:
 @pytest.mark.dist
 def test_two_process_ddp_equals_one_process(tmp_path: Path) -> None:
     single = tmp_path / "single"
-    loop.train(tiny_config(single, *ARGS))
+    trainer.train(tiny_config(single, *ARGS))
     double = tmp_path / "ddp"
     mp.start_processes(_worker, args=(2, _free_port(), str(double)), nprocs=2, join=True, start_method="spawn")
     ours = load_file(str(double / "checkpoints" / "step_0000004" / "model.safetensors"))

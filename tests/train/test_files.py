@@ -10,7 +10,7 @@ from PIL import Image
 
 from helpers import tiny_config
 from vitkit.data.sources import BadImageError, load_split
-from vitkit.train import loop
+from vitkit.train import trainer
 
 
 def _folder(root: Path) -> Path:
@@ -33,7 +33,7 @@ def test_file_based_training_skips_corrupt_files(tmp_path: Path) -> None:
     args = ("data.uri=folder:" + str(root), "data.max_in_memory_mb=0", "data.workers=1", "model.img_size=16",
             "model.patch_size=4", "model.num_classes=2", "model.in_chans=3", "data.mean=0.5,0.5,0.5",
             "data.std=0.5,0.5,0.5", "data.batch_size=8", "data.steps=8", "run.checkpoint_every=4")
-    result = loop.train(tiny_config(tmp_path / "run", *args))
+    result = trainer.train(tiny_config(tmp_path / "run", *args))
     assert result["status"] == "finished" and result["step"] == 8 and result["test"]["count"] == 8
     with pytest.raises(BadImageError, match="broken.png"):
-        loop.train(tiny_config(tmp_path / "strict", *args, "data.strict=true"))
+        trainer.train(tiny_config(tmp_path / "strict", *args, "data.strict=true"))

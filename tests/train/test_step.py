@@ -11,7 +11,9 @@ from vitkit.data.sources import ImageSet
 from vitkit.models import build_model
 from vitkit.models.configs import ViTConfig
 from vitkit.train.config import OptimConfig
-from vitkit.train.step import StepSpec, evaluate, loss_fn, train_step
+from vitkit.eval.evaluator import evaluate
+from vitkit.train.guard import NonFiniteGuard
+from vitkit.train.step import StepSpec, loss_fn, train_step
 from vitkit.train.optim import build_optimizer
 from vitkit.train.state import TrainState
 
@@ -58,9 +60,12 @@ def test_non_finite_loss_skips_the_update_and_counts() -> None:
     train_step(state, [_batch(8)], SPEC)
     before = copy.deepcopy(state.module.state_dict())
     optim_before = copy.deepcopy(state.optimizer.state_dict())
+    guard = NonFiniteGuard(state, patience=5)
     images, targets = _batch(8)
     images[0, 0, 0, 0] = float("nan")
     out = train_step(state, [(images, targets)], SPEC)
+    guard.observe(state.step, out["skipped"])
+    assert guard.flush() == [2]
     assert out["skipped"] and state.nan_streak == 1 and state.skipped_steps == 1 and state.step == 2
     for key, value in state.module.state_dict().items():
         assert torch.equal(value, before[key]), key
@@ -68,6 +73,8 @@ def test_non_finite_loss_skips_the_update_and_counts() -> None:
     assert all(float(s) == 1.0 for s in steps)  # Adam's step counter did not advance
     assert all(float(s["step"]) == 1.0 for s in optim_before["state"].values())
     out = train_step(state, [_batch(8)], SPEC)
+    guard.observe(state.step, out["skipped"])
+    assert guard.flush() == []
     assert not out["skipped"] and state.nan_streak == 0 and state.skipped_steps == 1
 
 
@@ -90,7 +97,7 @@ def test_evaluate_matches_direct_computation() -> None:
     images = torch.randint(0, 256, (23, 3, 32, 32), dtype=torch.uint8)
     labels = torch.randint(0, 5, (23,))
     data = ImageSet(images=images, labels=labels, class_names=list("abcde"))
-    result = evaluate(model, data, size=32, mean=(0.5,) * 3, std=(0.5,) * 3, channels=3, batch_size=5)
+    result = evaluate(model, data, size=32, mean=(0.5,) * 3, std=(0.5,) * 3, channels=3, batch_size=5).summary()
     with torch.no_grad():
         logits = model(images.float() / 127.5 - 1)
     assert result["count"] == 23
@@ -103,7 +110,7 @@ def test_evaluate_matches_direct_computation() -> None:
 def test_polyak_ema_follows_its_formula_and_is_what_gets_saved(tmp_path) -> None:
     from helpers import tiny_config
     from vitkit.checkpoints import read
-    from vitkit.train import loop
+    from vitkit.train import trainer
     from vitkit.train.ema import ModelEMA
 
     model = build_model(CONFIG)
@@ -116,13 +123,13 @@ def test_polyak_ema_follows_its_formula_and_is_what_gets_saved(tmp_path) -> None
     for key, value in ema.state_dict().items():
         torch.testing.assert_close(value, 0.9 * start[key] + 0.1 * model.state_dict()[key])
     run = tmp_path / "run"
-    loop.train(tiny_config(run, "data.steps=3", "optim.ema_decay=0.5"))
+    trainer.train(tiny_config(run, "data.steps=3", "optim.ema_decay=0.5"))
     raw = read(run / "checkpoints" / "step_0000003").model.state_dict()
     final = read(run / "checkpoints" / "final").model.state_dict()
     payload = torch.load(run / "checkpoints" / "step_0000003" / "train_state.pt", weights_only=True)
     assert all(torch.equal(final[k], payload["ema"][k]) for k in payload["ema"])  # final = the average
     assert any(not torch.equal(final[k], raw[k]) for k in raw)  # the raw weights are kept for resuming
-    from vitkit.eval.features import find_checkpoint
+    from vitkit.runs import find_checkpoint
 
     assert find_checkpoint(run) == run / "checkpoints" / "ema"  # what `vitkit eval RUN` evaluates
 

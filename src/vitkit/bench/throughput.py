@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vitkit.bench.flops import model_flops
+from vitkit.device import autocast as device_autocast, pick_device, resolve_precision, synchronize
 from vitkit.models import build_model, preset_config
 from vitkit.models.configs import HybridConfig, image_size, in_channels, num_classes
 
@@ -78,43 +79,9 @@ class BenchConfig:
 # Device and precision
 
 
-def resolve_device(name: str) -> torch.device:
-    """"auto" -> the first CUDA device when present, else the CPU; a CUDA request without CUDA raises."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {name!r} asked for, but this torch build sees no CUDA device")
-    return device
-
-
-def native_bf16(device: torch.device) -> bool:
-    """Whether `device` multiplies bf16 in hardware (CUDA with bf16, CPU with AVX512-BF16 or AMX)."""
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
-    if device.type == "cpu":
-        return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    return False
-
-
-def resolve_precision(precision: Precision, device: torch.device) -> Literal["fp32", "bf16"]:
-    """"auto" -> bf16 autocast where the device has native bf16 matmuls, fp32 elsewhere."""
-    if precision == "auto":
-        return "bf16" if native_bf16(device) else "fp32"
-    return precision
-
-
 def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
     """bf16 autocast (matmuls in bf16, reductions in fp32, weights kept fp32) or a no-op for fp32."""
-    if precision == "bf16":
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
-def synchronize(device: torch.device) -> None:
-    """Wait for queued device work, so wall-clock time covers it (a no-op on the CPU)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    return device_autocast(device, torch.bfloat16 if precision == "bf16" else None)
 
 
 def device_name(device: torch.device) -> str:
@@ -281,7 +248,7 @@ def run_benchmark(config: BenchConfig) -> dict[str, Any]:
 
 
 def _run_benchmark(config: BenchConfig) -> dict[str, Any]:
-    device = resolve_device(config.device)
+    device = pick_device(config.device)
     precision = resolve_precision(config.precision, device)
     model, model_config = _bench_model(config)
     model = model.to(device)

@@ -21,7 +21,8 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from vitkit.checkpoints import keymap, surgery
-from vitkit.checkpoints.native import Checkpoint, atomic_write, atomic_write_text, build_checkpoint
+from vitkit.atomic import atomic_write, atomic_write_text
+from vitkit.checkpoints.native import Checkpoint, build_checkpoint
 from vitkit.checkpoints.timm import read_state
 from vitkit.models.configs import ViTConfig
 

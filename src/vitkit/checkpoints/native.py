@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from vitkit.atomic import atomic_write, atomic_write_text
 from vitkit.models import build_model
 from vitkit.models.configs import ModelConfig, config_from_dict, config_to_dict, in_channels
 
@@ -42,23 +42,6 @@ class Checkpoint:
     @property
     def config(self) -> ModelConfig:
         return self.model.config
-
-
-def atomic_write(path: Path, write: Any) -> None:
-    """Call `write(tmp_path)` then rename the temporary file onto `path` (same directory, so atomic)."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write(path, lambda tmp: tmp.write_text(text))
 
 
 def _sha256(path: Path) -> str:

@@ -30,7 +30,8 @@ import numpy as np
 import torch
 
 from vitkit.checkpoints import keymap, surgery
-from vitkit.checkpoints.native import Checkpoint, atomic_write, build_checkpoint
+from vitkit.atomic import atomic_write
+from vitkit.checkpoints.native import Checkpoint, build_checkpoint
 from vitkit.models.configs import HybridConfig, ViTConfig
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from vitkit.checkpoints.native import atomic_write
+from vitkit.atomic import atomic_write
 from vitkit.models.configs import image_size, in_channels
 
 log = logging.getLogger(__name__)
@@ -26,6 +26,18 @@ INPUT, OUTPUT = "pixels", "logits"
 def _require(module: str) -> None:
     if importlib.util.find_spec(module) is None:
         raise ValueError(f"ONNX export needs the '{module}' package: pip install 'vitkit[onnx]'")
+
+
+class _Logits(nn.Module):
+    """forward(pixels) -> logits only: the TorchScript exporter would pass the model's keyword-only
+    options (e.g. the training-time `patch_dropout`) positionally."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        return self.model(pixels)
 
 
 def export_onnx(model: nn.Module, path: str | os.PathLike, opset: int = MIN_OPSET, batch_size: int = 2) -> Path:
@@ -45,7 +57,7 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, opset: int = MIN_OPSE
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")  # the TorchScript tracer warns about Python-level shape checks
             torch.onnx.export(
-                model, (example,), str(tmp), opset_version=opset, input_names=[INPUT], output_names=[OUTPUT],
+                _Logits(model), (example,), str(tmp), opset_version=opset, input_names=[INPUT], output_names=[OUTPUT],
                 dynamic_axes={INPUT: {0: "batch"}, OUTPUT: {0: "batch"}}, dynamo=False,
             )  # fmt: skip
 

@@ -22,7 +22,8 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from vitkit.checkpoints import keymap
-from vitkit.checkpoints.native import Checkpoint, atomic_write, atomic_write_text, build_checkpoint
+from vitkit.atomic import atomic_write, atomic_write_text
+from vitkit.checkpoints.native import Checkpoint, build_checkpoint
 from vitkit.models.configs import VIT_SIZES, ViTConfig
 
 log = logging.getLogger(__name__)

@@ -8,11 +8,13 @@
     folder:DIR        ImageFolder layout DIR/<class>/*.jpg, or DIR/train/<class>/ + DIR/val/<class>/
     npz:FILE          arrays x_train, y_train, x_test, y_test (or images, labels); NHWC or NCHW uint8
 
-Splits.  "test" is the official test split; digits and an `images, labels` npz have none, so a fixed
-class-stratified 20 % (seed `FIXED_TEST_SEED`) is held out as their test split.  For a folder, "test"
-is DIR/test if present, else DIR/val.  "train" is the training data minus a class-stratified
-`val_fraction` held out by `seed`; "val" is that held-out part, or DIR/val of a folder when
-`val_fraction` is 0.  The same (uri, val_fraction, seed) always gives the same split.
+Splits.  "test" is the official test split; digits, an `images, labels` npz and a folder without
+DIR/test or DIR/val have none, so a fixed class-stratified 20 % (at most FIXED_TEST_MAX images, seed
+`FIXED_TEST_SEED`) is held out as their test split.  For a folder, "test" is DIR/test if present,
+else DIR/val.  "train" is the training data minus a class-stratified `val_fraction` held out by
+`seed`; "val" is that held-out part, or DIR/val of a folder (beside DIR/test) when `val_fraction` is
+0.  The same (uri, val_fraction, seed) always gives the same split; `ImageSet.origin` says where each
+part came from.
 
 Small sets live in memory as one uint8 tensor.  A folder whose decoded images (at `image_size`) would
 exceed `max_in_memory_bytes` is returned as a list of files that DataLoader workers decode with
@@ -37,6 +39,7 @@ from vitkit.data.images import (MAX_PIXELS, BadImageError, DecompressionBombErro
 from vitkit.data.readers import DataFormatError
 
 __all__ = ["ImageSet", "SourceInfo", "parse_uri", "load_split", "describe", "decode_image", "stratified_split",
+           "mirror_keeps_label", "separate_val",
            "BadImageError", "DecompressionBombError", "DataFormatError", "KINDS"]
 
 log = logging.getLogger(__name__)
@@ -44,11 +47,15 @@ log = logging.getLogger(__name__)
 KINDS = ("digits", "mnist", "fashion-mnist", "cifar10", "cifar100", "folder", "npz")
 FIXED_TEST_SEED = 0  # seed of the 20 % test split of digits and of `images, labels` npz files
 FIXED_TEST_FRACTION = 0.2
+FIXED_TEST_MAX = 10_000  # a large folder without a test part holds out at most this many images
 DEFAULT_FOLDER_SIZE = 224  # side a folder is decoded to when no image_size is given (the paper's resolution)
 FASHION_MNIST_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
                          "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"]
 CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 Split = Literal["train", "val", "test"]
+# Whether a left-right mirror keeps an image's label: not for digits; yes for clothes and natural images.
+# Sources not listed (folders, npz) cannot know: training follows the convention (flip) and says so.
+MIRROR_KEEPS_LABEL = {"digits": False, "mnist": False, "fashion-mnist": True, "cifar10": True, "cifar100": True}
 
 
 @dataclass
@@ -62,6 +69,7 @@ class ImageSet:
     load_size: int | None = None  # side length files are decoded/resized to (file-based sets)
     skipped: int = 0  # corrupt/unreadable files skipped while building the set
     channels: int = 3  # decode mode of `files`: 3 = RGB, 1 = L
+    origin: str = ""  # where this split came from (a directory, an official split, a hold-out), for the plan
 
     def __post_init__(self) -> None:
         if (self.images is None) == (self.files is None):
@@ -115,6 +123,11 @@ def parse_uri(uri: str) -> tuple[str, str]:
     return kind, path
 
 
+def mirror_keeps_label(uri: str) -> bool | None:
+    """True / False where the source's kind tells whether flips preserve labels, None where it cannot."""
+    return MIRROR_KEEPS_LABEL.get(parse_uri(uri)[0])
+
+
 def stratified_split(labels: torch.Tensor, fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(keep, held) sorted indices; `held` has round(fraction * n_c) of each class's n_c samples.
 
@@ -144,9 +157,13 @@ def _in_memory(images: np.ndarray, labels: np.ndarray, class_names: list[str]) -
                     class_names=class_names)
 
 
-def _fixed_test_split(whole: ImageSet, part: str) -> ImageSet:
-    keep, held = stratified_split(whole.labels, FIXED_TEST_FRACTION, FIXED_TEST_SEED)
-    return whole.subset(held if part == "test" else keep)
+def _fixed_test_split(whole: ImageSet, part: str, where: str) -> ImageSet:
+    """The fixed class-stratified test hold-out of a source without a test split (or the rest, for train)."""
+    fraction = min(FIXED_TEST_FRACTION, FIXED_TEST_MAX / max(len(whole), 1))
+    keep, held = stratified_split(whole.labels, fraction, FIXED_TEST_SEED)
+    if part == "test":
+        return replace(whole.subset(held), origin=f"a fixed {fraction:.0%} class-stratified hold-out of {where}")
+    return replace(whole.subset(keep), origin=f"{where} minus the fixed {fraction:.0%} test hold-out")
 
 
 @functools.lru_cache(maxsize=1)
@@ -162,13 +179,13 @@ def _digits() -> ImageSet:
 
 
 def _read_digits(part: str) -> ImageSet:
-    return _fixed_test_split(_digits(), part)
+    return _fixed_test_split(_digits(), part, "digits")
 
 
 def _read_idx(kind: str, root: Path, part: str) -> ImageSet:
     images, labels = _idx_cached(root, "t10k" if part == "test" else "train", _stamp(root))
     names = FASHION_MNIST_CLASSES if kind == "fashion-mnist" else [str(d) for d in range(10)]
-    return _in_memory(images, labels, names)
+    return replace(_in_memory(images, labels, names), origin=f"{root} {'t10k' if part == 'test' else 'train'} IDX files")
 
 
 def _stamp(root: Path) -> tuple:
@@ -200,7 +217,7 @@ def _read_cifar(kind: str, root: Path, part: str) -> ImageSet:
         class_names = readers.read_names(root / "fine_label_names.txt") or [str(i) for i in range(100)]
     images = np.concatenate([p[0] for p in parts])
     labels = np.concatenate([p[1] for p in parts])
-    return _in_memory(images, labels, class_names)
+    return replace(_in_memory(images, labels, class_names), origin=f"{root} {'test' if part == 'test' else 'training'} batches")
 
 
 def _read_npz(path: Path, part: str) -> ImageSet:
@@ -213,7 +230,9 @@ def _read_npz(path: Path, part: str) -> ImageSet:
         num = int(labels.max(initial=-1)) + 1
     names = [str(n) for n in arrays["class_names"]] if "class_names" in arrays else [str(i) for i in range(num)]
     whole = _in_memory(images, labels, names)
-    return whole if "x_train" in arrays else _fixed_test_split(whole, part)
+    if "x_train" in arrays:
+        return replace(whole, origin=f"{path} {'x_test' if part == 'test' else 'x_train'}")
+    return _fixed_test_split(whole, part, str(path))
 
 
 def _folder_roots(root: Path) -> dict[str, Path]:
@@ -231,17 +250,30 @@ def _folder_roots(root: Path) -> dict[str, Path]:
 
 
 def _read_folder(root: Path, part: str, size: int, channels: int) -> ImageSet:
-    """A file-based ImageSet (nothing decoded yet); `_materialise` decodes it if it is small."""
+    """A file-based ImageSet (nothing decoded yet); `_materialise` decodes it if it is small.
+
+    Without DIR/test and DIR/val, "test" is a fixed class-stratified hold-out of the training files and
+    "train" the rest, so every folder layout trains and reports a test accuracy.
+    """
     roots = _folder_roots(root)
-    if part not in roots:
-        raise ValueError(f"folder:{root} has no {part} split (no {root}/val or {root}/test directory); "
-                         "use val_fraction > 0 to hold out part of the training data")
     class_names = class_folders(roots["train"])
-    files, labels = scan_folder(roots[part], class_names)
+    if part == "val" and part not in roots:
+        raise ValueError(f"folder:{root} has no val split (no {root}/val directory); set data.val_fraction > 0 to "
+                         "hold out part of the training data (training does so itself when it evaluates as it goes)")
+    source = roots[part] if part in roots else roots["train"]
+    files, labels = scan_folder(source, class_names)
     if not files:
-        raise ValueError(f"{roots[part]}: no image files (.jpg, .png, ...) in its class folders")
-    return ImageSet(images=None, files=files, labels=torch.tensor(labels, dtype=torch.int64), class_names=class_names,
-                    load_size=size, channels=channels)
+        raise ValueError(f"{source}: no image files (.jpg, .png, ...) in its class folders")
+    found = ImageSet(images=None, files=files, labels=torch.tensor(labels, dtype=torch.int64), class_names=class_names,
+                     load_size=size, channels=channels, origin=str(source))
+    return found if "test" in roots else _fixed_test_split(found, part, str(source))
+
+
+def separate_val(uri: str) -> bool:
+    """Whether a source has a validation split of its own, apart from its test split (folder DIR/val + DIR/test)."""
+    kind, path = parse_uri(uri)
+    roots = _folder_roots(Path(path)) if kind == "folder" else {}
+    return "val" in roots and roots["val"] != roots.get("test")
 
 
 def _read(kind: str, path: str, part: str, size: int, channels: int) -> ImageSet:
@@ -270,7 +302,7 @@ def _materialise(subset: ImageSet, *, strict: bool, max_in_memory_bytes: int, nu
     images, good = decode_files(subset.files, subset.channels, size, strict=strict, num_workers=num_workers,
                                 max_pixels=max_pixels)
     return ImageSet(images=images, labels=subset.labels[good], class_names=subset.class_names,
-                    load_size=size, skipped=len(subset) - len(good), channels=subset.channels)
+                    load_size=size, skipped=len(subset) - len(good), channels=subset.channels, origin=subset.origin)
 
 
 def load_split(uri: str, split: Split, *, image_size: int | None = None, val_fraction: float = 0.0, seed: int = 0,
@@ -299,6 +331,10 @@ def load_split(uri: str, split: Split, *, image_size: int | None = None, val_fra
         whole = _read(kind, path, "train", size, channels)
         keep, held = stratified_split(whole.labels, val_fraction, seed)
         subset = whole.subset(keep if split == "train" else held)
+        if val_fraction > 0:
+            subset.origin = (f"{whole.origin} minus a {val_fraction:.1%} validation hold-out (seed {seed})"
+                             if split == "train" else
+                             f"a {val_fraction:.1%} class-stratified hold-out of {whole.origin} (seed {seed})")
     result = _materialise(subset, strict=strict, max_in_memory_bytes=max_in_memory_bytes, num_workers=num_workers,
                           max_pixels=max_pixels)
     log.info("%s %s: %d images, %d classes%s", uri, split, len(result), result.num_classes,

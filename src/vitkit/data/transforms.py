@@ -28,7 +28,8 @@ from torch import Tensor
 from vitkit.data.randaugment import rand_augment
 
 __all__ = ["AugmentConfig", "to_float", "resize", "eval_transform", "train_transform", "inception_crop",
-           "pad_crop", "random_flip", "random_erase", "one_hot", "mixup", "cutmix", "sample_beta", "expand_channels"]
+           "pad_crop", "random_flip", "random_erase", "one_hot", "mixup", "cutmix", "sample_beta", "expand_channels",
+           "describe_augment"]
 
 MEAN = (0.5, 0.5, 0.5)  # official ViT normalisation: x / 127.5 - 1
 STD = (0.5, 0.5, 0.5)
@@ -70,6 +71,18 @@ class AugmentConfig:
                              f"{self.erasing}, {self.erasing_scale}")
         if not 0 <= self.label_smoothing < 1:
             raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
+
+
+def describe_augment(config: AugmentConfig) -> list[str]:
+    """The augmentations a config runs, in words (the plan printed before training lists them)."""
+    crop = {"inception": f"inception crop (area {config.crop_scale[0]:g}-{config.crop_scale[1]:g})",
+            "pad": f"pad-and-crop ({config.pad} px)", "none": ""}[config.crop]
+    parts = [crop, "horizontal flip" if config.flip else "no flip",
+             f"RandAugment {config.randaugment[0]} ops at magnitude {config.randaugment[1]}" if config.randaugment else "",
+             f"Mixup {config.mixup:g}" if config.mixup else "", f"CutMix {config.cutmix:g}" if config.cutmix else "",
+             f"random erasing p={config.erasing:g}" if config.erasing else "",
+             f"label smoothing {config.label_smoothing:g}" if config.label_smoothing else ""]
+    return [part for part in parts if part]
 
 
 # ------------------------------------------------------------------------------- normalisation

@@ -6,9 +6,6 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-from torch import Tensor
-
 log = logging.getLogger(__name__)
 
 
@@ -51,47 +48,16 @@ class EvalResult:
         }
 
 
-def topk_accuracy(logits: Tensor, labels: Tensor, k: int) -> float:
-    """Share of images whose label is among the k highest logits (k capped at the number of classes)."""
-    k = min(k, logits.shape[1])
-    top = logits.topk(k, dim=1).indices  # (N, k)
-    return float((top == labels[:, None]).any(dim=1).double().mean())
-
-
-def confusion_matrix(predictions: Tensor, labels: Tensor, num_classes: int) -> Tensor:
-    """(K, K) int64 counts: row = true class, column = predicted class."""
-    flat = labels.long() * num_classes + predictions.long()
-    return torch.bincount(flat, minlength=num_classes * num_classes).reshape(num_classes, num_classes)
-
-
-def accuracy_from_logits(logits: Tensor, labels: Tensor, class_names: list[str], k: int = 5) -> EvalResult:
-    """All metrics from (N, K) logits and (N,) labels."""
-    num_classes = logits.shape[1]
-    if len(class_names) != num_classes:
-        raise ValueError(f"the model predicts {num_classes} classes but the data has {len(class_names)}")
-    if labels.numel() and (labels.min() < 0 or labels.max() >= num_classes):
-        raise ValueError(f"labels must lie in 0..{num_classes - 1}")
-    confusion = confusion_matrix(logits.argmax(dim=1), labels, num_classes)
-    totals = confusion.sum(dim=1)
-    per_class = [int(confusion[i, i]) / int(totals[i]) if totals[i] else None for i in range(num_classes)]
-    return EvalResult(
-        top1=topk_accuracy(logits, labels, 1),
-        topk=topk_accuracy(logits, labels, k),
-        k=min(k, num_classes),
-        per_class=per_class,
-        confusion=confusion.tolist(),
-        class_names=list(class_names),
-        num_images=int(labels.numel()),
-    )
-
-
 def evaluate(checkpoint, images, config: EvalConfig) -> EvalResult:
-    """Top-1 / top-k, per-class accuracy and confusion matrix of a checkpoint on an `ImageSet`.
+    """Top-1 / top-k, per-class accuracy and confusion matrix of a checkpoint on an `ImageSet`, through the
+    one evaluator that training uses too (vitkit.eval.evaluator).
 
     The data set's classes must be the checkpoint's: same number (an error otherwise), matched by
     index (differing names are logged as a warning).
     """
-    from vitkit.eval.features import compute, resolution
+    from vitkit.device import pick_device
+    from vitkit.eval.evaluator import evaluate as run_evaluator
+    from vitkit.eval.features import channels, resolution
 
     names = checkpoint.class_names
     if names and images.class_names and len(names) != len(images.class_names):
@@ -102,10 +68,14 @@ def evaluate(checkpoint, images, config: EvalConfig) -> EvalResult:
     if names and images.class_names and list(names) != list(images.class_names):
         log.warning("class names differ (checkpoint %s... vs data %s...); labels are matched by index",
                     list(names)[:3], list(images.class_names)[:3])
-    logits, labels = compute(
-        checkpoint, images, "logits", img_size=config.img_size, batch_size=config.batch_size, device=config.device
-    )
-    class_names = [str(c) for c in (images.class_names or names or range(logits.shape[1]))]
-    result = accuracy_from_logits(logits, labels, class_names, config.top_k)
-    result.img_size = resolution(checkpoint, config.img_size)
-    return result
+    device = pick_device(config.device)
+    model = checkpoint.model.eval().to(device)
+    size = resolution(checkpoint, config.img_size)
+    counts = run_evaluator(model, images, size=size, mean=checkpoint.mean, std=checkpoint.std,
+                           channels=channels(checkpoint), batch_size=config.batch_size, device=device, top_k=config.top_k)
+    confusion = counts.confusion
+    totals = confusion.sum(dim=1)
+    class_names = [str(c) for c in (images.class_names or names or range(len(confusion)))]
+    return EvalResult(top1=counts.top1, topk=counts.topk, k=counts.k,
+                      per_class=[int(confusion[i, i]) / int(totals[i]) if totals[i] else None for i in range(len(totals))],
+                      confusion=confusion.tolist(), class_names=class_names, num_images=counts.count, img_size=size)

@@ -9,12 +9,13 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
-from vitkit.checkpoints.native import atomic_write_text
+from vitkit.atomic import atomic_write_text
 from vitkit.eval.accuracy import EvalConfig, evaluate
 from vitkit.eval.embed import save_embeddings
-from vitkit.eval.features import channels, compute, find_checkpoint, open_checkpoint, resolution
+from vitkit.eval.features import channels, compute, resolution
 from vitkit.eval.fewshot import FewShotConfig, run_fewshot
 from vitkit.eval.predict import PredictConfig, predict_files
+from vitkit.runs import find_checkpoint, is_run_dir, open_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -34,15 +35,14 @@ def _load(uri: str, split: str, checkpoint, img_size: int | None, max_images: in
 
 
 def default_out(path: str | os.PathLike, name: str) -> Path | None:
-    """RUN/<name> when `path` is a run directory (it has checkpoints/), else None (write nothing)."""
-    path = Path(path)
-    return path / name if (path / "checkpoints").is_dir() else None
+    """RUN/<name> when `path` is a run directory, else None (write nothing)."""
+    return Path(path) / name if is_run_dir(path) else None
 
 
 def eval_command(path: str | os.PathLike, data: str, split: str, config: EvalConfig, out: str | os.PathLike | None,
                  max_images: int | None = None) -> dict[str, Any]:
     """Accuracy of a checkpoint (or a run's final checkpoint) on a split; writes eval.json and confusion.png to `out`."""
-    from vitkit.inspect.plots import plot_confusion
+    from vitkit.eval.plots import plot_confusion
 
     checkpoint = open_checkpoint(path)
     images = _load(data, split, checkpoint, config.img_size, max_images)

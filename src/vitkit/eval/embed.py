@@ -15,7 +15,7 @@ import numpy as np
 from safetensors.torch import save_file
 from torch import Tensor
 
-from vitkit.checkpoints.native import atomic_write, atomic_write_text
+from vitkit.atomic import atomic_write, atomic_write_text
 
 SUFFIXES = (".npy", ".safetensors")
 

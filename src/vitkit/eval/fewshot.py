@@ -114,15 +114,8 @@ def select_l2(features: Tensor, labels: Tensor, num_classes: int, grid: list[flo
     return grid[ranking[0]]
 
 
-def fewshot_accuracy(
-    train_features: Tensor,
-    train_labels: Tensor,
-    test_features: Tensor,
-    test_labels: Tensor,
-    num_classes: int,
-    config: FewShotConfig,
-    seed: int,
-) -> tuple[float, float]:
+def fewshot_accuracy(train_features: Tensor, train_labels: Tensor, test_features: Tensor, test_labels: Tensor,
+                     num_classes: int, config: FewShotConfig, seed: int) -> tuple[float, float]:
     """(test accuracy, chosen lambda) of the ridge probe fitted on the given few-shot features."""
     grid = l2_grid(config.l2_exponents)
     l2 = select_l2(train_features, train_labels, num_classes, grid, config.folds, seed)
@@ -131,14 +124,8 @@ def fewshot_accuracy(
     return float((predictions == test_labels.to(predictions.device)).double().mean()), l2
 
 
-def evaluate_fewshot(
-    train_features: Tensor,
-    train_labels: Tensor,
-    test_features: Tensor,
-    test_labels: Tensor,
-    num_classes: int,
-    config: FewShotConfig,
-) -> FewShotResult:
+def evaluate_fewshot(train_features: Tensor, train_labels: Tensor, test_features: Tensor, test_labels: Tensor,
+                     num_classes: int, config: FewShotConfig) -> FewShotResult:
     """Few-shot accuracy for every k and seed from precomputed features of the whole train pool."""
     from vitkit.data.fewshot import k_per_class
 

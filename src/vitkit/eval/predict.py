@@ -101,7 +101,8 @@ def _decode(path: Path, checkpoint, size: int) -> torch.Tensor | str:
 def predict_files(checkpoint, paths: Sequence[str | os.PathLike], config: PredictConfig) -> list[dict[str, Any]]:
     """One entry per input file, in order: {"file", "predictions": [{"class", "index", "probability"}]}
     or {"file", "error"}."""
-    from vitkit.eval.features import pick_device, resolution
+    from vitkit.device import pick_device
+    from vitkit.eval.features import resolution
 
     model = checkpoint.model.eval()
     device = pick_device(config.device)

@@ -70,11 +70,6 @@ def ridge_path(features: Tensor, targets: Tensor) -> RidgePath:
     return RidgePath(x_mean=x_mean, y_mean=y_mean, right=right, singular=singular, projected=left.T @ (y - y_mean))
 
 
-def ridge_fit(features: Tensor, targets: Tensor, l2: float) -> tuple[Tensor, Tensor]:
-    """Closed-form solution (W, b) of the regularised least squares in the module docstring."""
-    return ridge_path(features, targets).weights(l2)
-
-
 def l2_grid(exponents: Sequence[int]) -> list[float]:
     """The regularisation candidates: powers of two 2^e."""
     return [2.0**e for e in exponents]

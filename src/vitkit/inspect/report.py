@@ -23,7 +23,7 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor
 
-from vitkit.checkpoints.native import atomic_write_text
+from vitkit.atomic import atomic_write_text
 from vitkit.inspect import plots
 from vitkit.inspect.attention import attention_rollout, mean_attention_distance, patch_distances, rollout_map
 from vitkit.inspect.embeddings import filter_pca, position_similarity
@@ -110,7 +110,8 @@ def _position_similarity(model: torch.nn.Module, grid: tuple[int, int], out: Pat
 @torch.no_grad()
 def _attention(checkpoint, images: Sequence[Tensor], size: int, config: InspectConfig) -> tuple[Tensor, Tensor, tuple[int, int], int]:
     """(mean attention distance (L, k) over all images, rollout maps of the first images, grid, pixels per patch)."""
-    from vitkit.eval.features import pick_device, prepare
+    from vitkit.device import pick_device
+    from vitkit.eval.features import prepare
 
     model = checkpoint.model.eval()
     device = pick_device(config.device)
@@ -230,7 +231,8 @@ def inspect_command(path: str | os.PathLike, out: str | os.PathLike, config: Ins
                     image_files: Sequence[str] = (), data: str | None = None, split: str = "test",
                     num_images: int = 32) -> dict[str, Any]:
     """Open a checkpoint (or a run's final one), gather images (files and/or a data split) and write the figures."""
-    from vitkit.eval.features import channels, find_checkpoint, open_checkpoint, resolution
+    from vitkit.eval.features import channels, resolution
+    from vitkit.runs import find_checkpoint, open_checkpoint
 
     checkpoint = open_checkpoint(path)
     size, chans = resolution(checkpoint, config.img_size), channels(checkpoint)

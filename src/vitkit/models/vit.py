@@ -225,7 +225,6 @@ class VisionTransformer(nn.Module):
             self.pos_embed_x = nn.Parameter(torch.zeros(sets, self.grid_size[1], width // 2))
             self.pos_embed_y = nn.Parameter(torch.zeros(sets, self.grid_size[0], width // 2))
         self.pos_drop = nn.Dropout(config.dropout)  # App. B.1: dropout right after adding position embeddings
-        self.patch_dropout = config.patch_dropout  # a plain attribute: the training loop may switch it off late
         rates = [config.drop_path * i / max(depth - 1, 1) for i in range(depth)]  # stochastic depth grows with depth
         self.blocks = nn.ModuleList(Block(config, num_tokens, rate) for rate in rates)
         self.norm = nn.LayerNorm(width, eps=config.layer_norm_eps)
@@ -290,7 +289,8 @@ class VisionTransformer(nn.Module):
             tokens = torch.cat([self.cls_token.expand(tokens.shape[0], -1, -1), tokens], dim=1)  # (B, N+1, D)
         return tokens, self.position_embeddings(grid)
 
-    def encode(self, x: Tensor, attention_layers: Sequence[int] = ()) -> tuple[Tensor, dict[str, Tensor]]:
+    def encode(self, x: Tensor, attention_layers: Sequence[int] = (), patch_dropout: float | None = None
+               ) -> tuple[Tensor, dict[str, Tensor]]:
         """Eq. 1-3 and the final LayerNorm: returns LN(z_L) (B, T, D) and named intermediates.
 
         Intermediates hold "embed" (z_0), "blockNN" (z_l, l = NN + 1) and, for the layers listed in
@@ -301,8 +301,9 @@ class VisionTransformer(nn.Module):
         if pos is not None and where == "input":
             z = z + pos[0]  # Eq. 1: + E_pos
         z = self.pos_drop(z)
-        if self.training and self.patch_dropout > 0:
-            z = self.drop_patches(z, self.patch_dropout)
+        rate = (self.encoder_config.patch_dropout if patch_dropout is None else patch_dropout) if self.training else 0.0
+        if rate > 0:  # PatchDropout: training only; the trainer passes the scheduled rate
+            z = self.drop_patches(z, rate)
         named: dict[str, Tensor] = {"embed": z}
         wanted = set(attention_layers)
         for index, block in enumerate(self.blocks):  # l = 1 ... L
@@ -331,16 +332,17 @@ class VisionTransformer(nn.Module):
         """Eq. 4: y = LN(z_L)^0, or the mean of the patch tokens after the final LN ("gap")."""
         return z[:, 0] if self.encoder_config.pool == "token" else z.mean(dim=1)
 
-    def forward_features(self, x: Tensor) -> Tensor:
+    def forward_features(self, x: Tensor, *, patch_dropout: float | None = None) -> Tensor:
         """The representation the head reads, (B, num_features): y, through the pre-logits layer if any."""
-        z, _ = self.encode(x)
+        z, _ = self.encode(x, patch_dropout=patch_dropout)
         return self.pre_logits(self.pool(z))
 
     def forward_head(self, features: Tensor) -> Tensor:
         return self.head(features)
 
-    def forward(self, x: Tensor) -> Tensor:
-        return self.head(self.forward_features(x))
+    def forward(self, x: Tensor, *, patch_dropout: float | None = None) -> Tensor:
+        """Logits; `patch_dropout` overrides the config's PatchDropout rate in training (None: the config's)."""
+        return self.head(self.forward_features(x, patch_dropout=patch_dropout))
 
     def forward_intermediates(self, x: Tensor, attention_layers: Sequence[int] | None = None) -> dict[str, Tensor]:
         """Named tensors for inspection and few-shot: "embed", "blockNN", "attnNN" (all layers unless

@@ -44,7 +44,8 @@ class ServedModel:
     """A checkpoint ready to serve on one device (model in eval mode)."""
 
     def __init__(self, checkpoint, source: str, device: str = "auto") -> None:
-        from vitkit.eval.features import channels, pick_device, resolution
+        from vitkit.device import pick_device
+        from vitkit.eval.features import channels, resolution
 
         self.checkpoint, self.source = checkpoint, source
         self.device = pick_device(device)
@@ -113,7 +114,7 @@ class ServedModel:
 
 def load_model(path: str | os.PathLike, device: str = "auto") -> ServedModel:
     """Open any checkpoint vitkit reads, or a run directory's checkpoint; the one place `serve` loads from."""
-    from vitkit.eval.features import find_checkpoint, open_checkpoint
+    from vitkit.runs import find_checkpoint, open_checkpoint
 
     checkpoint = open_checkpoint(path)
     source = str(find_checkpoint(path))

@@ -57,6 +57,7 @@ class MPPConfig:
     downsample: int = 4  # "downsampled" target: cells per side of the downsized patch (4 x 4 of a 16 x 16 patch)
     mean: tuple[float, ...] = (0.5, 0.5, 0.5)  # input normalisation x = (p/255 - mean) / std, undone for colour targets
     std: tuple[float, ...] = (0.5, 0.5, 0.5)  # (0.5, 0.5): the official [-1, 1] scaling
+    eval_images: int = 1024  # held-out (test split) images of the final MPP evaluation; 0 = none
 
     def __post_init__(self) -> None:
         if self.target not in ("mean_color", "downsampled", "pixels"):
@@ -69,6 +70,8 @@ class MPPConfig:
             raise ValueError(f"color_bits must be in 1..8, got {self.color_bits}")
         if self.downsample < 1:
             raise ValueError(f"downsample must be >= 1, got {self.downsample}")
+        if self.eval_images < 0:
+            raise ValueError(f"eval_images must be >= 0, got {self.eval_images}")
         if len(self.mean) != len(self.std) or min(self.std) <= 0:
             raise ValueError(f"mean {self.mean} and std {self.std} must have the same length and std > 0")
 

@@ -20,7 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from vitkit.data.transforms import AugmentConfig
-from vitkit.models.configs import HybridConfig, ModelConfig, ViTConfig, config_from_dict, config_to_dict
+from vitkit.models.configs import ModelConfig, ViTConfig, config_from_dict, config_to_dict
+from vitkit.overrides import apply_fields, split_item
+from vitkit.ssl.masked_patch import MPPConfig
 
 Precision = Literal["auto", "fp32", "bf16"]
 Parallel = Literal["ddp", "fsdp"]
@@ -36,6 +38,7 @@ class DataConfig:
     epochs: float = 10.0  # passes over the training split (ignored when steps > 0)
     steps: int = 0  # optimiser steps; 0 = derived from epochs
     val_fraction: float = 0.0  # held-out part of train for model selection / the LR sweep (App. B.1.1)
+    train_fraction: float = 1.0  # train on a fixed class-stratified part of the training split (data-size studies, Sec. 4.3)
     mean: tuple[float, ...] = (0.5, 0.5, 0.5)  # x = (pixel/255 - mean)/std; 0.5/0.5 = the official [-1, 1]
     std: tuple[float, ...] = (0.5, 0.5, 0.5)
     workers: int = 2  # DataLoader workers for file-based sets (in-memory sets need none)
@@ -56,6 +59,8 @@ class DataConfig:
             raise ValueError("set epochs > 0 or steps > 0")
         if not 0.0 <= self.val_fraction < 1.0:
             raise ValueError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
+        if not 0.0 < self.train_fraction <= 1.0:
+            raise ValueError(f"train_fraction must be in (0, 1], got {self.train_fraction}")
         if len(self.resolutions) != len(self.resolution_until):
             raise ValueError(f"resolutions {self.resolutions} and resolution_until {self.resolution_until} "
                              "must have one entry per phase")
@@ -83,9 +88,11 @@ class OptimConfig:
     schedule: Literal["cosine", "linear", "constant"] = "cosine"  # decay after the linear warmup
     warmup_steps: int = 0  # linear warmup from 0 (Table 3: 10k steps)
     warmup_fraction: float = 0.0  # alternative: warmup as a fraction of all steps (used when warmup_steps == 0)
+    warmup_max_steps: int = 0  # cap on the fraction's warmup, 0 = none (App. B.1.2 MPP: 10k)
     end_lr_fraction: float = 0.0  # lr at the last step as a fraction of the peak
     clip_norm: float = 1.0  # global gradient norm clip (Tables 3-4); 0 = off
     ema_decay: float = 0.0  # Polyak averaging of the weights (Sec. 4.1: 0.9999); 0 = off
+    ema_warmup: bool = False  # decay min(ema_decay, (1 + t) / (10 + t)) at schedule position t (follows a budget)
     loss: Literal["softmax", "sigmoid"] = "softmax"  # cross-entropy; "sigmoid" as big_vision's i21k pre-training
     lr_sweep: tuple[float, ...] = ()  # fine-tuning grid (Table 4); non-empty = sweep on a held-out split first
 
@@ -94,8 +101,8 @@ class OptimConfig:
             raise ValueError(f"need lr > 0, weight_decay >= 0, clip_norm >= 0 (got {self.lr}, {self.weight_decay}, {self.clip_norm})")
         if not 0.0 <= self.ema_decay < 1.0:
             raise ValueError(f"ema_decay must be in [0, 1), got {self.ema_decay}")
-        if not 0.0 <= self.warmup_fraction < 1.0 or self.warmup_steps < 0:
-            raise ValueError("warmup_fraction must be in [0, 1) and warmup_steps >= 0")
+        if not 0.0 <= self.warmup_fraction < 1.0 or self.warmup_steps < 0 or self.warmup_max_steps < 0:
+            raise ValueError("warmup_fraction must be in [0, 1), warmup_steps and warmup_max_steps >= 0")
         if any(lr <= 0 for lr in self.lr_sweep):
             raise ValueError(f"every lr_sweep value must be > 0, got {self.lr_sweep}")
 
@@ -116,7 +123,7 @@ class RunConfig:
     out: str = ""  # run directory; "" = runs/<data>-<model>-<timestamp> (chosen by the CLI)
     seed: int = 0  # seeds init, data order, augmentation and dropout
     max_minutes: float = 0.0  # stop cleanly when spent, then evaluate and save; 0 = no budget
-    budget_schedule: Literal["cut", "fit"] = "cut"  # fit: the LR schedule runs by the clock and ends annealed when max_minutes (whole run) is spent
+    budget_schedule: Literal["fit", "cut"] = "fit"  # with max_minutes: fit = every schedule runs by the clock and ends annealed when the budget (whole run) is spent; cut = stop this invocation when spent
     checkpoint_every: int = 500  # optimiser steps between checkpoints (also at the end and on SIGTERM/SIGINT)
     log_every: int = 20  # optimiser steps between train records in metrics.jsonl
     nan_patience: int = 5  # consecutive non-finite losses (each skipped) before the run stops
@@ -135,8 +142,6 @@ class RunConfig:
             raise ValueError("checkpoint_every, log_every and nan_patience must be >= 1")
         if self.max_minutes < 0:
             raise ValueError(f"max_minutes must be >= 0, got {self.max_minutes}")
-        if self.budget_schedule == "fit" and self.max_minutes <= 0:
-            raise ValueError("budget_schedule='fit' fits the schedule to a time budget: set max_minutes (--max-minutes)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -150,6 +155,7 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    mpp: MPPConfig | None = None  # masked patch prediction (App. B.1.2) as the objective; None = classification
 
     def __post_init__(self) -> None:
         if self.run.parallel == "fsdp" and self.run.device == "cpu":
@@ -158,25 +164,29 @@ class TrainConfig:
             raise ValueError("optim.ema_decay (Polyak averaging) is not supported with run.parallel='fsdp'")
 
 
-GROUPS = ("model", "data", "augment", "optim", "eval", "run")
+GROUPS = ("model", "data", "augment", "optim", "eval", "run", "mpp")
 
 
 def to_dict(config: TrainConfig) -> dict[str, Any]:
     """JSON-ready dict (the model through its family-tagged form)."""
     out: dict[str, Any] = {"recipe": config.recipe, "model": config_to_dict(config.model)}
     for name in GROUPS[1:]:
-        out[name] = dataclasses.asdict(getattr(config, name))
+        if getattr(config, name) is not None:  # mpp: only for a masked-patch-prediction run
+            out[name] = dataclasses.asdict(getattr(config, name))
     return out
 
 
 def from_dict(data: dict[str, Any]) -> TrainConfig:
     """Inverse of `to_dict`; unknown keys raise a ValueError naming them."""
-    groups = {"data": DataConfig, "augment": AugmentConfig, "optim": OptimConfig, "eval": EvalConfig, "run": RunConfig}
+    groups = {"data": DataConfig, "augment": AugmentConfig, "optim": OptimConfig, "eval": EvalConfig, "run": RunConfig,
+              "mpp": MPPConfig}
     unknown = sorted(set(data) - set(GROUPS) - {"recipe"})
     if unknown:
         raise ValueError(f"unknown train config key(s) {unknown}")
     parts: dict[str, Any] = {"recipe": data.get("recipe", "custom"), "model": config_from_dict(data["model"])}
     for name, cls in groups.items():
+        if name == "mpp" and data.get("mpp") is None:
+            continue
         values = dict(data.get(name, {}))
         hints = typing.get_type_hints(cls)
         names = {f.name for f in dataclasses.fields(cls)}
@@ -208,84 +218,18 @@ def apply_overrides(config: TrainConfig, overrides: list[str] | tuple[str, ...])
     data.resolutions and data.resolution_until) can be set by separate strings.  Unknown groups or
     fields, and values of the wrong type, raise a ValueError naming them.
     """
-    changes: dict[str, dict[str, Any]] = {}
+    changes: dict[str, dict[str, str]] = {}
     for item in overrides:
-        if "=" not in item:
-            raise ValueError(f"--set {item!r}: expected group.field=value, e.g. optim.warmup_steps=500")
-        key, text = item.split("=", 1)
-        group, _, name = key.strip().partition(".")
+        key, text = split_item(item)
+        group, _, name = key.partition(".")
         if group == "recipe" and not name:
             config = dataclasses.replace(config, recipe=text)
             continue
         if group not in GROUPS or not name or "." in name:
             raise ValueError(f"--set {key!r}: unknown key; use one of {', '.join(g + '.<field>' for g in GROUPS)}")
-        target = _target(getattr(config, group), name)
-        target_fields, hints = _fields(target)
-        if name not in target_fields:
-            raise ValueError(f"--set {group}.{name}: unknown field; {group} has {', '.join(sorted(target_fields))}")
-        changes.setdefault(group, {})[name] = parse_value(text, hints[name], f"{group}.{name}")
-    for group, values in changes.items():
-        config = dataclasses.replace(config, **{group: _replace(getattr(config, group), values)})
+        if group == "mpp" and config.mpp is None:
+            raise ValueError(f"--set {key}: mpp.* fields configure masked patch prediction (vitkit pretrain-mpp)")
+        changes.setdefault(group, {})[name] = text
+    for group, items in changes.items():
+        config = dataclasses.replace(config, **{group: apply_fields(getattr(config, group), items, group)})
     return config
-
-
-_HYBRID_OWN = ("resnet_layers", "width_factor")  # a HybridConfig's own fields; the rest live in its .vit
-
-
-def _target(part: Any, name: str) -> Any:
-    """The dataclass that holds field `name` of a config group (a hybrid's ViT fields are in .vit)."""
-    return part.vit if isinstance(part, HybridConfig) and name not in _HYBRID_OWN else part
-
-
-def _replace(part: Any, values: dict[str, Any]) -> Any:
-    """`part` with `values` applied in one construction (so their joint checks see all of them)."""
-    if isinstance(part, HybridConfig):
-        inner = {k: v for k, v in values.items() if k not in _HYBRID_OWN}
-        outer = {k: v for k, v in values.items() if k in _HYBRID_OWN}
-        return dataclasses.replace(part, vit=dataclasses.replace(part.vit, **inner), **outer)
-    return dataclasses.replace(part, **values)
-
-
-def _fields(obj: Any) -> tuple[set[str], dict[str, Any]]:
-    return {f.name for f in dataclasses.fields(obj)}, typing.get_type_hints(type(obj))
-
-
-def parse_value(text: str, hint: Any, key: str) -> Any:
-    """Parse `text` as a value of type `hint` (bool, int, float, str, Literal, tuple, X | None)."""
-    text = text.strip()
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType):
-        if type(None) in args and text.lower() in ("none", "null", ""):
-            return None
-        errors = []
-        for arg in (a for a in args if a is not type(None)):
-            try:
-                return parse_value(text, arg, key)
-            except ValueError as err:
-                errors.append(str(err))
-        raise ValueError(errors[0] if errors else f"--set {key}: cannot parse {text!r}")
-    if origin is Literal:
-        if text not in [str(a) for a in args]:
-            raise ValueError(f"--set {key}={text}: must be one of {', '.join(map(str, args))}")
-        return next(a for a in args if str(a) == text)
-    if origin is tuple:
-        items = [t for t in text.strip("()[]").split(",") if t.strip()]
-        item_types = [args[0]] * len(items) if len(args) == 2 and args[1] is Ellipsis else list(args)
-        if len(item_types) != len(items):
-            raise ValueError(f"--set {key}={text}: expected {len(item_types)} comma-separated values")
-        return tuple(parse_value(t, h, key) for t, h in zip(items, item_types))
-    if hint is bool:
-        if text.lower() in ("true", "1", "yes", "on"):
-            return True
-        if text.lower() in ("false", "0", "no", "off"):
-            return False
-        raise ValueError(f"--set {key}={text}: expected true or false")
-    if hint in (int, float):
-        try:
-            value = hint(text)
-        except ValueError:
-            raise ValueError(f"--set {key}={text}: expected {hint.__name__}") from None
-        return value
-    if hint is str:
-        return text
-    raise ValueError(f"--set {key}: fields of type {hint} cannot be set from the command line")

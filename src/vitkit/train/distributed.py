@@ -38,26 +38,27 @@ def from_env(environ: Mapping[str, str] | None = None) -> DistInfo:
     return DistInfo(rank=int(env["RANK"]), world=world, local_rank=int(env.get("LOCAL_RANK", "0")))
 
 
-def pick_device(requested: str, info: DistInfo) -> torch.device:
-    """"auto" = this process's GPU when CUDA is available, else the CPU."""
-    if requested == "auto":
-        return torch.device("cuda", info.local_rank) if torch.cuda.is_available() else torch.device("cpu")
-    device = torch.device(requested)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("run.device asks for CUDA but torch.cuda.is_available() is False")
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", info.local_rank)
-    return device
+def current(environ: Mapping[str, str] | None = None) -> DistInfo:
+    """This process's place: an already joined process group (e.g. a test's), else torchrun's variables."""
+    if dist.is_available() and dist.is_initialized():
+        rank, world = dist.get_rank(), dist.get_world_size()
+        local = int((os.environ if environ is None else environ).get("LOCAL_RANK", rank % max(1, torch.cuda.device_count())))
+        return DistInfo(rank=rank, world=world, local_rank=local)
+    return from_env(environ)
 
 
-def setup(info: DistInfo, device: torch.device) -> None:
-    """Join the process group (gloo on CPU, NCCL on CUDA) unless single-process or already joined."""
+def setup(info: DistInfo, device: torch.device) -> bool:
+    """Join the process group (gloo on CPU, NCCL on CUDA) unless single-process or already joined.
+
+    Returns whether this call joined it (and `teardown` should leave it).
+    """
     if info.world == 1 or dist.is_initialized():
-        return
+        return False
     if device.type == "cuda":
         torch.cuda.set_device(device)
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(backend, rank=info.rank, world_size=info.world, timeout=datetime.timedelta(minutes=30))
+    return True
 
 
 def teardown() -> None:

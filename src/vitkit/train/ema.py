@@ -6,6 +6,9 @@ parameter and buffer.  The average is what gets evaluated and saved when enabled
 
 from __future__ import annotations
 
+import contextlib
+from typing import Iterator
+
 import torch
 from torch import Tensor, nn
 
@@ -20,15 +23,17 @@ class ModelEMA:
         self.shadow = {k: v.detach().clone() for k, v in model.state_dict().items() if v.is_floating_point()}
 
     @torch.no_grad()
-    def update(self, model: nn.Module, skip: Tensor | None = None) -> None:
-        """One averaging step; `skip` (a 0-d bool tensor) turns it into a no-op without a host sync."""
+    def update(self, model: nn.Module, skip: Tensor | None = None, decay: float | None = None) -> None:
+        """One averaging step with `decay` (default: the EMA's own; the schedule may warm it up);
+        `skip` (a 0-d bool tensor) turns it into a no-op without a host sync."""
+        decay = self.decay if decay is None else decay
         current = model.state_dict()
         keys = list(self.shadow)
         shadow = [self.shadow[k] for k in keys]
         if skip is None:
-            torch._foreach_lerp_(shadow, [current[k].detach() for k in keys], 1.0 - self.decay)  # one fused pass
+            torch._foreach_lerp_(shadow, [current[k].detach() for k in keys], 1.0 - decay)  # one fused pass
             return
-        weight = (1.0 - self.decay) * (~skip).float()
+        weight = (1.0 - decay) * (~skip).float()
         for average, value in zip(shadow, (current[k].detach() for k in keys)):
             average.lerp_(value, weight.to(average.dtype))
 
@@ -48,3 +53,17 @@ class ModelEMA:
             raise ValueError(f"EMA state does not fit the model: missing {missing[:5]}, unexpected {extra[:5]}")
         for key, value in state.items():
             self.shadow[key].copy_(value)
+
+
+@contextlib.contextmanager
+def averaged(ema: ModelEMA | None, module: nn.Module) -> Iterator[nn.Module]:
+    """`module` holding the Polyak average while inside (the raw weights come back after); a no-op without EMA."""
+    if ema is None:
+        yield module
+        return
+    backup = {k: v.clone() for k, v in module.state_dict().items()}
+    ema.copy_to(module)
+    try:
+        yield module
+    finally:
+        module.load_state_dict(backup)

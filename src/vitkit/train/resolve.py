@@ -20,7 +20,7 @@ from vitkit.models import preset_config
 from vitkit.models.configs import HybridConfig, ResNetConfig, ViTConfig, image_size, in_channels, with_overrides
 from vitkit.train.config import TrainConfig, apply_overrides
 from vitkit.train.recipes import (PAPER_LR_GRID, auto_recipe_name, finetune_val_fraction, get_recipe,
-                                  large_model_warning, lr_scaling_rule)
+                                  large_model_warning)
 
 log = logging.getLogger(__name__)
 
@@ -175,26 +175,13 @@ def _model_name(request: Request, config: TrainConfig) -> str:
 
 
 def _describe(config: TrainConfig, info: SourceInfo, name: str, chose: bool, request: Request) -> Resolved:
-    from vitkit.train.loop import summary
+    """The lines printed before the run's plan: the recipe and why, warnings about the model's size."""
+    from vitkit.train.plan import count_params
 
-    num_train = int(info.num_train * (1 - config.data.val_fraction)) if config.data.val_fraction else info.num_train
-    plan = summary(config, num_train, request.world)
     how = f"chosen for {info.image_size}px images, {info.num_train:,} training images" if chose else "as requested"
-    model = config.model
-    shape = (f"ViT D={model.hidden_size} L={model.depth} k={model.num_heads} P={model.patch_size} "
-             f"{model.img_size}px pool={model.pool}" if isinstance(model, ViTConfig) else type(model).__name__)
-    notes = [
-        f"recipe: {name} ({how})",
-        f"model: {request.model or shape}, {plan['params']:,} parameters, {info.num_classes} classes",
-        f"data: {config.data.uri} -> {config.run.out}",
-        f"effective global batch: {plan['global_batch']} = {plan['processes']} process(es) x {plan['micro_batch']} "
-        f"x {plan['accumulation']} accumulation step(s); {plan['steps']} steps ({plan['epochs']:.1f} epochs)",
-        f"learning rate: {lr_scaling_rule(config)}; {config.optim.name}, {config.optim.schedule} schedule",
-        f"precision: {config.run.precision} (auto = bf16 autocast where the device has native bf16, else fp32); CPU threads: "
-        f"{config.run.threads or 'torch default'}",
-    ]
+    notes = [f"recipe: {name} ({how})"]
     warnings = []
-    warning = large_model_warning(plan["params"], info.num_train, from_scratch=not config.run.init_from)
+    warning = large_model_warning(count_params(config.model), info.num_train, from_scratch=not config.run.init_from)
     if warning:
         warnings.append(warning)
     return Resolved(config=config, info=info, notes=notes, warnings=warnings)

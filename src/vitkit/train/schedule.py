@@ -1,13 +1,16 @@
-"""Learning-rate schedules as pure functions of the step (Sec. 4.1, App. B.1, Tables 3-4).
+"""The schedule at a position: learning rate, PatchDropout rate, training side, EMA decay (Sec. 4.1, App. B.1,
+Tables 3-4), and the budget clock that turns wall-clock time into a position.
 
 Pre-training: linear warmup (10k steps in Table 3) then linear decay to 0 (or cosine).
 Fine-tuning: cosine decay (Table 4), with a short warmup as the official fine-tuning code.
-A pure function keeps resuming trivial: the multiplier at step t depends on t only.
+Everything is a pure function of the position (the step, or where the budget clock has got to), so
+resuming is trivial and a time budget can stretch or shrink every schedule alike.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Literal
 
 ScheduleKind = Literal["cosine", "linear", "constant"]
@@ -101,3 +104,69 @@ class BudgetClock:
     def done(self, step: int) -> bool:
         """Whether the schedule has reached its end: the next update would be at (or past) the last step."""
         return step + self.offset >= self.total_steps
+
+
+@dataclass(frozen=True)
+class Phase:
+    """What the schedule asks for at one position."""
+
+    lr: float  # learning rate of the step (peak x multiplier)
+    patch_dropout: float  # PatchDropout rate (0 = every patch)
+    side: int  # training resolution in pixels
+    ema_decay: float  # Polyak averaging decay of this step (0 = no averaging)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Every per-step quantity of a run as a function of the schedule position (0 ... total_steps).
+
+    `patch_until` and `resolution_until` are fractions of the schedule; `ema_warmup` ramps the averaging
+    decay as min(decay, (1 + t) / (10 + t)) with t the position, so early weights, far from the final
+    ones, fade out quickly (as timm's and big_vision's EMA warm-ups).
+    """
+
+    total_steps: int
+    peak_lr: float
+    warmup_steps: int = 0
+    kind: ScheduleKind = "cosine"
+    end_fraction: float = 0.0
+    patch_dropout: float = 0.0
+    patch_until: float = 1.0
+    resolutions: tuple[int, ...] = ()
+    resolution_until: tuple[float, ...] = ()
+    side: int = 224
+    ema_decay: float = 0.0
+    ema_warmup: bool = False
+
+    def at(self, position: float) -> Phase:
+        fraction = position / self.total_steps
+        rate, side = phase_at(fraction, self.patch_dropout, self.patch_until, self.resolutions, self.resolution_until,
+                              self.side)
+        lr = self.peak_lr * lr_multiplier(position, self.total_steps, self.warmup_steps, self.kind, self.end_fraction)
+        decay = min(self.ema_decay, (1 + position) / (10 + position)) if self.ema_warmup else self.ema_decay
+        return Phase(lr=lr, patch_dropout=rate, side=side, ema_decay=decay)
+
+    def phases(self, start: float = 0.0) -> list[tuple[float, int]]:
+        """(PatchDropout rate, side) of each phase not over at fraction `start` (one compiled graph each).
+
+        The schedule changes phase only at `patch_until` and the `resolution_until` marks; each span
+        between marks is read with `phase_at`, the rule `at` uses.
+        """
+        marks = sorted({0.0, 1.0, *(f for f in (*self.resolution_until, self.patch_until) if 0.0 < f < 1.0)})
+        found: list[tuple[float, int]] = []
+        for begin, end in zip(marks, marks[1:]):
+            phase = phase_at(begin, self.patch_dropout, self.patch_until, self.resolutions, self.resolution_until,
+                             self.side)
+            if end > start and phase not in found:
+                found.append(phase)
+        return found
+
+    def spans(self) -> list[tuple[float, float, int, float]]:
+        """(begin, end, side, PatchDropout rate) fractions of the schedule between phase changes (for the ETA)."""
+        marks = sorted({0.0, 1.0, *(f for f in (*self.resolution_until, self.patch_until) if 0.0 < f < 1.0)})
+        out = []
+        for begin, end in zip(marks, marks[1:]):
+            rate, side = phase_at(begin, self.patch_dropout, self.patch_until, self.resolutions, self.resolution_until,
+                                  self.side)
+            out.append((begin, end, side, rate))
+        return out

@@ -1,38 +1,39 @@
-"""One optimiser step and one evaluation pass, each small and testable alone (STYLE.md section 5).
+"""One optimiser step, small and testable alone (STYLE.md section 5).
 
-`train_step(state, batch, spec)` runs the forward/backward passes of a step's micro-batches,
-clips, and updates (or skips a non-finite step); `evaluate(model, data, ...)` returns loss, top-1
-and top-5 on a split.  `vitkit.train.loop.train` composes them.
+`train_step(state, batch, spec, loss_of)` runs the forward/backward passes of a step's micro-batches
+(the objective's `loss_of(model, micro_batch)` gives each loss), clips, and updates, or skips a
+non-finite step without touching the optimiser state.  The non-finite guard (train/guard.py) then
+accounts for the skip; the trainer (train/trainer.py) composes the two.
 """
 
 from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vitkit.data import loader as batches
-from vitkit.data.sources import ImageSet
-from vitkit.data.transforms import eval_transform
-from vitkit.train import distributed
+from vitkit.device import autocast
 from vitkit.train.optim import set_lr
 from vitkit.train.state import TrainState
 
+LossOf = Callable[[nn.Module, Any], tuple[Tensor, dict[str, Tensor]]]
 
-# ----------------------------------------------------------------------------------- one step
+
 @dataclass(frozen=True)
 class StepSpec:
     """Per-step constants of `train_step`."""
 
     lr: float  # learning rate of this step (schedule applied)
     clip_norm: float  # 0 = no clipping (the norm is still computed, for the finiteness check)
-    loss: str  # "softmax" | "sigmoid"
-    autocast_dtype: torch.dtype | None  # bf16 autocast, or None for full precision
+    loss: str = "softmax"  # "softmax" | "sigmoid" (the classification objective's loss)
+    autocast_dtype: torch.dtype | None = None  # bf16 autocast, or None for full precision
     deferred: bool = False  # skip non-finite steps on the device (fused optimiser's found_inf): no host sync
+    patch_dropout: float | None = None  # PatchDropout rate of this step (None: the model's own)
+    ema_decay: float | None = None  # Polyak decay of this step (None: the EMA's own)
 
 
 def loss_fn(logits: Tensor, targets: Tensor, kind: str) -> Tensor:
@@ -46,42 +47,60 @@ def loss_fn(logits: Tensor, targets: Tensor, kind: str) -> Tensor:
     return -(targets * F.log_softmax(logits, dim=-1)).sum(-1).mean()
 
 
-def train_step(state: TrainState, batch: list[tuple[Tensor, Tensor]], spec: StepSpec) -> dict[str, Any]:
-    """One optimiser step over `batch`: a list of micro-batches (float images (B, C, H, W), soft targets (B, K)).
+def classification_loss(spec: StepSpec) -> LossOf:
+    """Cross-entropy of `model(images)` against soft targets, for a (images, targets) micro-batch."""
+    def loss_of(model: nn.Module, micro: tuple[Tensor, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+        images, targets = micro
+        logits = model(images) if spec.patch_dropout is None else model(images, patch_dropout=spec.patch_dropout)
+        return loss_fn(logits, targets, spec.loss), {}
+    return loss_of
 
-    Gradients of the micro-batches are averaged (so 4 x B accumulates to exactly the gradient of
-    one 4B batch); DDP reduces only on the last one.  A non-finite loss or gradient norm skips the
-    update (the optimiser state is untouched).  Returns 0-d tensors for "loss" and "grad_norm" (no
-    host sync; read them at log intervals), "lr", and "skipped": a bool, or with `spec.deferred` a
-    0-d bool tensor that the caller reads later (the skip itself happens on the device; the
-    caller then also keeps `state.nan_streak` / `skipped_steps`).
+
+def train_step(state: TrainState, batch: list[Any], spec: StepSpec, loss_of: LossOf | None = None) -> dict[str, Any]:
+    """One optimiser step over `batch`, a list of micro-batches (by default (images, soft targets) pairs).
+
+    Gradients of the micro-batches are averaged (so 4 x B accumulates to exactly the gradient of one 4B
+    batch); DDP reduces only on the last one.  A non-finite loss or gradient norm skips the update (the
+    optimiser state is untouched).  Returns 0-d tensors "loss", "grad_norm" and the objective's metrics
+    (no host sync), "lr", and "skipped": a bool, or with `spec.deferred` a 0-d bool tensor (the skip
+    itself happened on the device).  The caller accounts for skips (train/guard.py).
     """
     model, optimizer = state.model, state.optimizer
+    loss_of = loss_of or classification_loss(spec)
     set_lr(optimizer, spec.lr)
     model.train()
     optimizer.zero_grad(set_to_none=True)
-    loss_total = None
-    for index, (images, targets) in enumerate(batch):
+    total, extras = None, {}
+    for index, micro in enumerate(batch):
         last = index == len(batch) - 1
         sync = contextlib.nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync()
-        autocast = (torch.autocast(images.device.type, dtype=spec.autocast_dtype) if spec.autocast_dtype
-                    else contextlib.nullcontext())
+        device = micro[0].device if isinstance(micro, (tuple, list)) else micro.device
         with sync:
-            with autocast:
-                logits = model(images)
-            loss = loss_fn(logits, targets, spec.loss)
+            with autocast(device, spec.autocast_dtype):
+                loss, metrics = loss_of(model, micro)
             (loss / len(batch)).backward()
-        loss_total = loss.detach() if loss_total is None else loss_total + loss.detach()
-    mean_loss = loss_total / len(batch)
-    params = [p for p in model.parameters() if p.grad is not None]
-    if spec.clip_norm > 0:
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, spec.clip_norm)
-    else:
-        grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params])
-    if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor
-        grad_norm = grad_norm.full_tensor()
+        total = loss.detach().float() if total is None else total + loss.detach().float()
+        for key, value in metrics.items():  # means over the micro-batches
+            extras[key] = extras.get(key, 0) + value.detach().float() / len(batch)
+    mean_loss = total / len(batch)
+    grad_norm = _clip(model, spec.clip_norm)
     # The gradient norm is reduced over processes (DDP/FSDP), so every process takes the same decision.
     bad = ~torch.isfinite(grad_norm + mean_loss.to(grad_norm.device) * 0)
+    skipped = _update(state, bad, spec)
+    state.step += 1
+    return {"loss": mean_loss, "grad_norm": grad_norm.detach(), "lr": spec.lr, "skipped": skipped, **extras}
+
+
+def _clip(model: nn.Module, clip_norm: float) -> Tensor:
+    params = [p for p in model.parameters() if p.grad is not None]
+    norm = (torch.nn.utils.clip_grad_norm_(params, clip_norm) if clip_norm > 0
+            else torch.nn.utils.get_total_norm([p.grad for p in params]))
+    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2: a DTensor
+
+
+def _update(state: TrainState, bad: Tensor, spec: StepSpec) -> bool | Tensor:
+    """The optimiser (and EMA) update unless `bad`; returns the skipped flag."""
+    optimizer = state.optimizer
     if spec.deferred:  # the fused kernel skips the update (and undoes its step count) when found_inf is 1
         optimizer.found_inf = bad.float()
         try:
@@ -89,55 +108,12 @@ def train_step(state: TrainState, batch: list[tuple[Tensor, Tensor]], spec: Step
         finally:
             del optimizer.found_inf
         if state.ema is not None:
-            state.ema.update(state.module, skip=bad)
-        state.step += 1
-        return {"loss": mean_loss, "grad_norm": grad_norm.detach(), "lr": spec.lr, "skipped": bad}
-    finite = not bool(bad)  # a host sync; free on the CPU, where there is no device to wait for
-    if finite:
-        optimizer.step()
-        if state.ema is not None:
-            state.ema.update(state.module)
-        state.nan_streak = 0
-    else:
+            state.ema.update(state.module, skip=bad, decay=spec.ema_decay)
+        return bad
+    if bool(bad):  # a host sync; free on the CPU, where there is no device to wait for
         optimizer.zero_grad(set_to_none=True)
-        state.nan_streak += 1
-        state.skipped_steps += 1
-    state.step += 1
-    return {"loss": mean_loss, "grad_norm": grad_norm.detach(), "lr": spec.lr, "skipped": not finite}
-
-
-# ---------------------------------------------------------------------------------- evaluation
-@torch.no_grad()
-def evaluate(model: nn.Module, data: ImageSet, *, size: int, mean: tuple[float, ...], std: tuple[float, ...],
-             channels: int, batch_size: int = 512, device: torch.device | str = "cpu", loss: str = "softmax",
-             autocast_dtype: torch.dtype | None = None, rank: int = 0, world: int = 1,
-             workers: int = 0) -> dict[str, float]:
-    """Loss, top-1 and top-5 accuracy of `model` on `data` (uint8 images resized/normalised as in training).
-
-    With several processes each evaluates a strided share and the sums are all-reduced.
-    """
-    device = torch.device(device)
-    was_training = model.training
-    model.eval()
-    sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, top-1 hits, top-5 hits, count
-    for images, labels in batches.eval_batches(data, batch_size, device, rank=rank, world=world, workers=workers):
-        inputs = eval_transform(images, size, mean, std, channels)
-        autocast = (torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype
-                    else contextlib.nullcontext())
-        with autocast:
-            logits = model(inputs)
-        logits = logits.float()
-        k = min(5, logits.shape[1])
-        targets = F.one_hot(labels, logits.shape[1]).float()
-        per_image = (F.binary_cross_entropy_with_logits(logits, targets, reduction="none").sum(-1) if loss == "sigmoid"
-                     else F.cross_entropy(logits, labels, reduction="none"))
-        top = logits.topk(k, dim=1).indices  # (B, k)
-        sums += torch.stack([per_image.sum().double(), (top[:, 0] == labels).sum().double(),
-                             (top == labels[:, None]).any(1).sum().double(),
-                             torch.tensor(float(len(labels)), dtype=torch.float64, device=device)])
-    distributed.all_reduce_sum(sums)
-    model.train(was_training)
-    loss_sum, top1, top5, count = sums.tolist()
-    if count == 0:
-        raise ValueError("evaluation split is empty")
-    return {"loss": loss_sum / count, "top1": top1 / count, "top5": top5 / count, "count": int(count)}
+        return True
+    optimizer.step()
+    if state.ema is not None:
+        state.ema.update(state.module, decay=spec.ema_decay)
+    return False

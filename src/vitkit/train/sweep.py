@@ -16,9 +16,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from vitkit.checkpoints.native import atomic_write_text
+from vitkit.atomic import atomic_write_text
 from vitkit.train.config import TrainConfig
-from vitkit.train.loop import train
+from vitkit.train.trainer import train
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,41 @@
+"""Atomic file writes (DESIGN.md "Our checkpoint", "A run"): every file vitkit writes goes to a temporary
+file in the same directory and is renamed into place, so a crash at any moment leaves either the old
+file or the new one, never a torn one.  The lowest layer: it imports nothing else of vitkit."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[Path], object]) -> None:
+    """Call `write(tmp_path)`, then rename the temporary file onto `path` (same directory, so atomic)."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    atomic_write(path, lambda tmp: tmp.write_text(text))
+
+
+def fsync_dir(path: str | os.PathLike) -> None:
+    """Flush a directory's entries (a rename inside it) to disk where the platform allows."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -1,0 +1,46 @@
+"""The `vitkit` command: flags -> the config objects the Python API takes -> one API call.
+
+Every verb that writes takes `--out DIR`; every verb that reports takes `--json` and then prints one
+JSON object on stdout's last line.  Errors a user can fix exit with status 2 and one clear line.
+One module per family of verbs: training.py (train, finetune, pretrain-mpp), evaluating.py (eval,
+fewshot, predict, embed, inspect), serving.py (serve), tools.py (models, convert, export-onnx, bench);
+flags.py holds the flag groups they share.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, Callable, Sequence
+
+from vitkit.cli import evaluating, serving, tools, training
+
+VERBS: list[Callable[[argparse._SubParsersAction], None]] = [
+    tools.add_models, training.add_pretrain_mpp, tools.add_convert, tools.add_export_onnx, evaluating.add_eval,
+    evaluating.add_fewshot, evaluating.add_predict, serving.add_serve, evaluating.add_embed, evaluating.add_inspect,
+    tools.add_bench, training.add_train, training.add_finetune,
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vitkit", description="Vision Transformer (Dosovitskiy et al. 2021) toolkit")
+    sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
+    for add in VERBS:
+        add(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except (ValueError, FileNotFoundError, NotADirectoryError, PermissionError) as err:
+        print(f"vitkit {args.verb}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"vitkit {args.verb}: interrupted", file=sys.stderr)
+        return 130
+
+
+def _entry(argv: Sequence[str] | None = None) -> Any:  # pragma: no cover - console script shim
+    sys.exit(main(argv))

@@ -1,0 +1,145 @@
+"""`vitkit eval`, `fewshot`, `predict`, `embed` and `inspect`: a checkpoint or run directory in, numbers and files out."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from vitkit.cli.flags import add_run_flags, emit
+
+
+def add_eval(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("eval", help="top-1/top-5, per-class accuracy and confusion matrix of a checkpoint or run")
+    parser.add_argument("checkpoint", help="checkpoint (any format) or run directory (its final/newest checkpoint)")
+    parser.add_argument("--data", required=True, help="data source URI, e.g. digits, fashion-mnist:DIR, folder:DIR")
+    parser.add_argument("--split", choices=("train", "val", "test"), default="test", help="split to evaluate")
+    add_run_flags(parser)
+    parser.add_argument("--max-images", type=int, default=None, help="evaluate a fixed random subset of this many images")
+    parser.add_argument("--out", default=None, help="folder for eval_SPLIT.json + confusion_SPLIT.png (default RUN/eval for a run)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.set_defaults(handler=run_eval)
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    from vitkit.eval.accuracy import EvalConfig
+    from vitkit.eval.commands import eval_command
+
+    config = EvalConfig(img_size=args.img_size, batch_size=args.batch_size, device=args.device)
+    report = eval_command(args.checkpoint, args.data, args.split, config, args.out, args.max_images)
+    k = next(key for key in report if key.startswith("top") and key != "top1")
+    lines = [f"{args.data} {args.split}: {report['num_images']} images at {report['img_size']} px",
+             f"top-1 {100 * report['top1']:.2f}%   {k} {100 * report[k]:.2f}%",
+             *(f"  {name:<24} {'-' if value is None else f'{100 * value:.1f}%'}" for name, value in report["per_class"].items())]
+    if "out" in report:
+        lines.append(f"wrote {report['out']}/eval_{args.split}.json and confusion_{args.split}.png")
+    return emit(args, report, lines)
+
+
+def add_fewshot(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("fewshot", help="few-shot linear accuracy (Sec. 4.1): closed-form ridge on frozen features")
+    parser.add_argument("checkpoint", help="checkpoint (any format) or run directory")
+    parser.add_argument("--data", required=True, help="data source URI (its train split gives the shots, test the accuracy)")
+    parser.add_argument("--shots", default="1,5,10,25", help="comma-separated k images per class")
+    parser.add_argument("--seeds", type=int, default=3, help="repetitions with different shots (mean +- std)")
+    parser.add_argument("--layer", default="features", help="representation: features (what the head reads), y, pre_logits")
+    parser.add_argument("--max-test", type=int, default=None, help="evaluate on a fixed random subset of the test split")
+    add_run_flags(parser)
+    parser.add_argument("--out", default=None, help="folder for fewshot.json")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.set_defaults(handler=run_fewshot)
+
+
+def run_fewshot(args: argparse.Namespace) -> int:
+    from vitkit.eval.commands import fewshot_command
+    from vitkit.eval.fewshot import FewShotConfig
+
+    try:
+        shots = tuple(int(k) for k in args.shots.split(",") if k.strip())
+    except ValueError:
+        raise ValueError(f"--shots must be comma-separated integers, got {args.shots!r}") from None
+    config = FewShotConfig(shots=shots, seeds=args.seeds, layer=args.layer, img_size=args.img_size,
+                           batch_size=args.batch_size, max_test=args.max_test, device=args.device)
+    report = fewshot_command(args.checkpoint, args.data, config, args.out)
+    return emit(args, report, [
+        f"{args.data}: {report['num_classes']} classes, {report['num_test']} test images, layer {report['layer']}",
+        *(f"  {k:>3}-shot: {100 * entry['mean']:.2f}% +- {100 * entry['std']:.2f}  ({len(entry['runs'])} seeds)"
+          for k, entry in report["shots"].items())])
+
+
+def add_predict(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("predict", help="top-k classes with probabilities for image files or folders")
+    parser.add_argument("checkpoint", help="checkpoint (any format) or run directory")
+    parser.add_argument("images", nargs="+", help="image files (JPEG/PNG/..., any mode and size) or folders")
+    parser.add_argument("--top-k", type=int, default=5, help="classes per image")
+    add_run_flags(parser, batch_size=32)
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.set_defaults(handler=run_predict)
+
+
+def run_predict(args: argparse.Namespace) -> int:
+    from vitkit.eval.commands import predict_command
+    from vitkit.eval.predict import PredictConfig
+
+    config = PredictConfig(top_k=args.top_k, img_size=args.img_size, batch_size=args.batch_size, device=args.device)
+    results = predict_command(args.checkpoint, args.images, config)
+    failed = [r for r in results if "error" in r]
+    for entry in failed:
+        print(f"vitkit predict: error: {entry['error']}", file=sys.stderr)
+    if not results:
+        print("vitkit predict: error: no image files found", file=sys.stderr)
+    if args.json:
+        print(json.dumps({"results": results, "failed": len(failed)}))
+    else:
+        for entry in results:
+            if "predictions" in entry:
+                top = ", ".join(f"{p['class']} {100 * p['probability']:.1f}%" for p in entry["predictions"])
+                print(f"{entry['file']}: {top}")
+    return 1 if failed or not results else 0
+
+
+def add_embed(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("embed", help="save the representation of every image of a split (.npy or .safetensors)")
+    parser.add_argument("checkpoint", help="checkpoint (any format) or run directory")
+    parser.add_argument("--data", required=True, help="data source URI")
+    parser.add_argument("--split", choices=("train", "val", "test"), default="test", help="split to embed")
+    parser.add_argument("--layer", default="pre_logits", help="y, pre_logits, features, logits, encoder_norm or blockNN (tokens)")
+    parser.add_argument("--out", required=True, help="FILE.npy (+ FILE.labels.npy, FILE.json) or FILE.safetensors")
+    add_run_flags(parser)
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.set_defaults(handler=run_embed)
+
+
+def run_embed(args: argparse.Namespace) -> int:
+    from vitkit.eval.commands import embed_command
+
+    report = embed_command(args.checkpoint, args.data, args.split, args.layer, args.out, img_size=args.img_size,
+                           batch_size=args.batch_size, device=args.device)
+    report.pop("class_names")
+    return emit(args, report, [f"wrote {', '.join(report['files'])}: {report['shape']} ({args.layer})"])
+
+
+def add_inspect(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("inspect", help="the paper's inspection figures (Fig. 6, Fig. 7) as PNG + JSON")
+    parser.add_argument("checkpoint", help="checkpoint (any format) or run directory")
+    parser.add_argument("--images", nargs="*", default=[], help="image files for the attention figures")
+    parser.add_argument("--data", default=None, help="data source URI: images for the attention figures")
+    parser.add_argument("--split", choices=("train", "val", "test"), default="test", help="split of --data")
+    parser.add_argument("--num-images", type=int, default=32, help="images drawn from --data")
+    parser.add_argument("--num-overlays", type=int, default=8, help="images shown in the rollout figure")
+    parser.add_argument("--components", type=int, default=28, help="filter principal components shown")
+    parser.add_argument("--no-figures", action="store_true", help="numbers (inspect.json) only, no PNG files")
+    add_run_flags(parser, batch_size=8)
+    parser.add_argument("--out", required=True, help="output folder")
+    parser.add_argument("--json", action="store_true", help="print one JSON object (summary numbers)")
+    parser.set_defaults(handler=run_inspect)
+
+
+def run_inspect(args: argparse.Namespace) -> int:
+    from vitkit.inspect.report import InspectConfig, inspect_command, summary
+
+    config = InspectConfig(num_components=args.components, num_overlays=args.num_overlays, batch_size=args.batch_size,
+                           img_size=args.img_size, device=args.device, draw=not args.no_figures)
+    report = summary(inspect_command(args.checkpoint, args.out, config, image_files=args.images, data=args.data,
+                                     split=args.split, num_images=args.num_images))
+    return emit(args, report, report["lines"])

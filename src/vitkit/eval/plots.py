@@ -1,0 +1,49 @@
+"""Figures of the evaluation verbs: the confusion matrix; `save_figure` writes any figure atomically."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; never open a window
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from vitkit.atomic import atomic_write  # noqa: E402
+
+
+def save_figure(figure: plt.Figure, path: Path) -> Path:
+    """Write `figure` as PNG to `path` atomically and close it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        atomic_write(path, lambda tmp: figure.savefig(tmp, format="png", dpi=110, bbox_inches="tight"))
+    finally:
+        plt.close(figure)
+    return path
+
+
+def plot_confusion(confusion: Sequence[Sequence[int]], class_names: Sequence[str], path: Path) -> Path:
+    """Confusion matrix: rows = true class, columns = predicted class; counts written in the cells when few."""
+    matrix = np.asarray(confusion, dtype=np.int64)
+    size = len(class_names)
+    figure, ax = plt.subplots(figsize=(min(2 + 0.45 * size, 16), min(1.6 + 0.45 * size, 16)))
+    image = ax.imshow(matrix, cmap="Blues")
+    ticks = range(size) if size <= 50 else []
+    ax.set_xticks(list(ticks))
+    ax.set_yticks(list(ticks))
+    if size <= 50:
+        ax.set_xticklabels(class_names, rotation=90, fontsize=7)
+        ax.set_yticklabels(class_names, fontsize=7)
+    if size <= 12:  # counts in the cells (text is slow to render; the JSON has them all)
+        limit = matrix.max() / 2 if matrix.size else 0
+        for (i, j), value in np.ndenumerate(matrix):
+            ax.text(j, i, str(value), ha="center", va="center", fontsize=6, color="white" if value > limit else "black")
+    ax.set_xlabel("Predicted class")
+    ax.set_ylabel("True class")
+    figure.colorbar(image, ax=ax, shrink=0.7)
+    ax.set_title(f"Confusion matrix ({int(matrix.sum())} images)", fontsize=9)
+    return save_figure(figure, path)

@@ -1,0 +1,259 @@
+"""The run directory, owned here and nowhere else (DESIGN.md "A run").
+
+    RUN/config.json            the full resolved config (what ran; on resume, what keeps running)
+    RUN/metrics.jsonl          one JSON object per logged step / evaluation; the last line of a finished run
+                               is the final evaluation
+    RUN/checkpoints/step_NNNNNNN/   the model in vitkit's format + train_state.pt (optimiser, RNG, data position)
+    RUN/checkpoints/LATEST     the name of the newest complete step_* checkpoint
+    RUN/checkpoints/final/     the evaluated model of a finished run (the Polyak average when enabled)
+    RUN/checkpoints/ema/       the Polyak-averaged weights (runs with optim.ema_decay > 0)
+    RUN/plots/, RUN/tensorboard/
+
+A step checkpoint is written under a temporary name and renamed, then LATEST is replaced atomically,
+so a crash at any moment leaves the previous checkpoint intact and LATEST naming a complete one.
+`find_checkpoint(path)` is what every verb and `vitkit.load` use to turn a run directory into the
+checkpoint it stands for.  `reconcile` is the one resume policy of every objective: the stored
+config wins over a different request (the run keeps its own settings), volatile keys aside.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from vitkit.atomic import atomic_write, atomic_write_text, fsync_dir
+from vitkit.checkpoints import native
+
+log = logging.getLogger(__name__)
+
+CHECKPOINTS, LATEST, FINAL, EMA = "checkpoints", "LATEST", "final", "ema"
+CONFIG, METRICS, STATE_FILE = "config.json", "metrics.jsonl", "train_state.pt"
+KEEP = 2  # step checkpoints kept besides the newest
+# Keys of config.json a re-run may change without forking the run: budget, display, hardware, cadence.
+VOLATILE = frozenset({"run.max_minutes", "run.progress", "run.out", "run.device", "run.threads", "run.tensorboard",
+                      "run.log_every", "run.checkpoint_every", "data.workers"})
+
+
+class RunDir:
+    """One run directory: its layout, checkpoints, stored config and metrics."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.checkpoints = self.path / CHECKPOINTS
+
+    def create(self) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+
+    # ----------------------------------------------------------------------------- checkpoints
+    def latest(self, *, with_state: bool = True) -> Path | None:
+        """The complete step checkpoint LATEST names, or None; a LATEST pointing nowhere is an error.
+
+        `with_state=False` asks only for the model (reading, not resuming): train_state.pt may be absent.
+        """
+        pointer = self.checkpoints / LATEST
+        if not pointer.is_file():
+            return None
+        path = self.checkpoints / pointer.read_text().strip()
+        if (with_state and not (path / STATE_FILE).is_file()) or not native.is_native(path):
+            raise ValueError(f"{pointer} names {path.name}, which is missing or incomplete; remove {pointer} to start over")
+        return path
+
+    def save_step(self, step: int, write_model: Callable[[Path], object], payload: dict[str, Any]) -> Path:
+        """Write `checkpoints/step_<step>/` (model via `write_model(dir)` + train_state.pt) atomically, point
+        LATEST at it and prune old step checkpoints."""
+        self.checkpoints.mkdir(parents=True, exist_ok=True)
+        name = f"step_{step:07d}"
+        final, tmp = self.checkpoints / name, self.checkpoints / f".{name}.tmp"
+        for torn in self.checkpoints.glob(".step_*.tmp"):  # left by a save that crashed before its rename
+            shutil.rmtree(torn, ignore_errors=True)
+        write_model(tmp)
+        atomic_write(tmp / STATE_FILE, lambda path: torch.save(payload, path))
+        fsync_dir(tmp)
+        if final.exists():  # re-saving the same step (e.g. the end of a resumed, finished run)
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        atomic_write_text(self.checkpoints / LATEST, name + "\n")
+        fsync_dir(self.checkpoints)
+        for old in sorted(p for p in self.checkpoints.glob("step_*") if p.is_dir() and p.name != name)[:-KEEP or None]:
+            shutil.rmtree(old, ignore_errors=True)
+        return final
+
+    def export(self, name: str) -> Path:
+        """Where a named export (`final`, `ema`) lives."""
+        if name not in (FINAL, EMA):
+            raise ValueError(f"unknown export {name!r}; expected {FINAL!r} or {EMA!r}")
+        return self.checkpoints / name
+
+    @staticmethod
+    def read_state(path: Path) -> dict[str, Any]:
+        """train_state.pt of a step checkpoint: tensors and plain containers only (weights_only=True)."""
+        return torch.load(Path(path) / STATE_FILE, map_location="cpu", weights_only=True)
+
+    def model_checkpoint(self) -> Path:
+        """The checkpoint this run stands for, as every verb reads it.
+
+        The `ema` export when it is at least as new as LATEST's target (the run's own evaluations use
+        those weights), else LATEST's target (`final` holds the same weights at the end of a run without
+        EMA).  Without LATEST: `final`, then the newest complete checkpoint by time and step number.
+        """
+        candidates = [p for p in self.checkpoints.iterdir() if p.is_dir() and not p.name.startswith(".")
+                      and native.is_native(p)] if self.checkpoints.is_dir() else []
+        if not candidates:
+            raise FileNotFoundError(f"{self.checkpoints} holds no complete vitkit checkpoint "
+                                    "(a folder with config.json + model.safetensors); has the run saved one yet?")
+        latest = self.latest(with_state=False)
+        if latest is not None:
+            ema = self.checkpoints / EMA
+            return ema if native.is_native(ema) and _mtime(ema) >= _mtime(latest) else latest
+        by_name = {p.name: p for p in candidates}
+        for name in (FINAL, "last", "latest"):
+            if name in by_name:
+                return by_name[name]
+        return max(candidates, key=lambda p: (_mtime(p), _step_number(p)))
+
+    # -------------------------------------------------------------------------------- config
+    def stored_config(self) -> dict[str, Any] | None:
+        path = self.path / CONFIG
+        if not path.is_file():
+            return None
+        try:
+            return json.loads(path.read_text())
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path} is not valid JSON ({err}); the run directory is damaged") from None
+
+    def write_config(self, config: dict[str, Any]) -> None:
+        self.create()
+        atomic_write_text(self.path / CONFIG, json.dumps(config, indent=2) + "\n")
+
+    def reconcile(self, requested: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+        """The config a run in this directory continues with, and the keys where the request differed.
+
+        Only a directory with a checkpoint holds a run to continue; then its stored config wins, except
+        the VOLATILE keys (time budget, display, hardware, cadence), which come from the request.
+        """
+        stored = self.stored_config()
+        if stored is None or self.latest() is None:
+            return requested, []
+        merged = json.loads(json.dumps(stored))
+        for key in VOLATILE:
+            group, name = key.split(".")
+            if group in requested and name in requested[group]:
+                merged.setdefault(group, {})[name] = requested[group][name]
+        changed = sorted(_diff(merged, json.loads(json.dumps(requested))))
+        return merged, changed
+
+    # ------------------------------------------------------------------------------- metrics
+    def metrics(self, *, enabled: bool, tensorboard: bool) -> MetricsLog:
+        return MetricsLog(self.path, enabled=enabled, tensorboard=tensorboard)
+
+
+def _diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    keys = set(old) | set(new)
+    out = []
+    for key in keys:
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _diff(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append(f"{prefix}{key}")
+    return out
+
+
+def _mtime(path: Path) -> float:
+    return (path / native.CONFIG).stat().st_mtime
+
+
+def _step_number(path: Path) -> int:
+    digits = re.findall(r"\d+", path.name)
+    return int(digits[-1]) if digits else -1
+
+
+def is_run_dir(path: str | os.PathLike) -> bool:
+    """A directory made by `vitkit train` / `pretrain-mpp` (it has checkpoints/, or config.json + metrics.jsonl)."""
+    path = Path(path)
+    return path.is_dir() and not native.is_native(path) and (
+        (path / CHECKPOINTS).is_dir() or ((path / CONFIG).is_file() and (path / METRICS).is_file()))
+
+
+def find_checkpoint(path: str | os.PathLike) -> Path:
+    """The checkpoint a path names: a run directory's (see `RunDir.model_checkpoint`), else the path itself
+    (any checkpoint format; `vitkit.checkpoints.read` detects it)."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist (expected a checkpoint or a run directory)")
+    if path.name == CHECKPOINTS and path.is_dir() and not native.is_native(path):  # RUN/checkpoints given
+        path = path.parent
+    return RunDir(path).model_checkpoint() if is_run_dir(path) else path
+
+
+def open_checkpoint(path: str | os.PathLike, **read_options: Any) -> native.Checkpoint:
+    """Read the checkpoint `path` names (a run directory or any checkpoint format), model in eval mode."""
+    from vitkit.checkpoints import read
+
+    found = find_checkpoint(path)
+    if found != Path(path):
+        log.info("using checkpoint %s", found)
+    checkpoint = read(found, **read_options)
+    checkpoint.model.eval()
+    return checkpoint
+
+
+class MetricsLog:
+    """Appends records to metrics.jsonl (flushed per line) and mirrors scalars to TensorBoard if installed."""
+
+    def __init__(self, run_dir: Path, *, enabled: bool, tensorboard: bool):
+        self.path = Path(run_dir) / METRICS
+        self.enabled = enabled
+        self.writer = None
+        if enabled and tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.writer = SummaryWriter(str(Path(run_dir) / "tensorboard"))
+            except Exception:  # tensorboard not installed (or broken): the JSONL log is enough
+                self.writer = None
+
+    def truncate_after(self, step: int) -> None:
+        """Drop records logged after `step` (written after the checkpoint a resumed run restarts from)."""
+        if not self.enabled or not self.path.is_file():
+            return
+        kept = [line for line, record in _lines(self.path) if record.get("step", 0) <= step and not record.get("final")]
+        atomic_write_text(self.path, "".join(k + "\n" for k in kept))
+
+    def write(self, record: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        with open(self.path, "a") as handle:
+            handle.write(json.dumps(record) + "\n")
+        if self.writer is not None:
+            split = record.get("split", "train")
+            for key, value in record.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in ("step", "epoch"):
+                    self.writer.add_scalar(f"{split}/{key}", value, record.get("step", 0))
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def _lines(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    out = []
+    for line in Path(path).read_text().splitlines():
+        try:
+            out.append((line, json.loads(line)))
+        except json.JSONDecodeError:  # a line cut by a kill -9
+            continue
+    return out
+
+
+def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The records of a metrics.jsonl (or of RUN/metrics.jsonl for a run directory); torn lines skipped."""
+    path = Path(path)
+    return [record for _, record in _lines(path / METRICS if path.is_dir() else path)]

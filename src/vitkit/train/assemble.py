@@ -1,0 +1,165 @@
+"""What a run is assembled from before its first step: the data splits, the initial model, the batches.
+
+Where the weights come from, decided once, in this order (STYLE.md section 5):
+  (1) a checkpoint in the run directory -> resume it (train/checkpointer.py; weights, optimiser, step,
+      RNG and the data position);
+  (2) else `run.init_from` -> load that checkpoint, replace the head (Sec. 3.2: zero-initialised
+      D x K, pre-logits dropped) and resample the position embeddings to the new resolution;
+  (3) else -> a freshly initialised model.
+`initial_model` does (2) and (3); the trainer tries (1) first.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import torch
+from torch import Tensor, nn
+
+from vitkit.checkpoints import native
+from vitkit.data import loader
+from vitkit.data.sources import ImageSet, describe, load_split, separate_val
+from vitkit.models import build_model
+from vitkit.models.configs import image_size, num_classes
+from vitkit.train.config import TrainConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Splits:
+    """The parts of the data a run reads: train, the splits evaluated during training, the final one."""
+
+    train: ImageSet
+    test: ImageSet | None  # the final evaluation split (None: an MPP run without held-out images)
+    evals: dict[str, ImageSet] = field(default_factory=dict)  # split name -> set, evaluated during training
+
+
+AUTO_VAL_FRACTION, AUTO_VAL_MAX = 0.1, 5000  # the validation hold-out of a run that evaluates as it goes
+
+
+def load_splits(config: TrainConfig, *, need_test: bool = True) -> Splits:
+    """The splits of `config.data.uri` (DESIGN.md "Data sources").
+
+    Evaluation during training never reads the final test images: it reads the source's own validation
+    split where it has one apart from its test split, else a class-stratified hold-out of train
+    (`data.val_fraction`, or 10% capped at 5,000 images when the run evaluates as it goes).
+    """
+    uri, data = config.data.uri, config.data
+    common = dict(image_size=image_size(config.model), seed=config.run.seed, strict=data.strict,
+                  max_in_memory_bytes=data.max_in_memory_mb << 20)
+    periodic = config.eval.every_epochs > 0
+    val_fraction = data.val_fraction
+    if periodic and val_fraction == 0 and not separate_val(uri):
+        val_fraction = min(AUTO_VAL_FRACTION, AUTO_VAL_MAX / max(describe(uri).num_train, 1))
+    train = _subset(load_split(uri, "train", val_fraction=val_fraction, **common), data.train_fraction)
+    test = load_split(uri, config.eval.final_split, val_fraction=val_fraction, **common) if need_test else None
+    evals = {}
+    if periodic or val_fraction > 0:
+        evals["val"] = test if config.eval.final_split == "val" and test is not None else load_split(
+            uri, "val", val_fraction=val_fraction, **common)
+    return Splits(train=train, test=test, evals=evals if periodic else {})
+
+
+SUBSET_SEED = 12345  # the fixed draw of data.train_fraction: nested parts for growing fractions
+
+
+def _subset(train: ImageSet, fraction: float) -> ImageSet:
+    """A fixed class-stratified `fraction` of the training split (every class keeps at least one image).
+
+    One random order per class, taken by its first round(fraction * n_c): smaller fractions are subsets of
+    larger ones, as the paper's growing subsets of JFT (Sec. 4.3).
+    """
+    if fraction >= 1.0:
+        return train
+    generator = torch.Generator().manual_seed(SUBSET_SEED)
+    keep = []
+    for cls in torch.unique(train.labels).tolist():
+        members = torch.nonzero(train.labels == cls).flatten()
+        order = members[torch.randperm(len(members), generator=generator)]
+        keep.append(order[:max(1, round(fraction * len(members)))])
+    part = train.subset(torch.cat(keep).sort().values)
+    part.origin = f"a fixed {fraction:.1%} class-stratified part of {train.origin}"
+    return part
+
+
+def check_classes(config: TrainConfig, train: ImageSet) -> None:
+    if config.mpp is None and train.num_classes != num_classes(config.model):
+        raise ValueError(f"{config.data.uri} has {train.num_classes} classes but the model head has "
+                         f"{num_classes(config.model)} (set model.num_classes={train.num_classes})")
+
+
+def initial_model(config: TrainConfig) -> nn.Module:
+    """Resume order steps (2) and (3): `init_from` with surgery, else a fresh model."""
+    model = build_model(config.model)
+    if not config.run.init_from:
+        return model
+    from vitkit.checkpoints.surgery import change_resolution, replace_head
+    from vitkit.runs import open_checkpoint
+
+    source = open_checkpoint(config.run.init_from).model
+    if num_classes(source.config) != num_classes(config.model) or not _same_head(source, model):
+        source = replace_head(source, num_classes(config.model))  # Sec. 3.2: zero-init D x K head
+    source = change_resolution(source, image_size(config.model))  # Sec. 3.2: 2D-interpolated E_pos
+    native.load_state_dict_strict(model, source.state_dict(), source=config.run.init_from)
+    log.info("initialised from %s (head %d classes, %d px)", config.run.init_from, num_classes(config.model),
+             image_size(config.model))
+    return model
+
+
+def _same_head(source: nn.Module, target: nn.Module) -> bool:
+    ours, theirs = target.state_dict(), source.state_dict()
+    keys = [k for k in ours if k.startswith(("head.", "pre_logits."))]
+    return all(k in theirs and theirs[k].shape == ours[k].shape for k in keys) and \
+        not [k for k in theirs if k.startswith("pre_logits.") and k not in ours]
+
+
+class IndexBatches:
+    """The training batches of an in-memory or file-based split: one deterministic stream of per-epoch
+    permutations (vitkit.data.loader), so the data position is a function of the step alone.
+
+    Implements the TrainBatches protocol: iterating yields each step's micro-batches (uint8 images,
+    labels) on the device; `state_dict` is the position (the step), `skipped` counts corrupt files.
+    """
+
+    def __init__(self, data: ImageSet, *, seed: int, global_batch: int, micro_batch: int, rank: int, world: int,
+                 device: torch.device, total_steps: int, workers: int = 0, strict: bool = False):
+        self.data, self.seed, self.global_batch, self.micro_batch = data, seed, global_batch, micro_batch
+        self.rank, self.world, self.device, self.total_steps = rank, world, device, total_steps
+        self.workers, self.strict = workers, strict
+        self.step = 0
+        self._files: loader.FileBatches | None = None
+
+    @property
+    def skipped(self) -> int:
+        return self._files.skipped if self._files is not None else 0
+
+    @property
+    def path(self) -> str:
+        return "in memory" if self.data.images is not None else f"files, decoded by {self.workers} DataLoader worker(s)"
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"kind": "index", "step": self.step}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step = int(state["step"])
+
+    def __iter__(self) -> Iterator[list[tuple[Tensor, Tensor]]]:
+        stream = loader.IndexStream(len(self.data), self.seed)
+        if self.data.images is not None:
+            images = loader.DeviceImages(self.data, self.device)
+            while self.step < self.total_steps:
+                indices = loader.micro_batches(stream, self.step, self.global_batch, self.rank, self.world,
+                                               self.micro_batch)
+                self.step += 1
+                yield [images.batch(index) for index in indices]
+            return
+        self._files = loader.FileBatches(self.data, stream, start_step=self.step, total_steps=self.total_steps,
+                                         global_batch=self.global_batch, rank=self.rank, world=self.world,
+                                         micro_batch=self.micro_batch, device=self.device, workers=self.workers,
+                                         strict=self.strict)
+        for batch in self._files:
+            self.step += 1
+            yield batch

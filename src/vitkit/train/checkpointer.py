@@ -1,0 +1,105 @@
+"""The checkpointer: when and what the training engine saves into the run directory, and resuming from it.
+
+A step checkpoint is the bare model in vitkit's format plus `train_state.pt`: the TrainState, the
+data position (`"data"`) and the objective's own state (e.g. MPP's [mask] embedding and head under
+`"mpp"`).  Under FSDP2 the full state is gathered first (a collective of every process); only rank 0
+writes; every process waits for the write.  The layout itself is `vitkit.runs.RunDir`'s.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from vitkit.checkpoints import native
+from vitkit.runs import RunDir
+from vitkit.train import distributed
+from vitkit.train.ema import averaged
+from vitkit.train.state import TrainState
+
+log = logging.getLogger(__name__)
+
+
+class Checkpointer:
+    """Saves every `every` steps (and when asked), restores the newest checkpoint, exports `final`/`ema`."""
+
+    def __init__(self, run: RunDir, *, every: int, meta: dict[str, Any], main: bool, sharded: bool = False,
+                 extra: Callable[[], dict[str, Any]] = dict):
+        self.run, self.every, self.meta, self.main, self.sharded = run, every, meta, main, sharded
+        self.extra = extra  # () -> the data position and the objective's state, saved beside the TrainState
+
+    def due(self, step: int) -> bool:
+        return step % self.every == 0
+
+    def save(self, state: TrainState) -> Path | None:
+        """Write checkpoints/step_<step>/ (all processes call this; rank 0 writes)."""
+        full = _gather_sharded(state) if self.sharded else None  # a collective: all processes
+        path = None
+        if self.main:
+            payload = state.state_dict() if full is None else {**state.state_dict(optimizer=False), "optimizer": full[1]}
+            payload.update(self.extra())
+            module = state.module if full is None else _plain_copy(state.module, full[0])
+            path = self.run.save_step(state.step, lambda tmp: native.save(module, tmp, **self.meta), payload)
+        distributed.barrier()
+        return path
+
+    def restore(self, state: TrainState, *, load_extra: Callable[[dict[str, Any]], None]) -> Path | None:
+        """Resume order step (1): the newest checkpoint of the run directory, if any (weights, optimiser,
+        step, RNG, then `load_extra` with the whole payload for the data position and the objective)."""
+        path = self.run.latest()
+        if path is None:
+            return None
+        payload = RunDir.read_state(path)
+        weights = native.load(path, map_location="cpu").model.state_dict()
+        if self.sharded:
+            _load_sharded(state, weights, payload)
+        else:
+            native.load_state_dict_strict(state.module, weights, source=str(path))
+            state.load_state_dict(payload)
+        load_extra(payload)
+        return path
+
+    def export(self, state: TrainState) -> None:
+        """checkpoints/final: the evaluated model (the Polyak average when enabled), and checkpoints/ema."""
+        if not self.main or self.sharded:
+            return
+        with averaged(state.ema, state.module) as module:
+            native.save(module, self.run.export("final"), **self.meta)
+            if state.ema is not None:  # the name runs.find_checkpoint prefers over LATEST
+                native.save(module, self.run.export("ema"), **self.meta)
+
+
+def _plain_copy(module: torch.nn.Module, weights: dict[str, Any]) -> torch.nn.Module:
+    from vitkit.models import build_model
+
+    copy = build_model(module.config)
+    copy.load_state_dict(weights)
+    return copy
+
+
+def _gather_sharded(state: TrainState) -> tuple[dict[str, Any], dict[str, Any]]:
+    """FSDP2: the full (unsharded) model and optimiser state dicts on the CPU (a collective).
+
+    The optimiser state is keyed by parameter names (torch.distributed.checkpoint's format), loadable
+    with weights_only=True.
+    """
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                         get_optimizer_state_dict)
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return (get_model_state_dict(state.model, options=options),
+            get_optimizer_state_dict(state.model, state.optimizer, options=options))
+
+
+def _load_sharded(state: TrainState, weights: dict[str, Any], payload: dict[str, Any]) -> None:
+    """FSDP2 resume: every process reads the full checkpoint and keeps its shards."""
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
+                                                         set_optimizer_state_dict)
+
+    options = StateDictOptions(full_state_dict=True)
+    set_model_state_dict(state.model, weights, options=options)
+    set_optimizer_state_dict(state.model, state.optimizer, optim_state_dict=payload["optimizer"], options=options)
+    state.load_state_dict(payload, optimizer=False)

@@ -1,0 +1,101 @@
+"""A measured rehearsal before the clock starts: compiled graphs built, speed measured, the ETA computed.
+
+`rehearse` runs forward + backward passes of blank batches laid out as the training ones, for every
+(PatchDropout rate, side) phase the schedule still needs: the first pass of each compiles (under
+torch.compile; one graph per phase), the next ones are timed.  It runs under a forked RNG and without
+an optimiser step, and clears the gradients, so weights, gradients and random streams are exactly what
+they would be without it.  `eta` turns the timings into images/s, the time the run will take and,
+under a fitted budget, how many epochs fit.  Data loading from files is not in the timing (in-memory
+sets and a warm loader cost little; `benchmarks/data_pipeline.py` measures decoding).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from vitkit.device import synchronize
+from vitkit.train.plan import LONG_RUN_MINUTES, Plan
+from vitkit.train.schedule import Schedule
+
+Phase = tuple[float, int]  # (PatchDropout rate, side)
+
+
+def rehearse(module: nn.Module, phases: list[Phase], run_once: Callable[[float, int], None], device: torch.device,
+             *, timed: int = 2) -> tuple[float, dict[Phase, float]]:
+    """Run `run_once(rate, side)` (one micro-batch forward + backward) 1 + `timed` times per phase.
+
+    Returns the seconds spent in all and, per phase, the median seconds of the timed passes (the first
+    pass of each phase, which compiles or warms caches, is not timed).  `module` is the bare model: it is
+    put in training mode and its gradients are cleared afterwards, also when a pass fails.
+    """
+    start, was_training = time.monotonic(), module.training
+    module.train()
+    timings: dict[Phase, float] = {}
+    try:
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            for rate, side in phases:
+                seconds = []
+                for index in range(1 + timed):
+                    begin = time.perf_counter()
+                    run_once(rate, side)
+                    synchronize(device)
+                    if index:
+                        seconds.append(time.perf_counter() - begin)
+                if seconds:
+                    timings[(rate, side)] = sorted(seconds)[len(seconds) // 2]
+    finally:  # also when compilation fails: the caller may go on eagerly
+        module.train(was_training)
+        for param in module.parameters():
+            param.grad = None
+    return time.monotonic() - start, timings
+
+
+def eta(plan: Plan, schedule: Schedule, timings: dict[Phase, float], *, start_step: int = 0, eval_images: int = 0,
+        budget_left_s: float | None = None) -> dict[str, Any]:
+    """Images/s, the minutes the run will take from `start_step`, and (fitted budget) the epochs that fit.
+
+    A step costs `accumulation` micro-batch passes of its phase; an evaluation image costs a third of a
+    training image at the model's side (forward only), with every patch.
+    """
+    if not timings:
+        return {}
+    step_s = [(end - begin, plan.accumulation * timings.get((rate, side), max(timings.values())))
+              for begin, end, side, rate in schedule.spans()]
+    mean_step_s = sum(length * seconds for length, seconds in step_s) / sum(length for length, _ in step_s)
+    per_image_s = timings.get((0.0, plan.img_size), max(timings.values())) / plan.micro_batch
+    evals = (plan.steps // plan.eval_every if plan.eval_every else 0) + 1
+    eval_s = evals * eval_images * per_image_s / 3
+    train_s = (plan.steps - start_step) * mean_step_s
+    out = {"images_per_s": round(plan.global_batch / mean_step_s, 1), "step_seconds": round(mean_step_s, 4),
+           "eta_minutes": round((train_s + eval_s) / 60, 2)}
+    if budget_left_s is not None:
+        fit_steps = max(0.0, budget_left_s - eval_s) / mean_step_s
+        out["fit_epochs"] = round((start_step + fit_steps) * plan.global_batch / plan.num_train, 1)
+        out["eta_minutes"] = round(min(out["eta_minutes"], budget_left_s / 60), 2)
+    return out
+
+
+def eta_lines(plan: Plan) -> list[str]:
+    """The measured part of the plan, in words; a long unbudgeted run says so and names --max-minutes."""
+    measured = plan.measured
+    if not measured:
+        return []
+    lines = [f"measured speed: {measured['images_per_s']:,.0f} images/s ({plan.device}, {plan.precision})"]
+    if plan.fitted:
+        lines.append(f"time budget {plan.budget_minutes:g} min, schedule fitted to it: about "
+                     f"{measured.get('fit_epochs', 0):g} of at most {plan.epochs:.1f} epochs fit; it ends annealed")
+    else:
+        lines.append(f"estimated time: {_minutes(measured['eta_minutes'])} for {plan.steps:,} steps "
+                     f"({plan.epochs:.1f} epochs)")
+    if not plan.budget_minutes and measured["eta_minutes"] > LONG_RUN_MINUTES:
+        lines.append(f"warning: this run is planned for {_minutes(measured['eta_minutes'])}; "
+                     "--max-minutes M fits every schedule into M minutes instead")
+    return lines
+
+
+def _minutes(value: float) -> str:
+    return f"{value / 60:.1f} h" if value >= 90 else f"{value:.1f} min"

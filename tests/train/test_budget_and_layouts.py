@@ -1,0 +1,105 @@
+"""Issue 14's engine rules: a budget is fitted (ends annealed, by a fake clock), flips follow the source,
+every folder layout trains and reports a test accuracy, evaluation during training never reads test."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from helpers import tiny_config
+from vitkit.cli import main
+from vitkit.data.sources import SourceInfo
+from vitkit.train import trainer
+from vitkit.train.recipes import auto_recipe_name, get_recipe
+
+
+class FakeTime:
+    """time.monotonic for the trainer: every reading advances 0.01 s, so a run's clock is deterministic."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        self.now += 0.01
+        return self.now
+
+    def perf_counter(self) -> float:
+        return self.monotonic()
+
+
+def _records(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_budgeted_run_with_a_fake_clock_ends_at_the_final_learning_rate(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(trainer, "time", FakeTime())
+    run = tmp_path / "run"  # 1,000,000 planned steps, 0.02 min of fake time: the clock ends the schedule
+    result = trainer.train(tiny_config(run, "data.steps=1000000", "run.max_minutes=0.02", "run.log_every=1",
+                                       "optim.warmup_steps=3", "optim.end_lr_fraction=0.1"))
+    lrs = [r["lr"] for r in _records(run) if r["split"] == "train"]
+    assert result["status"] == "finished" and 5 < result["step"] < 1_000_000 and len(lrs) == result["step"]
+    assert lrs[-1] == pytest.approx(0.1 * result["plan"]["lr"])  # exactly the end value of the schedule
+    assert all(b <= a + 1e-12 for a, b in zip(lrs[3:], lrs[4:]))  # decaying after warmup, never cut
+    assert result["plan"]["measured"]["fit_epochs"] > 0
+
+
+def test_cut_budget_keeps_the_old_guillotine(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(trainer, "time", FakeTime())
+    run = tmp_path / "run"
+    result = trainer.train(tiny_config(run, "data.steps=1000000", "run.max_minutes=0.02", "run.log_every=1",
+                                       "optim.warmup_steps=3", "run.budget_schedule=cut"))
+    lrs = [r["lr"] for r in _records(run) if r["split"] == "train"]
+    assert result["status"] == "time_budget" and lrs[-1] > 0.9 * result["plan"]["lr"]  # stopped near the peak
+
+
+@pytest.mark.parametrize(("uri", "flip"), [("digits", False), ("mnist:/x", False), ("fashion-mnist:/x", True),
+                                           ("cifar10:/x", True), ("folder:/x", True)])
+def test_flips_follow_the_source(uri: str, flip: bool) -> None:
+    size = {"digits": 8, "mnist": 28, "fashion-mnist": 28, "cifar10": 32}.get(uri.split(":")[0], 64)
+    info = SourceInfo(uri=uri, num_train=1000, num_classes=10, image_size=size, channels=1, in_memory=True)
+    assert get_recipe(auto_recipe_name(info), info).augment.flip is flip
+
+
+def _images(root: Path, classes: tuple[str, ...] = ("cat", "dog"), count: int = 10) -> None:
+    rng = np.random.default_rng(0)
+    for label, name in enumerate(classes):
+        (root / name).mkdir(parents=True)
+        for i in range(count):
+            pixels = (rng.integers(0, 80, (12, 12, 3)) + 120 * label).astype(np.uint8)
+            Image.fromarray(pixels).save(root / name / f"{i}.png")
+
+
+@pytest.mark.parametrize("layout", ["flat", "train-only"])
+def test_every_folder_layout_trains_and_reports_test_accuracy(tmp_path: Path, layout: str, capsys) -> None:
+    data = tmp_path / "data"
+    _images(data if layout == "flat" else data / "train")
+    out = tmp_path / "run"
+    code = main(["train", "--data", f"folder:{data}", "--recipe", "small-64px-tiny", "--out", str(out), "--json",
+                 "--set", "run.threads=1", "--set", "data.steps=2", "--set", "eval.every_epochs=1"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err[-2000:]
+    result = json.loads(captured.out.strip().splitlines()[-1])
+    assert result["test"]["count"] == 4 and 0 <= result["test"]["top1"] <= 1  # the fixed 20% hold-out: 2 per class
+    splits = result["plan"]["splits"]
+    assert splits["test"]["images"] == 4 and "hold-out" in splits["test"]["from"]
+    assert splits["val"]["images"] == 2 and splits["train"]["images"] == 14  # val: held out of train, not test
+    assert "test: 4 images from a fixed 20% class-stratified hold-out" in captured.err
+    assert "the convention for natural images" in captured.err  # a folder cannot tell whether flips keep labels
+
+
+def test_train_fraction_takes_nested_stratified_parts(tmp_path: Path) -> None:
+    from vitkit.train.assemble import load_splits
+
+    parts = [load_splits(tiny_config(tmp_path, f"data.train_fraction={f}")).train for f in (0.1, 0.3, 1.0)]
+    per_class = parts[2].labels.bincount().tolist()
+    assert [len(p) for p in parts] == [sum(max(1, round(f * n)) for n in per_class) for f in (0.1, 0.3, 1.0)]
+    for part in parts[:2]:
+        counts = part.labels.bincount(minlength=10).double()
+        assert ((counts / counts.sum() - 0.1).abs() < 0.02).all()  # class-stratified: ~10% of each digit
+    rows = [{tuple(img.flatten().tolist()) for img in part.images} for part in parts]
+    assert rows[0] <= rows[1] <= rows[2]  # growing subsets contain the smaller ones
+    assert "10.0% class-stratified part" in parts[0].origin

@@ -1,0 +1,92 @@
+"""The run directory as every verb sees it: vitkit.load(RUN), one resume policy applied before the plan is
+printed, and `vitkit pretrain-mpp` interrupted by SIGTERM then resumed bit-identically."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file
+
+import vitkit
+from helpers import tiny_config
+from vitkit.cli import main
+from vitkit.runs import find_checkpoint
+from vitkit.train import trainer
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_load_of_a_run_is_the_load_of_its_final_checkpoint(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    trainer.train(tiny_config(run, "data.steps=4", "run.checkpoint_every=3"))
+    from_run, from_final = vitkit.load(run), vitkit.load(run / "checkpoints" / "final")
+    assert from_run.config == from_final.config
+    assert all(torch.equal(a, b) for a, b in zip(from_run.state_dict().values(), from_final.state_dict().values()))
+    x = torch.rand(2, 1, 8, 8) * 2 - 1
+    assert torch.equal(from_run.eval()(x), from_final.eval()(x))
+    assert find_checkpoint(run / "checkpoints") == find_checkpoint(run)  # RUN/checkpoints names the run too
+
+
+def test_resuming_prints_and_runs_the_stored_config(tmp_path: Path, capsys, caplog) -> None:
+    out = tmp_path / "run"
+    args = ["train", "--recipe", "small-8px-tiny", "--out", str(out), "--set", "run.threads=1", "--json"]
+    assert main([*args, "--lr", "0.002"]) == 0
+    capsys.readouterr()
+    with caplog.at_level(logging.WARNING, logger="vitkit"):
+        assert main([*args, "--lr", "0.5", "--epochs", "2"]) == 0  # the same directory: the run keeps its own settings
+    err = capsys.readouterr().err
+    assert "optim.lr" in caplog.text and "resuming it with its own config" in caplog.text
+    assert "learning rate: lr 0.002" in err and "lr 0.5" not in err  # what is printed is what runs
+    assert json.loads((out / "config.json").read_text())["optim"]["lr"] == 0.002
+
+
+MPP_KILLER = """
+import os, signal, sys
+from vitkit.cli import main
+from vitkit.train import trainer
+stop_at, argv = int(sys.argv[1]), sys.argv[2:]
+real = trainer.train_step
+def step(state, batch, spec, loss_of=None):
+    out = real(state, batch, spec, loss_of)
+    if state.step == stop_at:
+        os.kill(os.getpid(), signal.SIGTERM)  # as `kill PID` from a scheduler
+    return out
+trainer.train_step = step
+sys.exit(main(argv))
+"""
+
+
+def test_pretrain_mpp_sigterm_saves_exits_and_resumes_bit_identically(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    data = tmp_path / "tiny.npz"
+    np.savez(data, x_train=rng.integers(0, 256, (48, 16, 16, 3), dtype=np.uint8), y_train=np.arange(48) % 2,
+             x_test=rng.integers(0, 256, (8, 16, 16, 3), dtype=np.uint8), y_test=np.arange(8) % 2)
+
+    def command(out: Path) -> list[str]:
+        return ["pretrain-mpp", "--data", f"npz:{data}", "--recipe", "small-32px-tiny", "--img-size", "16",
+                "--epochs", "2", "--batch-size", "8", "--set", "model.patch_size=4", "--set", "run.threads=1",
+                "--set", "run.tensorboard=false", "--out", str(out), "--json"]
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
+    run = lambda stop_at, out: subprocess.run([sys.executable, "-c", MPP_KILLER, str(stop_at), *command(out)],  # noqa: E731
+                                              env=env, capture_output=True, text=True)
+    straight = run(0, tmp_path / "straight")
+    assert straight.returncode == 0, straight.stderr[-2000:]
+    stopped = run(5, tmp_path / "resumed")
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-2000:]
+    summary = json.loads(stopped.stdout.strip().splitlines()[-1])
+    assert summary["status"] == "interrupted" and summary["step"] == 5
+    assert (tmp_path / "resumed" / "checkpoints" / "LATEST").read_text().strip() == "step_0000005"
+    resumed = run(0, tmp_path / "resumed")  # the same command again
+    assert resumed.returncode == 0 and json.loads(resumed.stdout.strip().splitlines()[-1])["step"] == 12
+    a = load_file(str(tmp_path / "straight" / "checkpoints" / "final" / "model.safetensors"))
+    b = load_file(str(tmp_path / "resumed" / "checkpoints" / "final" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
