@@ -1,6 +1,9 @@
 """Top-k predictions for image files: any Pillow mode (RGBA, L, P, CMYK, 16-bit) and any size (each
 image's shorter side is resized to the model's resolution, then centre-cropped).  A file that cannot
-be decoded yields an error entry for that file; the others are still predicted."""
+be decoded yields an error entry for that file; the others are still predicted.
+
+The per-image path (`decode_input` -> `model_input` -> `class_probabilities` -> `top_classes`) is the
+one `vitkit serve` runs too, so the server answers what `vitkit predict` prints."""
 
 from __future__ import annotations
 
@@ -11,6 +14,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
+
+from vitkit.data.images import MAX_PIXELS
 
 log = logging.getLogger(__name__)
 
@@ -46,14 +51,47 @@ def expand_inputs(paths: Sequence[str | os.PathLike]) -> list[Path]:
     return files
 
 
-def _decode(path: Path, channels: int, size: int) -> torch.Tensor | str:
-    """uint8 (C, size, size), or the error message for this file."""
-    from vitkit.data.sources import decode_image
+def decode_input(source: str | os.PathLike | bytes, checkpoint, size: int, *, max_pixels: int = MAX_PIXELS) -> torch.Tensor:
+    """One image file (or its encoded bytes) -> uint8 (C, size, size) in the checkpoint's channels:
+    any Pillow mode converted, shorter side resized to `size`, centre-cropped.
 
+    Raises:
+        BadImageError: not a decodable image; DecompressionBombError (a BadImageError): more than `max_pixels`.
+    """
+    from vitkit.data.images import decode_image
+    from vitkit.eval.features import channels
+
+    return decode_image(source, channels=1 if channels(checkpoint) == 1 else 3, size=size, max_pixels=max_pixels)
+
+
+def model_input(image: torch.Tensor, checkpoint, size: int, device: torch.device) -> torch.Tensor:
+    """uint8 (C, H, W) -> the model's normalised float input (1, C, size, size) on `device`; each image
+    is transformed alone, so a batch is the concatenation of these."""
+    from vitkit.eval.features import prepare
+
+    return prepare(image[None].to(device), checkpoint, size)
+
+
+def class_probabilities(model: torch.nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+    """Softmax over the classes of a batch of model inputs, (B, K) float32 on the CPU."""
+    return model(inputs).float().softmax(dim=-1).cpu()
+
+
+def top_classes(probabilities: torch.Tensor, class_names: Sequence[str] | None, top_k: int) -> list[dict[str, Any]]:
+    """The `top_k` most probable classes of one image's (K,) probabilities, most probable first:
+    [{"class", "index", "probability"}] (the class is the index as a string without class names)."""
+    top = probabilities.topk(min(top_k, probabilities.shape[-1]))
+    names = class_names or []
+    return [{"class": names[c] if c < len(names) else str(c), "index": c, "probability": float(p)}
+            for p, c in zip(top.values.tolist(), top.indices.tolist())]
+
+
+def _decode(path: Path, checkpoint, size: int) -> torch.Tensor | str:
+    """uint8 (C, size, size), or the error message for this file."""
     if not path.is_file():
         return f"{path}: no such file"
     try:
-        return decode_image(path, channels=1 if channels == 1 else 3, size=size)
+        return decode_input(path, checkpoint, size)
     except (ValueError, OSError) as err:  # BadImageError / DecompressionBombError are ValueErrors
         message = str(err)
         return message if str(path) in message else f"{path}: {message}"
@@ -64,27 +102,21 @@ def predict_files(checkpoint, paths: Sequence[str | os.PathLike], config: Predic
     """One entry per input file, in order: {"file", "predictions": [{"class", "index", "probability"}]}
     or {"file", "error"}."""
     from vitkit.device import pick_device
-    from vitkit.eval.features import channels, prepare, resolution
+    from vitkit.eval.features import resolution
 
     model = checkpoint.model.eval()
     device = pick_device(config.device)
     model.to(device)
     size = resolution(checkpoint, config.img_size)
     files = expand_inputs(paths)
-    decoded = [(path, _decode(path, channels(checkpoint), size)) for path in files]
+    decoded = [(path, _decode(path, checkpoint, size)) for path in files]
     good = [(i, image) for i, (_, image) in enumerate(decoded) if not isinstance(image, str)]
     results: list[dict[str, Any]] = [
         {"file": str(path), "error": image} if isinstance(image, str) else {"file": str(path)} for path, image in decoded
     ]
-    names = checkpoint.class_names
     for start in range(0, len(good), config.batch_size):
         chunk = good[start : start + config.batch_size]
-        inputs = torch.cat([prepare(image[None].to(device), checkpoint, size) for _, image in chunk])
-        probabilities = model(inputs).float().softmax(dim=-1).cpu()  # (B, K)
-        top = probabilities.topk(min(config.top_k, probabilities.shape[1]), dim=-1)
+        probabilities = class_probabilities(model, torch.cat([model_input(image, checkpoint, size, device) for _, image in chunk]))
         for row, (index, _) in enumerate(chunk):
-            results[index]["predictions"] = [
-                {"class": names[c] if names and c < len(names) else str(c), "index": c, "probability": float(p)}
-                for p, c in zip(top.values[row].tolist(), top.indices[row].tolist())
-            ]
+            results[index]["predictions"] = top_classes(probabilities[row], checkpoint.class_names, config.top_k)
     return results

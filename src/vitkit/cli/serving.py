@@ -1,0 +1,36 @@
+"""`vitkit serve`: an HTTP inference server (optional extra `vitkit[serve]`); the logic lives in vitkit.serve."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+
+def add_serve(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("serve", help="HTTP inference server: /v1/predict, /v1/explain, /metrics and a web page")
+    parser.add_argument("checkpoint", help="checkpoint (any format) or run directory")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    parser.add_argument("--port", type=int, default=8000, help="TCP port")
+    parser.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda, cuda:1, ...")
+    parser.add_argument("--max-batch", type=int, default=32, help="images per model forward at most")
+    parser.add_argument("--max-wait-ms", type=float, default=5.0, help="how long a batch waits to fill up")
+    parser.add_argument("--max-body-mb", type=float, default=8.0, help="request body limit in MiB")
+    parser.add_argument("--max-queue", type=int, default=256, help="requests admitted at once; more get 503")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads for the model (default: torch's)")
+    parser.add_argument("--token", default=None, help="require 'Authorization: Bearer TOKEN' (all routes but the page)")
+    parser.set_defaults(handler=run_serve)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from vitkit.serve.config import ServeConfig
+
+    try:
+        from vitkit.serve.server import run_server
+    except ImportError as error:
+        raise ValueError(f"vitkit serve needs the serve extra ({error.name} is missing): pip install 'vitkit[serve]'") from error
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
+    config = ServeConfig(host=args.host, port=args.port, device=args.device, max_batch=args.max_batch,
+                         max_wait_ms=args.max_wait_ms, max_body_mb=args.max_body_mb, max_queue=args.max_queue,
+                         threads=args.threads, token=args.token)
+    return run_server(args.checkpoint, config)

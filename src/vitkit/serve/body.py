@@ -1,0 +1,101 @@
+"""Request bodies: read within a byte limit while they stream in, then split into uploaded images.
+
+A body is one image (raw bytes, `Content-Type: image/*`) or a `multipart/form-data` form with one or
+more `file` fields.  Everything that goes wrong here is an `HTTPError` with the status to answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import AsyncIterator
+
+from starlette.datastructures import UploadFile
+from starlette.formparsers import MultiPartException, MultiPartParser
+from starlette.requests import Request
+
+
+class HTTPError(Exception):
+    """An error answered as `{"error": message}` with `status` (and extra headers, e.g. Retry-After)."""
+
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.headers = status, message, headers or {}
+
+
+@dataclass(frozen=True)
+class Upload:
+    """One image of a request: a name for error messages and the encoded bytes."""
+
+    name: str
+    data: bytes
+
+
+def media_type(request: Request) -> str:
+    return request.headers.get("content-type", "").split(";")[0].strip().lower()
+
+
+def check_content_type(request: Request) -> None:
+    """415 unless the body is an image (image/*) or a multipart form."""
+    kind = media_type(request)
+    if not (kind.startswith("image/") or kind == "multipart/form-data"):
+        shown = kind or "none"
+        raise HTTPError(415, f"unsupported content type {shown!r}: send one image with Content-Type image/* "
+                             "or a multipart/form-data form with 'file' fields")
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The whole body, refused with 413 as soon as it exceeds `limit` bytes: from Content-Length before
+    reading anything, else while the chunks arrive (so an oversized body is never held in memory)."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.strip().isdigit():
+            raise HTTPError(400, f"invalid Content-Length {declared!r}")
+        if int(declared) > limit:
+            raise HTTPError(413, f"body of {int(declared):,} bytes exceeds the limit of {limit:,} bytes (--max-body-mb)")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise HTTPError(413, f"body exceeds the limit of {limit:,} bytes (--max-body-mb)")
+        chunks.append(chunk)
+    if not size:
+        raise HTTPError(400, "empty body: send an image (Content-Type image/*) or a multipart form with 'file' fields")
+    return b"".join(chunks)
+
+
+async def read_images(request: Request, limit: int, max_files: int, timeout_s: float) -> tuple[list[Upload], bool]:
+    """(the images of the request, whether it was a multipart form); 408 when the body takes over `timeout_s`."""
+    check_content_type(request)
+    try:
+        async with asyncio.timeout(timeout_s):
+            body = await read_body(request, limit)
+    except TimeoutError as error:
+        raise HTTPError(408, f"the request body did not arrive within {timeout_s:g} s") from error
+    if media_type(request) != "multipart/form-data":
+        return [Upload("body", body)], False
+    return await _multipart(request, body, max_files), True
+
+
+async def _once(body: bytes) -> AsyncIterator[bytes]:
+    yield body
+
+
+async def _multipart(request: Request, body: bytes, max_files: int) -> list[Upload]:
+    parser = MultiPartParser(request.headers, _once(body), max_files=max_files, max_fields=max_files)
+    try:
+        form = await parser.parse()
+    except MultiPartException as error:
+        raise HTTPError(400, f"malformed multipart form: {error.message}") from error
+    try:
+        fields = form.getlist("file")
+        if not fields:
+            raise HTTPError(400, f"the multipart form has no 'file' field (fields: {sorted(set(form.keys()))})")
+        uploads = []
+        for index, field in enumerate(fields):
+            if not isinstance(field, UploadFile):
+                raise HTTPError(400, f"'file' field {index + 1} is text, not a file upload")
+            uploads.append(Upload(field.filename or f"file {index + 1}", await field.read()))
+        return uploads
+    finally:
+        await form.close()

@@ -1,0 +1,49 @@
+"""`ServeConfig`: every knob of `vitkit serve`, with the safe defaults (loopback only, bounded bodies,
+bounded queue)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vitkit.data.images import MAX_PIXELS
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServeConfig:
+    """How `vitkit serve` listens, batches and protects itself."""
+
+    host: str = "127.0.0.1"  # loopback only unless asked otherwise
+    port: int = 8000
+    device: str = "auto"  # "auto" = CUDA when available
+    max_batch: int = 32  # images per model forward at most
+    max_wait_ms: float = 5.0  # how long the first image of a batch waits for company
+    max_body_mb: float = 8.0  # request body limit (MiB), enforced while the body streams in
+    token: str | None = None  # when set, every route but the page needs "Authorization: Bearer TOKEN"
+    max_queue: int = 256  # requests admitted at once (reading, decoding, waiting, running); more get 503 + Retry-After
+    max_files: int = 32  # images in one multipart request
+    max_pixels: int = MAX_PIXELS  # decompression-bomb guard: larger images are refused from their header
+    body_timeout_s: float = 30.0  # a body not fully received by then gets 408 (a stalled client frees its place)
+    threads: int | None = None  # torch intra-op threads of the model forward; None = torch's default
+    decode_workers: int = 2  # threads that decode images off the event loop
+    drain_timeout_s: float = 30.0  # SIGTERM: the longest wait for requests in flight before exiting
+    switch_interval_ms: float = 0.5  # Python's GIL switch interval in the server process (default 5 ms)
+
+    def __post_init__(self) -> None:
+        positive = {"max_batch": self.max_batch, "max_queue": self.max_queue, "max_files": self.max_files,
+                    "max_pixels": self.max_pixels, "decode_workers": self.decode_workers}
+        bad = [name for name, value in positive.items() if value < 1]
+        if bad:
+            raise ValueError(f"{', '.join(bad)} must be at least 1")
+        if self.max_wait_ms < 0 or self.max_body_mb <= 0 or self.drain_timeout_s < 0 or self.switch_interval_ms <= 0 \
+                or self.body_timeout_s <= 0:
+            raise ValueError("max_wait_ms and drain_timeout_s must be >= 0; max_body_mb, switch_interval_ms and body_timeout_s > 0")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in 0..65535, got {self.port}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be at least 1, got {self.threads}")
+        if self.token is not None and not self.token.strip():
+            raise ValueError("token must not be empty")
+
+    @property
+    def max_body_bytes(self) -> int:
+        return int(self.max_body_mb * 1024 * 1024)

@@ -1,0 +1,58 @@
+"""Running the app under uvicorn: SIGTERM (or Ctrl-C) stops accepting connections, lets the requests
+in flight finish (up to `drain_timeout_s`), finishes the queued batches, and exits 0."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+from vitkit.serve.app import create_app
+from vitkit.serve.config import ServeConfig
+
+log = logging.getLogger(__name__)
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def run_server(path: str | os.PathLike, config: ServeConfig) -> int:
+    """Serve `path` until SIGTERM/SIGINT; returns the exit status (0 after a drain, 1 if the model failed to load)."""
+    import uvicorn
+
+    if not Path(path).exists():
+        raise FileNotFoundError(f"{path} does not exist (expected a checkpoint or a run directory)")
+    failures: list[str] = []
+    server: uvicorn.Server | None = None
+
+    def stop_on_load_failure(message: str) -> None:
+        failures.append(message)
+        if server is not None:
+            server.should_exit = True
+
+    app = create_app(path, config, on_load_failure=stop_on_load_failure)
+    server = uvicorn.Server(uvicorn.Config(
+        app, host=config.host, port=config.port, lifespan="on", access_log=False, server_header=False,
+        timeout_graceful_shutdown=config.drain_timeout_s, log_level="info"))
+    # The model thread releases the GIL inside every torch op and must win it back after each one; with
+    # Python's default 5 ms switch interval it can wait that long behind the event loop.  Measured with
+    # 16 clients on the Fashion-MNIST model: 0.5 ms gave more images/s than 5 ms in 3 of 3 alternating
+    # rounds at one image per request (+10-90%), no difference at eight.
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(config.switch_interval_ms / 1000)
+    # uvicorn re-raises the signal that stopped it once it has drained; with a no-op handler in place
+    # that replay is harmless and the process exits 0 instead of dying by the signal.
+    previous = {sig: signal.signal(sig, lambda *_: None) for sig in STOP_SIGNALS}
+    try:
+        server.run()
+    except SystemExit as stop:  # uvicorn exits 1 itself when it cannot bind (port in use, bad host)
+        return int(stop.code or 0) or 1
+    finally:
+        sys.setswitchinterval(interval)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if failures:
+        return 1
+    log.info("drained and stopped")
+    return 0

@@ -1,0 +1,103 @@
+"""Dynamic batching: batches form up to max_batch / max_wait, every caller gets its own row back, a
+failing batch fails only its callers, and concurrent HTTP requests really share forwards (metrics)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("starlette", reason="vitkit serve needs the serve extra: pip install -e '.[serve]'")
+pytest.importorskip("httpx", reason="the serve tests need httpx (in the test extra)")
+
+from serve_helpers import metric, png_bytes, serving  # noqa: E402 - after the skips
+from vitkit.serve.app import create_app  # noqa: E402
+from vitkit.serve.batcher import Batcher, BatcherClosed  # noqa: E402
+from vitkit.serve.config import ServeConfig  # noqa: E402
+
+
+def _batcher(sizes: list[int], **options) -> Batcher:
+    def run(payloads):
+        sizes.append(len(payloads))
+        if any(p == "boom" for p in payloads):
+            raise ValueError("boom in the batch")
+        return [p * 10 for p in payloads]
+
+    return Batcher(run, **{"max_batch": 4, "max_wait_s": 0.05, **options})
+
+
+def test_batches_fill_up_to_max_batch_and_answers_go_to_their_callers() -> None:
+    sizes: list[int] = []
+
+    async def scenario():
+        batcher = _batcher(sizes)
+        batcher.start()
+        single = [batcher.submit([i]) for i in range(7)]
+        results = await asyncio.gather(*single, batcher.submit([7, 8, 9]))  # seven callers of one, one of three
+        await batcher.close()
+        return results
+
+    assert asyncio.run(scenario()) == [[i * 10] for i in range(7)] + [[70, 80, 90]]
+    assert sizes == [4, 4, 2]
+
+
+def test_a_full_batch_does_not_wait_and_a_lone_one_waits_max_wait() -> None:
+    sizes: list[int] = []
+
+    async def scenario():
+        full = _batcher(sizes, max_batch=2, max_wait_s=30.0)
+        full.start()
+        start = time.perf_counter()
+        await asyncio.gather(full.submit([1]), full.submit([2]))
+        full_wait = time.perf_counter() - start
+        await full.close()
+        lone = _batcher(sizes, max_batch=8, max_wait_s=0.3)
+        lone.start()
+        start = time.perf_counter()
+        await lone.submit([3])
+        lone_wait = time.perf_counter() - start
+        await lone.close()
+        return full_wait, lone_wait
+
+    full_wait, lone_wait = asyncio.run(scenario())
+    assert full_wait < 5.0  # did not sit out the 30 s wait
+    assert lone_wait >= 0.3  # waited for company the whole max_wait
+    assert sizes == [2, 1]
+
+
+def test_a_failing_batch_fails_its_callers_only_and_closing_refuses_new_work() -> None:
+    sizes: list[int] = []
+
+    async def scenario():
+        batcher = _batcher(sizes, max_batch=2, max_wait_s=0.2)
+        batcher.start()
+        failed = await asyncio.gather(batcher.submit(["boom"]), batcher.submit([1]), return_exceptions=True)
+        after = await batcher.submit([5])
+        await batcher.close()
+        with pytest.raises(BatcherClosed):
+            await batcher.submit([6])
+        return failed, after
+
+    failed, after = asyncio.run(scenario())
+    assert all(isinstance(error, ValueError) and "boom" in str(error) for error in failed)
+    assert after == [50] and sizes == [2, 1]
+
+
+def test_concurrent_http_requests_share_forwards(vit_checkpoint: Path) -> None:
+    count = 12
+
+    async def scenario() -> str:
+        app = create_app(vit_checkpoint, ServeConfig(max_batch=8, max_wait_ms=300))
+        async with serving(app) as client:
+            posts = [client.post("/v1/predict", content=png_bytes(32, 32, seed), headers={"Content-Type": "image/png"})
+                     for seed in range(count)]
+            assert all(r.status_code == 200 for r in await asyncio.gather(*posts))
+            return (await client.get("/metrics")).text
+
+    text = asyncio.run(scenario())
+    forwards = metric(text, "vitkit_batch_size_count")
+    assert metric(text, "vitkit_batch_size_sum") == count and metric(text, "vitkit_images_total") == count
+    assert forwards == 2  # 12 images, at most 8 per forward: 8 + 4
+    assert metric(text, "vitkit_batch_size_bucket", le="4.0") == 1 and metric(text, "vitkit_batch_size_bucket", le="8.0") == 2

@@ -1,0 +1,105 @@
+"""`vitkit serve` as a real uvicorn process on a free loopback port: oversized bodies over a socket,
+SIGTERM drains the request in flight and exits 0, a missing checkpoint is a clean CLI error."""
+
+from __future__ import annotations
+
+import select
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("starlette", reason="vitkit serve needs the serve extra: pip install -e '.[serve]'")
+httpx = pytest.importorskip("httpx", reason="the serve tests need httpx (in the test extra)")
+
+from serve_helpers import free_port, metric, png_bytes, start_server, stop_server  # noqa: E402 - after the skips
+from vitkit.cli import main  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def server(vit_checkpoint: Path, tmp_path_factory):
+    process, url = start_server(vit_checkpoint, tmp_path_factory.mktemp("server") / "log.txt", "--max-body-mb", "1")
+    yield url
+    assert stop_server(process) == 0
+
+
+def _raw_request(url: str, head: str, body_chunks: int = 0) -> bytes:
+    """Send a request head, then up to `body_chunks` 64 KiB chunks while no answer has come; return the answer."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(head.encode())
+        chunk = b"10000\r\n" + b"\0" * 0x10000 + b"\r\n"  # one 64 KiB chunk of a chunked body
+        for _ in range(body_chunks):
+            if select.select([sock], [], [], 0)[0]:
+                break  # the answer is already there: the server stopped reading
+            try:
+                sock.sendall(chunk)
+            except (BrokenPipeError, ConnectionResetError):
+                break
+        return _read_answer(sock)
+
+
+def _read_answer(sock: socket.socket) -> bytes:
+    """Head and body of one HTTP answer (the body by its Content-Length)."""
+    answer = b""
+    while True:
+        head, _, body = answer.partition(b"\r\n\r\n")
+        length = [int(line.split(b":")[1]) for line in head.lower().split(b"\r\n") if line.startswith(b"content-length:")]
+        if length and len(body) >= length[0]:
+            return answer
+        try:
+            data = sock.recv(65536)
+        except ConnectionResetError:
+            return answer
+        if not data:
+            return answer
+        answer += data
+
+
+def test_oversized_bodies_are_refused_without_being_read(server: str) -> None:
+    declared = _raw_request(server, "POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\n"
+                                    "Content-Length: 1073741824\r\n\r\n")  # 1 GiB announced, not a byte sent
+    assert declared.startswith(b"HTTP/1.1 413") and b'"error"' in declared
+    streamed = _raw_request(server, "POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\n"
+                                    "Transfer-Encoding: chunked\r\n\r\n", body_chunks=256)  # up to 16 MiB
+    assert streamed.startswith(b"HTTP/1.1 413") and b"exceeds the limit" in streamed
+    health = httpx.get(f"{server}/health", timeout=5)
+    assert health.status_code == 200
+    ok = httpx.post(f"{server}/v1/predict", content=png_bytes(32, 32), headers={"Content-Type": "image/png"}, timeout=10)
+    assert ok.status_code == 200 and len(ok.json()["predictions"]) == 3
+
+
+def test_sigterm_drains_the_request_in_flight_and_exits_zero(vit_checkpoint: Path, tmp_path: Path) -> None:
+    log = tmp_path / "log.txt"
+    process, url = start_server(vit_checkpoint, log, "--max-wait-ms", "1500", "--max-batch", "64")
+    answers: list[httpx.Response] = []
+    slow = threading.Thread(target=lambda: answers.append(httpx.post(
+        f"{url}/v1/predict", content=png_bytes(32, 32), headers={"Content-Type": "image/png"}, timeout=30)))
+    try:
+        slow.start()  # waits 1.5 s in the batcher for company that never comes
+        for _ in range(200):
+            if metric(httpx.get(f"{url}/metrics", timeout=5).text, "vitkit_requests_in_flight") == 1:
+                break
+            time.sleep(0.01)
+        else:
+            raise AssertionError("the request never arrived")
+        process.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        with pytest.raises(httpx.TransportError):  # no new connections once draining
+            httpx.get(f"{url}/health", timeout=2)
+        slow.join(timeout=30)
+        code = process.wait(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert answers and answers[0].status_code == 200 and len(answers[0].json()["predictions"]) == 3
+    assert code == 0, log.read_text()
+    assert "drained and stopped" in log.read_text()
+
+
+def test_serve_on_a_missing_checkpoint_is_a_clean_error(tmp_path: Path, capsys) -> None:
+    assert main(["serve", str(tmp_path / "nowhere"), "--port", str(free_port())]) == 2
+    assert "nowhere" in capsys.readouterr().err

@@ -1,0 +1,268 @@
+"""Every refusal of `vitkit serve` in-process: 400, 401, 404/405, 413, 415, 422, 500, 503, each as
+JSON {"error"}, and the server keeps answering after each."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import zlib
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("starlette", reason="vitkit serve needs the serve extra: pip install -e '.[serve]'")
+pytest.importorskip("httpx", reason="the serve tests need httpx (in the test extra)")
+
+from serve_helpers import metric, png_bytes, serving  # noqa: E402 - after the skips
+from vitkit.runs import open_checkpoint  # noqa: E402
+from vitkit.serve.app import create_app  # noqa: E402
+from vitkit.serve.config import ServeConfig  # noqa: E402
+from vitkit.serve.model import ServedModel  # noqa: E402
+
+PNG = {"Content-Type": "image/png"}
+
+
+def _bomb_png(width: int, height: int) -> bytes:
+    """A valid PNG header claiming width x height pixels, followed by a tiny compressed row of zeros."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)  # 8-bit grayscale
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
+
+
+def post_scope(path: str, headers: list[tuple[bytes, bytes]]) -> dict:
+    """The ASGI scope of a POST from a client on loopback (for driving the app's receive by hand)."""
+    return {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+            "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "", "headers": headers,
+            "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}
+
+
+def _run(checkpoint: Path, config: ServeConfig, requests, **app_options):
+    """Send `requests(client)` to a fresh app, then one good request that must still succeed."""
+    async def scenario():
+        async with serving(create_app(checkpoint, config, **app_options)) as client:
+            result = await requests(client)
+            good = await client.post("/v1/predict", content=png_bytes(32, 32), headers={**PNG, **_auth(config)})
+            assert good.status_code == 200 and len(good.json()["predictions"]) == 3
+            return result
+
+    return asyncio.run(scenario())
+
+
+def _auth(config: ServeConfig) -> dict[str, str]:
+    return {"Authorization": f"Bearer {config.token}"} if config.token else {}
+
+
+def _assert_error(response, status: int, *words: str) -> None:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == "application/json"
+    message = response.json()["error"]
+    assert all(word in message for word in words), message
+
+
+def test_bad_bodies_parameters_and_routes(vit_checkpoint: Path) -> None:
+    async def requests(client):
+        return {
+            "garbage": await client.post("/v1/predict", content=b"\x89PNG but not really", headers=PNG),
+            "truncated": await client.post("/v1/predict", content=png_bytes(40, 40)[:120], headers=PNG),
+            "empty": await client.post("/v1/predict", content=b"", headers=PNG),
+            "text": await client.post("/v1/predict", content=b"hello", headers={"Content-Type": "text/plain"}),
+            "json": await client.post("/v1/explain", content=b"{}", headers={"Content-Type": "application/json"}),
+            "no type": await client.post("/v1/predict", content=png_bytes(8, 8), headers={"Content-Type": ""}),
+            "top_k": await client.post("/v1/predict?top_k=0", content=png_bytes(8, 8), headers=PNG),
+            "top_k text": await client.post("/v1/predict?top_k=two", content=png_bytes(8, 8), headers=PNG),
+            "format": await client.post("/v1/explain?format=gif", content=png_bytes(8, 8), headers=PNG),
+            "unknown": await client.get("/v2/predict"),
+            "method": await client.get("/v1/predict"),
+        }
+
+    got = _run(vit_checkpoint, ServeConfig(), requests)
+    _assert_error(got["garbage"], 400, "not a readable image")
+    _assert_error(got["truncated"], 400, "corrupt or truncated")
+    _assert_error(got["empty"], 400, "empty body")
+    for name in ("text", "json", "no type"):
+        _assert_error(got[name], 415, "unsupported content type")
+    _assert_error(got["top_k"], 400, "top_k")
+    _assert_error(got["top_k text"], 400, "top_k")
+    _assert_error(got["format"], 400, "format")
+    _assert_error(got["unknown"], 404)
+    _assert_error(got["method"], 405)
+
+
+def test_multipart_mistakes(vit_checkpoint: Path) -> None:
+    image = png_bytes(16, 16)
+
+    async def requests(client):
+        three = [("file", (f"{i}.png", image, "image/png")) for i in range(3)]
+        return {
+            "no file": await client.post("/v1/predict", files=[("image", ("a.png", image, "image/png"))]),
+            "text field": await client.post("/v1/predict", data={"file": "not a file"}, files=[("other", ("a", b"x"))]),
+            "too many": await client.post("/v1/predict", files=three),
+            "png of two": await client.post("/v1/explain?format=png", files=three[:2]),
+            "bad second": await client.post("/v1/predict", files=[three[0], ("file", ("broken.png", b"junk", "image/png"))]),
+        }
+
+    got = _run(vit_checkpoint, ServeConfig(max_files=2), requests)
+    _assert_error(got["no file"], 400, "no 'file' field")
+    _assert_error(got["text field"], 400, "not a file upload")
+    _assert_error(got["too many"], 400, "multipart")
+    _assert_error(got["png of two"], 400, "format=png")
+    _assert_error(got["bad second"], 400, "broken.png")
+
+
+@pytest.mark.filterwarnings("ignore::PIL.Image.DecompressionBombWarning")
+def test_body_limit_and_decompression_bombs(vit_checkpoint: Path) -> None:
+    big = png_bytes(200, 200)  # ~120 KB of noise
+    assert len(big) > 64 * 1024
+
+    async def requests(client):
+        return {
+            "big": await client.post("/v1/predict", content=big, headers=PNG),
+            "big form": await client.post("/v1/predict", files=[("file", ("big.png", big, "image/png"))]),
+            "bomb": await client.post("/v1/predict", content=_bomb_png(12_000, 12_000), headers=PNG),
+            "huge bomb": await client.post("/v1/predict", content=_bomb_png(100_000, 100_000), headers=PNG),
+            "over max_pixels": await client.post("/v1/predict", content=png_bytes(80, 80), headers=PNG),
+        }
+
+    got = _run(vit_checkpoint, ServeConfig(max_body_mb=1 / 16, max_pixels=64 * 64), requests)
+    _assert_error(got["big"], 413, "exceeds the limit of 65,536 bytes")
+    _assert_error(got["big form"], 413, "exceeds the limit")
+    _assert_error(got["bomb"], 413, "12000x12000", "decompression bomb")
+    _assert_error(got["huge bomb"], 413, "decompression bomb")  # Pillow's own refusal, over twice its limit
+    _assert_error(got["over max_pixels"], 413, "80x80")
+
+
+def test_an_oversized_body_is_refused_before_it_is_read_whole(vit_checkpoint: Path) -> None:
+    """No Content-Length (chunked): the app stops pulling chunks once the limit is passed."""
+    chunk, limit = 4096, 64 * 1024
+    pulled, sent = [], []
+
+    async def receive():
+        pulled.append(chunk)
+        return {"type": "http.request", "body": b"\0" * chunk, "more_body": len(pulled) < 1000}  # a 4 MB body
+
+    async def send(message):
+        sent.append(message)
+
+    async def scenario():
+        app = create_app(vit_checkpoint, ServeConfig(max_body_mb=limit / 2**20))
+        async with serving(app):
+            await app(post_scope("/v1/predict", [(b"content-type", b"image/png"), (b"transfer-encoding", b"chunked")]),
+                      receive, send)
+
+    asyncio.run(scenario())
+    assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 413
+    assert len(pulled) == limit // chunk + 1  # 17 of the 1000 chunks: stopped at the first one past the limit
+
+
+def test_a_stalled_body_gets_408_and_frees_its_place(vit_checkpoint: Path) -> None:
+    sent = []
+
+    async def receive():
+        if not sent:
+            await asyncio.sleep(3600)  # a client that sends its headers and then nothing
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+
+    async def scenario():
+        app = create_app(vit_checkpoint, ServeConfig(body_timeout_s=0.2, max_queue=1))
+        async with serving(app) as client:
+            await asyncio.wait_for(app(post_scope("/v1/predict", [(b"content-type", b"image/png")]), receive, send), 10)
+            return await client.post("/v1/predict", content=png_bytes(32, 32), headers=PNG)  # the one place is free again
+
+    after = asyncio.run(scenario())
+    assert sent[0]["status"] == 408 and b"did not arrive within 0.2 s" in sent[1]["body"]
+    assert after.status_code == 200
+
+
+def test_token_guards_every_route_but_the_page(vit_checkpoint: Path) -> None:
+    config = ServeConfig(token="s3cret")
+
+    async def requests(client):
+        image = png_bytes(16, 16)
+        return {
+            "page": await client.get("/"),
+            "health": await client.get("/health"),
+            "metrics": await client.get("/metrics"),
+            "predict": await client.post("/v1/predict", content=image, headers=PNG),
+            "wrong": await client.post("/v1/predict", content=image, headers={**PNG, "Authorization": "Bearer s3cre"}),
+            "basic": await client.post("/v1/predict", content=image, headers={**PNG, "Authorization": "Basic s3cret"}),
+            "right": await client.post("/v1/predict", content=image, headers={**PNG, "Authorization": "Bearer s3cret"}),
+            "right health": await client.get("/health", headers={"Authorization": "Bearer s3cret"}),
+        }
+
+    async def scenario():  # readiness is polled with the token
+        app = create_app(vit_checkpoint, config)
+        async with serving(app, wait_ready=False, headers={}) as client:
+            for _ in range(400):
+                if (await client.get("/health", headers=_auth(config))).status_code == 200:
+                    break
+                await asyncio.sleep(0.025)
+            return await requests(client)
+
+    got = asyncio.run(scenario())
+    assert got["page"].status_code == 200 and got["page"].headers["content-type"].startswith("text/html")
+    for name in ("health", "metrics", "predict", "wrong", "basic"):
+        _assert_error(got[name], 401, "bearer token")
+        assert got[name].headers["www-authenticate"] == "Bearer"
+    assert got["right"].status_code == 200 and got["right health"].status_code == 200
+
+
+def test_the_page_is_self_contained(vit_checkpoint: Path) -> None:
+    async def requests(client):
+        return await client.get("/")
+
+    page = _run(vit_checkpoint, ServeConfig(), requests)
+    text = page.text
+    assert "<script" in text and 'id="file"' in text and 'id="overlay"' in text
+    for external in ("http://", "https://", "//cdn", "<link", "src=\"/", "@import"):
+        assert external not in text, external  # nothing fetched from elsewhere: works offline
+    assert "default-src 'none'" in page.headers["content-security-policy"]
+
+
+def test_a_full_queue_answers_503_with_retry_after(vit_checkpoint: Path) -> None:
+    async def scenario():
+        app = create_app(vit_checkpoint, ServeConfig(max_queue=2, max_batch=16, max_wait_ms=600))
+        async with serving(app) as client:
+            first = [asyncio.ensure_future(client.post("/v1/predict", content=png_bytes(32, 32, seed), headers=PNG))
+                     for seed in range(2)]
+            for _ in range(200):  # both admitted and waiting for company in the batcher
+                if metric((await client.get("/metrics")).text, "vitkit_requests_in_flight") == 2:
+                    break
+                await asyncio.sleep(0.005)
+            refused = await client.post("/v1/predict", content=png_bytes(32, 32), headers=PNG)
+            done = await asyncio.gather(*first)
+            again = await client.post("/v1/predict", content=png_bytes(32, 32), headers=PNG)
+            return refused, done, again
+
+    refused, done, again = asyncio.run(scenario())
+    _assert_error(refused, 503, "busy")
+    assert refused.headers["retry-after"] == "1"
+    assert [r.status_code for r in done] == [200, 200] and again.status_code == 200
+
+
+class _FailingOnce(ServedModel):
+    """A served model whose next forward raises once `fail` is set (after the warm-up)."""
+
+    fail = False
+
+    def run(self, jobs):
+        if _FailingOnce.fail:
+            _FailingOnce.fail = False
+            raise RuntimeError("simulated failure inside the forward")
+        return super().run(jobs)
+
+
+def test_a_failing_forward_is_a_json_500_and_the_server_goes_on(vit_checkpoint: Path) -> None:
+    def load(path, device):
+        return _FailingOnce(open_checkpoint(path), str(path), device)
+
+    async def requests(client):
+        _FailingOnce.fail = True
+        return await client.post("/v1/predict", content=png_bytes(32, 32), headers=PNG)
+
+    failed = _run(vit_checkpoint, ServeConfig(max_wait_ms=0), requests, load=load)
+    _assert_error(failed, 500, "internal error", "RuntimeError")
