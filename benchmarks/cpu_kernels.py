@@ -5,7 +5,7 @@
 
 Three choices, each against the alternative it replaced, at the shapes of a small-28px step (batch
 128, D=64, k=4 heads, MLP 256; 24 tokens with PatchDropout 0.5, 49 without):
-- the attention softmax of bf16 logits as models/vit.py picks it (in fp32 and rounded back for rows
+- the attention softmax of bf16 logits as models/kernels.py picks it (in fp32 and rounded back for rows
   shorter than 32 tokens, torch's bf16 kernel from 32 up) against the other way;
 - exact (erf) GELU against the tanh approximation on the bf16 MLP activation;
 - a whole training step of the model with PatchDropout 0.5 against one without.
@@ -25,7 +25,8 @@ import torch
 import torch.nn.functional as F
 
 from vitkit.models.configs import ViTConfig
-from vitkit.models.vit import BF16_SOFTMAX_MIN_TOKENS, VisionTransformer, _softmax
+from vitkit.models.kernels import BF16_SOFTMAX_MIN_TOKENS, softmax
+from vitkit.models.vit import VisionTransformer
 
 
 def _time(fn: Callable[[], None], repeat: int) -> float:
@@ -81,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     batch, tokens, bf16 = args.batch, args.tokens, torch.bfloat16
     logits = torch.randn(batch, 4, tokens, tokens, dtype=bf16, requires_grad=True)
-    fp32_rows = tokens < BF16_SOFTMAX_MIN_TOKENS  # what vitkit's _softmax does at this length
+    fp32_rows = tokens < BF16_SOFTMAX_MIN_TOKENS  # what vitkit's kernels.softmax does at this length
     softmax_row = f"softmax {'fp32' if fp32_rows else 'bf16'} (vitkit) vs {'bf16' if fp32_rows else 'fp32'}"
 
     def other_softmax(x: torch.Tensor) -> torch.Tensor:
@@ -90,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     hidden = torch.randn(batch, tokens, 256, dtype=bf16, requires_grad=True)
     rows = {
         softmax_row: _pair(
-            _backward(lambda: _softmax(logits), torch.ones_like(logits)),
+            _backward(lambda: softmax(logits), torch.ones_like(logits)),
             _backward(lambda: other_softmax(logits), torch.ones_like(logits)), args.rounds, 20),
         "GELU exact vs tanh": _pair(
             _backward(lambda: F.gelu(hidden), torch.ones_like(hidden)),

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vitkit.models import create_model
+from vitkit.models import build_model, create_model
 from vitkit.models.configs import HybridConfig, ViTConfig
 from vitkit.models.hybrid import Bottleneck, HybridEmbed
 from vitkit.models.resnet import StdConv2d, standardize_weight
@@ -21,7 +21,7 @@ TINY = HybridConfig(vit=TINY_VIT, resnet_layers=(1, 1))  # stride 4 * 2 = 8: 4x4
 
 def tiny(**vit_overrides) -> VisionTransformer:
     vit = ViTConfig(**{**TINY_VIT.__dict__, **vit_overrides})
-    return VisionTransformer(HybridConfig(vit=vit, resnet_layers=TINY.resnet_layers)).eval()
+    return build_model(HybridConfig(vit=vit, resnet_layers=TINY.resnet_layers)).eval()
 
 
 @pytest.mark.parametrize(

@@ -42,10 +42,10 @@ def test_every_preset_shapes_at_two_resolutions(name):
         model = create_model(name, depth=1).eval()
         for size in (config.img_size, config.patch_size * (384 // config.patch_size)):
             x = torch.empty(2, 3, size, size)
-            tokens, pos = model.embed(x)
+            tokens, grid = model.patch_embed(x)
             num_patches = (size // config.patch_size) ** 2
-            assert tokens.shape == (2, 1 + num_patches, config.hidden_size)
-            assert pos.shape == (1, 1 + num_patches, config.hidden_size)  # E_pos resampled on the fly
+            assert tokens.shape == (2, num_patches, config.hidden_size)
+            assert model.position_embeddings(grid).shape == (1, 1 + num_patches, config.hidden_size)  # resampled
             features = model.forward_features(x)
             assert features.shape == (2, config.hidden_size)
             assert model.forward_head(features).shape == (2, 1000)
@@ -135,7 +135,8 @@ def test_posemb_where_adds_embeddings_where_it_says(where):
     """Independent loop over the blocks: E_pos once at the input, one set per layer, or the same set at every layer."""
     model = _randomise(tiny(posemb_where=where, dropout=0.0))
     x = torch.randn(2, 3, 32, 32)
-    tokens, pos = model.embed(x)
+    tokens, grid = model.patch_embed(x)
+    tokens, pos = torch.cat([model.cls_token.expand(2, -1, -1), tokens], dim=1), model.position_embeddings(grid)
     z = tokens + pos[0] if where == "input" else tokens
     for index, block in enumerate(model.blocks):
         if where != "input":

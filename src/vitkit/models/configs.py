@@ -204,6 +204,18 @@ def config_from_dict(data: dict[str, Any]) -> ModelConfig:
     raise ValueError(f"unknown model family {family!r} (expected vit, resnet or hybrid)")
 
 
+def vit_config(config: ViTConfig | HybridConfig) -> ViTConfig:
+    """The transformer's fields of a ViT or hybrid config (a hybrid keeps them in `config.vit`)."""
+    return config.vit if isinstance(config, HybridConfig) else config
+
+
+def replace_vit(config: ViTConfig | HybridConfig, **fields: Any) -> ViTConfig | HybridConfig:
+    """`config` with transformer fields replaced, inside `config.vit` for a hybrid; None values are set too."""
+    if isinstance(config, HybridConfig):
+        return dataclasses.replace(config, vit=dataclasses.replace(config.vit, **fields))
+    return dataclasses.replace(config, **fields)
+
+
 def image_size(config: ModelConfig) -> int:
     return config.vit.img_size if isinstance(config, HybridConfig) else config.img_size
 
