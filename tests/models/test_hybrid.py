@@ -68,6 +68,18 @@ def test_tiny_hybrid_forward_and_resolution_change():
         model(torch.randn(1, 3, 36, 36))
 
 
+def test_the_builder_gives_the_stem_and_config_stays_the_hybrids():
+    model = tiny(representation_size=8)
+    assert isinstance(model.patch_embed, HybridEmbed) and isinstance(model.config, HybridConfig)
+    assert model.encoder_config is model.config.vit and model.encoder_config.representation_size == 8
+    model.reset_head(3)  # Sec. 3.2: the head's fields change inside config.vit, the ResNet fields stay
+    assert isinstance(model.config, HybridConfig) and model.config.resnet_layers == TINY.resnet_layers
+    assert model.encoder_config.num_classes == 3 and model.encoder_config.representation_size is None
+    assert model(torch.randn(1, 3, 32, 32)).shape == (1, 3)
+    with pytest.raises(ValueError, match="build_model"):  # a HybridConfig alone names no stem
+        VisionTransformer(TINY)
+
+
 @pytest.mark.parametrize("size", [31, 32, 33, 34])
 def test_same_padding_sizes_through_the_root(size):
     """Conv 7x7/2 then max-pool 3x3/2, both "SAME": ceil(ceil(n / 2) / 2) for odd and even n."""

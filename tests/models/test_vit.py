@@ -207,6 +207,22 @@ def test_patch_dropout_keeps_a_random_subset_of_the_embedded_patches(pool):
         tiny(posemb="relative", patch_dropout=0.5)
 
 
+def test_patch_dropout_rate_is_a_forward_argument():
+    """None: the config's rate in training, every patch in eval mode; an explicit rate overrides both."""
+    model = tiny(pool="gap", patch_dropout=0.5).train()
+    x = torch.randn(2, 3, 32, 32)
+    tokens = []
+    model.blocks[0].register_forward_pre_hook(lambda module, inputs: tokens.append(inputs[0].shape[1]))
+    model(x)  # config: 8 of 16 patches
+    model(x, patch_dropout=0.0)  # e.g. the schedule's late phase: all 16
+    model(x, patch_dropout=0.75)  # 4
+    model.eval()
+    model(x)  # evaluation: all 16
+    model(x, patch_dropout=0.25)  # explicit, also in eval mode: 12
+    assert tokens == [8, 16, 4, 16, 12]
+    assert not hasattr(model, "patch_dropout")  # no state for a training loop to rewrite
+
+
 # ---------------------------------------------------------------- attention (App. A, Eq. 5-8)
 
 

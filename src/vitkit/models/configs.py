@@ -71,10 +71,6 @@ class ViTConfig:
     def head_dim(self) -> int:  # D_h = D / k
         return self.hidden_size // self.num_heads
 
-    @property
-    def grid_size(self) -> tuple[int, int]:
-        return (self.img_size // self.patch_size, self.img_size // self.patch_size)
-
 
 @dataclass(frozen=True, kw_only=True)
 class ResNetConfig:

@@ -140,10 +140,11 @@ class VisionTransformer(nn.Module):
         super().__init__()
         self.config = config  # the whole model's config (what checkpoints record); the ViT's part: encoder_config
         vit = self.encoder_config
-        if patch_embed is None and vit is not config:
-            raise ValueError("a hybrid's ResNet stem comes from its config: build it with vitkit.models.build_model")
-        self.patch_embed = patch_embed if patch_embed is not None else PatchEmbed(vit.patch_size, vit.in_chans,
-                                                                                    vit.hidden_size)
+        if patch_embed is None:
+            if vit is not config:
+                raise ValueError("a hybrid's ResNet stem comes from its config: build it with vitkit.models.build_model")
+            patch_embed = PatchEmbed(vit.patch_size, vit.in_chans, vit.hidden_size)
+        self.patch_embed = patch_embed  # x_p^i E of Eq. 1; a hybrid's: 1x1 patches of ResNet features (Sec. 3.1)
         self.grid_size = (vit.img_size // self.patch_embed.stride,) * 2  # grid the stored embeddings belong to
         self.num_prefix_tokens = 1 if vit.pool == "token" else 0
         num_tokens = self.num_prefix_tokens + self.grid_size[0] * self.grid_size[1]
