@@ -101,8 +101,8 @@ class _TanhGelu(torch.autograd.Function):
 def gelu(x: Tensor, approximate: Approximate) -> Tensor:
     """GELU, exact (erf) or the tanh approximation; equal to `F.gelu(x, approximate=...)` within
     1e-6 max(|x|, 1) in fp32 and 2^-7 max(|x|, 1) (one bf16 step) in bf16 (tests/models/test_kernels.py)."""
-    if approximate == "tanh" and x.dtype in (torch.float32, torch.bfloat16) and eager_cpu(x):
-        return _TanhGelu.apply(x)
+    if approximate == "tanh" and type(x) is Tensor and x.dtype in (torch.float32, torch.bfloat16) and eager_cpu(x):
+        return _TanhGelu.apply(x)  # plain tensors only: subclasses (DTensor, ...) keep torch's op
     return F.gelu(x, approximate=approximate)
 
 
