@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vitkit.models import create_model
+from vitkit.models import create_model, kernels
 
 TINY = dict(num_classes=5, img_size=32, patch_size=8, hidden_size=32, depth=2, num_heads=2, mlp_dim=64)
 BF16_TOL = 3e-2  # logits
@@ -82,12 +82,10 @@ def test_auto_dispatch_rule() -> None:
     attn = model.blocks[0].attn
     q32 = torch.zeros(1, 2, 4, 16)
     assert attn.attn_impl == "auto"
-    assert attn.explicit(q32.bfloat16()) and attn.explicit(q32.half())
-    assert not attn.explicit(q32)  # fp32 on CPU: SDPA
-    attn.attn_impl = "sdpa"
-    assert not attn.explicit(q32.bfloat16())
-    attn.attn_impl = "explicit"
-    assert attn.explicit(q32)
+    assert kernels.explicit_attention(attn.attn_impl, q32.bfloat16()) and kernels.explicit_attention("auto", q32.half())
+    assert not kernels.explicit_attention("auto", q32)  # fp32 on CPU: SDPA
+    assert not kernels.explicit_attention("sdpa", q32.bfloat16())
+    assert kernels.explicit_attention("explicit", q32)
 
 
 @pytest.mark.parametrize("impl", ["auto", "sdpa", "explicit"])
@@ -118,12 +116,10 @@ def test_training_in_bf16_does_not_change_stored_weights_dtype() -> None:
 
 @pytest.mark.parametrize("tokens", [17, 31, 32, 50])
 def test_softmax_path_by_row_length(tokens: int) -> None:
-    from vitkit.models.vit import _softmax
-
     logits = (4 * torch.randn(3, 2, tokens, tokens)).to(torch.bfloat16)
     want = (logits.float().softmax(-1).to(torch.bfloat16) if tokens < 32  # fp32, rounded once
             else logits.softmax(-1))  # torch's bf16 kernel
-    got = _softmax(logits)
+    got = kernels.softmax(logits)
     assert got.dtype == torch.bfloat16 and torch.equal(got, want)
     torch.testing.assert_close(got.float(), logits.float().softmax(-1), atol=8e-3, rtol=0)  # bf16 of the truth
-    assert torch.equal(_softmax(logits.float()), logits.float().softmax(-1))  # fp32 untouched
+    assert torch.equal(kernels.softmax(logits.float()), logits.float().softmax(-1))  # fp32 untouched

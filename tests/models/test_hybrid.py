@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vitkit.models import create_model
+from vitkit.models import build_model, create_model
 from vitkit.models.configs import HybridConfig, ViTConfig
 from vitkit.models.hybrid import Bottleneck, HybridEmbed
 from vitkit.models.resnet import StdConv2d, standardize_weight
@@ -21,7 +21,7 @@ TINY = HybridConfig(vit=TINY_VIT, resnet_layers=(1, 1))  # stride 4 * 2 = 8: 4x4
 
 def tiny(**vit_overrides) -> VisionTransformer:
     vit = ViTConfig(**{**TINY_VIT.__dict__, **vit_overrides})
-    return VisionTransformer(HybridConfig(vit=vit, resnet_layers=TINY.resnet_layers)).eval()
+    return build_model(HybridConfig(vit=vit, resnet_layers=TINY.resnet_layers)).eval()
 
 
 @pytest.mark.parametrize(
@@ -66,6 +66,18 @@ def test_tiny_hybrid_forward_and_resolution_change():
     assert named["embed"].shape == (2, 1 + 36, 32)  # 6x6 tokens, E_pos resampled from 4x4
     with pytest.raises(ValueError, match="resize or crop"):
         model(torch.randn(1, 3, 36, 36))
+
+
+def test_the_builder_gives_the_stem_and_config_stays_the_hybrids():
+    model = tiny(representation_size=8)
+    assert isinstance(model.patch_embed, HybridEmbed) and isinstance(model.config, HybridConfig)
+    assert model.encoder_config is model.config.vit and model.encoder_config.representation_size == 8
+    model.reset_head(3)  # Sec. 3.2: the head's fields change inside config.vit, the ResNet fields stay
+    assert isinstance(model.config, HybridConfig) and model.config.resnet_layers == TINY.resnet_layers
+    assert model.encoder_config.num_classes == 3 and model.encoder_config.representation_size is None
+    assert model(torch.randn(1, 3, 32, 32)).shape == (1, 3)
+    with pytest.raises(ValueError, match="build_model"):  # a HybridConfig alone names no stem
+        VisionTransformer(TINY)
 
 
 @pytest.mark.parametrize("size", [31, 32, 33, 34])

@@ -42,10 +42,10 @@ def test_every_preset_shapes_at_two_resolutions(name):
         model = create_model(name, depth=1).eval()
         for size in (config.img_size, config.patch_size * (384 // config.patch_size)):
             x = torch.empty(2, 3, size, size)
-            tokens, pos = model.embed(x)
+            tokens, grid = model.patch_embed(x)
             num_patches = (size // config.patch_size) ** 2
-            assert tokens.shape == (2, 1 + num_patches, config.hidden_size)
-            assert pos.shape == (1, 1 + num_patches, config.hidden_size)  # E_pos resampled on the fly
+            assert tokens.shape == (2, num_patches, config.hidden_size)
+            assert model.position_embeddings(grid).shape == (1, 1 + num_patches, config.hidden_size)  # resampled
             features = model.forward_features(x)
             assert features.shape == (2, config.hidden_size)
             assert model.forward_head(features).shape == (2, 1000)
@@ -135,7 +135,8 @@ def test_posemb_where_adds_embeddings_where_it_says(where):
     """Independent loop over the blocks: E_pos once at the input, one set per layer, or the same set at every layer."""
     model = _randomise(tiny(posemb_where=where, dropout=0.0))
     x = torch.randn(2, 3, 32, 32)
-    tokens, pos = model.embed(x)
+    tokens, grid = model.patch_embed(x)
+    tokens, pos = torch.cat([model.cls_token.expand(2, -1, -1), tokens], dim=1), model.position_embeddings(grid)
     z = tokens + pos[0] if where == "input" else tokens
     for index, block in enumerate(model.blocks):
         if where != "input":
@@ -204,6 +205,22 @@ def test_patch_dropout_keeps_a_random_subset_of_the_embedded_patches(pool):
     assert torch.equal(model.eval()(x), plain(x))  # evaluation sees every patch
     with pytest.raises(ValueError, match="patch_dropout"):
         tiny(posemb="relative", patch_dropout=0.5)
+
+
+def test_patch_dropout_rate_is_a_forward_argument():
+    """None: the config's rate in training, every patch in eval mode; an explicit rate overrides both."""
+    model = tiny(pool="gap", patch_dropout=0.5).train()
+    x = torch.randn(2, 3, 32, 32)
+    tokens = []
+    model.blocks[0].register_forward_pre_hook(lambda module, inputs: tokens.append(inputs[0].shape[1]))
+    model(x)  # config: 8 of 16 patches
+    model(x, patch_dropout=0.0)  # e.g. the schedule's late phase: all 16
+    model(x, patch_dropout=0.75)  # 4
+    model.eval()
+    model(x)  # evaluation: all 16
+    model(x, patch_dropout=0.25)  # explicit, also in eval mode: 12
+    assert tokens == [8, 16, 4, 16, 12]
+    assert not hasattr(model, "patch_dropout")  # no state for a training loop to rewrite
 
 
 # ---------------------------------------------------------------- attention (App. A, Eq. 5-8)

@@ -223,11 +223,11 @@ def test_bad_configs_are_refused():
 
 def test_hybrid_encoder_predicts_per_backbone_cell():
     """A hybrid's token covers stride x stride pixels (Sec. 3.1); targets use that patch size."""
+    from vitkit.models import build_model
     from vitkit.models.configs import HybridConfig, ViTConfig
-    from vitkit.models.vit import VisionTransformer
 
     vit = ViTConfig(img_size=32, patch_size=1, hidden_size=32, depth=1, num_heads=2, mlp_dim=64, num_classes=0)
-    model = MaskedPatchPrediction(VisionTransformer(HybridConfig(vit=vit, resnet_layers=(1, 1))), MPPConfig())
+    model = MaskedPatchPrediction(build_model(HybridConfig(vit=vit, resnet_layers=(1, 1))), MPPConfig())
     assert model.patch_pixels == 8
     images = torch.rand(2, 3, 32, 32) * 2 - 1
     out = model(images, torch.Generator().manual_seed(0))

@@ -46,7 +46,7 @@ class BenchConfig:
     num_classes: int = 1000  # K, head size
     batch_size: int = 32  # images per step
     precision: Precision = "auto"  # fp32, bf16 autocast, or auto = bf16 where the device computes it natively
-    attn_impl: str | None = None  # override the model's attention path (models/vit.py); None keeps the preset's
+    attn_impl: str | None = None  # override the model's attention path (models/kernels.py); None keeps the preset's
     overrides: dict[str, Any] = field(default_factory=dict)  # other model-config fields, e.g. {"depth": 6, "patch_size": 4}
     compile: bool = False  # torch.compile the model (its compile time is spent in warm-up and reported)
     modes: tuple[Mode, ...] = ("inference", "training")  # what to measure

@@ -5,7 +5,6 @@ The tensor functions are pure; `change_resolution` and `replace_head` apply them
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from typing import Literal
 
@@ -14,7 +13,7 @@ from torch import Tensor, nn
 
 from vitkit.models import build_model
 from vitkit.models import posemb as pe
-from vitkit.models.configs import HybridConfig, ResNetConfig, image_size, with_overrides
+from vitkit.models.configs import ResNetConfig, image_size, replace_vit, with_overrides
 
 log = logging.getLogger(__name__)
 
@@ -105,9 +104,7 @@ def replace_head(model: nn.Module, num_classes: int, pre_logits: PreLogits | Non
         if num_classes:
             nn.init.zeros_(model.head.weight)
             nn.init.zeros_(model.head.bias)
-        vit = dataclasses.replace(model.encoder_config, num_classes=num_classes)
-        model.encoder_config = vit
-        model.config = dataclasses.replace(model.config, vit=vit) if isinstance(model.config, HybridConfig) else vit
+        model.config = replace_vit(model.config, num_classes=num_classes)  # encoder_config follows
         return model
     model.reset_head(num_classes)
     return model

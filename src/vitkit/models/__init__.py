@@ -7,6 +7,7 @@ from typing import Any
 from torch import nn
 
 from vitkit.models.configs import PRESETS, HybridConfig, ModelConfig, ResNetConfig, ViTConfig, with_overrides
+from vitkit.models.hybrid import HybridEmbed
 from vitkit.models.resnet import ResNetV2
 from vitkit.models.vit import VisionTransformer
 
@@ -14,9 +15,15 @@ __all__ = ["build_model", "create_model", "list_models", "VisionTransformer", "R
 
 
 def build_model(config: ModelConfig) -> nn.Module:
-    """The model a config describes, freshly initialised as the official code does."""
+    """The model a config describes, freshly initialised as the official code does.
+
+    A hybrid is a ViT whose patch embedding is a ResNet stem (Sec. 3.1): the stem is built here and
+    given to the ViT, which records the whole HybridConfig as its `config`.
+    """
     if isinstance(config, ResNetConfig):
         return ResNetV2(config)
+    if isinstance(config, HybridConfig):
+        return VisionTransformer(config, patch_embed=HybridEmbed(config))
     return VisionTransformer(config)
 
 

@@ -71,10 +71,6 @@ class ViTConfig:
     def head_dim(self) -> int:  # D_h = D / k
         return self.hidden_size // self.num_heads
 
-    @property
-    def grid_size(self) -> tuple[int, int]:
-        return (self.img_size // self.patch_size, self.img_size // self.patch_size)
-
 
 @dataclass(frozen=True, kw_only=True)
 class ResNetConfig:
@@ -202,6 +198,18 @@ def config_from_dict(data: dict[str, Any]) -> ModelConfig:
     except TypeError as err:
         raise ValueError(f"model config does not match vitkit's {family} config: {err}") from None
     raise ValueError(f"unknown model family {family!r} (expected vit, resnet or hybrid)")
+
+
+def vit_config(config: ViTConfig | HybridConfig) -> ViTConfig:
+    """The transformer's fields of a ViT or hybrid config (a hybrid keeps them in `config.vit`)."""
+    return config.vit if isinstance(config, HybridConfig) else config
+
+
+def replace_vit(config: ViTConfig | HybridConfig, **fields: Any) -> ViTConfig | HybridConfig:
+    """`config` with transformer fields replaced, inside `config.vit` for a hybrid; None values are set too."""
+    if isinstance(config, HybridConfig):
+        return dataclasses.replace(config, vit=dataclasses.replace(config.vit, **fields))
+    return dataclasses.replace(config, **fields)
 
 
 def image_size(config: ModelConfig) -> int:

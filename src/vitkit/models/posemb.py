@@ -9,6 +9,11 @@ Variants (ViTConfig.posemb):
               added as a bias to the attention logits (see `relative_logits`).
 The [class] token gets the first row of a learned 1D table; for the 2D variants it gets none (it is a
 learned vector already, so a learned constant added to it would be redundant).
+
+Where (ViTConfig.posemb_where): once at the input (Eq. 1), a learned set before every layer, or one set
+added before every layer.  The ViT reads E_pos through one method, `VisionTransformer.position_embeddings(grid)`;
+everything that depends on the variant is here: the learned tables and their keys (`learned_tables`,
+`relative_table`, `init_`), E_pos for a patch grid (`lookup`) and where it is added (`add`).
 """
 
 from __future__ import annotations
@@ -17,9 +22,69 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
+
+from vitkit.models.configs import PosEmbWhere, ViTConfig
 
 ResampleMethod = Literal["bilinear", "bicubic"]
+TABLE_KEYS = ("pos_embed", "pos_embed_x", "pos_embed_y", "rel_pos")  # state-dict names (last part) of learned tables
+INIT_STD = 0.02  # AddPositionEmbs: normal(stddev=0.02); the relative tables alike
+
+
+def learned_tables(config: ViTConfig, grid: tuple[int, int], num_prefix_tokens: int
+                   ) -> tuple[nn.Parameter | None, nn.Parameter | None, nn.Parameter | None]:
+    """The absolute tables of `config.posemb` as (pos_embed, pos_embed_x, pos_embed_y), zero until `init_`.
+
+    learned_1d: pos_embed (S, prefix + gh*gw, D); learned_2d: pos_embed_x (S, gw, D/2) and pos_embed_y
+    (S, gh, D/2); other variants learn no absolute table.  S = L with posemb_where="per_layer", else 1.
+    """
+    sets = config.depth if config.posemb_where == "per_layer" else 1
+    width, (gh, gw) = config.hidden_size, grid
+    if config.posemb == "learned_1d":
+        return nn.Parameter(torch.zeros(sets, num_prefix_tokens + gh * gw, width)), None, None
+    if config.posemb == "learned_2d":
+        return None, nn.Parameter(torch.zeros(sets, gw, width // 2)), nn.Parameter(torch.zeros(sets, gh, width // 2))
+    return None, None, None
+
+
+def relative_table(config: ViTConfig, num_tokens: int) -> nn.Parameter | None:
+    """posemb="relative": one learned D_h-vector per offset i - j in -(T-1) ... T-1 (zero until `init_`)."""
+    return nn.Parameter(torch.zeros(2 * num_tokens - 1, config.head_dim)) if config.posemb == "relative" else None
+
+
+@torch.no_grad()
+def init_(model: nn.Module) -> None:
+    """Draw every learned position table of `model` (names in TABLE_KEYS) from N(0, 0.02), in registration order."""
+    for name, param in model.named_parameters():
+        if name.rsplit(".", 1)[-1] in TABLE_KEYS:
+            nn.init.normal_(param, std=INIT_STD)
+
+
+def lookup(config: ViTConfig, grid: tuple[int, int], stored_grid: tuple[int, int], num_prefix_tokens: int,
+           tables: tuple[Tensor | None, Tensor | None, Tensor | None], like: Tensor) -> Tensor | None:
+    """E_pos for a patch grid: (S, prefix + gh*gw, D), or None (posemb "none" / "relative").
+
+    `tables` are `learned_tables`' (learned at `stored_grid`, resampled in 2D to `grid`, Sec. 3.2);
+    the fixed sine-cosine table is made in the dtype and on the device of `like`.
+    """
+    pos_embed, pos_embed_x, pos_embed_y = tables
+    if config.posemb == "learned_1d":
+        return resample_pos_embed(pos_embed, grid, stored_grid, num_prefix_tokens)
+    if config.posemb == "learned_2d":
+        table = learned_2d(pos_embed_x, pos_embed_y, grid)
+    elif config.posemb == "sincos_2d":
+        table = sincos_2d(grid, config.hidden_size).to(like)
+    else:
+        return None
+    return F.pad(table, (0, 0, num_prefix_tokens, 0))  # the [class] token gets no 2D position
+
+
+def add(z: Tensor, pos: Tensor | None, where: PosEmbWhere, layer: int | None = None) -> Tensor:
+    """z + E_pos where App. D.4 puts it: at the input (layer None) for "input"; before layer `layer` (0-based)
+    its own set for "per_layer", the one set for "shared_per_layer".  Elsewhere z itself."""
+    if pos is None or (where == "input") != (layer is None):
+        return z
+    return z + pos[layer if where == "per_layer" else 0]
 
 
 def resample_pos_embed(

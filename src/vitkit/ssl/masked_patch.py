@@ -7,9 +7,9 @@
 
 The corruption acts on the patch embeddings x_p^i E of Eq. 1, *before* E_pos is added, so a [mask]
 token or a transplanted patch still carries the position of the slot it fills.  The encoder is used
-only through its public attributes (`patch_embed`, `cls_token`, `position_embeddings`, `pos_drop`,
-`blocks`, `norm`), so models/vit.py knows nothing about this objective and the saved encoder is a
-plain ViT.
+only through its public methods and attributes (`patch_embed`, then `encode_patches` on the corrupted
+embeddings, `num_prefix_tokens`), so models/vit.py knows nothing about this objective and the saved
+encoder is a plain ViT.
 
 Choices the paper leaves open, fixed here:
   * Selection: exactly round(rate * N) patches of every image (a random permutation, as MAE's
@@ -206,18 +206,7 @@ class MaskedPatchPrediction(nn.Module):
         enc = self.encoder
         tokens, grid = enc.patch_embed(images)  # Eq. 1: x_p^i E, (B, N, D)
         z, mask, kind = corrupt(tokens, self.mask_token, generator, self.config.corrupt_rate, self.config.replace)
-        if enc.cls_token is not None:
-            z = torch.cat([enc.cls_token.expand(z.shape[0], -1, -1), z], dim=1)  # (B, N+1, D)
-        pos = enc.position_embeddings(grid)
-        where = enc.encoder_config.posemb_where
-        if pos is not None and where == "input":
-            z = z + pos[0]  # Eq. 1: + E_pos, after the corruption so every slot keeps its position
-        z = enc.pos_drop(z)
-        for index, block in enumerate(enc.blocks):
-            if pos is not None and where != "input":  # App. D.4: embeddings before every layer
-                z = z + pos[index if where == "per_layer" else 0]
-            z, _ = block(z)  # Eq. 2-3
-        z = enc.norm(z)
+        z, _ = enc.encode_patches(z, grid, patch_dropout=0.0)  # Eq. 1-3 + LN: E_pos added after the corruption
         return z[:, enc.num_prefix_tokens :], mask, kind  # the patch representations z_L^1 ... z_L^N
 
     def targets(self, images: Tensor) -> Tensor:

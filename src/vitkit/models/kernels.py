@@ -1,0 +1,142 @@
+"""How the ViT's functions are computed: the fastest measured way, never a different function.
+
+vit.py states the paper's equations and calls these with explicit arguments (no global switches, no
+environment variables); benchmarks/cpu_kernels.py measures each choice against the one it replaced.
+
+  attention        softmax(q k^T / sqrt(D_h) + bias) v (App. A, Eq. 5-7): torch's fused SDPA kernel, or
+                   matmul + softmax spelt out, the only path that can return A; `impl` picks.
+  softmax          the explicit path's softmax; bf16 rows shorter than 32 on the CPU go through fp32.
+  gelu             GELU of the MLP; the tanh approximation (Flax's `nn.gelu`) is computed on the CPU as
+                   x sigmoid(2 sqrt(2/pi) (x + 0.044715 x^3)) in three light passes, torch's GELU backward.
+  linear_gelu      GELU(x W^T + b); without autograd on the CPU one oneDNN kernel.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+AttnImpl = Literal["auto", "sdpa", "explicit"]
+Approximate = Literal["tanh", "none"]
+BF16_SOFTMAX_MIN_TOKENS = 32  # CPU rows shorter than this: softmax in fp32 (see `softmax`)
+GELU_CUBIC = 0.044715  # tanh GELU: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+GELU_BETA = 2.0 * math.sqrt(2.0 / math.pi)  # 0.5 (1 + tanh(a)) = sigmoid(2a)
+
+
+def eager_cpu(x: Tensor) -> bool:
+    """Eager execution on the CPU: where the choices below apply (compile, export and ONNX trace torch's plain ops)."""
+    return (
+        x.device.type == "cpu"
+        and not torch.compiler.is_compiling()
+        and not torch.jit.is_tracing()
+        and not torch.onnx.is_in_onnx_export()
+    )
+
+
+# ----------------------------------------------------------------------------------- attention
+def explicit_attention(impl: AttnImpl, q: Tensor) -> bool:
+    """Whether Eq. 5-7 run as plain matmuls + softmax rather than the fused SDPA kernel.
+
+    "auto" picks the explicit path for bf16/fp16 queries on the CPU: there torch's SDPA kernel is
+    2-6x slower than matmul + softmax (forward and, above all, backward; benchmarks/compare.py);
+    in fp32 and on CUDA (flash / memory-efficient kernels) SDPA is as fast or faster.
+    """
+    if impl == "auto":
+        return q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16)
+    return impl == "explicit"
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, dropout: float, impl: AttnImpl,
+              need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+    """softmax(q k^T / sqrt(D_h) + bias) v for (B, k, T, D_h) q, k, v; returns (B, k, T, D_h) and, if
+    `need_weights`, A (B, k, T, T).  `dropout` (0 outside training) drops attention weights."""
+    if not (need_weights or explicit_attention(impl, q)):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout), None
+    logits = (q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)  # (B, k, T, T); scaling q is the cheaper side
+    weights = softmax(logits if bias is None else logits + bias)
+    out = F.dropout(weights, dropout) @ v  # p = 0 returns the weights untouched
+    return out, weights if need_weights else None
+
+
+def softmax(logits: Tensor) -> Tensor:
+    """Softmax over the last axis, in the logits' dtype.
+
+    On the CPU, torch's bf16 softmax kernel processes rows shorter than one 512-bit vector (32 bf16
+    values) element by element: there, as for the 17-25 tokens of small-28px under PatchDropout,
+    computing in fp32 and rounding back is 2-2.5x faster forward + backward; from 32 tokens up the
+    bf16 kernel is faster (3x at 197 tokens).  benchmarks/cpu_kernels.py measures both sides.
+    """
+    if logits.dtype == torch.bfloat16 and logits.device.type == "cpu" and logits.shape[-1] < BF16_SOFTMAX_MIN_TOKENS:
+        return logits.softmax(dim=-1, dtype=torch.float32).to(logits.dtype)
+    return logits.softmax(dim=-1)
+
+
+# ----------------------------------------------------------------------------------------- GELU
+class _TanhGelu(torch.autograd.Function):
+    """0.5 x (1 + tanh(u)) = x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3), in three passes over x.
+
+    torch's CPU tanh-GELU kernel spends its time in a vectorised tanh (2-3x its exact-erf kernel);
+    here the cubic takes two light passes and the third is aten's softplus_backward(grad=x, input=w,
+    beta=2 sqrt(2/pi)) = x sigmoid(beta w), one exp per element (threshold 20: above it sigmoid = 1
+    to within 2e-9, and the kernel returns x).  The backward is torch's own gelu_backward kernel, so
+    gradients equal F.gelu's for the same input (and stay differentiable); only x is saved, as there.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor) -> Tensor:
+        ctx.save_for_backward(x)
+        cubic = torch.addcmul(x.new_ones(()), x, x, value=GELU_CUBIC).mul_(x)  # x + 0.044715 x^3, (B, T, mlp_dim)
+        return torch.ops.aten.softplus_backward.grad_input(x, cubic, GELU_BETA, 20.0, grad_input=cubic)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> Tensor:
+        (x,) = ctx.saved_tensors
+        return torch.ops.aten.gelu_backward(grad, x, approximate="tanh")
+
+
+def gelu(x: Tensor, approximate: Approximate) -> Tensor:
+    """GELU, exact (erf) or the tanh approximation; equal to `F.gelu(x, approximate=...)` within
+    1e-6 max(|x|, 1) in fp32 and 2^-7 max(|x|, 1) (one bf16 step) in bf16 (tests/models/test_kernels.py)."""
+    if approximate == "tanh" and type(x) is Tensor and x.dtype in (torch.float32, torch.bfloat16) and eager_cpu(x):
+        return _TanhGelu.apply(x)  # plain tensors only: subclasses (DTensor, ...) keep torch's op
+    return F.gelu(x, approximate=approximate)
+
+
+# ------------------------------------------------------------------------------- dense + GELU
+def cpu_inference(x: Tensor) -> bool:
+    """No autograd, eager, on the CPU: where oneDNN's fused dense + GELU can replace the two ops."""
+    return not torch.is_grad_enabled() and eager_cpu(x)
+
+
+def linear_gelu(x: Tensor, fc: nn.Linear, approximate: Approximate) -> Tensor:
+    """GELU(x W^T + b): in one oneDNN kernel where it can (`cpu_inference`), else the dense layer, then `gelu`."""
+    if cpu_inference(x):
+        fused = fused_linear_gelu(x, fc, approximate)
+        if fused is not None:
+            return fused
+    return gelu(fc(x), approximate)
+
+
+def fused_linear_gelu(x: Tensor, fc: nn.Linear, approximate: Approximate) -> Tensor | None:
+    """GELU(x W^T + b) in one oneDNN kernel (the GELU applied to the matmul's fp32 accumulator).
+
+    Same function as `gelu(fc(x))`: fp32 results agree to ~5e-7, and with bf16 autocast the output is
+    rounded to bf16 once instead of twice.  It removes the separate pass over the (B, T, mlp_dim)
+    activation, the largest tensor of the block.  Returns None where the fused kernel is unavailable,
+    so the caller falls back to the two ops.
+    """
+    op = getattr(torch.ops.mkldnn, "_linear_pointwise", None) if torch.backends.mkldnn.is_available() else None
+    if op is None:
+        return None
+    weight, bias = fc.weight, fc.bias
+    if torch.is_autocast_enabled("cpu"):  # the fused op is not on autocast's list: cast as autocast would
+        dtype = torch.get_autocast_dtype("cpu")
+        x, weight = x.to(dtype), weight.to(dtype)
+        bias = bias.to(dtype) if bias is not None else None
+    if x.dtype != weight.dtype or x.dtype not in (torch.float32, torch.bfloat16):
+        return None
+    return op(x, weight, bias, "gelu", [], approximate)
