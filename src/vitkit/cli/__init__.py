@@ -3,8 +3,8 @@
 Every verb that writes takes `--out DIR`; every verb that reports takes `--json` and then prints one
 JSON object on stdout's last line.  Errors a user can fix exit with status 2 and one clear line.
 One module per family of verbs: training.py (train, finetune, pretrain-mpp), evaluating.py (eval,
-fewshot, predict, embed, inspect), tools.py (models, convert, export-onnx, bench); flags.py holds the
-flag groups they share.
+fewshot, predict, embed, inspect), tools.py (models, convert, export-onnx, bench), studies.py (reproduce);
+flags.py holds the flag groups they share.
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ import argparse
 import sys
 from typing import Any, Callable, Sequence
 
-from vitkit.cli import evaluating, tools, training
+from vitkit.cli import evaluating, studies, tools, training
 
 VERBS: list[Callable[[argparse._SubParsersAction], None]] = [
     tools.add_models, training.add_pretrain_mpp, tools.add_convert, tools.add_export_onnx, evaluating.add_eval,
     evaluating.add_fewshot, evaluating.add_predict, evaluating.add_embed, evaluating.add_inspect, tools.add_bench,
-    training.add_train, training.add_finetune,
+    training.add_train, training.add_finetune, studies.add_reproduce,
 ]
 
 
