@@ -76,3 +76,21 @@ def test_compute_ratio_of_a_vit_twice_as_efficient() -> None:
     assert compute_ratios(vit, resnet) == [(pytest.approx(2.0), "matched")]
     lead_small, lead_large = hybrid_leads(vit, [(1e9, 0.74), (4e9, 0.80)])
     assert (lead_small, lead_large) == (pytest.approx(0.04), pytest.approx(0.0))
+
+
+def test_calibrated_unit_arm_fills_the_budget_at_each_models_speed() -> None:
+    import dataclasses
+
+    from vitkit.reproduce.scale import Scale, calibrated
+    from vitkit.train.recipes import get_recipe
+    from vitkit.data.sources import describe
+
+    base = get_recipe("small-8px", describe("digits"))  # batch 128
+    wide = dataclasses.replace(base, model=dataclasses.replace(base.model, hidden_size=128))
+    speeds = {64: 1000.0, 128: 250.0}  # images/s of each model, as a fake clock would measure them
+    scale = calibrated(Scale("small", 1.0), 10.0, [(1.0, base), (1.0, base), (2.0, wide)], base,
+                       measure=lambda config: speeds[config.model.hidden_size])
+    # 0.8 x 10 min = 480 s; one unit step costs 128/1000 + 128/1000 + 2 x 128/250 = 1.28 s -> 375 steps
+    assert scale.unit_steps == 375 and scale.images_per_s == 1000.0 and len(scale.speeds) == 2
+    assert scale.unit_minutes == pytest.approx(375 * 128 / 1000 / 60, abs=1e-3)
+    assert calibrated(Scale("tiny", 0.0), 10.0, [(1.0, base)], base, measure=lambda c: 1 / 0) == Scale("tiny", 0.0)

@@ -45,7 +45,8 @@ FEWSHOT_DRAWS = 5  # draws of the k shots per arm (the same draws for every arm 
 FEWSHOT_L2 = tuple(range(-10, 21, 2))  # ridge penalties 2^-10 .. 2^20 in steps of 4x (eval/fewshot.py's grid, halved)
 ATTENTION_IMAGES = 128  # App. D.7, Figure 11: "computed for 128 example images"
 TRAIN_FLOPS_FACTOR = 3  # forward + backward (two forward-sized matmuls per forward matmul)
-IGNORED = {"run": ("out", "progress", "tensorboard", "threads", "device")}  # where a re-run may differ
+# Where a re-run may differ: output place, display, hardware, and the path of the arm it starts from (named by the arm).
+IGNORED = {"run": ("out", "progress", "tensorboard", "threads", "device", "init_from")}
 
 
 class StudyInterrupted(Exception):
@@ -122,7 +123,7 @@ def trained_record(arm: Arm, config: TrainConfig, result: dict[str, Any]) -> dic
         "status": result["status"], "step": result["step"], "steps": result["steps"],
         "epochs": round(images / max(plan["num_train"], 1), 3), "num_train": plan["num_train"],
         "images_seen": images, "params": plan["params"], "forward_flops": forward,
-        "train_flops": TRAIN_FLOPS_FACTOR * forward * images, "max_minutes": config.run.max_minutes,
+        "train_flops": TRAIN_FLOPS_FACTOR * forward * images,
         "train_minutes": round(result["minutes"], 3), "device": plan["device"], "precision": plan["precision"],
         "images_per_s": (plan.get("measured") or {}).get("images_per_s"),
         "test": result.get(config.eval.final_split), "reused": False,

@@ -2,7 +2,8 @@
 
 Arms: ViTs of three sizes (the base; half its width, depth and MLP; twice its width and MLP with two
 more layers) and the base with larger patches; the BiT ResNets closest in forward FLOPs to the base and
-the large ViT; hybrids of the small and base ViT -- each trained for 1 and for 3 unit budgets of time.
+the large ViT; hybrids of the small and base ViT -- each trained with the compute of 1 and of 3 unit arms
+of the base ViT (steps in inverse proportion to the model's forward FLOPs: matched budgets).
 The x axis is each arm's analytic training compute (bench/flops.py: 3 x forward FLOPs x images seen),
 the y axis its test top-1, as Figure 5 plots transfer accuracy against pre-training exaFLOPs.
 
@@ -21,6 +22,7 @@ import dataclasses
 import math
 from typing import Sequence
 
+from vitkit.bench.flops import model_flops
 from vitkit.models.configs import ViTConfig
 from vitkit.reproduce import paper
 from vitkit.reproduce.common import SMALLEST_EFFECT, arm, over_seeds
@@ -59,10 +61,14 @@ def models(context: Context) -> dict:
 
 
 def plan(context: Context) -> list:
-    def arms(seed: int) -> list:
+    table = models(context)
+    base = model_flops(context.base.model)
+
+    def arms(seed: int) -> list:  # equal training FLOPs per level: steps x forward FLOPs the same for every model
         return [arm(context, f"{label}x{level:g}", seed, model, {"model": label, "family": family(model),
-                                                                  "level": level}, units=level, measure=())
-                for label, model in models(context).items() for level in LEVELS]
+                                                                  "level": level},
+                    units=level * base / model_flops(model), measure=())
+                for label, model in table.items() for level in LEVELS]
 
     return over_seeds(context, arms)
 
@@ -155,9 +161,9 @@ def analyse(context: Context, records: list) -> Analysis:
                       "lead of the cheapest hybrid point - lead of the costliest", seed_sd(shrink)), {}),
     ]
     figure(context, records)
-    notes = ["every model trains for 1 and for 3 unit budgets of time (fitted schedules); compute = 3 x analytic "
-             "forward FLOPs x images seen; Figure 5 plots transfer accuracy after pre-training on JFT-300M, here the "
-             "test top-1 of the trained classifier"]
+    notes = ["every model trains with the compute of 1 and of 3 unit arms of the base ViT (steps in inverse "
+             "proportion to its forward FLOPs); compute = 3 x analytic forward FLOPs x images seen; Figure 5 plots "
+             "transfer accuracy after pre-training on JFT-300M, here the test top-1 of the trained classifier"]
     return Analysis(claims, [table(records)], [("compute.png", "Figure 5: test top-1 against training compute")], notes)
 
 

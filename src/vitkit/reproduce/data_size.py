@@ -3,8 +3,8 @@
 Arms: the base ViT, the BiT ResNet-v2 closest to it in forward FLOPs ("comparable computational cost")
 and the hybrid (the ViT on one ResNet stage), each trained on fixed, nested, class-stratified parts of
 the training split (data.train_fraction: 5%, 10%, 30%, 100%; 25% and 100% at the tiny scale).  Every
-arm trains for the same time with the same hyper-parameters, as the paper trains every subset alike (so
-small subsets see more epochs: that is where a model without a CNN's inductive bias may overfit).
+arm trains for the same number of steps with the same hyper-parameters, as the paper trains every subset
+alike (so small subsets see more epochs: that is where a model without a CNN's inductive bias may overfit).
 Metrics: 5-shot linear accuracy of the frozen representation (Figure 4's metric; shots drawn from the
 whole training split) and the test top-1 of the classifier trained on the subset (standing in for
 Figure 3's fine-tuned accuracy).
@@ -86,8 +86,8 @@ def analyse(context: Context, records: list) -> Analysis:
     notes = [f"models: ViT {m['vit'].hidden_size}-wide, {m['vit'].depth} layers, {m['vit'].patch_size}px patches; "
              f"BiT ResNet-v2 with {m['resnet'].layers} units per stage (closest in forward FLOPs); hybrid: the ViT "
              f"on {m['hybrid'].resnet_layers} ResNet units",
-             "every arm trains for the same time (fitted schedule, ending annealed); no early stopping (the paper "
-             "reports the best validation accuracy during training)"]
+             "every arm trains for the same steps (one unit arm) with the same hyper-parameters; no early stopping "
+             "(the paper reports the best validation accuracy during training)"]
     caption = "Figures 3-4: accuracy against the share of the training data used, per model"
     return Analysis(claims, [table], [("data_size.png", caption)], notes)
 

@@ -8,6 +8,7 @@ no arm is left out.  Both files are written atomically.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import os
@@ -19,6 +20,7 @@ import torch
 
 from vitkit.atomic import atomic_write_text
 from vitkit.reproduce import verdict as verdicts
+from vitkit.reproduce.common import SIMILAR_MARGIN, SMALLEST_EFFECT
 from vitkit.reproduce.study import Analysis, Claim, Context, Study, Table
 
 VERDICT_RULES = (
@@ -28,7 +30,9 @@ VERDICT_RULES = (
     f"effect of interest, **{verdicts.NOT_REPRODUCED}** when the whole interval is below that effect, else "
     f"**{verdicts.INCONCLUSIVE}** (the spread is larger than the effect).  'A is about B': reproduced when the "
     f"range of the means plus the interval fits the margin, not reproduced when it exceeds it even without the "
-    f"interval, else inconclusive.  With one seed the spread is not measured and the reason says so.")
+    f"interval, else inconclusive.  With one seed the spread is not measured and the reason says so.  Unless a "
+    f"claim says otherwise, the smallest effect of interest in accuracy is {SMALLEST_EFFECT:g} (half a point) and "
+    f"variants 'differ little' within {SIMILAR_MARGIN:g} (one point).")
 
 
 def machine(device: str) -> str:
@@ -60,7 +64,7 @@ def write_report(study: Study, context: Context, records: list[dict[str, Any]], 
     results = {
         "study": study.name, "title": study.title, "command": command(study, context), "data": context.request.data,
         "budget_minutes": context.request.budget_minutes, "seeds": context.request.seeds,
-        "scale": {"name": context.scale.name, "unit_minutes": context.scale.unit_minutes},
+        "scale": dataclasses.asdict(context.scale),
         "machine": machine(devices[0] if devices else "cpu"), "minutes_this_invocation": round(minutes, 2),
         "arm_minutes": round(sum(r.get("wall_minutes", 0) for r in records), 2),
         "created": datetime.datetime.now().isoformat(timespec="seconds"),
@@ -79,8 +83,11 @@ def write_report(study: Study, context: Context, records: list[dict[str, Any]], 
 
 def markdown(results: dict[str, Any], analysis: Analysis) -> str:
     lines = [f"# {results['title']}", "", f"`{results['command']}`", ""]
-    lines += [f"- data: `{results['data']}`; scale **{results['scale']['name']}** "
-              f"({results['scale']['unit_minutes']:.2f} training minutes per unit arm); {results['seeds']} seed(s)",
+    scale = results["scale"]
+    unit = (f"a unit arm is {scale['unit_steps']} steps, {scale['unit_minutes']:.2f} min at the {scale['images_per_s']:g} "
+            "images/s the base model trained at when the study started" if scale["unit_steps"] else
+            "a unit arm is the -tiny recipe's steps")
+    lines += [f"- data: `{results['data']}`; scale **{scale['name']}** ({unit}); {results['seeds']} seed(s)",
               f"- machine: {results['machine']}; {len(results['arms'])} arms, {results['arm_minutes']:.1f} arm-minutes "
               f"in all (budget {results['budget_minutes']:g} min)", ""]
     lines += [f"- {note}" for note in analysis.notes] + ([""] if analysis.notes else [])

@@ -1,10 +1,15 @@
 """How a study fits its time budget: the scale of its models, the length of its arms, its base config.
 
-`--budget-minutes` is wall-clock for the whole study.  TRAIN_SHARE of it is divided over the arms'
-training in proportion to each arm's `units` (a unit arm trains `unit_minutes`); the rest pays for
-loading data, final evaluations and few-shot probes.  Every arm is a run with `run.max_minutes`, so the
-engine FITS its schedule to that time (warmup and decay by the clock, ending annealed) and a killed
-study resumes each run where it stopped.
+`--budget-minutes` is wall-clock for the whole study.  TRAIN_SHARE of it is divided over one seed's arms
+(`Study.units` unit arms per seed; the rest pays for loading data, final evaluations and few-shot
+probes).  A unit arm is a fixed number of optimiser steps, `unit_steps`, chosen once when the study starts
+so that every arm's steps at its own model's measured training speed (`calibrate`, per distinct model)
+add up to that share of the budget; it is stored in study.json, so a re-run plans exactly the same arms.  Arms are lengths in steps, not in time, because
+on a shared machine the speed changes from minute to minute: time-budgeted arms of the same model were
+measured to take from 564 to 1,388 steps in the same 1.8 minutes, which would compare the machine's load,
+not the models.  An arm of `units` trains round(units x unit_steps) steps with the schedule of its recipe
+(warmup and cosine decay over those steps, ending annealed); studies give arms of costlier models fewer
+units where they compare at equal compute (`compute`).
 
 The scale follows the minutes of a unit arm:
     tiny   < TINY_UNIT_MINUTES   the recipe's -tiny variant (D=32, L=2), a fixed 10 steps x units: tests
@@ -21,7 +26,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Sequence
 
 from vitkit.data.sources import SourceInfo
 from vitkit.models.configs import HybridConfig, ModelConfig, ResNetConfig, ViTConfig
@@ -31,7 +39,7 @@ from vitkit.train.recipes import auto_recipe_name, get_recipe
 TRAIN_SHARE = 0.8  # of the budget spent in training loops; the rest loads, evaluates and probes
 TINY_UNIT_MINUTES = 0.3
 BASE_UNIT_MINUTES = 30.0
-EPOCH_CAP = 300.0  # a fitted arm ends at its time budget or after this many epochs, whichever is first
+CALIBRATION_ROUNDS, CALIBRATION_STEPS = 3, 2  # timed rounds (median) of steps of each model
 VAL_FRACTION = 0.1  # App. B.1.1 holds out 10% of small sets as a development split
 CHECKPOINT_EVERY = 200  # steps: a killed arm loses at most this much
 
@@ -40,10 +48,13 @@ CHECKPOINT_EVERY = 200  # steps: a killed arm loses at most this much
 class Scale:
     name: str  # "tiny", "small" or "base"
     unit_minutes: float  # training minutes of an arm of one unit (tiny: 0, fixed steps)
+    unit_steps: int = 0  # optimiser steps of an arm of one unit (tiny: the -tiny recipe's)
+    images_per_s: float = 0.0  # the calibration: training speed of the base model when the study started
+    speeds: dict = field(default_factory=dict)  # model (family and size) -> calibrated training images/s
 
 
 def scale_for(budget_minutes: float, units: float) -> Scale:
-    """The scale at which `units` units of arms fit `budget_minutes` (module docstring)."""
+    """The scale at which `units` units of arms fit `budget_minutes` (module docstring); not yet calibrated."""
     if budget_minutes <= 0 or units <= 0:
         raise ValueError(f"the budget must be > 0 minutes and the study must have arms (got {budget_minutes}, {units})")
     unit = budget_minutes * TRAIN_SHARE / units
@@ -76,13 +87,64 @@ def base_config(info: SourceInfo, scale: Scale, *, threads: int = 0, device: str
 
 
 def timed(config: TrainConfig, units: float, scale: Scale) -> TrainConfig:
-    """`config` trained for `units` units: fitted to units x unit_minutes, or (tiny) the recipe's steps x units."""
+    """`config` trained for `units` unit arms: round(units x unit_steps) steps (tiny: the recipe's steps x units)."""
+    per_unit = config.data.steps if scale.name == "tiny" else scale.unit_steps
+    if per_unit < 1:
+        raise ValueError(f"the {scale.name} scale has no calibrated steps per unit arm (calibrate first)")
+    data = dataclasses.replace(config.data, steps=max(1, round(per_unit * units)))
+    return dataclasses.replace(config, data=data, run=dataclasses.replace(config.run, max_minutes=0.0))
+
+
+def calibrate(config: TrainConfig) -> float:
+    """Training images/s of `config.model` on this device (synthetic batches of the run's batch size: forward,
+    backward and AdamW step at the run's precision and threads; the median of CALIBRATION_ROUNDS rounds).  The
+    real loop adds augmentation and logging, which tiny models feel most: arms may run somewhat over."""
+    import statistics
+
+    import torch
+
+    from vitkit.bench.throughput import make_optimizer, num_threads, time_steps, training_step
+    from vitkit.device import pick_device, resolve_precision
+    from vitkit.models import build_model
+    from vitkit.models.configs import image_size, in_channels, num_classes
+
+    device = pick_device(config.run.device)
+    precision = resolve_precision(config.run.precision, device)
+    batch, size = config.data.batch_size, image_size(config.model)
+    with num_threads(config.run.threads or None), torch.random.fork_rng(devices=[]):
+        model = build_model(config.model).to(device).train()
+        images = torch.randn(batch, in_channels(config.model), size, size, device=device)
+        labels = torch.randint(0, max(num_classes(config.model), 1), (batch,), device=device)
+        step = training_step(model, make_optimizer(model, device), images, labels, device, precision)
+        step()  # warm-up
+        seconds = statistics.median(time_steps(step, device, CALIBRATION_STEPS) for _ in range(CALIBRATION_ROUNDS))
+    return batch / seconds
+
+
+def model_key(model: ModelConfig) -> str:
+    """A short, stable name of a model config (what calibration speeds are stored under)."""
+    from vitkit.models.configs import config_to_dict
+
+    digest = hashlib.sha1(json.dumps(config_to_dict(model), sort_keys=True).encode()).hexdigest()
+    return f"{family(model)}-{digest[:10]}"
+
+
+def calibrated(scale: Scale, budget_minutes: float, configs: Sequence[tuple[float, TrainConfig]],
+               base: TrainConfig, measure=calibrate) -> Scale:
+    """`scale` with its unit arm in steps: the arms (units, config) at their models' measured speeds fill
+    TRAIN_SHARE of `budget_minutes`."""
     if scale.name == "tiny":
-        steps = max(1, round(config.data.steps * units))
-        return dataclasses.replace(config, data=dataclasses.replace(config.data, steps=steps))
-    data = dataclasses.replace(config.data, steps=0, epochs=EPOCH_CAP)
-    run = dataclasses.replace(config.run, max_minutes=round(units * scale.unit_minutes, 4), budget_schedule="fit")
-    return dataclasses.replace(config, data=data, run=run)
+        return scale
+    speeds: dict[str, float] = {}
+    for _, config in [(1.0, base), *configs]:
+        key = model_key(config.model)
+        if key not in speeds:
+            speeds[key] = round(measure(config), 1)
+    seconds = sum(units * config.data.batch_size / speeds[model_key(config.model)] for units, config in configs)
+    steps = max(1, round(budget_minutes * TRAIN_SHARE * 60 / seconds))
+    base_speed = speeds[model_key(base.model)]
+    return dataclasses.replace(scale, unit_steps=steps, images_per_s=base_speed, speeds=speeds,
+                               unit_minutes=round(steps * base.data.batch_size / base_speed / 60, 3))
 
 
 def with_model(config: TrainConfig, model: ModelConfig) -> TrainConfig:

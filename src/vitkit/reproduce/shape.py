@@ -2,8 +2,8 @@
 
 Arms: the base ViT; depth halved and doubled; width D halved and doubled (k heads kept); MLP width halved
 and doubled; patches one step smaller and one step larger (the next sizes that tile the image).  The
-paper trains every shape alike on the same data; here every arm's time is in proportion to its forward
-FLOPs, so that every arm sees about the same number of images (the report lists them).
+paper trains every shape alike on the same data; here every arm trains for
+the same number of steps, so that every arm sees the same images (its time grows with its FLOPs).
 Metric: 5-shot linear accuracy (Figure 8's ImageNet 5-shot), test top-1 beside it.
 Claims: doubling the depth gains more than doubling the width or the MLP; smaller patches help with
 (nearly) no added parameters.
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 
-from vitkit.bench.flops import model_flops
 from vitkit.models.configs import ViTConfig
 from vitkit.reproduce import paper
 from vitkit.reproduce.common import SMALLEST_EFFECT, arm, better, means, over_seeds, table_of
@@ -21,7 +20,7 @@ from vitkit.reproduce.figures import Panel, Series, draw, mean_sd
 from vitkit.reproduce.study import METRIC_NAMES, Analysis, Claim, Context, Study, by_arm
 from vitkit.reproduce.verdict import difference, exceeds, pooled_sd
 
-UNITS = 15.0  # one seed's arms share this many unit budgets, in proportion to their FLOPs
+UNITS = 15.0  # one seed's arms take about this many unit arms of time (their FLOPs against the base's, summed)
 DIMENSIONS = ("depth", "width", "mlp", "patch")
 
 
@@ -49,13 +48,9 @@ def shapes(vit: ViTConfig) -> dict[str, tuple[str, float, ViTConfig]]:
 
 def plan(context: Context) -> list:
     table = shapes(context.base.model)
-    flops = {name: model_flops(config) for name, (_, _, config) in table.items()}
-    scale = UNITS / sum(flops.values())
-    tiny = context.scale.name == "tiny"  # tiny arms run a fixed number of steps: the same for every shape
 
     def arms(seed: int) -> list:
-        return [arm(context, name, seed, config, {"dimension": dim, "factor": factor},
-                    units=1.0 if tiny else flops[name] * scale)
+        return [arm(context, name, seed, config, {"dimension": dim, "factor": factor})
                 for name, (dim, factor, config) in table.items()]
 
     return over_seeds(context, arms)
@@ -80,7 +75,7 @@ def analyse(context: Context, records: list) -> Analysis:
     summary = table_of(records, ("fewshot5", "top1"), METRIC_NAMES, "Shapes", extra, ["params", "MFLOPs/image",
                                                                                       "images seen"])
     figure(context, records, table)
-    notes = ["each arm's training time is in proportion to its forward FLOPs (about equal images seen); Figure 8 "
+    notes = ["every arm trains for the same steps (equal images seen; its time grows with its FLOPs); Figure 8 "
              "scales ViT with 8 layers, D=1024, MLP 2048, patch 32 on JFT-300M and reads ImageNet 5-shot"]
     return Analysis(claims, [summary], [("shape.png", "Figure 8: 5-shot accuracy against the scaling factor of "
                                                       "one dimension")], notes)

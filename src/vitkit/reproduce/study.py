@@ -12,6 +12,7 @@ the arms, `analyse` turns the arms' records into claims with verdicts, tables an
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -24,7 +25,7 @@ from vitkit.data.sources import SourceInfo, describe
 from vitkit.bench.throughput import num_threads
 from vitkit.reproduce.arms import FEWSHOT_DRAWS, FEWSHOT_SHOTS, Arm, Probes, run_train_arm
 from vitkit.reproduce.paper import PaperClaim
-from vitkit.reproduce.scale import Scale, base_config, scale_for
+from vitkit.reproduce.scale import Scale, base_config, calibrated, scale_for
 from vitkit.reproduce.verdict import Verdict
 from vitkit.train.config import TrainConfig
 
@@ -116,21 +117,33 @@ def make_context(study: Study, request: StudyRequest) -> Context:
     return Context(request=request, info=info, scale=scale, base=base, out=Path(request.out))
 
 
-def check_directory(study: Study, context: Context) -> None:
-    """Refuse a directory planned for another study, data set or budget; record this request."""
+def prepare_directory(study: Study, context: Context) -> Context:
+    """Refuse a directory planned for another study, data set or budget; calibrate the unit arm once (or read the
+    stored calibration, so that a re-run plans the same arms); record the request in study.json."""
     path = context.out / "study.json"
     request = context.request
     mine = {"study": study.name, "data": request.data, "budget_minutes": request.budget_minutes}
-    if path.is_file():
-        stored = json.loads(path.read_text())
+    stored = json.loads(path.read_text()) if path.is_file() else {}
+    if stored:
         differs = [k for k, v in mine.items() if stored.get(k) != v]
         if differs:
             planned = ", ".join(f"{k}={stored.get(k)!r}" for k in differs)
             raise ValueError(f"{context.out} holds a study planned with {planned}; re-run with the same values to "
                              "resume, or use another --out")
+    scale = context.scale
+    if (stored.get("scale") or {}).get("unit_steps"):  # planned before: the same arms again
+        scale = Scale(**stored["scale"])
+    elif scale.name != "tiny" and study.run_arm is run_train_arm:
+        provisional = dataclasses.replace(context, scale=dataclasses.replace(scale, unit_steps=1))
+        arms = study.plan(provisional)
+        scale = calibrated(scale, request.budget_minutes, [(a.units, a.config) for a in arms], context.base)
+        log.info("calibration: %d model(s) timed; the base model trains %.0f images/s; a unit arm is %d steps "
+                 "of %d images", len(scale.speeds), scale.images_per_s, scale.unit_steps, context.base.data.batch_size)
+    context = dataclasses.replace(context, scale=scale)
     context.out.mkdir(parents=True, exist_ok=True)
-    record = {**mine, "seeds": request.seeds, "scale": asdict(context.scale)}
+    record = {**mine, "seeds": request.seeds, "scale": asdict(scale)}
     atomic_write_text(path, json.dumps(record, indent=1) + "\n")
+    return context
 
 
 def run_study(study: Study, request: StudyRequest) -> dict[str, Any]:
@@ -138,15 +151,14 @@ def run_study(study: Study, request: StudyRequest) -> dict[str, Any]:
     from vitkit.reproduce.report import write_report
 
     began = time.monotonic()
-    context = make_context(study, request)
-    check_directory(study, context)
+    context = prepare_directory(study, make_context(study, request))
     arms = study.plan(context)
     keys = [a.key for a in arms]
     if len(set(keys)) != len(keys):  # a planning error: two arms would share one run directory
         shared = sorted({k for k in keys if keys.count(k) > 1})
         raise ValueError(f"study {study.name} planned arms with the same directory: {shared}")
-    log.info("study %s: %d arms (%s scale, %.2f min per unit arm) on %s into %s", study.name, len(arms),
-             context.scale.name, context.scale.unit_minutes, request.data, context.out)
+    log.info("study %s: %d arms (%s scale, unit arm %.2f min = %d steps) on %s into %s", study.name, len(arms),
+             context.scale.name, context.scale.unit_minutes, context.scale.unit_steps, request.data, context.out)
     tiny = context.scale.name == "tiny"
     probes = Probes(request.device, shots=(5,) if tiny else FEWSHOT_SHOTS, draws=2 if tiny else FEWSHOT_DRAWS)
     records = []
