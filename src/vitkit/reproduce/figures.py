@@ -48,6 +48,7 @@ class Panel:
     ylog: bool = False
     ylim: tuple[float, float] | None = None
     hline: tuple[float, str] | None = None  # a reference level and its label
+    xticks: Sequence[float] | None = None  # label exactly these x values (e.g. the learning rates tried)
 
 
 def draw(path: Path, panels: Sequence[Panel], width: float = 4.4, height: float = 3.4) -> Path:
@@ -65,6 +66,9 @@ def draw(path: Path, panels: Sequence[Panel], width: float = 4.4, height: float 
             ax.set_yscale("log")
         if panel.ylim:
             ax.set_ylim(*panel.ylim)
+        if panel.xticks is not None:
+            ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+            ax.set_xticks(list(panel.xticks), [f"{x:g}" for x in panel.xticks])
         if panel.hline:
             ax.axhline(panel.hline[0], color="grey", linestyle=":", linewidth=1, label=panel.hline[1])
         ax.grid(alpha=0.3)

@@ -99,7 +99,8 @@ def figure(context: Context, records: list) -> None:
             stats = [mean_sd(values[name(head, level)]) for level in ("low", "high")]
             series.append(Series("CLS token" if head == "token" else "GAP", [lr["low"], lr["high"]],
                                  [s[0] for s in stats], [s[1] for s in stats], marker="o" if head == "token" else "s"))
-        panels.append(Panel(f"vitkit: {METRIC_NAMES[metric]}", "learning rate", "accuracy", series, xlog=True))
+        panels.append(Panel(f"vitkit: {METRIC_NAMES[metric]}", "learning rate", "accuracy", series, xlog=True,
+                            xticks=[lr["low"], lr["high"]]))
     draw(context.out / "head.png", panels)
 
 

@@ -46,6 +46,11 @@ def analyse(context: Context, records: list) -> Analysis:
         claims.append((metric, first, second))
     (_, none_5, similar_5), (_, none_top1, similar_top1) = claims
     five = means(records, "fewshot5")
+    spread = max(five[v] for v in variants) - min(five[v] for v in variants)
+    gap = five[DEFAULT] - five[NONE]
+    paper_spread = max(v for (k, _), v in paper.TABLE_8.items() if k != "none") - min(
+        v for (k, _), v in paper.TABLE_8.items() if k != "none")
+    paper_gap = paper.TABLE_8[("learned_1d", "input")] - paper.TABLE_8[("none", "input")]
     out = [
         Claim("posemb.none-worse", "No position embedding is clearly worse than learned 1D", paper.POSEMB_GAP,
               METRIC_NAMES["fewshot5"], none_5,
@@ -54,7 +59,8 @@ def analyse(context: Context, records: list) -> Analysis:
         Claim("posemb.variants-similar", "The ways of encoding position differ little", paper.POSEMB_GAP,
               METRIC_NAMES["fewshot5"], similar_5,
               {**{v: five[v] for v in variants}, "same test on test top-1": similar_top1.status,
-               "margin": SIMILAR_MARGIN}),
+               "margin": SIMILAR_MARGIN, "range of the variants / gap to none (context, not the test)":
+               round(spread / gap, 3) if gap else None, "the same in Table 8": round(paper_spread / paper_gap, 3)}),
     ]
     paper_column = {name(k, w): [f"{100 * v:.3f}"] for (k, w), v in paper.TABLE_8.items()}
     table = table_of(records, ("fewshot5", "top1"), METRIC_NAMES, "Table 8 beside vitkit", paper_column,
