@@ -4,7 +4,7 @@ Every verb that writes takes `--out DIR`; every verb that reports takes `--json`
 JSON object on stdout's last line.  Errors a user can fix exit with status 2 and one clear line.
 One module per family of verbs: training.py (train, finetune, pretrain-mpp), evaluating.py (eval,
 fewshot, predict, embed, inspect), serving.py (serve), tools.py (models, convert, export-onnx, bench),
-data.py (shard);
+data.py (shard), studies.py (reproduce);
 flags.py holds the flag groups they share.
 """
 
@@ -14,12 +14,12 @@ import argparse
 import sys
 from typing import Any, Callable, Sequence
 
-from vitkit.cli import data, evaluating, serving, tools, training
+from vitkit.cli import data, evaluating, serving, studies, tools, training
 
 VERBS: list[Callable[[argparse._SubParsersAction], None]] = [
     tools.add_models, training.add_pretrain_mpp, tools.add_convert, tools.add_export_onnx, evaluating.add_eval,
     evaluating.add_fewshot, evaluating.add_predict, serving.add_serve, evaluating.add_embed, evaluating.add_inspect,
-    tools.add_bench, training.add_train, training.add_finetune, data.add_shard,
+    tools.add_bench, training.add_train, training.add_finetune, data.add_shard, studies.add_reproduce,
 ]
 
 

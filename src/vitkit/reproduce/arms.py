@@ -1,0 +1,186 @@
+"""Arms: the runs a study is made of, each a normal run directory, and what is measured on them.
+
+    DIR/arms/<arm>-s<seed>/            a run directory of vitkit's engine (config.json, metrics.jsonl, checkpoints/)
+    DIR/arms/<arm>-s<seed>/arm.json    written last and atomically, once the arm is trained and measured
+
+A re-run of the study reuses every arm with an arm.json whose config is the planned one, and calls the
+engine for the others, which resumes a killed run from its last checkpoint (train/trainer.py).  An
+arm stopped by a signal stops the study (StudyInterrupted): re-running the same command continues it.
+
+Measurements on a trained arm (`Arm.measure`):
+    "fewshot"    few-shot linear accuracy of the frozen representation (Sec. 4.1; eval/fewshot.py): k = 5 and
+                 25 images per class drawn FEWSHOT_DRAWS times from the arm's training split (its
+                 validation hold-out excluded), scored on the test split
+    "val"        top-1 on the arm's validation hold-out (what model selection reads)
+    "attention"  mean attention distance per layer and head on ATTENTION_IMAGES test images (App. D.7)
+Training FLOPs are analytic (bench/flops.py): 3 x forward FLOPs per image x images seen.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vitkit.atomic import atomic_write_text
+from vitkit.bench.flops import model_flops
+from vitkit.data.sources import ImageSet, load_split
+from vitkit.eval.fewshot import FewShotConfig, run_fewshot
+from vitkit.models.configs import image_size
+from vitkit.runs import open_checkpoint
+from vitkit.train.config import TrainConfig, to_dict
+from vitkit.train.trainer import train
+
+log = logging.getLogger(__name__)
+
+FEWSHOT_SHOTS = (5, 25)  # 5-shot is the paper's ablation metric (Table 8, Figures 4, 8, 9)
+FEWSHOT_DRAWS = 5  # draws of the k shots per arm (the same draws for every arm of a study)
+FEWSHOT_L2 = tuple(range(-10, 21, 2))  # ridge penalties 2^-10 .. 2^20 in steps of 4x (eval/fewshot.py's grid, halved)
+ATTENTION_IMAGES = 128  # App. D.7, Figure 11: "computed for 128 example images"
+TRAIN_FLOPS_FACTOR = 3  # forward + backward (two forward-sized matmuls per forward matmul)
+# Where a re-run may differ: output place, display, hardware, and the path of the arm it starts from (named by the arm).
+IGNORED = {"run": ("out", "progress", "tensorboard", "threads", "device", "init_from")}
+
+
+class StudyInterrupted(Exception):
+    """An arm's training was stopped by a signal; its checkpoint is saved and re-running resumes it."""
+
+    def __init__(self, arm: str, signum: int):
+        super().__init__(f"arm {arm} was interrupted by signal {signum}; re-run the same command to resume")
+        self.signum = signum
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One run of a study: a name, a seed, its complete config and the study's coordinates of it."""
+
+    name: str  # e.g. "learned_1d@input"; unique in the study together with the seed
+    seed: int
+    config: TrainConfig | None  # None: an arm that measures without training (the speed study)
+    labels: dict[str, Any] = field(default_factory=dict)  # e.g. {"posemb": "learned_1d", "where": "input"}
+    measure: tuple[str, ...] = ("fewshot",)
+    units: float = 1.0  # share of the training budget (scale.timed applies it)
+
+    @property
+    def key(self) -> str:
+        return f"{re.sub(r'[^A-Za-z0-9._-]+', '_', self.name)}-s{self.seed}"
+
+
+def comparable(config: dict[str, Any]) -> dict[str, Any]:
+    """A config dict without the keys a re-run may change (output place, display, hardware)."""
+    out = json.loads(json.dumps(config))
+    for group, keys in IGNORED.items():
+        for key in keys:
+            out.get(group, {}).pop(key, None)
+    return out
+
+
+def reuse(arm: Arm, path: Path, planned: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The stored record of a finished arm, or None; an arm finished with another config is an error."""
+    record_path = path / "arm.json"
+    if not record_path.is_file():
+        return None
+    record = json.loads(record_path.read_text())
+    if planned is not None and comparable(record.get("config") or {}) != comparable(planned):
+        raise ValueError(f"{path} holds arm {arm.key} trained with another config; remove that directory or "
+                         "choose another --out")
+    return {**record, "reused": True}
+
+
+def run_train_arm(arm: Arm, path: Path, probes: Probes) -> dict[str, Any]:
+    """Train (or resume) the arm in `path`, measure it, write arm.json; a finished arm is reused as it is."""
+    config = dataclasses.replace(arm.config, run=dataclasses.replace(arm.config.run, out=str(path)))
+    stored = reuse(arm, path, to_dict(config))
+    if stored is not None:
+        return stored
+    began = time.monotonic()
+    result = train(config)
+    if result["status"] == "interrupted":
+        raise StudyInterrupted(arm.key, result.get("signal", 0))
+    record = trained_record(arm, config, result)
+    checkpoint = open_checkpoint(result["checkpoint"])
+    for name in arm.measure:
+        record[name] = probes.measure(name, checkpoint, config)
+    record["wall_minutes"] = round((time.monotonic() - began) / 60, 3)
+    write_record(path, record)
+    return record
+
+
+def trained_record(arm: Arm, config: TrainConfig, result: dict[str, Any]) -> dict[str, Any]:
+    """What the report needs of a finished run: sizes, compute, time, device and the final test evaluation."""
+    plan = result["plan"]
+    images = result["step"] * config.data.batch_size
+    forward = model_flops(config.model)
+    return {
+        "arm": arm.name, "seed": arm.seed, "labels": arm.labels, "units": arm.units, "config": to_dict(config),
+        "status": result["status"], "step": result["step"], "steps": result["steps"],
+        "epochs": round(images / max(plan["num_train"], 1), 3), "num_train": plan["num_train"],
+        "images_seen": images, "params": plan["params"], "forward_flops": forward,
+        "train_flops": TRAIN_FLOPS_FACTOR * forward * images,
+        "train_minutes": round(result["minutes"], 3), "device": plan["device"], "precision": plan["precision"],
+        "images_per_s": (plan.get("measured") or {}).get("images_per_s"),
+        "test": result.get(config.eval.final_split), "reused": False,
+    }
+
+
+def write_record(path: Path, record: dict[str, Any]) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path / "arm.json", json.dumps(record, indent=1) + "\n")
+
+
+class Probes:
+    """The measurements of trained arms, with each data split loaded once per (seed, size)."""
+
+    def __init__(self, device: str = "auto", *, shots: tuple[int, ...] = FEWSHOT_SHOTS, draws: int = FEWSHOT_DRAWS):
+        self.device, self.shots, self.draws = device, shots, draws
+        self._splits: dict[tuple, ImageSet] = {}
+
+    def split(self, config: TrainConfig, split: str) -> ImageSet:
+        """The arm's `split` exactly as its run read it (same validation hold-out, seed and image size)."""
+        data = config.data
+        hold_out = (data.val_fraction, config.run.seed) if split != "test" else (0.0, 0)  # test: one for all
+        key = (data.uri, split, image_size(config.model), *hold_out)
+        if key not in self._splits:
+            self._splits[key] = load_split(data.uri, split, image_size=key[2], val_fraction=key[3], seed=key[4])
+        return self._splits[key]
+
+    def measure(self, name: str, checkpoint: Any, config: TrainConfig) -> dict[str, Any]:
+        began = time.monotonic()
+        if name == "fewshot":
+            out = self.fewshot(checkpoint, config)
+        elif name == "val":
+            out = self.accuracy(checkpoint, config, "val")
+        elif name == "attention":
+            out = self.attention(checkpoint, config)
+        else:
+            raise ValueError(f"unknown arm measurement {name!r}; expected fewshot, val or attention")
+        out["minutes"] = round((time.monotonic() - began) / 60, 3)
+        return out
+
+    def fewshot(self, checkpoint: Any, config: TrainConfig) -> dict[str, Any]:
+        train_set, test_set = self.split(config, "train"), self.split(config, "test")
+        shots = tuple(k for k in self.shots if k <= int(torch.bincount(train_set.labels).min()))
+        probe = FewShotConfig(shots=shots or (1,), seeds=self.draws, l2_exponents=FEWSHOT_L2, batch_size=500,
+                              device=self.device)
+        result = run_fewshot(checkpoint, train_set, test_set, probe)
+        return {str(k): {"mean": v["mean"], "std": v["std"]} for k, v in result.shots.items()}
+
+    def accuracy(self, checkpoint: Any, config: TrainConfig, split: str) -> dict[str, Any]:
+        from vitkit.eval.accuracy import EvalConfig, evaluate
+
+        result = evaluate(checkpoint, self.split(config, split), EvalConfig(batch_size=500, device=self.device))
+        return {"top1": result.top1, "count": result.num_images}
+
+    def attention(self, checkpoint: Any, config: TrainConfig) -> dict[str, Any]:
+        from vitkit.reproduce.inspection import attention_distances
+
+        test_set = self.split(config, "test")
+        order = torch.randperm(len(test_set), generator=torch.Generator().manual_seed(0))[:ATTENTION_IMAGES]
+        return attention_distances(checkpoint, test_set.subset(order.sort().values), self.device)

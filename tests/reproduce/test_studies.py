@@ -1,0 +1,121 @@
+"""Every study at its tiny size on digits: a report with the paper's numbers, every arm, a verdict per claim;
+a killed study resumes and reuses its finished arms; `vitkit reproduce` on the command line."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from vitkit.cli import main
+from vitkit.reproduce import MODULES, StudyRequest, arms, get_study, reproduce
+from vitkit.reproduce.arms import StudyInterrupted
+from vitkit.reproduce.study import make_context
+from vitkit.reproduce.verdict import VERDICTS
+from vitkit.train import trainer
+
+CLAIMS = {
+    "posemb": {"posemb.none-worse", "posemb.variants-similar"},
+    "head": {"head.both-work", "head.different-lr"},
+    "data-size": {f"data-size.{c}.{m}" for c in ("resnet-leads-small", "vit-catches-up") for m in ("fewshot5", "top1")},
+    "compute": {"compute.vit-less-compute", "compute.hybrid-small-budgets", "compute.hybrid-gap-vanishes"},
+    "shape": {"shape.depth-most", "shape.smaller-patches"},
+    "mpp": {"mpp.beats-scratch", "mpp.behind-supervised"},
+    "attention": {"attention.grows-with-depth", "attention.global-heads-low", "attention.local-heads-low",
+                  "attention.hybrid-less-local"},
+    "speed": {"speed.comparable", "speed.memory"},
+}
+GOLDEN_QUOTED = {"posemb": ["0.61382", "0.64206", "0.64001", "0.64032", "0.63964", "0.64292", "0.64046", "0.64022"],
+                 "mpp": ["79.9", "77.9", "83.9"], "compute": ["2 - 4x less compute"],
+                 "head": ["different learning-rate"], "attention": ["attention distance increases with network depth"]}
+
+
+def tiny(name: str, out: Path, **changes) -> StudyRequest:
+    return StudyRequest(data="digits", budget_minutes=0.5, seeds=1, out=str(out), threads=1, **changes)
+
+
+@pytest.mark.parametrize("name", list(MODULES))
+def test_tiny_study_reports_every_arm_and_claim(tmp_path: Path, name: str) -> None:
+    summary = reproduce(name, tiny(name, tmp_path))
+    results = json.loads((tmp_path / "results.json").read_text())
+    report = (tmp_path / "report.md").read_text()
+    assert results["scale"]["name"] == "tiny" and summary["report"] == str(tmp_path / "report.md")
+    assert {c["key"] for c in results["claims"]} == CLAIMS[name]
+    assert all(c["verdict"] in VERDICTS and c["reason"] for c in results["claims"])
+    planned = get_study(name).plan(make_context(get_study(name), tiny(name, tmp_path)))
+    assert [r["arm"] for r in results["arms"]] == [a.name for a in planned]  # no arm dropped
+    for claim in results["claims"]:
+        assert claim["paper"]["quote"][:80] in report and f"**{claim['verdict']}**" in report
+    for number in GOLDEN_QUOTED.get(name, []):
+        assert number in report
+    for figure in results["figures"]:
+        assert (tmp_path / figure["file"]).stat().st_size > 2000 and f"]({figure['file']})" in report
+    if name != "speed":
+        assert all(r["device"] == "cpu" and r["train_flops"] > 0 and r["step"] > 0 for r in results["arms"])
+
+
+def test_killed_study_resumes_and_reuses_finished_arms(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    trained: list[str] = []
+    real_train, real_step = arms.train, trainer.train_step
+
+    def spy(config, **kwargs):
+        trained.append(Path(config.run.out).name)
+        return real_train(config, **kwargs)
+
+    def step(state, batch, spec, loss_of=None):  # SIGTERM during the third arm, as `kill PID` would
+        out = real_step(state, batch, spec, loss_of)
+        if len(trained) == 3 and state.step == 4 and not os.environ.get("_KILLED"):
+            os.environ["_KILLED"] = "1"
+            os.kill(os.getpid(), signal.SIGTERM)
+        return out
+
+    monkeypatch.setattr(arms, "train", spy)
+    monkeypatch.setattr(trainer, "train_step", step)
+    monkeypatch.delenv("_KILLED", raising=False)
+    with pytest.raises(StudyInterrupted, match="gap_lr-low-s0 was interrupted by signal 15"):
+        reproduce("head", tiny("head", tmp_path))
+    first = (tmp_path / "arms" / "token_lr-low-s0" / "arm.json").read_text()
+    assert not (tmp_path / "arms" / "gap_lr-low-s0" / "arm.json").exists()
+    trained.clear()
+    with caplog.at_level(logging.INFO, logger="vitkit.train.trainer"):
+        summary = reproduce("head", tiny("head", tmp_path))
+    assert trained == ["gap_lr-low-s0", "gap_lr-high-s0"]  # the finished arms are not trained again
+    assert any("resuming" in m and "at step 4" in m for m in caplog.messages)
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert [r["reused"] for r in results["arms"]] == [True, True, False, False]
+    assert [r["step"] for r in results["arms"]] == [10, 10, 10, 10] and len(summary["claims"]) == 2
+    assert (tmp_path / "arms" / "token_lr-low-s0" / "arm.json").read_text() == first
+
+
+def test_cli_reproduce_json_reuse_and_bad_requests(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture) -> None:
+    args = ["reproduce", "attention", "--data", "digits", "--budget-minutes", "0.5", "--out", str(tmp_path),
+            "--threads", "1", "--json"]
+    assert main(args) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert {c["key"] for c in summary["claims"]} == CLAIMS["attention"]
+
+    def refuse(*a, **k):
+        raise AssertionError("a finished arm was trained again")
+
+    monkeypatch.setattr(arms, "train", refuse)
+    assert main(args) == 0  # every arm reused: the report is written again from arm.json
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["claims"] == summary["claims"]
+    assert main(args[:4] + ["--budget-minutes", "2"] + args[6:]) == 2
+    assert "planned with budget_minutes=0.5" in capsys.readouterr().err
+    assert main(["reproduce", "head", "--seeds", "0", "--out", str(tmp_path / "x")]) == 2
+    assert "--seeds must be >= 1" in capsys.readouterr().err
+
+
+def test_an_arm_finished_with_another_config_is_refused(tmp_path: Path) -> None:
+    reproduce("attention", tiny("attention", tmp_path))
+    record = json.loads((tmp_path / "arms" / "vit-s0" / "arm.json").read_text())
+    record["config"]["optim"]["lr"] = 0.5
+    (tmp_path / "arms" / "vit-s0" / "arm.json").write_text(json.dumps(record))
+    with pytest.raises(ValueError, match="trained with another config"):
+        reproduce("attention", tiny("attention", tmp_path))
