@@ -16,6 +16,7 @@ PosEmb = Literal["none", "learned_1d", "learned_2d", "sincos_2d", "relative"]
 PosEmbWhere = Literal["input", "per_layer", "shared_per_layer"]
 Gelu = Literal["tanh", "exact"]
 AttnImpl = Literal["auto", "sdpa", "explicit"]
+Init = Literal["official", "mimetic"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,6 +43,7 @@ class ViTConfig:
     gelu: Gelu = "tanh"  # Flax's nn.gelu is the tanh approximation; timm and HF use exact erf
     qkv_bias: bool = True  # official code has biases on q, k, v and out
     attn_impl: AttnImpl = "auto"  # how Eq. 5-7 are computed (same numbers): fused SDPA kernel, softmax spelt out, or auto = explicit for bf16 on CPU (measured faster there, benchmarks/compare.py), SDPA elsewhere
+    init: Init = "official"  # "mimetic": attention weights as trained ViTs show them (Trockman & Kolter 2023; an option)
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_heads:
@@ -64,6 +66,8 @@ class ViTConfig:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
         if self.attn_impl not in ("auto", "sdpa", "explicit"):
             raise ValueError(f"attn_impl must be auto, sdpa or explicit, got {self.attn_impl!r}")
+        if self.init not in ("official", "mimetic"):
+            raise ValueError(f"init must be official or mimetic, got {self.init!r}")
         if self.num_classes < 0 or self.in_chans < 1:
             raise ValueError("num_classes must be >= 0 and in_chans >= 1")
 

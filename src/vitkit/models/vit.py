@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from vitkit.models import kernels, posemb as pe
 from vitkit.models.configs import HybridConfig, ViTConfig, replace_vit, vit_config
+from vitkit.models.mimetic import mimetic_init_
 
 
 class PatchEmbed(nn.Module):
@@ -187,6 +188,8 @@ class VisionTransformer(nn.Module):
                 nn.init.zeros_(module.bias)
         self.patch_embed.reset_parameters()  # LeCun normal; a hybrid's ResNet as models_resnet.py
         pe.init_(self)  # AddPositionEmbs: N(0, 0.02), also the relative tables
+        if self.encoder_config.init == "mimetic":
+            mimetic_init_(self.blocks)
         if isinstance(self.head, nn.Linear):
             nn.init.zeros_(self.head.weight)
             nn.init.zeros_(self.head.bias)
