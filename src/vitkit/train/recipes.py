@@ -165,8 +165,8 @@ def small_28px(info: SourceInfo) -> TrainConfig:
     clock starts; run.compile=false trains eagerly).  Exact GELU, because on this CPU torch's eager
     tanh GELU is 2.5x slower (benchmarks/cpu_kernels.py; eager, the attention softmax of the 24 kept
     tokens runs in fp32 for the same reason).
-    Measured on Fashion-MNIST with benchmarks/train_fashion_mnist.py (a 15-minute budget including
-    compilation, run.budget_schedule=fit, 2 threads on the 2-core CPU), test top-1: this recipe 92.29%,
+    Measured on Fashion-MNIST with benchmarks/train_budget.py (a 15-minute budget including
+    compilation, the schedule fitted to it, 2 threads on the 2-core CPU; issue 4's runs), test top-1: this recipe 92.29%,
     92.28%, 92.02%, 92.02% (42.2, 37.7, 36.7, 35.7 epochs); compiled at the first step of each phase 92.21% (37.6); batch 64 91.83% (29.6: 30%
     fewer images/s); lr 3e-3 91.89% (39.7); eager 92.16%, 92.13%, 91.86%, 91.50% (34.3, 34.4, 33.5, 31.1 epochs: the host's
     speed decides); eager without PatchDropout 91.04% / 91.06% (21.4 / 22.4 epochs); progressive
@@ -174,7 +174,7 @@ def small_28px(info: SourceInfo) -> TrainConfig:
     features do not carry over); with MLP 128 and no PatchDropout 90.89% (26.6 epochs); D=96 without
     PatchDropout 89.77% (17.7 epochs).  The final model classifies 93.4% of the training images: it
     underfits, and more optimisation per second is what helps.
-    Flips suit clothes (use --set augment.flip=false for MNIST digits).  bf16 autocast runs ~1.6x
+    Flips follow the source: clothes are flipped, `mnist:` digits are not (--set augment.flip=... decides).  bf16 autocast runs ~1.6x
     faster than fp32 on CPUs with AVX512-BF16 (run.precision=fp32 to compare).  On a machine busy
     with other work, --set run.threads=1 can be faster than torch's default of one thread per core.
     Command:  vitkit train --data fashion-mnist:../shared/data/fashion-mnist
