@@ -26,6 +26,7 @@ from serve_helpers import CLASSES, metric, save_tiny_vit, serving  # noqa: E402 
 from vitkit.serve.app import create_app  # noqa: E402
 from vitkit.serve.config import ServeConfig  # noqa: E402
 from vitkit.serve.model import load_model  # noqa: E402
+from vitkit.serve import service as service_module  # noqa: E402
 
 
 def _predict_cli(capsys, checkpoint: Path, files: list[Path], top_k: int) -> list[list[dict]]:
@@ -75,7 +76,10 @@ def test_concurrent_requests_share_one_forward_and_keep_their_answers(capsys, vi
         np.testing.assert_allclose([p["probability"] for p in got], [p["probability"] for p in want], rtol=0, atol=1e-6)
 
 
-def test_multipart_form_answers_per_file_like_predict(capsys, vit_checkpoint: Path, images: list[Path]) -> None:
+@pytest.mark.parametrize("inline_bytes", [0, 1 << 30], ids=["decoded-in-the-pool", "decoded-in-the-model-thread"])
+def test_multipart_form_answers_per_file_like_predict(capsys, monkeypatch, vit_checkpoint: Path, images: list[Path],
+                                                      inline_bytes: int) -> None:
+    monkeypatch.setattr(service_module, "INLINE_DECODE_BYTES", inline_bytes)  # both decoding paths give predict's numbers
     expected = _predict_cli(capsys, vit_checkpoint, images[:3], top_k=2)
 
     async def scenario():

@@ -101,3 +101,43 @@ def test_concurrent_http_requests_share_forwards(vit_checkpoint: Path) -> None:
     assert metric(text, "vitkit_batch_size_sum") == count and metric(text, "vitkit_images_total") == count
     assert forwards == 2  # 12 images, at most 8 per forward: 8 + 4
     assert metric(text, "vitkit_batch_size_bucket", le="4.0") == 1 and metric(text, "vitkit_batch_size_bucket", le="8.0") == 2
+
+
+def test_an_exception_as_output_fails_its_caller_alone() -> None:
+    def run(payloads):  # the model thread's answer for an undecodable image is its error, in its slot
+        return [ValueError(f"bad {p}") if p < 0 else p * 10 for p in payloads]
+
+    async def scenario():
+        batcher = Batcher(run, max_batch=8, max_wait_s=0.05)
+        batcher.start()
+        results = await asyncio.gather(batcher.submit([1]), batcher.submit([-2]), batcher.submit([3, -4]),
+                                       batcher.submit([5, 6]), return_exceptions=True)
+        await batcher.close()
+        return results
+
+    good, bad, mixed, pair = asyncio.run(scenario())
+    assert good == [10] and pair == [50, 60]
+    assert isinstance(bad, ValueError) and str(bad) == "bad -2"
+    assert isinstance(mixed, ValueError) and str(mixed) == "bad -4"
+
+
+def test_with_nobody_else_on_the_way_a_batch_runs_at_once() -> None:
+    sizes: list[int] = []
+    on_the_way = {"count": 2}  # requests admitted but not yet submitted, as the service counts them
+
+    async def scenario():
+        batcher = _batcher(sizes, max_batch=8, max_wait_s=30.0, others=lambda inside: on_the_way["count"])
+        batcher.start()
+        first = asyncio.ensure_future(batcher.submit([1]))
+        await asyncio.sleep(0.2)
+        waited = not first.done()  # two more on the way: it waits for them
+        on_the_way["count"] = 0  # the last of them arrives: nobody else to wait for
+        start = time.perf_counter()
+        results = await asyncio.gather(first, batcher.submit([2]))
+        elapsed = time.perf_counter() - start
+        await batcher.close()
+        return waited, results, elapsed
+
+    waited, results, elapsed = asyncio.run(scenario())
+    assert waited and results == [[10], [20]] and sizes == [2]
+    assert elapsed < 5  # far under max_wait_s = 30

@@ -3,10 +3,10 @@ SIGTERM drains the request in flight and exits 0, a missing checkpoint is a clea
 
 from __future__ import annotations
 
+import json
 import select
 import signal
 import socket
-import threading
 import time
 from pathlib import Path
 
@@ -74,28 +74,31 @@ def test_oversized_bodies_are_refused_without_being_read(server: str) -> None:
 
 def test_sigterm_drains_the_request_in_flight_and_exits_zero(vit_checkpoint: Path, tmp_path: Path) -> None:
     log = tmp_path / "log.txt"
-    process, url = start_server(vit_checkpoint, log, "--max-wait-ms", "1500", "--max-batch", "64")
-    answers: list[httpx.Response] = []
-    slow = threading.Thread(target=lambda: answers.append(httpx.post(
-        f"{url}/v1/predict", content=png_bytes(32, 32), headers={"Content-Type": "image/png"}, timeout=30)))
+    process, url = start_server(vit_checkpoint, log)
+    host, port = url.removeprefix("http://").split(":")
+    image = png_bytes(32, 32)
+    head = f"POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\nContent-Length: {len(image)}\r\n\r\n"
     try:
-        slow.start()  # waits 1.5 s in the batcher for company that never comes
-        for _ in range(200):
-            if metric(httpx.get(f"{url}/metrics", timeout=5).text, "vitkit_requests_in_flight") == 1:
-                break
-            time.sleep(0.01)
-        else:
-            raise AssertionError("the request never arrived")
-        process.send_signal(signal.SIGTERM)
-        time.sleep(0.5)
-        with pytest.raises(httpx.TransportError):  # no new connections once draining
-            httpx.get(f"{url}/health", timeout=2)
-        slow.join(timeout=30)
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            sock.sendall(head.encode() + image[: len(image) // 2])  # in flight: half its body sent
+            for _ in range(200):
+                if metric(httpx.get(f"{url}/metrics", timeout=5).text, "vitkit_requests_in_flight") == 1:
+                    break
+                time.sleep(0.01)
+            else:
+                raise AssertionError("the request never arrived")
+            process.send_signal(signal.SIGTERM)
+            time.sleep(0.5)
+            with pytest.raises(httpx.TransportError):  # no new connections once draining
+                httpx.get(f"{url}/health", timeout=2)
+            sock.sendall(image[len(image) // 2 :])  # the rest arrives after SIGTERM: still answered
+            answer = _read_answer(sock)
         code = process.wait(timeout=30)
     finally:
         if process.poll() is None:
             process.kill()
-    assert answers and answers[0].status_code == 200 and len(answers[0].json()["predictions"]) == 3
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+    assert len(json.loads(answer.split(b"\r\n\r\n", 1)[1])["predictions"]) == 3
     assert code == 0, log.read_text()
     assert "drained and stopped" in log.read_text()
 

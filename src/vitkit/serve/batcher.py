@@ -3,13 +3,18 @@
 Each image waits in one queue.  The collector takes the first waiting image, then gathers more until
 the batch holds `max_batch` images or the first one has waited `max_wait_s`, and hands the batch to a
 single model thread (so the event loop keeps accepting requests while the model runs, and images that
-arrive during a forward form the next batch).  Each caller gets its own row of the batch's output back.
+arrive during a forward form the next batch).  Each caller gets its own row of the batch's output back;
+an output that is an exception fails that caller alone.  The collector is woken by the first image and
+then only by a full batch, not by every arrival (with small models a wake-up costs as much as an image),
+or when no other request is on its way (`others`: requests admitted but not yet here, e.g. still being
+read): then there is no company to wait for, and the batch runs at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -35,15 +40,19 @@ class Batcher:
     Args:
         on_batch: called with the size of every batch run (metrics).
         on_depth: called with the number of waiting payloads whenever it changes (metrics).
+        others: given the callers inside, how many requests are still on their way to `submit` (0: nobody
+            to wait for); by default always some, so a batch waits `max_wait_s` to fill up.
     """
 
     def __init__(self, run: Callable[[Sequence[Any]], Sequence[Any]], *, max_batch: int, max_wait_s: float,
                  on_batch: Callable[[int], None] = lambda size: None,
-                 on_depth: Callable[[int], None] = lambda depth: None) -> None:
+                 on_depth: Callable[[int], None] = lambda depth: None, others: Callable[[int], int] = lambda inside: 1) -> None:
         self._run, self._max_batch, self._max_wait = run, max_batch, max_wait_s
-        self._on_batch, self._on_depth = on_batch, on_depth
+        self._on_batch, self._on_depth, self._others = on_batch, on_depth, others
+        self._inside = 0  # callers between submit and their answer
         self._waiting: collections.deque[_Job] = collections.deque()
         self._arrived = asyncio.Event()
+        self._want_first = True  # the collector waits for a first image (any arrival wakes it), else for a full batch
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="vitkit-model")
         self._task: asyncio.Task | None = None
         self._closed = False
@@ -60,12 +69,16 @@ class Batcher:
         jobs = [_Job(payload, loop.create_future()) for payload in payloads]
         self._waiting.extend(jobs)
         self._on_depth(len(self._waiting))
-        self._arrived.set()
+        self._inside += 1
+        if self._want_first or len(self._waiting) >= self._max_batch or self._others(self._inside) <= 0:
+            self._arrived.set()
         try:
             return list(await asyncio.gather(*(job.future for job in jobs)))
         finally:
+            self._inside -= 1
             for job in jobs:  # a caller that gives up (error elsewhere, disconnect) frees its places
-                job.future.cancel()
+                if not job.future.cancel() and not job.future.cancelled():
+                    job.future.exception()  # seen: a second failed image of one request is not logged as unretrieved
 
     async def close(self) -> None:
         """Refuse new work, finish what is queued, stop the model thread."""
@@ -98,25 +111,24 @@ class Batcher:
                         job.future.set_exception(error)
                 continue
             for job, output in zip(batch, outputs):
-                if not job.future.done():  # a caller that went away has a cancelled future
+                if job.future.done():  # a caller that went away has a cancelled future
+                    continue
+                if isinstance(output, BaseException):
+                    job.future.set_exception(output)
+                else:
                     job.future.set_result(output)
 
     async def _next_batch(self) -> list[_Job]:
         """Wait for one job, then for company until the batch is full or the first job's wait is over."""
+        self._want_first = True
         while not self._waiting:
             self._arrived.clear()
             await self._arrived.wait()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._max_wait
-        while len(self._waiting) < self._max_batch:
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                break
-            self._arrived.clear()
-            try:
-                await asyncio.wait_for(self._arrived.wait(), remaining)
-            except TimeoutError:
-                break
+        self._want_first = False
+        if len(self._waiting) < self._max_batch and self._max_wait > 0 and self._others(self._inside) > 0:
+            self._arrived.clear()  # set again only by a full batch or the last request on its way arriving
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._arrived.wait(), self._max_wait)
         count = min(self._max_batch, len(self._waiting))
         batch = [self._waiting.popleft() for _ in range(count)]
         self._on_depth(len(self._waiting))

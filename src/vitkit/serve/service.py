@@ -6,10 +6,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import logging
 import os
 import re
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
@@ -28,6 +30,16 @@ from vitkit.serve.model import Job, Output, ServedModel, load_model
 log = logging.getLogger(__name__)
 
 RETRY_AFTER = {"Retry-After": "1"}
+INLINE_DECODE_BYTES = 64 * 1024  # smaller uploads are decoded in the model thread with their batch: for them a
+# hand-off to a decoder thread costs more than the decoding (larger ones decode in the pool, in parallel)
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """An upload still to decode, waiting in the batcher: the model thread decodes it with its batch."""
+
+    upload: Upload
+    explain: bool
 
 
 class Service:
@@ -60,8 +72,8 @@ class Service:
             if self.on_load_failure is not None:
                 self.on_load_failure(self.load_error)
             return
-        self.batcher = Batcher(model.run, max_batch=self.config.max_batch, max_wait_s=self.config.max_wait_ms / 1000,
-                               on_batch=self.metrics.observe_batch, on_depth=self.metrics.queue_depth.set)
+        self.batcher = Batcher(functools.partial(self._run_batch, model), max_batch=self.config.max_batch, max_wait_s=self.config.max_wait_ms / 1000,
+                               others=lambda inside: self._admitted - inside, on_depth=self.metrics.queue_depth.set)
         self.batcher.start()
         self.model = model
         log.info("ready: %s at %d px on %s", model.info()["model"], model.size, model.device)
@@ -103,9 +115,8 @@ class Service:
     async def answer(self, uploads: Sequence[Upload], top_k: int, explain: bool) -> list[dict[str, Any]]:
         """One answer per image: {"predictions"} (+ {"attention", "overlay_png"} when explaining)."""
         model = self.ready()
-        inputs = await self._prepare(model, uploads)
         try:
-            outputs: list[Output] = await self.batcher.submit([Job(x, explain) for x in inputs])
+            outputs: list[Output] = await self.batcher.submit(await self._jobs(model, uploads, explain))
         except BatcherClosed as error:
             raise HTTPError(503, str(error), RETRY_AFTER) from error
         answers = []
@@ -120,6 +131,34 @@ class Service:
     async def overlay(self, model: ServedModel, upload: Upload, relevance: Tensor) -> bytes:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._decoders, model.overlay_png, upload.data, relevance, self.config.max_pixels)
+
+    async def _jobs(self, model: ServedModel, uploads: Sequence[Upload], explain: bool) -> list[Job | Encoded]:
+        """The batcher's payloads: large uploads decoded now in the pool, small ones left for the model thread."""
+        large = [i for i, upload in enumerate(uploads) if len(upload.data) > INLINE_DECODE_BYTES]
+        jobs: list[Job | Encoded] = [Encoded(upload, explain) for upload in uploads]
+        if large:
+            for i, inputs in zip(large, await self._prepare(model, [uploads[i] for i in large])):
+                jobs[i] = Job(inputs, explain)
+        return jobs
+
+    def _run_batch(self, model: ServedModel, payloads: Sequence[Job | Encoded]) -> list[Output | HTTPError]:
+        """In the model thread: decode what is still encoded, then one forward; an undecodable image's slot
+        holds its HTTPError, which fails its request alone."""
+        outputs: list[Output | HTTPError | None] = [None] * len(payloads)
+        ready: list[tuple[int, Job]] = []
+        for i, payload in enumerate(payloads):
+            if isinstance(payload, Encoded):
+                try:
+                    payload = Job(self._decode(model, [payload.upload])[0], payload.explain)
+                except HTTPError as error:
+                    outputs[i] = error
+                    continue
+            ready.append((i, payload))
+        if ready:
+            self.metrics.observe_batch(len(ready))  # images per forward (undecodable ones never reach it)
+            for (i, _), output in zip(ready, model.run([job for _, job in ready])):
+                outputs[i] = output
+        return outputs  # type: ignore[return-value]
 
     async def _prepare(self, model: ServedModel, uploads: Sequence[Upload]) -> list[Tensor]:
         """Model inputs of every upload, decoded in the decoder pool (one hand-off per worker, not per image)."""
