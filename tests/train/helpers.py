@@ -22,3 +22,21 @@ def tiny_config(out: Path, *overrides: str, recipe: str = "small-8px-tiny") -> T
     config = dataclasses.replace(config, run=dataclasses.replace(config.run, out=str(out), threads=1, progress=False,
                                                                  tensorboard=False))
     return apply_overrides(config, ["model.dropout=0.1", "run.precision=fp32", *overrides])
+
+
+# `python -c KILLER CONFIG_JSON STEP`: train the config and die by SIGKILL right after STEP (0: never), as `kill -9`
+KILLER = """
+import json, os, signal, sys
+from vitkit.train import trainer
+from vitkit.train.config import from_dict
+config = from_dict(json.loads(open(sys.argv[1]).read()))
+kill_at = int(sys.argv[2])
+real = trainer.train_step
+def step(state, batch, spec, loss_of=None):
+    out = real(state, batch, spec, loss_of)
+    if state.step == kill_at:
+        os.kill(os.getpid(), signal.SIGKILL)  # no handler, no cleanup: as `kill -9`
+    return out
+trainer.train_step = step
+trainer.train(config)
+"""

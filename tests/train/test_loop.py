@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from helpers import tiny_config
+from helpers import KILLER, tiny_config
 from vitkit.train import trainer
 from vitkit.train.config import to_dict
 from vitkit.runs import LATEST, STATE_FILE
@@ -139,23 +139,6 @@ def test_sigterm_saves_at_step_boundary_and_returns(tmp_path: Path, monkeypatch:
     assert result["status"] == "interrupted" and result["step"] == 3 and result["signal"] == signal.SIGTERM
     assert (run / "checkpoints" / LATEST).read_text().strip() == "step_0000003"
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL or callable(signal.getsignal(signal.SIGTERM))
-
-
-KILLER = """
-import json, os, signal, sys
-from vitkit.train import trainer
-from vitkit.train.config import from_dict
-config = from_dict(json.loads(open(sys.argv[1]).read()))
-kill_at = int(sys.argv[2])
-real = trainer.train_step
-def step(state, batch, spec, loss_of=None):
-    out = real(state, batch, spec, loss_of)
-    if state.step == kill_at:
-        os.kill(os.getpid(), signal.SIGKILL)  # no handler, no cleanup: as `kill -9`
-    return out
-trainer.train_step = step
-trainer.train(config)
-"""
 
 
 def test_kill_9_then_resume_equals_uninterrupted_bit_exact(tmp_path: Path) -> None:

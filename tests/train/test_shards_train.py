@@ -17,7 +17,7 @@ import torch
 import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
-from helpers import tiny_config
+from helpers import KILLER, tiny_config
 from shardkit import image_ids, numbered_shards, write_tar
 from vitkit.train import objectives, trainer
 from vitkit.train.config import to_dict
@@ -25,21 +25,6 @@ from vitkit.runs import LATEST, STATE_FILE
 
 ROOT = Path(__file__).resolve().parents[2]
 STREAM = ("data.max_in_memory_mb=0", "data.batch_size=16", "data.micro_batch_size=8", "run.log_every=1")
-KILLER = """
-import json, os, signal, sys
-from vitkit.train import trainer
-from vitkit.train.config import from_dict
-config = from_dict(json.loads(open(sys.argv[1]).read()))
-kill_at = int(sys.argv[2])
-real = trainer.train_step
-def step(state, batch, spec, loss_of=None):
-    out = real(state, batch, spec, loss_of)
-    if state.step == kill_at:
-        os.kill(os.getpid(), signal.SIGKILL)  # no handler, no cleanup: as `kill -9`
-    return out
-trainer.train_step = step
-trainer.train(config)
-"""
 
 
 def _records(run: Path) -> list[dict]:
