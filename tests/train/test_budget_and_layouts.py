@@ -103,3 +103,18 @@ def test_train_fraction_takes_nested_stratified_parts(tmp_path: Path) -> None:
     rows = [{tuple(img.flatten().tolist()) for img in part.images} for part in parts]
     assert rows[0] <= rows[1] <= rows[2]  # growing subsets contain the smaller ones
     assert "10.0% class-stratified part" in parts[0].origin
+
+
+@pytest.mark.parametrize("flags, expected", [
+    ({"max_minutes": 5.0}, "4x"),  # the budget decides: the recipe's epochs become a 4x higher bound
+    ({"max_minutes": 5.0, "epochs": 7.0}, 7.0),  # the user's length stays
+    ({"max_minutes": 5.0, "overrides": ("data.epochs=9",)}, 9.0),
+    ({"max_minutes": 5.0, "overrides": ("run.budget_schedule=cut",)}, "1x"),  # a guillotine keeps the recipe's length
+    ({}, "1x"),  # no budget: the recipe's length
+])
+def test_a_budget_without_a_given_length_lifts_the_recipe_epochs(flags: dict, expected) -> None:
+    from vitkit.train.resolve import Request, resolve
+
+    recipe = resolve(Request(data="digits", out="unused")).config.data.epochs
+    epochs = resolve(Request(data="digits", out="unused", **flags)).config.data.epochs
+    assert epochs == ({"4x": 4 * recipe, "1x": recipe}.get(expected, expected)) and recipe == 60

@@ -57,6 +57,9 @@ class Resolved:
     warnings: list[str] = field(default_factory=list)
 
 
+BUDGET_EPOCHS = 4  # a budgeted run of the recipe's own length trains at most 4x the recipe's epochs
+
+
 def resolve(request: Request) -> Resolved:
     """The complete config for `request` (see the module docstring)."""
     parse_uri(request.data)  # a clear error for a bad URI before anything else
@@ -71,6 +74,7 @@ def resolve(request: Request) -> Resolved:
     config = _apply_model(config, request, info, auto_recipe=chose)
     config = _apply_flags(config, request, info)
     config = apply_overrides(config, request.overrides)
+    config = _budget_length(config, request)
     if not config.run.out:
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         out = Path(request.runs_root) / f"{_data_name(request.data)}-{_model_name(request, config)}-{stamp}"
@@ -129,6 +133,18 @@ def _finetune_model(path: str, config: TrainConfig, info: SourceInfo, auto_recip
     if size % _stride(target) or (auto_recipe and image_size(source) < 224):
         size = image_size(source)
     return with_overrides(target, img_size=size)
+
+
+def _budget_length(config: TrainConfig, request: Request) -> TrainConfig:
+    """With a fitted --max-minutes and no length of the user's (--epochs, data.epochs, data.steps), the clock
+    decides the length: the recipe's epochs become a bound BUDGET_EPOCHS times higher, so that a machine
+    faster than the recipe assumed spends its budget instead of finishing early (the schedule still ends
+    annealed when the budget is spent)."""
+    given = request.epochs is not None or any(o.startswith(("data.epochs=", "data.steps=")) for o in request.overrides)
+    run = config.run
+    if given or config.data.steps > 0 or run.max_minutes <= 0 or run.budget_schedule != "fit":
+        return config
+    return dataclasses.replace(config, data=dataclasses.replace(config.data, epochs=config.data.epochs * BUDGET_EPOCHS))
 
 
 def _apply_flags(config: TrainConfig, request: Request, info: SourceInfo) -> TrainConfig:
