@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
+import threading
 import zlib
 from pathlib import Path
 
@@ -223,22 +224,42 @@ def test_the_page_is_self_contained(vit_checkpoint: Path) -> None:
     assert "default-src 'none'" in page.headers["content-security-policy"]
 
 
+class _Gated(ServedModel):
+    """A served model whose forwards wait for `gate` (open during the warm-up): requests stay in flight."""
+
+    gate = threading.Event()
+
+    def run(self, jobs):
+        assert _Gated.gate.wait(timeout=30), "the test never opened the gate"
+        return super().run(jobs)
+
+
 def test_a_full_queue_answers_503_with_retry_after(vit_checkpoint: Path) -> None:
+    _Gated.gate.set()
+
+    def load(path, device):
+        return _Gated(open_checkpoint(path), str(path), device)
+
     async def scenario():
-        app = create_app(vit_checkpoint, ServeConfig(max_queue=2, max_batch=16, max_wait_ms=600))
+        app = create_app(vit_checkpoint, ServeConfig(max_queue=2, max_batch=16, max_wait_ms=0), load=load)
         async with serving(app) as client:
+            _Gated.gate.clear()  # loaded and warmed up: from now on the forward waits
             first = [asyncio.ensure_future(client.post("/v1/predict", content=png_bytes(32, 32, seed), headers=PNG))
                      for seed in range(2)]
-            for _ in range(200):  # both admitted and waiting for company in the batcher
+            for _ in range(400):  # both admitted, held by the gated forward
                 if metric((await client.get("/metrics")).text, "vitkit_requests_in_flight") == 2:
                     break
                 await asyncio.sleep(0.005)
             refused = await client.post("/v1/predict", content=png_bytes(32, 32), headers=PNG)
+            _Gated.gate.set()
             done = await asyncio.gather(*first)
             again = await client.post("/v1/predict", content=png_bytes(32, 32), headers=PNG)
             return refused, done, again
 
-    refused, done, again = asyncio.run(scenario())
+    try:
+        refused, done, again = asyncio.run(scenario())
+    finally:
+        _Gated.gate.set()
     _assert_error(refused, 503, "busy")
     assert refused.headers["retry-after"] == "1"
     assert [r.status_code for r in done] == [200, 200] and again.status_code == 200
