@@ -111,13 +111,8 @@ class _FourPasses(torch.autograd.Function):
         return torch.ops.aten.gelu_backward(grad, x, approximate="tanh")
 
 
-class _HandRecompute(torch.autograd.Function):
-    """Sigmoid form; hand-written backward that recomputes the sigmoid (saves x, as torch does)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor) -> Tensor:
-        ctx.save_for_backward(x)
-        return _sigmoid_form(x)
+class _HandRecompute(_FourPasses):
+    """Sigmoid form (the same forward); hand-written backward that recomputes the sigmoid (saves x, as torch does)."""
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> Tensor:

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 from vitkit.data.sources import SourceInfo
-from vitkit.train.config import TrainConfig, apply_overrides
+from vitkit.train.config import TrainConfig, apply_overrides, to_dict
 from vitkit.train.recipes import get_recipe
 
+ROOT = Path(__file__).resolve().parents[2]
 DIGITS = SourceInfo(uri="digits", num_train=1438, num_classes=10, image_size=8, channels=1, in_memory=True)
 
 
@@ -24,8 +29,8 @@ def tiny_config(out: Path, *overrides: str, recipe: str = "small-8px-tiny") -> T
     return apply_overrides(config, ["model.dropout=0.1", "run.precision=fp32", *overrides])
 
 
-# `python -c KILLER CONFIG_JSON STEP`: train the config and die by SIGKILL right after STEP (0: never), as `kill -9`
-KILLER = """
+# `python -c _KILLER CONFIG_JSON STEP`: train the config and die by SIGKILL right after STEP (0: never), as `kill -9`
+_KILLER = """
 import json, os, signal, sys
 from vitkit.train import trainer
 from vitkit.train.config import from_dict
@@ -40,3 +45,13 @@ def step(state, batch, spec, loss_of=None):
 trainer.train_step = step
 trainer.train(config)
 """
+
+
+def train_in_subprocess(config: TrainConfig, kill_at: int = 0) -> subprocess.CompletedProcess:
+    """Train `config` in a fresh process (its JSON beside the run directory), dying by SIGKILL right after
+    step `kill_at` (0: never); the same call again resumes the run."""
+    path = Path(config.run.out).with_suffix(".config.json")
+    path.write_text(json.dumps(to_dict(config)))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
+    return subprocess.run([sys.executable, "-c", _KILLER, str(path), str(kill_at)], env=env, capture_output=True,
+                          text=True, timeout=300)

@@ -5,15 +5,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from helpers import KILLER, tiny_config
+from helpers import tiny_config, train_in_subprocess
 from vitkit.train import trainer
 from vitkit.train.config import to_dict
 from vitkit.runs import LATEST, STATE_FILE
@@ -146,14 +144,12 @@ def test_kill_9_then_resume_equals_uninterrupted_bit_exact(tmp_path: Path) -> No
     reference = tmp_path / "reference"
     trainer.train(tiny_config(reference, *args))
     run = tmp_path / "killed"
-    config_file = tmp_path / "config.json"
-    config_file.write_text(json.dumps(to_dict(tiny_config(run, *args))))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
-    killed = subprocess.run([sys.executable, "-c", KILLER, str(config_file), "12"], env=env, capture_output=True, text=True)
+    config = tiny_config(run, *args)
+    killed = train_in_subprocess(config, 12)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     assert (run / "checkpoints" / LATEST).read_text().strip() == "step_0000010"
     assert max(r["step"] for r in _records(run)) == 11  # records past the checkpoint exist before resuming
-    resumed = subprocess.run([sys.executable, "-c", KILLER, str(config_file), "0"], env=env, capture_output=True, text=True)
+    resumed = train_in_subprocess(config, 0)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     ours, theirs = _weights(run / "checkpoints" / "step_0000016"), _weights(reference / "checkpoints" / "step_0000016")
     assert ours.keys() == theirs.keys()

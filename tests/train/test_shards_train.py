@@ -7,8 +7,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,10 +15,9 @@ import torch
 import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
-from helpers import KILLER, tiny_config
+from helpers import tiny_config, train_in_subprocess
 from shardkit import image_ids, numbered_shards, write_tar
 from vitkit.train import objectives, trainer
-from vitkit.train.config import to_dict
 from vitkit.runs import LATEST, STATE_FILE
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,17 +44,13 @@ def test_kill_9_mid_epoch_on_shards_resumes_bit_exact(tmp_path: Path, workers: i
     reference = tmp_path / "reference"
     trainer.train(tiny_config(reference, *args))
     run = tmp_path / "killed"
-    config_file = tmp_path / "config.json"
-    config_file.write_text(json.dumps(to_dict(tiny_config(run, *args))))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
-    killed = subprocess.run([sys.executable, "-c", KILLER, str(config_file), "12"], env=env, capture_output=True,
-                            text=True, timeout=300)
+    config = tiny_config(run, *args)
+    killed = train_in_subprocess(config, 12)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     assert (run / "checkpoints" / LATEST).read_text().strip() == "step_0000010"  # step 10 x 16 = 1.6 epochs
     state = torch.load(run / "checkpoints" / "step_0000010" / STATE_FILE, weights_only=True)
     assert state["data"]["step"] == 10 and state["data"]["lanes_per_process"] == max(1, workers)
-    resumed = subprocess.run([sys.executable, "-c", KILLER, str(config_file), "0"], env=env, capture_output=True,
-                             text=True, timeout=300)
+    resumed = train_in_subprocess(config, 0)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     ours = load_file(str(run / "checkpoints" / "step_0000016" / "model.safetensors"))
     theirs = load_file(str(reference / "checkpoints" / "step_0000016" / "model.safetensors"))

@@ -38,17 +38,15 @@ class Batcher:
     same order), called in one dedicated thread.
 
     Args:
-        on_batch: called with the size of every batch run (metrics).
         on_depth: called with the number of waiting payloads whenever it changes (metrics).
         others: given the callers inside, how many requests are still on their way to `submit` (0: nobody
             to wait for); by default always some, so a batch waits `max_wait_s` to fill up.
     """
 
     def __init__(self, run: Callable[[Sequence[Any]], Sequence[Any]], *, max_batch: int, max_wait_s: float,
-                 on_batch: Callable[[int], None] = lambda size: None,
                  on_depth: Callable[[int], None] = lambda depth: None, others: Callable[[int], int] = lambda inside: 1) -> None:
         self._run, self._max_batch, self._max_wait = run, max_batch, max_wait_s
-        self._on_batch, self._on_depth, self._others = on_batch, on_depth, others
+        self._on_depth, self._others = on_depth, others
         self._inside = 0  # callers between submit and their answer
         self._waiting: collections.deque[_Job] = collections.deque()
         self._arrived = asyncio.Event()
@@ -99,7 +97,6 @@ class Batcher:
             batch = await self._next_batch()
             if not batch:
                 continue
-            self._on_batch(len(batch))
             try:
                 outputs = await loop.run_in_executor(self._thread, self._run, [job.payload for job in batch])
                 if len(outputs) != len(batch):
