@@ -14,8 +14,8 @@ The script starts `vitkit serve CKPT` on a free loopback port (a subprocess), en
 
 It prints requests/s, images/s, latency percentiles, errors, the batch sizes the server's batcher
 formed (read from /metrics) and the ratio of served to offline images/s, per round and as medians,
-and the CPU time per image of the server process, of the load generator and of the offline run (the
-steadier figures on a shared machine).
+and the CPU time per image of the server (with its model process), of the load generator and of the
+offline run (the steadier figures on a shared machine).
 The load generator is aiohttp's client (~0.2 CPU-ms per request here; httpx's cost 1.7 ms, more than the
 server's own work, and capped what a 2-core machine could show).  Install: pip install -e ".[loadtest]".
 The server and the load generator share the machine's cores, as do the offline runs and whatever
@@ -134,12 +134,14 @@ async def load(url: str, images: list[bytes], clients: int, seconds: float, per_
 
 
 def cpu_seconds(pid: int | None = None) -> float:
-    """CPU time (user + system) of this process, or of process `pid` from /proc (Linux)."""
+    """CPU time (user + system) of this process, or of process `pid` and its children (the model process)
+    from /proc (Linux)."""
     if pid is None:
         usage = resource.getrusage(resource.RUSAGE_SELF)
         return usage.ru_utime + usage.ru_stime
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    children = [child for task in Path(f"/proc/{pid}/task").iterdir() for child in (task / "children").read_text().split()]
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK") + sum(cpu_seconds(int(child)) for child in children)
 
 
 def batch_histogram(url: str) -> dict[int, int]:

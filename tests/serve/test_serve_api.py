@@ -26,7 +26,7 @@ from serve_helpers import CLASSES, metric, save_tiny_vit, serving  # noqa: E402 
 from vitkit.serve.app import create_app  # noqa: E402
 from vitkit.serve.config import ServeConfig  # noqa: E402
 from vitkit.serve.model import load_model  # noqa: E402
-from vitkit.serve import service as service_module  # noqa: E402
+from vitkit.serve import engine as engine_module  # noqa: E402
 
 
 def _predict_cli(capsys, checkpoint: Path, files: list[Path], top_k: int) -> list[list[dict]]:
@@ -61,7 +61,7 @@ def test_concurrent_requests_share_one_forward_and_keep_their_answers(capsys, vi
     expected = _predict_cli(capsys, vit_checkpoint, images, top_k=3)  # all five files in one forward
 
     async def scenario() -> tuple[list[list[dict]], str]:
-        config = ServeConfig(max_batch=8, max_wait_ms=500)
+        config = ServeConfig(max_batch=8, max_wait_ms=500, model_process=False)
         async with serving(create_app(vit_checkpoint, config)) as client:
             requests = [client.post("/v1/predict?top_k=3", content=path.read_bytes(),
                                     headers={"Content-Type": _content_type(path)}) for path in images]
@@ -79,11 +79,11 @@ def test_concurrent_requests_share_one_forward_and_keep_their_answers(capsys, vi
 @pytest.mark.parametrize("inline_bytes", [0, 1 << 30], ids=["decoded-in-the-pool", "decoded-in-the-model-thread"])
 def test_multipart_form_answers_per_file_like_predict(capsys, monkeypatch, vit_checkpoint: Path, images: list[Path],
                                                       inline_bytes: int) -> None:
-    monkeypatch.setattr(service_module, "INLINE_DECODE_BYTES", inline_bytes)  # both decoding paths give predict's numbers
+    monkeypatch.setattr(engine_module, "INLINE_DECODE_BYTES", inline_bytes)  # both decoding paths give predict's numbers
     expected = _predict_cli(capsys, vit_checkpoint, images[:3], top_k=2)
 
     async def scenario():
-        async with serving(create_app(vit_checkpoint)) as client:
+        async with serving(create_app(vit_checkpoint, ServeConfig(model_process=False))) as client:
             files = [("file", (path.name, path.read_bytes(), "application/octet-stream")) for path in images[:3]]
             return await client.post("/v1/predict?top_k=2", files=files)
 
@@ -120,7 +120,7 @@ def test_explain_gives_the_attention_rollout_and_an_overlay(tmp_path: Path, pool
     Image.fromarray(pixels, "RGB").save(buffer, format="PNG")
 
     async def scenario():
-        async with serving(create_app(checkpoint)) as client:
+        async with serving(create_app(checkpoint, ServeConfig(model_process=pool == "token"))) as client:
             headers = {"Content-Type": "image/png"}
             explained = await client.post("/v1/explain?top_k=3", content=buffer.getvalue(), headers=headers)
             predicted = await client.post("/v1/predict?top_k=3", content=buffer.getvalue(), headers=headers)
@@ -154,7 +154,7 @@ def test_health_is_503_until_the_model_is_loaded_and_warmed_up(vit_checkpoint: P
         return load_model(path, device)
 
     async def scenario():
-        app = create_app(vit_checkpoint, ServeConfig(), load=slow_load)
+        app = create_app(vit_checkpoint, ServeConfig(model_process=False), load=slow_load)
         async with serving(app, wait_ready=False) as client:
             waiting = await client.get("/health")
             refused = await client.post("/v1/predict", content=b"x", headers={"Content-Type": "image/png"})
@@ -199,7 +199,7 @@ def test_resnet_predicts_but_explain_is_a_clear_422(tmp_path: Path, images: list
     checkpoint = vitkit.save(model, tmp_path / "resnet", class_names=CLASSES)
 
     async def scenario():
-        async with serving(create_app(checkpoint)) as client:
+        async with serving(create_app(checkpoint, ServeConfig(model_process=False))) as client:
             headers = {"Content-Type": "image/png"}
             return (await client.get("/health"), await client.post("/v1/predict", content=images[0].read_bytes(), headers=headers),
                     await client.post("/v1/explain", content=images[0].read_bytes(), headers=headers))
@@ -214,7 +214,7 @@ def test_resnet_predicts_but_explain_is_a_clear_422(tmp_path: Path, images: list
 
 def test_metrics_count_requests_by_route_and_status_and_time_them(vit_checkpoint: Path, images: list[Path]) -> None:
     async def scenario() -> str:
-        async with serving(create_app(vit_checkpoint, ServeConfig(max_wait_ms=0))) as client:
+        async with serving(create_app(vit_checkpoint, ServeConfig(max_wait_ms=0, model_process=False))) as client:
             headers = {"Content-Type": "image/png"}
             for _ in range(3):
                 assert (await client.post("/v1/predict", content=images[0].read_bytes(), headers=headers)).status_code == 200

@@ -89,7 +89,7 @@ def test_concurrent_http_requests_share_forwards(vit_checkpoint: Path) -> None:
     count = 12
 
     async def scenario() -> str:
-        app = create_app(vit_checkpoint, ServeConfig(max_batch=8, max_wait_ms=300))
+        app = create_app(vit_checkpoint, ServeConfig(max_batch=8, max_wait_ms=300, model_process=False))
         async with serving(app) as client:
             posts = [client.post("/v1/predict", content=png_bytes(32, 32, seed), headers={"Content-Type": "image/png"})
                      for seed in range(count)]

@@ -75,6 +75,8 @@ def test_oversized_bodies_are_refused_without_being_read(server: str) -> None:
 def test_sigterm_drains_the_request_in_flight_and_exits_zero(vit_checkpoint: Path, tmp_path: Path) -> None:
     log = tmp_path / "log.txt"
     process, url = start_server(vit_checkpoint, log)
+    children = _children(process.pid)  # the model process, and multiprocessing's resource tracker
+    assert sum(b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes() for pid in children) == 1  # the model's own process
     host, port = url.removeprefix("http://").split(":")
     image = png_bytes(32, 32)
     head = f"POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\nContent-Length: {len(image)}\r\n\r\n"
@@ -101,6 +103,23 @@ def test_sigterm_drains_the_request_in_flight_and_exits_zero(vit_checkpoint: Pat
     assert len(json.loads(answer.split(b"\r\n\r\n", 1)[1])["predictions"]) == 3
     assert code == 0, log.read_text()
     assert "drained and stopped" in log.read_text()
+    for _ in range(500):  # they end with the server (orphans a moment later)
+        if not any(_running(pid) for pid in children):
+            break
+        time.sleep(0.01)
+    assert not any(_running(pid) for pid in children)
+
+
+def _running(pid: int) -> bool:
+    stat = Path(f"/proc/{pid}/stat")
+    try:
+        return stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has ended, only not been reaped
+    except FileNotFoundError:
+        return False
+
+
+def _children(pid: int) -> list[int]:
+    return [int(child) for task in Path(f"/proc/{pid}/task").iterdir() for child in (task / "children").read_text().split()]
 
 
 def test_serve_on_a_missing_checkpoint_is_a_clean_error(tmp_path: Path, capsys) -> None:

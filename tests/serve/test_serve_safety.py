@@ -4,11 +4,15 @@ JSON {"error"}, and the server keeps answering after each."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import struct
 import threading
+import time
 import zlib
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytest.importorskip("starlette", reason="vitkit serve needs the serve extra: pip install -e '.[serve]'")
@@ -18,7 +22,10 @@ from serve_helpers import metric, png_bytes, serving  # noqa: E402 - after the s
 from vitkit.runs import open_checkpoint  # noqa: E402
 from vitkit.serve.app import create_app  # noqa: E402
 from vitkit.serve.config import ServeConfig  # noqa: E402
+from vitkit.serve.body import Upload  # noqa: E402
+from vitkit.serve.engine import Encoded  # noqa: E402
 from vitkit.serve.model import ServedModel  # noqa: E402
+from vitkit.serve.worker import ModelProcessError, ProcessEngine  # noqa: E402
 
 PNG = {"Content-Type": "image/png"}
 
@@ -147,7 +154,7 @@ def test_an_oversized_body_is_refused_before_it_is_read_whole(vit_checkpoint: Pa
         sent.append(message)
 
     async def scenario():
-        app = create_app(vit_checkpoint, ServeConfig(max_body_mb=limit / 2**20))
+        app = create_app(vit_checkpoint, ServeConfig(max_body_mb=limit / 2**20, model_process=False))
         async with serving(app):
             await app(post_scope("/v1/predict", [(b"content-type", b"image/png"), (b"transfer-encoding", b"chunked")]),
                       receive, send)
@@ -169,7 +176,7 @@ def test_a_stalled_body_gets_408_and_frees_its_place(vit_checkpoint: Path) -> No
         sent.append(message)
 
     async def scenario():
-        app = create_app(vit_checkpoint, ServeConfig(body_timeout_s=0.2, max_queue=1))
+        app = create_app(vit_checkpoint, ServeConfig(body_timeout_s=0.2, max_queue=1, model_process=False))
         async with serving(app) as client:
             await asyncio.wait_for(app(post_scope("/v1/predict", [(b"content-type", b"image/png")]), receive, send), 10)
             return await client.post("/v1/predict", content=png_bytes(32, 32), headers=PNG)  # the one place is free again
@@ -180,7 +187,7 @@ def test_a_stalled_body_gets_408_and_frees_its_place(vit_checkpoint: Path) -> No
 
 
 def test_token_guards_every_route_but_the_page(vit_checkpoint: Path) -> None:
-    config = ServeConfig(token="s3cret")
+    config = ServeConfig(token="s3cret", model_process=False)
 
     async def requests(client):
         image = png_bytes(16, 16)
@@ -216,7 +223,7 @@ def test_the_page_is_self_contained(vit_checkpoint: Path) -> None:
     async def requests(client):
         return await client.get("/")
 
-    page = _run(vit_checkpoint, ServeConfig(), requests)
+    page = _run(vit_checkpoint, ServeConfig(model_process=False), requests)
     text = page.text
     assert "<script" in text and 'id="file"' in text and 'id="overlay"' in text
     for external in ("http://", "https://", "//cdn", "<link", "src=\"/", "@import"):
@@ -241,7 +248,7 @@ def test_a_full_queue_answers_503_with_retry_after(vit_checkpoint: Path) -> None
         return _Gated(open_checkpoint(path), str(path), device)
 
     async def scenario():
-        app = create_app(vit_checkpoint, ServeConfig(max_queue=2, max_batch=16, max_wait_ms=0), load=load)
+        app = create_app(vit_checkpoint, ServeConfig(max_queue=2, max_batch=16, max_wait_ms=0, model_process=False), load=load)
         async with serving(app) as client:
             _Gated.gate.clear()  # loaded and warmed up: from now on the forward waits
             first = [asyncio.ensure_future(client.post("/v1/predict", content=png_bytes(32, 32, seed), headers=PNG))
@@ -285,5 +292,42 @@ def test_a_failing_forward_is_a_json_500_and_the_server_goes_on(vit_checkpoint: 
         _FailingOnce.fail = True
         return await client.post("/v1/predict", content=png_bytes(32, 32), headers=PNG)
 
-    failed = _run(vit_checkpoint, ServeConfig(max_wait_ms=0), requests, load=load)
+    failed = _run(vit_checkpoint, ServeConfig(max_wait_ms=0, model_process=False), requests, load=load)
     _assert_error(failed, 500, "internal error", "RuntimeError")
+
+
+class _ExitOnArrival:
+    """A payload whose unpickling ends the process that receives it: the model process dies inside a batch."""
+
+    def __reduce__(self):
+        return os._exit, (3,)
+
+
+def test_a_dead_model_process_fails_only_its_batch_and_is_restarted(vit_checkpoint: Path) -> None:
+    engine = ProcessEngine(vit_checkpoint, ServeConfig())
+    image = Encoded(Upload("a.png", png_bytes(32, 32)))
+    try:
+        before = engine.run([image])[0].probabilities
+        first = engine.pid
+        with pytest.raises(ModelProcessError, match=r"died in this batch \(exit code 3\) and was restarted"):
+            engine.run([_ExitOnArrival()])
+        second = engine.pid
+        assert second != first and np.array_equal(engine.run([image])[0].probabilities, before)
+        os.kill(second, signal.SIGKILL)  # killed between batches: the next batch gets a new process, no error
+        while engine._process.is_alive():
+            time.sleep(0.01)
+        assert np.array_equal(engine.run([image])[0].probabilities, before) and engine.pid not in (first, second)
+    finally:
+        engine.close()
+
+
+def test_a_dead_model_process_is_a_503_with_retry_after_and_the_server_goes_on(vit_checkpoint: Path) -> None:
+    async def requests(client):
+        service = client._transport.app.state.service
+        service.engine._conn.send = lambda payloads: os.kill(service.engine.pid, signal.SIGKILL)  # dies with the batch in it
+        # (the restarted process has a new pipe, with its own send)
+        return await client.post("/v1/predict", content=png_bytes(32, 32), headers=PNG)  # then _run's good request
+
+    failed = _run(vit_checkpoint, ServeConfig(max_wait_ms=0), requests)
+    _assert_error(failed, 503, "model process died")
+    assert failed.headers["retry-after"] == "1"

@@ -18,6 +18,8 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-body-mb", type=float, default=8.0, help="request body limit in MiB")
     parser.add_argument("--max-queue", type=int, default=256, help="requests admitted at once; more get 503")
     parser.add_argument("--threads", type=int, default=None, help="torch threads for the model (default: torch's)")
+    parser.add_argument("--in-process", action="store_true",
+                        help="run the model in a thread of the server process instead of a model process of its own")
     parser.add_argument("--token", default=None, help="require 'Authorization: Bearer TOKEN' (all routes but the page)")
     parser.set_defaults(handler=run_serve)
 
@@ -32,5 +34,6 @@ def run_serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
     config = ServeConfig(host=args.host, port=args.port, device=args.device, max_batch=args.max_batch,
                          max_wait_ms=args.max_wait_ms, max_body_mb=args.max_body_mb, max_queue=args.max_queue,
-                         threads=args.threads, token=args.token)
+                         threads=args.threads, token=args.token,
+                         model_process=not args.in_process)
     return run_server(args.checkpoint, config)

@@ -5,8 +5,10 @@ Needs the optional extra: `pip install "vitkit[serve]"` (Starlette, uvicorn, pro
 python-multipart).
 
     app.py      routes, token check, request metrics, JSON errors      create_app(path, config)
-    service.py  loading, admission (queue bound), decoding pool, answers
+    service.py  starting the engine, admission (queue bound), answers
     batcher.py  dynamic batching into one model thread
+    engine.py   one batch: decode (small inline, large in a pool), forward, rollout + overlay
+    worker.py   the engine in a model process of its own (the default), restarted if it dies
     model.py    the model: predict's per-image path, batched forward, rollout + PNG overlay
     body.py     request bodies: byte limit while streaming, raw image or multipart form
     metrics.py  Prometheus registry

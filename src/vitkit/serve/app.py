@@ -95,7 +95,7 @@ async def _images(request: Request, explain: bool) -> Response:
     service: Service = request.app.state.service
     model = service.ready()
     if explain and not model.explainable:
-        raise HTTPError(422, f"explain needs a Vision Transformer: {type(model.model).__name__} has no attention "
+        raise HTTPError(422, f"explain needs a Vision Transformer: {model.info['model']} has no attention "
                              "weights to roll out; /v1/predict works for it")
     top_k, form = _top_k(request), request.query_params.get("format", "json")
     if form not in ("json", "png") or (form == "png" and not explain):
@@ -123,7 +123,7 @@ async def explain(request: Request) -> Response:
 
 async def health(request: Request) -> Response:
     model = request.app.state.service.ready()
-    return JSONResponse({"status": "ok", **model.info()})
+    return JSONResponse({"status": "ok", **model.info})
 
 
 async def metrics(request: Request) -> Response:

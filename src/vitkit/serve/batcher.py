@@ -1,22 +1,23 @@
 """Dynamic batching: requests that arrive close together share one model forward.
 
-Each image waits in one queue.  The collector takes the first waiting image, then gathers more until
-the batch holds `max_batch` images or the first one has waited `max_wait_s`, and hands the batch to a
-single model thread (so the event loop keeps accepting requests while the model runs, and images that
-arrive during a forward form the next batch).  Each caller gets its own row of the batch's output back;
-an output that is an exception fails that caller alone.  The collector is woken by the first image and
-then only by a full batch, not by every arrival (with small models a wake-up costs as much as an image),
-or when no other request is on its way (`others`: requests admitted but not yet here, e.g. still being
-read): then there is no company to wait for, and the batch runs at once.
+Each image waits in one queue.  A dedicated model thread takes the first waiting image, gathers more
+until the batch holds `max_batch` images or the first one has waited `max_wait_s`, runs the batch and
+hands each caller its own row of the output back on the event loop; an output that is an exception
+fails that caller alone.  The event loop only queues images and wakes the thread, so it keeps
+accepting requests while the model runs, and the thread takes the next batch the moment a forward
+ends, without waiting for the loop (which may be busy answering the previous batch).  The thread is
+woken by the first image and then only by a full batch, not by every arrival, or when no other
+request is on its way (`others`: requests admitted but not yet here, e.g. still being read): then
+there is no company to wait for, and the batch runs at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import logging
-from concurrent.futures import ThreadPoolExecutor
+import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -47,16 +48,18 @@ class Batcher:
                  on_depth: Callable[[int], None] = lambda depth: None, others: Callable[[int], int] = lambda inside: 1) -> None:
         self._run, self._max_batch, self._max_wait = run, max_batch, max_wait_s
         self._on_depth, self._others = on_depth, others
-        self._inside = 0  # callers between submit and their answer
+        self._inside = 0  # callers between submit and their answer (changed on the event loop only)
         self._waiting: collections.deque[_Job] = collections.deque()
-        self._arrived = asyncio.Event()
-        self._want_first = True  # the collector waits for a first image (any arrival wakes it), else for a full batch
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="vitkit-model")
-        self._task: asyncio.Task | None = None
+        self._changed = threading.Condition()  # guards _waiting; the model thread waits on it
+        self._want_first = True  # the thread waits for a first image (any arrival wakes it), else for a full batch
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._serve(), name="vitkit-batcher")
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._serve, name="vitkit-model", daemon=True)
+        self._thread.start()
 
     async def submit(self, payloads: Sequence[Any]) -> list[Any]:
         """Queue payloads (one image each) and wait for their outputs, in order; an exception of a batch
@@ -65,11 +68,13 @@ class Batcher:
             raise BatcherClosed("the server is shutting down")
         loop = asyncio.get_running_loop()
         jobs = [_Job(payload, loop.create_future()) for payload in payloads]
-        self._waiting.extend(jobs)
-        self._on_depth(len(self._waiting))
         self._inside += 1
-        if self._want_first or len(self._waiting) >= self._max_batch or self._others(self._inside) <= 0:
-            self._arrived.set()
+        with self._changed:
+            self._waiting.extend(jobs)
+            depth = len(self._waiting)
+            if self._want_first or depth >= self._max_batch or self._others(self._inside) <= 0:
+                self._changed.notify()
+        self._on_depth(depth)
         try:
             return list(await asyncio.gather(*(job.future for job in jobs)))
         finally:
@@ -81,52 +86,60 @@ class Batcher:
     async def close(self) -> None:
         """Refuse new work, finish what is queued, stop the model thread."""
         self._closed = True
-        while self._waiting and self._task is not None and not self._task.done():
-            await asyncio.sleep(0.005)
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-        for job in self._waiting:  # only left when the collector died or never started
+        with self._changed:
+            self._changed.notify()
+        if self._thread is not None:
+            while self._thread.is_alive():  # the thread finishes the queue, then ends
+                await asyncio.sleep(0.005)
+        await asyncio.sleep(0)  # the last deliveries, scheduled by the thread, run before we return
+        for job in self._waiting:  # only left when the thread never started
             if not job.future.done():
                 job.future.set_exception(BatcherClosed("the server is shutting down"))
-        self._thread.shutdown(wait=True)
 
-    async def _serve(self) -> None:
-        loop = asyncio.get_running_loop()
+    def _serve(self) -> None:
         while True:
-            batch = await self._next_batch()
+            batch = self._next_batch()
+            if batch is None:
+                return
             if not batch:
                 continue
             try:
-                outputs = await loop.run_in_executor(self._thread, self._run, [job.payload for job in batch])
+                outputs = self._run([job.payload for job in batch])
                 if len(outputs) != len(batch):
                     raise RuntimeError(f"the model returned {len(outputs)} outputs for {len(batch)} inputs")
             except Exception as error:  # noqa: BLE001 - one bad batch fails its callers, not the server
                 log.exception("model forward failed for a batch of %d", len(batch))
-                for job in batch:
-                    if not job.future.done():
-                        job.future.set_exception(error)
-                continue
-            for job, output in zip(batch, outputs):
-                if job.future.done():  # a caller that went away has a cancelled future
-                    continue
-                if isinstance(output, BaseException):
-                    job.future.set_exception(output)
-                else:
-                    job.future.set_result(output)
+                outputs = [error] * len(batch)
+            self._loop.call_soon_threadsafe(self._deliver, batch, outputs)
 
-    async def _next_batch(self) -> list[_Job]:
-        """Wait for one job, then for company until the batch is full or the first job's wait is over."""
-        self._want_first = True
-        while not self._waiting:
-            self._arrived.clear()
-            await self._arrived.wait()
-        self._want_first = False
-        if len(self._waiting) < self._max_batch and self._max_wait > 0 and self._others(self._inside) > 0:
-            self._arrived.clear()  # set again only by a full batch or the last request on its way arriving
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._arrived.wait(), self._max_wait)
-        count = min(self._max_batch, len(self._waiting))
-        batch = [self._waiting.popleft() for _ in range(count)]
-        self._on_depth(len(self._waiting))
+    @staticmethod
+    def _deliver(batch: list[_Job], outputs: Sequence[Any]) -> None:
+        for job, output in zip(batch, outputs):
+            if job.future.done():  # a caller that went away has a cancelled future
+                continue
+            if isinstance(output, BaseException):
+                job.future.set_exception(output)
+            else:
+                job.future.set_result(output)
+
+    def _next_batch(self) -> list[_Job] | None:
+        """Wait for one job, then for company until the batch is full or the first job's wait is over
+        (None: closed and nothing left)."""
+        with self._changed:
+            self._want_first = True
+            while not self._waiting:
+                if self._closed:
+                    return None
+                self._changed.wait()
+            self._want_first = False
+            deadline = time.monotonic() + self._max_wait
+            while (len(self._waiting) < self._max_batch and self._max_wait > 0 and not self._closed
+                   and self._others(self._inside) > 0):
+                left = deadline - time.monotonic()
+                if left <= 0 or not self._changed.wait(left):
+                    break
+            count = min(self._max_batch, len(self._waiting))
+            batch = [self._waiting.popleft() for _ in range(count)]
+            depth = len(self._waiting)
+        self._on_depth(depth)
         return [job for job in batch if not job.future.done()]

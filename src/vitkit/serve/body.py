@@ -22,6 +22,9 @@ class HTTPError(Exception):
         super().__init__(message)
         self.status, self.message, self.headers = status, message, headers or {}
 
+    def __reduce__(self):  # crosses from the model process with its status (pickle's default passes only args)
+        return HTTPError, (self.status, self.message, self.headers)
+
 
 @dataclass(frozen=True)
 class Upload:

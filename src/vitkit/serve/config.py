@@ -26,6 +26,7 @@ class ServeConfig:
     threads: int | None = None  # torch intra-op threads of the model forward; None = torch's default
     decode_workers: int = 2  # threads that decode images off the event loop
     drain_timeout_s: float = 30.0  # SIGTERM: the longest wait for requests in flight before exiting
+    model_process: bool = True  # the model (decoding, forward, rollout) in a child process; False: a thread of this one
     switch_interval_ms: float = 0.5  # Python's GIL switch interval in the server process (default 5 ms)
 
     def __post_init__(self) -> None:

@@ -15,7 +15,8 @@ import torch
 from PIL import Image
 from torch import Tensor
 
-from vitkit.eval.predict import class_probabilities, decode_input, model_input
+from vitkit.eval.features import prepare
+from vitkit.eval.predict import class_probabilities, decode_input
 from vitkit.inspect.attention import attention_rollout, rollout_map
 from vitkit.models.configs import config_to_dict, num_classes
 
@@ -26,9 +27,9 @@ OVERLAY_SIDE = 224  # the overlay PNG is drawn at least this large (small models
 
 @dataclass(frozen=True)
 class Job:
-    """One image for the batcher: its model input (1, C, S, S) and whether its rollout is wanted."""
+    """One image for the model: its decoded pixels, uint8 (C, S, S), and whether its rollout is wanted."""
 
-    inputs: Tensor
+    pixels: Tensor
     explain: bool = False
 
 
@@ -63,15 +64,15 @@ class ServedModel:
                 "resolution": self.size, "channels": self.channels, "device": str(self.device),
                 "explain": self.explainable}
 
-    def prepare(self, data: bytes, max_pixels: int) -> Tensor:
-        """Encoded image bytes -> model input (1, C, S, S): exactly `vitkit predict`'s path."""
-        return model_input(decode_input(data, self.checkpoint, self.size, max_pixels=max_pixels), self.checkpoint,
-                           self.size, self.device)
+    def decode(self, data: bytes, max_pixels: int) -> Tensor:
+        """Encoded image bytes -> uint8 (C, S, S), as `vitkit predict` decodes a file."""
+        return decode_input(data, self.checkpoint, self.size, max_pixels=max_pixels)
 
     @torch.inference_mode()
     def run(self, jobs: Sequence[Job]) -> list[Output]:
-        """One forward for the whole batch; the rollout only for the images that asked for it."""
-        inputs = torch.cat([job.inputs for job in jobs])
+        """One forward for the whole batch; the rollout only for the images that asked for it.  The pixels
+        are normalised together: the same elementwise arithmetic as `vitkit predict`'s per-image path."""
+        inputs = prepare(torch.stack([job.pixels for job in jobs]).to(self.device), self.checkpoint, self.size)
         probabilities = class_probabilities(self.model, inputs)
         wanted = [i for i, job in enumerate(jobs) if job.explain]
         maps: dict[int, Tensor] = {}
@@ -105,7 +106,7 @@ class ServedModel:
 
     def warm_up(self, max_batch: int) -> None:
         """Run the shapes the server will run (one image, a full batch, one explanation) before /health says ready."""
-        blank = torch.zeros(1, self.channels, self.size, self.size, device=self.device)
+        blank = torch.zeros(self.channels, self.size, self.size, dtype=torch.uint8)
         for count in sorted({1, max_batch}):
             self.run([Job(blank)] * count)
         if self.explainable:

@@ -35,10 +35,11 @@ def run_server(path: str | os.PathLike, config: ServeConfig) -> int:
     server = uvicorn.Server(uvicorn.Config(
         app, host=config.host, port=config.port, lifespan="on", access_log=False, server_header=False,
         timeout_graceful_shutdown=config.drain_timeout_s, log_level="info"))
-    # The model thread releases the GIL inside every torch op and must win it back after each one; with
-    # Python's default 5 ms switch interval it can wait that long behind the event loop.  Measured with
-    # 16 clients on the Fashion-MNIST model: 0.5 ms gave more images/s than 5 ms in 3 of 3 alternating
-    # rounds at one image per request (+10-90%), no difference at eight.
+    # With --in-process the model thread releases the GIL inside every torch op and must win it back after
+    # each one; with Python's default 5 ms switch interval it can wait that long behind the event loop.
+    # Measured with 16 clients on the Fashion-MNIST model: 0.5 ms gave more images/s than 5 ms in 3 of 3
+    # alternating rounds at one image per request (+10-90%), no difference at eight.  (The default model
+    # process has its own interpreter; here only the batcher's thread waits on its pipe.)
     interval = sys.getswitchinterval()
     sys.setswitchinterval(config.switch_interval_ms / 1000)
     # uvicorn re-raises the signal that stopped it once it has drained; with a no-op handler in place
