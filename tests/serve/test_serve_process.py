@@ -75,12 +75,12 @@ def test_oversized_bodies_are_refused_without_being_read(server: str) -> None:
 def test_sigterm_drains_the_request_in_flight_and_exits_zero(vit_checkpoint: Path, tmp_path: Path) -> None:
     log = tmp_path / "log.txt"
     process, url = start_server(vit_checkpoint, log)
-    children = _children(process.pid)  # the model process, and multiprocessing's resource tracker
-    assert sum(b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes() for pid in children) == 1  # the model's own process
     host, port = url.removeprefix("http://").split(":")
     image = png_bytes(32, 32)
     head = f"POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\nContent-Length: {len(image)}\r\n\r\n"
     try:
+        children = _children(process.pid)  # the model process, and multiprocessing's resource tracker
+        assert sum(b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes() for pid in children) == 1  # the model's own
         with socket.create_connection((host, int(port)), timeout=30) as sock:
             sock.sendall(head.encode() + image[: len(image) // 2])  # in flight: half its body sent
             for _ in range(200):

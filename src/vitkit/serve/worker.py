@@ -48,7 +48,7 @@ class ProcessEngine:
 
     def run(self, payloads: Sequence[Encoded]) -> list[Answer | HTTPError]:
         """One `Answer` or `HTTPError` per image; a child that dies in the batch fails it and is restarted."""
-        if not self._process.is_alive():  # died between batches (killed, out of memory): nothing of this batch was in it
+        if self._process is None or not self._process.is_alive():  # died between batches, or a restart failed
             log.error("the model process is gone (exit code %s); starting a new one", self._reap())
             self.description = self._start()
         try:
@@ -76,6 +76,9 @@ class ProcessEngine:
         self._reap()
 
     def _start(self) -> Description:
+        if self._conn is not None:  # the pipe of a process that died
+            with contextlib.suppress(OSError):
+                self._conn.close()
         context = multiprocessing.get_context("spawn")  # no fork of a process with threads and torch state
         ours, theirs = context.Pipe()
         self._process = context.Process(target=serve_batches, args=(theirs, self.path, self.config), name="vitkit-model",

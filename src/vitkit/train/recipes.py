@@ -6,7 +6,7 @@
 | paper-finetune      | App. B.1.1, Table 4                    | SGD momentum 0.9, cosine, no wd, clip 1, batch 512 (accumulated), zero-init head, 384 px, optional EMA 0.9999, LR sweep |
 | small-8px           | auto: sides <= 12 px (digits)          | ViT D=64 L=4 on 4x4 patches, pad-crop shift, AdamW          |
 | small-28px          | auto: sides <= 30 px (MNIST, Fashion)  | ViT D=64 L=4 on 4x4 patches (7x7 tokens), PatchDropout, pad-crop + flip, bf16, compiled |
-| small-32px          | auto: sides <= 40 px (CIFAR)           | ViT D=192 L=6 on 4x4 patches (8x8 tokens), pad-crop + flip + RandAugment |
+| small-32px          | auto: sides <= 40 px (CIFAR)           | ViT D=192 L=6 on 4x4 patches (8x8 tokens), PatchDropout, mimetic init, pad-crop + flip, bf16, compiled |
 | small-64px          | auto: larger images (folders)          | resize to 64, ViT D=192 L=6 on 8x8 patches, inception crop + flip + RandAugment |
 
 Every recipe has a "-tiny" variant (D=32, L=2, k=2) that runs in seconds on a CPU, used by tests.
@@ -197,20 +197,29 @@ def small_28px(info: SourceInfo) -> TrainConfig:
 
 
 def small_32px(info: SourceInfo) -> TrainConfig:
-    """32x32 colour sets (CIFAR-10/100): ViT D=192 L=6 k=3 on 4x4 patches (64 tokens), RandAugment.
+    """32x32 colour sets (CIFAR-10/100): ViT D=192 L=6 k=3 on 4x4 patches (64 tokens), PatchDropout, mimetic init, compiled.
 
-    Command:  vitkit train --data cifar10:/data/cifar10
-    Expected: ~85% CIFAR-10 test top-1 after 100 epochs (GPU minutes; many CPU hours).
+    Set for a CPU time budget the way small-28px is: bf16 autocast and torch.compile (the loop ran at
+    ~630-770 images/s on the 2-core CPU, against ~200-230 eager in fp32 with RandAugment before), PatchDropout
+    0.5 for the first 80% of the schedule, mimetic initialisation of the attention (Trockman & Kolter
+    2023; models/mimetic.py), pad-crop + flip and no RandAugment: in a 30-minute budget (27 epochs)
+    RandAugment(2, 9) slowed learning (train loss 2.00 at epoch 7, against 1.48 at epoch 9 without it).
+    Measured: `benchmarks/train_budget.py cifar10` (folder:../shared/data/cifar10-jpg, its 40,000/10,000
+    stratified train/test hold-out, --max-minutes 30, the schedule fitted to it): 73.50% test top-1
+    (27.4 epochs, 30.0 min).  Issue 14's target is 80%.
+    Command:  vitkit train --data folder:../shared/data/cifar10-jpg --max-minutes 30
+    Expected: ~73.5% test top-1 in 30 minutes on the 2-core CPU; more with more time.
     """
     model = ViTConfig(img_size=32, patch_size=4, in_chans=info.channels, num_classes=info.num_classes,
-                      hidden_size=192, depth=6, num_heads=3, mlp_dim=384, pool="gap", drop_path=0.1)
+                      hidden_size=192, depth=6, num_heads=3, mlp_dim=384, pool="gap", drop_path=0.1,
+                      patch_dropout=0.5, init="mimetic")
     return TrainConfig(
         recipe="small-32px", model=model,
-        data=_data(info, batch_size=256, epochs=100, workers=2),
-        augment=AugmentConfig(crop="pad", pad=4, flip=_flip(info), randaugment=(2, 9), label_smoothing=0.1),
+        data=_data(info, batch_size=256, epochs=100, workers=2, patch_dropout_until=0.8),
+        augment=AugmentConfig(crop="pad", pad=4, flip=_flip(info), label_smoothing=0.1),
         optim=OptimConfig(name="adamw", lr=1e-3, weight_decay=0.05, schedule="cosine", warmup_fraction=0.05, clip_norm=1.0),
         eval=EvalConfig(every_epochs=0, batch_size=500),  # every training image trains; --set eval.every_epochs=5 holds out a val part
-        run=RunConfig(checkpoint_every=1000, log_every=50),
+        run=RunConfig(checkpoint_every=1000, log_every=50, precision="bf16", compile=True),
     )
 
 
