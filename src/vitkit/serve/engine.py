@@ -9,10 +9,11 @@ in a thread pool, in parallel (Pillow releases the GIL while decoding).
 
 from __future__ import annotations
 
+import os
 import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -62,8 +63,15 @@ class LocalEngine:
         self._pool = ThreadPoolExecutor(config.decode_workers, thread_name_prefix="vitkit-decode")
         self.description = Description(model.info(), model.class_names, model.explainable)
 
-    def warm_up(self, max_batch: int) -> None:
-        self.model.warm_up(max_batch)
+    @classmethod
+    def start(cls, path: str | os.PathLike, config: ServeConfig,
+              load: Callable[[str | os.PathLike, str], ServedModel]) -> LocalEngine:
+        """Set the torch threads, load `path`, warm up: in the server process or in the model process alike."""
+        if config.threads is not None:
+            torch.set_num_threads(config.threads)
+        engine = cls(load(path, config.device), config)
+        engine.model.warm_up(config.max_batch)
+        return engine
 
     def run(self, payloads: Sequence[Encoded]) -> list[Answer | HTTPError]:
         inputs = self._decode_all(payloads)

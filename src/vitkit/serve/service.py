@@ -44,7 +44,7 @@ class Service:
             raise ValueError("a custom load function runs in this process: use ServeConfig(model_process=False)")
         self.path, self.config, self._load, self.on_load_failure = path, config, load, on_load_failure
         self.metrics = Metrics(config.max_batch)
-        self.engine: Any = None
+        self.engine: LocalEngine | ProcessEngine | None = None
         self.model: Description | None = None
         self.load_error: str | None = None
         self.batcher: Batcher | None = None
@@ -73,11 +73,7 @@ class Service:
     def _start_engine(self) -> LocalEngine | ProcessEngine:
         if self.config.model_process:
             return ProcessEngine(self.path, self.config)
-        if self.config.threads is not None:
-            torch.set_num_threads(self.config.threads)
-        engine = LocalEngine(self._load(self.path, self.config.device), self.config)
-        engine.warm_up(self.config.max_batch)
-        return engine
+        return LocalEngine.start(self.path, self.config, self._load)
 
     async def stop(self) -> None:
         """After the HTTP server has drained: finish queued batches, stop the engine."""

@@ -44,20 +44,20 @@ class ProcessEngine:
         self.path, self.config = str(path), config
         self._process: Any = None
         self._conn: Connection | None = None
-        self.description = self._start()
+        self.description = self._start()  # what the HTTP side reads; a restarted process serves the same checkpoint
 
     def run(self, payloads: Sequence[Encoded]) -> list[Answer | HTTPError]:
         """One `Answer` or `HTTPError` per image; a child that dies in the batch fails it and is restarted."""
         if self._process is None or not self._process.is_alive():  # died between batches, or a restart failed
             log.error("the model process is gone (exit code %s); starting a new one", self._reap())
-            self.description = self._start()
+            self._start()
         try:
             self._conn.send(list(payloads))
             kind, value = self._conn.recv()
         except (EOFError, OSError) as error:
             code = self._reap()
             log.error("the model process died in a batch of %d (exit code %s); starting a new one", len(payloads), code)
-            self.description = self._start()
+            self._start()
             raise ModelProcessError(f"the model process died in this batch (exit code {code}) and was restarted") from error
         if kind != "answers":
             raise ModelProcessError(value)
@@ -115,12 +115,7 @@ def serve_batches(conn: Connection, path: str, config: ServeConfig) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)  # the server decides when this process ends
     try:
-        if config.threads is not None:
-            import torch
-
-            torch.set_num_threads(config.threads)
-        engine = LocalEngine(load_model(path, config.device), config)
-        engine.warm_up(config.max_batch)
+        engine = LocalEngine.start(path, config, load_model)
     except Exception as error:  # noqa: BLE001 - reported to the server, which exits with the message
         conn.send(("failed", f"{type(error).__name__}: {error}"))
         return
