@@ -52,6 +52,13 @@ def test_fields_of_one_group_change_together() -> None:
                 ["data.resolutions=0", "data.resolution_until=0.5"]):
         with pytest.raises(ValueError, match="resolution"):
             apply_overrides(base, bad)
+    stepped = ["data.patch_dropout_until=0.5", "data.patch_dropout_later=0.5,0.25", "data.patch_dropout_later_until=0.7,0.9"]
+    assert apply_overrides(base, stepped).data.patch_dropout_later_until == (0.7, 0.9)
+    for bad in (["data.patch_dropout_later=0.5"],  # one bound per phase
+                ["data.patch_dropout_until=0.5", "data.patch_dropout_later=0.5", "data.patch_dropout_later_until=0.4"],
+                ["data.patch_dropout_until=0.5", "data.patch_dropout_later=1.0", "data.patch_dropout_later_until=0.9"]):
+        with pytest.raises(ValueError, match="patch_dropout_later"):
+            apply_overrides(base, bad)
 
 
 def test_to_dict_from_dict_round_trip() -> None:

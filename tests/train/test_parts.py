@@ -47,6 +47,14 @@ def test_schedule_at_a_position_golden_values() -> None:
     assert schedule.spans() == [(0.0, 0.3, 16, 0.5), (0.3, 0.8, 28, 0.5), (0.8, 1.0, 28, 0.0)]
 
 
+def test_stepped_patch_dropout_phases() -> None:
+    schedule = Schedule(total_steps=100, peak_lr=1.0, patch_dropout=0.75, patch_until=0.5, patch_later=(0.5,),
+                        patch_later_until=(0.9,), resolutions=(16,), resolution_until=(0.7,), side=32)
+    assert [schedule.at(p).patch_dropout for p in (0, 49.9, 50, 89.9, 90, 100)] == [0.75, 0.75, 0.5, 0.5, 0.0, 0.0]
+    assert schedule.spans() == [(0.0, 0.5, 16, 0.75), (0.5, 0.7, 16, 0.5), (0.7, 0.9, 32, 0.5), (0.9, 1.0, 32, 0.0)]
+    assert schedule.phases(start=0.6) == [(0.5, 16), (0.5, 32), (0.0, 32)]  # one compiled graph per phase left
+
+
 # ---------------------------------------------------------------------------------------- guard
 def test_guard_accounts_deferred_flags_and_stops_after_patience() -> None:
     counters = SimpleNamespace(nan_streak=0, skipped_steps=0)

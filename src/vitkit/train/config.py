@@ -51,6 +51,10 @@ class DataConfig:
     resolutions: tuple[int, ...] = ()  # training side lengths of the early phases, e.g. (16, 20)
     resolution_until: tuple[float, ...] = ()  # where each phase ends, increasing in (0, 1], e.g. (0.5, 0.75)
     patch_dropout_until: float = 1.0  # model.patch_dropout applies until this fraction of the schedule, then all patches
+    # Stepped PatchDropout: after patch_dropout_until, rate patch_dropout_later[i] until patch_dropout_later_until[i]
+    # (increasing fractions), then all patches, e.g. (0.5,) / (0.9,) steps 0.75 -> 0.5 -> 0.
+    patch_dropout_later: tuple[float, ...] = ()
+    patch_dropout_later_until: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.micro_batch_size < 0:
@@ -68,10 +72,20 @@ class DataConfig:
                              "must have one entry per phase")
         if not 0.0 <= self.patch_dropout_until <= 1.0:
             raise ValueError(f"patch_dropout_until must be in [0, 1], got {self.patch_dropout_until}")
+        self._check_later_patch_dropout()
         bounds = (0.0, *self.resolution_until)
         if any(not a < b <= 1.0 for a, b in zip(bounds, bounds[1:])) or any(s < 1 for s in self.resolutions):
             raise ValueError(f"resolution_until must increase within (0, 1] and resolutions be >= 1, got "
                              f"{self.resolution_until} / {self.resolutions}")
+
+    def _check_later_patch_dropout(self) -> None:
+        rates, until = self.patch_dropout_later, self.patch_dropout_later_until
+        if len(rates) != len(until):
+            raise ValueError(f"patch_dropout_later {rates} and patch_dropout_later_until {until} must have one entry per phase")
+        bounds = (self.patch_dropout_until, *until)
+        if any(not a < b <= 1.0 for a, b in zip(bounds, bounds[1:])) or any(not 0.0 <= r < 1.0 for r in rates):
+            raise ValueError(f"patch_dropout_later_until must increase within (patch_dropout_until, 1] and each rate be "
+                             f"in [0, 1), got {until} / {rates}")
 
 
 @dataclass(frozen=True, kw_only=True)

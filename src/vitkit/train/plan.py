@@ -151,7 +151,8 @@ def schedule_of(config: TrainConfig, plan: Plan) -> Schedule:
     """Every per-step quantity of the run as a function of the schedule position."""
     return Schedule(total_steps=plan.steps, peak_lr=plan.lr, warmup_steps=plan.warmup, kind=config.optim.schedule,
                     end_fraction=config.optim.end_lr_fraction, patch_dropout=_patch_dropout(config),
-                    patch_until=config.data.patch_dropout_until, resolutions=config.data.resolutions,
+                    patch_until=config.data.patch_dropout_until, patch_later=config.data.patch_dropout_later,
+                    patch_later_until=config.data.patch_dropout_later_until, resolutions=config.data.resolutions,
                     resolution_until=config.data.resolution_until, side=plan.img_size,
                     ema_decay=config.optim.ema_decay, ema_warmup=config.optim.ema_warmup)
 

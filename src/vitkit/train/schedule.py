@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeVar
 
 ScheduleKind = Literal["cosine", "linear", "constant"]
+T = TypeVar("T", int, float)
 
 
 def lr_multiplier(step: int, total_steps: int, warmup_steps: int = 0, kind: ScheduleKind = "cosine",
@@ -41,8 +42,9 @@ def lr_multiplier(step: int, total_steps: int, warmup_steps: int = 0, kind: Sche
     return end_fraction + (1.0 - end_fraction) * shape
 
 
-def resolution_at(fraction: float, sizes: tuple[int, ...], until: tuple[float, ...], final: int) -> int:
-    """Training side length at `fraction` (0..1) of the schedule: sizes[i] before until[i], then `final`.
+def resolution_at(fraction: float, sizes: tuple[T, ...], until: tuple[float, ...], final: T) -> T:
+    """Training side length at `fraction` (0..1) of the schedule: sizes[i] before until[i], then `final`
+    (the same stepping reads the PatchDropout phases).
 
     Progressive resolution as the paper's own practice of training low and fine-tuning high
     (Sec. 3.2), applied within one run: the early phases see fewer tokens per image, so each step
@@ -54,11 +56,11 @@ def resolution_at(fraction: float, sizes: tuple[int, ...], until: tuple[float, .
     return final
 
 
-def phase_at(fraction: float, rate: float, until: float, sizes: tuple[int, ...], size_until: tuple[float, ...],
-             final: int) -> tuple[float, int]:
-    """(PatchDropout rate, training side) at `fraction` of the schedule: `rate` before `until`, then all
-    patches; the side as `resolution_at`.  The loop and the compile warm-up both read the phases here."""
-    return (rate if fraction < until else 0.0), resolution_at(fraction, sizes, size_until, final)
+def phase_at(fraction: float, rates: tuple[float, ...], rate_until: tuple[float, ...], sizes: tuple[int, ...],
+             size_until: tuple[float, ...], final: int) -> tuple[float, int]:
+    """(PatchDropout rate, training side) at `fraction` of the schedule: rates[i] before rate_until[i], then
+    all patches; the side as `resolution_at`.  The loop and the compile warm-up both read the phases here."""
+    return resolution_at(fraction, rates, rate_until, 0.0), resolution_at(fraction, sizes, size_until, final)
 
 
 def resolve_warmup(total_steps: int, warmup_steps: int, warmup_fraction: float) -> int:
@@ -120,7 +122,8 @@ class Phase:
 class Schedule:
     """Every per-step quantity of a run as a function of the schedule position (0 ... total_steps).
 
-    `patch_until` and `resolution_until` are fractions of the schedule; `ema_warmup` ramps the averaging
+    `patch_until` and `resolution_until` are fractions of the schedule; after `patch_until` the rates
+    `patch_later` follow, each until its `patch_later_until` mark, then every patch; `ema_warmup` ramps the averaging
     decay as min(decay, (1 + t) / (10 + t)) with t the position, so early weights, far from the final
     ones, fade out quickly (as timm's and big_vision's EMA warm-ups).
     """
@@ -132,16 +135,28 @@ class Schedule:
     end_fraction: float = 0.0
     patch_dropout: float = 0.0
     patch_until: float = 1.0
+    patch_later: tuple[float, ...] = ()
+    patch_later_until: tuple[float, ...] = ()
     resolutions: tuple[int, ...] = ()
     resolution_until: tuple[float, ...] = ()
     side: int = 224
     ema_decay: float = 0.0
     ema_warmup: bool = False
 
+    @property
+    def rates(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """The PatchDropout phases as (rates, the fraction each ends at)."""
+        return (self.patch_dropout, *self.patch_later), (self.patch_until, *self.patch_later_until)
+
+    def _phase(self, fraction: float) -> tuple[float, int]:
+        return phase_at(fraction, *self.rates, self.resolutions, self.resolution_until, self.side)
+
+    def _marks(self) -> list[float]:
+        inner = (*self.resolution_until, *self.rates[1])
+        return sorted({0.0, 1.0, *(f for f in inner if 0.0 < f < 1.0)})
+
     def at(self, position: float) -> Phase:
-        fraction = position / self.total_steps
-        rate, side = phase_at(fraction, self.patch_dropout, self.patch_until, self.resolutions, self.resolution_until,
-                              self.side)
+        rate, side = self._phase(position / self.total_steps)
         lr = self.peak_lr * lr_multiplier(position, self.total_steps, self.warmup_steps, self.kind, self.end_fraction)
         decay = min(self.ema_decay, (1 + position) / (10 + position)) if self.ema_warmup else self.ema_decay
         return Phase(lr=lr, patch_dropout=rate, side=side, ema_decay=decay)
@@ -149,24 +164,22 @@ class Schedule:
     def phases(self, start: float = 0.0) -> list[tuple[float, int]]:
         """(PatchDropout rate, side) of each phase not over at fraction `start` (one compiled graph each).
 
-        The schedule changes phase only at `patch_until` and the `resolution_until` marks; each span
+        The schedule changes phase only at the PatchDropout and `resolution_until` marks; each span
         between marks is read with `phase_at`, the rule `at` uses.
         """
-        marks = sorted({0.0, 1.0, *(f for f in (*self.resolution_until, self.patch_until) if 0.0 < f < 1.0)})
+        marks = self._marks()
         found: list[tuple[float, int]] = []
         for begin, end in zip(marks, marks[1:]):
-            phase = phase_at(begin, self.patch_dropout, self.patch_until, self.resolutions, self.resolution_until,
-                             self.side)
+            phase = self._phase(begin)
             if end > start and phase not in found:
                 found.append(phase)
         return found
 
     def spans(self) -> list[tuple[float, float, int, float]]:
         """(begin, end, side, PatchDropout rate) fractions of the schedule between phase changes (for the ETA)."""
-        marks = sorted({0.0, 1.0, *(f for f in (*self.resolution_until, self.patch_until) if 0.0 < f < 1.0)})
+        marks = self._marks()
         out = []
         for begin, end in zip(marks, marks[1:]):
-            rate, side = phase_at(begin, self.patch_dropout, self.patch_until, self.resolutions, self.resolution_until,
-                                  self.side)
+            rate, side = self._phase(begin)
             out.append((begin, end, side, rate))
         return out

@@ -146,7 +146,7 @@ class Trainer:
         ema = ModelEMA(module, config.optim.ema_decay) if config.optim.ema_decay > 0 else None
         self.state = TrainState(model=model, module=module, optimizer=optimizer, generator=generator, ema=ema)
         self.autocast_dtype = autocast_dtype(config.run.precision, device)
-        self.pass_rate = self.schedule.patch_dropout > 0  # the model takes the scheduled PatchDropout rate
+        self.pass_rate = any(r > 0 for r in self.schedule.rates[0])  # the model takes the scheduled PatchDropout rate
 
     def _meta(self) -> dict[str, Any]:
         provenance = {"recipe": self.config.recipe, "data": self.config.data.uri, "run_dir": str(self.run.path),
