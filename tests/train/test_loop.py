@@ -101,6 +101,12 @@ def test_patch_dropout_is_switched_off_where_the_schedule_says(tmp_path: Path) -
     on = final("on", "model.patch_dropout=0.5", "data.patch_dropout_until=0.5")
     assert all(torch.equal(plain[k], off[k]) for k in plain)
     assert max((plain[k] - on[k]).abs().max() for k in plain) > 1e-4
+    split = final("split", "model.patch_dropout=0.5", "data.patch_dropout_until=0.2", "data.patch_dropout_later=0.5",
+                  "data.patch_dropout_later_until=0.5")  # the same rate in two phases: the same run
+    stepped = final("stepped", "model.patch_dropout=0.5", "data.patch_dropout_until=0.2", "data.patch_dropout_later=0.25",
+                    "data.patch_dropout_later_until=0.5")
+    assert all(torch.equal(on[k], split[k]) for k in on)
+    assert max((on[k] - stepped[k]).abs().max() for k in on) > 1e-4
 
 
 @pytest.mark.parametrize("nan_check", ["sync", "deferred"])
