@@ -8,6 +8,7 @@ import pytest
 
 from vitkit.data.sources import SourceInfo
 from vitkit.train.config import TrainConfig, apply_overrides, from_dict, to_dict
+from vitkit.train.plan import make_plan, plan_lines
 from vitkit.train.recipes import auto_recipe_name, get_recipe
 
 INFO = SourceInfo(uri="digits", num_train=1438, num_classes=10, image_size=8, channels=1, in_memory=True)
@@ -75,3 +76,13 @@ def test_auto_recipe_by_resolution() -> None:
         return SourceInfo(uri="digits", num_train=100, num_classes=2, image_size=side, channels=3, in_memory=True)
 
     assert [auto_recipe_name(info(s)) for s in (8, 28, 32, 200)] == ["small-8px", "small-28px", "small-32px", "small-64px"]
+
+
+def test_the_plan_states_the_patch_dropout_phases() -> None:
+    stepped = ["data.patch_dropout_until=0.6", "data.patch_dropout_later=0.5", "data.patch_dropout_later_until=0.9"]
+    plan = make_plan(apply_overrides(get_recipe("small-32px", INFO), stepped), num_train=1000)
+    assert plan.patch_dropout_phases == ((0.75, 0.6), (0.5, 0.9))
+    assert "PatchDropout: 0.75 until 60%, 0.5 until 90%, then every patch" in plan_lines(plan)
+    assert plan.to_dict()["patch_dropout_phases"] == [[0.75, 0.6], [0.5, 0.9]]
+    plain = make_plan(apply_overrides(get_recipe("small-32px", INFO), ["model.patch_dropout=0"]), num_train=1000)
+    assert "patch_dropout_phases" not in plain.to_dict() and not any("PatchDropout" in line for line in plan_lines(plain))

@@ -70,6 +70,7 @@ class Plan:
     budget_schedule: str  # "fit" (the schedule runs by the clock) or "cut"
     augment: tuple[str, ...]
     resolution_phases: tuple[tuple[int, float], ...] = ()
+    patch_dropout_phases: tuple[tuple[float, float], ...] = ()  # (rate, until fraction); every patch after the last
     data_path: str = ""  # how the training split is read: in memory, files through workers, or a shard stream
     splits: dict[str, Any] = field(default_factory=dict)  # images per part and where they came from
     measured: dict[str, Any] = field(default_factory=dict)  # images/s, ETA (train/estimate.py)
@@ -80,9 +81,10 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
-        out["resolution_phases"] = [list(p) for p in self.resolution_phases]
-        if not self.resolution_phases:
-            del out["resolution_phases"]
+        for name in ("resolution_phases", "patch_dropout_phases"):
+            out[name] = [list(p) for p in getattr(self, name)]
+            if not out[name]:
+                del out[name]
         out["augment"] = list(self.augment)
         return out
 
@@ -144,6 +146,7 @@ def make_plan(config: TrainConfig, num_train: int, world: int = 1, local_rank: i
         eval_every=every, budget_minutes=config.run.max_minutes, budget_schedule=config.run.budget_schedule,
         augment=tuple(describe_augment(config.augment)),
         resolution_phases=tuple(zip(config.data.resolutions, config.data.resolution_until)),
+        patch_dropout_phases=_patch_dropout_phases(config),
     )
 
 
@@ -155,6 +158,13 @@ def schedule_of(config: TrainConfig, plan: Plan) -> Schedule:
                     patch_later_until=config.data.patch_dropout_later_until, resolutions=config.data.resolutions,
                     resolution_until=config.data.resolution_until, side=plan.img_size,
                     ema_decay=config.optim.ema_decay, ema_warmup=config.optim.ema_warmup)
+
+
+def _patch_dropout_phases(config: TrainConfig) -> tuple[tuple[float, float], ...]:
+    data = config.data
+    later = zip(data.patch_dropout_later, data.patch_dropout_later_until)
+    phases = ((_patch_dropout(config), data.patch_dropout_until), *later)
+    return tuple((rate, until) for rate, until in phases if until > 0) if any(r > 0 for r, _ in phases) else ()
 
 
 def _patch_dropout(config: TrainConfig) -> float:
@@ -183,6 +193,9 @@ def plan_lines(plan: Plan) -> list[str]:
     if plan.resolution_phases:
         lines.append("resolution phases: " + ", ".join(f"{side}px until {until:.0%}" for side, until in
                                                           plan.resolution_phases) + f", then {plan.img_size}px")
+    if plan.patch_dropout_phases:
+        lines.append("PatchDropout: " + ", ".join(f"{rate:g} until {until:.0%}" for rate, until in
+                                                  plan.patch_dropout_phases) + ", then every patch")
     return lines + eta_lines(plan)
 
 
