@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from vitkit.models import create_model, posemb as pe
 from vitkit.models.configs import PRESETS, ViTConfig
-from vitkit.models.vit import VisionTransformer
+from vitkit.models.vit import VisionTransformer, patch_content
 
 TINY = ViTConfig(img_size=32, patch_size=8, hidden_size=32, depth=2, num_heads=2, mlp_dim=64, num_classes=10)
 VIT_PRESETS = [name for name, config in PRESETS.items() if isinstance(config, ViTConfig)]
@@ -221,6 +221,39 @@ def test_patch_dropout_rate_is_a_forward_argument():
     model(x, patch_dropout=0.25)  # explicit, also in eval mode: 12
     assert tokens == [8, 16, 4, 16, 12]
     assert not hasattr(model, "patch_dropout")  # no state for a training loop to rewrite
+
+
+def test_patch_content_marks_the_blocks_whose_pixels_vary():
+    x = torch.full((2, 3, 16, 16), -1.0)  # blank background: every block flat
+    x[0, 1, 2, 9] = 1.0  # image 0: one pixel, one channel, in block (0, 1) of the 2 x 2 grid
+    x[1, :, 8:, 8:] = 0.3  # image 1: block (1, 1) uniform but not background: still flat
+    x[1, 0, 0, 0] = -1.0 + 0.01  # below 2% of the batch's range (2.0): flat
+    assert patch_content(x, 8).tolist() == [[0, 1, 0, 0], [0, 0, 0, 0]]
+
+
+@pytest.mark.parametrize("pool", ["token", "gap"])
+def test_content_first_patch_dropout_keeps_varying_patches_before_flat_ones(pool):
+    model = _randomise(tiny(pool=pool, patch_dropout=0.75, patch_dropout_keep="content"))  # keeps 4 of 16
+    prefix = model.num_prefix_tokens
+    x = torch.zeros(6, 3, 32, 32)
+    content = torch.zeros(6, 16, dtype=torch.bool)
+    for image, blocks in enumerate([[0, 5, 10, 15], [3], [1, 2, 4, 8, 9, 12], [], [7, 11], list(range(16))]):
+        for block in blocks:
+            row, col = divmod(block, 4)
+            x[image, :, row * 8 + 3, col * 8 + 5] = 1.0  # one bright pixel: the block has content
+            content[image, block] = True
+    full = model.forward_intermediates(x)["embed"][:, prefix:]
+    model.train()
+    kept = model.forward_intermediates(x)["embed"][:, prefix:]
+    match = (kept[:, :, None] == full[:, None]).all(-1)  # (B, 4 kept, 16 patches)
+    assert match.sum(-1).eq(1).all()
+    chosen = match.any(1)  # (B, 16): which patches were kept
+    assert chosen.sum(-1).eq(4).all()
+    kept_content = (chosen & content).sum(-1)
+    assert kept_content.tolist() == [min(4, n) for n in content.sum(-1).tolist()]  # content first, as much as fits
+    assert TINY.patch_dropout_keep == "random"  # the default draws uniformly, content or not
+    with pytest.raises(ValueError, match="patch_dropout_keep"):
+        tiny(patch_dropout_keep="largest")
 
 
 # ---------------------------------------------------------------- attention (App. A, Eq. 5-8)

@@ -86,3 +86,6 @@ def test_the_plan_states_the_patch_dropout_phases() -> None:
     assert plan.to_dict()["patch_dropout_phases"] == [[0.75, 0.6], [0.5, 0.9]]
     plain = make_plan(apply_overrides(get_recipe("small-32px", INFO), ["model.patch_dropout=0"]), num_train=1000)
     assert "patch_dropout_phases" not in plain.to_dict() and not any("PatchDropout" in line for line in plan_lines(plain))
+    content = make_plan(apply_overrides(get_recipe("small-32px", INFO), ["model.patch_dropout_keep=content"]), 1000)
+    assert content.to_dict()["patch_dropout_keep"] == "content" and plan.patch_dropout_keep == "random"
+    assert "PatchDropout (patches with content kept first): 0.75 until 80%, then every patch" in plan_lines(content)

@@ -17,6 +17,7 @@ PosEmbWhere = Literal["input", "per_layer", "shared_per_layer"]
 Gelu = Literal["tanh", "exact"]
 AttnImpl = Literal["auto", "sdpa", "explicit"]
 Init = Literal["official", "mimetic"]
+PatchKeep = Literal["random", "content"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,6 +40,7 @@ class ViTConfig:
     attention_dropout: float = 0.0  # on attention weights (official code's attention_dropout_rate)
     drop_path: float = 0.0  # stochastic depth, maximal rate at the last block (not in the paper; an option)
     patch_dropout: float = 0.0  # training drops this fraction of each image's patch tokens (Liu et al. 2023; an option)
+    patch_dropout_keep: PatchKeep = "random"  # PatchDropout keeps random tokens, or "content": varying pixels first
     layer_norm_eps: float = 1e-6  # official code (Flax default); timm 1e-6, HF 1e-12
     gelu: Gelu = "tanh"  # Flax's nn.gelu is the tanh approximation; timm and HF use exact erf
     qkv_bias: bool = True  # official code has biases on q, k, v and out
@@ -66,6 +68,8 @@ class ViTConfig:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
         if self.attn_impl not in ("auto", "sdpa", "explicit"):
             raise ValueError(f"attn_impl must be auto, sdpa or explicit, got {self.attn_impl!r}")
+        if self.patch_dropout_keep not in ("random", "content"):
+            raise ValueError(f"patch_dropout_keep must be random or content, got {self.patch_dropout_keep!r}")
         if self.init not in ("official", "mimetic"):
             raise ValueError(f"init must be official or mimetic, got {self.init!r}")
         if self.num_classes < 0 or self.in_chans < 1:

@@ -203,25 +203,30 @@ class VisionTransformer(nn.Module):
                ) -> tuple[Tensor, dict[str, Tensor]]:
         """Eq. 1-3 and the final LayerNorm on images (B, C, H, W); see `encode_patches`."""
         tokens, grid = self.patch_embed(x)  # x_p^i E: (B, C, H, W) -> (B, N, D)
-        return self.encode_patches(tokens, grid, attention_layers, patch_dropout)
+        rate = self._patch_dropout_rate(patch_dropout)
+        content = None
+        if rate > 0 and self.encoder_config.patch_dropout_keep == "content":
+            content = patch_content(x, self.patch_embed.stride)
+        return self.encode_patches(tokens, grid, attention_layers, rate, content)
 
     def encode_patches(self, tokens: Tensor, grid: tuple[int, int], attention_layers: Sequence[int] = (),
-                       patch_dropout: float | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+                       patch_dropout: float | None = None, content: Tensor | None = None
+                       ) -> tuple[Tensor, dict[str, Tensor]]:
         """Eq. 1-3 and the final LayerNorm from the patch embeddings x_p^i E (B, N, D) of a gh x gw grid.
 
         Returns LN(z_L) (B, T, D) and named intermediates: "embed" (z_0), "blockNN" (z_l, l = NN + 1)
         and, for the layers listed in `attention_layers`, "attnNN" (B, k, T, T), the weights A (Eq. 6).
-        `patch_dropout` is the PatchDropout rate: None takes the config's in training and 0 in eval mode.
+        `patch_dropout` is the PatchDropout rate: None takes the config's in training and 0 in eval mode;
+        `content` (B, N), 1 for the patches PatchDropout keeps first (see `patch_content`), or None.
         """
         where = self.encoder_config.posemb_where
         pos = self.position_embeddings(grid)  # (S, T, D) or None
         if self.cls_token is not None:
             tokens = torch.cat([self.cls_token.expand(tokens.shape[0], -1, -1), tokens], dim=1)  # (B, N+1, D)
         z = self.pos_drop(pe.add(tokens, pos, where))  # Eq. 1: z_0 = [x_class; x_p^1 E; ...; x_p^N E] + E_pos
-        if patch_dropout is None:
-            patch_dropout = self.encoder_config.patch_dropout if self.training else 0.0
+        patch_dropout = self._patch_dropout_rate(patch_dropout)
         if patch_dropout > 0:
-            z = self.drop_patches(z, patch_dropout)
+            z = self.drop_patches(z, patch_dropout, content)
         named: dict[str, Tensor] = {"embed": z}
         for index, block in enumerate(self.blocks):  # l = 1 ... L
             z, weights = block(pe.add(z, pos, where, index), need_weights=index in attention_layers)  # Eq. 2-3
@@ -230,13 +235,23 @@ class VisionTransformer(nn.Module):
                 named[f"attn{index:02d}"] = weights
         return self.norm(z), named
 
-    def drop_patches(self, z: Tensor, rate: float) -> Tensor:
+    def _patch_dropout_rate(self, rate: float | None) -> float:
+        """The PatchDropout rate of a pass: the one asked for, else the config's in training and 0 in eval mode."""
+        if rate is not None:
+            return rate
+        return self.encoder_config.patch_dropout if self.training else 0.0
+
+    def drop_patches(self, z: Tensor, rate: float, content: Tensor | None = None) -> Tensor:
         """PatchDropout (Liu et al., WACV 2023; not in the paper): keep a uniformly random round(N (1 - rate))
-        of each image's N patch tokens, position embeddings already added; the [class] token always stays."""
+        of each image's N patch tokens, position embeddings already added; the [class] token always stays.
+        With `content` (B, N) in {0, 1}, the patches marked 1 are kept first, in random order, then the others."""
         prefix = self.num_prefix_tokens
         batch, tokens, dim = z.shape
         keep = max(1, round((tokens - prefix) * (1.0 - rate)))
-        index = torch.rand(batch, tokens - prefix, device=z.device).topk(keep, dim=1).indices + prefix  # (B, keep)
+        priority = torch.rand(batch, tokens - prefix, device=z.device)  # uniform in [0, 1): random order
+        if content is not None:
+            priority = priority + content.to(priority.dtype)  # content patches rank above every flat one
+        index = priority.topk(keep, dim=1).indices + prefix  # (B, keep)
         kept = z.gather(1, index.unsqueeze(-1).expand(-1, -1, dim))  # (B, keep) -> (B, keep, D)
         return torch.cat([z[:, :prefix], kept], dim=1) if prefix else kept
 
@@ -276,6 +291,21 @@ class VisionTransformer(nn.Module):
             nn.init.zeros_(self.head.weight)
             nn.init.zeros_(self.head.bias)
         self.config = replace_vit(self.config, num_classes=num_classes, representation_size=None)
+
+
+FLAT_TOLERANCE = 0.02  # a patch whose pixels span less than 2% of the batch's pixel range counts as flat
+
+
+def patch_content(x: Tensor, stride: int) -> Tensor:
+    """(B, N) float: 1 where the stride x stride pixel block under a token varies, 0 where it is flat.
+
+    Flat means every pixel of the block, in every channel, lies within FLAT_TOLERANCE of the batch's
+    pixel range of each other: blank background such as MNIST's (64% of its 4x4 patches are all zero)."""
+    batch, channels, height, width = x.shape
+    blocks = x.detach().reshape(batch, channels, height // stride, stride, width // stride, stride)
+    spread = blocks.amax(dim=(1, 3, 5)) - blocks.amin(dim=(1, 3, 5))  # (B, gh, gw)
+    tolerance = FLAT_TOLERANCE * (x.detach().amax() - x.detach().amin())
+    return (spread > tolerance).flatten(1).float()  # row-major, as the patch tokens
 
 
 def _lecun_normal_(weight: Tensor, fan_in: int) -> None:

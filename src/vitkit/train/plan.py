@@ -71,6 +71,7 @@ class Plan:
     augment: tuple[str, ...]
     resolution_phases: tuple[tuple[int, float], ...] = ()
     patch_dropout_phases: tuple[tuple[float, float], ...] = ()  # (rate, until fraction); every patch after the last
+    patch_dropout_keep: str = "random"  # which patches PatchDropout keeps: random, or content before flat ones
     data_path: str = ""  # how the training split is read: in memory, files through workers, or a shard stream
     splits: dict[str, Any] = field(default_factory=dict)  # images per part and where they came from
     measured: dict[str, Any] = field(default_factory=dict)  # images/s, ETA (train/estimate.py)
@@ -147,6 +148,7 @@ def make_plan(config: TrainConfig, num_train: int, world: int = 1, local_rank: i
         augment=tuple(describe_augment(config.augment)),
         resolution_phases=tuple(zip(config.data.resolutions, config.data.resolution_until)),
         patch_dropout_phases=_patch_dropout_phases(config),
+        patch_dropout_keep=str(getattr(_encoder(config), "patch_dropout_keep", "random")),
     )
 
 
@@ -167,9 +169,13 @@ def _patch_dropout_phases(config: TrainConfig) -> tuple[tuple[float, float], ...
     return tuple((rate, until) for rate, until in phases if until > 0) if any(r > 0 for r, _ in phases) else ()
 
 
+def _encoder(config: TrainConfig) -> Any:
+    """The model config's transformer part (a hybrid's `vit`), or the whole config (a ViT, a ResNet)."""
+    return getattr(config.model, "vit", config.model)
+
+
 def _patch_dropout(config: TrainConfig) -> float:
-    vit = getattr(config.model, "vit", config.model)
-    return float(getattr(vit, "patch_dropout", 0.0))
+    return float(getattr(_encoder(config), "patch_dropout", 0.0))
 
 
 def plan_lines(plan: Plan) -> list[str]:
@@ -194,7 +200,8 @@ def plan_lines(plan: Plan) -> list[str]:
         lines.append("resolution phases: " + ", ".join(f"{side}px until {until:.0%}" for side, until in
                                                           plan.resolution_phases) + f", then {plan.img_size}px")
     if plan.patch_dropout_phases:
-        lines.append("PatchDropout: " + ", ".join(f"{rate:g} until {until:.0%}" for rate, until in
+        keep = " (patches with content kept first)" if plan.patch_dropout_keep == "content" else ""
+        lines.append(f"PatchDropout{keep}: " + ", ".join(f"{rate:g} until {until:.0%}" for rate, until in
                                                   plan.patch_dropout_phases) + ", then every patch")
     return lines + eta_lines(plan)
 
