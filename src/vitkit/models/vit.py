@@ -300,7 +300,7 @@ def patch_content(x: Tensor, stride: int) -> Tensor:
     """(B, N) float: 1 where the stride x stride pixel block under a token varies, 0 where it is flat.
 
     Flat means every pixel of the block, in every channel, lies within FLAT_TOLERANCE of the batch's
-    pixel range of each other: blank background such as MNIST's (64% of its 4x4 patches are all zero)."""
+    pixel range of each other: blank background such as MNIST's (63% of its 4x4 patches are all zero)."""
     batch, channels, height, width = x.shape
     blocks = x.detach().reshape(batch, channels, height // stride, stride, width // stride, stride)
     spread = blocks.amax(dim=(1, 3, 5)) - blocks.amin(dim=(1, 3, 5))  # (B, gh, gw)

@@ -17,7 +17,7 @@ import torch
 from vitkit.data.transforms import describe_augment
 from vitkit.device import pick_device, resolve_precision
 from vitkit.models import build_model
-from vitkit.models.configs import image_size
+from vitkit.models.configs import image_size, vit_config
 from vitkit.train.config import TrainConfig
 from vitkit.train.schedule import Schedule, resolve_warmup, scaled_lr
 
@@ -148,7 +148,7 @@ def make_plan(config: TrainConfig, num_train: int, world: int = 1, local_rank: i
         augment=tuple(describe_augment(config.augment)),
         resolution_phases=tuple(zip(config.data.resolutions, config.data.resolution_until)),
         patch_dropout_phases=_patch_dropout_phases(config),
-        patch_dropout_keep=str(getattr(_encoder(config), "patch_dropout_keep", "random")),
+        patch_dropout_keep=str(getattr(vit_config(config.model), "patch_dropout_keep", "random")),
     )
 
 
@@ -169,13 +169,8 @@ def _patch_dropout_phases(config: TrainConfig) -> tuple[tuple[float, float], ...
     return tuple((rate, until) for rate, until in phases if until > 0) if any(r > 0 for r, _ in phases) else ()
 
 
-def _encoder(config: TrainConfig) -> Any:
-    """The model config's transformer part (a hybrid's `vit`), or the whole config (a ViT, a ResNet)."""
-    return getattr(config.model, "vit", config.model)
-
-
 def _patch_dropout(config: TrainConfig) -> float:
-    return float(getattr(_encoder(config), "patch_dropout", 0.0))
+    return float(getattr(vit_config(config.model), "patch_dropout", 0.0))
 
 
 def plan_lines(plan: Plan) -> list[str]:
