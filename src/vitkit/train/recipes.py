@@ -220,11 +220,11 @@ def small_32px(info: SourceInfo) -> TrainConfig:
     augmentation is not the next lever.
     Nor is the learning rate or the PatchDropout schedule: lr 5e-4 gave 77.91% (70.5 epochs); lr 2e-3 with
     drop_path 0 gave 72.29% (62.1 epochs; 76.5% of its training images: a too high rate fits worse); stepped
-    PatchDropout 0.75 to 60%, 0.5 to 90%, then every patch gave 77.33% (57.3 epochs).  Switching to every patch at
-    70% instead of 80% gave 77.17% (59.8 epochs).  Without stochastic depth (model.drop_path=0) 78.48%
-    (70.4 epochs), inside the same band.  Batch 128 trained no better per
-    epoch (train loss 1.62 / 1.485 at epochs 10 / 20, against 1.61 / 1.485) at ~1,750 images/s against
-    ~2,000, so that run was stopped at epoch 22.  Content-first PatchDropout (small-28px's) changes next to
+    PatchDropout 0.75 to 60%, 0.5 to 90%, then every patch gave 77.33% (57.3 epochs); switching to every
+    patch at 70% instead of 80% gave 77.17% (59.8 epochs).  Without stochastic depth (model.drop_path=0)
+    78.48% (70.4 epochs), inside the same band.  Batch 128 trained no better per epoch (train loss 1.62 /
+    1.485 at epochs 10 / 20, against 1.61 / 1.485) at ~1,750 images/s against ~2,000, so that run was
+    stopped at epoch 22.  Content-first PatchDropout (small-28px's) changes next to
     nothing here: a CIFAR-10 image has 63.7 of its 64 patches with content.  A checkpoint taken just before
     the switch to every patch (step 10,000 of the 77.91% run) scores 75.52%: the all-patch phase adds 2.4.
     More training images did not help either: with a 5,000-image test hold-out (45,000 to train) one run scored
