@@ -79,7 +79,11 @@ def train(config: TrainConfig, *, data: Splits | None = None, progress_stream: A
         torch.set_num_threads(config.run.threads)
     try:
         trainer = Trainer(config, info, device, started, data=data, progress_stream=progress_stream)
-        return trainer.fit(on_plan)
+        result = trainer.fit(on_plan)
+        # Leave together: a rank that tears its process group down while another still works in its own
+        # can abort at exit (gloo: "terminate called without an active exception"; seen once in CI).
+        distributed.barrier()
+        return result
     finally:
         torch.set_num_threads(threads)
         if joined:
