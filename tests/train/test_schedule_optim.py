@@ -119,9 +119,10 @@ def test_budget_clock_runs_the_schedule_by_the_clock() -> None:
     clock.observe(step=10, elapsed_s=1.0)  # steps ahead of the clock: the steps lead
     assert clock.position(10) == 10 and not clock.done(10)
     clock.observe(step=20, elapsed_s=5.0)  # the clock ahead: half the budget = half the schedule
-    assert clock.position(20) == pytest.approx(50.0) and clock.position(21) == pytest.approx(51.0)
+    assert clock.position(20) == pytest.approx(50.0)
+    assert clock.position(21) == pytest.approx(54.0)  # between observations: the clock's pace, 40 per 10 steps
     clock.observe(step=21, elapsed_s=0.0)  # never moves back
-    assert clock.position(21) == pytest.approx(51.0)
+    assert clock.position(21) == pytest.approx(54.0)
     clock.reserve_s = 2.0  # the final evaluation's share: 8 s usable
     clock.observe(step=30, elapsed_s=6.0)
     assert clock.position(30) == pytest.approx(75.0)
@@ -130,6 +131,25 @@ def test_budget_clock_runs_the_schedule_by_the_clock() -> None:
     assert lr_multiplier(clock.position(40), 100, 0, "cosine") == pytest.approx(0.0, abs=1e-12)
     with pytest.raises(ValueError, match="max_minutes"):
         BudgetClock(total_steps=100, budget_s=0.0)
+
+
+def test_budget_clock_keeps_no_memory_of_an_early_lead() -> None:
+    # A slow start (2 s for 1 step) then fast steps: the position follows the clock, not step + the early
+    # lead, so a phase mark at 80% of the schedule comes at 80% of the time.
+    clock = BudgetClock(total_steps=100, budget_s=10.0)
+    clock.observe(step=1, elapsed_s=2.0)
+    assert clock.position(1) == pytest.approx(20.0)
+    clock.observe(step=40, elapsed_s=4.0)  # 39 steps in 2 s, the clock gained 20: the clock still leads
+    assert clock.position(40) == pytest.approx(40.0)  # (an early lead kept would say 59)
+    clock.observe(step=60, elapsed_s=7.9)
+    assert clock.position(60) == pytest.approx(79.0) and clock.position(60) / 100 < 0.8
+    clock.observe(step=61, elapsed_s=8.0)
+    assert clock.position(61) == pytest.approx(80.0)
+    clock.observe(step=95, elapsed_s=9.0)  # a fast machine: the steps overtake the clock and lead
+    assert clock.position(95) == 95 and not clock.done(95) and clock.done(100)
+    unbudgeted = BudgetClock(total_steps=100, budget_s=math.inf)
+    unbudgeted.observe(step=3, elapsed_s=50.0)
+    assert unbudgeted.position(3) == 3 and unbudgeted.done(100) and not unbudgeted.done(99)
 
 
 def test_resolution_phases_switch_at_their_fractions() -> None:

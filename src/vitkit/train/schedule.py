@@ -81,31 +81,53 @@ class BudgetClock:
     """Schedule position under a wall-clock budget: the schedule ends when the budget is spent.
 
     With `run.budget_schedule="fit"` the run's planned steps are an upper bound, and the schedule is
-    read at position max(step, total_steps * elapsed / usable budget): on a slower machine the decay
-    advances by the clock, so the run still ends annealed (a budget that merely cuts a cosine run
-    ends it at a high learning rate). The budget left for the final evaluation is the length of the
-    last periodic one. The position only moves forward; `observe` must get the same elapsed time on
-    every process (the loop takes the maximum over processes). An infinite budget is the plain
-    step schedule: position = step, done once step reaches total_steps.
+    read at position max(step, clock), the clock being total_steps * elapsed / usable budget: on a
+    slower machine the decay and the phase marks (PatchDropout, resolution) advance by the clock, so the
+    run still ends annealed (a budget that merely cuts a cosine run ends it at a high learning rate),
+    and a phase that starts at fraction f of the schedule starts at fraction f of the budget's time,
+    however fast the earlier phases ran; on a machine fast enough to run every planned step, the steps
+    lead.  The clock keeps no memory of an earlier lead: a slow start followed by fast steps does not
+    push the position ahead of the clock (that memory gave the last phase 20% of the time in one run and
+    37% in another).  The budget left for the final evaluation is the length of the last periodic one.
+    `observe` must get the same elapsed time on every process (the loop takes the maximum over
+    processes); between observations the clock is extrapolated at its pace per step over the last two.
+    The position never moves back.  An infinite budget is the plain step schedule: position = step,
+    done once step reaches total_steps.
     """
 
     def __init__(self, total_steps: int, budget_s: float):
         if budget_s <= 0:
             raise ValueError(f"a fitted schedule needs a time budget (run.max_minutes > 0), got {budget_s} s")
         self.total_steps, self.budget_s = total_steps, budget_s
-        self.offset = 0.0  # schedule position - optimiser step; grows when the clock runs ahead of the steps
         self.reserve_s = 0.0  # kept back for the final evaluation
+        self._seen: tuple[int, float] | None = None  # (step, clock position) at the last observation
+        self._pace = 0.0  # clock position gained per step between the last two observations
+        self._reached = 0.0  # the furthest position given out
 
     def observe(self, step: int, elapsed_s: float) -> None:
         usable = max(self.budget_s - self.reserve_s, 1e-9)
-        self.offset = max(self.offset, self.total_steps * elapsed_s / usable - step)
+        clock = self.total_steps * elapsed_s / usable
+        if self._seen is not None:
+            last_step, last_clock = self._seen
+            clock = max(clock, last_clock)
+            if step > last_step:
+                self._pace = (clock - last_clock) / (step - last_step)
+        self._seen = (step, clock)
+
+    def _at(self, step: int) -> float:
+        clock = 0.0
+        if self._seen is not None:
+            last_step, last_clock = self._seen
+            clock = last_clock + max(step - last_step, 0) * self._pace
+        return min(max(self._reached, float(step), clock), float(self.total_steps))
 
     def position(self, step: int) -> float:
-        return min(step + self.offset, float(self.total_steps))
+        self._reached = self._at(step)
+        return self._reached
 
     def done(self, step: int) -> bool:
         """Whether the schedule has reached its end: the next update would be at (or past) the last step."""
-        return step + self.offset >= self.total_steps
+        return self._at(step) >= self.total_steps
 
 
 @dataclass(frozen=True)
