@@ -25,19 +25,21 @@ from vitkit.train.resolve import Request, resolve
 from vitkit.train.step import train_step
 from vitkit.train.trainer import Trainer
 
+WARM_STEPS = 5  # untimed steps at the start of each phase: they warm caches
+
 
 def time_phase(trainer: Trainer, batches, position: float, steps: int) -> tuple[float, float]:
     """(median ms per whole step, median ms of it spent making the batch) at schedule `position`."""
     state, phase = trainer.state, trainer.schedule.at(position)
     spec = trainer._spec(phase)
     totals, datas = [], []
-    for index in range(steps + 5):
+    for index in range(WARM_STEPS + steps):
         start = time.perf_counter()
         batch = trainer.objective.batch(next(batches), phase, state.generator)
         made = time.perf_counter()
         out = train_step(state, batch, spec, trainer.objective.loss_of(spec, state.generator))
         float(out["loss"])  # wait for the step
-        if index >= 5:  # the first steps of a phase warm caches
+        if index >= WARM_STEPS:
             totals.append(time.perf_counter() - start)
             datas.append(made - start)
     return statistics.median(totals) * 1e3, statistics.median(datas) * 1e3
