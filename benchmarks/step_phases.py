@@ -31,7 +31,7 @@ WARM_STEPS = 5  # untimed steps at the start of each phase: they warm caches
 def time_phase(trainer: Trainer, batches, position: float, steps: int) -> tuple[float, float]:
     """(median ms per whole step, median ms of it spent making the batch) at schedule `position`."""
     state, phase = trainer.state, trainer.schedule.at(position)
-    spec = trainer._spec(phase)
+    spec = trainer.step_spec(phase)
     totals, datas = [], []
     for index in range(WARM_STEPS + steps):
         start = time.perf_counter()
@@ -58,7 +58,7 @@ def main() -> int:
                           overrides=tuple(args.overrides), quiet=True)
         config = resolve(request).config
         trainer = Trainer(config, distributed.current(), torch.device("cpu"), time.monotonic())
-        trainer.plan = trainer._rehearse()  # compiles every phase's graph, as the run does before its clock
+        trainer.plan = trainer.rehearsed_plan()  # compiles every phase's graph, as the run does before its clock
         batches, total = iter(trainer.batches), trainer.plan.steps
         print(f"{args.data}: recipe {config.recipe}, batch {config.data.batch_size}, "
               f"{torch.get_num_threads()} threads, {config.run.precision}, compile={config.run.compile}")

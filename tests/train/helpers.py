@@ -29,6 +29,20 @@ def tiny_config(out: Path, *overrides: str, recipe: str = "small-8px-tiny") -> T
     return apply_overrides(config, ["model.dropout=0.1", "run.precision=fp32", *overrides])
 
 
+class FakeTime:
+    """time.monotonic for the trainer: every reading advances `tick` seconds, so a run's clock is deterministic."""
+
+    def __init__(self, tick: float = 0.01) -> None:
+        self.now, self.tick = 1000.0, tick
+
+    def monotonic(self) -> float:
+        self.now += self.tick
+        return self.now
+
+    def perf_counter(self) -> float:
+        return self.monotonic()
+
+
 # `python -c _KILLER CONFIG_JSON STEP`: train the config and die by SIGKILL right after STEP (0: never), as `kill -9`
 _KILLER = """
 import json, os, signal, sys

@@ -10,25 +10,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from helpers import tiny_config
+from helpers import FakeTime, tiny_config
 from vitkit.cli import main
 from vitkit.data.sources import SourceInfo
 from vitkit.train import trainer
 from vitkit.train.recipes import auto_recipe_name, get_recipe
-
-
-class FakeTime:
-    """time.monotonic for the trainer: every reading advances 0.01 s, so a run's clock is deterministic."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def monotonic(self) -> float:
-        self.now += 0.01
-        return self.now
-
-    def perf_counter(self) -> float:
-        return self.monotonic()
 
 
 def _records(run: Path) -> list[dict]:

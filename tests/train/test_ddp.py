@@ -1,9 +1,12 @@
-"""Two gloo processes with B/2 each end with the same weights as one process with B (DDP + sharding)."""
+"""Two gloo processes with B/2 each end with the same weights as one process with B (DDP + sharding), and a
+budget fitted on two processes ends annealed on both at the same step."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -11,7 +14,7 @@ import torch
 import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
-from helpers import tiny_config
+from helpers import FakeTime, tiny_config
 from vitkit.data.loader import IndexStream, micro_batches
 from vitkit.train import trainer
 
@@ -28,10 +31,34 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _worker(rank: int, world: int, port: int, out: str) -> None:
+def _worker(rank: int, world: int, port: int, out: str, *extra: str) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
-    trainer.train(tiny_config(Path(out), *ARGS))
+    lrs: list[float] = []
+    if extra:  # a budgeted run: each process reads its own fake clock, which runs at its own pace, so the
+        trainer.time = FakeTime(tick=0.01 + 0.005 * rank)  # start-up each measures, and its elapsed time, differ
+        real_step = trainer.train_step
+
+        def step(state, batch, spec, loss_of):  # the learning rate of every step this process takes
+            lrs.append(spec.lr)
+            return real_step(state, batch, spec, loss_of)
+
+        trainer.train_step = step
+    result = {**trainer.train(tiny_config(Path(out), *ARGS, *extra)), "lrs": lrs}
+    (Path(out).parent / f"result_{rank}.json").write_text(json.dumps(result, default=str))
+
+
+def _spawn(world: int, out: Path, *extra: str, timeout_s: float = 240.0) -> None:
+    """Run `_worker` on `world` gloo processes; a process that waits on a collective its peer never reaches
+    (ranks disagreeing on when to stop) fails the test at the timeout instead of hanging it."""
+    context = mp.start_processes(_worker, args=(world, _free_port(), str(out), *extra), nprocs=world, join=False,
+                                 start_method="spawn")
+    deadline = time.monotonic() + timeout_s
+    while not context.join(timeout=1.0):
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.kill()
+            pytest.fail(f"the {world} processes did not finish within {timeout_s:.0f} s")
 
 
 def test_shards_of_all_processes_make_the_global_batch() -> None:
@@ -49,7 +76,7 @@ def test_two_process_ddp_equals_one_process(tmp_path: Path) -> None:
     single = tmp_path / "single"
     trainer.train(tiny_config(single, *ARGS))
     double = tmp_path / "ddp"
-    mp.start_processes(_worker, args=(2, _free_port(), str(double)), nprocs=2, join=True, start_method="spawn")
+    _spawn(2, double)
     ours = load_file(str(double / "checkpoints" / "step_0000004" / "model.safetensors"))
     theirs = load_file(str(single / "checkpoints" / "step_0000004" / "model.safetensors"))
     for key in theirs:
@@ -57,6 +84,19 @@ def test_two_process_ddp_equals_one_process(tmp_path: Path) -> None:
     assert max((ours[k] - theirs[k]).abs().max().item() for k in ours) < 1e-5
     moved = max((theirs[k] - tiny_start()[k]).abs().max().item() for k in theirs)
     assert moved > 1e-3  # the weights did change, so the comparison means something
+
+
+@pytest.mark.dist
+def test_two_processes_fit_a_budget_and_end_annealed_at_the_same_step(tmp_path: Path) -> None:
+    # 1,000,000 planned steps, 0.02 min of fake time.  The clock is agreed (the max over processes) only at the
+    # logging steps, every 5th; between them each process extrapolates it, and both must reach the same position.
+    _spawn(2, tmp_path / "run", "data.steps=1000000", "run.max_minutes=0.02", "run.log_every=5",
+           "optim.end_lr_fraction=0.1")
+    results = [json.loads((tmp_path / f"result_{rank}.json").read_text()) for rank in range(2)]
+    assert [r["status"] for r in results] == ["finished", "finished"]
+    assert results[0]["step"] == results[1]["step"] and 10 < results[0]["step"] < 1_000_000
+    assert results[0]["lrs"] == results[1]["lrs"]  # every step at the same schedule position on both
+    assert results[0]["lrs"][-1] == pytest.approx(0.1 * results[0]["plan"]["lr"])  # the end value: annealed, not cut
 
 
 def tiny_start() -> dict[str, torch.Tensor]:

@@ -102,6 +102,11 @@ def max_across(value: float, device: torch.device) -> float:
     return float(tensor.item())
 
 
+def min_across(value: float, device: torch.device) -> float:
+    """The smallest of each process's `value`, on every process (the value itself with one process)."""
+    return -max_across(-value, device)
+
+
 def barrier() -> None:
     if dist.is_initialized():
         dist.barrier()

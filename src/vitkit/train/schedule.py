@@ -89,8 +89,9 @@ class BudgetClock:
     lead.  The clock keeps no memory of an earlier lead: a slow start followed by fast steps does not
     push the position ahead of the clock (that memory gave the last phase 20% of the time in one run and
     37% in another).  The budget left for the final evaluation is the length of the last periodic one.
-    `observe` must get the same elapsed time on every process (the loop takes the maximum over
-    processes); between observations the clock is extrapolated at its pace per step over the last two.
+    Every process must build it with the same budget (the loop takes the smallest) and `observe` the same
+    elapsed time (the loop takes the largest); between observations the clock is extrapolated at its pace
+    per step over the last two.
     The position never moves back.  An infinite budget is the plain step schedule: position = step,
     done once step reaches total_steps.
     """

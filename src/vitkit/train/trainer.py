@@ -185,7 +185,8 @@ class Trainer:
         return {name: {"images": len(part), "from": part.origin} for name, part in parts.items()}
 
     # ---------------------------------------------------------------------------------- rehearsal
-    def _spec(self, phase: Phase) -> StepSpec:
+    def step_spec(self, phase: Phase) -> StepSpec:
+        """What one optimiser step of `phase` does: its learning rate, PatchDropout rate, precision and EMA."""
         return StepSpec(lr=phase.lr, clip_norm=self.config.optim.clip_norm, loss=self.config.optim.loss,
                         autocast_dtype=self.autocast_dtype, deferred=self.deferred,
                         patch_dropout=phase.patch_dropout if self.pass_rate else None, ema_decay=phase.ema_decay or None)
@@ -201,10 +202,10 @@ class Trainer:
         phase = Phase(lr=0.0, patch_dropout=rate, side=side, ema_decay=0.0)
         inputs = self.objective.batch(raw, phase, generator)[0]
         with autocast(self.device, self.autocast_dtype):
-            loss, _ = self.objective.loss_of(self._spec(phase), generator)(self.state.model, inputs)
+            loss, _ = self.objective.loss_of(self.step_spec(phase), generator)(self.state.model, inputs)
         loss.float().backward()
 
-    def _rehearse(self) -> Plan:
+    def rehearsed_plan(self) -> Plan:
         """Compile (when asked) and time every phase still ahead; the plan with its measured speed and ETA."""
         needed = self.schedule.phases(start=self.state.step / self.plan.steps)
         compiling = self.state.model is not self.eager
@@ -241,10 +242,13 @@ class Trainer:
     def fit(self, on_plan: Callable[[Plan], None] | None = None) -> dict[str, Any]:
         """Train until the schedule ends, the budget is spent or a signal arrives; evaluate and save."""
         config, state = self.config, self.state
-        self.plan = self._rehearse()
+        self.plan = self.rehearsed_plan()
         if on_plan is not None and self.info.main:
             on_plan(self.plan)
-        self.clock = BudgetClock(self.plan.steps, self._budget_s() if self.plan.fitted else math.inf)
+        # One budget on every process (each measured its own start-up): the clock, and so each step's schedule
+        # position and the step the run ends at, must be the same on all of them.
+        budget_s = distributed.min_across(self._budget_s(), self.device) if self.plan.fitted else math.inf
+        self.clock = BudgetClock(self.plan.steps, budget_s)
         state.startup += time.monotonic() - self.started
         self.clock.observe(state.step, state.elapsed)
         deadline = config.run.max_minutes * 60 if config.run.max_minutes > 0 and not self.plan.fitted else None
@@ -258,8 +262,8 @@ class Trainer:
             while not self.clock.done(state.step) and (raw := next(batches, None)) is not None:
                 position = self.clock.position(state.step)
                 phase = self.schedule.at(position)
-                out = train_step(state, self.objective.batch(raw, phase, state.generator), self._spec(phase),
-                                 self.objective.loss_of(self._spec(phase), state.generator))
+                out = train_step(state, self.objective.batch(raw, phase, state.generator), self.step_spec(phase),
+                                 self.objective.loss_of(self.step_spec(phase), state.generator))
                 self.guard.observe(state.step, out["skipped"])
                 records.add(out)
                 bar.update(1)
