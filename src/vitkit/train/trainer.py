@@ -234,9 +234,10 @@ class Trainer:
 
     def _budget_s(self) -> float:
         """Seconds for the training loop of a fitted run: the whole run's budget minus every start-up (the
-        earlier invocations' and this one's so far)."""
+        earlier invocations' and this one's so far).  A collective: the smallest over the processes, since each
+        measured its own start-up and all must read the same schedule position and stop at the same step."""
         startup = self.state.startup + time.monotonic() - self.started
-        return max(self.config.run.max_minutes * 60 - startup, 1.0)
+        return distributed.min_across(max(self.config.run.max_minutes * 60 - startup, 1.0), self.device)
 
     # ------------------------------------------------------------------------------------ the loop
     def fit(self, on_plan: Callable[[Plan], None] | None = None) -> dict[str, Any]:
@@ -245,10 +246,7 @@ class Trainer:
         self.plan = self.rehearsed_plan()
         if on_plan is not None and self.info.main:
             on_plan(self.plan)
-        # One budget on every process (each measured its own start-up): the clock, and so each step's schedule
-        # position and the step the run ends at, must be the same on all of them.
-        budget_s = distributed.min_across(self._budget_s(), self.device) if self.plan.fitted else math.inf
-        self.clock = BudgetClock(self.plan.steps, budget_s)
+        self.clock = BudgetClock(self.plan.steps, self._budget_s() if self.plan.fitted else math.inf)
         state.startup += time.monotonic() - self.started
         self.clock.observe(state.step, state.elapsed)
         deadline = config.run.max_minutes * 60 if config.run.max_minutes > 0 and not self.plan.fitted else None
