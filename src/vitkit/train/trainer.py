@@ -260,8 +260,9 @@ class Trainer:
             while not self.clock.done(state.step) and (raw := next(batches, None)) is not None:
                 position = self.clock.position(state.step)
                 phase = self.schedule.at(position)
-                out = train_step(state, self.objective.batch(raw, phase, state.generator), self.step_spec(phase),
-                                 self.objective.loss_of(self.step_spec(phase), state.generator))
+                spec = self.step_spec(phase)
+                out = train_step(state, self.objective.batch(raw, phase, state.generator), spec,
+                                 self.objective.loss_of(spec, state.generator))
                 self.guard.observe(state.step, out["skipped"])
                 records.add(out)
                 bar.update(1)
