@@ -92,7 +92,7 @@ class DataConfig:
 class OptimConfig:
     """Optimiser, schedule and loss (Sec. 4.1 "Training & Fine-tuning", App. B.1, Tables 3-4)."""
 
-    name: Literal["adamw", "sgd"] = "adamw"  # pre-training: Adam; fine-tuning: SGD with momentum
+    name: Literal["adamw", "sgd", "muon"] = "adamw"  # pre-training: Adam; fine-tuning: SGD with momentum; muon: train/optim.py
     lr: float = 1e-3  # peak learning rate after warmup, for `base_batch_size` images per step
     base_batch_size: int = 0  # batch the lr was tuned for; 0 = data.batch_size (no rescaling)
     lr_scaling: Literal["none", "linear", "sqrt"] = "none"  # lr *= (batch/base) or its sqrt when they differ
@@ -178,6 +178,9 @@ class TrainConfig:
             raise ValueError("run.parallel='fsdp' needs CUDA; use 'ddp' on CPU")
         if self.run.parallel == "fsdp" and self.optim.ema_decay > 0:
             raise ValueError("optim.ema_decay (Polyak averaging) is not supported with run.parallel='fsdp'")
+        if self.optim.name == "muon" and (self.run.parallel == "fsdp" or self.run.nan_check == "deferred"):
+            raise ValueError("optim.name='muon' orthogonalises whole matrices and has no fused kernel: it needs "
+                             "run.parallel other than 'fsdp' and run.nan_check other than 'deferred'")
 
 
 GROUPS = ("model", "data", "augment", "optim", "eval", "run", "mpp")

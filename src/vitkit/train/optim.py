@@ -9,14 +9,24 @@ with weight_decay = 0.1.  big_vision writes the same thing with an absolute wd (
 LayerNorm scales, position embeddings and the [class] token are not decayed.  `decay_on="kernels"`
 (our default) follows big_vision; `decay_on="all"` decays everything like flax.optim did.
 Fine-tuning uses SGD with momentum 0.9 and no weight decay (Table 4).
+
+Beyond the paper, `name="muon"` trains the encoder blocks' weight matrices with Muon (torch.optim.Muon's
+rule, batched: train/muon.py; momentum 0.95, Nesterov, the update orthogonalised; Jordan et al. 2024)
+and every other parameter (patch embedding, position embeddings, norms, biases, head) with AdamW.  Muon
+scales its update to AdamW's RMS ("match_rms_adamw"), so one learning rate and one weight decay serve both.
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 from torch import nn
 
 from vitkit.train.config import OptimConfig
+from vitkit.train.muon import StackedMuon
+
+MUON_MOMENTUM = 0.95  # Muon's own default (Jordan et al. 2024)
 
 
 def is_kernel(name: str, param: torch.Tensor) -> bool:
@@ -25,11 +35,17 @@ def is_kernel(name: str, param: torch.Tensor) -> bool:
     return param.ndim >= 2 and leaf == "weight"
 
 
-def param_groups(model: nn.Module, weight_decay: float, decay_on: str) -> list[dict]:
-    """Two groups: decayed and not decayed (empty groups are dropped)."""
+def is_hidden_matrix(name: str, param: torch.Tensor) -> bool:
+    """A 2-D weight inside a Transformer encoder block (attention qkv/proj, MLP fc1/fc2): what Muon trains."""
+    return param.ndim == 2 and ".blocks." in f".{name}" and name.endswith(".weight")
+
+
+def param_groups(model: nn.Module, weight_decay: float, decay_on: str,
+                 keep: Callable[[str, torch.Tensor], bool] = lambda name, param: True) -> list[dict]:
+    """Two groups of the trainable parameters that `keep` accepts: decayed and not decayed (empty groups dropped)."""
     decay, no_decay = [], []
     for name, param in model.named_parameters():
-        if not param.requires_grad:
+        if not param.requires_grad or not keep(name, param):
             continue
         (decay if decay_on == "all" or is_kernel(name, param) else no_decay).append(param)
     groups = [{"params": decay, "weight_decay": weight_decay, "name": "decay"},
@@ -37,11 +53,44 @@ def param_groups(model: nn.Module, weight_decay: float, decay_on: str) -> list[d
     return [g for g in groups if g["params"]]
 
 
-def build_optimizer(model: nn.Module, config: OptimConfig, lr: float, fused: bool = False) -> torch.optim.Optimizer:
-    """AdamW or SGD-momentum over `model`'s trainable parameters with peak learning rate `lr`.
+class OptimizerSet:
+    """Several torch optimisers over disjoint parameters, stepped, zeroed and saved as one."""
 
-    `fused=True` uses the fused kernels, which can skip a step on the device (`found_inf`).
+    def __init__(self, parts: list[torch.optim.Optimizer]) -> None:
+        self.parts = parts
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return [group for part in self.parts for group in part.param_groups]
+
+    def step(self) -> None:
+        for part in self.parts:
+            part.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for part in self.parts:
+            part.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict:
+        return {"parts": [part.state_dict() for part in self.parts]}
+
+    def load_state_dict(self, state: dict) -> None:
+        parts = state.get("parts") if isinstance(state, dict) else None
+        if not isinstance(parts, list) or len(parts) != len(self.parts):
+            raise ValueError(f"the checkpoint's optimiser state is not that of {len(self.parts)} optimisers "
+                             "(was it saved with another optim.name?)")
+        for part, saved in zip(self.parts, parts):
+            part.load_state_dict(saved)
+
+
+def build_optimizer(model: nn.Module, config: OptimConfig, lr: float, fused: bool = False
+                    ) -> torch.optim.Optimizer | OptimizerSet:
+    """AdamW, SGD-momentum or Muon + AdamW over `model`'s trainable parameters with peak learning rate `lr`.
+
+    `fused=True` uses the fused kernels, which can skip a step on the device (`found_inf`); Muon has none.
     """
+    if config.name == "muon":
+        return _muon(model, config, lr, fused)
     groups = param_groups(model, config.weight_decay, config.decay_on)
     extra = {"fused": True} if fused else {}
     if config.name == "adamw":
@@ -50,7 +99,19 @@ def build_optimizer(model: nn.Module, config: OptimConfig, lr: float, fused: boo
     if config.name == "sgd":
         # torch SGD's weight_decay is an L2 term added to the gradient (the fine-tuning recipe uses 0).
         return torch.optim.SGD(groups, lr=lr, momentum=config.momentum, weight_decay=config.weight_decay, **extra)
-    raise ValueError(f"unknown optimizer {config.name!r}; expected adamw or sgd")
+    raise ValueError(f"unknown optimizer {config.name!r}; expected adamw, sgd or muon")
+
+
+def _muon(model: nn.Module, config: OptimConfig, lr: float, fused: bool) -> OptimizerSet:
+    matrices = [param for name, param in model.named_parameters() if param.requires_grad and is_hidden_matrix(name, param)]
+    if not matrices:
+        raise ValueError("optim.name='muon' found no Transformer encoder matrices to train (a ResNet?); use adamw")
+    muon = StackedMuon(matrices, lr=lr, weight_decay=config.weight_decay, momentum=MUON_MOMENTUM, nesterov=True,
+                       adjust_lr_fn="match_rms_adamw")
+    rest = param_groups(model, config.weight_decay, config.decay_on, keep=lambda name, param: not is_hidden_matrix(name, param))
+    adamw = torch.optim.AdamW(rest, lr=lr, betas=config.betas, eps=config.eps, weight_decay=config.weight_decay,
+                              **({"fused": True} if fused else {}))
+    return OptimizerSet([muon, adamw])
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
