@@ -23,6 +23,8 @@ from vitkit.train.schedule import Schedule, resolve_warmup, scaled_lr
 
 LONG_RUN_MINUTES = 60.0  # a plan longer than this says so and names --max-minutes
 
+OPTIMIZER_NAMES = {"muon": "muon (encoder matrices) + adamw (embeddings, norms, biases, head)"}
+
 
 # ------------------------------------------------------------------------------------- seeds
 def init_seed(seed: int, rank: int) -> int:
@@ -142,7 +144,7 @@ def make_plan(config: TrainConfig, num_train: int, world: int = 1, local_rank: i
         global_batch=config.data.batch_size, micro_batch=micro, accumulation=config.data.batch_size // world // micro,
         steps=steps, epochs=steps * config.data.batch_size / num_train,
         lr=scaled_lr(config.optim.lr, config.data.batch_size, base, config.optim.lr_scaling), base_lr=config.optim.lr,
-        base_batch=base, lr_scaling=config.optim.lr_scaling, optimizer=config.optim.name, warmup=warmup,
+        base_batch=base, lr_scaling=config.optim.lr_scaling, optimizer=OPTIMIZER_NAMES.get(config.optim.name, config.optim.name), warmup=warmup,
         device=str(device), precision=resolve_precision(config.run.precision, device), seed=config.run.seed,
         eval_every=every, budget_minutes=config.run.max_minutes, budget_schedule=config.run.budget_schedule,
         augment=tuple(describe_augment(config.augment)),
