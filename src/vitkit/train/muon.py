@@ -7,7 +7,10 @@ dropped patches.  StackedMuon keeps torch's class (its arguments, checks, state 
 "momentum_buffer" per parameter) and its update rule (Nesterov momentum, the quintic iteration with torch's
 coefficients on the Frobenius-normalised update, the learning-rate adjustment, decoupled weight decay), and
 runs one batched iteration per shape in fp32: ~3 ms a step, and fp32 is the faster type on this CPU at these
-sizes (bf16: ~4.8 ms batched).  `benchmarks/step_phases.py SOURCE --set optim.name=muon` times it in the step.
+sizes (bf16: ~3-4.8 ms batched).  Not at small-32px's (24 matrices, 192-576 wide): there fp32 batched takes
+~73 ms a step, torch's bf16 loop ~43 ms and a bf16 batched iteration ~32 ms (session 30); the fp32 choice was
+measured only with small-28px, which is the recipe that uses Muon.  `benchmarks/muon_step.py` times both optimisers on a recipe's matrices;
+`benchmarks/step_phases.py SOURCE --set optim.name=muon` times the whole training step.
 """
 
 from __future__ import annotations
