@@ -19,7 +19,7 @@ import torch
 from vitkit.data.sources import SourceInfo
 from vitkit.models import build_model
 from vitkit.train.muon import StackedMuon
-from vitkit.train.optim import MUON_MOMENTUM, is_hidden_matrix
+from vitkit.train.optim import MUON_OPTIONS, is_hidden_matrix
 from vitkit.train.recipes import get_recipe
 
 WARM_STEPS = 5
@@ -50,7 +50,7 @@ def main() -> int:
     for param in matrices:
         param.grad = torch.randn(param.shape, generator=generator) * 1e-2
     shapes = sorted({tuple(param.shape) for param in matrices})
-    kwargs = dict(lr=1e-3, weight_decay=0.05, momentum=MUON_MOMENTUM, nesterov=True, adjust_lr_fn="match_rms_adamw")
+    kwargs = dict(lr=1e-3, weight_decay=0.05, **MUON_OPTIONS)
     ours = median_ms(StackedMuon(matrices, **kwargs).step, args.steps)
     theirs = median_ms(torch.optim.Muon(matrices, **kwargs).step, args.steps)
     adamw = median_ms(torch.optim.AdamW(matrices, lr=1e-3, fused=True).step, args.steps)

@@ -26,7 +26,8 @@ from torch import nn
 from vitkit.train.config import OptimConfig
 from vitkit.train.muon import StackedMuon
 
-MUON_MOMENTUM = 0.95  # Muon's own default (Jordan et al. 2024)
+# Muon's own momentum (Jordan et al. 2024), Nesterov, and its update scaled to AdamW's RMS (one lr for both)
+MUON_OPTIONS = {"momentum": 0.95, "nesterov": True, "adjust_lr_fn": "match_rms_adamw"}
 
 
 def is_kernel(name: str, param: torch.Tensor) -> bool:
@@ -92,13 +93,12 @@ def build_optimizer(model: nn.Module, config: OptimConfig, lr: float, fused: boo
     if config.name == "muon":
         return _muon(model, config, lr, fused)
     groups = param_groups(model, config.weight_decay, config.decay_on)
-    extra = {"fused": True} if fused else {}
     if config.name == "adamw":
-        return torch.optim.AdamW(groups, lr=lr, betas=config.betas, eps=config.eps, weight_decay=config.weight_decay,
-                                 **extra)
+        return _adamw(groups, config, lr, fused)
     if config.name == "sgd":
         # torch SGD's weight_decay is an L2 term added to the gradient (the fine-tuning recipe uses 0).
-        return torch.optim.SGD(groups, lr=lr, momentum=config.momentum, weight_decay=config.weight_decay, **extra)
+        return torch.optim.SGD(groups, lr=lr, momentum=config.momentum, weight_decay=config.weight_decay,
+                               **({"fused": True} if fused else {}))
     raise ValueError(f"unknown optimizer {config.name!r}; expected adamw, sgd or muon")
 
 
@@ -106,12 +106,14 @@ def _muon(model: nn.Module, config: OptimConfig, lr: float, fused: bool) -> Opti
     matrices = [param for name, param in model.named_parameters() if param.requires_grad and is_hidden_matrix(name, param)]
     if not matrices:
         raise ValueError("optim.name='muon' found no Transformer encoder matrices to train (a ResNet?); use adamw")
-    muon = StackedMuon(matrices, lr=lr, weight_decay=config.weight_decay, momentum=MUON_MOMENTUM, nesterov=True,
-                       adjust_lr_fn="match_rms_adamw")
+    muon = StackedMuon(matrices, lr=lr, weight_decay=config.weight_decay, **MUON_OPTIONS)
     rest = param_groups(model, config.weight_decay, config.decay_on, keep=lambda name, param: not is_hidden_matrix(name, param))
-    adamw = torch.optim.AdamW(rest, lr=lr, betas=config.betas, eps=config.eps, weight_decay=config.weight_decay,
-                              **({"fused": True} if fused else {}))
-    return OptimizerSet([muon, adamw])
+    return OptimizerSet([muon, _adamw(rest, config, lr, fused)])
+
+
+def _adamw(groups: list[dict], config: OptimConfig, lr: float, fused: bool) -> torch.optim.AdamW:
+    return torch.optim.AdamW(groups, lr=lr, betas=config.betas, eps=config.eps, weight_decay=config.weight_decay,
+                             **({"fused": True} if fused else {}))
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
