@@ -121,14 +121,15 @@ def test_a_muon_run_trains_the_tiny_recipe(tmp_path: Path) -> None:
 
 
 def test_the_batched_iteration_matches_torch_muon_per_matrix() -> None:
-    """orthogonalise (fp32, one call for a stack) against torch.optim.Muon's own iteration (bf16, one matrix):
-    the same result up to bf16 rounding, for wide, tall and square matrices."""
+    """orthogonalise (one call for a stack; fp32 below 128 wide, bf16 from 128) against torch.optim.Muon's own
+    iteration (bf16, one matrix): the same result up to bf16 rounding, for wide, tall and square matrices."""
     from torch.optim._muon import _zeropower_via_newtonschulz
 
     generator = torch.Generator().manual_seed(0)
-    for shape in ((64, 192), (192, 64), (48, 48)):
+    for shape in ((64, 192), (192, 64), (48, 48), (128, 320), (320, 128)):
         stack = torch.randn(3, *shape, generator=generator)
         ours = orthogonalise(stack, NS, 5, 1e-7)
+        assert ours.dtype == (torch.bfloat16 if min(shape) >= 128 else torch.float32)
         for matrix, result in zip(stack, ours):
             theirs = _zeropower_via_newtonschulz(matrix, NS, 5, 1e-7).float()
             assert theirs.shape == result.shape == matrix.shape

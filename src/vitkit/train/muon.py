@@ -6,10 +6,11 @@ bound by per-call overhead: 8.5 ms a step for small-28px, against ~18 ms for the
 dropped patches.  StackedMuon keeps torch's class (its arguments, checks, state and state dict: the same
 "momentum_buffer" per parameter) and its update rule (Nesterov momentum, the quintic iteration with torch's
 coefficients on the Frobenius-normalised update, the learning-rate adjustment, decoupled weight decay), and
-runs one batched iteration per shape in fp32: ~3 ms a step, and fp32 is the faster type on this CPU at these
-sizes (bf16: ~3-4.8 ms batched).  Not at small-32px's (24 matrices, 192-576 wide): there fp32 batched takes
-~73 ms a step, torch's bf16 loop ~43 ms and a bf16 batched iteration ~32 ms (session 30); the fp32 choice was
-measured only with small-28px, which is the recipe that uses Muon.  `benchmarks/muon_step.py` times both optimisers on a recipe's matrices;
+runs one batched iteration per shape.  The iteration's type follows the matrix size (`iteration_dtype`): at
+small-28px's 64-wide matrices fp32 is the faster type on this CPU (~3 ms a step, bf16 ~3-4.8 ms); at
+small-32px's 192-576-wide ones bf16 is (per shape, 6 matrices: 9.1 against 17.7 ms at 576x192, 5.0 against
+8.7 ms at 192x192), so matrices whose smaller side is >= 128 run in bf16, as torch's own loop does, and so does
+everything on CUDA.  `benchmarks/muon_step.py` times both optimisers on a recipe's matrices;
 `benchmarks/step_phases.py SOURCE --set optim.name=muon` times the whole training step.
 """
 
@@ -22,11 +23,21 @@ import torch
 from torch import Tensor
 
 
+BF16_FROM = 128  # smaller side from which the iteration runs in bf16 (faster there, slower below, on CPU)
+
+
+def iteration_dtype(stack: Tensor) -> torch.dtype:
+    """bf16 on CUDA and for matrices whose smaller side is >= BF16_FROM; fp32 for smaller ones on CPU."""
+    if stack.is_cuda or min(stack.shape[-2:]) >= BF16_FROM:
+        return torch.bfloat16
+    return torch.float32
+
+
 def orthogonalise(stack: Tensor, coefficients: tuple[float, float, float], steps: int, eps: float) -> Tensor:
-    """The quintic Newton-Schulz iteration of torch.optim.Muon on a (N, A, B) stack of matrices, in fp32."""
+    """The quintic Newton-Schulz iteration of torch.optim.Muon on a (N, A, B) stack of matrices."""
     a, b, c = coefficients
     wide = stack.size(-2) <= stack.size(-1)
-    x = (stack if wide else stack.mT).float()
+    x = (stack if wide else stack.mT).to(iteration_dtype(stack))
     x = x / x.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)  # spectral norm at most 1
     for _ in range(steps):
         gram = x @ x.mT
