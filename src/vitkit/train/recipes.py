@@ -176,6 +176,7 @@ def small_28px(info: SourceInfo) -> TrainConfig:
     schedule fitted to the budget, cold compile included, the 2-core CPU otherwise quiet), test top-1, on
     session 30's host (as slow as sessions 28 and 29's: a step of 18-35 / 70-118 ms with dropped / all patches):
       this recipe:  Fashion-MNIST, 15 min: 93.17%, 93.22%, 93.16% (mean 93.18%; 51.6, 51.3, 54.8 epochs);
+                    93.17% (47.6 epochs) on session 31's host;
                     MNIST, 10 min: 99.47%, 99.52%, 99.51% (mean 99.50%; 29.8, 37.0, 34.1 epochs).
       with AdamW alone (optim.name=adamw, the recipe until session 30):  Fashion-MNIST 92.76% (59.9 epochs) on
                     the same host; torch.optim.Muon itself (unbatched): 92.55% (37.6 epochs).
