@@ -70,3 +70,22 @@ def test_checkpoint_accuracy_per_class() -> None:
     assert result.per_class == [2 / 3, 1.0, 2 / 3]
     assert sum(map(sum, result.confusion)) == 7
     assert result.to_dict()["per_class"]["b"] == 1.0
+
+
+def test_flip_views_average_the_logits_of_an_image_and_its_mirror() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 4 * 4, 5))  # sees left and right apart
+    images = torch.randint(0, 256, (37, 3, 4, 4), dtype=torch.uint8)
+    labels = torch.randint(0, 5, (37,))
+    data = ImageSet(images=images, labels=labels, class_names=[str(k) for k in range(5)])
+    run = dict(size=4, mean=(0.5,) * 3, std=(0.5,) * 3, channels=3, batch_size=8)
+    with torch.no_grad():
+        x = images.float() / 127.5 - 1
+        plain, both = model(x), (model(x) + model(x.flip(-1))) / 2
+    flipped, one = evaluate(model, data, flip_views=True, **run), evaluate(model, data, **run)
+    assert flipped.top1 == int((both.argmax(1) == labels).sum()) / 37
+    assert flipped.one_view_top1 == one.top1 == int((plain.argmax(1) == labels).sum()) / 37
+    assert flipped.top1 != one.top1  # the two views disagree somewhere on these random images
+    assert abs(flipped.loss - torch.nn.functional.cross_entropy(both, labels).item()) < 1e-5
+    assert one.one_view_top1 is None and "top1_one_view" not in one.summary()
+    assert flipped.summary()["top1_one_view"] == one.top1

@@ -16,6 +16,8 @@ def add_eval(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--split", choices=("train", "val", "test"), default="test", help="split to evaluate")
     add_run_flags(parser)
     parser.add_argument("--max-images", type=int, default=None, help="evaluate a fixed random subset of this many images")
+    parser.add_argument("--flip-views", action="store_true",
+                        help="average the logits of each image and its mirror image (only where a mirror keeps the label)")
     parser.add_argument("--out", default=None, help="folder for eval_SPLIT.json + confusion_SPLIT.png (default RUN/eval for a run)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(handler=run_eval)
@@ -25,11 +27,13 @@ def run_eval(args: argparse.Namespace) -> int:
     from vitkit.eval.accuracy import EvalConfig
     from vitkit.eval.commands import eval_command
 
-    config = EvalConfig(img_size=args.img_size, batch_size=args.batch_size, device=args.device)
+    config = EvalConfig(img_size=args.img_size, batch_size=args.batch_size, device=args.device, flip_views=args.flip_views)
     report = eval_command(args.checkpoint, args.data, args.split, config, args.out, args.max_images)
-    k = next(key for key in report if key.startswith("top") and key != "top1")
+    k = next(key for key in report if key.startswith("top") and key[3:].isdigit() and key != "top1")
+    one_view = report.get("top1_one_view")
+    views = "" if one_view is None else f"   (image + mirror; one view {100 * one_view:.2f}%)"
     lines = [f"{args.data} {args.split}: {report['num_images']} images at {report['img_size']} px",
-             f"top-1 {100 * report['top1']:.2f}%   {k} {100 * report[k]:.2f}%",
+             f"top-1 {100 * report['top1']:.2f}%   {k} {100 * report[k]:.2f}%{views}",
              *(f"  {name:<24} {'-' if value is None else f'{100 * value:.1f}%'}" for name, value in report["per_class"].items())]
     if "out" in report:
         lines.append(f"wrote {report['out']}/eval_{args.split}.json and confusion_{args.split}.png")

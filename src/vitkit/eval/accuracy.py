@@ -17,6 +17,7 @@ class EvalConfig:
     batch_size: int = 64  # images per forward pass (results do not depend on it)
     top_k: int = 5  # the second accuracy reported, capped at the number of classes
     device: str = "auto"  # "auto" = CUDA when available
+    flip_views: bool = False  # average each image's logits with its mirror image's (evaluator.evaluate)
 
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.top_k < 1 or (self.img_size is not None and self.img_size < 1):
@@ -35,10 +36,12 @@ class EvalResult:
     class_names: list[str]
     num_images: int
     img_size: int | None = None
+    top1_one_view: float | None = None  # with flip_views: the unmirrored view's top-1
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "top1": self.top1,
+            **({} if self.top1_one_view is None else {"top1_one_view": self.top1_one_view}),
             f"top{self.k}": self.topk,
             "num_images": self.num_images,
             "img_size": self.img_size,
@@ -72,10 +75,12 @@ def evaluate(checkpoint, images, config: EvalConfig) -> EvalResult:
     model = checkpoint.model.eval().to(device)
     size = resolution(checkpoint, config.img_size)
     counts = run_evaluator(model, images, size=size, mean=checkpoint.mean, std=checkpoint.std,
-                           channels=channels(checkpoint), batch_size=config.batch_size, device=device, top_k=config.top_k)
+                           channels=channels(checkpoint), batch_size=config.batch_size, device=device, top_k=config.top_k,
+                           flip_views=config.flip_views)
     confusion = counts.confusion
     totals = confusion.sum(dim=1)
     class_names = [str(c) for c in (images.class_names or names or range(len(confusion)))]
     return EvalResult(top1=counts.top1, topk=counts.topk, k=counts.k,
                       per_class=[int(confusion[i, i]) / int(totals[i]) if totals[i] else None for i in range(len(totals))],
-                      confusion=confusion.tolist(), class_names=class_names, num_images=counts.count, img_size=size)
+                      confusion=confusion.tolist(), class_names=class_names, num_images=counts.count, img_size=size,
+                      top1_one_view=counts.one_view_top1)

@@ -3,7 +3,9 @@ loss, top-1, top-k and the confusion matrix.  Training's periodic and final eval
 eval` both run it, on the one batcher of `vitkit.data.loader.eval_batches`.
 
 Every image is transformed on its own (resize + centre crop + normalisation; no batch statistics) and
-the model runs in eval mode, so results do not depend on the batch size.  With several processes each
+the model runs in eval mode, so results do not depend on the batch size.  With `flip_views` each image is
+also classified mirrored and the two logit vectors are averaged (test-time augmentation, for data whose
+labels survive a mirror); the counts then also carry the one-view top-1, so both figures are reported.  With several processes each
 evaluates a strided share and the sums are all-reduced, so every process gets the whole split's figures.
 """
 
@@ -31,6 +33,7 @@ class Counts:
     k: int
     confusion: Tensor  # (K, K) int64: row = true class, column = predicted class
     count: int
+    one_view_hits: float | None = None  # with flip_views: images the unmirrored view alone ranks first correctly
 
     @property
     def top1(self) -> float:
@@ -44,28 +47,41 @@ class Counts:
     def topk(self) -> float:
         return self.topk_hits / self.count
 
+    @property
+    def one_view_top1(self) -> float | None:
+        return None if self.one_view_hits is None else self.one_view_hits / self.count
+
     def summary(self) -> dict[str, Any]:
-        """loss, top1, top5 (the top-k asked, 5 by default, capped at K) and count: training's record fields."""
-        return {"loss": self.loss, "top1": self.top1, "top5": self.topk, "count": self.count}
+        """loss, top1, top5 (the top-k asked, 5 by default, capped at K) and count: training's record fields;
+        with flip_views also top1_one_view, the unmirrored view's top-1."""
+        out = {"loss": self.loss, "top1": self.top1, "top5": self.topk, "count": self.count}
+        if self.one_view_hits is not None:
+            out["top1_one_view"] = self.one_view_top1
+        return out
 
 
 @torch.no_grad()
 def evaluate(model: nn.Module, data: ImageSet, *, size: int, mean: Sequence[float], std: Sequence[float],
              channels: int, batch_size: int = 512, device: torch.device | str = "cpu", loss: str = "softmax",
              autocast_dtype: torch.dtype | None = None, rank: int = 0, world: int = 1, workers: int = 0,
-             top_k: int = 5) -> Counts:
-    """Loss, top-1, top-k and the confusion matrix of `model` on `data` (uint8 images prepared as in training)."""
+             top_k: int = 5, flip_views: bool = False) -> Counts:
+    """Loss, top-1, top-k and the confusion matrix of `model` on `data` (uint8 images prepared as in training);
+    with `flip_views`, of the logits averaged over each image and its mirror image."""
     device = torch.device(device)
     was_training = model.training
     model.eval()
     num_classes = data.num_classes
     confusion = torch.zeros(num_classes * num_classes, dtype=torch.float64, device=device)
-    sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss, top-k hits, count
+    sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, top-k hits, count, one-view top-1 hits
     k = 1
     for images, labels in batches.eval_batches(data, batch_size, device, rank=rank, world=world, workers=workers):
+        inputs = eval_transform(images, size, mean, std, channels)
         with autocast(device, autocast_dtype):
-            logits = model(eval_transform(images, size, mean, std, channels))
-        logits = logits.float()
+            logits = model(inputs).float()
+            mirrored = model(inputs.flip(-1)).float() if flip_views else None
+        one_view_hits = (logits.argmax(1) == labels).sum().double()
+        if mirrored is not None:
+            logits = (logits + mirrored) / 2
         if logits.shape[1] != num_classes:
             raise ValueError(f"the model predicts {logits.shape[1]} classes but the data set has {num_classes}")
         k = min(top_k, logits.shape[1])
@@ -73,16 +89,17 @@ def evaluate(model: nn.Module, data: ImageSet, *, size: int, mean: Sequence[floa
         top = logits.topk(k, dim=1).indices  # (B, k)
         confusion += torch.bincount(labels * num_classes + top[:, 0], minlength=num_classes ** 2).double()
         sums += torch.stack([per_image.sum().double(), (top == labels[:, None]).any(1).sum().double(),
-                             torch.tensor(float(len(labels)), dtype=torch.float64, device=device)])
+                             torch.tensor(float(len(labels)), dtype=torch.float64, device=device), one_view_hits])
     if torch.distributed.is_available() and torch.distributed.is_initialized():  # every process: the whole split
         torch.distributed.all_reduce(sums)
         torch.distributed.all_reduce(confusion)
     model.train(was_training)
-    loss_sum, hits, count = sums.tolist()
+    loss_sum, hits, count, one_view = sums.tolist()
     if count == 0:
         raise ValueError("evaluation split is empty")
     return Counts(loss_sum=loss_sum, topk_hits=hits, k=min(top_k, num_classes),
-                  confusion=confusion.round().long().reshape(num_classes, num_classes).cpu(), count=int(count))
+                  confusion=confusion.round().long().reshape(num_classes, num_classes).cpu(), count=int(count),
+                  one_view_hits=one_view if flip_views else None)
 
 
 def _losses(logits: Tensor, labels: Tensor, kind: str) -> Tensor:

@@ -130,6 +130,7 @@ class EvalConfig:
     every_epochs: float = 1.0  # evaluate the val (or test) split this often; 0 = only at the end
     batch_size: int = 512  # images per evaluation forward pass
     final_split: Literal["test", "val"] = "test"  # the split of the last line of metrics.jsonl
+    flip_views: bool = False  # classify each image and its mirror image, average the logits (test-time augmentation)
 
 
 @dataclass(frozen=True, kw_only=True)

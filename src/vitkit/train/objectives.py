@@ -74,7 +74,7 @@ class Classification:
         counts = evaluate(model, data, size=context.size, mean=context.mean, std=context.std, channels=context.channels,
                           batch_size=context.batch_size, device=context.device, loss=self.config.optim.loss,
                           autocast_dtype=context.autocast_dtype, rank=context.rank, world=context.world,
-                          workers=context.workers)
+                          workers=context.workers, flip_views=self.config.eval.flip_views)
         return counts.summary()
 
     def state_dict(self) -> dict[str, Any]:

@@ -71,6 +71,7 @@ class Plan:
     budget_minutes: float  # 0 = none
     budget_schedule: str  # "fit" (the schedule runs by the clock) or "cut"
     augment: tuple[str, ...]
+    flip_views: bool = False  # evaluations average each image's logits with its mirror image's
     resolution_phases: tuple[tuple[int, float], ...] = ()
     patch_dropout_phases: tuple[tuple[float, float], ...] = ()  # (rate, until fraction); every patch after the last
     patch_dropout_keep: str = "random"  # which patches PatchDropout keeps: random, or content before flat ones
@@ -148,7 +149,7 @@ def make_plan(config: TrainConfig, num_train: int, world: int = 1, local_rank: i
         optimizer=OPTIMIZER_NAMES.get(config.optim.name, config.optim.name),
         device=str(device), precision=resolve_precision(config.run.precision, device), seed=config.run.seed,
         eval_every=every, budget_minutes=config.run.max_minutes, budget_schedule=config.run.budget_schedule,
-        augment=tuple(describe_augment(config.augment)),
+        augment=tuple(describe_augment(config.augment)), flip_views=config.eval.flip_views,
         resolution_phases=tuple(zip(config.data.resolutions, config.data.resolution_until)),
         patch_dropout_phases=_patch_dropout_phases(config),
         patch_dropout_keep=str(getattr(vit_config(config.model), "patch_dropout_keep", "random")),
@@ -192,7 +193,9 @@ def plan_lines(plan: Plan) -> list[str]:
         f"learning rate: {rule}; {plan.optimizer}",
         f"augmentation: {', '.join(plan.augment) or 'none'}" + _flip_note(plan),
         f"device: {plan.device}, precision {plan.precision}; seed {plan.seed}; evaluation "
-        + (f"every {plan.eval_every} steps" if plan.eval_every else "at the end only"),
+        + (f"every {plan.eval_every} steps" if plan.eval_every else "at the end only")
+        + ("; each image and its mirror image, logits averaged (the one-view top-1 is reported too)"
+           if plan.flip_views else ""),
     ]
     if plan.resolution_phases:
         lines.append("resolution phases: " + ", ".join(f"{side}px until {until:.0%}" for side, until in

@@ -345,8 +345,9 @@ class Trainer:
             result = self.objective.evaluate(model, data, context)
         record = {"step": state.step, "epoch": self._epoch(state.step), "split": split, **result}
         if self.info.main and result.get("top1") is not None:
-            log.info("step %d %s: loss %.4f top-1 %.2f%% top-5 %.2f%%", state.step, split, result["loss"],
-                     100 * result["top1"], 100 * result["top5"])
+            views = f" (image + mirror; one view {100 * result['top1_one_view']:.2f}%)" if "top1_one_view" in result else ""
+            log.info("step %d %s: loss %.4f top-1 %.2f%% top-5 %.2f%%%s", state.step, split, result["loss"],
+                     100 * result["top1"], 100 * result["top5"], views)
         return record
 
     def _finish(self, status: str, signum: int) -> dict[str, Any]:
