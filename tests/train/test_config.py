@@ -89,3 +89,11 @@ def test_the_plan_states_the_patch_dropout_phases() -> None:
     content = make_plan(apply_overrides(get_recipe("small-32px", INFO), ["model.patch_dropout_keep=content"]), 1000)
     assert content.to_dict()["patch_dropout_keep"] == "content" and plan.patch_dropout_keep == "random"
     assert "PatchDropout (patches with content kept first): 0.75 until 80%, then every patch" in plan_lines(content)
+
+
+def test_the_plan_says_when_evaluation_averages_an_image_and_its_mirror() -> None:
+    plain = make_plan(get_recipe("small-28px", INFO), num_train=1000)
+    views = make_plan(apply_overrides(get_recipe("small-28px", INFO), ["eval.flip_views=true"]), num_train=1000)
+    assert not plain.flip_views and views.flip_views and views.to_dict()["flip_views"] is True
+    assert not any("mirror image, logits averaged" in line for line in plan_lines(plain))
+    assert any("each image and its mirror image, logits averaged" in line for line in plan_lines(views))
