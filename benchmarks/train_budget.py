@@ -30,6 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from vitkit.eval.evaluator import one_view_note
 from vitkit.train.resolve import Request, resolve
 from vitkit.train.trainer import train
 
@@ -75,8 +76,7 @@ def main() -> int:
     for index in range(args.runs):
         r = run_once(uri, minutes, args.overrides, args.warm_cache)
         results.append(r)
-        views = f" (image + mirror; one view {100 * r['top1_one_view']:.2f}%)" if "top1_one_view" in r else ""
-        print(f"run {index + 1}: {uri} recipe {r['recipe']}: test top-1 {100 * r['top1']:.2f}%{views} "
+        print(f"run {index + 1}: {uri} recipe {r['recipe']}: test top-1 {100 * r['top1']:.2f}%{one_view_note(r)} "
               f"(target {100 * goal:.1f}%: {'met' if r['top1'] >= goal else 'missed'}), {r['epochs']:.1f} epochs "
               f"in {r['minutes']:.1f} min, {r['status']}; load average {r['load_average']:.1f}")
         print(json.dumps(r))

@@ -8,7 +8,7 @@ from torch import nn
 from vitkit.checkpoints import Checkpoint
 from vitkit.data.sources import ImageSet
 from vitkit.eval.accuracy import EvalConfig, evaluate as evaluate_checkpoint
-from vitkit.eval.evaluator import evaluate
+from vitkit.eval.evaluator import evaluate, one_view_note
 from vitkit.models.configs import ViTConfig
 
 
@@ -89,3 +89,5 @@ def test_flip_views_average_the_logits_of_an_image_and_its_mirror() -> None:
     assert abs(flipped.loss - torch.nn.functional.cross_entropy(both, labels).item()) < 1e-5
     assert one.one_view_top1 is None and "top1_one_view" not in one.summary()
     assert flipped.summary()["top1_one_view"] == one.top1
+    assert one_view_note({"top1_one_view": 0.7891}) == " (image + mirror; one view 78.91%)"
+    assert one_view_note(one.summary()) == ""

@@ -26,14 +26,13 @@ def add_eval(sub: argparse._SubParsersAction) -> None:
 def run_eval(args: argparse.Namespace) -> int:
     from vitkit.eval.accuracy import EvalConfig
     from vitkit.eval.commands import eval_command
+    from vitkit.eval.evaluator import one_view_note
 
     config = EvalConfig(img_size=args.img_size, batch_size=args.batch_size, device=args.device, flip_views=args.flip_views)
     report = eval_command(args.checkpoint, args.data, args.split, config, args.out, args.max_images)
     k = next(key for key in report if key.startswith("top") and key[3:].isdigit() and key != "top1")
-    one_view = report.get("top1_one_view")
-    views = "" if one_view is None else f"   (image + mirror; one view {100 * one_view:.2f}%)"
     lines = [f"{args.data} {args.split}: {report['num_images']} images at {report['img_size']} px",
-             f"top-1 {100 * report['top1']:.2f}%   {k} {100 * report[k]:.2f}%{views}",
+             f"top-1 {100 * report['top1']:.2f}%   {k} {100 * report[k]:.2f}%{one_view_note(report)}",
              *(f"  {name:<24} {'-' if value is None else f'{100 * value:.1f}%'}" for name, value in report["per_class"].items())]
     if "out" in report:
         lines.append(f"wrote {report['out']}/eval_{args.split}.json and confusion_{args.split}.png")

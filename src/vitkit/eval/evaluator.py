@@ -3,10 +3,11 @@ loss, top-1, top-k and the confusion matrix.  Training's periodic and final eval
 eval` both run it, on the one batcher of `vitkit.data.loader.eval_batches`.
 
 Every image is transformed on its own (resize + centre crop + normalisation; no batch statistics) and
-the model runs in eval mode, so results do not depend on the batch size.  With `flip_views` each image is
-also classified mirrored and the two logit vectors are averaged (test-time augmentation, for data whose
-labels survive a mirror); the counts then also carry the one-view top-1, so both figures are reported.  With several processes each
+the model runs in eval mode, so results do not depend on the batch size.  With several processes each
 evaluates a strided share and the sums are all-reduced, so every process gets the whole split's figures.
+With `flip_views` each image is also classified mirrored and the two logit vectors are averaged (test-time
+augmentation, for data whose labels survive a mirror); the counts then also carry the one-view top-1, so
+both figures are reported (`one_view_note`).
 """
 
 from __future__ import annotations
@@ -58,6 +59,12 @@ class Counts:
         if self.one_view_hits is not None:
             out["top1_one_view"] = self.one_view_top1
         return out
+
+
+def one_view_note(report: dict[str, Any]) -> str:
+    """" (image + mirror; one view X%)" after a flip-view top-1 (a summary or report with top1_one_view), else ""."""
+    one_view = report.get("top1_one_view")
+    return "" if one_view is None else f" (image + mirror; one view {100 * one_view:.2f}%)"
 
 
 @torch.no_grad()

@@ -24,6 +24,7 @@ import torch
 
 from vitkit.data.stream import ShardBatches, ShardSet
 from vitkit.device import autocast, autocast_dtype, pick_device
+from vitkit.eval.evaluator import one_view_note
 from vitkit.models.configs import in_channels
 from vitkit.runs import RunDir
 from vitkit.train import compiled, distributed
@@ -345,9 +346,8 @@ class Trainer:
             result = self.objective.evaluate(model, data, context)
         record = {"step": state.step, "epoch": self._epoch(state.step), "split": split, **result}
         if self.info.main and result.get("top1") is not None:
-            views = f" (image + mirror; one view {100 * result['top1_one_view']:.2f}%)" if "top1_one_view" in result else ""
             log.info("step %d %s: loss %.4f top-1 %.2f%% top-5 %.2f%%%s", state.step, split, result["loss"],
-                     100 * result["top1"], 100 * result["top5"], views)
+                     100 * result["top1"], 100 * result["top5"], one_view_note(result))
         return record
 
     def _finish(self, status: str, signum: int) -> dict[str, Any]:
