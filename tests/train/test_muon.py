@@ -17,7 +17,7 @@ from vitkit.models.configs import ViTConfig
 from vitkit.train import trainer
 from vitkit.train.config import OptimConfig
 from vitkit.train.muon import StackedMuon, orthogonalise
-from vitkit.train.optim import OptimizerSet, build_optimizer, is_hidden_matrix
+from vitkit.train.optim import OptimizerSet, build_optimizer, is_hidden_matrix, set_lr
 
 LR, WD = 0.01, 0.05
 NS = (3.4445, -4.775, 2.0315)  # torch.optim.Muon's default coefficients
@@ -80,6 +80,31 @@ def test_first_step_orthogonalises_the_matrices_and_sign_steps_the_rest() -> Non
             clear = param.grad.abs() > 1e-6  # far above Adam's eps
             assert clear.any(), name
             assert torch.allclose(update[clear], torch.sign(param.grad[clear]), atol=1e-3), name
+
+
+def test_muon_lr_scale_multiplies_the_matrices_steps_and_leaves_adamws_alone() -> None:
+    """With muon_lr_scale s every encoder matrix moves exactly s times as far in its first step (the update and
+    its decoupled decay both follow the lr) and every other parameter moves as it does at s = 1; the schedule's
+    set_lr keeps the factor."""
+    moves = {}
+    for scale in (1.0, 3.0):
+        model = _model()
+        before = copy.deepcopy(dict(model.named_parameters()))
+        optimizer = build_optimizer(model, OptimConfig(name="muon", lr=LR, weight_decay=WD, muon_lr_scale=scale), LR)
+        set_lr(optimizer, LR / 2)
+        muon, adamw = optimizer.parts
+        assert [g["lr"] for g in muon.param_groups] == [scale * LR / 2]
+        assert all(g["lr"] == LR / 2 for g in adamw.param_groups)
+        _step(model, optimizer, 0)
+        moves[scale] = {name: (before[name] - param).detach() for name, param in model.named_parameters()}
+    for name, move in moves[3.0].items():
+        factor = 3.0 if is_hidden_matrix(name, move) else 1.0
+        assert move.abs().max() > 0, name
+        assert torch.allclose(move, factor * moves[1.0][name], rtol=1e-4, atol=1e-7), name
+    with pytest.raises(ValueError, match="muon_lr_scale"):
+        OptimConfig(name="muon", muon_lr_scale=0.0)
+    with pytest.raises(ValueError, match="muon_lr_scale"):
+        OptimConfig(name="adamw", muon_lr_scale=2.0)
 
 
 def test_state_dict_round_trip_continues_identically_and_rejects_another_optimizer() -> None:

@@ -96,6 +96,7 @@ class OptimConfig:
     lr: float = 1e-3  # peak learning rate after warmup, for `base_batch_size` images per step
     base_batch_size: int = 0  # batch the lr was tuned for; 0 = data.batch_size (no rescaling)
     lr_scaling: Literal["none", "linear", "sqrt"] = "none"  # lr *= (batch/base) or its sqrt when they differ
+    muon_lr_scale: float = 1.0  # name="muon": the encoder matrices' lr is lr x this (AdamW's part keeps lr)
     betas: tuple[float, float] = (0.9, 0.999)  # Adam beta1, beta2 (Sec. 4.1)
     eps: float = 1e-8  # Adam epsilon
     momentum: float = 0.9  # SGD momentum (App. B.1.1)
@@ -113,6 +114,9 @@ class OptimConfig:
     lr_sweep: tuple[float, ...] = ()  # fine-tuning grid (Table 4); non-empty = sweep on a held-out split first
 
     def __post_init__(self) -> None:
+        if self.muon_lr_scale <= 0 or (self.muon_lr_scale != 1.0 and self.name != "muon"):
+            raise ValueError(f"muon_lr_scale must be > 0 and applies to optim.name='muon' only "
+                             f"(got {self.muon_lr_scale} with {self.name!r})")
         if self.lr <= 0 or self.weight_decay < 0 or self.clip_norm < 0:
             raise ValueError(f"need lr > 0, weight_decay >= 0, clip_norm >= 0 (got {self.lr}, {self.weight_decay}, {self.clip_norm})")
         if not 0.0 <= self.ema_decay < 1.0:

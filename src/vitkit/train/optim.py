@@ -13,7 +13,8 @@ Fine-tuning uses SGD with momentum 0.9 and no weight decay (Table 4).
 Beyond the paper, `name="muon"` trains the encoder blocks' weight matrices with Muon (torch.optim.Muon's
 rule, batched: train/muon.py; momentum 0.95, Nesterov, the update orthogonalised; Jordan et al. 2024)
 and every other parameter (patch embedding, position embeddings, norms, biases, head) with AdamW.  Muon
-scales its update to AdamW's RMS ("match_rms_adamw"), so one learning rate and one weight decay serve both.
+scales its update to AdamW's RMS ("match_rms_adamw"), so one learning rate and one weight decay serve both;
+`muon_lr_scale` sets the matrices' learning rate apart (a factor on the schedule's lr).
 """
 
 from __future__ import annotations
@@ -106,7 +107,9 @@ def _muon(model: nn.Module, config: OptimConfig, lr: float, fused: bool) -> Opti
     matrices = [param for name, param in model.named_parameters() if param.requires_grad and is_hidden_matrix(name, param)]
     if not matrices:
         raise ValueError("optim.name='muon' found no Transformer encoder matrices to train (a ResNet?); use adamw")
-    muon = StackedMuon(matrices, lr=lr, weight_decay=config.weight_decay, **MUON_OPTIONS)
+    scale = config.muon_lr_scale
+    muon = StackedMuon([{"params": matrices, "lr_scale": scale}], lr=lr * scale, weight_decay=config.weight_decay,
+                       **MUON_OPTIONS)
     rest = param_groups(model, config.weight_decay, config.decay_on, keep=lambda name, param: not is_hidden_matrix(name, param))
     return OptimizerSet([muon, _adamw(rest, config, lr, fused)])
 
@@ -117,5 +120,6 @@ def _adamw(groups: list[dict], config: OptimConfig, lr: float, fused: bool) -> t
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """Every group at `lr`, times the group's own "lr_scale" where it has one (Muon's matrices)."""
     for group in optimizer.param_groups:
-        group["lr"] = lr
+        group["lr"] = lr * group.get("lr_scale", 1.0)

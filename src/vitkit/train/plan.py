@@ -18,12 +18,18 @@ from vitkit.data.transforms import describe_augment
 from vitkit.device import pick_device, resolve_precision
 from vitkit.models import build_model
 from vitkit.models.configs import image_size, vit_config
-from vitkit.train.config import TrainConfig
+from vitkit.train.config import OptimConfig, TrainConfig
 from vitkit.train.schedule import Schedule, resolve_warmup, scaled_lr
 
 LONG_RUN_MINUTES = 60.0  # a plan longer than this says so and names --max-minutes
 
-OPTIMIZER_NAMES = {"muon": "muon (encoder matrices) + adamw (embeddings, norms, biases, head)"}
+OPTIMIZER_NAMES = {"muon": "muon (encoder matrices{scale}) + adamw (embeddings, norms, biases, head)"}
+
+
+def optimizer_name(optim: OptimConfig) -> str:
+    """The optimiser as the plan names it; Muon's part says its lr factor where it has one."""
+    scale = f", lr x {optim.muon_lr_scale:g}" if optim.muon_lr_scale != 1.0 else ""
+    return OPTIMIZER_NAMES.get(optim.name, optim.name).format(scale=scale)
 
 
 # ------------------------------------------------------------------------------------- seeds
@@ -146,7 +152,7 @@ def make_plan(config: TrainConfig, num_train: int, world: int = 1, local_rank: i
         steps=steps, epochs=steps * config.data.batch_size / num_train,
         lr=scaled_lr(config.optim.lr, config.data.batch_size, base, config.optim.lr_scaling), base_lr=config.optim.lr,
         base_batch=base, lr_scaling=config.optim.lr_scaling, warmup=warmup,
-        optimizer=OPTIMIZER_NAMES.get(config.optim.name, config.optim.name),
+        optimizer=optimizer_name(config.optim),
         device=str(device), precision=resolve_precision(config.run.precision, device), seed=config.run.seed,
         eval_every=every, budget_minutes=config.run.max_minutes, budget_schedule=config.run.budget_schedule,
         augment=tuple(describe_augment(config.augment)), flip_views=config.eval.flip_views,
