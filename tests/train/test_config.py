@@ -100,8 +100,8 @@ def test_the_plan_says_when_evaluation_averages_an_image_and_its_mirror() -> Non
 
 
 def test_the_plan_names_muons_own_learning_rate_factor() -> None:
-    plain = make_plan(get_recipe("small-32px", INFO), num_train=1000)
-    scaled = make_plan(apply_overrides(get_recipe("small-32px", INFO), ["optim.muon_lr_scale=2"]), num_train=1000)
+    plain = make_plan(get_recipe("small-28px", INFO), num_train=1000)
+    scaled = make_plan(apply_overrides(get_recipe("small-28px", INFO), ["optim.muon_lr_scale=2"]), num_train=1000)
     assert plain.optimizer == "muon (encoder matrices) + adamw (embeddings, norms, biases, head)"
     assert scaled.optimizer == "muon (encoder matrices, lr x 2) + adamw (embeddings, norms, biases, head)"
     assert any(line.endswith(scaled.optimizer) for line in plan_lines(scaled)) and scaled.lr == plain.lr
