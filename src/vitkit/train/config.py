@@ -114,9 +114,8 @@ class OptimConfig:
     lr_sweep: tuple[float, ...] = ()  # fine-tuning grid (Table 4); non-empty = sweep on a held-out split first
 
     def __post_init__(self) -> None:
-        if self.muon_lr_scale <= 0 or (self.muon_lr_scale != 1.0 and self.name != "muon"):
-            raise ValueError(f"muon_lr_scale must be > 0 and applies to optim.name='muon' only "
-                             f"(got {self.muon_lr_scale} with {self.name!r})")
+        if self.muon_lr_scale <= 0:  # other optimisers ignore it: `--set optim.name=adamw` works on a Muon recipe
+            raise ValueError(f"muon_lr_scale must be > 0, got {self.muon_lr_scale}")
         if self.lr <= 0 or self.weight_decay < 0 or self.clip_norm < 0:
             raise ValueError(f"need lr > 0, weight_decay >= 0, clip_norm >= 0 (got {self.lr}, {self.weight_decay}, {self.clip_norm})")
         if not 0.0 <= self.ema_decay < 1.0:
