@@ -185,7 +185,7 @@ def small_28px(info: SourceInfo) -> TrainConfig:
     the slow hosts of sessions 28-29: MNIST 99.42%, 99.45%, 99.55%, Fashion-MNIST 92.59-92.83% (six runs,
     54.3-61.1 epochs): the figures follow the host's speed.  The variants measured and not adopted (mimetic
     init, lr 3e-3, no label smoothing, batch 256, random or stepped PatchDropout, rate 0.8, D=96, and issue
-    4's; with Muon, batch 256, lr 3e-3 and 1.5e-3) are in the README with every run.
+    4's; with Muon, batch 256, lr 3e-3 and 1.5e-3, AdamW's part alone at 3e-3) are in the README with every run.
     Command:  vitkit train --data fashion-mnist:../shared/data/fashion-mnist --max-minutes 15
     Expected: the figures above; without a budget the recipe runs 30 epochs (not measured with this setting).
     """
