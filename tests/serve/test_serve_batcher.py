@@ -99,8 +99,8 @@ def test_concurrent_http_requests_share_forwards(vit_checkpoint: Path) -> None:
     text = asyncio.run(scenario())
     forwards = metric(text, "vitkit_batch_size_count")
     assert metric(text, "vitkit_batch_size_sum") == count and metric(text, "vitkit_images_total") == count
-    # How the 12 split depends on when each request got in (8 + 4 on a quiet machine, 6 + 6 or 5 + 4 + 3 on a
-    # loaded one), so the test holds what does not: no forward above max_batch, and forwards really shared.
+    # How the 12 split depends on when each request got in (8 + 4 on a quiet machine; two forwards of 5-7 in a
+    # loaded CI run), so the test holds what does not: no forward above max_batch, and forwards really shared.
     assert metric(text, "vitkit_batch_size_bucket", le="8.0") == forwards  # every forward held at most 8
     assert 2 <= forwards <= count // 2  # at least ceil(12 / 8); on average two or more images per forward
 
