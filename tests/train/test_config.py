@@ -105,3 +105,15 @@ def test_the_plan_names_muons_own_learning_rate_factor() -> None:
     assert plain.optimizer == "muon (encoder matrices) + adamw (embeddings, norms, biases, head)"
     assert scaled.optimizer == "muon (encoder matrices, lr x 2) + adamw (embeddings, norms, biases, head)"
     assert any(line.endswith(scaled.optimizer) for line in plan_lines(scaled)) and scaled.lr == plain.lr
+
+
+def test_the_plan_names_the_learning_rates_decay() -> None:
+    linear = make_plan(get_recipe("small-28px", INFO), num_train=1000)
+    cosine = make_plan(apply_overrides(get_recipe("small-28px", INFO), ["optim.schedule=cosine",
+                                                                      "optim.end_lr_fraction=0.1"]), 1000)
+    flat = make_plan(apply_overrides(get_recipe("small-28px", INFO), ["optim.schedule=constant"]), 1000)
+    assert (linear.decay, cosine.decay, flat.decay) == (
+        "linear decay to 0", "cosine decay to 10% of the peak", "constant after warmup")
+    line = next(line for line in plan_lines(linear) if line.startswith("learning rate:"))
+    assert line == ("learning rate: lr 0.002 at global batch 128 (tuned for this batch; no rescaling), "
+                    f"linear decay to 0; {linear.optimizer}")

@@ -33,6 +33,14 @@ def optimizer_name(optim: OptimConfig) -> str:
 
 
 # ------------------------------------------------------------------------------------- seeds
+def decay_name(kind: str, end_fraction: float) -> str:
+    """The learning rate's shape after warmup, as the plan prints it."""
+    if kind == "constant":
+        return "constant after warmup"
+    end = "0" if end_fraction <= 0 else f"{end_fraction:.0%} of the peak"
+    return f"{kind} decay to {end}"
+
+
 def init_seed(seed: int, rank: int) -> int:
     """Global torch RNG (weights, dropout): the same init on every rank (DDP broadcasts rank 0's anyway)."""
     return seed * 1000 + rank
@@ -84,6 +92,7 @@ class Plan:
     data_path: str = ""  # how the training split is read: in memory, files through workers, or a shard stream
     splits: dict[str, Any] = field(default_factory=dict)  # images per part and where they came from
     measured: dict[str, Any] = field(default_factory=dict)  # images/s, ETA (train/estimate.py)
+    decay: str = ""  # the learning rate's shape after warmup, in words ("linear decay to 0")
 
     @property
     def fitted(self) -> bool:
@@ -152,7 +161,7 @@ def make_plan(config: TrainConfig, num_train: int, world: int = 1, local_rank: i
         steps=steps, epochs=steps * config.data.batch_size / num_train,
         lr=scaled_lr(config.optim.lr, config.data.batch_size, base, config.optim.lr_scaling), base_lr=config.optim.lr,
         base_batch=base, lr_scaling=config.optim.lr_scaling, warmup=warmup,
-        optimizer=optimizer_name(config.optim),
+        optimizer=optimizer_name(config.optim), decay=decay_name(config.optim.schedule, config.optim.end_lr_fraction),
         device=str(device), precision=resolve_precision(config.run.precision, device), seed=config.run.seed,
         eval_every=every, budget_minutes=config.run.max_minutes, budget_schedule=config.run.budget_schedule,
         augment=tuple(describe_augment(config.augment)), flip_views=config.eval.flip_views,
@@ -196,7 +205,7 @@ def plan_lines(plan: Plan) -> list[str]:
         *(f"  {name}: {part['images']:,} images from {part['from'] or plan.data}" for name, part in plan.splits.items()),
         f"effective global batch: {plan.global_batch} = {plan.processes} process(es) x {plan.micro_batch} x "
         f"{plan.accumulation} accumulation step(s); {plan.steps:,} steps ({plan.epochs:.1f} epochs), warmup {plan.warmup}",
-        f"learning rate: {rule}; {plan.optimizer}",
+        f"learning rate: {rule}" + (f", {plan.decay}" if plan.decay else "") + f"; {plan.optimizer}",
         f"augmentation: {', '.join(plan.augment) or 'none'}" + _flip_note(plan),
         f"device: {plan.device}, precision {plan.precision}; seed {plan.seed}; evaluation "
         + (f"every {plan.eval_every} steps" if plan.eval_every else "at the end only")
