@@ -32,7 +32,6 @@ def optimizer_name(optim: OptimConfig) -> str:
     return OPTIMIZER_NAMES.get(optim.name, optim.name).format(scale=scale)
 
 
-# ------------------------------------------------------------------------------------- seeds
 def decay_name(kind: str, end_fraction: float) -> str:
     """The learning rate's shape after warmup, as the plan prints it."""
     if kind == "constant":
@@ -41,6 +40,7 @@ def decay_name(kind: str, end_fraction: float) -> str:
     return f"{kind} decay to {end}"
 
 
+# ------------------------------------------------------------------------------------- seeds
 def init_seed(seed: int, rank: int) -> int:
     """Global torch RNG (weights, dropout): the same init on every rank (DDP broadcasts rank 0's anyway)."""
     return seed * 1000 + rank

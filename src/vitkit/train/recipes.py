@@ -219,13 +219,13 @@ def small_32px(info: SourceInfo) -> TrainConfig:
     alone, for ~35-45 ms more per step (its Newton-Schulz iteration runs in bf16 at these widths; in fp32 ~73 ms).
     The learning rate decays linearly (since session 35; cosine before): the all-patch phase, the last 20% of
     the budget's time but the last ~6% of its steps, then trains at 20% -> 0 of the peak instead of ~10% -> 0,
-    and that phase is where the accuracy is made (+0.4 to +0.9 points over the cosine runs, the same train loss
-    until the switch).
+    and that phase is where the accuracy is made (+0.3 to +0.9 points over the cosine runs' mean, the same train
+    loss until the switch).
     PatchDropout is the main lever on a CPU: in 10-minute runs, 0.75 reached 64.41% (15.7 epochs, 1,532
     images/s), 0.5 reached 60.04% (9.0 epochs, 808 images/s) and none 47.90% (4.0 epochs, 305 images/s).
     Measured with `benchmarks/train_budget.py cifar10 --runs 3` (folder:../shared/data/cifar10-jpg, its
     40,000/10,000 stratified train/test hold-out, --max-minutes 30, the schedule fitted to it), test top-1:
-      this recipe, session 35's slow host (~1,100-1,250 images/s with dropped patches): 80.36%, 79.91%,
+      this recipe, session 35's slow host (~1,050-1,250 images/s with dropped patches): 80.36%, 79.91%,
                    79.82% (mean 80.03%; 40.7, 41.0, 42.9 epochs);
       with a cosine decay (the recipe of session 34), session 34's as slow host: 79.54%, 79.44%, 79.52%
                    (mean 79.50%; 38.3, 40.5, 42.9 epochs); AdamW's part at 5e-3 (muon_lr_scale=0.4): 79.20%;
