@@ -196,7 +196,7 @@ def small_28px(info: SourceInfo) -> TrainConfig:
     the slow hosts of sessions 28-29: MNIST 99.42%, 99.45%, 99.55%, Fashion-MNIST 92.59-92.83% (six runs,
     54.3-61.1 epochs): the figures follow the host's speed.  The variants measured and not adopted (mimetic
     init, lr 3e-3, no label smoothing, batch 256, random or stepped PatchDropout, rate 0.8, D=96, and issue
-    4's; with Muon, batch 256, lr 3e-3 and 1.5e-3, AdamW's part alone at 3e-3, EMA 0.999) are in the README with every run.
+    4's; with Muon, batch 256, lr 3e-3 and 1.5e-3, AdamW's part alone at 3e-3, EMA 0.999) are in the README.
     Command:  vitkit train --data fashion-mnist:../shared/data/fashion-mnist --max-minutes 15
     Expected: the figures above; without a budget the recipe runs 30 epochs (not measured with this setting).
     """
@@ -234,7 +234,8 @@ def small_32px(info: SourceInfo) -> TrainConfig:
       this recipe, session 35's slow host (~1,050-1,250 images/s with dropped patches): 80.36%, 79.91%,
                    79.82% (mean 80.03%; 40.7, 41.0, 42.9 epochs); every patch from 75% of the time instead of 80%
                    (session 36, as slow a host, one run): 80.03% in 37.3 epochs, no gain, so 0.8 stays;
-      this recipe on session 37's faster host (AMX, ~2,200 images/s with dropped patches): 80.99%, 81.42% (81.4, 76.4 epochs);
+      this recipe on session 37's faster host (AMX, ~2,200 images/s with dropped patches): 80.99%, 81.42%
+                   (81.4, 76.4 epochs);
       with a cosine decay (the recipe of session 34), session 34's as slow host: 79.54%, 79.44%, 79.52%
                    (mean 79.50%; 38.3, 40.5, 42.9 epochs); AdamW's part at 5e-3 (muon_lr_scale=0.4): 79.20%;
       AdamW's part at 3e-3 (muon_lr_scale=2/3; the recipe of session 33), session 33's as slow host: 79.29%,
