@@ -82,17 +82,17 @@ def test_no_compiler_keeps_the_eager_model(monkeypatch, caplog) -> None:
 
 
 @pytest.mark.skipif(compiled.cpp_compiler() is None, reason="torch.compile on the CPU needs a C++ compiler")
-def test_compiled_run_compiles_before_the_loop_and_matches_eager(tmp_path: Path, caplog, monkeypatch) -> None:
+def test_compiled_run_compiles_before_the_loop_and_matches_eager(tmp_path: Path, caplog) -> None:
     """A compiled run: both PatchDropout graphs compiled in the warm-up, none in the loop; same weights as eager.
 
     Inductor draws random numbers its own way; `fallback_random` makes it draw as eager does, so the
     PatchDropout subsets are the same in both runs.
     """
-    monkeypatch.setattr(torch._inductor.config, "fallback_random", True)
     overrides = ("data.steps=6", "model.dropout=0", "model.patch_dropout=0.5", "data.patch_dropout_until=0.5")
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
-    with caplog.at_level(logging.INFO, logger="vitkit.train"):
+    # (config.patch, not monkeypatch: monkeypatch's undo deletes inductor's config entry for later tests)
+    with caplog.at_level(logging.INFO, logger="vitkit.train"), torch._inductor.config.patch(fallback_random=True):
         trainer.train(tiny_config(tmp_path / "compiled", *overrides, "run.compile=true"))
     assert "torch.compile: 2 graph(s)" in caplog.text
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2  # the loop added none

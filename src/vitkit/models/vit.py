@@ -87,17 +87,33 @@ class Mlp(nn.Module):
 
 
 class DropPath(nn.Module):
-    """Stochastic depth: drop a residual branch per sample, rescaling the kept ones (an option, not in the paper)."""
+    """Stochastic depth: drop a residual branch per sample, rescaling the kept ones (an option, not in the paper).
+
+    A block built with rate 0 skips it for good.  Otherwise the rate is a (non-persistent) buffer, so a
+    trainer can change it with `set_rate` after torch.compile has traced the model without recompiling
+    (train/short_run.py lowers it to 0 when a budget holds few epochs).
+    """
 
     def __init__(self, rate: float):
         super().__init__()
-        self.rate = rate
+        self.active = rate > 0.0
+        self.register_buffer("rate", torch.tensor(float(rate)), persistent=False)
+
+    def set_rate(self, rate: float) -> None:
+        if rate > 0.0 and not self.active:
+            raise ValueError("stochastic depth cannot be turned on in a block built without it (model.drop_path=0)")
+        self.rate.fill_(rate)
 
     def forward(self, x: Tensor) -> Tensor:
-        if not self.training or self.rate == 0.0:
+        if not self.training or not self.active:
             return x
-        keep = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(1.0 - self.rate)
-        return x * keep / (1.0 - self.rate)
+        keep = torch.rand((x.shape[0],) + (1,) * (x.ndim - 1), device=x.device) >= self.rate
+        return x * keep.to(x.dtype) / (1.0 - self.rate)
+
+
+def drop_path_rates(rate: float, depth: int) -> list[float]:
+    """Stochastic depth per block: 0 at the first, growing linearly to `rate` at the last."""
+    return [rate * i / max(depth - 1, 1) for i in range(depth)]
 
 
 class Block(nn.Module):
@@ -153,8 +169,7 @@ class VisionTransformer(nn.Module):
         # App. D.4: learned E_pos tables (state-dict keys of official/timm checkpoints), None where the variant has none
         self.pos_embed, self.pos_embed_x, self.pos_embed_y = pe.learned_tables(vit, self.grid_size, self.num_prefix_tokens)
         self.pos_drop = nn.Dropout(vit.dropout)  # App. B.1: dropout right after adding position embeddings
-        rates = [vit.drop_path * i / max(vit.depth - 1, 1) for i in range(vit.depth)]  # stochastic depth grows with depth
-        self.blocks = nn.ModuleList(Block(vit, num_tokens, rate) for rate in rates)
+        self.blocks = nn.ModuleList(Block(vit, num_tokens, rate) for rate in drop_path_rates(vit.drop_path, vit.depth))
         self.norm = nn.LayerNorm(vit.hidden_size, eps=vit.layer_norm_eps)
         rep = vit.representation_size
         self.pre_logits = PreLogits(vit.hidden_size, rep) if rep else nn.Identity()
@@ -279,6 +294,11 @@ class VisionTransformer(nn.Module):
         y = self.pool(z)
         features = self.pre_logits(y)
         return {**named, "encoder_norm": z, "y": y, "pre_logits": features, "logits": self.head(features)}
+
+    def set_drop_path(self, rate: float) -> None:
+        """Stochastic depth of the last block (earlier ones scaled down as when built), in place."""
+        for block, block_rate in zip(self.blocks, drop_path_rates(rate, len(self.blocks))):
+            block.drop_path.set_rate(block_rate)
 
     def reset_head(self, num_classes: int) -> None:
         """Sec. 3.2 fine-tuning: replace the whole head (pre-logits too) by one zero-initialised D x K layer."""

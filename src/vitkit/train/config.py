@@ -112,6 +112,9 @@ class OptimConfig:
     ema_warmup: bool = False  # decay min(ema_decay, (1 + t) / (10 + t)) at schedule position t (follows a budget)
     loss: Literal["softmax", "sigmoid"] = "softmax"  # cross-entropy; "sigmoid" as big_vision's i21k pre-training
     lr_sweep: tuple[float, ...] = ()  # fine-tuning grid (Table 4); non-empty = sweep on a held-out split first
+    # A run planned for fewer epochs than this (under a fitted budget: those that fit at the measured speed)
+    # trains without stochastic depth and with half the pad-crop (train/short_run.py); 0 = off.
+    light_below_epochs: float = 0.0
 
     def __post_init__(self) -> None:
         if self.muon_lr_scale <= 0:  # other optimisers ignore it: `--set optim.name=adamw` works on a Muon recipe
@@ -122,6 +125,8 @@ class OptimConfig:
             raise ValueError(f"ema_decay must be in [0, 1), got {self.ema_decay}")
         if not 0.0 <= self.warmup_fraction < 1.0 or self.warmup_steps < 0 or self.warmup_max_steps < 0:
             raise ValueError("warmup_fraction must be in [0, 1), warmup_steps and warmup_max_steps >= 0")
+        if self.light_below_epochs < 0:
+            raise ValueError(f"light_below_epochs must be >= 0 (0 = off), got {self.light_below_epochs}")
         if any(lr <= 0 for lr in self.lr_sweep):
             raise ValueError(f"every lr_sweep value must be > 0, got {self.lr_sweep}")
 

@@ -107,6 +107,13 @@ def min_across(value: float, device: torch.device) -> float:
     return -max_across(-value, device)
 
 
+def sum_across(value: int, device: torch.device) -> int:
+    """The sum of each process's count `value`, on every process."""
+    tensor = torch.tensor([float(value)], dtype=torch.float64, device=device)
+    all_reduce_sum(tensor)
+    return int(tensor.item())
+
+
 def barrier() -> None:
     if dist.is_initialized():
         dist.barrier()

@@ -41,6 +41,7 @@ class EvalContext:
 
 class Objective(Protocol):
     name: str
+    config: TrainConfig  # read at every batch: the Trainer may lighten its regularisation (train/short_run.py)
 
     def network(self, module: nn.Module) -> nn.Module: ...
     def batch(self, raw: list[tuple[Tensor, Tensor]], phase: Phase, generator: torch.Generator) -> list[Any]: ...

@@ -93,6 +93,7 @@ class Plan:
     splits: dict[str, Any] = field(default_factory=dict)  # images per part and where they came from
     measured: dict[str, Any] = field(default_factory=dict)  # images/s, ETA (train/estimate.py)
     decay: str = ""  # the learning rate's shape after warmup, in words ("linear decay to 0")
+    regularisation: str = ""  # optim.light_below_epochs' decision, in words (train/short_run.py); "" = rule off
 
     @property
     def fitted(self) -> bool:
@@ -219,6 +220,8 @@ def plan_lines(plan: Plan) -> list[str]:
         keep = " (patches with content kept first)" if plan.patch_dropout_keep == "content" else ""
         lines.append(f"PatchDropout{keep}: " + ", ".join(f"{rate:g} until {until:.0%}" for rate, until in
                                                   plan.patch_dropout_phases) + ", then every patch")
+    if plan.regularisation:
+        lines.append(plan.regularisation)
     return lines + eta_lines(plan)
 
 

@@ -8,6 +8,7 @@
     checkpointer (train/checkpointer.py) + run directory (vitkit/runs.py)   saving, resuming, exports
     stop policy (train/stop.py)     signals and the time budget, agreed by every process
     rehearsal (train/estimate.py)   compiled graphs and the measured speed, before the clock starts
+    short-run rule (train/short_run.py) lighter regularisation when few epochs fit
 
 One code path for CPU and CUDA and for 1 or N processes (torchrun; train/distributed.py).
 """
@@ -23,11 +24,12 @@ from typing import Any, Callable
 import torch
 
 from vitkit.data.stream import ShardBatches, ShardSet
+from vitkit.data.transforms import describe_augment
 from vitkit.device import autocast, autocast_dtype, pick_device
 from vitkit.eval.evaluator import one_view_note
 from vitkit.models.configs import in_channels
 from vitkit.runs import RunDir
-from vitkit.train import compiled, distributed
+from vitkit.train import compiled, distributed, short_run
 from vitkit.train.assemble import IndexBatches, Splits, check_classes, initial_model, load_splits
 from vitkit.train.checkpointer import Checkpointer
 from vitkit.train.config import TrainConfig, from_dict, to_dict
@@ -118,6 +120,7 @@ class Trainer:
                                total_steps=self.plan.steps, workers=config.data.workers, strict=config.data.strict)
         self.plan = dataclasses.replace(self.plan, data_path=self.batches.path, splits=self._split_sizes())
         self.skipped_before = self.skipped_total = 0  # batches' corrupt samples of earlier invocations / in all
+        self.short: bool | None = None  # train/short_run.py's decision, once taken
         self.checkpointer = Checkpointer(self.run, every=config.run.checkpoint_every, meta=self._meta(), main=info.main,
                                          sharded=self.sharded, extra=self._extra_state)
         self._resume()
@@ -162,13 +165,15 @@ class Trainer:
                 "provenance": provenance}
 
     def _extra_state(self) -> dict[str, Any]:
-        return {"data": self.batches.state_dict(), "skipped_samples": self.skipped_total, **self.objective.state_dict()}
+        return {"data": self.batches.state_dict(), "skipped_samples": self.skipped_total, "short_run": self.short,
+                **self.objective.state_dict()}
 
     def _resume(self) -> None:
         def load_extra(payload: dict[str, Any]) -> None:
             self.objective.load_state_dict(payload)
             self.batches.load_state_dict(payload.get("data") or {"step": self.state.step})
             self.skipped_before = int(payload.get("skipped_samples", 0))  # streamed by the earlier invocations
+            self.short = payload.get("short_run")  # the first invocation's decision (train/short_run.py)
 
         resumed = self.checkpointer.restore(self.state, load_extra=load_extra)
         if resumed is None:
@@ -234,6 +239,15 @@ class Trainer:
                        budget_left_s=budget_left)
         return dataclasses.replace(self.plan, measured=measured)
 
+    def _fit_regularisation(self) -> None:
+        """optim.light_below_epochs: lighter regularisation when few epochs fit (train/short_run.py)."""
+        self.short = short_run.decide(self.config, self.plan, self.short, self.device)
+        line = short_run.describe(self.config, self.plan, self.short)
+        if self.short:
+            self.config = self.objective.config = short_run.lighter(self.config)
+            short_run.lighten(self.state.module)
+        self.plan = dataclasses.replace(self.plan, regularisation=line, augment=tuple(describe_augment(self.config.augment)))
+
     def _budget_s(self) -> float:
         """Seconds for the training loop of a fitted run: the whole run's budget minus every start-up (the
         earlier invocations' and this one's so far).  A collective: the smallest over the processes, since each
@@ -246,6 +260,7 @@ class Trainer:
         """Train until the schedule ends, the budget is spent or a signal arrives; evaluate and save."""
         config, state = self.config, self.state
         self.plan = self.rehearsed_plan()
+        self._fit_regularisation()
         if on_plan is not None and self.info.main:
             on_plan(self.plan)
         self.clock = BudgetClock(self.plan.steps, self._budget_s() if self.plan.fitted else math.inf)
@@ -292,7 +307,7 @@ class Trainer:
         batches dropped in this and earlier invocations.  A collective: every process calls it."""
         streamed = self.batches.skipped
         if self.info.world > 1:  # each process counts its own batches; the record holds the total
-            streamed = _sum_across(streamed, self.device)
+            streamed = distributed.sum_across(streamed, self.device)
         self.skipped_total = self.skipped_before + streamed
         return self.data.train.skipped + self.skipped_total
 
@@ -384,8 +399,3 @@ class Trainer:
         return {**result, "minutes": state.elapsed / 60, "wall_minutes": (time.monotonic() - self.started) / 60,
                 "checkpoint": str(self.run.export("final") if not self.sharded else self.run.latest())}
 
-
-def _sum_across(value: int, device: torch.device) -> int:
-    tensor = torch.tensor([float(value)], dtype=torch.float64, device=device)
-    distributed.all_reduce_sum(tensor)
-    return int(tensor.item())

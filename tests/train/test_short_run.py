@@ -1,0 +1,115 @@
+"""optim.light_below_epochs (train/short_run.py): the decision follows the epochs that fit, is applied in
+place (compiled graphs stay valid), trains exactly as the lighter config would, and a resumed run keeps it."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from helpers import DIGITS, FakeTime, tiny_config
+from vitkit.models import build_model
+from vitkit.models.configs import HybridConfig, ViTConfig
+from vitkit.models.vit import drop_path_rates
+from vitkit.runs import RunDir
+from vitkit.train import compiled, short_run, trainer
+from vitkit.train.plan import make_plan
+
+
+def _vit(**fields) -> torch.nn.Module:
+    return build_model(ViTConfig(img_size=16, patch_size=4, in_chans=1, num_classes=3, hidden_size=16, depth=3,
+                                 num_heads=2, mlp_dim=32, pool="gap", **fields))
+
+
+def test_drop_path_rates_change_in_place_and_stay_out_of_the_state_dict() -> None:
+    model = _vit(drop_path=0.4)
+    assert [float(b.drop_path.rate) for b in model.blocks] == pytest.approx([0.0, 0.2, 0.4])
+    assert not any("rate" in key for key in model.state_dict())  # checkpoints keep their keys
+    x = torch.randn(8, 1, 16, 16)
+    reference = model.eval().forward_features(x)  # (the head is zero-initialised)
+    model.train()
+    assert not torch.allclose(model.forward_features(x), reference)  # branches dropped at random
+    model.set_drop_path(0.0)
+    assert torch.equal(model.forward_features(x), reference)  # no dropout of any kind left: training == evaluation
+    model.set_drop_path(0.2)
+    assert [float(b.drop_path.rate) for b in model.blocks] == pytest.approx(drop_path_rates(0.2, 3))
+    with pytest.raises(ValueError, match="built without it"):
+        _vit().set_drop_path(0.1)
+
+
+@pytest.mark.skipif(compiled.cpp_compiler() is None, reason="torch.compile on the CPU needs a C++ compiler")
+def test_a_compiled_model_follows_the_new_rate_without_recompiling() -> None:
+    model = _vit(drop_path=0.5).train()
+    x = torch.randn(8, 1, 16, 16)
+    with torch.no_grad():
+        reference = model.eval().forward_features(x)  # (the head is zero-initialised)
+        model.train()
+        torch._dynamo.reset()
+        torch._dynamo.utils.counters.clear()
+        fast = torch.compile(model.forward_features, dynamic=False)
+        assert not torch.allclose(fast(x), reference, atol=1e-5)
+        model.set_drop_path(0.0)
+        torch.testing.assert_close(fast(x), reference, rtol=1e-5, atol=1e-5)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+
+
+def _plan(epochs_fit: float, **run: object):
+    config = tiny_config(Path("/unused"), "optim.light_below_epochs=55")
+    plan = make_plan(config, DIGITS.num_train)
+    return config, dataclasses.replace(plan, measured={"fit_epochs": epochs_fit}, **run)
+
+
+def test_the_decision_follows_the_epochs_that_fit() -> None:
+    cpu = torch.device("cpu")
+    config, budgeted = _plan(40.0, budget_minutes=30.0)
+    assert short_run.decide(config, budgeted, None, cpu) is True
+    assert short_run.decide(config, _plan(78.0, budget_minutes=30.0)[1], None, cpu) is False
+    assert short_run.decide(config, budgeted, False, cpu) is False  # a resumed run keeps its first decision
+    unbudgeted = _plan(40.0)[1]  # no budget: the planned epochs (10 steps of 32 here: 0.2) decide
+    assert short_run.planned_epochs(unbudgeted) == pytest.approx(10 * 32 / DIGITS.num_train)
+    off = dataclasses.replace(config, optim=dataclasses.replace(config.optim, light_below_epochs=0.0))
+    assert short_run.decide(off, budgeted, True, cpu) is None and short_run.describe(off, budgeted, None) == ""
+    assert short_run.describe(config, budgeted, True) == (
+        "lighter regularisation for a short run (about 40 epochs fit, fewer than optim.light_below_epochs=55): "
+        "stochastic depth 0, pad-crop 0 px instead of stochastic depth 0, pad-crop 1 px")
+
+
+def test_lighter_config_has_no_stochastic_depth_and_half_the_pad() -> None:
+    config = tiny_config(Path("/unused"), "model.drop_path=0.1", "augment.pad=4")
+    light = short_run.lighter(config)
+    assert light.model.drop_path == 0.0 and light.augment.pad == 2
+    assert dataclasses.replace(light, model=config.model, augment=config.augment) == config  # nothing else moves
+    vit = dataclasses.replace(config.model, drop_path=0.1, patch_size=1)
+    hybrid = dataclasses.replace(config, model=HybridConfig(vit=vit, resnet_layers=()))  # stride 4: 8 px works
+    assert short_run.lighter(hybrid).model.vit.drop_path == 0.0
+
+
+def test_a_lightened_run_trains_exactly_as_the_lighter_config(tmp_path: Path) -> None:
+    """Stochastic depth 0.3 and pad 2 lightened in place == a run configured with 0 and pad 1 (same weights)."""
+    common = ("data.steps=6", "model.dropout=0", "run.checkpoint_every=3")
+    result = trainer.train(tiny_config(tmp_path / "rule", *common, "model.drop_path=0.3", "augment.pad=2",
+                                       "optim.light_below_epochs=1000"))
+    assert result["plan"]["regularisation"].startswith("lighter regularisation for a short run")
+    assert "pad-and-crop (1 px)" in result["plan"]["augment"]
+    trainer.train(tiny_config(tmp_path / "plain", *common, "model.drop_path=0", "augment.pad=1"))
+    final = [load_file(str(tmp_path / run / "checkpoints" / "final" / "model.safetensors")) for run in ("rule", "plain")]
+    assert final[0].keys() == final[1].keys()
+    assert all(torch.equal(value, final[1][key]) for key, value in final[0].items())
+    run = RunDir(tmp_path / "rule")
+    assert RunDir.read_state(run.latest())["short_run"] is True  # stored: a resumed run keeps the decision
+    heavy = trainer.train(tiny_config(tmp_path / "heavy", *common, "model.drop_path=0.3", "augment.pad=2",
+                                      "optim.light_below_epochs=0.01"))
+    assert heavy["plan"]["regularisation"].startswith("regularisation as configured")
+    assert not torch.equal(load_file(str(tmp_path / "heavy" / "checkpoints" / "final" / "model.safetensors"))[
+        "head.weight"], final[0]["head.weight"])
+
+
+def test_under_a_budget_the_measured_epochs_decide(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(trainer, "time", FakeTime())
+    budget = ("data.steps=1000000", "run.max_minutes=0.02", "model.drop_path=0.2")  # a million steps planned
+    result = trainer.train(tiny_config(tmp_path / "few", *budget, "optim.light_below_epochs=50"))
+    fit = result["plan"]["measured"]["fit_epochs"]
+    assert fit < 50 < result["plan"]["epochs"] and "lighter" in result["plan"]["regularisation"]
