@@ -59,7 +59,8 @@ def eta(plan: Plan, schedule: Schedule, timings: dict[Phase, float], *, start_st
     """Images/s, the minutes the run will take from `start_step`, and (fitted budget) the epochs that fit.
 
     A step costs `accumulation` micro-batch passes of its phase; an evaluation image costs a third of a
-    training image at the model's side (forward only), with every patch.
+    training image at the model's side (forward only), with every patch.  The ETA weighs the phases by
+    their steps, the epochs that fit a budget by their time (`_fit_steps`).
     """
     if not timings:
         return {}
@@ -73,10 +74,26 @@ def eta(plan: Plan, schedule: Schedule, timings: dict[Phase, float], *, start_st
     out = {"images_per_s": round(plan.global_batch / mean_step_s, 1), "step_seconds": round(mean_step_s, 4),
            "eta_minutes": round((train_s + eval_s) / 60, 2)}
     if budget_left_s is not None:
-        fit_steps = max(0.0, budget_left_s - eval_s) / mean_step_s
+        spans = [(begin, end, seconds) for (begin, end, *_), (_, seconds) in zip(schedule.spans(), step_s)]
+        fit_steps = _fit_steps(spans, plan.steps, start_step / plan.steps, max(0.0, budget_left_s - eval_s))
         out["fit_epochs"] = round((start_step + fit_steps) * plan.global_batch / plan.num_train, 1)
         out["eta_minutes"] = round(min(out["eta_minutes"], budget_left_s / 60), 2)
     return out
+
+
+def _fit_steps(spans: list[tuple[float, float, float]], steps: int, start: float, seconds: float) -> float:
+    """Steps that fit in `seconds` under a fitted budget, from schedule fraction `start`.
+
+    The budget clock maps what is left of the schedule onto the time left, so each phase gets its share of
+    the time (not of the steps) and runs at its own speed: a PatchDropout phase planned for 80% of the
+    schedule takes 80% of the time and holds more than 80% of the steps.  A phase holds at most its planned
+    steps (a machine fast enough for the steps to lead moves on early).
+    """
+    left = [(max(begin, start), end, step_s) for begin, end, step_s in spans if end > start]
+    total = sum(end - begin for begin, end, _ in left)
+    if total <= 0:
+        return 0.0
+    return sum(min((end - begin) / total * seconds / step_s, (end - begin) * steps) for begin, end, step_s in left)
 
 
 def eta_lines(plan: Plan) -> list[str]:
