@@ -52,13 +52,15 @@ def lighter(config: TrainConfig) -> TrainConfig:
     return dataclasses.replace(config, model=model, augment=augment)
 
 
-def lighten(network: nn.Module) -> None:
-    """Turn stochastic depth off in every ViT inside `network`, in place (compiled graphs stay valid)."""
+def lighten(config: TrainConfig, network: nn.Module) -> TrainConfig:
+    """`lighter(config)`, and stochastic depth off in every ViT inside `network`, in place (compiled graphs
+    stay valid); the objective reads the returned config's augmentation."""
     from vitkit.models.vit import VisionTransformer
 
     for module in network.modules():
         if isinstance(module, VisionTransformer):
             module.set_drop_path(0.0)
+    return lighter(config)
 
 
 def describe(config: TrainConfig, plan: Plan, light: bool | None) -> str:

@@ -120,7 +120,7 @@ class Trainer:
                                total_steps=self.plan.steps, workers=config.data.workers, strict=config.data.strict)
         self.plan = dataclasses.replace(self.plan, data_path=self.batches.path, splits=self._split_sizes())
         self.skipped_before = self.skipped_total = 0  # batches' corrupt samples of earlier invocations / in all
-        self.short: bool | None = None  # train/short_run.py's decision, once taken
+        self.short: bool | None = None  # train/short_run.py's decision, once taken (or resumed)
         self.checkpointer = Checkpointer(self.run, every=config.run.checkpoint_every, meta=self._meta(), main=info.main,
                                          sharded=self.sharded, extra=self._extra_state)
         self._resume()
@@ -244,8 +244,7 @@ class Trainer:
         self.short = short_run.decide(self.config, self.plan, self.short, self.device)
         line = short_run.describe(self.config, self.plan, self.short)
         if self.short:
-            self.config = self.objective.config = short_run.lighter(self.config)
-            short_run.lighten(self.state.module)
+            self.config = self.objective.config = short_run.lighten(self.config, self.state.module)
         self.plan = dataclasses.replace(self.plan, regularisation=line, augment=tuple(describe_augment(self.config.augment)))
 
     def _budget_s(self) -> float:
