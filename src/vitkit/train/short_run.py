@@ -71,8 +71,8 @@ def describe(config: TrainConfig, plan: Plan, light: bool | None) -> str:
     threshold = f"optim.light_below_epochs={config.optim.light_below_epochs:g}"
     if not light:
         return f"regularisation as configured ({held}, not fewer than {threshold}): {_regularisation(config)}"
-    return (f"lighter regularisation for a short run ({held}, fewer than {threshold}): {_regularisation(lighter(config))}"
-            f" instead of {_regularisation(config)}")
+    return (f"lighter regularisation for a short run ({held}, fewer than {threshold}): "
+            f"{_regularisation(lighter(config))} instead of {_regularisation(config)}")
 
 
 def _regularisation(config: TrainConfig) -> str:
