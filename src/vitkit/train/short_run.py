@@ -2,8 +2,8 @@
 
 How much regularisation pays depends on how long a model trains.  small-32px's stochastic depth 0.1 and
 4-px pad-crop suit the ~80 epochs a fast 2-core CPU fits in 30 minutes of CIFAR-10; in the ~40 epochs a
-slow one fits, they hold the model back (16-minute runs on the fast host, ~40 epochs: 79.60% with them,
-80.21-80.63% without), while at ~76 epochs the lighter setting overfits (79.41% against 80.99-81.42%).
+slow one fits, they hold the model back (16-minute runs on the fast host, ~40 epochs: 79.60-80.05% with
+them, 80.11-80.63% without), while at ~76 epochs the lighter setting overfits (79.41% against 80.61-81.42%).
 
 `optim.light_below_epochs=E` (0 = off) turns this into a rule: a run planned for fewer than E epochs
 (under a fitted budget, the epochs that fit at the speed the rehearsal measured) trains without
@@ -21,7 +21,8 @@ import dataclasses
 import torch
 from torch import nn
 
-from vitkit.models.configs import HybridConfig, ViTConfig, replace_vit
+from vitkit.models.configs import HybridConfig, ViTConfig, replace_vit, vit_config
+from vitkit.models.vit import VisionTransformer
 from vitkit.train import distributed
 from vitkit.train.config import TrainConfig
 from vitkit.train.plan import Plan
@@ -55,8 +56,6 @@ def lighter(config: TrainConfig) -> TrainConfig:
 def lighten(config: TrainConfig, network: nn.Module) -> TrainConfig:
     """`lighter(config)`, and stochastic depth off in every ViT inside `network`, in place (compiled graphs
     stay valid); the objective reads the returned config's augmentation."""
-    from vitkit.models.vit import VisionTransformer
-
     for module in network.modules():
         if isinstance(module, VisionTransformer):
             module.set_drop_path(0.0)
@@ -77,5 +76,5 @@ def describe(config: TrainConfig, plan: Plan, light: bool | None) -> str:
 
 def _regularisation(config: TrainConfig) -> str:
     model, augment = config.model, config.augment
-    drop_path = getattr(getattr(model, "vit", model), "drop_path", 0.0)
+    drop_path = getattr(vit_config(model), "drop_path", 0.0)
     return f"stochastic depth {drop_path:g}" + (f", pad-crop {augment.pad} px" if augment.crop == "pad" else "")
