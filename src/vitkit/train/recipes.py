@@ -192,18 +192,11 @@ def small_28px(info: SourceInfo) -> TrainConfig:
       switching to every patch at 75% or 60% instead (one run each, same host):  Fashion-MNIST 93.43%, 93.45%.
       switching at 80% (sessions 34-35, as slow):  Fashion-MNIST 93.28%, 93.31%, 93.29% (mean 93.29%; 55.2, 57.8,
                     58.4 epochs);  MNIST 99.59%, 99.56%, 99.53% (mean 99.56%; 34.8, 42.7, 40.2 epochs).
-      with a cosine decay (the recipe of sessions 30-34), on session 30's host (a step of 18-35 / 70-118 ms
-                    with dropped / all patches):  Fashion-MNIST 93.17%, 93.22%, 93.16% (mean 93.18%; 51.6, 51.3,
-                    54.8 epochs), 93.17% (47.6 epochs) on session 31's host;  MNIST 99.47%, 99.52%, 99.51% (mean
-                    99.50%; 29.8, 37.0, 34.1 epochs).
-      with AdamW alone (optim.name=adamw, the recipe until session 30):  Fashion-MNIST 92.76% (59.9 epochs) on
-                    the same host; torch.optim.Muon itself (unbatched): 92.55% (37.6 epochs).
-    The AdamW recipe on a ~1.5x faster host (a step of 18-25 / 67-76 ms): MNIST 99.50%, 99.53%, 99.58%
-    (53.9-63.4 epochs), Fashion-MNIST 93.55%, 93.41%, 93.53%, 93.31% (mean 93.45%; 88.4-103.9 epochs); on
-    the slow hosts of sessions 28-29: MNIST 99.42%, 99.45%, 99.55%, Fashion-MNIST 92.59-92.83% (six runs,
-    54.3-61.1 epochs): the figures follow the host's speed.  The variants measured and not adopted (mimetic
-    init, lr 3e-3, no label smoothing, batch 256, random or stepped PatchDropout, rate 0.8, D=96, and issue
-    4's; with Muon, batch 256, lr 3e-3 and 1.5e-3, AdamW's part alone at 3e-3, EMA 0.999) are in the README.
+      earlier recipes (their runs in the README's table):  cosine decay (sessions 30-34) Fashion-MNIST mean 93.18%,
+                    MNIST 99.50%; AdamW alone (until session 30) Fashion-MNIST 92.59-92.83% on slow hosts, mean
+                    93.45% on a ~1.5x faster one: the figures follow the host's speed.  The variants not adopted
+                    (mimetic init, lr 3e-3 / 1.5e-3, no label smoothing, batch 256, random or stepped PatchDropout,
+                    rate 0.8, D=96, EMA 0.999, and issue 4's) are there too.
     Command:  vitkit train --data fashion-mnist:../shared/data/fashion-mnist --max-minutes 15
     Expected: the figures above; without a budget the recipe runs 30 epochs (not measured with this setting).
     """
