@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/cpu_kernels.py            # about 10 s on 2 cores
     .venv/bin/python benchmarks/cpu_kernels.py --tokens 49 --threads 1 --json
     .venv/bin/python benchmarks/cpu_kernels.py --gelu --rounds 9   # the tanh-GELU alternatives, ~1 min
+    .venv/bin/python benchmarks/cpu_kernels.py --gelu --compiled   # the same under torch.compile, ~1 min
 
 Three choices, each against the alternative it replaced, at the shapes of a small-28px step (batch
 128, D=64, k=4 heads, MLP 256; 24 tokens with PatchDropout 0.5, 49 without):
@@ -18,7 +19,10 @@ u = sqrt(2/pi) (x + 0.044715 x^3), on the (B, T, mlp_dim) MLP activations of ben
 "cifar" (64, 65, 768) and "ti224" (32, 197, 768) configs, fp32 and bf16 autocast, forward + backward,
 every round rotating the order.  Besides the time of each against torch's F.gelu(approximate="tanh")
 it prints the largest deviation from that kernel's values and input gradients, relative to
-max(|x|, 1).  Exact-erf GELU is timed as a yardstick only: it is another function.
+max(|x|, 1).  Exact-erf GELU is timed as a yardstick only: it is another function.  With `--compiled`
+the ways are torch.compile'd functions instead (as a recipe with run.compile trains): torch's F.gelu,
+vitkit's kernels.gelu (which Inductor sees as the sigmoid form) and the exact GELU; the small-32px
+activation (256, 16, 384) of a PatchDropout step joins the shapes.
 """
 
 from __future__ import annotations
@@ -136,6 +140,16 @@ class _HandSaved(torch.autograd.Function):
         return _hand_grad(x, s, grad)
 
 
+def compiled_gelu_ways() -> dict[str, Callable[[Tensor], Tensor]]:
+    """The tanh GELU as torch.compile traces it: torch's op (what Inductor made of it before) and vitkit's."""
+    torch._dynamo.reset()
+    return {
+        "torch F.gelu tanh, compiled (replaced)": torch.compile(lambda x: F.gelu(x, approximate="tanh")),
+        "vitkit kernels.gelu, compiled": torch.compile(lambda x: kernels.gelu(x, "tanh")),
+        "exact erf, compiled (another function)": torch.compile(F.gelu),
+    }
+
+
 GELU_WAYS: dict[str, Callable[[Tensor], Tensor]] = {
     "torch F.gelu tanh (replaced)": lambda x: F.gelu(x, approximate="tanh"),
     "vitkit: 3 passes (softplus_bwd), torch bwd": lambda x: kernels.gelu(x, "tanh"),
@@ -150,7 +164,7 @@ GELU_WAYS: dict[str, Callable[[Tensor], Tensor]] = {
 def _gelu_deviation(way: Callable[[Tensor], Tensor], x: Tensor, grad: Tensor) -> tuple[float, float]:
     """max |way - F.gelu tanh| / max(|x|, 1) for values and for input gradients."""
     results = []
-    for fn in (way, GELU_WAYS["torch F.gelu tanh (replaced)"]):
+    for fn in (way, lambda x: F.gelu(x, approximate="tanh")):
         leaf = x.detach().clone().requires_grad_()
         out = fn(leaf)
         out.backward(grad)
@@ -160,11 +174,12 @@ def _gelu_deviation(way: Callable[[Tensor], Tensor], x: Tensor, grad: Tensor) ->
     return ((value - ref_value).abs() / scale).max().item(), ((grad_in - ref_grad).abs() / scale).max().item()
 
 
-def gelu_table(rounds: int, repeat: int) -> dict[str, Any]:
-    """Median forward + backward ms of every GELU_WAYS entry per shape and dtype, order rotated each round."""
+def gelu_table(rounds: int, repeat: int, ways: dict[str, Callable[[Tensor], Tensor]],
+               shapes: dict[str, tuple[int, int, int]]) -> dict[str, Any]:
+    """Median forward + backward ms of every way per shape and dtype, order rotated each round; the first is the base."""
     table: dict[str, Any] = {}
-    names = list(GELU_WAYS)
-    for shape_name, shape in GELU_SHAPES.items():
+    names = list(ways)
+    for shape_name, shape in shapes.items():
         for dtype in (torch.float32, torch.bfloat16):
             x = (2 * torch.randn(shape)).to(dtype).requires_grad_()
             grad = torch.randn(shape).to(dtype)
@@ -179,7 +194,7 @@ def gelu_table(rounds: int, repeat: int) -> dict[str, Any]:
                     out.backward(grad)
                 return once
 
-            runs = {name: run(GELU_WAYS[name]) for name in names}
+            runs = {name: run(ways[name]) for name in names}
             for once in runs.values():  # warm-up
                 once()
             times: dict[str, list[float]] = {name: [] for name in names}
@@ -189,7 +204,7 @@ def gelu_table(rounds: int, repeat: int) -> dict[str, Any]:
             torch_ms = statistics.median(times[names[0]])
             rows = {}
             for name in names:
-                value_dev, grad_dev = _gelu_deviation(GELU_WAYS[name], x, grad)
+                value_dev, grad_dev = _gelu_deviation(ways[name], x, grad)
                 median = statistics.median(times[name])
                 rows[name] = {"ms": 1e3 * median, "speed_vs_torch": torch_ms / median,
                               "value_dev": value_dev, "grad_dev": grad_dev}
@@ -198,7 +213,7 @@ def gelu_table(rounds: int, repeat: int) -> dict[str, Any]:
 
 
 def print_gelu_table(result: dict[str, Any]) -> None:
-    print(f"{result['threads']} threads; tanh GELU forward + backward, median of {result['rounds']} rotated rounds; "
+    print(f"{result['threads']} threads; tanh GELU forward + backward{', compiled' if result['compiled'] else ''}, median of {result['rounds']} rotated rounds; "
           "deviation from F.gelu(approximate='tanh') relative to max(|x|, 1)")
     for case, rows in result["gelu"].items():
         print(f"  {case}")
@@ -214,13 +229,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=0, help="0 = torch's default")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--gelu", action="store_true", help="time the tanh-GELU alternatives instead")
+    parser.add_argument("--compiled", action="store_true", help="with --gelu: the ways under torch.compile")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     if args.gelu:
-        gelu = {"threads": torch.get_num_threads(), "rounds": args.rounds, "gelu": gelu_table(args.rounds, 3)}
+        ways, shapes = ((compiled_gelu_ways(), {"small-32px": (256, 16, 384), **GELU_SHAPES}) if args.compiled
+                        else (GELU_WAYS, GELU_SHAPES))
+        gelu = {"threads": torch.get_num_threads(), "rounds": args.rounds, "compiled": args.compiled,
+                "gelu": gelu_table(args.rounds, 3, ways, shapes)}
         print(json.dumps(gelu)) if args.json else print_gelu_table(gelu)
         return 0
     batch, tokens, bf16 = args.batch, args.tokens, torch.bfloat16

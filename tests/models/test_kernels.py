@@ -69,12 +69,44 @@ def test_tanh_gelu_special_values_and_other_dtypes() -> None:
     assert torch.equal(kernels.gelu(exact, "none"), F.gelu(exact))
 
 
-def test_tanh_gelu_traces_with_torch_compile() -> None:
-    """Under dynamo the plain F.gelu is traced (no graph break): compile and export see torch's op."""
+def _traced(fn, x: torch.Tensor) -> tuple[torch.Tensor, list]:
+    """fn compiled by dynamo (no graph break) with a backend that records the traced graph's call targets."""
     torch._dynamo.reset()
-    compiled = torch.compile(_vitkit_tanh, backend="eager", fullgraph=True)
-    x = torch.randn(4, 7, requires_grad=True)
-    torch.testing.assert_close(compiled(x), _torch_tanh(x), rtol=0, atol=0)
+    targets: list = []
+
+    def backend(graph: torch.fx.GraphModule, inputs: list) -> object:
+        targets.extend(node.target for node in graph.graph.nodes if node.op == "call_function")
+        return graph.forward
+
+    return torch.compile(fn, backend=backend, fullgraph=True)(x), targets
+
+
+def test_tanh_gelu_compiled_for_the_cpu_is_the_sigmoid_form() -> None:
+    """Under torch.compile on the CPU the traced graph holds x sigmoid(2u), not torch's gelu, with its values and gradients."""
+    x = torch.cat([torch.linspace(-20, 20, 40_001), 3 * torch.randn(10_000)]).requires_grad_()
+    out, targets = _traced(_vitkit_tanh, x)
+    assert torch.sigmoid in targets and F.gelu not in targets
+    ref = _torch_tanh(x)
+    scale = x.detach().abs().clamp_min(1.0)
+    assert ((out - ref).abs() / scale).max().item() <= 1e-6
+    grad = torch.randn_like(x)
+    (x_grad,) = torch.autograd.grad(out, x, grad)
+    (ref_grad,) = torch.autograd.grad(ref, x, grad)
+    assert ((x_grad - ref_grad).abs() / scale).max().item() <= 1e-5
+    exact, targets = _traced(lambda t: kernels.gelu(t, "none"), x)
+    assert F.gelu in targets and torch.sigmoid not in targets  # the exact GELU keeps torch's op
+    torch.testing.assert_close(exact, F.gelu(x), rtol=0, atol=0)
+
+
+def test_tanh_gelu_exports_as_torch_op() -> None:
+    """torch.export keeps torch's gelu: exported graphs (ONNX, other runtimes) see the op they know."""
+    class Gelu(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return _vitkit_tanh(x)
+
+    exported = torch.export.export(Gelu(), (torch.randn(4, 7),))
+    targets = {node.target for node in exported.graph.nodes if node.op == "call_function"}
+    assert torch.ops.aten.gelu.default in targets and torch.ops.aten.sigmoid.default not in targets
 
 
 def test_model_trains_through_the_fast_gelu(monkeypatch) -> None:

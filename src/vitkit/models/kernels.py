@@ -7,7 +7,8 @@ environment variables); benchmarks/cpu_kernels.py measures each choice against t
                    matmul + softmax spelt out, the only path that can return A; `impl` picks.
   softmax          the explicit path's softmax; bf16 rows shorter than 32 on the CPU go through fp32.
   gelu             GELU of the MLP; the tanh approximation (Flax's `nn.gelu`) is computed on the CPU as
-                   x sigmoid(2 sqrt(2/pi) (x + 0.044715 x^3)) in three light passes, torch's GELU backward.
+                   x sigmoid(2 sqrt(2/pi) (x + 0.044715 x^3)): eagerly in three light passes with torch's
+                   GELU backward, under torch.compile as plain ops that Inductor fuses (forward and backward).
   linear_gelu      GELU(x W^T + b); without autograd on the CPU one oneDNN kernel.
 """
 
@@ -98,11 +99,27 @@ class _TanhGelu(torch.autograd.Function):
         return torch.ops.aten.gelu_backward(grad, x, approximate="tanh")
 
 
+def compiled_cpu(x: Tensor) -> bool:
+    """Traced by torch.compile for the CPU (not by torch.export, whose graphs keep torch's plain ops)."""
+    return x.device.type == "cpu" and torch.compiler.is_compiling() and not torch.compiler.is_exporting()
+
+
 def gelu(x: Tensor, approximate: Approximate) -> Tensor:
     """GELU, exact (erf) or the tanh approximation; equal to `F.gelu(x, approximate=...)` within
-    1e-6 max(|x|, 1) in fp32 and 2^-7 max(|x|, 1) (one bf16 step) in bf16 (tests/models/test_kernels.py)."""
-    if approximate == "tanh" and type(x) is Tensor and x.dtype in (torch.float32, torch.bfloat16) and eager_cpu(x):
-        return _TanhGelu.apply(x)  # plain tensors only: subclasses (DTensor, ...) keep torch's op
+    1e-6 max(|x|, 1) in fp32 and 2^-7 max(|x|, 1) (one bf16 step) in bf16 (tests/models/test_kernels.py).
+
+    Under torch.compile on the CPU, Inductor turns torch's tanh GELU into a vectorised tanh forward and
+    backward; the sigmoid form, written as ops, fuses into one exp-based kernel each way: 2.25x faster
+    forward + backward in bf16 and 2.3x in fp32 on small-32px's (256, 16, 384) MLP activation
+    (benchmarks/cpu_kernels.py --gelu --compiled), and a small-32px training step 11-12% shorter
+    (benchmarks/step_phases.py folder:../shared/data/cifar10-jpg: 127.1 -> 113.4 ms with PatchDropout,
+    464 -> 410 ms without, on a 2-core AMX Xeon).
+    """
+    if approximate == "tanh" and x.dtype in (torch.float32, torch.bfloat16):
+        if compiled_cpu(x):
+            return x * torch.sigmoid(x * (GELU_BETA + GELU_BETA * GELU_CUBIC * x * x))
+        if type(x) is Tensor and eager_cpu(x):
+            return _TanhGelu.apply(x)  # plain tensors only: subclasses (DTensor, ...) keep torch's op
     return F.gelu(x, approximate=approximate)
 
 
