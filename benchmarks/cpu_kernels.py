@@ -213,7 +213,8 @@ def gelu_table(rounds: int, repeat: int, ways: dict[str, Callable[[Tensor], Tens
 
 
 def print_gelu_table(result: dict[str, Any]) -> None:
-    print(f"{result['threads']} threads; tanh GELU forward + backward{', compiled' if result['compiled'] else ''}, median of {result['rounds']} rotated rounds; "
+    compiled = ", compiled" if result["compiled"] else ""
+    print(f"{result['threads']} threads; tanh GELU forward + backward{compiled}, median of {result['rounds']} rotated rounds; "
           "deviation from F.gelu(approximate='tanh') relative to max(|x|, 1)")
     for case, rows in result["gelu"].items():
         print(f"  {case}")
