@@ -1,5 +1,6 @@
-"""optim.light_below_epochs (train/short_run.py): the decision follows the epochs that fit, is applied in
-place (compiled graphs stay valid), trains exactly as the lighter config would, and a resumed run keeps it."""
+"""optim.light_below_epochs / heavy_from_epochs (train/short_run.py): the decision follows the epochs that fit,
+is applied in place (compiled graphs stay valid), trains exactly as the lighter or heavier config would, and a
+resumed run keeps it."""
 
 from __future__ import annotations
 
@@ -57,24 +58,48 @@ def test_a_compiled_model_follows_the_new_rate_without_recompiling() -> None:
 
 
 def _plan(epochs_fit: float, **run: object):
-    config = tiny_config(Path("/unused"), "optim.light_below_epochs=55")
+    config = tiny_config(Path("/unused"), "optim.light_below_epochs=55", "optim.heavy_from_epochs=70")
     plan = make_plan(config, DIGITS.num_train)
     return config, dataclasses.replace(plan, measured={"fit_epochs": epochs_fit}, **run)
+
+
+def _optim(config, **fields):
+    return dataclasses.replace(config, optim=dataclasses.replace(config.optim, **fields))
 
 
 def test_the_decision_follows_the_epochs_that_fit() -> None:
     cpu = torch.device("cpu")
     config, budgeted = _plan(40.0, budget_minutes=30.0)
-    assert short_run.decide(config, budgeted, None, cpu) is True
-    assert short_run.decide(config, _plan(78.0, budget_minutes=30.0)[1], None, cpu) is False
-    assert short_run.decide(config, budgeted, False, cpu) is False  # a resumed run keeps its first decision
+    tiers = {fit: short_run.decide(config, _plan(fit, budget_minutes=30.0)[1], None, cpu)
+             for fit in (40.0, 54.9, 55.0, 69.9, 70.0, 85.0)}
+    assert tiers == {40.0: "light", 54.9: "light", 55.0: "configured", 69.9: "configured", 70.0: "heavy",
+                     85.0: "heavy"}
+    assert short_run.decide(config, budgeted, "heavy", cpu) == "heavy"  # a resumed run keeps its first decision
+    assert short_run.decide(config, budgeted, False, cpu) == "configured"  # as stored before session 42: a bool
+    assert short_run.decide(config, budgeted, True, cpu) == "light"
     unbudgeted = _plan(40.0)[1]  # no budget: the planned epochs (10 steps of 32 here: 0.2) decide
     assert short_run.planned_epochs(unbudgeted) == pytest.approx(10 * 32 / DIGITS.num_train)
-    off = dataclasses.replace(config, optim=dataclasses.replace(config.optim, light_below_epochs=0.0))
-    assert short_run.decide(off, budgeted, True, cpu) is None and short_run.describe(off, budgeted, None) == ""
-    assert short_run.describe(config, budgeted, True) == (
+    off = _optim(config, light_below_epochs=0.0, heavy_from_epochs=0.0)
+    assert short_run.decide(off, budgeted, "light", cpu) is None and short_run.describe(off, budgeted, None) == ""
+    only_heavy = _optim(config, light_below_epochs=0.0)
+    assert short_run.decide(only_heavy, budgeted, None, cpu) == "configured"
+    assert short_run.describe(config, budgeted, "light") == (
         "lighter regularisation for a short run (about 40 epochs fit, fewer than optim.light_below_epochs=55): "
         "stochastic depth 0, pad-crop 0 px instead of stochastic depth 0, pad-crop 1 px")
+    long = _plan(85.0, budget_minutes=30.0)[1]
+    assert short_run.describe(config, long, "configured") == (
+        "regularisation as configured (about 85 epochs fit, not fewer than optim.light_below_epochs=55, fewer than "
+        "optim.heavy_from_epochs=70): stochastic depth 0, pad-crop 1 px")
+    assert short_run.describe(only_heavy, long, "heavy").startswith(
+        "heavier regularisation for a long run (about 85 epochs fit, at least optim.heavy_from_epochs=70): ")
+
+
+def test_thresholds_are_checked() -> None:
+    config = _plan(40.0)[0]
+    with pytest.raises(ValueError, match="must not be below light_below_epochs"):
+        _optim(config, light_below_epochs=50.0, heavy_from_epochs=40.0)
+    with pytest.raises(ValueError, match=">= 0"):
+        _optim(config, heavy_from_epochs=-1.0)
 
 
 def test_lighter_config_has_no_stochastic_depth_and_half_the_pad() -> None:
@@ -85,6 +110,11 @@ def test_lighter_config_has_no_stochastic_depth_and_half_the_pad() -> None:
     vit = dataclasses.replace(config.model, drop_path=0.1, patch_size=1)
     hybrid = dataclasses.replace(config, model=HybridConfig(vit=vit, resnet_layers=()))  # stride 4: 8 px works
     assert short_run.lighter(hybrid).model.vit.drop_path == 0.0
+    heavy = short_run.heavier(config)
+    assert heavy.model.drop_path == pytest.approx(0.2) and heavy.augment == config.augment
+    assert dataclasses.replace(heavy, model=config.model) == config
+    assert short_run.heavier(hybrid).model.vit.drop_path == pytest.approx(0.2)
+    assert short_run.fitted(config, "configured") is config and short_run.fitted(config, None) is config
 
 
 def test_a_lightened_run_trains_exactly_as_the_lighter_config(tmp_path: Path) -> None:
@@ -95,16 +125,35 @@ def test_a_lightened_run_trains_exactly_as_the_lighter_config(tmp_path: Path) ->
     assert result["plan"]["regularisation"].startswith("lighter regularisation for a short run")
     assert "pad-and-crop (1 px)" in result["plan"]["augment"]
     trainer.train(tiny_config(tmp_path / "plain", *common, "model.drop_path=0", "augment.pad=1"))
-    final = [load_file(str(tmp_path / run / "checkpoints" / "final" / "model.safetensors")) for run in ("rule", "plain")]
+    final = [_final(tmp_path / run) for run in ("rule", "plain")]
     assert final[0].keys() == final[1].keys()
     assert all(torch.equal(value, final[1][key]) for key, value in final[0].items())
     run = RunDir(tmp_path / "rule")
-    assert RunDir.read_state(run.latest())["short_run"] is True  # stored: a resumed run keeps the decision
-    heavy = trainer.train(tiny_config(tmp_path / "heavy", *common, "model.drop_path=0.3", "augment.pad=2",
-                                      "optim.light_below_epochs=0.01"))
-    assert heavy["plan"]["regularisation"].startswith("regularisation as configured")
-    assert not torch.equal(load_file(str(tmp_path / "heavy" / "checkpoints" / "final" / "model.safetensors"))[
-        "head.weight"], final[0]["head.weight"])
+    assert RunDir.read_state(run.latest())["short_run"] == "light"  # stored: a resumed run keeps the decision
+    configured = trainer.train(tiny_config(tmp_path / "configured", *common, "model.drop_path=0.3", "augment.pad=2",
+                                           "optim.light_below_epochs=0.01"))
+    assert configured["plan"]["regularisation"].startswith("regularisation as configured")
+    assert not torch.equal(_final(tmp_path / "configured")["head.weight"], final[0]["head.weight"])
+
+
+def test_a_heavier_run_trains_exactly_as_the_heavier_config(tmp_path: Path) -> None:
+    """Stochastic depth 0.15 doubled in place == a run configured with 0.3 (same weights, same random draws)."""
+    common = ("data.steps=6", "model.dropout=0", "augment.pad=2", "run.checkpoint_every=3")
+    result = trainer.train(tiny_config(tmp_path / "rule", *common, "model.drop_path=0.15",
+                                       "optim.heavy_from_epochs=0.01"))
+    assert result["plan"]["regularisation"].startswith("heavier regularisation for a long run")
+    assert result["plan"]["regularisation"].endswith("stochastic depth 0.3, pad-crop 2 px instead of "
+                                                     "stochastic depth 0.15, pad-crop 2 px")
+    trainer.train(tiny_config(tmp_path / "plain", *common, "model.drop_path=0.3"))
+    trainer.train(tiny_config(tmp_path / "as-built", *common, "model.drop_path=0.15"))
+    rule, plain, built = (_final(tmp_path / run) for run in ("rule", "plain", "as-built"))
+    assert all(torch.equal(value, plain[key]) for key, value in rule.items())
+    assert not torch.equal(rule["head.weight"], built["head.weight"])  # the rate made a difference
+    assert RunDir.read_state(RunDir(tmp_path / "rule").latest())["short_run"] == "heavy"
+
+
+def _final(run: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(run / "checkpoints" / "final" / "model.safetensors"))
 
 
 def test_under_a_budget_the_measured_epochs_decide(tmp_path: Path, monkeypatch) -> None:

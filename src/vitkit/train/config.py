@@ -115,6 +115,8 @@ class OptimConfig:
     # A run planned for fewer epochs than this (under a fitted budget: those that fit at the measured speed)
     # trains without stochastic depth and with half the pad-crop (train/short_run.py); 0 = off.
     light_below_epochs: float = 0.0
+    # One planned for at least this many trains with twice the configured stochastic depth; 0 = off.
+    heavy_from_epochs: float = 0.0
 
     def __post_init__(self) -> None:
         if self.muon_lr_scale <= 0:  # other optimisers ignore it: `--set optim.name=adamw` works on a Muon recipe
@@ -125,8 +127,12 @@ class OptimConfig:
             raise ValueError(f"ema_decay must be in [0, 1), got {self.ema_decay}")
         if not 0.0 <= self.warmup_fraction < 1.0 or self.warmup_steps < 0 or self.warmup_max_steps < 0:
             raise ValueError("warmup_fraction must be in [0, 1), warmup_steps and warmup_max_steps >= 0")
-        if self.light_below_epochs < 0:
-            raise ValueError(f"light_below_epochs must be >= 0 (0 = off), got {self.light_below_epochs}")
+        if self.light_below_epochs < 0 or self.heavy_from_epochs < 0:
+            raise ValueError("light_below_epochs and heavy_from_epochs must be >= 0 (0 = off), got "
+                             f"{self.light_below_epochs}, {self.heavy_from_epochs}")
+        if 0 < self.heavy_from_epochs < self.light_below_epochs:
+            raise ValueError(f"heavy_from_epochs ({self.heavy_from_epochs}) must not be below light_below_epochs "
+                             f"({self.light_below_epochs})")
         if any(lr <= 0 for lr in self.lr_sweep):
             raise ValueError(f"every lr_sweep value must be > 0, got {self.lr_sweep}")
 

@@ -93,7 +93,7 @@ class Plan:
     splits: dict[str, Any] = field(default_factory=dict)  # images per part and where they came from
     measured: dict[str, Any] = field(default_factory=dict)  # images/s, ETA (train/estimate.py)
     decay: str = ""  # the learning rate's shape after warmup, in words ("linear decay to 0")
-    regularisation: str = ""  # optim.light_below_epochs' decision, in words (train/short_run.py); "" = rule off
+    regularisation: str = ""  # the run-length rule's decision, in words (train/short_run.py); "" = rule off
 
     @property
     def fitted(self) -> bool:

@@ -266,8 +266,9 @@ def small_32px(info: SourceInfo) -> TrainConfig:
         recipe="small-32px", model=model,
         data=_data(info, batch_size=256, epochs=100, workers=2, patch_dropout_until=0.8),
         augment=AugmentConfig(crop="pad", pad=4, flip=_flip(info), label_smoothing=0.1),
-        optim=OptimConfig(name="muon", lr=4e-3, muon_lr_scale=0.5, weight_decay=0.05, schedule="linear",
-                          warmup_fraction=0.05, clip_norm=1.0, light_below_epochs=50),  # Muon's matrices at 2e-3, AdamW's at 4e-3
+        optim=OptimConfig(name="muon", lr=4e-3, muon_lr_scale=0.5, weight_decay=0.05, schedule="linear",  # Muon's
+                          warmup_fraction=0.05, clip_norm=1.0,  # matrices at 2e-3, AdamW's at 4e-3
+                          light_below_epochs=50, heavy_from_epochs=70),
         eval=EvalConfig(every_epochs=0, batch_size=500),  # every training image trains; --set eval.every_epochs=5 holds out a val part
         run=RunConfig(checkpoint_every=1000, log_every=50, precision="bf16", compile=True),
     )

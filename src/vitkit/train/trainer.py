@@ -120,7 +120,7 @@ class Trainer:
                                total_steps=self.plan.steps, workers=config.data.workers, strict=config.data.strict)
         self.plan = dataclasses.replace(self.plan, data_path=self.batches.path, splits=self._split_sizes())
         self.skipped_before = self.skipped_total = 0  # batches' corrupt samples of earlier invocations / in all
-        self.short: bool | None = None  # train/short_run.py's decision, once taken (or resumed)
+        self.short: short_run.Decision | None = None  # train/short_run.py's decision, once taken (or resumed)
         self.checkpointer = Checkpointer(self.run, every=config.run.checkpoint_every, meta=self._meta(), main=info.main,
                                          sharded=self.sharded, extra=self._extra_state)
         self._resume()
@@ -240,11 +240,10 @@ class Trainer:
         return dataclasses.replace(self.plan, measured=measured)
 
     def _fit_regularisation(self) -> None:
-        """optim.light_below_epochs: lighter regularisation when few epochs fit (train/short_run.py)."""
+        """Regularisation by the epochs that fit (optim.light_below_epochs, heavy_from_epochs; train/short_run.py)."""
         self.short = short_run.decide(self.config, self.plan, self.short, self.device)
         line = short_run.describe(self.config, self.plan, self.short)
-        if self.short:
-            self.config = self.objective.config = short_run.lighten(self.config, self.state.module)
+        self.config = self.objective.config = short_run.apply(self.config, self.short, self.state.module)
         self.plan = dataclasses.replace(self.plan, regularisation=line, augment=tuple(describe_augment(self.config.augment)))
 
     def _budget_s(self) -> float:
