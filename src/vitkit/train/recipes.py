@@ -226,9 +226,9 @@ def small_32px(info: SourceInfo) -> TrainConfig:
     The learning rate decays linearly (since session 35; cosine before): the all-patch phase, the last 20% of
     the budget's time but the last ~6% of its steps, then trains at 20% -> 0 of the peak instead of ~10% -> 0,
     and that phase is where the accuracy is made (+0.3 to +0.9 points over the cosine runs' mean, the same train
-    loss until the switch).  Stochastic depth 0.1 and a 4-px pad-crop, except where fewer than 50 epochs fit
-    (optim.light_below_epochs; train/short_run.py: none and 2 px; since session 39): what ~76 epochs need to
-    keep from overfitting holds back the ~40 a slow 2-core CPU fits in 30 minutes.
+    loss until the switch).  Stochastic depth 0.1 and a 4-px pad-crop, but none and 2 px where fewer than 50
+    epochs fit (optim.light_below_epochs, since session 39) and 0.2 where 70 or more do (heavy_from_epochs, since
+    session 42; train/short_run.py): the ~40 epochs a slow 2-core CPU fits in 30 minutes need less, 80+ need more.
     PatchDropout is the main lever on a CPU: in 10-minute runs 0.75 reached 64.41%, 0.5 60.04%, none 47.90%.
     Measured with `benchmarks/train_budget.py cifar10 --runs 3` (folder:../shared/data/cifar10-jpg, its
     40,000/10,000 stratified train/test hold-out, --max-minutes 30, the schedule fitted to it), test top-1:
