@@ -58,7 +58,9 @@ def run_once(uri: str, minutes: float | None, overrides: list[str], warm_cache: 
             **({"top1_one_view": test["top1_one_view"]} if "top1_one_view" in test else {}),
             "minutes": (time.monotonic() - start) / 60, "epochs": result["epoch"], "steps": result["step"],
             "status": result["status"], "run_dir": result["run_dir"], "load_average": os.getloadavg()[0],
-            "fit_epochs": result["plan"].get("measured", {}).get("fit_epochs"),
+            "fit_epochs": result["plan"].get("measured", {}).get("fit_epochs"),  # checked on the first real steps
+            "fit_epochs_rehearsal": result["plan"].get("measured", {}).get("checked", {}).get("rehearsal", {}).get(
+                "fit_epochs"),
             **({"regularisation": result["plan"]["regularisation"]} if result["plan"].get("regularisation") else {})}
 
 

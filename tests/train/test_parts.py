@@ -18,7 +18,7 @@ from vitkit.models.configs import ViTConfig
 from vitkit.runs import LATEST, RunDir
 from vitkit.train import stop as stop_module
 from vitkit.train.checkpointer import Checkpointer
-from vitkit.train.estimate import eta
+from vitkit.train.estimate import SpeedCheck, eta
 from vitkit.train.guard import NonFiniteGuard, NonFiniteLossError
 from vitkit.train.optim import build_optimizer
 from vitkit.train.config import OptimConfig
@@ -184,3 +184,34 @@ def test_eta_arithmetic_from_measured_phases() -> None:
     capped = eta(_plan(budget_minutes=1.0), schedule, timings, budget_left_s=3600.0)  # a fast machine: every step
     assert capped["fit_epochs"] == pytest.approx(10.0)
     assert fitted["eta_minutes"] == pytest.approx(10.0 / 60, abs=0.005)  # the budget left, rounded
+
+
+def test_eta_adds_the_checked_overhead_to_every_phase_and_starts_at_the_clock() -> None:
+    schedule = Schedule(total_steps=100, peak_lr=1.0, patch_dropout=0.5, patch_until=0.6, side=28)
+    timings = {(0.5, 28): 0.1, (0.0, 28): 0.2}
+    out = eta(_plan(), schedule, timings, overhead_s=0.05)
+    step_s = 0.6 * (2 * 0.1 + 0.05) + 0.4 * (2 * 0.2 + 0.05)  # the same 0.05 s beyond the passes in each phase
+    assert out["step_seconds"] == pytest.approx(step_s, abs=1e-4)
+    # The clock (position 0.6) ahead of the steps (20): only the all-patch phase is left, all 10 s for it.
+    fitted = eta(_plan(budget_minutes=1.0), schedule, timings, start_step=20, budget_left_s=10.0, position=0.6,
+                 overhead_s=0.05)
+    assert fitted["fit_epochs"] == pytest.approx((20 + 10.0 / (2 * 0.2 + 0.05)) * 100 / 1000, abs=0.05)
+    faster = eta(_plan(), schedule, timings, overhead_s=-1.0)  # a step never counts less than half its passes
+    assert faster["step_seconds"] == pytest.approx(0.6 * 0.1 + 0.4 * 0.2, abs=1e-4)
+
+
+def test_speed_check_times_a_window_of_real_steps_in_one_phase() -> None:
+    timings = {(0.5, 28): 0.1, (0.0, 28): 0.2}
+    check = SpeedCheck(timings, accumulation=2, start_step=40, step_s=0.5, budget_s=1000.0)
+    assert (check.begin, check.end) == (45, 45 + 60)  # 3% of 1000 s = 30 s at 0.5 s a step: 60 steps
+    assert SpeedCheck(timings, 1, 0, 0.5, None).end == 5 + 120  # no budget: CHECK_SECONDS (60 s)
+    assert SpeedCheck(timings, 1, 0, 100.0, None).end == 5 + 10  # never fewer than 10 steps
+    now, found = 0.0, []
+    for step in range(41, 120):  # each real step 0.25 s beyond its two passes of 0.1 s
+        now += 2 * 0.1 + 0.25
+        found.append(check.observe(step, lambda: now, (0.5, 28)))
+    overheads = [value for value in found if value is not None]
+    assert overheads == [pytest.approx(0.25)] and found[105 - 41] is not None
+    crossing = SpeedCheck(timings, 2, 40, 0.5, 1000.0)
+    crossing.observe(45, lambda: 1.0, (0.5, 28))
+    assert crossing.observe(105, lambda: 20.0, (0.0, 28)) is None  # the phase changed inside the window: no measurement

@@ -152,6 +152,17 @@ def test_budget_clock_keeps_no_memory_of_an_early_lead() -> None:
     assert unbudgeted.position(3) == 3 and unbudgeted.done(100) and not unbudgeted.done(99)
 
 
+def test_budget_clock_runs_the_last_step_at_the_end_value_when_it_moves_more_than_a_step_per_step() -> None:
+    clock = BudgetClock(total_steps=100, budget_s=10.0)
+    clock.observe(step=6, elapsed_s=5.4)
+    clock.observe(step=10, elapsed_s=9.5)  # ~10 positions a step: after 95, the next step would be at 105
+    assert clock.position(10) == 99.0 and not clock.done(10) and clock.done(11)
+    assert lr_multiplier(clock.position(10), 100, 0, "linear", end_fraction=0.1) == pytest.approx(0.1)
+    steady = BudgetClock(total_steps=100, budget_s=10.0)  # a step per step or less: positions as before
+    steady.observe(step=50, elapsed_s=5.0)
+    assert steady.position(50) == 50.0 and steady.position(98) == 98.0 and steady.position(99) == 99.0
+
+
 def test_resolution_phases_switch_at_their_fractions() -> None:
     sizes, until = (16, 20), (0.5, 0.75)
     got = [resolution_at(f, sizes, until, 28) for f in (0.0, 0.49, 0.5, 0.74, 0.75, 0.99, 1.0)]

@@ -5,6 +5,7 @@ resumed run keeps it."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from vitkit.models import build_model
 from vitkit.models.configs import HybridConfig, ViTConfig
 from vitkit.models.vit import drop_path_rates
 from vitkit.runs import RunDir
-from vitkit.train import compiled, short_run, trainer
+from vitkit.train import compiled, estimate, short_run, trainer
 from vitkit.train.plan import make_plan
 
 
@@ -39,6 +40,18 @@ def test_drop_path_rates_change_in_place_and_stay_out_of_the_state_dict() -> Non
     assert [float(b.drop_path.rate) for b in model.blocks] == pytest.approx(drop_path_rates(0.2, 3))
     with pytest.raises(ValueError, match="built without it"):
         _vit().set_drop_path(0.1)
+
+
+def test_a_decision_taken_again_overrides_the_first_in_place() -> None:
+    config = tiny_config(Path("/unused"), "model.drop_path=0.2", "augment.pad=2")
+    model = build_model(config.model)
+    rates = lambda: [float(b.drop_path.rate) for b in model.blocks]  # noqa: E731
+    built = rates()
+    assert short_run.apply(config, "heavy", model).model.drop_path == pytest.approx(0.4)
+    assert rates() == pytest.approx(drop_path_rates(0.4, len(built)))
+    again = short_run.apply(config, "configured", model)  # from the configured config, not the heavier one
+    assert again is config and rates() == pytest.approx(built)
+    assert short_run.apply(config, "light", model).augment.pad == 1 and rates() == [0.0] * len(built)
 
 
 @pytest.mark.skipif(compiled.cpp_compiler() is None, reason="torch.compile on the CPU needs a C++ compiler")
@@ -162,3 +175,30 @@ def test_under_a_budget_the_measured_epochs_decide(tmp_path: Path, monkeypatch) 
     result = trainer.train(tiny_config(tmp_path / "few", *budget, "optim.light_below_epochs=50"))
     fit = result["plan"]["measured"]["fit_epochs"]
     assert fit < 50 < result["plan"]["epochs"] and "lighter" in result["plan"]["regularisation"]
+
+
+def test_the_first_real_steps_check_the_estimate_and_decide_again(tmp_path: Path, monkeypatch, caplog) -> None:
+    """A rehearsal that times forward + backward only (0.01 s a pass here) promises ~67 epochs in 30 s: heavy.
+    Real steps take ~6x as long (the optimiser and the batch; here a slowed train_step): the check measures
+    that, the estimate falls to what the run then trains, and the decision becomes light."""
+    clock = FakeTime()
+    monkeypatch.setattr(trainer, "time", clock)
+    monkeypatch.setattr(estimate, "time", FakeTime())  # every rehearsed pass: one 0.01-s tick
+    real_step = trainer.train_step
+
+    def slow_step(*args, **kwargs):
+        clock.now += 0.05
+        return real_step(*args, **kwargs)
+
+    monkeypatch.setattr(trainer, "train_step", slow_step)
+    rule = ("optim.light_below_epochs=20", "optim.heavy_from_epochs=40", "model.drop_path=0.2", "run.log_every=1000")
+    with caplog.at_level(logging.INFO, logger="vitkit.train.trainer"):
+        result = trainer.train(tiny_config(tmp_path / "run", "data.steps=1000000", "run.max_minutes=0.5", *rule))
+    measured, trained = result["plan"]["measured"], result["epoch"]
+    assert measured["checked"]["rehearsal"]["fit_epochs"] >= 40  # the rehearsal alone: heavy
+    assert measured["checked"]["steps"] == [5, 5 + 90]  # 3% of the budget (0.9 s) at 0.01 s a step
+    assert measured["checked"]["overhead_ms"] > 40  # the 50 ms the slowed step adds, and the loop's own ticks
+    assert trained < 20 and abs(measured["fit_epochs"] - trained) < 0.05 * trained  # the checked estimate: what ran
+    assert result["plan"]["regularisation"].startswith("lighter regularisation for a short run")
+    assert RunDir.read_state(RunDir(tmp_path / "run").latest())["short_run"] == "light"
+    assert any(line.startswith("speed check over steps 5-95") for line in caplog.messages)

@@ -123,8 +123,14 @@ class BudgetClock:
         return min(max(self._reached, float(step), clock), float(self.total_steps))
 
     def position(self, step: int) -> float:
-        self._reached = self._at(step)
-        return self._reached
+        """The position of the update after `step` steps; where the next one would be past the schedule's end
+        (a clock that moves more than a step per step, on a slow machine), this one is the last and runs at
+        the end value."""
+        at = self._at(step)
+        if self._at(step + 1) >= self.total_steps:
+            at = max(at, self.total_steps - 1.0)
+        self._reached = at
+        return at
 
     def done(self, step: int) -> bool:
         """Whether the schedule has reached its end: the next update would be at (or past) the last step."""

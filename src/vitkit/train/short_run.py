@@ -13,7 +13,9 @@ trains with twice the configured stochastic depth.  The speed is only known afte
 compiled, so the setting is applied in place: DropPath's rate is a buffer (no recompilation, models/vit.py)
 and the augmentation is read from the objective's config at every batch.  The decision is taken once, on the
 run's first invocation, agreed by every process (the fewest epochs any of them measured) and stored with the
-checkpoints: a resumed run keeps it.
+checkpoints: a resumed run keeps it.  Under a fitted budget the rehearsal's estimate is checked on the first
+real steps (train/estimate.py, SpeedCheck: the rehearsal leaves out the optimiser step and the batch), and the
+decision is taken again from the checked one, which is the one that stays.
 """
 
 from __future__ import annotations
@@ -40,11 +42,16 @@ def planned_epochs(plan: Plan) -> float:
     return plan.epochs
 
 
+def active(config: TrainConfig) -> bool:
+    """Whether the rule is on (either threshold set)."""
+    return config.optim.light_below_epochs > 0 or config.optim.heavy_from_epochs > 0
+
+
 def decide(config: TrainConfig, plan: Plan, stored: Decision | bool | None, device: torch.device) -> Decision | None:
     """The run's regularisation tier; None: the rule is off.  `stored`: an earlier invocation's decision
     (checkpoints before session 42 stored a bool: True = light)."""
     light_below, heavy_from = config.optim.light_below_epochs, config.optim.heavy_from_epochs
-    if light_below <= 0 and heavy_from <= 0:
+    if not active(config):
         return None
     if stored is not None:
         return ("light" if stored else "configured") if isinstance(stored, bool) else stored
@@ -72,9 +79,10 @@ def fitted(config: TrainConfig, decision: Decision | None) -> TrainConfig:
 
 def apply(config: TrainConfig, decision: Decision | None, network: nn.Module) -> TrainConfig:
     """`fitted(config, decision)`, with stochastic depth set in every ViT inside `network`, in place (compiled
-    graphs stay valid); the objective reads the returned config's augmentation."""
+    graphs stay valid; a decision taken again overrides the first); the objective reads the returned config's
+    augmentation.  `config`: as configured."""
     new = fitted(config, decision)
-    if _drop_path(new) != _drop_path(config):
+    if _drop_path(new) > 0 or _drop_path(config) > 0:
         for module in network.modules():
             if isinstance(module, VisionTransformer):
                 module.set_drop_path(_drop_path(new))

@@ -7,8 +7,9 @@
     guard (train/guard.py)          non-finite steps skipped and counted; too many in a row stop the run
     checkpointer (train/checkpointer.py) + run directory (vitkit/runs.py)   saving, resuming, exports
     stop policy (train/stop.py)     signals and the time budget, agreed by every process
-    rehearsal (train/estimate.py)   compiled graphs and the measured speed, before the clock starts
-    short-run rule (train/short_run.py) lighter regularisation when few epochs fit
+    rehearsal (train/rehearsal.py, estimate.py)  compiled graphs and the measured speed before the clock starts,
+                                    checked on the first real steps
+    run-length rule (train/short_run.py) regularisation fitted to the epochs that fit
 
 One code path for CPU and CUDA and for 1 or N processes (torchrun; train/distributed.py).
 """
@@ -24,8 +25,7 @@ from typing import Any, Callable
 import torch
 
 from vitkit.data.stream import ShardBatches, ShardSet
-from vitkit.data.transforms import describe_augment
-from vitkit.device import autocast, autocast_dtype, pick_device
+from vitkit.device import autocast_dtype, pick_device
 from vitkit.eval.evaluator import one_view_note
 from vitkit.models.configs import in_channels
 from vitkit.runs import RunDir
@@ -34,12 +34,13 @@ from vitkit.train.assemble import IndexBatches, Splits, check_classes, initial_m
 from vitkit.train.checkpointer import Checkpointer
 from vitkit.train.config import TrainConfig, from_dict, to_dict
 from vitkit.train.ema import ModelEMA, averaged
-from vitkit.train.estimate import eta, rehearse
+from vitkit.train.estimate import SpeedCheck
 from vitkit.train.guard import NonFiniteGuard, NonFiniteLossError  # noqa: F401 (re-exported)
 from vitkit.train.objectives import EvalContext, build_objective
 from vitkit.train.optim import build_optimizer
 from vitkit.train.plan import Plan, augment_seed, init_seed, make_plan, resumed_seed, schedule_of
 from vitkit.train.plots import plot_curves
+from vitkit.train.rehearsal import Rehearsal
 from vitkit.train.progress import TrainRecords, progress_bar
 from vitkit.train.schedule import BudgetClock, Phase
 from vitkit.train.state import TrainState
@@ -93,7 +94,7 @@ def train(config: TrainConfig, *, data: Splits | None = None, progress_stream: A
             distributed.teardown()
 
 
-class Trainer:
+class Trainer(Rehearsal):
     """A run assembled from its parts; `fit` trains it (see the module docstring)."""
 
     def __init__(self, config: TrainConfig, info: distributed.DistInfo, device: torch.device, started: float, *,
@@ -121,6 +122,7 @@ class Trainer:
         self.plan = dataclasses.replace(self.plan, data_path=self.batches.path, splits=self._split_sizes())
         self.skipped_before = self.skipped_total = 0  # batches' corrupt samples of earlier invocations / in all
         self.short: short_run.Decision | None = None  # train/short_run.py's decision, once taken (or resumed)
+        self.speed_check: SpeedCheck | None = None  # the rehearsal's speed checked on real steps (train/estimate.py)
         self.checkpointer = Checkpointer(self.run, every=config.run.checkpoint_every, meta=self._meta(), main=info.main,
                                          sharded=self.sharded, extra=self._extra_state)
         self._resume()
@@ -198,54 +200,6 @@ class Trainer:
                         autocast_dtype=self.autocast_dtype, deferred=self.deferred,
                         patch_dropout=phase.patch_dropout if self.pass_rate else None, ema_decay=phase.ema_decay or None)
 
-    def _run_once(self, rate: float, side: int) -> None:
-        """One forward + backward of a blank micro-batch laid out as the training ones (the rehearsal's unit)."""
-        train, micro = self.data.train, self.plan.micro_batch
-        shape = tuple(train.images.shape[1:]) if train.images is not None else (train.channels, train.load_size or side,
-                                                                                 train.load_size or side)
-        raw = [(torch.zeros(micro, *shape, dtype=torch.uint8, device=self.device),
-                torch.zeros(micro, dtype=torch.long, device=self.device))]
-        generator = torch.Generator(device=self.device).manual_seed(0)
-        phase = Phase(lr=0.0, patch_dropout=rate, side=side, ema_decay=0.0)
-        inputs = self.objective.batch(raw, phase, generator)[0]
-        with autocast(self.device, self.autocast_dtype):
-            loss, _ = self.objective.loss_of(self.step_spec(phase), generator)(self.state.model, inputs)
-        loss.float().backward()
-
-    def rehearsed_plan(self) -> Plan:
-        """Compile (when asked) and time every phase still ahead; the plan with its measured speed and ETA."""
-        needed = self.schedule.phases(start=self.state.step / self.plan.steps)
-        compiling = self.state.model is not self.eager
-        if compiling:
-            log.info("torch.compile: compiling %d graph(s) before the first step (tens of seconds each on a CPU)",
-                     len(needed))
-        try:
-            seconds, timings = rehearse(self.state.module, needed, self._run_once, self.device)
-        except Exception as err:
-            if not compiling:
-                raise
-            # A broken compiler toolchain: train eagerly rather than not at all.
-            log.warning("torch.compile failed (%s: %s); training eagerly (run.compile=false skips compiling)",
-                        type(err).__name__, (str(err).strip().splitlines() or [""])[0])
-            self.state.model = self.eager
-            compiling, (seconds, timings) = False, rehearse(self.state.module, needed, self._run_once, self.device)
-        if compiling:
-            log.info("torch.compile: %d graph(s) (PatchDropout rate, side) %s compiled in %.0f s", len(needed), needed,
-                     seconds)
-        budget_left = self._budget_s() if self.plan.fitted else None
-        evals = sum(len(s) for s in self.data.evals.values()) if self.plan.eval_every else 0
-        final = len(self.data.test) if self.data.test is not None else 0
-        measured = eta(self.plan, self.schedule, timings, start_step=self.state.step, eval_images=evals + final,
-                       budget_left_s=budget_left)
-        return dataclasses.replace(self.plan, measured=measured)
-
-    def _fit_regularisation(self) -> None:
-        """Regularisation by the epochs that fit (optim.light_below_epochs, heavy_from_epochs; train/short_run.py)."""
-        self.short = short_run.decide(self.config, self.plan, self.short, self.device)
-        line = short_run.describe(self.config, self.plan, self.short)
-        self.config = self.objective.config = short_run.apply(self.config, self.short, self.state.module)
-        self.plan = dataclasses.replace(self.plan, regularisation=line, augment=tuple(describe_augment(self.config.augment)))
-
     def _budget_s(self) -> float:
         """Seconds for the training loop of a fitted run: the whole run's budget minus every start-up (the
         earlier invocations' and this one's so far).  A collective: the smallest over the processes, since each
@@ -257,8 +211,10 @@ class Trainer:
     def fit(self, on_plan: Callable[[Plan], None] | None = None) -> dict[str, Any]:
         """Train until the schedule ends, the budget is spent or a signal arrives; evaluate and save."""
         config, state = self.config, self.state
+        self.configured = config  # as asked for; the regularisation decision fits a copy of it
+        self.decided_here = self.short is None  # (a resumed run keeps its first invocation's decision)
         self.plan = self.rehearsed_plan()
-        self._fit_regularisation()
+        self._fit_regularisation(self.short)
         if on_plan is not None and self.info.main:
             on_plan(self.plan)
         self.clock = BudgetClock(self.plan.steps, self._budget_s() if self.plan.fitted else math.inf)
@@ -289,6 +245,7 @@ class Trainer:
                     self._log(records, phase, bar)
                 self._evaluate_if_due()
                 self._observe_clock(agree)
+                self._check_speed(phase, time.monotonic)
                 reason = stop.check(agree)
                 if reason and self.guard.pending:
                     self.guard.flush()  # deferred flags: account for them before saving
