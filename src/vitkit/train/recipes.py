@@ -247,9 +247,10 @@ def small_32px(info: SourceInfo) -> TrainConfig:
       earlier recipes, on as slow hosts (mean of three, README):  cosine decay 79.50% (session 34; AdamW's part at
                    5e-3: 79.20%);  AdamW's part at 3e-3 79.19% (33);  one lr 2e-3 78.91% (32; Muon at 4e-3: 78.30%);
                    Muon at 1e-3 78.54% (31);  AdamW alone 74.51% (one run, 28; 77.11%, 78.61% on a faster host).
-      since session 41 (the compiled tanh GELU as its sigmoid form, models/kernels.py: +11% images/s), session 41's
-                   host: 16 min 80.24%, 80.36% (41.1, 44.5 epochs); 30 min 79.99% (85.5 epochs, test loss 0.65), and
-                   with --set model.drop_path=0.2 (a lead, not yet the recipe): 81.20%, 81.01% (83.0, 81.8; test loss 0.61).
+      since session 41 (compiled GELU as its sigmoid form: +11% images/s), session 41's host: 16 min 80.24%, 80.36%
+                   (41.1, 44.5 epochs); 30 min 79.99% (85.5, test loss 0.65), drop_path 0.2 81.20%, 81.01% (83.0, 81.8);
+      the heavy tier (0.2), session 43's AMD EPYC: 80.78%, 81.53% (69.6, 72.3 epochs; from the rehearsal's 90.6, 95.5),
+                   from the speed check on the first real steps: 81.07%, 81.05% (73.0, 79.9; checked 70.8, 85.9).
     The AdamW recipe underfit at ~76 epochs (its 78.61% run classified 86.1% of its training images); with Muon,
     lighter regularisation overfits there (above).  Nor were, with AdamW, the learning rate (5e-4: 77.91%; 2e-3
     with drop_path 0: 72.29%), PatchDropout 0.875 (77.34%; with depth 9 74.50%) or 0.5 (73.50%, 74.60%), stepped

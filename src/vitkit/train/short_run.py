@@ -7,15 +7,15 @@ and at the 80-85 epochs a fast one fits they let it overfit (79.99% at 85.5 epoc
 stochastic depth 0.2: 81.20%, 81.01%, test loss 0.61).
 
 Two thresholds turn this into a rule (each 0 = off).  A run planned for fewer than `optim.light_below_epochs`
-epochs (under a fitted budget, the epochs that fit at the speed the rehearsal measured) trains without
+epochs (under a fitted budget, the epochs that fit at the measured speed, checked below) trains without
 stochastic depth and with half the configured pad-crop; one planned for at least `optim.heavy_from_epochs`
 trains with twice the configured stochastic depth.  The speed is only known after the model is built and
 compiled, so the setting is applied in place: DropPath's rate is a buffer (no recompilation, models/vit.py)
-and the augmentation is read from the objective's config at every batch.  The decision is taken once, on the
-run's first invocation, agreed by every process (the fewest epochs any of them measured) and stored with the
-checkpoints: a resumed run keeps it.  Under a fitted budget the rehearsal's estimate is checked on the first
-real steps (train/estimate.py, SpeedCheck: the rehearsal leaves out the optimiser step and the batch), and the
-decision is taken again from the checked one, which is the one that stays.
+and the augmentation is read from the objective's config at every batch.  The decision is taken on the run's
+first invocation, from the rehearsal's estimate and then, for good, from the speed check's (train/estimate.py,
+SpeedCheck: the first real steps timed whole, since the rehearsal leaves out the batch and the optimiser step),
+agreed by every process (the fewest epochs any of them measured) and stored with the checkpoints: a resumed run
+keeps it.
 """
 
 from __future__ import annotations
