@@ -202,16 +202,18 @@ def test_eta_adds_the_checked_overhead_to_every_phase_and_starts_at_the_clock() 
 
 def test_speed_check_times_a_window_of_real_steps_in_one_phase() -> None:
     timings = {(0.5, 28): 0.1, (0.0, 28): 0.2}
-    check = SpeedCheck(timings, accumulation=2, start_step=40, step_s=0.5, budget_s=1000.0)
+    check = SpeedCheck(timings, accumulation=2, start_step=40, step_s=0.5, budget_s=1000.0, total_steps=10_000)
     assert (check.begin, check.end) == (45, 45 + 60)  # 3% of 1000 s = 30 s at 0.5 s a step: 60 steps
-    assert SpeedCheck(timings, 1, 0, 0.5, None).end == 5 + 120  # no budget: CHECK_SECONDS (60 s)
-    assert SpeedCheck(timings, 1, 0, 100.0, None).end == 5 + 10  # never fewer than 10 steps
+    assert SpeedCheck(timings, 1, 0, 0.5, None, 10_000).end == 5 + 120  # no budget: CHECK_SECONDS (60 s)
+    assert SpeedCheck(timings, 1, 0, 100.0, None, 10_000).end == 5 + 10  # never fewer than 10 steps
+    short = SpeedCheck(timings, 1, 0, 0.001, None, 405)  # a short run: a quarter of the steps after the first 5
+    assert short.end == 5 + 100 and short.ends_in(405) and not SpeedCheck(timings, 1, 0, 0.5, None, 15).ends_in(15)
     now, found = 0.0, []
     for step in range(41, 120):  # each real step 0.25 s beyond its two passes of 0.1 s
         now += 2 * 0.1 + 0.25
         found.append(check.observe(step, lambda: now, (0.5, 28)))
     overheads = [value for value in found if value is not None]
     assert overheads == [pytest.approx(0.25)] and found[105 - 41] is not None
-    crossing = SpeedCheck(timings, 2, 40, 0.5, 1000.0)
+    crossing = SpeedCheck(timings, 2, 40, 0.5, 1000.0, 10_000)
     crossing.observe(45, lambda: 1.0, (0.5, 28))
     assert crossing.observe(105, lambda: 20.0, (0.0, 28)) is None  # the phase changed inside the window: no measurement

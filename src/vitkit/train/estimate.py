@@ -116,15 +116,19 @@ class SpeedCheck:
     seconds a real step takes beyond the rehearsed passes of that phase.  The overhead does not depend
     on the tokens (the batch and the optimiser step are the same in every phase), so `eta` adds it to every
     phase.  The window is a count of steps, the same on every process; it aims at CHECK_SECONDS of steps
-    (at most CHECK_SHARE of a budget), at least 10.  A window that crosses a phase change measures nothing.
+    (at most CHECK_SHARE of a budget and a quarter of the steps left), at least 10.  A window that crosses a
+    phase change measures nothing; `ends_in(steps)` says whether the window ends before the run does.
     """
 
     def __init__(self, timings: dict[Phase, float], accumulation: int, start_step: int, step_s: float,
-                 budget_s: float | None):
+                 budget_s: float | None, total_steps: int):
         self.timings, self.accumulation = timings, accumulation
         target = CHECK_SECONDS if budget_s is None else min(CHECK_SECONDS, CHECK_SHARE * budget_s)
         self.begin = start_step + CHECK_SKIP
-        self.end = self.begin + max(10, round(target / max(step_s, 1e-6)))
+        self.end = self.begin + max(10, min(round(target / max(step_s, 1e-6)), (total_steps - self.begin) // 4))
+
+    def ends_in(self, steps: int) -> bool:
+        return self.end < steps
         self._began: tuple[float, Phase] | None = None
 
     def observe(self, step: int, clock: Callable[[], float], phase: Phase) -> float | None:

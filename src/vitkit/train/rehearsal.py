@@ -72,10 +72,11 @@ class Rehearsal:
         self.eval_images = evals + (len(self.data.test) if self.data.test is not None else 0)
         measured = eta(self.plan, self.schedule, timings, start_step=self.state.step, eval_images=self.eval_images,
                        budget_left_s=budget_left)
-        if measured:  # the window ends at the same step on every process
-            self.speed_check = SpeedCheck(timings, self.plan.accumulation, self.state.step, measured["step_seconds"],
-                                          budget_left)
-            self.speed_check.end = int(distributed.min_across(self.speed_check.end, self.device))
+        check = SpeedCheck(timings, self.plan.accumulation, self.state.step, measured.get("step_seconds", 0.0),
+                           budget_left, self.plan.steps)
+        check.end = int(distributed.min_across(check.end, self.device))  # the same step on every process
+        if measured and check.ends_in(self.plan.steps):
+            self.speed_check = check
             measured.update(check_steps=[self.speed_check.begin, self.speed_check.end],
                             check_decides=self.plan.fitted and self.short is None and short_run.active(self.config))
         return dataclasses.replace(self.plan, measured=measured)
