@@ -126,10 +126,10 @@ class SpeedCheck:
         target = CHECK_SECONDS if budget_s is None else min(CHECK_SECONDS, CHECK_SHARE * budget_s)
         self.begin = start_step + CHECK_SKIP
         self.end = self.begin + max(10, min(round(target / max(step_s, 1e-6)), (total_steps - self.begin) // 4))
+        self._began: tuple[float, Phase] | None = None
 
     def ends_in(self, steps: int) -> bool:
         return self.end < steps
-        self._began: tuple[float, Phase] | None = None
 
     def observe(self, step: int, clock: Callable[[], float], phase: Phase) -> float | None:
         """Call after every step (`step`: steps done; `clock`: read at the window's ends only); at the window's

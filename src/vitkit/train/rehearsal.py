@@ -31,7 +31,7 @@ class Rehearsal:
     plan: Plan
     short: short_run.Decision | None
     speed_check: SpeedCheck | None
-    decided_here: bool
+    check_decides: bool
 
     def _run_once(self, rate: float, side: int) -> None:
         """One forward + backward of a blank micro-batch laid out as the training ones (the rehearsal's unit)."""
@@ -75,10 +75,11 @@ class Rehearsal:
         check = SpeedCheck(timings, self.plan.accumulation, self.state.step, measured.get("step_seconds", 0.0),
                            budget_left, self.plan.steps)
         check.end = int(distributed.min_across(check.end, self.device))  # the same step on every process
+        # Under a fitted budget the check decides the regularisation again, unless an earlier invocation decided it.
+        self.check_decides = self.plan.fitted and self.short is None and short_run.active(self.config)
         if measured and check.ends_in(self.plan.steps):
             self.speed_check = check
-            measured.update(check_steps=[self.speed_check.begin, self.speed_check.end],
-                            check_decides=self.plan.fitted and self.short is None and short_run.active(self.config))
+            measured.update(check_steps=[check.begin, check.end], check_decides=self.check_decides)
         return dataclasses.replace(self.plan, measured=measured)
 
     def _check_speed(self, phase: Phase, clock: Callable[[], float]) -> None:
@@ -93,11 +94,10 @@ class Rehearsal:
         measured = checked(self.plan, self.schedule, check, overhead, step=state.step, eval_images=self.eval_images,
                            position=self.clock.position(state.step), budget_left_s=left)
         self.plan = dataclasses.replace(self.plan, measured=measured)
-        again = self.plan.fitted and self.decided_here and short_run.active(self.configured)
-        if again:
+        if self.check_decides:
             self._fit_regularisation(None)
         if self.info.main:
-            for line in check_lines(self.plan) + ([self.plan.regularisation] if again else []):
+            for line in check_lines(self.plan) + ([self.plan.regularisation] if self.check_decides else []):
                 log.info("%s", line)
 
     def _fit_regularisation(self, stored: short_run.Decision | None) -> None:

@@ -212,7 +212,6 @@ class Trainer(Rehearsal):
         """Train until the schedule ends, the budget is spent or a signal arrives; evaluate and save."""
         config, state = self.config, self.state
         self.configured = config  # as asked for; the regularisation decision fits a copy of it
-        self.decided_here = self.short is None  # (a resumed run keeps its first invocation's decision)
         self.plan = self.rehearsed_plan()
         self._fit_regularisation(self.short)
         if on_plan is not None and self.info.main:
