@@ -1,0 +1,80 @@
+"""The host a run is on: its CPU, the instruction set torch dispatches to, whether bf16 is native, threads.
+
+Every figure vitkit reports holds for a host class (STYLE.md section 8), and the host policy (DESIGN.md "The
+host decides how") chooses precision, kernels and compilation from these facts.  They are what torch and
+oneDNN will actually use, so a host restricted by their own settings (`ATEN_CPU_CAPABILITY=avx2`,
+`ONEDNN_MAX_CPU_ISA=AVX2`: an AVX2 machine without native bf16, emulated) reads as that class.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import platform
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class Host:
+    """What this process runs on."""
+
+    cpu: str  # the CPU model (/proc/cpuinfo's "model name"), or the GPU's name on CUDA
+    isa: str  # the CPU kernels torch dispatches to: "AVX512", "AVX2", "DEFAULT", "NEON", "SVE256", ... ("CUDA")
+    native_bf16: bool  # bf16 matrix products in hardware (AVX512-BF16 / AMX through oneDNN; CUDA)
+    amx: bool  # Intel AMX tiles usable for bf16 (implies native_bf16)
+    threads: int  # torch intra-op threads
+    torch: str  # torch version
+
+    @property
+    def label(self) -> str:
+        """The host class in the words figures are quoted with, e.g. "AVX2, no native bf16" or "AMX"."""
+        if self.isa == "CUDA":
+            return self.cpu
+        if self.amx:
+            return "AMX"
+        if self.native_bf16:
+            return f"{self.isa}-BF16" if self.isa.startswith("AVX512") else f"{self.isa}, native bf16"
+        return f"{self.isa}, no native bf16"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "host_class": self.label}
+
+    def describe(self) -> str:
+        """One line for the plan: the class and where it comes from."""
+        bf16 = "native bf16" if self.native_bf16 else "no native bf16"
+        return f"host: {self.cpu} ({self.isa}, {bf16}{', AMX' if self.amx else ''}), {self.threads} thread(s)"
+
+
+def cpu_model() -> str:
+    """The CPU's model name, as the operating system reports it."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
+            for line in info:
+                if line.lower().startswith(("model name", "hardware", "cpu model")):
+                    return line.split(":", 1)[1].strip() or platform.machine()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+@functools.cache
+def _cpu_facts() -> tuple[str, str, bool, bool]:
+    isa = str(torch.backends.cpu.get_cpu_capability())
+    native = bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    amx_check = getattr(torch._C._cpu, "_is_amx_tile_supported", None)
+    amx = native and isa.startswith("AVX512") and bool(amx_check and amx_check())
+    return cpu_model(), isa, native, amx
+
+
+def current(device: torch.device | str = "cpu") -> Host:
+    """The host of `device` (the CPU, or a CUDA device); the CPU facts are read once per process."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return Host(cpu=torch.cuda.get_device_name(index), isa="CUDA", native_bf16=torch.cuda.is_bf16_supported(),
+                    amx=False, threads=torch.get_num_threads(), torch=torch.__version__)
+    cpu, isa, native, amx = _cpu_facts()
+    return Host(cpu=cpu, isa=isa, native_bf16=native, amx=amx, threads=torch.get_num_threads(), torch=torch.__version__)
