@@ -24,7 +24,7 @@ from typing import Sequence, overload
 
 import numpy as np
 import torch
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
 try:  # optional: the `jpeg` extra
     import simplejpeg as _simplejpeg
@@ -63,19 +63,29 @@ def _to_mode(image: Image.Image, channels: int) -> Image.Image:
     return image if image.mode == target else image.convert(target)
 
 
+def _bomb(name: str, width: int, height: int, max_pixels: int) -> DecompressionBombError:
+    return DecompressionBombError(f"{name}: refusing to decode a {width}x{height} image ({width * height:,} pixels > "
+                                  f"limit {max_pixels:,}); possible decompression bomb")
+
+
 def _open(source: str | os.PathLike | bytes, max_pixels: int, name: str) -> Image.Image:
-    """Open lazily (header only) and refuse decompression bombs before decoding any pixel."""
+    """Open lazily (header only) and refuse decompression bombs and empty images before decoding any pixel."""
     handle = io.BytesIO(source) if isinstance(source, (bytes, bytearray, memoryview)) else source
     try:
         image = Image.open(handle)
-    except Exception as error:  # UnidentifiedImageError, OSError, SyntaxError, ...: not an image
+    except Image.DecompressionBombError as error:  # Pillow's own guard (twice its MAX_IMAGE_PIXELS) fired first
+        raise DecompressionBombError(f"{name}: refusing to decode ({error}); possible decompression bomb") from error
+    except UnidentifiedImageError as error:  # its message shows a BytesIO's address, not the file
+        raise BadImageError(f"{name}: not a readable image (no format Pillow reads recognises it)") from error
+    except Exception as error:  # OSError, SyntaxError, ValueError, struct.error, ...: a damaged header
         raise BadImageError(f"{name}: not a readable image ({type(error).__name__}: {error})") from error
     width, height = image.size
     if width * height > max_pixels:
         image.close()
-        raise DecompressionBombError(
-            f"{name}: refusing to decode a {width}x{height} image ({width * height:,} pixels > limit "
-            f"{max_pixels:,}); possible decompression bomb")
+        raise _bomb(name, width, height, max_pixels)
+    if width < 1 or height < 1:
+        image.close()
+        raise BadImageError(f"{name}: the header claims an empty {width}x{height} image")
     return image
 
 
@@ -98,9 +108,9 @@ def _decode_jpeg_fast(data: bytes, size: int | None, max_pixels: int, name: str)
     if colorspace not in ("YCbCr", "RGB", "Gray"):
         return None  # CMYK/YCCK: Pillow's conversion
     if width * height > max_pixels:
-        raise DecompressionBombError(
-            f"{name}: refusing to decode a {width}x{height} image ({width * height:,} pixels > limit "
-            f"{max_pixels:,}); possible decompression bomb")
+        raise _bomb(name, width, height, max_pixels)
+    if width < 1 or height < 1:
+        return None  # Pillow names the problem
     scale = _draft_scale(width, height, size) if size is not None else 1
     shape = (-(-height // scale), -(-width // scale))
     try:
@@ -123,11 +133,12 @@ def _read_source(source: str | os.PathLike | bytes) -> bytes | str | os.PathLike
         return source  # Pillow raises the error, naming the file
 
 
-def _decode(source: str | os.PathLike | bytes, channels: int, size: int | None, max_pixels: int) -> np.ndarray:
+def _decode(source: str | os.PathLike | bytes, channels: int, size: int | None, max_pixels: int,
+            name: str | None = None) -> np.ndarray:
     """(H, W, C) uint8 array; with `size`: shorter side resized to `size`, then centre-cropped square."""
     if channels not in (1, 3):
         raise ValueError(f"channels must be 1 or 3, got {channels}")
-    name = _source_name(source)
+    name = name or _source_name(source)
     data = _read_source(source) if channels == 3 else source
     fast = _decode_jpeg_fast(bytes(data), size, max_pixels, name) if isinstance(data, (bytes, bytearray, memoryview)) \
         and channels == 3 else None
@@ -163,7 +174,7 @@ def _resize_center_crop(image: Image.Image, size: int) -> Image.Image:
 
 
 def decode_image(source: str | os.PathLike | bytes, channels: int = 3, *, size: int | None = None,
-                 max_pixels: int = MAX_PIXELS) -> torch.Tensor:
+                 max_pixels: int = MAX_PIXELS, name: str | None = None) -> torch.Tensor:
     """Decode one image file (or its bytes) to uint8 (C, H, W).
 
     Args:
@@ -171,12 +182,13 @@ def decode_image(source: str | os.PathLike | bytes, channels: int = 3, *, size: 
         channels: 3 for RGB, 1 for grayscale ("L"); every Pillow mode is converted.
         size: if given, resize the shorter side to `size` and centre-crop to (size, size).
         max_pixels: refuse images whose header claims more pixels (decompression bombs).
+        name: what error messages call the image (default: the path, or "<bytes>").
 
     Raises:
         BadImageError: the data is not a decodable image; the message names the file.
         DecompressionBombError: the image is larger than `max_pixels`.
     """
-    array = _decode(source, channels, size, max_pixels)
+    array = _decode(source, channels, size, max_pixels, name)
     return torch.from_numpy(np.ascontiguousarray(array.transpose(2, 0, 1)))  # (H, W, C) -> (C, H, W)
 
 
@@ -292,20 +304,24 @@ def scan_folder(root: Path, class_names: Sequence[str]) -> tuple[FileList, list[
     return FileList.of(files), labels
 
 
-def decode_files(files: Sequence[Path], channels: int, size: int, *, strict: bool = False,
-                 num_workers: int | None = None, max_pixels: int = MAX_PIXELS) -> tuple[torch.Tensor, list[int]]:
-    """Decode `files` to one uint8 (N_good, C, size, size) tensor with a thread pool.
+def decode_files(files: Sequence[Path | bytes], channels: int, size: int, *, strict: bool = False,
+                 num_workers: int | None = None, max_pixels: int = MAX_PIXELS, names: Sequence[str] | None = None
+                 ) -> tuple[torch.Tensor, list[int], list[str]]:
+    """Decode `files` (paths, or encoded bytes called `names` in messages) to one uint8 (N_good, C, size, size)
+    tensor with a thread pool.
 
     Pillow releases the GIL while decoding and resizing, so threads scale without pickling pixels
-    between processes.  Returns the tensor and the positions (into `files`) that decoded; the bad
-    ones are logged (or, with `strict`, the first raises `BadImageError`).
+    between processes.  Returns the tensor, the positions (into `files`) that decoded and the error
+    of each one that did not (naming its file); those are logged, the first few by name (or, with
+    `strict`, the first raises `BadImageError`).
     """
     out = torch.empty(len(files), channels, size, size, dtype=torch.uint8)
     workers = num_workers or min(8, os.cpu_count() or 1)
 
     def work(i: int) -> str | None:
         try:
-            out[i] = torch.from_numpy(_decode(files[i], channels, size, max_pixels).transpose(2, 0, 1))
+            name = names[i] if names is not None else None
+            out[i] = torch.from_numpy(_decode(files[i], channels, size, max_pixels, name).transpose(2, 0, 1))
         except BadImageError as error:
             if strict:
                 raise
@@ -320,4 +336,4 @@ def decode_files(files: Sequence[Path], channels: int, size: int, *, strict: boo
     if bad:
         log.warning("skipped %d of %d image files that could not be decoded", len(bad), len(files))
     good = [i for i, error in enumerate(errors) if error is None]
-    return (out if not bad else out[good]), good
+    return (out if not bad else out[good]), good, [errors[i] for i in bad]

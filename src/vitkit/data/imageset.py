@@ -13,6 +13,10 @@ from vitkit.data.images import decode_image
 MAX_FILES_IN_MEMORY = 100_000  # above this many images a set is never decoded up front (start-up time)
 
 
+class EmptySplitError(ValueError):
+    """A split with no usable sample: the message says how many were skipped and why, naming the files."""
+
+
 def fits_in_memory(count: int, channels: int, size: int, max_in_memory_bytes: int) -> bool:
     """Whether `count` images decoded to (channels, size, size) are kept in memory rather than read on demand.
 

@@ -60,9 +60,10 @@ def read_wds(path: str, part: str, size: int, channels: int | None) -> ShardSet:
     reader = tarshards.TarReader()
     if not channels:
         channels = index.get("channels") or _probe_stream(units, reader)[1]
-    names = classes or tarshards.class_names_by_scan(splits["train"])
+    names = classes or tarshards.class_names_by_scan([unit for found in splits.values() for unit in found])
     return ShardSet(units=units, reader=reader, class_names=list(names), load_size=size, channels=int(channels),
-                    origin=f"{len(units)} {part if part in splits else 'val'} shard(s) of {where}")
+                    origin=f"{len(units)} {part if part in splits else 'val'} shard(s) of {where}",
+                    problems=[] if index else tarshards.damage(units))
 
 
 def describe_wds(uri: str, path: str, size: int, max_in_memory_bytes: int) -> SourceInfo:

@@ -43,15 +43,16 @@ import numpy as np
 import torch
 
 from vitkit.data import large, readers
-from vitkit.data.images import (MAX_PIXELS, BadImageError, DecompressionBombError, class_folders, decode_files,
-                                decode_image, image_size as _header_size, scan_folder)
+from vitkit.data.images import (MAX_PIXELS, BadImageError, DecompressionBombError, class_folders, decode_image,
+                                image_size as _header_size, scan_folder)
+from vitkit.data.inmemory import check_usable, materialise
 from vitkit.data.readers import DataFormatError
-from vitkit.data.imageset import MAX_FILES_IN_MEMORY, ImageSet, SourceInfo, fits_in_memory
-from vitkit.data.stream import ShardSet, read_all
+from vitkit.data.imageset import MAX_FILES_IN_MEMORY, EmptySplitError, ImageSet, SourceInfo, fits_in_memory
+from vitkit.data.stream import ShardSet
 
 __all__ = ["ImageSet", "SourceInfo", "ShardSet", "parse_uri", "load_split", "describe", "decode_image",
            "stratified_split", "mirror_keeps_label", "separate_val", "BadImageError", "DecompressionBombError",
-           "DataFormatError", "KINDS", "MAX_FILES_IN_MEMORY"]
+           "DataFormatError", "EmptySplitError", "KINDS", "MAX_FILES_IN_MEMORY"]
 
 log = logging.getLogger(__name__)
 
@@ -264,29 +265,6 @@ def _hold_out(whole: ImageSet | ShardSet, split: str, fraction: float, seed: int
     return whole.subset(keep if split == "train" else held)
 
 
-def _materialise(subset: ImageSet | ShardSet, *, strict: bool, max_in_memory_bytes: int, num_workers: int | None,
-                 max_pixels: int) -> ImageSet | ShardSet:
-    """Decode a file-based or streamed set into memory when it is small (imageset.fits_in_memory); drop bad ones."""
-    if subset.images is not None:
-        return subset
-    size, channels = subset.load_size, subset.channels
-    if not fits_in_memory(len(subset), channels, size, max_in_memory_bytes):
-        log.info("%d images at %dx%d exceed %d bytes or %d images: %s", len(subset), size, size, max_in_memory_bytes,
-                 MAX_FILES_IN_MEMORY, "streamed from shards" if subset.access == "stream" else "decoding on the fly")
-        return subset
-    if isinstance(subset, ShardSet):
-        samples = read_all(subset)
-        ok = [not s.problem and 0 <= s.label < subset.num_classes for s in samples]
-        sources = [s.image if good else b"" for s, good in zip(samples, ok)]
-        labels = torch.tensor([s.label if good else -1 for s, good in zip(samples, ok)], dtype=torch.int64)
-    else:
-        sources, labels = subset.files, subset.labels
-    images, good = decode_files(sources, channels, size, strict=strict, num_workers=num_workers, max_pixels=max_pixels)
-    return ImageSet(images=images, labels=labels[good], class_names=subset.class_names,
-                    load_size=size, skipped=len(subset) - len(good), channels=channels,
-                    origin=subset.origin)
-
-
 def load_split(uri: str, split: Split, *, image_size: int | None = None, val_fraction: float = 0.0, seed: int = 0,
                strict: bool = False, max_in_memory_bytes: int = 2 << 30, channels: int | None = None,
                num_workers: int | None = None, max_pixels: int = MAX_PIXELS, image_column: str = "",
@@ -301,6 +279,7 @@ def load_split(uri: str, split: Split, *, image_size: int | None = None, val_fra
         strict: raise `BadImageError` on the first corrupt file instead of skipping and counting it.
         max_in_memory_bytes: a set larger than this after decoding is returned as `files` or a stream;
             its bad images surface later, as `BadImageError` in the loader's workers (skipped, counted).
+            A split left with no usable sample raises `EmptySplitError` (how many were skipped, and why).
         channels: 3 (RGB) or 1 (L) for folders (default 3), wds: and hf: (default: the stored images');
             fixed-size sources keep their own channels.
         num_workers: decoding threads for sets decoded up front (default min(8, CPUs)).
@@ -321,8 +300,9 @@ def load_split(uri: str, split: Split, *, image_size: int | None = None, val_fra
                          if split == "train" else f"a {val_fraction:.1%} {how} hold-out of {whole.origin} (seed {seed})")
     if isinstance(subset, ShardSet):
         subset.max_pixels = max_pixels  # checked by the workers that decode it
-    result = _materialise(subset, strict=strict, max_in_memory_bytes=max_in_memory_bytes, num_workers=num_workers,
-                          max_pixels=max_pixels)
+    result, reasons = materialise(subset, strict=strict, max_in_memory_bytes=max_in_memory_bytes,
+                                  num_workers=num_workers, max_pixels=max_pixels)
+    check_usable(result, uri, split, reasons, getattr(subset, "problems", []))
     log.info("%s %s: %d images, %d classes, %s%s", uri, split, len(result), result.num_classes, ACCESS[result.access],
              f", {result.skipped} bad files skipped" if result.skipped else "")
     return result

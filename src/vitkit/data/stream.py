@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Iterator, NamedTuple, Protocol, runtime_checkable
 
 import torch
@@ -34,10 +34,13 @@ from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from vitkit.data.images import MAX_PIXELS, BadImageError, decode_image
+from vitkit.data.imageset import EmptySplitError
 
 log = logging.getLogger(__name__)
 
 WINDOW = 1000  # shuffle window per lane, in samples (webdataset's customary buffer size)
+MAX_NAMED = 10_000  # corrupt samples named in this process's log, each once; beyond that only counted
+_named: set[str] = set()
 STATE_KIND = "vitkit-shard-stream/1"
 
 
@@ -96,6 +99,7 @@ class ShardSet:
     skipped: int = 0
     max_pixels: int = MAX_PIXELS
     origin: str = ""  # where this split came from (shards of a directory, a hold-out), for the plan
+    problems: list[str] = field(default_factory=list)  # damage found while counting the units (shard scans)
     images: ClassVar[None] = None  # an ImageSet-like split that is neither in memory ...
     files: ClassVar[None] = None  # ... nor a list of files
     access: ClassVar[str] = "stream"  # how training reads it: see vitkit.data.sources.ImageSet.access
@@ -125,23 +129,38 @@ class ShardSet:
         return replace(self, units=[self.units[i] for i in kept]), replace(self, units=[self.units[i] for i in held])
 
 
+def sample_problem(sample: Sample, num_classes: int) -> str:
+    """What makes `sample` unusable before decoding ("" when nothing does): its own problem, or its label."""
+    if sample.problem:
+        return sample.problem
+    if not 0 <= sample.label < num_classes:
+        return f"label {sample.label} is outside 0..{num_classes - 1}"
+    return ""
+
+
+def name_once(key: str, problem: str) -> None:
+    """Log a corrupt sample the first time this process meets it (a stream reads it again every epoch)."""
+    if key not in _named and len(_named) < MAX_NAMED:
+        _named.add(key)
+        log.warning("skipping corrupt sample %s: %s", key, problem)
+
+
 def decode_samples(samples: list[Sample], data: ShardSet, strict: bool) -> tuple[Tensor, Tensor, int]:
     """uint8 (B, C, S, S) images and int64 (B,) labels of the good samples, and how many were bad."""
     images, labels = [], []
     for sample in samples:
-        problem = sample.problem
-        if not problem and not 0 <= sample.label < data.num_classes:
-            problem = f"label {sample.label} is outside 0..{data.num_classes - 1}"
+        problem = sample_problem(sample, data.num_classes)
         if not problem:
             try:
-                images.append(decode_image(sample.image, data.channels, size=data.load_size, max_pixels=data.max_pixels))
+                images.append(decode_image(sample.image, data.channels, size=data.load_size, max_pixels=data.max_pixels,
+                                           name=sample.key))
                 labels.append(sample.label)
                 continue
             except BadImageError as error:
                 problem = str(error)
         if strict:
             raise BadImageError(f"sample {sample.key}: {problem}")
-        log.warning("skipping corrupt sample %s: %s", sample.key, problem)
+        name_once(sample.key, problem)
     side = data.load_size or 0
     stacked = torch.stack(images) if images else torch.empty(0, data.channels, side, side, dtype=torch.uint8)
     return stacked, torch.tensor(labels, dtype=torch.int64), len(samples) - len(images)
@@ -286,6 +305,12 @@ class ShardBatches:
     def state_dict(self) -> dict[str, Any]:
         return {**self._layout(), "step": self._step}
 
+    def _nothing_usable(self, run: int) -> str:
+        damage = "; ".join(self.data.problems[:3])
+        return (f"the training split ({self.data.origin or 'streamed'}, {len(self.data):,} samples) has no usable "
+                f"sample: the last {run:,} read were all skipped as corrupt (each is named in the log)"
+                + (f"; {damage}" if damage else ""))
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if "kind" not in state:  # a checkpoint that kept only the step (written before the stream's state)
             self._step = int(state["step"])
@@ -305,8 +330,12 @@ class ShardBatches:
         loader = DataLoader(dataset, batch_size=None, num_workers=self.workers, pin_memory=self.device.type == "cuda",
                             prefetch_factor=2 if self.workers else None, generator=own_generator())
         step: list[tuple[Tensor, Tensor]] = []
+        run = 0  # corrupt samples read one after another
         for images, labels, bad in loader:
             self.skipped += bad
+            run = 0 if len(labels) else run + bad
+            if run >= len(self.data):
+                raise EmptySplitError(self._nothing_usable(run))
             step.append((images.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)))
             if len(step) == self.accum:
                 self._step += 1  # handed out = consumed: the trainer asks for the next step only after this one

@@ -24,14 +24,15 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import os
 import re
 from pathlib import Path
-from dataclasses import dataclass
 from typing import Any, BinaryIO, Iterator
 
 from vitkit.data.images import IMAGE_EXTENSIONS
 from vitkit.data.stream import Sample, Unit
+from vitkit.data.tarformat import BLOCK, Member, TarFormatError, read_member, tar_members
+
+__all__ = ["TarReader", "TarFormatError", "tar_members", "split_units", "read_index", "scan_shard", "expand_braces"]
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,13 @@ SPLIT_PREFIX = re.compile(r"^(train|val|valid|validation|test)[-_.]")
 _SPLIT_NAMES = {"train": "train", "val": "val", "valid": "val", "validation": "val", "test": "test"}
 _IMAGE_EXTS = frozenset(ext.lstrip(".") for ext in IMAGE_EXTENSIONS)
 _RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
+MAX_CLASSES = 1_000_000  # a label at or above this is corrupt (ImageNet-21k has 21,843 classes)
+MAX_LABEL_BYTES = 1 << 16  # a label member larger than this is corrupt
+MAX_IMAGE_BYTES = 1 << 29  # an image member larger than this (512 MiB) is corrupt, and not read
+MAX_MISSING = 100_000  # samples an index may count beyond what its shard's size can hold (the shard was cut)
+MAX_SHARDS = 1_000_000  # names a brace range may expand to
+MAX_INDEX_BYTES = 64 << 20  # dataset.json larger than this is refused (a million shards take about 50 MB)
+_named: set[str] = set()  # shards already named in this process's log: a damaged shard is named once
 
 
 def expand_braces(pattern: str) -> list[str]:
@@ -61,6 +69,8 @@ def expand_braces(pattern: str) -> list[str]:
         first, last = int(ranged[1]), int(ranged[2])
         width = len(ranged[1]) if ranged[1].lstrip("-").startswith("0") else 0
         step = 1 if last >= first else -1
+        if abs(last - first) >= MAX_SHARDS:
+            raise ValueError(f"shard pattern {pattern!r}: the range {{{body}}} names more than {MAX_SHARDS:,} shards")
         options = [f"{n:0{width}d}" for n in range(first, last + step, step)]
     else:
         options = _top_level_split(body)
@@ -90,110 +100,41 @@ def _split_name(name: str) -> tuple[str, str] | None:
 
 
 def _parse_label(ext: str, data: bytes) -> int:
+    """The class index of a .cls (text) or .json label member; ValueError when it holds none in 0..MAX_CLASSES-1."""
+    if len(data) > MAX_LABEL_BYTES:
+        raise ValueError(f"{len(data):,} bytes, more than a label holds")
     if ext.rsplit(".", 1)[-1] == "cls":
-        return int(data.decode("utf-8").strip())
-    record = json.loads(data)
-    value = record.get("label", record.get("cls")) if isinstance(record, dict) else None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError('no integer "label" or "cls" field')
+        value = int(data.decode("utf-8").strip())
+    else:
+        try:
+            record = json.loads(data)
+        except RecursionError as error:  # nesting deeper than the parser's stack: not a label record
+            raise ValueError("JSON nested too deeply") from error
+        value = record.get("label", record.get("cls")) if isinstance(record, dict) else None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError('no integer "label" or "cls" field')
+    if not 0 <= value < MAX_CLASSES:
+        raise ValueError(f"label {value} is outside 0..{MAX_CLASSES - 1}")
     return value
 
 
-BLOCK = 512  # tar's record unit: every header, and every member's data padded to a multiple
-
-
-class TarFormatError(ValueError):
-    """A shard whose tar structure does not parse: a damaged header, or the file ends inside a member."""
-
-
-@dataclass(frozen=True)
-class Member:
-    name: str
-    offset: int  # where the data starts
-    size: int
-
-
-def _number(field: bytes) -> int:
-    """A tar numeric field: octal text, or GNU base-256 (top bit set) for large values."""
-    if field[:1] and field[0] & 0x80:
-        return int.from_bytes(field[1:], "big")
-    try:
-        return int(field.strip(b" \0") or b"0", 8)
-    except ValueError as error:
-        raise TarFormatError(f"bad number field {field!r}") from error
-
-
-def _pax_path(records: bytes) -> bytes | None:
-    """The `path` of a pax extended header ("<length> <key>=<value>\\n" records)."""
-    position = 0
-    while position < len(records):
-        space = records.find(b" ", position)
-        if space < 0:
-            break
-        try:
-            length = int(records[position:space])
-        except ValueError as error:
-            raise TarFormatError("damaged pax header") from error
-        key, _, value = records[space + 1:position + length - 1].partition(b"=")
-        if key == b"path":
-            return value
-        position += length
-    return None
-
-
-def tar_members(handle: BinaryIO) -> Iterator[Member]:
-    """The regular files of an uncompressed tar, front to back: header reads and seeks, no data read.
-
-    Reads ustar, GNU (long names in 'L' records, base-256 sizes) and pax ('path' records) headers;
-    a header whose checksum fails raises TarFormatError.  The standard library's tarfile does the same
-    at about 3.5 times the cost per member (benchmarks/data_pipeline.py), which counts for small images.
-    """
-    position, long_name = 0, None
-    while True:
-        handle.seek(position)
-        header = handle.read(BLOCK)
-        if not header.strip(b"\0"):  # the end-of-archive zero blocks, or the end of the file
-            return
-        if len(header) < BLOCK:
-            raise TarFormatError(f"the file ends inside a header at byte {position}")
-        if _number(header[148:156]) != sum(header[:148]) + 256 + sum(header[156:]):
-            raise TarFormatError(f"header checksum mismatch at byte {position}")
-        size, kind = _number(header[124:136]), header[156:157]
-        data, position = position + BLOCK, position + BLOCK + -(-size // BLOCK) * BLOCK
-        if kind in (b"L", b"x"):  # the next member's long name
-            extra = _read(handle, Member("", data, size))
-            long_name = extra.split(b"\0", 1)[0] if kind == b"L" else (_pax_path(extra) or long_name)
-            continue
-        if kind in (b"0", b"\0", b"7"):
-            name = header[:100].split(b"\0", 1)[0]
-            prefix = header[345:500].split(b"\0", 1)[0] if header[257:262] == b"ustar" else b""
-            name = long_name or (prefix + b"/" + name if prefix else name)
-            yield Member(name.decode("utf-8", "surrogateescape"), data, size)
-        long_name = None
-
-
-def _read(handle: BinaryIO, member: Member) -> bytes:
-    handle.seek(member.offset)
-    data = handle.read(member.size)
-    if len(data) != member.size:
-        raise TarFormatError(f"the file ends inside member {member.name or '(header)'}")
-    return data
-
-
 def _assemble(key: str, members: list[tuple[str, Member]], handle: BinaryIO) -> Sample:
-    """Image bytes and label of one group of members."""
+    """Image bytes and label of one group of members (or what is wrong with it)."""
     image = next((m for ext, m in members if ext.rsplit(".", 1)[-1] in _IMAGE_EXTS), None)
     label = next(((ext, m) for ext, m in members if ext.rsplit(".", 1)[-1] == "cls"), None) or \
         next(((ext, m) for ext, m in members if ext.rsplit(".", 1)[-1] == "json"), None)
     if image is None or label is None:
         return Sample(key, None, None, f"no {'image' if image is None else 'label (.cls or .json)'} member")
+    if label[1].size > MAX_LABEL_BYTES or image.size > MAX_IMAGE_BYTES:
+        big = label[1] if label[1].size > MAX_LABEL_BYTES else image
+        return Sample(key, None, None, f"member {big.name!r} of {big.size:,} bytes is too large to be read")
     try:
-        value = _parse_label(label[0], _read(handle, label[1]))
+        value = _parse_label(label[0], read_member(handle, label[1]))
+    except TarFormatError:
+        raise
     except (ValueError, UnicodeDecodeError) as error:
-        if isinstance(error, TarFormatError):
-            raise
         return Sample(key, None, None, f"unreadable label .{label[0]} ({error})")
-    return Sample(key, _read(handle, image), value)
+    return Sample(key, read_member(handle, image), value)
 
 
 def _groups(handle: BinaryIO) -> Iterator[tuple[str, list[tuple[str, Member]]]]:
@@ -217,33 +158,45 @@ def _groups(handle: BinaryIO) -> Iterator[tuple[str, list[tuple[str, Member]]]]:
         yield key, group
 
 
+def _name_once(path: str, message: str) -> None:
+    """Log `message` about shard `path` the first time only (a damaged shard is read again every epoch)."""
+    if path not in _named:
+        _named.add(path)
+        log.warning("%s", message)
+
+
 class TarReader:
-    """Reads the samples of tar shards (`Unit.path`); picklable, so DataLoader workers get their own."""
+    """Reads the samples of tar shards (`Unit.path`); picklable, so DataLoader workers get their own.
+
+    A sample's key is "SHARD:KEY" (the shard's path and its members' common name), so every message
+    about a sample names its file.
+    """
 
     def samples(self, unit: Unit, start: int = 0, wanted: frozenset[int] | None = None) -> Iterator[tuple[int, Sample]]:
         """(ordinal, sample) for ordinals start .. unit.count-1 (those in `wanted` only, when given).
 
         Exactly `unit.count` ordinals exist: a shard that ends early (truncated, unreadable) yields
         the missing ones as corrupt samples, and members past the count are ignored, so a stream's
-        order depends on the index alone.  Skipped samples cost a header read and a seek.
+        order depends on the index alone.  Skipped samples cost a header read and a seek.  Each call
+        opens the shard afresh: nothing read from one shard outlives it.
         """
         seen, problem = 0, ""  # groups dealt with (yielded or skipped)
         try:
             with open(unit.path, "rb") as handle:
                 for index, (key, members) in enumerate(_groups(handle)):
                     if index >= unit.count:
-                        log.warning("%s holds more samples than its index says (%d); ignoring the rest",
-                                    unit.path, unit.count)
+                        _name_once(unit.path, f"{unit.path} holds more samples than its index says ({unit.count}); "
+                                              "ignoring the rest")
                         return
                     if index >= start and (wanted is None or index in wanted):
-                        yield index, _assemble(key, members, handle)
+                        yield index, _assemble(f"{unit.path}:{key}", members, handle)
                     seen = index + 1
         except (TarFormatError, OSError) as error:
-            problem = f"{unit.path}: unreadable shard ({type(error).__name__}: {error})"
-            log.warning("%s; its remaining samples count as corrupt", problem)
+            problem = f"unreadable shard ({type(error).__name__}: {error})"
+            _name_once(unit.path, f"{unit.path}: {problem}; its remaining samples count as corrupt")
         for index in range(max(seen, start), unit.count):  # the shard ended (or broke) before its count
             if wanted is None or index in wanted:
-                yield index, Sample(f"{unit.path}#{index}", None, None, problem or f"{unit.path} ends before sample {index}")
+                yield index, Sample(f"{unit.path}#{index}", None, None, problem or f"the shard ends before sample {index}")
 
 
 # --------------------------------------------------------------------------- discovery and splits
@@ -271,23 +224,34 @@ def _shard_files(spec: str) -> tuple[Path, list[Path], bool]:
 
 
 def read_index(directory: Path) -> dict[str, Any] | None:
-    """DIR/dataset.json, checked, or None when absent."""
+    """DIR/dataset.json, checked field by field (it is read as untrusted input), or None when absent."""
     path = directory / INDEX
     if not path.is_file():
         return None
+    if path.stat().st_size > MAX_INDEX_BYTES:
+        raise ValueError(f"{path}: {path.stat().st_size:,} bytes, larger than an index can be ({MAX_INDEX_BYTES:,})")
     try:
-        index = json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path}: not valid JSON ({error})") from error
+        index = json.loads(path.read_bytes())
+    except (ValueError, RecursionError) as error:  # JSONDecodeError, UnicodeDecodeError, nesting too deep
+        raise ValueError(f"{path}: not valid JSON ({type(error).__name__}: {error})") from error
     if not isinstance(index, dict) or not isinstance(index.get("splits"), dict):
         raise ValueError(f"{path}: expected an object with a 'splits' mapping (as `vitkit shard` writes)")
+    classes, channels, side = index.get("classes"), index.get("channels"), index.get("image_size")
+    if classes is not None and not (isinstance(classes, list) and all(isinstance(c, str) for c in classes)
+                                    and 0 < len(classes) <= MAX_CLASSES):
+        raise ValueError(f"{path}: 'classes' must be a list of 1..{MAX_CLASSES:,} names")
+    if channels not in (None, 1, 3) or isinstance(channels, bool):
+        raise ValueError(f"{path}: 'channels' must be 1 or 3, got {channels!r:.40}")
+    if side is not None and (isinstance(side, bool) or not isinstance(side, int) or side < 0):
+        raise ValueError(f"{path}: 'image_size' must be a side length in pixels, got {side!r:.40}")
     return index
 
 
 @functools.lru_cache(maxsize=4096)
-def _scan(path: str, stamp: tuple[int, int]) -> tuple[int, int]:
-    """(samples, largest label) of a shard without an index entry: reads headers and label members only."""
-    count, top = 0, -1
+def _scan(path: str, stamp: tuple[int, int]) -> tuple[int, int, str]:
+    """(samples, largest label, the damage found or "") of a shard without an index entry: reads headers and
+    label members only; a damaged shard counts the samples before the damage and is named in the log once."""
+    count, top, problem = 0, -1, ""
     with open(path, "rb") as handle:
         try:
             for key, members in _groups(handle):
@@ -295,15 +259,19 @@ def _scan(path: str, stamp: tuple[int, int]) -> tuple[int, int]:
                 label = next(((e, m) for e, m in members if e.rsplit(".", 1)[-1] in ("cls", "json")), None)
                 if label is not None:
                     try:
-                        top = max(top, _parse_label(label[0], _read(handle, label[1])))
+                        top = max(top, _parse_label(label[0], read_member(handle, label[1])))
+                    except TarFormatError:
+                        raise
                     except (ValueError, UnicodeDecodeError):
                         pass
         except TarFormatError as error:  # what could be read counts; the reader stops at the same place
-            log.warning("%s: damaged after %d samples (%s)", path, count, error)
-    return count, top
+            problem = f"{path}: damaged after {count} samples ({error})"
+            _name_once(path, problem)
+    return count, top, problem
 
 
-def scan_shard(path: Path) -> tuple[int, int]:
+def scan_shard(path: Path) -> tuple[int, int, str]:
+    """(samples, largest label, damage or "") of the shard at `path` (cached while its size and mtime hold)."""
     stat = path.stat()
     return _scan(str(path), (stat.st_size, stat.st_mtime_ns))
 
@@ -322,13 +290,37 @@ def _by_prefix(files: list[Path]) -> dict[str, list[Path]]:
     return splits
 
 
+def _entry(directory: Path, split: str, entry: Any) -> tuple[Path, int]:
+    """(shard path, count) of one index entry {"shard": NAME, "count": N}: a relative path inside DIR, N >= 0."""
+    shard, count = (entry.get("shard"), entry.get("count")) if isinstance(entry, dict) else (None, None)
+    inside = isinstance(shard, str) and shard and not Path(shard).is_absolute() and ".." not in Path(shard).parts
+    if not inside or isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        raise ValueError(f"{directory / INDEX}: bad entry {str(entry)[:80]!r} in the {split} split (expected "
+                         '{"shard": NAME inside the directory, "count": N >= 0})')
+    return directory / shard, count
+
+
 def _indexed(directory: Path, index: dict[str, Any]) -> dict[str, list[tuple[Path, int]]]:
     splits = {}
     for name, entries in index["splits"].items():
-        if name not in ("train", "val", "test"):
-            raise ValueError(f"{directory / INDEX}: unknown split {name!r} (expected train, val, test)")
-        splits[name] = [(directory / entry["shard"], int(entry["count"])) for entry in entries]
+        if name not in ("train", "val", "test") or not isinstance(entries, list):
+            raise ValueError(f"{directory / INDEX}: split {name!r} must be train, val or test, holding a list of shards")
+        splits[name] = [_entry(directory, name, entry) for entry in entries]
     return splits
+
+
+def _unit(spec: str, split: str, path: Path, count: int) -> Unit:
+    """The unit of one shard: counted by the index, else by a scan.  An index may count samples a truncated
+    shard lost (read as corrupt), up to MAX_MISSING more than the file can hold; more is a broken index."""
+    if not path.is_file():
+        raise FileNotFoundError(f"wds:{spec}: shard {path} of the {split} split is missing")
+    if count < 0:
+        return Unit(str(path), scan_shard(path)[0])
+    room = path.stat().st_size // (2 * BLOCK)  # a sample takes at least two 512-byte headers
+    if count > room + MAX_MISSING:
+        raise ValueError(f"wds:{spec}: {INDEX} says {path} holds {count:,} samples; its {path.stat().st_size:,} "
+                         f"bytes hold at most {room:,}")
+    return Unit(str(path), count)
 
 
 def split_units(spec: str) -> tuple[dict[str, list[Unit]], list[str] | None, dict[str, Any]]:
@@ -343,17 +335,18 @@ def split_units(spec: str) -> tuple[dict[str, list[Unit]], list[str] | None, dic
     if pattern:  # the pattern's shards are the training split
         known = {str(p): c for p, c in counted.get("train", [])}
         counted["train"] = [(p, known.get(str(p), -1)) for p in files]
-    splits = {name: [Unit(str(p), c if c >= 0 else scan_shard(p)[0]) for p, c in entries]
-              for name, entries in counted.items() if entries}
-    for name, units in splits.items():
-        for unit in units:
-            if not os.path.isfile(unit.path):
-                raise FileNotFoundError(f"wds:{spec}: shard {unit.path} of the {name} split is missing")
+    splits = {name: [_unit(spec, name, p, c) for p, c in entries] for name, entries in counted.items() if entries}
     classes = index.get("classes") if index else None
     return splits, classes, index or {}
 
 
 def class_names_by_scan(units: list[Unit]) -> list[str]:
-    """Class names "0" .. "K-1" from the largest label in the shards (no index to name them)."""
-    top = max(scan_shard(Path(unit.path))[1] for unit in units)
+    """Class names "0" .. "K-1" from the largest label in the shards (no index to name them): pass every
+    split's units, so a test label above the training split's largest still names a class."""
+    top = max((scan_shard(Path(unit.path))[1] for unit in units), default=-1)
     return [str(i) for i in range(top + 1)]
+
+
+def damage(units: list[Unit]) -> list[str]:
+    """What the scans of these shards found damaged ("" entries left out): the reason a split came up short."""
+    return [problem for unit in units if (problem := scan_shard(Path(unit.path))[2])]

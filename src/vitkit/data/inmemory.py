@@ -1,0 +1,71 @@
+"""Small splits decoded into memory up front, and the one error for a split left with no usable sample.
+
+A corrupt sample or file is skipped and counted, and named in the log (the first few one by one);
+a split in which nothing is left is an `EmptySplitError` that says how many samples were skipped and
+why, naming the files, instead of a run that trains on nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from vitkit.data.images import MAX_PIXELS, decode_files
+from vitkit.data.imageset import MAX_FILES_IN_MEMORY, EmptySplitError, ImageSet, fits_in_memory
+from vitkit.data.stream import ShardSet, read_all, sample_problem
+
+log = logging.getLogger(__name__)
+
+MAX_LOGGED = 10  # corrupt samples named one by one in the log; the rest are counted
+SHOWN = 3  # problems quoted in an EmptySplitError
+
+
+def _sample_sources(subset: ShardSet) -> tuple[list[bytes], torch.Tensor, list[str], list[str]]:
+    """(encoded images, labels, names) of a streamed split's usable samples, and each unusable one's problem."""
+    samples = read_all(subset)
+    problems = [sample_problem(sample, subset.num_classes) for sample in samples]
+    kept = [i for i, problem in enumerate(problems) if not problem]
+    reasons = [f"{samples[i].key}: {problem}" for i, problem in enumerate(problems) if problem]
+    for reason in reasons[:MAX_LOGGED]:
+        log.warning("skipping corrupt sample %s", reason)
+    if len(reasons) > MAX_LOGGED:
+        log.warning("skipped %d corrupt samples of %d in all", len(reasons), len(samples))
+    labels = torch.tensor([samples[i].label for i in kept], dtype=torch.int64)
+    return [samples[i].image for i in kept], labels, [samples[i].key for i in kept], reasons
+
+
+def materialise(subset: ImageSet | ShardSet, *, strict: bool, max_in_memory_bytes: int, num_workers: int | None,
+                max_pixels: int = MAX_PIXELS) -> tuple[ImageSet | ShardSet, list[str]]:
+    """(the set, decoded into memory when it is small (imageset.fits_in_memory), and the problem of each sample
+    left out, naming its file); larger sets come back as they are, their bad samples surface while reading."""
+    if subset.images is not None:
+        return subset, []
+    size, channels = subset.load_size, subset.channels
+    if not fits_in_memory(len(subset), channels, size, max_in_memory_bytes):
+        log.info("%d images at %dx%d exceed %d bytes or %d images: %s", len(subset), size, size, max_in_memory_bytes,
+                 MAX_FILES_IN_MEMORY, "streamed from shards" if subset.access == "stream" else "decoding on the fly")
+        return subset, []
+    if isinstance(subset, ShardSet):
+        sources, labels, names, reasons = _sample_sources(subset)
+    else:
+        sources, labels, names, reasons = subset.files, subset.labels, None, []
+    images, good, errors = decode_files(sources, channels, size, strict=strict, num_workers=num_workers,
+                                        max_pixels=max_pixels, names=names)
+    return ImageSet(images=images, labels=labels[good], class_names=subset.class_names, load_size=size,
+                    skipped=len(subset) - len(good), channels=channels, origin=subset.origin), reasons + errors
+
+
+def check_usable(result: ImageSet | ShardSet, uri: str, split: str, reasons: list[str], damage: list[str]) -> None:
+    """Raise EmptySplitError when `result` holds no sample, saying how many were skipped and why."""
+    if len(result):
+        return
+    skipped = getattr(result, "skipped", 0)
+    parts = [f"{uri} {split} split has no usable sample: {skipped:,} skipped as corrupt"]
+    if damage:
+        parts.append(f"{len(damage)} shard(s) damaged: " + "; ".join(damage[:SHOWN]))
+    if reasons:
+        parts.append("first problems: " + "; ".join(reasons[:SHOWN]))
+    if not damage and not reasons:
+        parts.append("the source lists no sample for it")
+    raise EmptySplitError(", ".join(parts[:1]) + (" (" + "; ".join(parts[1:]) + ")" if parts[1:] else ""))

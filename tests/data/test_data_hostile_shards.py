@@ -1,0 +1,147 @@
+"""Shards read as untrusted input: forged tar headers are bounded by the file's real size, a bad shard
+affects only itself, and a split left with no usable sample is one clear error."""
+
+from __future__ import annotations
+
+import json
+import time
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from shardkit import numbered_shards, png, write_tar
+from vitkit.data.imageset import EmptySplitError
+from vitkit.data.sources import load_split
+from vitkit.data.stream import read_all
+from vitkit.data.tarshards import TarFormatError, tar_members
+
+EIGHT_GIB = 8 << 30
+
+
+def forge_size(path: Path, header: int, size: int) -> None:
+    """Rewrite the size field of the `header`-th 512-byte block of a tar (checksum recomputed)."""
+    raw = bytearray(path.read_bytes())
+    block = raw[header * 512:(header + 1) * 512]
+    block[124:136] = b"%011o\0" % size if size < 8 ** 11 else b"\x80" + size.to_bytes(11, "big")
+    block[148:156] = b" " * 8
+    block[148:156] = b"%06o\0 " % sum(block)
+    raw[header * 512:(header + 1) * 512] = block
+    path.write_bytes(bytes(raw))
+
+
+def _forged_beside_valid_test(tmp_path: Path, first: str = "a.png") -> Path:
+    numbered_shards(tmp_path, [10], prefix="test")
+    members = [(first, b"x" * 100), ("a.cls" if first != "a.cls" else "a.png", b"1")]
+    forge_size(write_tar(tmp_path / "train-000000.tar", members), 0, EIGHT_GIB)
+    return tmp_path
+
+
+@pytest.mark.parametrize("first", ["a.png", "a.cls"])
+def test_a_header_claiming_8_gib_is_a_clear_error_and_the_test_shard_still_reads(tmp_path: Path, first: str) -> None:
+    uri = f"wds:{_forged_beside_valid_test(tmp_path, first)}"
+    tracemalloc.start()
+    start = time.perf_counter()
+    with pytest.raises(EmptySplitError) as caught:
+        load_split(uri, "train", image_size=8)
+    seconds, peak = time.perf_counter() - start, tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    message = str(caught.value)
+    assert seconds < 1.0 and peak < 16 << 20  # nothing allocated beyond the headers
+    assert "train-000000.tar" in message and "8,589,934,592" in message and "train split" in message
+    test = load_split(uri, "test", image_size=8)
+    assert len(test) == 10 and test.skipped == 0 and test.num_classes == 10
+
+
+def test_member_sizes_are_bounded_by_the_file(tmp_path: Path) -> None:
+    path = write_tar(tmp_path / "t.tar", [("a.png", b"x" * 600), ("a.cls", b"1")])
+    forge_size(path, 0, EIGHT_GIB)
+    with open(path, "rb") as handle, pytest.raises(TarFormatError, match=r"a\.png.*8,589,934,592 bytes"):
+        list(tar_members(handle))
+
+
+def test_an_indexed_forged_shard_counts_as_skipped_and_names_the_file(tmp_path: Path) -> None:
+    _forged_beside_valid_test(tmp_path)
+    index = {"splits": {"train": [{"shard": "train-000000.tar", "count": 1}],
+                        "test": [{"shard": "test-000000.tar", "count": 10}]}, "classes": [str(k) for k in range(10)]}
+    (tmp_path / "dataset.json").write_text(json.dumps(index))
+    with pytest.raises(EmptySplitError, match=r"1 skipped as corrupt.*train-000000\.tar.*8,589,934,592 bytes"):
+        load_split(f"wds:{tmp_path}", "train", image_size=8)
+    assert len(load_split(f"wds:{tmp_path}", "test", image_size=8)) == 10
+
+
+def test_a_damaged_shard_spoils_only_itself_and_is_named_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    ids = numbered_shards(tmp_path, [4, 6])
+    forge_size(tmp_path / "train-000000.tar", 4, EIGHT_GIB)  # sample 1's image header
+    data = load_split(f"wds:{tmp_path}", "train", image_size=8, max_in_memory_bytes=0)
+    assert len(data) == 7 and len(data.problems) == 1  # the scan counts sample 0 of the damaged shard
+    samples = read_all(data) + read_all(data)
+    assert [s.key.rpartition(":")[2] for s in samples if not s.problem] == [f"s{i:06d}" for i in [0, *ids[4:]]] * 2
+    assert caplog.text.count("train-000000.tar") == 1 and "8,589,934,592" in caplog.text
+    memory = load_split(f"wds:{tmp_path}", "train", image_size=8)
+    assert len(memory) == 7 and memory.skipped == 0
+
+
+def test_a_stream_with_no_usable_sample_stops_with_a_clear_error(tmp_path: Path) -> None:
+    import torch
+
+    from vitkit.data.stream import ShardBatches
+
+    for k in range(2):
+        members = [m for i in range(5) for m in ((f"s{i}.png", b"\x89PNG broken"), (f"s{i}.cls", b"1"))]
+        write_tar(tmp_path / f"train-{k:06d}.tar", members)
+    data = load_split(f"wds:{tmp_path}", "train", image_size=8, max_in_memory_bytes=0)
+    batches = ShardBatches(data, seed=0, global_batch=2, rank=0, world=1, micro_batch=2, device=torch.device("cpu"),
+                           workers=0, strict=False, window=4)
+    with pytest.raises(EmptySplitError, match=r"10 samples\) has no usable sample: the last 10 read"):
+        for _ in zip(range(100), batches):
+            pass
+
+
+@pytest.mark.parametrize("entry, problem", [
+    ({"shard": "train-000000.tar", "count": "many"}, "bad entry"),
+    ({"shard": "../elsewhere.tar", "count": 1}, "bad entry"),
+    ({"shard": "train-000000.tar", "count": 10 ** 12}, "hold at most"),
+    ({"count": 1}, "bad entry"),
+    ("train-000000.tar", "bad entry")])
+def test_index_entries_are_checked(tmp_path: Path, entry: object, problem: str) -> None:
+    numbered_shards(tmp_path, [3])
+    (tmp_path / "dataset.json").write_text(json.dumps({"splits": {"train": [entry]}}))
+    with pytest.raises(ValueError, match=problem):
+        load_split(f"wds:{tmp_path}", "train", image_size=8)
+
+
+@pytest.mark.parametrize("fields, problem", [({"classes": 5}, "'classes'"), ({"channels": 7}, "'channels'"),
+                                             ({"image_size": "big"}, "'image_size'"), ({"splits": []}, "'splits'")])
+def test_index_fields_are_checked(tmp_path: Path, fields: dict, problem: str) -> None:
+    numbered_shards(tmp_path, [3])
+    index = {"splits": {"train": [{"shard": "train-000000.tar", "count": 3}]}, **fields}
+    (tmp_path / "dataset.json").write_text(json.dumps(index))
+    with pytest.raises(ValueError, match=f"dataset.json: .*{problem}"):
+        load_split(f"wds:{tmp_path}", "train", image_size=8)
+
+
+def _header(name: bytes, size_field: bytes, kind: bytes = b"0") -> bytes:
+    block = bytearray(512)
+    block[:len(name)], block[124:136], block[156:157] = name, size_field, kind
+    block[148:156] = b" " * 8
+    block[148:156] = b"%06o\0 " % sum(block)
+    return bytes(block)
+
+
+@pytest.mark.parametrize("size_field, problem", [(b"-0000001000\0", "bad number"), (b"\xff" * 12, "negative"),
+                                                 (b"0000000009\0\0", "bad number")])
+def test_size_fields_must_be_non_negative_numbers(tmp_path: Path, size_field: bytes, problem: str) -> None:
+    path = tmp_path / "t.tar"
+    path.write_bytes(_header(b"a.png", size_field) + bytes(2048))
+    with open(path, "rb") as handle, pytest.raises(TarFormatError, match=problem):
+        list(tar_members(handle))
+
+
+def test_a_pax_record_of_length_zero_is_an_error_not_a_loop(tmp_path: Path) -> None:
+    records = b"0 path=x.png\n".ljust(512, b"\0")
+    path = tmp_path / "t.tar"
+    path.write_bytes(_header(b"pax", b"%011o\0" % 13, b"x") + records + _header(b"a.png", b"%011o\0" % 0) + bytes(1024))
+    with open(path, "rb") as handle, pytest.raises(TarFormatError, match="damaged pax header"):
+        list(tar_members(handle))
