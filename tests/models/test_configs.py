@@ -13,6 +13,7 @@ import torch
 from vitkit.models import build_model, create_model, preset_config
 from vitkit.models.configs import (
     PRESETS,
+    ConfigError,
     HybridConfig,
     ResNetConfig,
     ViTConfig,
@@ -211,3 +212,48 @@ def test_config_dict_round_trip(name):
     assert config_from_dict(data) == config
     with pytest.raises(ValueError, match="does not match"):
         config_from_dict({**data, "bogus": 1})
+
+
+@pytest.mark.parametrize("field, value, problem", [
+    ("depth", 1_000_000, r"depth must be an integer in \[1, 1024\], got 1000000"),
+    ("depth", -3, r"depth must be an integer in \[1, 1024\], got -3"),
+    ("hidden_size", 3_000_000, r"hidden_size must be an integer in \[1, 65536\], got 3000000"),
+    ("hidden_size", "192", r"hidden_size must be an integer in \[1, 65536\], got '192'"),
+    ("hidden_size", 192.0, r"hidden_size must be an integer in \[1, 65536\], got 192.0"),
+    ("num_heads", True, r"num_heads must be an integer in \[1, 65536\], got True"),
+    ("representation_size", 0, r"representation_size must be null or an integer in \[1, 65536\], got 0"),
+    ("layer_norm_eps", float("nan"), r"layer_norm_eps must be a finite number in \(0, 1\], got nan"),
+    ("layer_norm_eps", 0.0, r"layer_norm_eps must be a finite number in \(0, 1\], got 0.0"),
+    ("dropout", float("inf"), r"dropout must be a finite number in \[0, 1\), got inf"),
+    ("dropout", "0.1", r"dropout must be a finite number in \[0, 1\), got '0.1'"),
+    ("pool", "max", r"pool must be one of \['token', 'gap'\], got 'max'"),
+    ("gelu", ["tanh"], r"gelu must be one of \['tanh', 'exact'\], got \['tanh'\]"),
+    ("qkv_bias", 1, r"qkv_bias must be true or false, got 1"),
+])
+def test_vit_config_fields_are_checked_by_type_and_range(field, value, problem):
+    with pytest.raises(ConfigError, match=problem) as caught:
+        ViTConfig(**{field: value})
+    assert caught.value.field == field
+
+
+def test_nested_and_resnet_fields_are_named():
+    vit = config_to_dict(PRESETS["r50_vit_b16"])
+    vit["vit"]["depth"] = 0
+    with pytest.raises(ConfigError, match=r"^vit\.depth must be an integer in \[1, 1024\], got 0$"):
+        config_from_dict(vit)
+    with pytest.raises(ConfigError, match=r"layers must be a list of 1 to 4 integers in \[1, 256\], got \[3, '4'\]"):
+        ResNetConfig(layers=[3, "4"])
+    with pytest.raises(ConfigError, match=r"width_factor must be an integer in \[1, 64\], got 1000"):
+        HybridConfig(width_factor=1000)
+    with pytest.raises(ValueError, match="must be an object"):
+        config_from_dict(["vit"])
+    with pytest.raises(ValueError, match="vit must be an object"):
+        config_from_dict({"family": "hybrid", "vit": 3})
+    assert ResNetConfig(layers=[2, 2]).layers == (2, 2)  # a JSON list becomes the tuple presets use
+
+
+def test_numpy_integers_are_integers():
+    import numpy as np
+
+    config = ViTConfig(depth=np.int64(3), hidden_size=np.int32(64), num_heads=2)
+    assert type(config.depth) is int and json.loads(json.dumps(config_to_dict(config)))["hidden_size"] == 64

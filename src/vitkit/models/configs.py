@@ -8,8 +8,10 @@ follow the official google-research/vision_transformer code.  The hybrid backbon
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 Pool = Literal["token", "gap"]
 PosEmb = Literal["none", "learned_1d", "learned_2d", "sincos_2d", "relative"]
@@ -18,6 +20,54 @@ Gelu = Literal["tanh", "exact"]
 AttnImpl = Literal["auto", "sdpa", "explicit"]
 Init = Literal["official", "mimetic"]
 PatchKeep = Literal["random", "content"]
+
+# Ranges of the size fields, generous (ViT-H is L=32, D=1280, 5120 MLP; ImageNet-21k has 21,843 classes):
+# they make a config read from a file safe to build on the meta device; the memory limit of
+# vitkit.checkpoints.read then refuses the large ones.
+MAX_DEPTH, MAX_WIDTH, MAX_MLP, MAX_IMG = 1024, 65536, 262144, 16384
+MAX_CLASSES, MAX_CHANS, MAX_UNITS, MAX_WIDTH_FACTOR = 1 << 20, 4096, 256, 64
+
+
+class ConfigError(ValueError):
+    """A config field of the wrong type or out of range; `field` names it ("vit.depth" inside a hybrid)."""
+
+    def __init__(self, field: str, problem: str):
+        super().__init__(f"{field} {problem}")
+        self.field, self.problem = field, problem
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def check_int(name: str, value: Any, low: int, high: int, *, optional: bool = False) -> None:
+    """An integer in [low, high] (None too when `optional`), else a ConfigError naming `name`."""
+    if (optional and value is None) or (_integer(value) and low <= value <= high):
+        return
+    kind = "null or an integer" if optional else "an integer"
+    raise ConfigError(name, f"must be {kind} in [{low}, {high}], got {value!r}")
+
+
+def check_number(name: str, value: Any, low: float, high: float, *, open_low: bool = False, open_high: bool = False) -> None:
+    """A finite real number in the interval, else a ConfigError naming `name` (NaN and inf are refused)."""
+    real = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+    if real and (low < value if open_low else low <= value) and (value < high if open_high else value <= high):
+        return
+    interval = f"{'(' if open_low else '['}{low:g}, {high:g}{')' if open_high else ']'}"
+    raise ConfigError(name, f"must be a finite number in {interval}, got {value!r}")
+
+
+def check_choice(name: str, value: Any, options: tuple[str, ...]) -> None:
+    if not (isinstance(value, str) and value in options):
+        raise ConfigError(name, f"must be one of {list(options)}, got {value!r}")
+
+
+def check_units(name: str, value: Any, fewest: int, most: int) -> tuple[int, ...]:
+    """Units per stage: a list of `fewest` to `most` integers in [1, MAX_UNITS], returned as a tuple."""
+    ok = isinstance(value, (tuple, list)) and fewest <= len(value) <= most
+    if not (ok and all(_integer(v) and 1 <= v <= MAX_UNITS for v in value)):
+        raise ConfigError(name, f"must be a list of {fewest} to {most} integers in [1, {MAX_UNITS}], got {value!r}")
+    return tuple(int(v) for v in value)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,6 +98,7 @@ class ViTConfig:
     init: Init = "official"  # "mimetic": attention weights as trained ViTs show them (Trockman & Kolter 2023; an option)
 
     def __post_init__(self) -> None:
+        self._check_fields()
         if self.hidden_size % self.num_heads:
             raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
         if self.posemb == "learned_2d" and self.hidden_size % 2:
@@ -63,17 +114,25 @@ class ViTConfig:
         if self.patch_dropout and (self.posemb == "relative" or self.posemb_where != "input"):
             raise ValueError("patch_dropout needs position embeddings added once at the input (posemb_where='input', "
                              "not relative): the dropped tokens' positions are not tracked further")
+
+    def _check_fields(self) -> None:
+        # every field by type and range first: a config read from a file may hold anything
+        sizes = {"img_size": (1, MAX_IMG), "patch_size": (1, MAX_IMG), "in_chans": (1, MAX_CHANS),
+                 "num_classes": (0, MAX_CLASSES), "hidden_size": (1, MAX_WIDTH), "depth": (1, MAX_DEPTH),
+                 "num_heads": (1, MAX_WIDTH), "mlp_dim": (1, MAX_MLP)}  # fmt: skip
+        for name, (low, high) in sizes.items():
+            check_int(name, getattr(self, name), low, high)
+            object.__setattr__(self, name, int(getattr(self, name)))  # numpy integers -> int (JSON-ready)
+        check_int("representation_size", self.representation_size, 1, MAX_WIDTH, optional=True)
         for name in ("dropout", "attention_dropout", "drop_path", "patch_dropout"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
-        if self.attn_impl not in ("auto", "sdpa", "explicit"):
-            raise ValueError(f"attn_impl must be auto, sdpa or explicit, got {self.attn_impl!r}")
-        if self.patch_dropout_keep not in ("random", "content"):
-            raise ValueError(f"patch_dropout_keep must be random or content, got {self.patch_dropout_keep!r}")
-        if self.init not in ("official", "mimetic"):
-            raise ValueError(f"init must be official or mimetic, got {self.init!r}")
-        if self.num_classes < 0 or self.in_chans < 1:
-            raise ValueError("num_classes must be >= 0 and in_chans >= 1")
+            check_number(name, getattr(self, name), 0.0, 1.0, open_high=True)
+        check_number("layer_norm_eps", self.layer_norm_eps, 0.0, 1.0, open_low=True)
+        choices = {"pool": Pool, "posemb": PosEmb, "posemb_where": PosEmbWhere, "gelu": Gelu, "attn_impl": AttnImpl,
+                   "init": Init, "patch_dropout_keep": PatchKeep}  # fmt: skip
+        for name, options in choices.items():
+            check_choice(name, getattr(self, name), get_args(options))
+        if not isinstance(self.qkv_bias, bool):
+            raise ConfigError("qkv_bias", f"must be true or false, got {self.qkv_bias!r}")
 
     @property
     def head_dim(self) -> int:  # D_h = D / k
@@ -91,8 +150,14 @@ class ResNetConfig:
     num_classes: int = 1000  # 0 = no head, forward() returns the pooled features
 
     def __post_init__(self) -> None:
-        if not self.layers or min(self.layers) < 1 or self.width_factor < 1:
-            raise ValueError(f"bad ResNet layers {self.layers} / width_factor {self.width_factor}")
+        try:
+            object.__setattr__(self, "layers", check_units("layers", self.layers, 1, 4))  # a JSON list -> tuple
+        except ConfigError as err:
+            raise ConfigError("layers", f"{err.problem} (bad ResNet layers)") from None
+        check_int("width_factor", self.width_factor, 1, MAX_WIDTH_FACTOR)
+        check_int("img_size", self.img_size, 1, MAX_IMG)
+        check_int("in_chans", self.in_chans, 1, MAX_CHANS)
+        check_int("num_classes", self.num_classes, 0, MAX_CLASSES)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -109,8 +174,13 @@ class HybridConfig:
     width_factor: int = 1
 
     def __post_init__(self) -> None:
-        if len(self.resnet_layers) > 4 or min(self.resnet_layers, default=1) < 1:
-            raise ValueError(f"hybrid backbone needs 0 to 4 stages of >= 1 unit, got {self.resnet_layers}")
+        if not isinstance(self.vit, ViTConfig):
+            raise ConfigError("vit", f"must be a ViTConfig, got {type(self.vit).__name__}")
+        try:
+            object.__setattr__(self, "resnet_layers", check_units("resnet_layers", self.resnet_layers, 0, 4))
+        except ConfigError as err:
+            raise ConfigError("resnet_layers", f"{err.problem}: the hybrid backbone needs 0 to 4 stages") from None
+        check_int("width_factor", self.width_factor, 1, MAX_WIDTH_FACTOR)
         if self.vit.img_size % (self.stride * self.vit.patch_size):
             raise ValueError(
                 f"img_size {self.vit.img_size} is not divisible by the hybrid's total stride "
@@ -191,21 +261,39 @@ def config_to_dict(config: ModelConfig) -> dict[str, Any]:
     return {"family": family, **out}
 
 
+FAMILIES: dict[str, type] = {"vit": ViTConfig, "resnet": ResNetConfig, "hybrid": HybridConfig}
+
+
 def config_from_dict(data: dict[str, Any]) -> ModelConfig:
-    """Rebuild a config from `config_to_dict` output; unknown fields raise a clear error."""
+    """Rebuild a config from `config_to_dict` output (JSON); a wrong field raises a ConfigError naming it.
+
+    Any JSON may arrive here (a hand-edited checkpoint): every field is checked by type and range
+    before anything uses it.
+    """
+    if not isinstance(data, dict):
+        raise ValueError(f"a model config must be an object of config fields, got {type(data).__name__}")
     data = dict(data)
     family = data.pop("family", "vit")
+    if not isinstance(family, str) or family not in FAMILIES:
+        raise ValueError(f"unknown model family {family!r} (expected vit, resnet or hybrid)")
+    _reject_unknown(FAMILIES[family], data, family)
+    if family != "hybrid":
+        return FAMILIES[family](**data)
+    vit = data.pop("vit", None)
+    if not isinstance(vit, dict):
+        raise ValueError(f"vit must be an object of ViT config fields, got {type(vit).__name__}")
+    _reject_unknown(ViTConfig, vit, "vit")
     try:
-        if family == "vit":
-            return ViTConfig(**data)
-        if family == "resnet":
-            return ResNetConfig(**{**data, "layers": tuple(data["layers"])})
-        if family == "hybrid":
-            vit = ViTConfig(**data.pop("vit"))
-            return HybridConfig(vit=vit, **{**data, "resnet_layers": tuple(data["resnet_layers"])})
-    except TypeError as err:
-        raise ValueError(f"model config does not match vitkit's {family} config: {err}") from None
-    raise ValueError(f"unknown model family {family!r} (expected vit, resnet or hybrid)")
+        encoder = ViTConfig(**vit)
+    except ConfigError as err:
+        raise ConfigError(f"vit.{err.field}", err.problem) from None
+    return HybridConfig(vit=encoder, **data)
+
+
+def _reject_unknown(cls: type, data: dict[str, Any], family: str) -> None:
+    unknown = sorted(str(k) for k in set(data) - {f.name for f in dataclasses.fields(cls)})
+    if unknown:
+        raise ValueError(f"model config does not match vitkit's {family} config: unknown field(s) {unknown}")
 
 
 def vit_config(config: ViTConfig | HybridConfig) -> ViTConfig:
