@@ -5,6 +5,9 @@ Alpha is dropped as torchvision's ImageFolder does (`convert("RGB")`); 16-bit gr
 to 8 bits rather than clipped.  A file Pillow cannot fully decode (corrupt, truncated, empty) raises
 `BadImageError` naming the file, and an image whose header claims more pixels than `max_pixels` is
 refused before any pixel is decoded (decompression-bomb guard, like Pillow's `MAX_IMAGE_PIXELS`).
+Files are untrusted input: only the formats of IMAGE_EXTENSIONS are opened (`FORMATS`; Pillow's other
+plugins, EPS through Ghostscript among them, never see the bytes), a header claiming an empty image
+is refused, a palette with transparency goes through RGBA, and a 1x1 image is resized like any other.
 
 JPEGs decoded to RGB go through `simplejpeg` (libjpeg-turbo, the `jpeg` extra) when it is installed,
 with the same power-of-two DCT-domain scaling Pillow's `draft` uses, so the pixels are identical and
@@ -34,6 +37,7 @@ except ImportError:  # pragma: no cover - depends on the environment
 log = logging.getLogger(__name__)
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
+FORMATS = ("JPEG", "PNG", "BMP", "GIF", "WEBP", "TIFF", "PPM")  # Pillow plugins of IMAGE_EXTENSIONS; no others
 MAX_PIXELS = 89_478_485  # Pillow's default Image.MAX_IMAGE_PIXELS (about 0.25 GiB of 24-bit pixels)
 _MAX_LOGGED = 10  # bad files named one by one in the log; the rest only counted
 
@@ -50,17 +54,31 @@ def _source_name(source: str | os.PathLike | bytes) -> str:
     return "<bytes>" if isinstance(source, (bytes, bytearray, memoryview)) else str(source)
 
 
+def _to_8bit(image: Image.Image) -> Image.Image:
+    """16/32-bit integer or float grayscale (e.g. a 16-bit PNG) -> "L": 0..65535 mapped onto 0..255 instead of
+    clipped at 255 (values above 65535 clip; NaN reads as 0).  One float32 copy, worked in place: 4 bytes a pixel."""
+    array = np.asarray(image, dtype=np.float32)
+    if not array.flags.writeable:
+        array = array.copy()
+    np.nan_to_num(array, copy=False, nan=0.0, posinf=65535.0, neginf=0.0)
+    array *= 255.0 / 65535.0 if image.mode.startswith("I;16") or array.max(initial=0) > 255 else 1.0
+    np.clip(np.rint(array, out=array), 0, 255, out=array)
+    return Image.fromarray(array.astype(np.uint8), "L")
+
+
 def _to_mode(image: Image.Image, channels: int) -> Image.Image:
     """Any Pillow mode -> "L" (channels=1) or "RGB" (channels=3)."""
     if image.mode in ("I", "I;16", "I;16B", "I;16L", "I;16N", "F"):
-        # 16/32-bit grayscale (e.g. 16-bit PNG): map 0..65535 onto 0..255 instead of clipping at 255.
-        array = np.asarray(image, dtype=np.float64)
-        scale = 255.0 / 65535.0 if image.mode.startswith("I;16") or array.max(initial=0) > 255 else 1.0
-        image = Image.fromarray(np.clip(np.rint(array * scale), 0, 255).astype(np.uint8), "L")
+        image = _to_8bit(image)
     if image.mode == "P" and "transparency" in image.info:
         image = image.convert("RGBA")  # Pillow's advice: palette transparency goes through RGBA
     target = "L" if channels == 1 else "RGB"
-    return image if image.mode == target else image.convert(target)
+    if image.mode == target:
+        return image
+    try:
+        return image.convert(target)
+    except ValueError:  # no direct conversion (LAB -> L): through RGB
+        return image.convert("RGB").convert(target)
 
 
 def _bomb(name: str, width: int, height: int, max_pixels: int) -> DecompressionBombError:
@@ -72,7 +90,7 @@ def _open(source: str | os.PathLike | bytes, max_pixels: int, name: str) -> Imag
     """Open lazily (header only) and refuse decompression bombs and empty images before decoding any pixel."""
     handle = io.BytesIO(source) if isinstance(source, (bytes, bytearray, memoryview)) else source
     try:
-        image = Image.open(handle)
+        image = Image.open(handle, formats=FORMATS)
     except Image.DecompressionBombError as error:  # Pillow's own guard (twice its MAX_IMAGE_PIXELS) fired first
         raise DecompressionBombError(f"{name}: refusing to decode ({error}); possible decompression bomb") from error
     except UnidentifiedImageError as error:  # its message shows a BytesIO's address, not the file

@@ -1,0 +1,76 @@
+"""Image files read as untrusted input: odd modes become documented pixels; empty, truncated, foreign and
+oversized files are one clear error naming the file."""
+
+from __future__ import annotations
+
+import io
+import struct
+import zlib
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from vitkit.data.images import BadImageError, DecompressionBombError, decode_image
+
+
+def encoded(image: Image.Image, fmt: str, **options) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format=fmt, **options)
+    return buffer.getvalue()
+
+
+def png_claiming(width: int, height: int) -> bytes:
+    """A PNG whose header claims width x height 8-bit grayscale pixels, with one tiny compressed row."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 9)) + chunk(b"IEND", b"")
+
+
+def test_sixteen_bit_grayscale_is_scaled_not_clipped() -> None:
+    values = np.array([[0, 257 * 100, 65535, 257 * 7]], dtype=np.uint16)
+    decoded = decode_image(encoded(Image.fromarray(values), "PNG"), channels=1)
+    assert decoded[0].tolist() == [[0, 100, 255, 7]]
+
+
+def test_float_images_with_nan_read_as_zero() -> None:
+    values = np.array([[np.nan, 3.0, 300.0 * 257, np.inf]], dtype=np.float32)
+    decoded = decode_image(encoded(Image.fromarray(values), "TIFF"), channels=1)
+    assert decoded[0].tolist() == [[0, 0, 255, 255]]  # above 255: read as 16-bit; inf as the largest value
+
+
+def test_palette_transparency_cmyk_and_lab_keep_their_colours() -> None:
+    palette = Image.new("P", (4, 4), 1)
+    palette.putpalette([0, 0, 0, 200, 30, 40] + [0] * 762)
+    assert decode_image(encoded(palette, "PNG", transparency=0))[:, 0, 0].tolist() == [200, 30, 40]
+    cmyk = decode_image(encoded(Image.new("RGB", (8, 8), (200, 30, 40)).convert("CMYK"), "TIFF"))
+    assert cmyk[:, 0, 0].tolist() == [200, 30, 40]
+    lab = Image.new("RGB", (8, 8), (200, 30, 40)).convert("LAB")
+    gray = decode_image(encoded(lab, "TIFF"), channels=1)  # no LAB -> L conversion: through RGB
+    assert abs(int(gray[0, 0, 0]) - round(0.299 * 200 + 0.587 * 30 + 0.114 * 40)) <= 3
+
+
+def test_a_one_pixel_image_is_resized_like_any_other() -> None:
+    decoded = decode_image(encoded(Image.new("RGB", (1, 1), (10, 20, 30)), "PNG"), size=16)
+    assert decoded.shape == (3, 16, 16) and decoded[:, 7, 9].tolist() == [10, 20, 30]
+
+
+@pytest.mark.parametrize("data, problem", [
+    (png_claiming(0, 5), "empty 0x5 image|not a readable image"),
+    (png_claiming(64, 64), "corrupt or truncated"),
+    (encoded(Image.new("RGB", (8, 8)), "ICO"), "not a readable image"),  # a format outside IMAGE_EXTENSIONS
+    (encoded(Image.new("RGB", (64, 64)), "JPEG")[:300], "corrupt or truncated|not a readable image"),
+    (b"", "not a readable image")])
+def test_bad_files_name_the_file_and_the_problem(data: bytes, problem: str) -> None:
+    with pytest.raises(BadImageError, match=f"^upload.png: ({problem})"):
+        decode_image(data, size=16, name="upload.png")
+
+
+@pytest.mark.filterwarnings("ignore::PIL.Image.DecompressionBombWarning")  # Pillow warns; vitkit refuses
+def test_a_header_claiming_huge_dimensions_is_refused_before_decoding() -> None:
+    with pytest.raises(DecompressionBombError, match=r"^upload.png: refusing to decode a 10000x9000 image"):
+        decode_image(png_claiming(10_000, 9_000), name="upload.png")
+    with pytest.raises(DecompressionBombError, match=r"^upload.png: refusing .*10000000000 pixels"):
+        decode_image(png_claiming(100_000, 100_000), name="upload.png")  # Pillow's own guard (2x its limit) fires first
