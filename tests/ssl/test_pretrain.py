@@ -17,7 +17,7 @@ from vitkit.data.transforms import AugmentConfig
 from vitkit.models import create_model
 from vitkit.models.configs import ViTConfig
 from vitkit.ssl.masked_patch import MaskedPatchPrediction, MPPConfig
-from vitkit.ssl.objective import MaskedPatchObjective, mpp_train_config
+from vitkit.train.objectives import MaskedPatchObjective, mpp_train_config
 from vitkit.train.assemble import Splits
 from vitkit.train.config import DataConfig, OptimConfig, RunConfig, TrainConfig
 from vitkit.train.optim import build_optimizer

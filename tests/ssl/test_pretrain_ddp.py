@@ -17,7 +17,7 @@ from vitkit.data.transforms import AugmentConfig
 from vitkit.models import create_model
 from vitkit.models.configs import ViTConfig
 from vitkit.ssl.masked_patch import MPPConfig
-from vitkit.ssl.objective import mpp_train_config
+from vitkit.train.objectives import mpp_train_config
 from vitkit.train import distributed
 from vitkit.train.assemble import Splits
 from vitkit.train.trainer import Trainer

@@ -55,7 +55,7 @@ def _config(args: argparse.Namespace) -> Any:
     config = resolved.config
     if mpp:
         from vitkit.ssl.masked_patch import MPPConfig
-        from vitkit.ssl.objective import mpp_train_config
+        from vitkit.train.objectives import mpp_train_config
 
         objective = MPPConfig(target=args.target, corrupt_rate=args.corrupt_rate, replace=tuple(args.replace))
         config = mpp_train_config(config, objective, lr=args.lr, warmup_steps=args.warmup_steps)

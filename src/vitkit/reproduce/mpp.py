@@ -1,7 +1,7 @@
 """`mpp` (Sec. 4.6, App. B.1.2): masked patch prediction before fine-tuning, against training from scratch.
 
 Arms, per seed (benchmarks/mpp_transfer.py made a study):
-  mpp-pretrain   masked patch prediction (ssl/objective.py: 50% of patches corrupted 80/10/10, the 3-bit
+  mpp-pretrain   masked patch prediction (ssl/masked_patch.py: 50% of patches corrupted 80/10/10, the 3-bit
                  mean colour predicted) on every training image, labels unused; 3 units
   sup-pretrain   supervised training of the same ViT on every labelled training image; 3 units
   ft-mpp         fine-tuning from the MPP encoder (new zero-initialised head) on LABELLED of the labels
@@ -23,7 +23,7 @@ from vitkit.reproduce.figures import Panel, Series, draw, mean_sd
 from vitkit.reproduce.scale import timed
 from vitkit.reproduce.study import METRIC_NAMES, Analysis, Claim, Context, Study, by_arm
 from vitkit.ssl.masked_patch import MPPConfig
-from vitkit.ssl.objective import mpp_train_config
+from vitkit.train.objectives import mpp_train_config
 
 LABELLED = 0.02  # of the training split is labelled for fine-tuning (Fashion-MNIST: 108 images per class)
 TINY_LABELLED = 0.25

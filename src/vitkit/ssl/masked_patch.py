@@ -40,6 +40,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vitkit.data.transforms import eval_transform
+
 Target = Literal["mean_color", "downsampled", "pixels"]
 
 # Values of the `kind` tensor returned by `corrupt`.
@@ -246,3 +248,28 @@ def mpp_loss(predictions: Tensor, targets: Tensor, mask: Tensor) -> tuple[Tensor
     loss = F.cross_entropy(logits, labels)
     accuracy = (logits.argmax(-1) == labels).float().mean().detach()
     return loss, accuracy
+
+
+@torch.no_grad()
+def evaluate_mpp(model: MaskedPatchPrediction, images: Tensor, size: int, mean: tuple[float, ...], std: tuple[float, ...],
+                 device: torch.device, batch_size: int = 256, seed: int = 12345) -> dict[str, float | None]:
+    """MPP loss and top-1 / top-5 accuracy over the corrupted patches of held-out uint8 images (fixed corruption seed)."""
+    was_training = model.training
+    model.eval()
+    generator = torch.Generator(device=device).manual_seed(seed)
+    loss_sum, hits1, hits5, count = 0.0, 0.0, 0.0, 0
+    classify = model.config.target != "pixels"
+    for start in range(0, len(images), batch_size):
+        batch = eval_transform(images[start : start + batch_size].to(device), size, mean, std, model.in_chans)
+        out = model(batch, generator)
+        weight = int(out["mask"].sum())
+        loss_sum += float(out["loss"]) * weight
+        count += weight
+        if classify:
+            logits = out["predictions"][out["mask"]].reshape(-1, model.num_colors)  # (M*S, colours)
+            labels = out["targets"][out["mask"]].reshape(-1, 1)
+            best = logits.topk(min(5, model.num_colors), dim=-1).indices
+            hits1 += float((best[:, :1] == labels).any(-1).float().mean()) * weight
+            hits5 += float((best == labels).any(-1).float().mean()) * weight
+    model.train(was_training)
+    return {"loss": loss_sum / count, "top1": hits1 / count if classify else None, "top5": hits5 / count if classify else None}
