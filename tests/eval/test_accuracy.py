@@ -7,7 +7,7 @@ from torch import nn
 
 from vitkit.checkpoints import Checkpoint
 from vitkit.data.sources import ImageSet
-from vitkit.eval.accuracy import EvalConfig, evaluate as evaluate_checkpoint
+from vitkit.eval.accuracy import AccuracyConfig, evaluate as evaluate_checkpoint
 from vitkit.eval.evaluator import evaluate, one_view_note
 from vitkit.models.configs import ViTConfig
 
@@ -64,7 +64,7 @@ def test_checkpoint_accuracy_per_class() -> None:
     checkpoint = Checkpoint(model=Lookup(logits), class_names=["a", "b", "c"], mean=(0.5,), std=(0.5,))
     data = _data(logits, labels)
     data.class_names = ["a", "b", "c"]
-    result = evaluate_checkpoint(checkpoint, data, EvalConfig(img_size=2, device="cpu", batch_size=2))
+    result = evaluate_checkpoint(checkpoint, data, AccuracyConfig(img_size=2, device="cpu", batch_size=2))
     assert result.k == 3 and result.topk == 1.0
     assert abs(result.top1 - 5 / 7) < 1e-12
     assert result.per_class == [2 / 3, 1.0, 2 / 3]

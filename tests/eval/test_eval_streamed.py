@@ -8,14 +8,14 @@ import pytest
 
 from vitkit.data import imageset
 from vitkit.data.shard import write_shards
-from vitkit.eval.accuracy import EvalConfig
+from vitkit.eval.accuracy import AccuracyConfig
 from vitkit.eval.commands import eval_command
 
 
 def test_eval_of_a_streamed_split_matches_in_memory(tmp_path: Path, digits_checkpoint: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     write_shards("digits", tmp_path / "wds", 100)
-    config = EvalConfig(batch_size=64)
+    config = AccuracyConfig(batch_size=64)
     memory = eval_command(digits_checkpoint, f"wds:{tmp_path / 'wds'}", "test", config, None)
     monkeypatch.setattr(imageset, "MAX_FILES_IN_MEMORY", 0)  # every split is "large": streamed
     streamed = eval_command(digits_checkpoint, f"wds:{tmp_path / 'wds'}", "test", config, None)

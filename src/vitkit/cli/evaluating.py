@@ -24,11 +24,11 @@ def add_eval(sub: argparse._SubParsersAction) -> None:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from vitkit.eval.accuracy import EvalConfig
+    from vitkit.eval.accuracy import AccuracyConfig
     from vitkit.eval.commands import eval_command
     from vitkit.eval.evaluator import one_view_note
 
-    config = EvalConfig(img_size=args.img_size, batch_size=args.batch_size, device=args.device, flip_views=args.flip_views)
+    config = AccuracyConfig(img_size=args.img_size, batch_size=args.batch_size, device=args.device, flip_views=args.flip_views)
     report = eval_command(args.checkpoint, args.data, args.split, config, args.out, args.max_images)
     k = next(key for key in report if key.startswith("top") and key[3:].isdigit() and key != "top1")
     lines = [f"{args.data} {args.split}: {report['num_images']} images at {report['img_size']} px",

@@ -6,11 +6,15 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from vitkit.device import pick_device
+from vitkit.eval.evaluator import evaluate as run_evaluator
+from vitkit.eval.features import channels, resolution
+
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True)
-class EvalConfig:
+class AccuracyConfig:
     """How `evaluate` runs a checkpoint over a data split."""
 
     img_size: int | None = None  # input resolution; None = the checkpoint's (others resample position embeddings)
@@ -51,17 +55,13 @@ class EvalResult:
         }
 
 
-def evaluate(checkpoint, images, config: EvalConfig) -> EvalResult:
+def evaluate(checkpoint, images, config: AccuracyConfig) -> EvalResult:
     """Top-1 / top-k, per-class accuracy and confusion matrix of a checkpoint on an `ImageSet`, through the
     one evaluator that training uses too (vitkit.eval.evaluator).
 
     The data set's classes must be the checkpoint's: same number (an error otherwise), matched by
     index (differing names are logged as a warning).
     """
-    from vitkit.device import pick_device
-    from vitkit.eval.evaluator import evaluate as run_evaluator
-    from vitkit.eval.features import channels, resolution
-
     names = checkpoint.class_names
     if names and images.class_names and len(names) != len(images.class_names):
         raise ValueError(

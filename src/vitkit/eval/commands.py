@@ -9,9 +9,12 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
+import torch
+
 from vitkit.atomic import atomic_write_text
-from vitkit.eval.accuracy import EvalConfig, evaluate
-from vitkit.eval.embed import save_embeddings
+from vitkit.data.sources import load_split
+from vitkit.eval.accuracy import AccuracyConfig, evaluate
+from vitkit.eval.embed import output_paths, save_embeddings
 from vitkit.eval.features import channels, compute, resolution
 from vitkit.eval.fewshot import FewShotConfig, run_fewshot
 from vitkit.eval.predict import PredictConfig, predict_files
@@ -21,14 +24,10 @@ log = logging.getLogger(__name__)
 
 
 def _load(uri: str, split: str, checkpoint, img_size: int | None, max_images: int | None = None):
-    from vitkit.data.sources import load_split
-
     images = load_split(uri, split, image_size=resolution(checkpoint, img_size), channels=1 if channels(checkpoint) == 1 else 3)
     if max_images is not None and max_images < len(images) and images.access == "stream":
         raise ValueError("--max-images needs a random-access split; this one is streamed from shards")
     if max_images is not None and max_images < len(images):
-        import torch
-
         keep = torch.randperm(len(images), generator=torch.Generator().manual_seed(0))[:max_images].sort().values
         images = images.subset(keep)
     if images.skipped:
@@ -41,7 +40,7 @@ def default_out(path: str | os.PathLike, name: str) -> Path | None:
     return Path(path) / name if is_run_dir(path) else None
 
 
-def eval_command(path: str | os.PathLike, data: str, split: str, config: EvalConfig, out: str | os.PathLike | None,
+def eval_command(path: str | os.PathLike, data: str, split: str, config: AccuracyConfig, out: str | os.PathLike | None,
                  max_images: int | None = None) -> dict[str, Any]:
     """Accuracy of a checkpoint (or a run's final checkpoint) on a split; writes eval.json and confusion.png to `out`."""
     from vitkit.eval.plots import plot_confusion
@@ -81,8 +80,6 @@ def predict_command(path: str | os.PathLike, files: Sequence[str], config: Predi
 def embed_command(path: str | os.PathLike, data: str, split: str, layer: str, out: str | os.PathLike, *,
                   img_size: int | None = None, batch_size: int = 64, device: str = "auto") -> dict[str, Any]:
     """Representations (`layer`) of every image of a split, saved as .npy or .safetensors with labels."""
-    from vitkit.eval.embed import output_paths
-
     output_paths(out)  # refuse a bad suffix before any work
     checkpoint = open_checkpoint(path)
     images = _load(data, split, checkpoint, img_size)

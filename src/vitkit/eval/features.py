@@ -14,6 +14,8 @@ import torch
 from torch import Tensor, nn
 
 from vitkit.checkpoints import Checkpoint
+from vitkit.data.loader import eval_batches
+from vitkit.data.transforms import eval_transform
 from vitkit.device import pick_device
 from vitkit.models.configs import image_size, in_channels
 
@@ -30,16 +32,12 @@ def channels(checkpoint: Checkpoint) -> int:
 
 def prepare(images: Tensor, checkpoint: Checkpoint, size: int) -> Tensor:
     """uint8 (B, C, H, W) -> the model's normalised float input at `size` x `size`."""
-    from vitkit.data.transforms import eval_transform
-
     return eval_transform(images, size, checkpoint.mean, checkpoint.std, channels(checkpoint))
 
 
 def batches(checkpoint: Checkpoint, images, batch_size: int, size: int, device: torch.device) -> Iterator[tuple[Tensor, Tensor]]:
     """(model inputs (B, C, size, size) on `device`, labels (B,)) of an `ImageSet`, in order (one batcher:
     `vitkit.data.loader.eval_batches`, as every evaluation reads)."""
-    from vitkit.data.loader import eval_batches
-
     for pixels, labels in eval_batches(images, batch_size, device):
         yield prepare(pixels, checkpoint, size), labels.cpu()
 

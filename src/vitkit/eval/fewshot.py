@@ -23,6 +23,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from vitkit.data.fewshot import k_per_class
+from vitkit.eval.features import compute
 from vitkit.eval.ridge import l2_grid, pm1_targets, ridge_path
 
 log = logging.getLogger(__name__)
@@ -127,8 +129,6 @@ def fewshot_accuracy(train_features: Tensor, train_labels: Tensor, test_features
 def evaluate_fewshot(train_features: Tensor, train_labels: Tensor, test_features: Tensor, test_labels: Tensor,
                      num_classes: int, config: FewShotConfig) -> FewShotResult:
     """Few-shot accuracy for every k and seed from precomputed features of the whole train pool."""
-    from vitkit.data.fewshot import k_per_class
-
     result = FewShotResult(num_classes=num_classes, num_test=len(test_labels), layer=config.layer)
     for k in config.shots:
         runs = []
@@ -151,9 +151,6 @@ def run_fewshot(checkpoint, train_set, test_set, config: FewShotConfig) -> FewSh
     Only the images some (k, seed) draw uses are passed through the model; `train_set` and
     `test_set` are `vitkit.data.sources.ImageSet`s with the same classes.
     """
-    from vitkit.data.fewshot import k_per_class
-    from vitkit.eval.features import compute
-
     if train_set.num_classes != test_set.num_classes:
         raise ValueError(f"train has {train_set.num_classes} classes but test has {test_set.num_classes}")
     needed = torch.cat([k_per_class(train_set.labels, k, seed) for k in config.shots for seed in range(config.seeds)])

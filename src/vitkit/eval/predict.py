@@ -15,7 +15,9 @@ from typing import Any, Sequence
 
 import torch
 
-from vitkit.data.images import MAX_PIXELS
+from vitkit.data.images import MAX_PIXELS, decode_image
+from vitkit.device import pick_device
+from vitkit.eval.features import channels, prepare, resolution
 
 log = logging.getLogger(__name__)
 
@@ -58,17 +60,12 @@ def decode_input(source: str | os.PathLike | bytes, checkpoint, size: int, *, ma
     Raises:
         BadImageError: not a decodable image; DecompressionBombError (a BadImageError): more than `max_pixels`.
     """
-    from vitkit.data.images import decode_image
-    from vitkit.eval.features import channels
-
     return decode_image(source, channels=1 if channels(checkpoint) == 1 else 3, size=size, max_pixels=max_pixels)
 
 
 def model_input(image: torch.Tensor, checkpoint, size: int, device: torch.device) -> torch.Tensor:
     """uint8 (C, H, W) -> the model's normalised float input (1, C, size, size) on `device`; each image
     is transformed alone, so a batch is the concatenation of these."""
-    from vitkit.eval.features import prepare
-
     return prepare(image[None].to(device), checkpoint, size)
 
 
@@ -101,9 +98,6 @@ def _decode(path: Path, checkpoint, size: int) -> torch.Tensor | str:
 def predict_files(checkpoint, paths: Sequence[str | os.PathLike], config: PredictConfig) -> list[dict[str, Any]]:
     """One entry per input file, in order: {"file", "predictions": [{"class", "index", "probability"}]}
     or {"file", "error"}."""
-    from vitkit.device import pick_device
-    from vitkit.eval.features import resolution
-
     model = checkpoint.model.eval()
     device = pick_device(config.device)
     model.to(device)

@@ -173,9 +173,9 @@ class Probes:
         return {str(k): {"mean": v["mean"], "std": v["std"]} for k, v in result.shots.items()}
 
     def accuracy(self, checkpoint: Any, config: TrainConfig, split: str) -> dict[str, Any]:
-        from vitkit.eval.accuracy import EvalConfig, evaluate
+        from vitkit.eval.accuracy import AccuracyConfig, evaluate
 
-        result = evaluate(checkpoint, self.split(config, split), EvalConfig(batch_size=500, device=self.device))
+        result = evaluate(checkpoint, self.split(config, split), AccuracyConfig(batch_size=500, device=self.device))
         return {"top1": result.top1, "count": result.num_images}
 
     def attention(self, checkpoint: Any, config: TrainConfig) -> dict[str, Any]:
