@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from vitkit.cli import main
-from vitkit.reproduce import MODULES, StudyRequest, arms, get_study, reproduce
+from vitkit.cli import studies as studies_cli
+from vitkit.reproduce import STUDIES, StudyRequest, arms, get_study, reproduce
 from vitkit.reproduce.arms import StudyInterrupted
 from vitkit.reproduce.study import make_context
 from vitkit.reproduce.verdict import VERDICTS
@@ -34,11 +35,19 @@ GOLDEN_QUOTED = {"posemb": ["0.61382", "0.64206", "0.64001", "0.64032", "0.63964
                  "head": ["different learning-rate"], "attention": ["attention distance increases with network depth"]}
 
 
+def test_study_table_names_each_study_once_and_matches_the_cli() -> None:
+    assert [study.name for study in STUDIES.values()] == list(STUDIES)
+    assert tuple(STUDIES) == studies_cli.STUDIES  # the CLI lists them without importing the engine
+    assert get_study("posemb") is STUDIES["posemb"]
+    with pytest.raises(ValueError, match="unknown study 'nope'; choose from data-size, compute"):
+        get_study("nope")
+
+
 def tiny(name: str, out: Path, **changes) -> StudyRequest:
     return StudyRequest(data="digits", budget_minutes=0.5, seeds=1, out=str(out), threads=1, **changes)
 
 
-@pytest.mark.parametrize("name", list(MODULES))
+@pytest.mark.parametrize("name", list(STUDIES))
 def test_tiny_study_reports_every_arm_and_claim(tmp_path: Path, name: str) -> None:
     summary = reproduce(name, tiny(name, tmp_path))
     results = json.loads((tmp_path / "results.json").read_text())

@@ -11,29 +11,40 @@
 | attention   | Sec. 4.5, Figure 7 right     | attention.py   |
 | speed       | App. D.5, Figure 12          | speed.py       |
 
-study.py runs a study (plan -> arms -> analysis -> report), arms.py runs and measures one arm (a normal
-run directory: killed studies resume, finished arms are reused), scale.py fits the arms to the time
-budget, verdict.py decides each claim, paper.py quotes the paper, report.py and figures.py write it up.
+spec.py holds what a study is made of (request, context, arms, claims), study.py runs a study (plan ->
+arms -> analysis -> report), arms.py runs and measures one arm (a normal run directory: killed studies
+resume, finished arms are reused), scale.py fits the arms to the time budget, verdict.py decides each
+claim, paper.py quotes the paper, report.py and figures.py write it up.  A study module only defines
+data and functions at import; its arms train when the study runs.
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
-from vitkit.reproduce.study import Study, StudyRequest, run_study
+from vitkit.reproduce import attention, compute, data_size, head, mpp, posemb, shape, speed
+from vitkit.reproduce.spec import Study, StudyRequest
+from vitkit.reproduce.study import run_study
 
-MODULES = {"data-size": "data_size", "compute": "compute", "posemb": "posemb", "head": "head", "shape": "shape",
-           "mpp": "mpp", "attention": "attention", "speed": "speed"}
+STUDIES: dict[str, Study] = {
+    "data-size": data_size.STUDY,
+    "compute": compute.STUDY,
+    "posemb": posemb.STUDY,
+    "head": head.STUDY,
+    "shape": shape.STUDY,
+    "mpp": mpp.STUDY,
+    "attention": attention.STUDY,
+    "speed": speed.STUDY,
+}
 
-__all__ = ["MODULES", "Study", "StudyRequest", "get_study", "reproduce", "run_study"]
+__all__ = ["STUDIES", "Study", "StudyRequest", "get_study", "reproduce", "run_study"]
 
 
 def get_study(name: str) -> Study:
-    """The study called `name` (one of MODULES)."""
-    if name not in MODULES:
-        raise ValueError(f"unknown study {name!r}; choose from {', '.join(MODULES)}")
-    return importlib.import_module(f"vitkit.reproduce.{MODULES[name]}").STUDY
+    """The study called `name` (one of STUDIES)."""
+    if name not in STUDIES:
+        raise ValueError(f"unknown study {name!r}; choose from {', '.join(STUDIES)}")
+    return STUDIES[name]
 
 
 def reproduce(name: str, request: StudyRequest) -> dict[str, Any]:

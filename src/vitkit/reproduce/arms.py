@@ -21,9 +21,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import re
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +30,11 @@ import torch
 from vitkit.atomic import atomic_write_text
 from vitkit.bench.flops import model_flops
 from vitkit.data.sources import ImageSet, load_split
+from vitkit.eval.accuracy import AccuracyConfig, evaluate
 from vitkit.eval.fewshot import FewShotConfig, run_fewshot
 from vitkit.models.configs import image_size
+from vitkit.reproduce.inspection import attention_distances
+from vitkit.reproduce.spec import Arm
 from vitkit.runs import open_checkpoint
 from vitkit.train.config import TrainConfig, to_dict
 from vitkit.train.trainer import train
@@ -55,22 +56,6 @@ class StudyInterrupted(Exception):
     def __init__(self, arm: str, signum: int):
         super().__init__(f"arm {arm} was interrupted by signal {signum}; re-run the same command to resume")
         self.signum = signum
-
-
-@dataclass(frozen=True)
-class Arm:
-    """One run of a study: a name, a seed, its complete config and the study's coordinates of it."""
-
-    name: str  # e.g. "learned_1d@input"; unique in the study together with the seed
-    seed: int
-    config: TrainConfig | None  # None: an arm that measures without training (the speed study)
-    labels: dict[str, Any] = field(default_factory=dict)  # e.g. {"posemb": "learned_1d", "where": "input"}
-    measure: tuple[str, ...] = ("fewshot",)
-    units: float = 1.0  # share of the training budget (scale.timed applies it)
-
-    @property
-    def key(self) -> str:
-        return f"{re.sub(r'[^A-Za-z0-9._-]+', '_', self.name)}-s{self.seed}"
 
 
 def comparable(config: dict[str, Any]) -> dict[str, Any]:
@@ -173,14 +158,10 @@ class Probes:
         return {str(k): {"mean": v["mean"], "std": v["std"]} for k, v in result.shots.items()}
 
     def accuracy(self, checkpoint: Any, config: TrainConfig, split: str) -> dict[str, Any]:
-        from vitkit.eval.accuracy import AccuracyConfig, evaluate
-
         result = evaluate(checkpoint, self.split(config, split), AccuracyConfig(batch_size=500, device=self.device))
         return {"top1": result.top1, "count": result.num_images}
 
     def attention(self, checkpoint: Any, config: TrainConfig) -> dict[str, Any]:
-        from vitkit.reproduce.inspection import attention_distances
-
         test_set = self.split(config, "test")
         order = torch.randperm(len(test_set), generator=torch.Generator().manual_seed(0))[:ATTENTION_IMAGES]
         return attention_distances(checkpoint, test_set.subset(order.sort().values), self.device)

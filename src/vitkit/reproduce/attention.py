@@ -19,7 +19,7 @@ from vitkit.reproduce import paper
 from vitkit.reproduce.common import arm, over_seeds
 from vitkit.reproduce.figures import Panel, Series, draw
 from vitkit.reproduce.scale import hybrid_for
-from vitkit.reproduce.study import Analysis, Claim, Context, Study, Table
+from vitkit.reproduce.spec import Analysis, Claim, Context, Study, Table
 from vitkit.reproduce.verdict import estimate, exceeds, seed_sd
 
 GLOBAL = 0.75  # a head attending at >= 75% of the uniform-attention distance looks at "most of the image"

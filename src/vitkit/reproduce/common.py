@@ -6,14 +6,10 @@ import dataclasses
 from typing import Any, Sequence
 
 from vitkit.models.configs import ModelConfig
-from vitkit.reproduce.arms import Arm
 from vitkit.reproduce.figures import mean_sd
 from vitkit.reproduce.scale import timed
-from vitkit.reproduce.study import Context, Table, by_arm
-from vitkit.reproduce.verdict import Verdict, difference, exceeds, pooled_sd, within
-
-SMALLEST_EFFECT = 0.005  # accuracy: half a point is the smallest difference a claim of "better" needs
-SIMILAR_MARGIN = 0.01  # accuracy: variants "differ little" when their means lie within one point
+from vitkit.reproduce.spec import Arm, Context, Table, by_arm
+from vitkit.reproduce.verdict import SIMILAR_MARGIN, SMALLEST_EFFECT, Verdict, difference, exceeds, pooled_sd, within
 
 
 def arm(context: Context, name: str, seed: int, model: ModelConfig, labels: dict[str, Any], *, units: float = 1.0,

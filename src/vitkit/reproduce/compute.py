@@ -25,11 +25,11 @@ from typing import Sequence
 from vitkit.bench.flops import model_flops
 from vitkit.models.configs import ViTConfig
 from vitkit.reproduce import paper
-from vitkit.reproduce.common import SMALLEST_EFFECT, arm, over_seeds
+from vitkit.reproduce.common import arm, over_seeds
 from vitkit.reproduce.figures import COLORS, MARKERS, Panel, Series, draw, mean_sd
 from vitkit.reproduce.scale import RESNET_LADDER, family, hybrid_for, matched_resnet, resnet_for
-from vitkit.reproduce.study import Analysis, Claim, Context, Study, Table
-from vitkit.reproduce.verdict import INCONCLUSIVE, Verdict, estimate, exceeds, seed_sd
+from vitkit.reproduce.spec import Analysis, Claim, Context, Study, Table
+from vitkit.reproduce.verdict import INCONCLUSIVE, SMALLEST_EFFECT, Verdict, estimate, exceeds, seed_sd
 
 LEVELS = (1.0, 3.0)  # units of time per model
 Point = tuple[float, float]  # (training FLOPs, accuracy)

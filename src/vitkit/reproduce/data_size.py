@@ -18,11 +18,11 @@ import dataclasses
 import math
 
 from vitkit.reproduce import paper
-from vitkit.reproduce.common import SMALLEST_EFFECT, arm, better, means, over_seeds, table_of
+from vitkit.reproduce.common import arm, better, means, over_seeds, table_of
 from vitkit.reproduce.figures import COLORS, MARKERS, Panel, Series, draw, mean_sd
 from vitkit.reproduce.scale import hybrid_for, matched_resnet
-from vitkit.reproduce.study import METRIC_NAMES, Analysis, Claim, Context, Study, by_arm
-from vitkit.reproduce.verdict import Estimate, difference, exceeds, pooled_sd
+from vitkit.reproduce.spec import METRIC_NAMES, Analysis, Claim, Context, Study, by_arm
+from vitkit.reproduce.verdict import SMALLEST_EFFECT, Estimate, difference, exceeds, pooled_sd
 
 FRACTIONS = (0.05, 0.1, 0.3, 1.0)
 TINY_FRACTIONS = (0.25, 1.0)

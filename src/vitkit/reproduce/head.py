@@ -14,10 +14,10 @@ import dataclasses
 import math
 
 from vitkit.reproduce import paper
-from vitkit.reproduce.common import SIMILAR_MARGIN, SMALLEST_EFFECT, arm, means, over_seeds, similar, table_of
+from vitkit.reproduce.common import arm, means, over_seeds, similar, table_of
 from vitkit.reproduce.figures import Panel, Series, draw, mean_sd
-from vitkit.reproduce.study import METRIC_NAMES, Analysis, Claim, Context, Study, by_arm
-from vitkit.reproduce.verdict import Estimate, Verdict, difference, exceeds, pooled_sd
+from vitkit.reproduce.spec import METRIC_NAMES, Analysis, Claim, Context, Study, by_arm
+from vitkit.reproduce.verdict import SIMILAR_MARGIN, SMALLEST_EFFECT, Estimate, Verdict, difference, exceeds, pooled_sd
 
 LR_RATIO = 8 / 3  # Figure 9: 8e-4 (the token's) against 3e-4 (GAP's)
 HEADS = ("token", "gap")

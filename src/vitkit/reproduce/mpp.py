@@ -17,11 +17,10 @@ from __future__ import annotations
 import dataclasses
 
 from vitkit.reproduce import paper
-from vitkit.reproduce.arms import Arm
 from vitkit.reproduce.common import arm, better, means, over_seeds, table_of
 from vitkit.reproduce.figures import Panel, Series, draw, mean_sd
 from vitkit.reproduce.scale import timed
-from vitkit.reproduce.study import METRIC_NAMES, Analysis, Claim, Context, Study, by_arm
+from vitkit.reproduce.spec import METRIC_NAMES, Analysis, Arm, Claim, Context, Study, by_arm
 from vitkit.ssl.masked_patch import MPPConfig
 from vitkit.train.objectives import mpp_train_config
 

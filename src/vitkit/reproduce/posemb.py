@@ -14,9 +14,10 @@ from __future__ import annotations
 import dataclasses
 
 from vitkit.reproduce import paper
-from vitkit.reproduce.common import SIMILAR_MARGIN, SMALLEST_EFFECT, arm, better, means, over_seeds, similar, table_of
+from vitkit.reproduce.common import arm, better, means, over_seeds, similar, table_of
 from vitkit.reproduce.figures import Panel, Series, draw, mean_sd
-from vitkit.reproduce.study import METRIC_NAMES, Analysis, Claim, Context, Study, by_arm
+from vitkit.reproduce.spec import METRIC_NAMES, Analysis, Claim, Context, Study, by_arm
+from vitkit.reproduce.verdict import SIMILAR_MARGIN, SMALLEST_EFFECT
 
 CELLS = list(paper.TABLE_8)  # (posemb, where) in Table 8's order
 DEFAULT, NONE = "learned_1d@input", "none@input"

@@ -20,8 +20,7 @@ import torch
 
 from vitkit.atomic import atomic_write_text
 from vitkit.reproduce import verdict as verdicts
-from vitkit.reproduce.common import SIMILAR_MARGIN, SMALLEST_EFFECT
-from vitkit.reproduce.study import Analysis, Claim, Context, Study, Table
+from vitkit.reproduce.spec import Analysis, Claim, Context, Study, Table
 
 VERDICT_RULES = (
     f"Each claim is reduced to one number per seed and tested with its seed spread (reproduce/verdict.py): "
@@ -31,8 +30,8 @@ VERDICT_RULES = (
     f"**{verdicts.INCONCLUSIVE}** (the spread is larger than the effect).  'A is about B': reproduced when the "
     f"range of the means plus the interval fits the margin, not reproduced when it exceeds it even without the "
     f"interval, else inconclusive.  With one seed the spread is not measured and the reason says so.  Unless a "
-    f"claim says otherwise, the smallest effect of interest in accuracy is {SMALLEST_EFFECT:g} (half a point) and "
-    f"variants 'differ little' within {SIMILAR_MARGIN:g} (one point).")
+    f"claim says otherwise, the smallest effect of interest in accuracy is {verdicts.SMALLEST_EFFECT:g} (half a point) and "
+    f"variants 'differ little' within {verdicts.SIMILAR_MARGIN:g} (one point).")
 
 
 def machine(device: str) -> str:

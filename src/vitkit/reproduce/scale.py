@@ -25,14 +25,30 @@ training split (model selection reads it, reports read the test split); no evalu
 from __future__ import annotations
 
 import dataclasses
-import math
 import hashlib
 import json
+import math
+import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
+import torch
+
+from vitkit.bench.flops import model_flops
+from vitkit.bench.throughput import make_optimizer, num_threads, time_steps, training_step
 from vitkit.data.sources import SourceInfo
-from vitkit.models.configs import HybridConfig, ModelConfig, ResNetConfig, ViTConfig
+from vitkit.device import pick_device, resolve_precision
+from vitkit.models import build_model
+from vitkit.models.configs import (
+    HybridConfig,
+    ModelConfig,
+    ResNetConfig,
+    ViTConfig,
+    config_to_dict,
+    image_size,
+    in_channels,
+    num_classes,
+)
 from vitkit.train.config import TrainConfig
 from vitkit.train.recipes import auto_recipe_name, get_recipe
 
@@ -99,15 +115,6 @@ def calibrate(config: TrainConfig) -> float:
     """Training images/s of `config.model` on this device (synthetic batches of the run's batch size: forward,
     backward and AdamW step at the run's precision and threads; the median of CALIBRATION_ROUNDS rounds).  The
     real loop adds augmentation and logging, which tiny models feel most: arms may run somewhat over."""
-    import statistics
-
-    import torch
-
-    from vitkit.bench.throughput import make_optimizer, num_threads, time_steps, training_step
-    from vitkit.device import pick_device, resolve_precision
-    from vitkit.models import build_model
-    from vitkit.models.configs import image_size, in_channels, num_classes
-
     device = pick_device(config.run.device)
     precision = resolve_precision(config.run.precision, device)
     batch, size = config.data.batch_size, image_size(config.model)
@@ -123,8 +130,6 @@ def calibrate(config: TrainConfig) -> float:
 
 def model_key(model: ModelConfig) -> str:
     """A short, stable name of a model config (what calibration speeds are stored under)."""
-    from vitkit.models.configs import config_to_dict
-
     digest = hashlib.sha1(json.dumps(config_to_dict(model), sort_keys=True).encode()).hexdigest()
     return f"{family(model)}-{digest[:10]}"
 
@@ -147,10 +152,6 @@ def calibrated(scale: Scale, budget_minutes: float, configs: Sequence[tuple[floa
                                unit_minutes=round(steps * base.data.batch_size / base_speed / 60, 3))
 
 
-def with_model(config: TrainConfig, model: ModelConfig) -> TrainConfig:
-    return dataclasses.replace(config, model=model)
-
-
 # ------------------------------------------------------------------------ the CNN baselines
 def resnet_for(vit: ViTConfig, layers: tuple[int, ...]) -> ResNetConfig:
     """A BiT ResNet-v2 (models/resnet.py) with `layers` units per stage for the ViT's images and classes."""
@@ -164,8 +165,6 @@ RESNET_LADDER = ((1,), (1, 1), (1, 1, 1), (2, 2, 2), (2, 2, 2, 2), (3, 4, 6, 3))
 def matched_resnet(vit: ViTConfig) -> ResNetConfig:
     """The BiT ResNet of RESNET_LADDER closest to the ViT in forward FLOPs ("comparable computational cost",
     Sec. 4.3), counted analytically (bench/flops.py)."""
-    from vitkit.bench.flops import model_flops
-
     target = math.log(model_flops(vit))
     return min((resnet_for(vit, layers) for layers in RESNET_LADDER),
                key=lambda r: abs(math.log(model_flops(r)) - target))

@@ -15,10 +15,10 @@ import dataclasses
 
 from vitkit.models.configs import ViTConfig
 from vitkit.reproduce import paper
-from vitkit.reproduce.common import SMALLEST_EFFECT, arm, better, means, over_seeds, table_of
+from vitkit.reproduce.common import arm, better, means, over_seeds, table_of
 from vitkit.reproduce.figures import Panel, Series, draw, mean_sd
-from vitkit.reproduce.study import METRIC_NAMES, Analysis, Claim, Context, Study, by_arm
-from vitkit.reproduce.verdict import difference, exceeds, pooled_sd
+from vitkit.reproduce.spec import METRIC_NAMES, Analysis, Claim, Context, Study, by_arm
+from vitkit.reproduce.verdict import SMALLEST_EFFECT, difference, exceeds, pooled_sd
 
 UNITS = 15.0  # one seed's arms take about this many unit arms of time (their FLOPs against the base's, summed)
 DIMENSIONS = ("depth", "width", "mlp", "patch")

@@ -28,9 +28,9 @@ from vitkit.device import pick_device, resolve_precision
 from vitkit.models import build_model, preset_config
 from vitkit.models.configs import ResNetConfig, ViTConfig
 from vitkit.reproduce import paper
-from vitkit.reproduce.arms import Arm, Probes, reuse, write_record
+from vitkit.reproduce.arms import Probes, reuse, write_record
 from vitkit.reproduce.figures import Panel, Series, draw, mean_sd
-from vitkit.reproduce.study import Analysis, Claim, Context, Study, Table
+from vitkit.reproduce.spec import Analysis, Arm, Claim, Context, Study, Table
 from vitkit.reproduce.verdict import INCONCLUSIVE, Verdict, estimate, exceeds, seed_sd
 
 PAIRS = (("vit_b32", "bit_r50x1"), ("vit_l16", "bit_r152x2"))  # Sec. 4.3's pairs of comparable cost

@@ -5,9 +5,9 @@
     DIR/arms/...        one run directory per arm and seed (reproduce/arms.py)
     DIR/report.md, DIR/results.json, DIR/*.png   (reproduce/report.py)
 
-Every study module defines STUDY = Study(name, title, units, plan, analyse): `units` is the training
-time of one seed's arms in unit arms (scale.py turns the budget into minutes per unit), `plan` returns
-the arms, `analyse` turns the arms' records into claims with verdicts, tables and figures.
+Every study module defines STUDY = Study(name, title, units, plan, analyse) (reproduce/spec.py): `units`
+is the training time of one seed's arms in unit arms (scale.py turns the budget into minutes per unit),
+`plan` returns the arms, `analyse` turns the arms' records into claims with verdicts, tables and figures.
 """
 
 from __future__ import annotations
@@ -16,98 +16,19 @@ import dataclasses
 import json
 import logging
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from vitkit.atomic import atomic_write_text
-from vitkit.data.sources import SourceInfo, describe
 from vitkit.bench.throughput import num_threads
-from vitkit.reproduce.arms import FEWSHOT_DRAWS, FEWSHOT_SHOTS, Arm, Probes, run_train_arm
-from vitkit.reproduce.paper import PaperClaim
+from vitkit.data.sources import describe
+from vitkit.reproduce.arms import FEWSHOT_DRAWS, FEWSHOT_SHOTS, Probes, run_train_arm
+from vitkit.reproduce.report import write_report
 from vitkit.reproduce.scale import Scale, base_config, calibrated, scale_for
-from vitkit.reproduce.verdict import Verdict
-from vitkit.train.config import TrainConfig
+from vitkit.reproduce.spec import Context, Study, StudyRequest
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, kw_only=True)
-class StudyRequest:
-    """What `vitkit reproduce STUDY` asks for."""
-
-    data: str = "digits"  # source URI
-    budget_minutes: float = 30.0  # wall-clock for the whole study (scale.py divides it)
-    seeds: int = 1  # every arm is repeated with seeds 0 .. seeds-1
-    out: str = ""  # the study directory
-    threads: int = 0  # torch CPU threads per arm (0 = torch's default)
-    device: str = "auto"
-
-    def __post_init__(self) -> None:
-        if self.budget_minutes <= 0:
-            raise ValueError(f"--budget-minutes must be > 0, got {self.budget_minutes}")
-        if self.seeds < 1:
-            raise ValueError(f"--seeds must be >= 1, got {self.seeds}")
-        if not self.out:
-            raise ValueError("the study needs an output directory (--out DIR)")
-        if self.threads < 0:
-            raise ValueError(f"--threads must be >= 0, got {self.threads}")
-
-
-@dataclass(frozen=True)
-class Context:
-    """What planning and analysis read: the request, the data set, the scale and the arms' base config."""
-
-    request: StudyRequest
-    info: SourceInfo
-    scale: Scale
-    base: TrainConfig
-    out: Path
-
-    @property
-    def seeds(self) -> range:
-        return range(self.request.seeds)
-
-
-@dataclass
-class Table:
-    title: str
-    header: list[str]
-    rows: list[list[str]]
-
-
-@dataclass
-class Claim:
-    """One claim of the paper, its quote, the measured numbers behind the verdict, and the verdict."""
-
-    key: str  # e.g. "posemb.none-worse"
-    claim: str  # the claim in one line
-    paper: PaperClaim
-    metric: str  # what the verdict was computed on
-    verdict: Verdict
-    measured: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"key": self.key, "claim": self.claim, "paper": asdict(self.paper), "metric": self.metric,
-                "verdict": self.verdict.status, "reason": self.verdict.reason, "measured": self.measured}
-
-
-@dataclass
-class Analysis:
-    claims: list[Claim]
-    tables: list[Table] = field(default_factory=list)
-    figures: list[tuple[str, str]] = field(default_factory=list)  # (PNG file name in DIR, caption)
-    notes: list[str] = field(default_factory=list)  # how this study was set up, in the report's words
-
-
-@dataclass(frozen=True)
-class Study:
-    name: str
-    title: str
-    units: float  # training budget of one seed's arms, in unit arms
-    plan: Callable[[Context], list[Arm]]
-    analyse: Callable[[Context, list[dict[str, Any]]], Analysis]
-    run_arm: Callable[[Arm, Path, Probes], dict[str, Any]] = run_train_arm
 
 
 def make_context(study: Study, request: StudyRequest) -> Context:
@@ -133,7 +54,7 @@ def prepare_directory(study: Study, context: Context) -> Context:
     scale = context.scale
     if (stored.get("scale") or {}).get("unit_steps"):  # planned before: the same arms again
         scale = Scale(**stored["scale"])
-    elif scale.name != "tiny" and study.run_arm is run_train_arm:
+    elif scale.name != "tiny" and study.run_arm is None:  # arms that train: their speed sets the unit
         provisional = dataclasses.replace(context, scale=dataclasses.replace(scale, unit_steps=1))
         arms = study.plan(provisional)
         scale = calibrated(scale, request.budget_minutes, [(a.units, a.config) for a in arms], context.base)
@@ -148,8 +69,6 @@ def prepare_directory(study: Study, context: Context) -> Context:
 
 def run_study(study: Study, request: StudyRequest) -> dict[str, Any]:
     """Plan, run (resuming and reusing), analyse and report `study`; returns the report's summary."""
-    from vitkit.reproduce.report import write_report
-
     began = time.monotonic()
     context = prepare_directory(study, make_context(study, request))
     arms = study.plan(context)
@@ -161,10 +80,11 @@ def run_study(study: Study, request: StudyRequest) -> dict[str, Any]:
              context.scale.name, context.scale.unit_minutes, context.scale.unit_steps, request.data, context.out)
     tiny = context.scale.name == "tiny"
     probes = Probes(request.device, shots=(5,) if tiny else FEWSHOT_SHOTS, draws=2 if tiny else FEWSHOT_DRAWS)
+    run_arm = study.run_arm or run_train_arm
     records = []
     with num_threads(request.threads or None):  # the probes too, not only the arms' training
         for index, arm in enumerate(arms, 1):
-            record = study.run_arm(arm, context.out / "arms" / arm.key, probes)
+            record = run_arm(arm, context.out / "arms" / arm.key, probes)
             records.append(record)
             log.info("arm %d/%d %s: %s", index, len(arms), arm.key, headline(record))
     analysis = study.analyse(context, records)
@@ -180,29 +100,3 @@ def headline(record: dict[str, Any]) -> str:
     if "5" in shots:
         parts.append(f"5-shot {100 * shots['5']['mean']:.2f}%")
     return ", ".join(parts)
-
-
-# ------------------------------------------------------------------------ reading the records
-def value(record: dict[str, Any], metric: str) -> float:
-    """A metric of an arm's record: "top1" (test), "val" (validation top-1), "fewshot5", "fewshot25"."""
-    if metric == "top1":
-        return float(record["test"]["top1"])
-    if metric == "val":
-        return float(record["val"]["top1"])
-    if metric.startswith("fewshot"):
-        shots = record["fewshot"]
-        k = metric[len("fewshot"):]
-        return float((shots.get(k) or shots[min(shots, key=int)])["mean"])  # tiny sets: the largest k they allow
-    raise ValueError(f"unknown metric {metric!r}")
-
-
-def by_arm(records: list[dict[str, Any]], metric: str) -> dict[str, list[float]]:
-    """Arm name -> the metric over its seeds, in plan order."""
-    out: dict[str, list[float]] = {}
-    for record in records:
-        out.setdefault(record["arm"], []).append(value(record, metric))
-    return out
-
-
-METRIC_NAMES = {"top1": "test top-1 (trained on the data set)", "val": "validation top-1",
-                "fewshot5": "5-shot linear accuracy", "fewshot25": "25-shot linear accuracy"}

@@ -32,6 +32,8 @@ NOT_REPRODUCED = "not reproduced at this scale"
 INCONCLUSIVE = "inconclusive"
 VERDICTS = (REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE)
 Z = 2.0  # interval half-width in standard errors
+SMALLEST_EFFECT = 0.005  # accuracy: half a point is the smallest difference a claim of "better" needs
+SIMILAR_MARGIN = 0.01  # accuracy: variants "differ little" when their means lie within one point
 
 
 @dataclass(frozen=True)
