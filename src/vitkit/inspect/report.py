@@ -24,9 +24,14 @@ import torch
 from torch import Tensor
 
 from vitkit.atomic import atomic_write_text
+from vitkit.data.sources import decode_image, load_split
+from vitkit.device import pick_device
+from vitkit.eval.features import channels, prepare, resolution
 from vitkit.inspect import plots
 from vitkit.inspect.attention import attention_rollout, mean_attention_distance, patch_distances, rollout_map
 from vitkit.inspect.embeddings import filter_pca, position_similarity
+from vitkit.models.vit import PatchEmbed
+from vitkit.runs import find_checkpoint, open_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +60,6 @@ def _notes_for_non_vit(model: torch.nn.Module) -> dict[str, str] | None:
 
 
 def _filters(model: torch.nn.Module, out: Path, config: InspectConfig) -> tuple[dict[str, Any], str | None]:
-    from vitkit.models.vit import PatchEmbed
-
     if not isinstance(model.patch_embed, PatchEmbed):
         return {}, "the hybrid's patch embedding is a 1x1 projection of ResNet features, not pixel filters (Figure 7 left)"
     weight = model.patch_embed.proj.weight  # (D, C, P, P)
@@ -110,9 +113,6 @@ def _position_similarity(model: torch.nn.Module, grid: tuple[int, int], out: Pat
 @torch.no_grad()
 def _attention(checkpoint, images: Sequence[Tensor], size: int, config: InspectConfig) -> tuple[Tensor, Tensor, tuple[int, int], int]:
     """(mean attention distance (L, k) over all images, rollout maps of the first images, grid, pixels per patch)."""
-    from vitkit.device import pick_device
-    from vitkit.eval.features import prepare
-
     model = checkpoint.model.eval()
     device = pick_device(config.device)
     model.to(device)
@@ -144,8 +144,6 @@ def inspect_model(checkpoint, images: Sequence[Tensor], out_dir: str | os.PathLi
     Returns:
         the content of `out_dir/inspect.json`.
     """
-    from vitkit.eval.features import resolution
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model = checkpoint.model
@@ -213,15 +211,11 @@ def _centre_mass(maps: Tensor) -> float:
 def load_images(paths: Sequence[str | os.PathLike], channels: int, size: int) -> list[Tensor]:
     """Decode image files to uint8 (C, size, size) (shorter side resized, centre crop); a corrupt
     file raises `BadImageError` naming it."""
-    from vitkit.data.sources import decode_image
-
     return [decode_image(path, channels=1 if channels == 1 else 3, size=size) for path in paths]
 
 
 def sample_images(uri: str, split: str, count: int, channels: int, size: int, seed: int = 0) -> list[Tensor]:
     """`count` images of a data split in a seeded random order, uint8 (C, H, W)."""
-    from vitkit.data.sources import load_split
-
     images = load_split(uri, split, image_size=size, channels=1 if channels == 1 else 3)
     order = torch.randperm(len(images), generator=torch.Generator().manual_seed(seed))[:count]
     return [images.read(int(i)) for i in order]
@@ -231,9 +225,6 @@ def inspect_command(path: str | os.PathLike, out: str | os.PathLike, config: Ins
                     image_files: Sequence[str] = (), data: str | None = None, split: str = "test",
                     num_images: int = 32) -> dict[str, Any]:
     """Open a checkpoint (or a run's final one), gather images (files and/or a data split) and write the figures."""
-    from vitkit.eval.features import channels, resolution
-    from vitkit.runs import find_checkpoint, open_checkpoint
-
     checkpoint = open_checkpoint(path)
     size, chans = resolution(checkpoint, config.img_size), channels(checkpoint)
     images = load_images(image_files, chans, size)
