@@ -77,13 +77,16 @@ def test_auto_bf16_path_matches_fp32_reference_within_tolerance() -> None:
     assert worst_fast <= 2 * worst_sdpa
 
 
-def test_auto_dispatch_rule() -> None:
+def test_auto_dispatch_rule(monkeypatch: pytest.MonkeyPatch) -> None:
     model = create_model("vit_ti16", **TINY)
     attn = model.blocks[0].attn
     q32 = torch.zeros(1, 2, 4, 16)
     assert attn.attn_impl == "auto"
+    monkeypatch.setattr(kernels, "cpu_native_bf16", lambda: True)
     assert kernels.explicit_attention(attn.attn_impl, q32.bfloat16()) and kernels.explicit_attention("auto", q32.half())
     assert not kernels.explicit_attention("auto", q32)  # fp32 on CPU: SDPA
+    monkeypatch.setattr(kernels, "cpu_native_bf16", lambda: False)  # bf16 emulated in software: SDPA
+    assert not kernels.explicit_attention("auto", q32.bfloat16()) and not kernels.explicit_attention("auto", q32.half())
     assert not kernels.explicit_attention("sdpa", q32.bfloat16())
     assert kernels.explicit_attention("explicit", q32)
 

@@ -12,6 +12,12 @@ from vitkit.models import create_model, kernels
 TINY = dict(num_classes=5, img_size=32, patch_size=8, hidden_size=32, depth=2, num_heads=2, mlp_dim=64)
 
 
+@pytest.fixture(autouse=True)
+def fresh_probes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test probes the kernels afresh (the probes are once per process)."""
+    monkeypatch.setattr(kernels, "_probes", {})
+
+
 def _model(gelu: str):
     model = create_model("vit_ti16", gelu=gelu, **TINY).eval()
     torch.nn.init.normal_(model.head.weight, std=0.5)
@@ -37,16 +43,69 @@ def test_fused_mlp_equals_two_ops_fp32(gelu: str) -> None:
 
 
 def test_fused_mlp_under_bf16_autocast() -> None:
+    """Where oneDNN has a bf16 dense + GELU (native bf16) it runs; elsewhere the probe turns it off and the
+    plain ops give the same function: either way the model's bf16 output matches fp32's."""
     model, images = _model("tanh"), torch.randn(2, 3, 32, 32)
     reference = model(images).detach()  # fp32, plain ops
     with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
         out = model(images)
         hidden = kernels.fused_linear_gelu(torch.randn(2, 17, 32), model.blocks[0].mlp.fc1, "tanh")
-    if hidden is None:
-        pytest.skip("no oneDNN fused linear in this torch build")
-    assert hidden.dtype == torch.bfloat16  # cast as autocast would cast a dense layer
+    if kernels.cpu_native_bf16():
+        assert hidden is not None and hidden.dtype == torch.bfloat16  # cast as autocast would cast a dense layer
+    else:
+        assert hidden is None and kernels._probes[(kernels.FUSED_LINEAR_GELU, torch.bfloat16)] is False
     assert out.dtype == torch.bfloat16
     assert (out.float() - reference).abs().max() <= 3e-2 * reference.abs().max()  # bf16 tolerance
+
+
+def _plain_inference(model, images):
+    """The model's inference output with the fused kernel switched off by hand."""
+    with torch.inference_mode():
+        kernels._probes[(kernels.FUSED_LINEAR_GELU, torch.float32)] = False
+        out = model(images)
+        del kernels._probes[(kernels.FUSED_LINEAR_GELU, torch.float32)]
+    return out
+
+
+def test_a_failing_probe_runs_the_plain_ops(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    model, images = _model("tanh"), torch.randn(2, 3, 32, 32)
+    expected = _plain_inference(model, images)
+
+    def broken(*args: object) -> torch.Tensor:
+        raise RuntimeError("could not create a primitive descriptor for the inner product")
+
+    monkeypatch.setattr(kernels, "_linear_pointwise", broken)
+    with torch.inference_mode():
+        first, second = model(images), model(images)
+    assert torch.equal(first, expected) and torch.equal(second, expected)  # the plain ops, bit for bit
+    assert kernels._probes[(kernels.FUSED_LINEAR_GELU, torch.float32)] is False
+    assert sum("is off on this host" in r.message for r in caplog.records) == 1  # logged once
+
+
+def test_a_kernel_failing_mid_run_falls_back_for_good(monkeypatch: pytest.MonkeyPatch,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    model, images = _model("tanh"), torch.randn(2, 3, 32, 32)
+    expected = _plain_inference(model, images)
+    calls = []
+
+    def fails_on_big_inputs(x, weight, bias, approximate):  # passes the probe's small input, fails the model's
+        calls.append(x.shape)
+        if x.shape[0] > 2:
+            raise RuntimeError("oneDNN: out of resources")
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "gelu", [], approximate)
+
+    monkeypatch.setattr(kernels, "_linear_pointwise", fails_on_big_inputs)
+    big = torch.randn(3, 3, 32, 32)
+    with torch.inference_mode():
+        out = model(big)
+        again = model(big)
+    with torch.inference_mode():
+        kernels._probes[(kernels.FUSED_LINEAR_GELU, torch.float32)] = False
+        plain = model(big)
+    assert torch.equal(out, plain) and torch.equal(again, plain)
+    assert len(calls) == 3  # two probe calls (tanh, exact), one failed call; none after it
+    assert sum("failed" in r.message and "plain ops run from now on" in r.message for r in caplog.records) == 1
+    assert expected.shape == (2, 5)
 
 
 def test_fused_path_only_without_autograd_or_tracing() -> None:

@@ -140,3 +140,28 @@ def test_linear_gelu_without_autograd_equals_the_two_ops(approximate: str) -> No
         fused = kernels.linear_gelu(x, fc, approximate)
         reference = F.gelu(fc(x), approximate=approximate)
     assert (fused - reference).abs().max() <= 1e-5 * reference.abs().max()
+
+
+def test_tanh_gelu_whose_probe_fails_is_torchs(monkeypatch, caplog) -> None:
+    """The softplus form of the eager tanh GELU is guarded: where its probe fails, torch's op runs, bit for bit."""
+    monkeypatch.setattr(kernels, "_probes", {})
+
+    def failing(dtype):
+        def check() -> bool:
+            raise RuntimeError("softplus_backward: not implemented for this CPU")
+        return check
+
+    monkeypatch.setattr(kernels, "_check_tanh_gelu", failing)
+    x = torch.linspace(-6, 6, 1001, requires_grad=True)
+    out = kernels.gelu(x, "tanh")
+    reference = F.gelu(x.detach(), approximate="tanh")
+    assert torch.equal(out.detach(), reference)
+    assert out.grad_fn is not None and "Gelu" in type(out.grad_fn).__name__  # torch's own backward node
+    assert kernels._probes == {("tanh GELU (softplus form)", torch.float32): False}
+    assert sum("is off on this host" in r.message for r in caplog.records) == 1
+
+
+def test_tanh_gelu_probe_passes_on_this_host(monkeypatch) -> None:
+    monkeypatch.setattr(kernels, "_probes", {})
+    for dtype in (torch.float32, torch.bfloat16):
+        assert kernels._check_tanh_gelu(dtype)()

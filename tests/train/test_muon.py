@@ -16,6 +16,8 @@ from vitkit.models import build_model
 from vitkit.models.configs import ViTConfig
 from vitkit.train import trainer
 from vitkit.train.config import OptimConfig
+from vitkit.device import native_bf16
+from vitkit.train import muon
 from vitkit.train.muon import StackedMuon, orthogonalise
 from vitkit.train.optim import OptimizerSet, build_optimizer, is_hidden_matrix, set_lr
 
@@ -152,11 +154,30 @@ def test_the_batched_iteration_matches_torch_muon_per_matrix() -> None:
     for shape in ((64, 192), (192, 64), (48, 48), (128, 320), (320, 128)):
         stack = torch.randn(3, *shape, generator=generator)
         ours = orthogonalise(stack, NS, 5, 1e-7)
-        assert ours.dtype == (torch.bfloat16 if min(shape) >= 128 else torch.float32)
+        assert ours.dtype == (torch.bfloat16 if min(shape) >= 128 and native_bf16(stack.device) else torch.float32)
         for matrix, result in zip(stack, ours):
             theirs = _zeropower_via_newtonschulz(matrix, NS, 5, 1e-7).float()
             assert theirs.shape == result.shape == matrix.shape
             assert (result - theirs).norm() < 0.02 * theirs.norm(), shape
+
+
+def test_without_native_bf16_every_iteration_runs_in_fp32(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CPU without native bf16 (AVX2) emulates bf16 matmuls 10-20x slower than fp32: the iteration stays in fp32
+    at every width, and gives the fp32 result of the same iteration."""
+    wide = torch.randn(2, 192, 384, generator=torch.Generator().manual_seed(1))
+    monkeypatch.setattr(muon, "native_bf16", lambda device: True)
+    assert muon.iteration_dtype(wide) == torch.bfloat16 and muon.iteration_dtype(wide[:, :64, :64]) == torch.float32
+    fast = orthogonalise(wide, NS, 5, 1e-7)
+    monkeypatch.setattr(muon, "native_bf16", lambda device: False)
+    assert muon.iteration_dtype(wide) == torch.float32
+    plain = orthogonalise(wide, NS, 5, 1e-7)
+    assert plain.dtype == torch.float32 and fast.dtype == torch.bfloat16
+    x = wide / wide.norm(dim=(-2, -1), keepdim=True)  # the same iteration written out in fp32
+    for _ in range(5):
+        gram = x @ x.mT
+        x = NS[0] * x + (NS[1] * gram + NS[2] * gram @ gram) @ x
+    torch.testing.assert_close(plain, x, rtol=1e-4, atol=1e-5)
+    assert (fast.float() - plain).norm() < 0.02 * plain.norm()  # bf16 rounding only
 
 
 @pytest.mark.parametrize("nesterov", [True, False])

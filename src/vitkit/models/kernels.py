@@ -10,16 +10,25 @@ environment variables); benchmarks/cpu_kernels.py measures each choice against t
                    x sigmoid(2 sqrt(2/pi) (x + 0.044715 x^3)): eagerly in three light passes with torch's
                    GELU backward, under torch.compile as plain ops that Inductor fuses (forward and backward).
   linear_gelu      GELU(x W^T + b); without autograd on the CPU one oneDNN kernel.
+
+No fast path without a guard: a choice that depends on the host (oneDNN's fused dense + GELU, the
+softplus-backward form of the eager tanh GELU, the explicit attention for bf16) runs only where a one-time
+probe on this host, at this dtype, succeeds and matches the plain ops within tolerance (`probed`); a kernel
+that fails later falls back for good.  Either way the fallback is logged once and the plain op runs.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 import math
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+log = logging.getLogger(__name__)
 
 AttnImpl = Literal["auto", "sdpa", "explicit"]
 Approximate = Literal["tanh", "none"]
@@ -38,16 +47,51 @@ def eager_cpu(x: Tensor) -> bool:
     )
 
 
+# ---------------------------------------------------------------------------------------- guards
+_probes: dict[tuple[str, torch.dtype], bool] = {}
+
+
+def probed(name: str, dtype: torch.dtype, check: Callable[[], bool]) -> bool:
+    """Whether kernel `name` may run at `dtype` on this host: `check()` (the kernel against the plain ops on
+    a small input) runs once per process; an exception or a mismatch turns the kernel off, logged once."""
+    key = (name, dtype)
+    if key not in _probes:
+        try:
+            with torch.inference_mode(False), torch.enable_grad(), torch.autocast("cpu", enabled=False):
+                _probes[key] = bool(check())
+            why = "its result differs from the plain ops'"
+        except Exception as err:  # any failure of a fast path means: use the plain ops
+            _probes[key], why = False, f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0][:200]}"
+        if not _probes[key]:
+            log.warning("kernels: %s in %s is off on this host (%s); the plain ops run instead", name,
+                        str(dtype).removeprefix("torch."), why)
+    return _probes[key]
+
+
+def disable(name: str, dtype: torch.dtype, err: Exception) -> None:
+    """Turn kernel `name` off at `dtype` after it failed mid-run (logged once); callers fall back."""
+    if _probes.get((name, dtype), True):
+        log.warning("kernels: %s in %s failed (%s: %s); the plain ops run from now on", name,
+                    str(dtype).removeprefix("torch."), type(err).__name__, (str(err).strip().splitlines() or [""])[0][:200])
+    _probes[(name, dtype)] = False
+
+
+@functools.cache
+def cpu_native_bf16() -> bool:
+    """Whether oneDNN multiplies bf16 natively on this CPU (AVX512-BF16 / AMX)."""
+    return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 # ----------------------------------------------------------------------------------- attention
 def explicit_attention(impl: AttnImpl, q: Tensor) -> bool:
     """Whether Eq. 5-7 run as plain matmuls + softmax rather than the fused SDPA kernel.
 
-    "auto" picks the explicit path for bf16/fp16 queries on the CPU: there torch's SDPA kernel is
-    2-6x slower than matmul + softmax (forward and, above all, backward; benchmarks/compare.py);
-    in fp32 and on CUDA (flash / memory-efficient kernels) SDPA is as fast or faster.
+    "auto" picks the explicit path for bf16/fp16 queries on a CPU with native bf16: there torch's SDPA
+    kernel is 2-6x slower than matmul + softmax (forward and, above all, backward; benchmarks/compare.py);
+    in fp32, on CUDA (flash / memory-efficient kernels) and on CPUs without native bf16 SDPA runs.
     """
     if impl == "auto":
-        return q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16)
+        return q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16) and cpu_native_bf16()
     return impl == "explicit"
 
 
@@ -118,9 +162,23 @@ def gelu(x: Tensor, approximate: Approximate) -> Tensor:
     if approximate == "tanh" and x.dtype in (torch.float32, torch.bfloat16):
         if compiled_cpu(x):
             return x * torch.sigmoid(x * (GELU_BETA + GELU_BETA * GELU_CUBIC * x * x))
-        if type(x) is Tensor and eager_cpu(x):
+        if type(x) is Tensor and eager_cpu(x) and probed("tanh GELU (softplus form)", x.dtype, _check_tanh_gelu(x.dtype)):
             return _TanhGelu.apply(x)  # plain tensors only: subclasses (DTensor, ...) keep torch's op
     return F.gelu(x, approximate=approximate)
+
+
+def _check_tanh_gelu(dtype: torch.dtype) -> Callable[[], bool]:
+    def check() -> bool:
+        x = torch.linspace(-8, 8, 257).to(dtype).requires_grad_()
+        out = _TanhGelu.apply(x)
+        grad, = torch.autograd.grad(out.sum(), x)
+        ref = x.detach().requires_grad_()
+        want = F.gelu(ref, approximate="tanh")
+        want_grad, = torch.autograd.grad(want.sum(), ref)
+        tol = 1e-5 if dtype == torch.float32 else 2 ** -6
+        return bool(torch.allclose(out.float(), want.float(), atol=tol * 8, rtol=tol)
+                    and torch.allclose(grad.float(), want_grad.float(), atol=tol * 8, rtol=tol))
+    return check
 
 
 # ------------------------------------------------------------------------------- dense + GELU
@@ -146,9 +204,6 @@ def fused_linear_gelu(x: Tensor, fc: nn.Linear, approximate: Approximate) -> Ten
     activation, the largest tensor of the block.  Returns None where the fused kernel is unavailable,
     so the caller falls back to the two ops.
     """
-    op = getattr(torch.ops.mkldnn, "_linear_pointwise", None) if torch.backends.mkldnn.is_available() else None
-    if op is None:
-        return None
     weight, bias = fc.weight, fc.bias
     if torch.is_autocast_enabled("cpu"):  # the fused op is not on autocast's list: cast as autocast would
         dtype = torch.get_autocast_dtype("cpu")
@@ -156,4 +211,33 @@ def fused_linear_gelu(x: Tensor, fc: nn.Linear, approximate: Approximate) -> Ten
         bias = bias.to(dtype) if bias is not None else None
     if x.dtype != weight.dtype or x.dtype not in (torch.float32, torch.bfloat16):
         return None
-    return op(x, weight, bias, "gelu", [], approximate)
+    if not probed(FUSED_LINEAR_GELU, x.dtype, lambda: _check_linear_gelu(x.dtype)):
+        return None
+    try:
+        return _linear_pointwise(x, weight, bias, approximate)
+    except RuntimeError as err:  # e.g. oneDNN has no primitive for this dtype on this CPU
+        disable(FUSED_LINEAR_GELU, x.dtype, err)
+        return None
+
+
+FUSED_LINEAR_GELU = "oneDNN fused dense + GELU"
+
+
+def _linear_pointwise(x: Tensor, weight: Tensor, bias: Tensor | None, approximate: Approximate) -> Tensor:
+    """oneDNN's dense layer with the GELU applied to its accumulator (a non-public torch op)."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "gelu", [], approximate)
+
+
+def _check_linear_gelu(dtype: torch.dtype) -> bool:
+    """oneDNN's fused dense + GELU against F.linear then F.gelu, both approximations, on a small input."""
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+        return False
+    generator = torch.Generator().manual_seed(0)
+    x, weight, bias = (torch.randn(shape, generator=generator).to(dtype) for shape in ((2, 9, 24), (40, 24), (40,)))
+    tol = 1e-4 if dtype == torch.float32 else 2 ** -5
+    for approximate in ("tanh", "none"):
+        fused = _linear_pointwise(x, weight, bias, approximate).float()
+        plain = F.gelu(F.linear(x.float(), weight.float(), bias.float()), approximate=approximate)
+        if not torch.allclose(fused, plain, atol=tol * 4, rtol=tol):
+            return False
+    return True

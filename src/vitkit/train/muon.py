@@ -10,7 +10,8 @@ runs one batched iteration per shape.  The iteration's type follows the matrix s
 small-28px's 64-wide matrices fp32 is the faster type on this CPU (~3 ms a step, bf16 ~3-4.8 ms); at
 small-32px's 192-576-wide ones bf16 is (per shape, 6 matrices: 9.1 against 17.7 ms at 576x192, 5.0 against
 8.7 ms at 192x192), so matrices whose smaller side is >= 128 run in bf16, as torch's own loop does, and so does
-everything on CUDA.  `benchmarks/muon_step.py` times both optimisers on a recipe's matrices;
+everything on CUDA -- but only where bf16 is native: a CPU without it (AVX2) emulates bf16 matmuls 10-20x slower
+than fp32 (a 2-core AVX2 host spent ~3 s a step in them), so there every iteration runs in fp32.  `benchmarks/muon_step.py` times both optimisers on a recipe's matrices;
 `benchmarks/step_phases.py SOURCE --set optim.name=muon` times the whole training step.
 """
 
@@ -22,12 +23,17 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from vitkit.device import native_bf16
+
 
 BF16_FROM = 128  # smaller side from which the iteration runs in bf16 (faster there, slower below, on CPU)
 
 
 def iteration_dtype(stack: Tensor) -> torch.dtype:
-    """bf16 on CUDA and for matrices whose smaller side is >= BF16_FROM; fp32 for smaller ones on CPU."""
+    """bf16 where the device multiplies it natively, on CUDA and, on a CPU, for matrices whose smaller side is
+    >= BF16_FROM; fp32 otherwise."""
+    if not native_bf16(stack.device):
+        return torch.float32
     if stack.is_cuda or min(stack.shape[-2:]) >= BF16_FROM:
         return torch.bfloat16
     return torch.float32
