@@ -231,3 +231,11 @@ def test_hybrid_matches_reference_with_old_groupnorm_shapes(tmp_path, randomise,
         assert torch.equal(ours, model(images))
     diff = np.abs(ours.double().numpy() - reference_hybrid_logits(arrays, images)).max()
     assert diff <= 1e-5, diff
+
+
+def test_root_only_hybrid_round_trips(tmp_path, randomise):
+    """The official R+ViT-Ti/16 has the ResNet root alone (stride 4, no stages): its stride is inferred as 4."""
+    vit = ViTConfig(img_size=32, patch_size=2, hidden_size=D, depth=1, num_heads=K, mlp_dim=MLP, num_classes=CLASSES)
+    config = HybridConfig(vit=vit, resnet_layers=())
+    path = write(Checkpoint(model=randomise(build_model(config))), tmp_path / "ti.npz", to="official")
+    assert read(path).config == config

@@ -3,6 +3,10 @@
 `read(path)` probes the format (one probe per format), converts, then applies the surgery asked for
 (Sec. 3.2): another resolution (position embeddings interpolated in 2D), a new zero-initialised head,
 the pre-logits layer kept or dropped.  Nothing is ever unpickled beyond tensors.
+
+Files are untrusted (validate.py): configs are checked field by field, the model's size against a
+memory limit and the weights' header against the model on the meta device (limits.py, headers.py),
+before anything is built or read; every problem with a file is a `CheckpointError` naming it.
 """
 
 from __future__ import annotations
@@ -15,9 +19,10 @@ from torch import nn
 
 from vitkit.checkpoints import hf, native, official, surgery, timm
 from vitkit.checkpoints.native import Checkpoint
+from vitkit.checkpoints.validate import CheckpointError, read_json
 from vitkit.models.configs import ModelConfig, image_size
 
-__all__ = ["Checkpoint", "FORMATS", "detect_format", "load", "read", "save", "write"]
+__all__ = ["Checkpoint", "CheckpointError", "FORMATS", "detect_format", "load", "read", "save", "write"]
 
 Format = Literal["vitkit", "official", "timm", "hf"]
 FORMATS: tuple[str, ...] = ("vitkit", "official", "timm", "hf")
@@ -29,6 +34,8 @@ def detect_format(path: str | os.PathLike) -> Format:
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist")
     if path.is_dir():
+        if (path / native.CONFIG).is_file():
+            read_json(path / native.CONFIG)  # a damaged config.json is named here, not after the probes below
         if native.is_native(path):
             return "vitkit"
         if hf.looks_hf(path):
@@ -36,7 +43,7 @@ def detect_format(path: str | os.PathLike) -> Format:
         if timm.looks_timm(path):
             return "timm"
         found = sorted(p.name for p in path.iterdir())[:8]
-        raise ValueError(
+        raise CheckpointError(
             f"{path} is not a checkpoint directory vitkit knows: expected vitkit's config.json + model.safetensors, "
             f"an HF ViT directory (config.json with model_type 'vit') or a timm one (config.json with 'architecture'); "
             f"found {found}"
@@ -45,7 +52,7 @@ def detect_format(path: str | os.PathLike) -> Format:
         return "official"
     if timm.looks_timm(path):
         return "timm"
-    raise ValueError(
+    raise CheckpointError(
         f"{path}: unknown checkpoint format (suffix {path.suffix!r}); expected a directory, an official .npz, "
         "or a timm state dict (.safetensors, .pth, .pt, .bin)"
     )
@@ -59,6 +66,7 @@ def read(
     pre_logits: surgery.PreLogits | None = None,
     resample: str = "bilinear",
     config: ModelConfig | None = None,
+    max_bytes: int | None = None,
 ) -> Checkpoint:
     """Read any supported checkpoint into a `Checkpoint` (model + class names + normalisation).
 
@@ -69,6 +77,11 @@ def read(
             goes too unless `pre_logits="keep"`.
         pre_logits: "keep" or "drop" the representation layer (default: keep unless a new head is asked for).
         config: the model config of a foreign file (otherwise inferred from the tensor shapes).
+        max_bytes: the largest model (float32 weights, in bytes) to build; default half the memory available
+            now.  A larger one is refused before anything is allocated.
+
+    Raises:
+        CheckpointError: the file is damaged, inconsistent, or asks for a model above `max_bytes`.
     """
     if pre_logits not in (None, "keep", "drop"):
         raise ValueError(f"pre_logits must be 'keep' or 'drop', got {pre_logits!r}")
@@ -78,9 +91,10 @@ def read(
     if kind == "vitkit":
         if config is not None:
             raise ValueError("a vitkit checkpoint records its own config; config= applies to foreign formats only")
-        checkpoint = native.load(path)
+        checkpoint = native.load(path, max_bytes=max_bytes)
     else:
-        checkpoint = {"official": official.to_vitkit, "timm": timm.to_vitkit, "hf": hf.to_vitkit}[kind](path, config)
+        reader = {"official": official.to_vitkit, "timm": timm.to_vitkit, "hf": hf.to_vitkit}[kind]
+        checkpoint = reader(path, config, max_bytes=max_bytes)
     checkpoint.provenance.setdefault("format", kind)
     if img_size is not None and img_size != image_size(checkpoint.config):
         checkpoint.model = surgery.change_resolution(checkpoint.model, img_size, resample)

@@ -6,6 +6,8 @@ optionally preprocessor_config.json (image_mean / image_std).  Keys on disk keep
 v5 renames them in memory only (`vit.layers.{i}.attention.q_proj`), and both are read.  Numerics:
 `hidden_act` "gelu" is exact erf GELU and `layer_norm_eps` defaults to 1e-12; both are carried.
 `ViTModel`'s pooler (dense + tanh on the [class] token) is the pre-logits layer of Sec. 3.1.
+Reading checks config.json's fields by their HF names, and the weights' header against the model,
+before any data is read (tensorfile.py, native.read_checked).
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from torch import Tensor
 
 from vitkit.checkpoints import keymap, surgery
 from vitkit.atomic import atomic_write, atomic_write_text
-from vitkit.checkpoints.native import Checkpoint, build_checkpoint
-from vitkit.checkpoints.timm import read_state
+from vitkit.checkpoints.native import Checkpoint, read_checked
+from vitkit.checkpoints.tensorfile import open_tensors
+from vitkit.checkpoints.validate import CheckpointError, mapping, naming, numbers_list, read_json
 from vitkit.models.configs import ViTConfig
 
 log = logging.getLogger(__name__)
@@ -65,6 +68,12 @@ V5_NAMES = [
     (r"^vit\.layers\.(\d+)\.", r"vit.encoder.layer.\1."),
 ]
 ACTIVATIONS = {"gelu": "exact", "gelu_pytorch_tanh": "tanh", "gelu_new": "tanh"}
+FIELDS = {  # vitkit ViTConfig field -> HF config.json field, to name a wrong value as the file names it
+    "img_size": "image_size", "patch_size": "patch_size", "in_chans": "num_channels", "hidden_size": "hidden_size",
+    "depth": "num_hidden_layers", "num_heads": "num_attention_heads", "mlp_dim": "intermediate_size",
+    "qkv_bias": "qkv_bias", "layer_norm_eps": "layer_norm_eps", "gelu": "hidden_act",
+    "dropout": "hidden_dropout_prob", "attention_dropout": "attention_probs_dropout_prob",
+}  # fmt: skip
 
 
 # ---- quirks -----------------------------------------------------------------------------------------------
@@ -92,37 +101,41 @@ def rename_v5(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
 # ---- config -----------------------------------------------------------------------------------------------
 
 
-def to_vit_config(hf: Mapping[str, Any], state: Mapping[str, Tensor]) -> ViTConfig:
-    """HF ViTConfig fields -> vitkit ViTConfig (numerics carried); head and pooler from the tensors."""
+def to_vit_config(hf: Mapping[str, Any], state: Mapping[str, Tensor], source: str) -> ViTConfig:
+    """HF ViTConfig fields -> vitkit ViTConfig (numerics carried); head and pooler from the tensors (`source`)."""
     act = hf.get("hidden_act", "gelu")
-    if act not in ACTIVATIONS:
+    if not isinstance(act, str) or act not in ACTIVATIONS:
         raise ValueError(f"hidden_act {act!r} has no vitkit equivalent (supported: {sorted(ACTIVATIONS)})")
     pooler = "vit.pooler.dense.weight" in state
     if pooler and hf.get("pooler_act", "tanh") != "tanh":
         raise ValueError(f"pooler_act {hf.get('pooler_act')!r}: vitkit's pre-logits layer is dense + tanh")
-    image, patch = _square(hf.get("image_size", 224), "image_size"), _square(hf.get("patch_size", 16), "patch_size")
+    missing = [k for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size") if k not in hf]
+    if missing:
+        raise ValueError(f"lacks the field(s) {missing}")
+    rep = keymap.shape_of(state, "vit.pooler.dense.weight", 2, source)[0] if pooler else None
+    head = keymap.shape_of(state, "classifier.weight", 2, source)[0] if "classifier.weight" in state else 0
     return ViTConfig(
-        img_size=image, patch_size=patch, in_chans=hf.get("num_channels", 3),
-        hidden_size=hf["hidden_size"], depth=hf["num_hidden_layers"], num_heads=hf["num_attention_heads"],
-        mlp_dim=hf["intermediate_size"], pool="token",
-        representation_size=state["vit.pooler.dense.weight"].shape[0] if pooler else None,
-        num_classes=state["classifier.weight"].shape[0] if "classifier.weight" in state else 0,
-        qkv_bias=hf.get("qkv_bias", True), layer_norm_eps=hf.get("layer_norm_eps", 1e-12), gelu=ACTIVATIONS[act],
+        img_size=_square(hf.get("image_size", 224), "image_size"), patch_size=_square(hf.get("patch_size", 16), "patch_size"),
+        in_chans=hf.get("num_channels", 3), hidden_size=hf["hidden_size"], depth=hf["num_hidden_layers"],
+        num_heads=hf["num_attention_heads"], mlp_dim=hf["intermediate_size"], pool="token",
+        representation_size=rep, num_classes=head, qkv_bias=hf.get("qkv_bias", True),
+        layer_norm_eps=hf.get("layer_norm_eps", 1e-12), gelu=ACTIVATIONS[act],
         dropout=hf.get("hidden_dropout_prob", 0.0), attention_dropout=hf.get("attention_probs_dropout_prob", 0.0),
     )  # fmt: skip
 
 
-def _square(value: int | list[int], name: str) -> int:
-    # HF accepts (height, width) pairs; vitkit's models are square
-    values = list(value) if isinstance(value, (list, tuple)) else [value]
-    if len(set(values)) != 1:
-        raise ValueError(f"non-square {name} {value} is not supported")
-    return int(values[0])
+def _square(value: Any, name: str) -> Any:
+    # HF accepts (height, width) pairs; vitkit's models are square (the value's type is checked by ViTConfig)
+    if isinstance(value, (list, tuple)):
+        if len(value) != 2 or value[0] != value[1]:
+            raise ValueError(f"{name} must be one size or two equal ones (vitkit's models are square), got {value!r}"[:300])
+        return value[0]
+    return value
 
 
-def class_names(hf: Mapping[str, Any], num_classes: int) -> list[str] | None:
+def class_names(hf: Mapping[str, Any], num_classes: int, where: str) -> list[str] | None:
     """id2label in index order; None when absent or only HF's placeholder "LABEL_i" names."""
-    labels = hf.get("id2label") or {}
+    labels = mapping(hf.get("id2label"), f"{where}: id2label")
     names = [labels.get(str(i), labels.get(i)) for i in range(num_classes)]
     if not num_classes or None in names or all(n == f"LABEL_{i}" for i, n in enumerate(names)):
         return None
@@ -134,36 +147,42 @@ def class_names(hf: Mapping[str, Any], num_classes: int) -> list[str] | None:
 
 def looks_hf(path: Path) -> bool:
     try:
-        return path.is_dir() and json.loads((path / CONFIG).read_text()).get("model_type") == "vit"
-    except (OSError, ValueError, AttributeError):
+        return path.is_dir() and read_json(path / CONFIG).get("model_type") == "vit"
+    except CheckpointError:
         return False
 
 
-def to_vitkit(path: str | os.PathLike, config: ViTConfig | None = None) -> Checkpoint:
-    """Read an HF ViT directory."""
+def to_vitkit(path: str | os.PathLike, config: ViTConfig | None = None, max_bytes: int | None = None) -> Checkpoint:
+    """Read an HF ViT directory: config.json and the header first, data once the model is known to fit."""
     directory = Path(path)
-    try:
-        hf = json.loads((directory / CONFIG).read_text())
-    except (OSError, ValueError) as err:
-        raise ValueError(f"cannot read {directory / CONFIG}: {err}") from None
+    hf, where = read_json(directory / CONFIG), str(directory / CONFIG)
     weights = directory / WEIGHTS if (directory / WEIGHTS).is_file() else directory / TORCH_WEIGHTS
     if not weights.is_file():
         raise FileNotFoundError(f"{directory} has neither {WEIGHTS} nor {TORCH_WEIGHTS}")
-    state = rename_v5(add_vit_prefix(read_state(weights)))
-    state.pop("vit.embeddings.mask_token", None)  # ViTForMaskedImageModeling's [mask] token: unused for inference
-    try:
-        config = config or to_vit_config(hf, state)
-    except KeyError as err:
-        raise ValueError(f"{directory / CONFIG} lacks the field {err}") from None
-    table = keymap.restrict(keymap.expand(KEY_MAP, config.depth), config)
-    state = surgery.fuse_qkv(keymap.convert(state, table, config.num_heads, str(weights)), config.depth)
-    extra: dict[str, Any] = {"provenance": {"source": str(directory), "format": "hf"}}
-    extra["class_names"] = class_names(hf, config.num_classes)
-    if (directory / PREPROCESSOR).is_file():
-        pre = json.loads((directory / PREPROCESSOR).read_text())
-        if "image_mean" in pre and "image_std" in pre:
-            extra.update(mean=tuple(pre["image_mean"]), std=tuple(pre["image_std"]))
-    return build_checkpoint(config, state, str(weights), **extra)
+    source = str(weights)
+
+    def convert(tensors: dict[str, Tensor], config: ViTConfig | None) -> tuple[ViTConfig, dict[str, Tensor]]:
+        state = rename_v5(add_vit_prefix(tensors))
+        state.pop("vit.embeddings.mask_token", None)  # ViTForMaskedImageModeling's [mask] token: unused for inference
+        if config is None:
+            with naming(where, FIELDS):
+                config = to_vit_config(hf, state, source)
+        table = keymap.restrict(keymap.expand(KEY_MAP, config.depth), config)
+        with naming(source):
+            return config, surgery.fuse_qkv(keymap.convert(state, table, config.num_heads, source), config.depth)
+
+    def fields(config: ViTConfig) -> dict[str, Any]:
+        extra: dict[str, Any] = {"provenance": {"source": str(directory), "format": "hf"}}
+        extra["class_names"] = class_names(hf, config.num_classes, where)
+        if (directory / PREPROCESSOR).is_file():
+            pre, counts = read_json(directory / PREPROCESSOR), tuple(sorted({1, 3, config.in_chans}))
+            if "image_mean" in pre and "image_std" in pre:
+                extra.update(mean=numbers_list(pre["image_mean"], f"{directory / PREPROCESSOR}: image_mean", counts),
+                             std=numbers_list(pre["image_std"], f"{directory / PREPROCESSOR}: image_std", counts, positive=True))
+        return extra
+
+    header, load = open_tensors(weights, max_bytes)
+    return read_checked(convert, header, load, config, source, max_bytes, fields)
 
 
 def to_hf_config(checkpoint: Checkpoint) -> dict[str, Any]:

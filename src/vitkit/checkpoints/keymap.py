@@ -14,6 +14,8 @@ from typing import Callable, Iterable, Mapping
 import torch
 from torch import Tensor
 
+from vitkit.checkpoints.validate import CheckpointError
+
 # foreign pattern -> (vitkit pattern, layout); the layout names a pair in LAYOUTS.
 KeyTable = Mapping[str, tuple[str, str]]
 Layout = tuple[Callable[[Tensor, int], Tensor], Callable[[Tensor, int], Tensor]]
@@ -34,6 +36,7 @@ LAYOUTS: dict[str, Layout] = {
     # old Flax linen stored GroupNorm scale/bias unsqueezed, (1, 1, 1, C) (flax issue 1721)
     "squeeze": (lambda t, k: t.reshape(-1), lambda t, k: t),
 }
+LAYOUT_DIMS = {"dense": 2, "conv": 4, "heads_in": 3, "heads_bias": 2, "heads_out": 3}  # a foreign tensor's rank
 
 
 def expand(table: KeyTable, depth: int, units: Iterable[int] = ()) -> dict[str, tuple[str, str]]:
@@ -64,10 +67,9 @@ def restrict(table: dict[str, tuple[str, str]], config: object) -> dict[str, tup
 
     Split q/k/v names count as present when the fused `attn.qkv` tensor is.
     """
-    from vitkit.models import build_model  # models are built on the meta device: shapes only, no memory
+    from vitkit.checkpoints.limits import meta_model  # shapes only, no memory
 
-    with torch.device("meta"):
-        names = set(build_model(config).state_dict())
+    names = set(meta_model(config).state_dict())
     fused = re.compile(r"\.attn\.[qkv]\.")
     return {k: v for k, v in table.items() if fused.sub(".attn.qkv.", v[0]) in names}
 
@@ -84,11 +86,21 @@ def convert(
             parts.append(f"missing tensors {_few(missing)}")
         if unknown:
             parts.append(f"unexpected tensors {_few(unknown)}")
-        raise ValueError(f"{source}: " + "; ".join(parts))
-    out = {}
-    for foreign, (ours, layout) in table.items():
-        out[ours] = LAYOUTS[layout][0](torch.as_tensor(tensors[foreign]), num_heads).contiguous()
-    return out
+        raise CheckpointError(f"{source}: " + "; ".join(parts))
+    return {ours: _relayout(torch.as_tensor(tensors[foreign]), layout, num_heads, f"{source}: tensor {foreign}")
+            for foreign, (ours, layout) in table.items()}
+
+
+def _relayout(tensor: Tensor, layout: str, num_heads: int, where: str) -> Tensor:
+    # the rank is checked first; a reshape that still fails (sizes that do not divide) is the file's shape
+    rank = LAYOUT_DIMS.get(layout, tensor.dim())
+    if tensor.dim() != rank:
+        raise CheckpointError(f"{where} has shape {tuple(tensor.shape)}; its layout ({layout}) has {rank} dimensions")
+    try:
+        return LAYOUTS[layout][0](tensor, num_heads).contiguous()
+    except RuntimeError as err:
+        raise CheckpointError(f"{where} has shape {tuple(tensor.shape)}, which its layout ({layout}) cannot take: "
+                              f"{str(err).splitlines()[0]}") from None
 
 
 def convert_back(state: Mapping[str, Tensor], table: Mapping[str, tuple[str, str]], num_heads: int) -> dict[str, Tensor]:
@@ -104,10 +116,24 @@ def convert_back(state: Mapping[str, Tensor], table: Mapping[str, tuple[str, str
 
 
 def count_indices(keys: Iterable[str], pattern: str) -> int:
-    """1 + the largest integer captured by `pattern` (a regex with one group) among `keys`; 0 if none."""
+    """1 + the largest integer captured by `pattern` (a regex with one group) among `keys`; 0 if none.
+
+    An index of more than 9 digits counts as 10**9 (a file's key names are untrusted; the config's range check
+    then refuses it).
+    """
     regex = re.compile(pattern)
-    found = [int(m.group(1)) for k in keys if (m := regex.match(k))]
+    found = [int(m.group(1)) if len(m.group(1)) <= 9 else 10**9 for k in keys if (m := regex.match(k))]
     return max(found) + 1 if found else 0
+
+
+def shape_of(tensors: Mapping[str, Tensor], key: str, rank: int, source: str) -> tuple[int, ...]:
+    """The shape of `tensors[key]`, which must exist and have `rank` dimensions (config inference reads these)."""
+    if key not in tensors:
+        raise CheckpointError(f"{source}: tensor {key} is missing")
+    shape = tuple(tensors[key].shape)
+    if len(shape) != rank:
+        raise CheckpointError(f"{source}: tensor {key} has shape {shape}, expected {rank} dimensions")
+    return shape
 
 
 def _few(keys: list[str], limit: int = 8) -> str:

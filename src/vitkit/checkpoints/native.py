@@ -2,7 +2,10 @@
 
 config.json records the model config, class names, input resolution and normalisation, provenance
 and the SHA-256 of the weights file, so a directory whose two files do not belong together, or whose
-weights are truncated, is refused with a clear message.  Both files are written atomically.
+weights are truncated, is refused with a clear message.  Both files are written atomically.  On
+reading, config.json is untrusted: its fields are checked, the model's size is checked against the
+memory limit and the weights' header against the model (both on the meta device) before anything
+is built or read.
 """
 
 from __future__ import annotations
@@ -10,9 +13,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from safetensors import SafetensorError
@@ -20,8 +24,11 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from vitkit.atomic import atomic_write, atomic_write_text
+from vitkit.checkpoints import headers, limits
+from vitkit.checkpoints.validate import (CheckpointError, check_fits, mapping, model_config, numbers_list, read_json,
+                                         strings_list)
 from vitkit.models import build_model
-from vitkit.models.configs import ModelConfig, config_from_dict, config_to_dict, in_channels
+from vitkit.models.configs import ModelConfig, config_to_dict, in_channels, num_classes
 
 FORMAT = "vitkit"
 FORMAT_VERSION = 1
@@ -80,44 +87,62 @@ def is_native(path: Path) -> bool:
     if not config.is_file():
         return False
     try:
-        return json.loads(config.read_text()).get("format") == FORMAT
-    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+        return read_json(config).get("format") == FORMAT
+    except CheckpointError:
         return False
 
 
-def load(directory: str | os.PathLike, map_location: str | torch.device = "cpu") -> Checkpoint:
-    """Read a directory written by `save`; every mismatch is named in a ValueError."""
+def load(directory: str | os.PathLike, map_location: str | torch.device = "cpu", max_bytes: int | None = None) -> Checkpoint:
+    """Read a directory written by `save`; every mismatch is named in a CheckpointError (a ValueError).
+
+    Order: config.json's fields, the model's size (limits.check_model, `max_bytes`), the weights' hash,
+    their header against the model on the meta device; only then the model is built and the data read.
+    """
     directory = Path(directory)
     config_path, weights_path = directory / CONFIG, directory / WEIGHTS
     for path in (config_path, weights_path):
         if not path.is_file():
             raise FileNotFoundError(f"{directory} is not a complete vitkit checkpoint: {path.name} is missing")
-    try:
-        meta = json.loads(config_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{config_path} is not valid JSON ({err}); the checkpoint is damaged") from None
+    meta = read_json(config_path)
     if meta.get("format") != FORMAT:
-        raise ValueError(f"{config_path} is not a vitkit checkpoint config (format={meta.get('format')!r})")
-    expected = meta.get("weights_sha256")
-    if expected and _sha256(weights_path) != expected:
-        raise ValueError(
-            f"{weights_path} does not match {config_path.name} (SHA-256 differs): the weights are truncated, "
-            "damaged or belong to another checkpoint"
-        )
-    model = build_model(config_from_dict(meta["model"]))
+        raise CheckpointError(f"{config_path} is not a vitkit checkpoint config (format={meta.get('format')!r})"[:300])
+    config = model_config(meta.get("model"), str(config_path))
+    fields = read_fields(meta, config, config_path)
+    expected = limits.check_model(config, str(config_path), max_bytes)
+    check_hash(meta.get("weights_sha256"), config_path, weights_path)
+    check_fits(expected, headers.safetensors_header(weights_path), str(weights_path))
+    model = build_model(config)
     try:
         state = load_file(str(weights_path), device=str(map_location))
     except (SafetensorError, OSError) as err:
-        raise ValueError(f"cannot read {weights_path}: {err}") from None
+        raise CheckpointError(f"cannot read {weights_path}: {err}") from None
     load_state_dict_strict(model, state, source=str(weights_path))
-    norm = meta.get("normalization") or {}
-    return Checkpoint(
-        model=model,
-        class_names=meta.get("class_names"),
-        mean=tuple(norm.get("mean", (0.5,) * 3)),
-        std=tuple(norm.get("std", (0.5,) * 3)),
-        provenance=meta.get("provenance") or {},
-    )
+    return Checkpoint(model=model, **fields)
+
+
+def read_fields(meta: dict[str, Any], config: ModelConfig, config_path: Path) -> dict[str, Any]:
+    """Class names, normalisation and provenance of config.json, each checked."""
+    classes = num_classes(config)
+    names = strings_list(meta.get("class_names"), f"{config_path}: class_names", classes or None)
+    norm = mapping(meta.get("normalization"), f"{config_path}: normalization")
+    counts = tuple(sorted({1, 3, in_channels(config)}))  # one per channel, one for all, or the 3 of the default
+    mean = numbers_list(norm.get("mean", (0.5,) * 3), f"{config_path}: normalization.mean", counts)
+    std = numbers_list(norm.get("std", (0.5,) * 3), f"{config_path}: normalization.std", counts, positive=True)
+    provenance = mapping(meta.get("provenance"), f"{config_path}: provenance")
+    return {"class_names": names, "mean": mean, "std": std, "provenance": provenance}
+
+
+def check_hash(expected: Any, config_path: Path, weights_path: Path) -> None:
+    """The weights are the ones config.json recorded (SHA-256), where it recorded them."""
+    if expected is None:
+        return
+    if not (isinstance(expected, str) and re.fullmatch(r"[0-9a-f]{64}", expected)):
+        raise CheckpointError(f"{config_path}: weights_sha256 must be a hex string of 64 digits, got {expected!r}"[:300])
+    if _sha256(weights_path) != expected:
+        raise CheckpointError(
+            f"{weights_path} does not match {config_path.name} (SHA-256 differs): the weights are truncated, "
+            "damaged or belong to another checkpoint"
+        )
 
 
 def build_checkpoint(config: ModelConfig, state: dict[str, torch.Tensor], source: str, **meta: Any) -> Checkpoint:
@@ -127,19 +152,26 @@ def build_checkpoint(config: ModelConfig, state: dict[str, torch.Tensor], source
     return Checkpoint(model=model, **meta)
 
 
+Convert = Callable[[dict[str, torch.Tensor], Any], tuple[ModelConfig, dict[str, torch.Tensor]]]
+
+
+def read_checked(convert: Convert, header: dict[str, torch.Tensor], load: Callable[[], dict[str, torch.Tensor]],
+                 config: ModelConfig | None, source: str, max_bytes: int | None,
+                 fields: Callable[[ModelConfig], dict[str, Any]] = lambda config: {}) -> Checkpoint:
+    """A foreign file read in two passes of one `convert(tensors, config) -> (config, vitkit tensors)`.
+
+    First on `header` (meta tensors: the file's names and shapes): the config is inferred, the model's size
+    checked against the limit and its shapes against the converted ones, with nothing allocated.  Then
+    `fields(config)` (class names, normalisation) and the same conversion on the data `load()` reads.
+    """
+    config, shapes = convert(header, config)
+    check_fits(limits.check_model(config, source, max_bytes), shapes, source)
+    extra = fields(config)
+    _, state = convert(load(), config)
+    return build_checkpoint(config, state, source, **extra)
+
+
 def load_state_dict_strict(model: nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
     """Copy `state` into `model`, naming every missing, unexpected or mis-shaped tensor on failure."""
-    own = model.state_dict()
-    missing = sorted(set(own) - set(state))
-    unexpected = sorted(set(state) - set(own))
-    shapes = [f"{k}: file {tuple(state[k].shape)} vs model {tuple(own[k].shape)}" for k in own if k in state and state[k].shape != own[k].shape]
-    if missing or unexpected or shapes:
-        parts = []
-        if missing:
-            parts.append(f"missing {missing[:10]}{' ...' if len(missing) > 10 else ''}")
-        if unexpected:
-            parts.append(f"unexpected {unexpected[:10]}{' ...' if len(unexpected) > 10 else ''}")
-        if shapes:
-            parts.append(f"shape mismatch {shapes[:10]}")
-        raise ValueError(f"{source} does not fit the model: " + "; ".join(parts))
+    check_fits(model.state_dict(), state, source)
     model.load_state_dict(state, strict=True)

@@ -14,6 +14,8 @@ big_vision's `models/vit.py`; keys are module paths joined by "/"):
 Numerics of these files: LayerNorm eps 1e-6 and tanh GELU (Flax defaults), vitkit's defaults too.
 Variants handled by named quirks below: `opt/target/` and `params/` prefixes, big_vision's names and
 scan-stacked blocks, a position embedding without the [class] row, unsqueezed GroupNorm parameters.
+Reading runs the quirks and config inference twice (native.read_checked): on the members' headers
+(meta tensors, nothing read) to check the model's size and shapes, then on the data.
 """
 
 from __future__ import annotations
@@ -22,17 +24,17 @@ import logging
 import math
 import os
 import re
-import zipfile
 from pathlib import Path
 from typing import Mapping
 
 import numpy as np
 import torch
 
-from vitkit.checkpoints import keymap, surgery
+from vitkit.checkpoints import headers, keymap, surgery
 from vitkit.atomic import atomic_write
-from vitkit.checkpoints.native import Checkpoint, build_checkpoint
-from vitkit.models.configs import HybridConfig, ViTConfig
+from vitkit.checkpoints.native import Checkpoint, read_checked
+from vitkit.checkpoints.validate import CheckpointError, naming
+from vitkit.models.configs import MAX_DEPTH, HybridConfig, ViTConfig
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +111,8 @@ def unstack_scanned_blocks(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarra
     out = {}
     for key, value in arrays.items():
         if key.startswith(scanned):
+            if value.ndim == 0 or value.shape[0] > MAX_DEPTH:
+                raise ValueError(f"{key} has shape {tuple(value.shape)}: not up to {MAX_DEPTH} stacked layers")
             for i in range(value.shape[0]):
                 out[f"Transformer/encoderblock_{i}/{key[len(scanned):]}"] = value[i]
         else:
@@ -147,9 +151,9 @@ def add_class_posemb_row(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]
     key = "Transformer/posembed_input/pos_embedding"
     if "cls" not in arrays or key not in arrays:
         return arrays
-    posemb = arrays[key]
-    if math.isqrt(posemb.shape[1]) ** 2 == posemb.shape[1]:  # a square grid alone: no [class] row
-        return {**arrays, key: np.concatenate([np.zeros_like(posemb[:, :1]), posemb], axis=1)}
+    posemb = torch.as_tensor(arrays[key])
+    if posemb.dim() == 3 and math.isqrt(posemb.shape[1]) ** 2 == posemb.shape[1]:  # a square grid alone: no [class] row
+        return {**arrays, key: torch.cat([torch.zeros_like(posemb[:, :1]), posemb], dim=1)}
     return arrays
 
 
@@ -166,42 +170,40 @@ def normalise_layout(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 # ---- config inference -------------------------------------------------------------------------------------
 
 
-def infer_config(arrays: Mapping[str, np.ndarray]) -> ViTConfig | HybridConfig:
+def infer_config(arrays: Mapping[str, torch.Tensor], source: str) -> ViTConfig | HybridConfig:
     """The model config the tensor shapes imply (normalised layout)."""
     if "embedding/kernel" not in arrays or "Transformer/encoderblock_0/LayerNorm_0/scale" not in arrays:
         raise ValueError("not a ViT checkpoint of the official layout: no embedding/kernel or Transformer/encoderblock_0")
-    patch, _, in_chans, hidden = arrays["embedding/kernel"].shape
+    patch, _, in_chans, hidden = keymap.shape_of(arrays, "embedding/kernel", 4, source)
     depth = keymap.count_indices(arrays, r"^Transformer/encoderblock_(\d+)/")
-    attn = "Transformer/encoderblock_0/MultiHeadDotProductAttention_1/"
-    heads = arrays[attn + "query/kernel"].shape[1]
-    mlp = arrays["Transformer/encoderblock_0/MlpBlock_3/Dense_0/kernel"].shape[1]
+    block = "Transformer/encoderblock_0/"
+    heads = keymap.shape_of(arrays, block + "MultiHeadDotProductAttention_1/query/kernel", 3, source)[1]
+    mlp = keymap.shape_of(arrays, block + "MlpBlock_3/Dense_0/kernel", 2, source)[1]
     pool = "token" if "cls" in arrays else "gap"
-    rep = arrays["pre_logits/kernel"].shape[1] if "pre_logits/kernel" in arrays else None
-    classes = arrays["head/kernel"].shape[1] if "head/kernel" in arrays else 0
+    rep = keymap.shape_of(arrays, "pre_logits/kernel", 2, source)[1] if "pre_logits/kernel" in arrays else None
+    classes = keymap.shape_of(arrays, "head/kernel", 2, source)[1] if "head/kernel" in arrays else 0
     hybrid_layers = tuple(
         keymap.count_indices(arrays, rf"^block{s}/unit(\d+)/") - 1 for s in range(1, 5)  # units are 1-based
         if f"block{s}/unit1/conv1/kernel" in arrays
     )  # fmt: skip
-    stride = 4 * 2 ** (len(hybrid_layers) - 1) if "conv_root/kernel" in arrays else 1
-    image_chans = arrays["conv_root/kernel"].shape[2] if stride > 1 else in_chans
-    posemb = arrays.get("Transformer/posembed_input/pos_embedding")
-    if posemb is None:
+    root = keymap.shape_of(arrays, "conv_root/kernel", 4, source) if "conv_root/kernel" in arrays else None
+    stride = 4 * 2 ** max(len(hybrid_layers) - 1, 0) if root else 1  # root conv and max-pool /4, then /2 per stage
+    if "Transformer/posembed_input/pos_embedding" not in arrays:
         raise ValueError(
             "no position embedding (Transformer/posembed_input/pos_embedding) in the checkpoint: a big_vision "
             "sincos2d model; pass config=ViTConfig(..., posemb='sincos_2d', img_size=...) since its size cannot be inferred"
         )
-    tokens = posemb.shape[1] - (pool == "token")
-    grid = math.isqrt(tokens)
-    if grid * grid != tokens:
+    tokens = keymap.shape_of(arrays, "Transformer/posembed_input/pos_embedding", 3, source)[1] - (pool == "token")
+    grid = math.isqrt(max(tokens, 0))
+    if tokens < 1 or grid * grid != tokens:
         raise ValueError(f"position embedding has {tokens} patch rows, not a square grid")
     vit = ViTConfig(
-        img_size=grid * patch * stride, patch_size=patch, in_chans=image_chans, num_classes=classes,
+        img_size=grid * patch * stride, patch_size=patch, in_chans=root[2] if root else in_chans, num_classes=classes,
         hidden_size=hidden, depth=depth, num_heads=heads, mlp_dim=mlp, pool=pool, representation_size=rep,
     )  # fmt: skip
-    if stride == 1:
+    if root is None:
         return vit
-    width = arrays["conv_root/kernel"].shape[3] // 64
-    return HybridConfig(vit=vit, resnet_layers=hybrid_layers, width_factor=width)
+    return HybridConfig(vit=vit, resnet_layers=hybrid_layers, width_factor=root[3] // 64)
 
 
 def _table(config: ViTConfig | HybridConfig) -> dict[str, tuple[str, str]]:
@@ -224,23 +226,33 @@ def read_arrays(path: Path) -> dict[str, np.ndarray]:
             return {key: data[key] for key in data.files}
     except ValueError as err:
         if "allow_pickle" in str(err) or "Object arrays" in str(err):
-            raise ValueError(f"{path} holds pickled Python objects; refusing to load it (pickles can run code)") from None
-        raise ValueError(f"cannot read {path}: {err}") from None
-    except (zipfile.BadZipFile, OSError, EOFError) as err:
-        raise ValueError(f"cannot read {path} as an .npz archive ({err}); the file is damaged or not an .npz") from None
+            raise CheckpointError(f"{path} {headers.PICKLED}") from None
+        raise CheckpointError(f"cannot read {path}: {err}") from None
+    except headers.ZIP_ERRORS as err:
+        raise CheckpointError(f"cannot read {path} as an .npz archive ({err}); the file is damaged or not an .npz") from None
 
 
-def to_vitkit(path: str | os.PathLike, config: ViTConfig | HybridConfig | None = None) -> Checkpoint:
+def to_vitkit(path: str | os.PathLike, config: ViTConfig | HybridConfig | None = None,
+              max_bytes: int | None = None) -> Checkpoint:
     """Read an official `.npz`; its config is inferred from the shapes unless `config` is given."""
     path = Path(path)
-    arrays = normalise_layout(read_arrays(path))
-    config = config or infer_config(arrays)
-    vit = config.vit if isinstance(config, HybridConfig) else config
-    table = _table(config)
-    tensors = {k: torch.from_numpy(np.asarray(v, dtype=np.float32)) for k, v in arrays.items()}
-    state = surgery.fuse_qkv(keymap.convert(tensors, table, vit.num_heads, str(path)), vit.depth)
-    log.info("read official checkpoint %s: %s", path, config)
-    return build_checkpoint(config, state, str(path), provenance={"source": str(path), "format": "official"})
+    source = str(path)
+
+    def convert(tensors: dict[str, torch.Tensor], config: ViTConfig | HybridConfig | None):
+        with naming(source):
+            arrays = normalise_layout(tensors)
+            config = config or infer_config(arrays, source)
+            vit = config.vit if isinstance(config, HybridConfig) else config
+            state = keymap.convert(arrays, _table(config), vit.num_heads, source)
+            return config, surgery.fuse_qkv(state, vit.depth)
+
+    def load() -> dict[str, torch.Tensor]:
+        return {k: torch.from_numpy(np.asarray(v, dtype=np.float32)) for k, v in read_arrays(path).items()}
+
+    checkpoint = read_checked(convert, headers.npz_header(path), load, config, source, max_bytes,
+                              lambda config: {"provenance": {"source": source, "format": "official"}})
+    log.info("read official checkpoint %s: %s", path, checkpoint.config)
+    return checkpoint
 
 
 def from_vitkit(checkpoint: Checkpoint) -> dict[str, np.ndarray]:

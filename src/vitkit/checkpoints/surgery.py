@@ -27,6 +27,8 @@ def fuse_qkv(state: dict[str, Tensor], depth: int) -> dict[str, Tensor]:
         for kind in ("weight", "bias"):
             parts = [out.pop(f"blocks.{i}.attn.{n}.{kind}", None) for n in "qkv"]
             if all(p is not None for p in parts):
+                if len({p.shape for p in parts}) != 1 or parts[0].dim() == 0:
+                    raise ValueError(f"block {i}: q, k and v {kind}s differ in shape: {[tuple(p.shape) for p in parts]}")
                 out[f"blocks.{i}.attn.qkv.{kind}"] = torch.cat(parts, dim=0)  # 3 x (D, ...) -> (3·D, ...)
             elif any(p is not None for p in parts):
                 raise ValueError(f"block {i}: q, k and v {kind}s must all be present or all absent")

@@ -3,7 +3,8 @@
 vitkit's attribute names were chosen close to timm's, so KEY_MAP is almost the identity; what differs
 is numerics (timm: exact erf GELU, LayerNorm eps 1e-6) and a few variants handled by named quirks.
 Files: `.safetensors`, or `.pth` / `.bin` / `.pt` read with `torch.load(weights_only=True)`, or a
-timm hub directory (`config.json` with "architecture" + `model.safetensors`).  A `pre_logits.fc`
+timm hub directory (`config.json` with "architecture" + `model.safetensors`), all read through
+tensorfile.py: the config is inferred from the header's shapes and checked before any data is read.  A `pre_logits.fc`
 layer is read and written under timm 0.x's name (timm >= 0.9 has none and drops it).
 """
 
@@ -11,20 +12,21 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
-import pickle
 from pathlib import Path
 from typing import Any, Mapping
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import Tensor
 
 from vitkit.checkpoints import keymap
 from vitkit.atomic import atomic_write, atomic_write_text
-from vitkit.checkpoints.native import Checkpoint, build_checkpoint
-from vitkit.models.configs import VIT_SIZES, ViTConfig
+from vitkit.checkpoints.native import Checkpoint, read_checked
+from vitkit.checkpoints.tensorfile import open_tensors
+from vitkit.checkpoints.validate import CheckpointError, mapping, naming, numbers_list, read_json, strings_list
+from vitkit.models.configs import MAX_WIDTH, VIT_SIZES, ViTConfig, check_int
 
 log = logging.getLogger(__name__)
 
@@ -62,32 +64,21 @@ UNSUPPORTED = {  # key fragment -> the timm feature it belongs to
 # ---- quirks -----------------------------------------------------------------------------------------------
 
 
-def unwrap(obj: Any) -> dict[str, Tensor]:
-    # training scripts wrap the state dict: {"state_dict": ...}, {"model": ...}, {"state_dict_ema": ...}
-    for key in ("state_dict_ema", "model_ema", "state_dict", "model"):
-        if isinstance(obj, Mapping) and isinstance(obj.get(key), Mapping):
-            obj = obj[key]
-            break
-    if not isinstance(obj, Mapping) or not all(isinstance(v, Tensor) for v in obj.values()):
-        raise ValueError("the file does not hold a flat state dict of tensors")
-    return {k.removeprefix("module."): v for k, v in obj.items()}  # DDP's "module." prefix
-
-
 def reject_unsupported(state: Mapping[str, Tensor], source: str) -> None:
     # timm variants whose computation vitkit does not implement: refuse rather than guess
     for fragment, what in UNSUPPORTED.items():
         hits = [k for k in state if fragment in k]
         if hits:
-            raise ValueError(f"{source}: tensors {hits[:3]} belong to {what}, which vitkit does not implement")
+            raise CheckpointError(f"{source}: tensors {hits[:3]} belong to {what}, which vitkit does not implement")
 
 
 def add_class_posemb_row(state: dict[str, Tensor]) -> dict[str, Tensor]:
     # timm no_embed_class=True: E_pos has no [class] row (added before the concat); a zero row is exact
     posemb = state.get("pos_embed")
-    if "cls_token" in state and posemb is not None:
+    if "cls_token" in state and posemb is not None and posemb.dim() == 3:
         rows = posemb.shape[1]
         if int(rows**0.5) ** 2 == rows:
-            state = {**state, "pos_embed": torch.cat([posemb.new_zeros(1, 1, posemb.shape[2]), posemb], dim=1)}
+            state = {**state, "pos_embed": torch.cat([posemb.new_zeros(posemb.shape[0], 1, posemb.shape[2]), posemb], dim=1)}
     return state
 
 
@@ -99,81 +90,70 @@ def guess_num_heads(hidden: int) -> int:
     for size, heads in ((v[0], v[3]) for v in VIT_SIZES.values()):
         if size == hidden:
             return heads
-    if hidden % 64:
+    if hidden % 64 or not 0 < hidden <= MAX_WIDTH:
         raise ValueError(f"cannot infer num_heads for hidden size {hidden}: pass a config")
     log.warning("num_heads not recorded; assuming head_dim 64 (%d heads)", hidden // 64)
     return hidden // 64
 
 
-def infer_config(state: Mapping[str, Tensor], args: Mapping[str, Any] | None = None) -> ViTConfig:
-    """Config from tensor shapes, with timm's `model_args` (config.json) where given; timm numerics."""
-    args = dict(args or {})
+def infer_config(state: Mapping[str, Tensor], num_heads: int | None, source: str) -> ViTConfig:
+    """Config from tensor shapes, with timm's `model_args.num_heads` (config.json) where given; timm numerics."""
     if "patch_embed.proj.weight" not in state or "blocks.0.attn.qkv.weight" not in state:
-        raise ValueError("not a timm ViT state dict: no patch_embed.proj.weight / blocks.0.attn.qkv.weight")
-    hidden, in_chans, patch, _ = state["patch_embed.proj.weight"].shape
+        raise CheckpointError(f"{source}: not a timm ViT state dict: no patch_embed.proj.weight / blocks.0.attn.qkv.weight")
+    hidden, in_chans, patch, _ = keymap.shape_of(state, "patch_embed.proj.weight", 4, source)
     depth = keymap.count_indices(state, r"^blocks\.(\d+)\.")
     pool = "token" if "cls_token" in state else "gap"
-    tokens = state["pos_embed"].shape[1] - (pool == "token")
-    grid = int(round(tokens**0.5))
-    if grid * grid != tokens:
-        raise ValueError(f"pos_embed has {tokens} patch rows, not a square grid")
-    return ViTConfig(
-        img_size=grid * patch, patch_size=patch, in_chans=in_chans, hidden_size=hidden, depth=depth,
-        num_heads=int(args.get("num_heads") or guess_num_heads(hidden)),
-        mlp_dim=state["blocks.0.mlp.fc1.weight"].shape[0], pool=pool,
-        representation_size=state["pre_logits.fc.weight"].shape[0] if "pre_logits.fc.weight" in state else None,
-        num_classes=state["head.weight"].shape[0] if "head.weight" in state else 0,
-        qkv_bias="blocks.0.attn.qkv.bias" in state,
-        gelu="exact", layer_norm_eps=1e-6,  # timm: nn.GELU() (erf) and partial(nn.LayerNorm, eps=1e-6)
-    )  # fmt: skip
+    tokens = keymap.shape_of(state, "pos_embed", 3, source)[1] - (pool == "token")
+    grid = math.isqrt(max(tokens, 0))
+    if tokens < 1 or grid * grid != tokens:
+        raise CheckpointError(f"{source}: pos_embed has {tokens} patch rows, not a square grid")
+    head = keymap.shape_of(state, "head.weight", 2, source)[0] if "head.weight" in state else 0
+    rep = keymap.shape_of(state, "pre_logits.fc.weight", 2, source)[0] if "pre_logits.fc.weight" in state else None
+    with naming(source):
+        return ViTConfig(
+            img_size=grid * patch, patch_size=patch, in_chans=in_chans, hidden_size=hidden, depth=depth,
+            num_heads=num_heads or guess_num_heads(hidden),
+            mlp_dim=keymap.shape_of(state, "blocks.0.mlp.fc1.weight", 2, source)[0], pool=pool,
+            representation_size=rep, num_classes=head, qkv_bias="blocks.0.attn.qkv.bias" in state,
+            gelu="exact", layer_norm_eps=1e-6,  # timm: nn.GELU() (erf) and partial(nn.LayerNorm, eps=1e-6)
+        )  # fmt: skip
 
 
 # ---- reading and writing ----------------------------------------------------------------------------------
 
 
-def read_state(path: Path) -> dict[str, Tensor]:
-    """Tensors of a .safetensors file, or of a torch pickle through the weights-only unpickler."""
-    if path.suffix == ".safetensors":
-        try:
-            return load_file(str(path))
-        except (SafetensorError, OSError) as err:
-            raise ValueError(f"cannot read {path}: {err}") from None
-    try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ValueError(
-            f"refusing to load {path}: it holds pickled Python objects other than tensors, and unpickling "
-            f"them could run code (weights_only=True refused: {first})"
-        ) from None
-    except (RuntimeError, EOFError, OSError, ValueError) as err:
-        raise ValueError(f"cannot read {path} as a torch checkpoint: {err}") from None
-    try:
-        return unwrap(obj)
-    except ValueError as err:
-        raise ValueError(f"{path}: {err}") from None
-
-
-def to_vitkit(path: str | os.PathLike, config: ViTConfig | None = None) -> Checkpoint:
-    """Read a timm ViT state dict (file or hub directory)."""
+def to_vitkit(path: str | os.PathLike, config: ViTConfig | None = None, max_bytes: int | None = None) -> Checkpoint:
+    """Read a timm ViT state dict (file or hub directory): header first, data once the model is known to fit."""
     path = Path(path)
     meta: dict[str, Any] = {}
     if path.is_dir():
-        meta = json.loads((path / CONFIG).read_text())
+        meta = read_json(path / CONFIG)
         path = path / WEIGHTS
-    state = unwrap(read_state(path))
-    reject_unsupported(state, str(path))
-    state = add_class_posemb_row(state)
-    config = config or infer_config(state, meta.get("model_args"))
-    table = keymap.restrict(keymap.expand(KEY_MAP, config.depth), config)
-    state = keymap.convert(state, table, config.num_heads, str(path))
-    pretrained = meta.get("pretrained_cfg", {})
-    extra: dict[str, Any] = {"provenance": {"source": str(path), "format": "timm"}}
-    if "mean" in pretrained and "std" in pretrained:
-        extra.update(mean=tuple(pretrained["mean"]), std=tuple(pretrained["std"]))
-    if meta.get("label_names"):
-        extra["class_names"] = list(meta["label_names"])
-    return build_checkpoint(config, state, str(path), **extra)
+    source, where = str(path), f"{path.parent / CONFIG}"
+    args = mapping(meta.get("model_args"), f"{where}: model_args")
+    with naming(where, {"num_heads": "model_args.num_heads"}):
+        check_int("num_heads", args.get("num_heads"), 1, MAX_WIDTH, optional=True)
+    pretrained = mapping(meta.get("pretrained_cfg"), f"{where}: pretrained_cfg")
+
+    def convert(tensors: dict[str, Tensor], config: ViTConfig | None) -> tuple[ViTConfig, dict[str, Tensor]]:
+        reject_unsupported(tensors, source)
+        state = add_class_posemb_row(tensors)
+        config = config or infer_config(state, args.get("num_heads"), source)
+        table = keymap.restrict(keymap.expand(KEY_MAP, config.depth), config)
+        return config, keymap.convert(state, table, config.num_heads, source)
+
+    def fields(config: ViTConfig) -> dict[str, Any]:
+        extra: dict[str, Any] = {"provenance": {"source": source, "format": "timm"}}
+        counts = tuple(sorted({1, 3, config.in_chans}))
+        if "mean" in pretrained and "std" in pretrained:
+            extra.update(mean=numbers_list(pretrained["mean"], f"{where}: pretrained_cfg.mean", counts),
+                         std=numbers_list(pretrained["std"], f"{where}: pretrained_cfg.std", counts, positive=True))
+        if meta.get("label_names"):
+            extra["class_names"] = strings_list(meta["label_names"], f"{where}: label_names", config.num_classes or None)
+        return extra
+
+    header, load = open_tensors(path, max_bytes)
+    return read_checked(convert, header, load, config, source, max_bytes, fields)
 
 
 def from_vitkit(checkpoint: Checkpoint) -> dict[str, Tensor]:
@@ -228,8 +208,8 @@ def write(checkpoint: Checkpoint, directory: str | os.PathLike) -> Path:
 def looks_timm(path: Path) -> bool:
     if path.is_dir():
         try:
-            return "architecture" in json.loads((path / CONFIG).read_text()) and (path / WEIGHTS).is_file()
-        except (OSError, ValueError):
+            return "architecture" in read_json(path / CONFIG) and (path / WEIGHTS).is_file()
+        except CheckpointError:
             return False
     return path.suffix in (".safetensors", ".pth", ".pt", ".bin")
 

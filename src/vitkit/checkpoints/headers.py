@@ -1,0 +1,149 @@
+"""Tensor names, shapes and dtypes from a weight file's header, without reading its data.
+
+A `.safetensors` file is an 8-byte little-endian header length, a JSON header and the data; an `.npz`
+is a zip of `.npy` members, each with its own header.  Both are parsed here with every claim
+bounded by the file (lengths, offsets, sizes), and returned as tensors on the meta device: shapes
+to compare with the model before a byte of data is read.  Pickled objects are refused by dtype.
+"""
+
+from __future__ import annotations
+
+import json
+import lzma
+import math
+import struct
+import zipfile
+import zlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from vitkit.checkpoints.validate import CheckpointError
+
+MAX_HEADER = 100_000_000  # the safetensors library's own bound
+MAX_DIMS, MAX_MEMBERS = 8, 100_000
+SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+    "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+}  # fmt: skip
+PICKLED = "holds pickled Python objects; refusing to load it (pickles can run code)"
+
+
+def meta_tensor(shape: Any, dtype: torch.dtype, where: str) -> Tensor:
+    """A meta tensor of `shape` (a list of non-negative integers whose size fits in memory arithmetic)."""
+    if not (isinstance(shape, (list, tuple)) and len(shape) <= MAX_DIMS
+            and all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 1 << 40 for d in shape)):
+        raise CheckpointError(f"{where}: shape must be a list of at most {MAX_DIMS} sizes >= 0, got {shape!r}"[:300])
+    if math.prod(max(d, 1) for d in shape) > 1 << 56:
+        raise CheckpointError(f"{where}: shape {list(shape)} is too large to describe a tensor")
+    return torch.empty(tuple(shape), dtype=dtype, device="meta")
+
+
+# ---- safetensors ------------------------------------------------------------------------------------------
+
+
+def safetensors_header(path: str | Path) -> dict[str, Tensor]:
+    """name -> meta tensor of a .safetensors file; the offsets must tile its data exactly."""
+    path = Path(path)
+    size = path.stat().st_size
+    with open(path, "rb") as handle:
+        prefix = handle.read(8)
+        if len(prefix) < 8:
+            raise CheckpointError(f"{path}: {size} bytes, too short for a safetensors file (8-byte header length first)")
+        length = int.from_bytes(prefix, "little")
+        if length > min(MAX_HEADER, size - 8):
+            raise CheckpointError(f"{path}: the header claims {length} bytes, but the file has {size - 8} after its length "
+                                  "(truncated, or not a safetensors file)")
+        raw = handle.read(length)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, RecursionError, ValueError) as err:
+        raise CheckpointError(f"{path}: the safetensors header is not valid JSON ({type(err).__name__}: {err})"[:400]) from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path}: the safetensors header must be a JSON object, got {type(header).__name__}")
+    if not isinstance(header.pop("__metadata__", None) or {}, dict):
+        raise CheckpointError(f"{path}: the safetensors __metadata__ must be an object")
+    spans, tensors = [], {}
+    for name, entry in header.items():
+        tensors[name], span = _safetensors_entry(entry, f"{path}: tensor {name!r}"[:300])
+        spans.append((*span, name))
+    _check_tiling(spans, size - 8 - length, path)
+    return tensors
+
+
+def _safetensors_entry(entry: Any, where: str) -> tuple[Tensor, tuple[int, int]]:
+    if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
+        raise CheckpointError(f"{where}: must be an object with dtype, shape and data_offsets")
+    dtype = SAFETENSORS_DTYPES.get(entry["dtype"]) if isinstance(entry["dtype"], str) else None
+    if dtype is None:
+        raise CheckpointError(f"{where}: unknown dtype {entry['dtype']!r}; expected one of {sorted(SAFETENSORS_DTYPES)}"[:300])
+    tensor = meta_tensor(entry["shape"], dtype, where)
+    offsets = entry["data_offsets"]
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
+            and 0 <= offsets[0] <= offsets[1]):
+        raise CheckpointError(f"{where}: data_offsets must be [begin, end] with 0 <= begin <= end, got {offsets!r}"[:300])
+    if offsets[1] - offsets[0] != tensor.numel() * tensor.element_size():
+        raise CheckpointError(f"{where}: shape {list(tensor.shape)} of {entry['dtype']} needs "
+                              f"{tensor.numel() * tensor.element_size()} bytes, its data_offsets span {offsets[1] - offsets[0]}")
+    return tensor, (offsets[0], offsets[1])
+
+
+def _check_tiling(spans: list[tuple[int, int, str]], data_size: int, path: Path) -> None:
+    # the safetensors format: tensors follow each other without gaps or overlaps and fill the data exactly
+    end = 0
+    for begin, stop, name in sorted(spans):
+        if begin != end:
+            raise CheckpointError(f"{path}: tensor {name!r} starts at byte {begin} of the data, expected {end} "
+                                  "(overlapping or missing data)"[:300])
+        end = stop
+    if end != data_size:
+        raise CheckpointError(f"{path}: the header describes {end} bytes of data, the file holds {data_size} "
+                              "(truncated, or bytes appended)")
+
+
+# ---- npz --------------------------------------------------------------------------------------------------
+
+ZIP_ERRORS = (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, RuntimeError, zlib.error, lzma.LZMAError,
+              EOFError, OSError, ValueError, struct.error)  # what zipfile and numpy's header parser raise
+
+
+def npz_header(path: str | Path) -> dict[str, Tensor]:
+    """name -> meta tensor (float32, as the arrays are read) of an .npz; object arrays refused unread."""
+    path = Path(path)
+    try:
+        with zipfile.ZipFile(path) as archive:
+            members = archive.infolist()
+            if len(members) > MAX_MEMBERS:
+                raise CheckpointError(f"{path}: {len(members)} members, more than the {MAX_MEMBERS} an .npz of weights has")
+            return {info.filename.removesuffix(".npy"): _npy_header(archive, info, path) for info in members}
+    except CheckpointError:
+        raise
+    except ZIP_ERRORS as err:
+        raise CheckpointError(f"{path}: cannot be read as an .npz archive ({type(err).__name__}: {err}); "
+                              "the file is damaged or not an .npz"[:400]) from None
+
+
+def _npy_header(archive: zipfile.ZipFile, info: zipfile.ZipInfo, path: Path) -> Tensor:
+    where = f"{path}: member {info.filename!r}"[:300]
+    if not info.filename.endswith(".npy"):
+        raise CheckpointError(f"{where} is not a .npy array")
+    with archive.open(info) as member:
+        version = np.lib.format.read_magic(member)
+        if version not in ((1, 0), (2, 0)):  # 3.0 exists only for non-latin-1 field names of structured arrays
+            raise CheckpointError(f"{where}: unknown .npy format version {version}")
+        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, _, dtype = read(member)
+        header_bytes = member.tell()
+    if dtype.hasobject:
+        raise CheckpointError(f"{path} {PICKLED} (member {info.filename!r} is an object array)")
+    if dtype.kind not in "biuf":
+        raise CheckpointError(f"{where}: dtype {dtype.str} is not a number type")
+    tensor = meta_tensor(list(shape), torch.float32, where)
+    if info.file_size != header_bytes + tensor.numel() * dtype.itemsize:
+        raise CheckpointError(f"{where}: shape {list(shape)} of {dtype.str} needs {tensor.numel() * dtype.itemsize} bytes, "
+                              f"the member holds {info.file_size - header_bytes}")
+    return tensor

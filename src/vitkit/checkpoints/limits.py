@@ -1,0 +1,105 @@
+"""How large a model a checkpoint may ask for: its size is computed on the meta device (shapes, no
+memory) and refused above a limit before anything real is built.
+
+The default limit is half the memory available now: reading holds the file's tensors and the model
+at once.  `max_bytes=` on `vitkit.load` / `vitkit.checkpoints.read` (the CLI's `--max-model-gb`) sets it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
+
+from vitkit.checkpoints.validate import CheckpointError
+from vitkit.models import build_model
+from vitkit.models.configs import ModelConfig
+
+HOW_TO_RAISE = "pass max_bytes= to vitkit.load / vitkit.checkpoints.read, or --max-model-gb to vitkit convert / export-onnx"
+FALLBACK_BYTES = 8 << 30  # where the system says nothing about its memory
+
+
+class _NoRandomInit(TorchFunctionMode):
+    """Skips random initialisers on meta tensors, which hold no values: torch's meta `normal_` runs
+    through its Python reference kernels and imports the compiler (~2 s) for nothing."""
+
+    SKIPPED = frozenset({Tensor.normal_, Tensor.uniform_, nn.init.normal_, nn.init.uniform_, nn.init.trunc_normal_})
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        target = args[0] if args else kwargs.get("tensor")
+        if func in self.SKIPPED and isinstance(target, Tensor) and target.is_meta:
+            return target
+        return func(*args, **kwargs)
+
+
+def meta_model(config: ModelConfig) -> nn.Module:
+    """The model `config` describes, on the meta device: every shape, no memory."""
+    with torch.device("meta"), _NoRandomInit():
+        return build_model(config)
+
+
+def model_bytes(config: ModelConfig) -> int:
+    """Bytes of the model's parameters and buffers (float32)."""
+    return sum(t.numel() * t.element_size() for t in meta_model(config).state_dict().values())
+
+
+def available_memory() -> int:
+    """Bytes of memory available now: MemAvailable, capped by a cgroup (container) limit."""
+    free = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                free = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        free = None
+    if free is None and hasattr(os, "sysconf"):
+        try:
+            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError):
+            free = None
+    free = FALLBACK_BYTES if free is None or free <= 0 else free
+    try:  # cgroup v2: the container's own limit, less what it uses
+        cap = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        used = int(Path("/sys/fs/cgroup/memory.current").read_text())
+        if cap != "max":
+            free = min(free, max(int(cap) - used, 0))
+    except (OSError, ValueError):
+        pass
+    return free
+
+
+def resolve(max_bytes: int | None) -> tuple[int, str]:
+    """The limit in bytes and where it comes from."""
+    if max_bytes is None:
+        return available_memory() // 2, "half the memory available now"
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, (int, float)) or max_bytes < 0:
+        raise ValueError(f"max_bytes must be a number of bytes >= 0, got {max_bytes!r}")
+    return int(max_bytes), f"max_bytes={int(max_bytes)}"
+
+
+def check_model(config: ModelConfig, source: str, max_bytes: int | None) -> dict[str, Tensor]:
+    """The model's state dict on the meta device, once its size is known to be within the limit."""
+    state = meta_model(config).state_dict()
+    need = sum(t.numel() * t.element_size() for t in state.values())
+    limit, why = resolve(max_bytes)
+    if need > limit:
+        raise CheckpointError(
+            f"{source}: the model needs {need / 1e9:.1f} GB ({need} bytes of float32 weights), above the limit "
+            f"of {limit / 1e9:.1f} GB ({why}); if this machine can hold it, {HOW_TO_RAISE}"
+        )
+    return state
+
+
+def check_file(path: Path, max_bytes: int | None) -> None:
+    """A file read whole into memory (a legacy torch pickle) is refused above the limit."""
+    size = path.stat().st_size
+    limit, why = resolve(max_bytes)
+    if size > limit:
+        raise CheckpointError(
+            f"{path}: {size / 1e9:.1f} GB would be read into memory, above the limit of {limit / 1e9:.1f} GB ({why}); "
+            f"if this machine can hold it, {HOW_TO_RAISE}"
+        )

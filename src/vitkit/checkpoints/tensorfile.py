@@ -1,0 +1,91 @@
+"""A foreign weight file (`.safetensors`, or a torch pickle `.pth` / `.bin` / `.pt`) as a header and its data.
+
+The header is the file's tensor names and shapes on the meta device, read without the data: the
+safetensors header, or a torch zip file loaded memory-mapped (its data stays on disk until copied
+into the model).  A legacy (non-zip) torch file is read whole, so it is refused above the memory
+limit first.  Pickles go through torch's weights-only unpickler and nothing else.
+"""
+
+from __future__ import annotations
+
+import pickle
+import zipfile
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+from torch import Tensor
+
+from vitkit.checkpoints import headers, limits
+from vitkit.checkpoints.validate import CheckpointError, naming
+
+Tensors = dict[str, Tensor]
+
+
+def unwrap(obj: Any) -> Tensors:
+    """The flat state dict inside what training scripts save: {"state_dict": ...}, {"model": ...}, EMA ones."""
+    for key in ("state_dict_ema", "model_ema", "state_dict", "model"):
+        if isinstance(obj, Mapping) and isinstance(obj.get(key), Mapping):
+            obj = obj[key]
+            break
+    if not isinstance(obj, Mapping) or not all(isinstance(k, str) and isinstance(v, Tensor) for k, v in obj.items()):
+        raise ValueError("the file does not hold a flat state dict of tensors with string names")
+    return {k.removeprefix("module."): v for k, v in obj.items()}  # DDP's "module." prefix
+
+
+def open_tensors(path: Path, max_bytes: int | None) -> tuple[Tensors, Callable[[], Tensors]]:
+    """(name -> meta tensor, a function returning the tensors with their data)."""
+    if path.suffix == ".safetensors":
+        with naming(str(path)):
+            header = unwrap(headers.safetensors_header(path))
+        return header, lambda: read_safetensors(path)
+    state = read_torch(path, max_bytes)
+    return {k: torch.empty(v.shape, dtype=v.dtype, device="meta") for k, v in state.items()}, lambda: state
+
+
+def read_safetensors(path: Path) -> Tensors:
+    try:
+        state = load_file(str(path))
+    except (SafetensorError, OSError) as err:
+        raise CheckpointError(f"cannot read {path}: {err}") from None
+    with naming(str(path)):
+        return unwrap(state)
+
+
+def read_torch(path: Path, max_bytes: int | None) -> Tensors:
+    """Tensors of a torch pickle through the weights-only unpickler (a zip file memory-mapped)."""
+    mapped = _is_stored_zip(path)
+    if not mapped:
+        limits.check_file(path, max_bytes)
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=mapped)
+    except pickle.UnpicklingError as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise CheckpointError(
+            f"refusing to load {path}: it holds pickled Python objects other than tensors, or is damaged, and "
+            f"unpickling objects could run code (weights_only=True refused: {first})"[:600]
+        ) from None
+    except (RuntimeError, EOFError, OSError, ValueError) as err:
+        raise CheckpointError(f"cannot read {path} as a torch checkpoint: {str(err).strip()[:300]}") from None
+    with naming(str(path)):
+        state = unwrap(obj)
+    odd = [k for k, v in state.items() if v.layout != torch.strided or v.is_meta or v.is_quantized]
+    if odd:
+        raise CheckpointError(f"{path}: tensors {odd[:5]} are sparse, quantised or hold no data; expected dense weights")
+    return state
+
+
+def _is_stored_zip(path: Path) -> bool:
+    # torch.save's zip container stores its records uncompressed; mmap reads them in place
+    if not zipfile.is_zipfile(path):
+        return False
+    try:
+        with zipfile.ZipFile(path) as archive:
+            packed = [i.filename for i in archive.infolist() if i.compress_type != zipfile.ZIP_STORED]
+    except headers.ZIP_ERRORS as err:
+        raise CheckpointError(f"cannot read {path} as a torch checkpoint (a damaged zip: {type(err).__name__}: {err})"[:400]) from None
+    if packed:
+        raise CheckpointError(f"{path}: records {packed[:3]} are compressed; torch.save writes them uncompressed"[:400])
+    return True

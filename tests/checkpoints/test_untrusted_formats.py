@@ -1,0 +1,123 @@
+"""Foreign checkpoints (timm, HF, official .npz) are untrusted too: their headers' claims are bounded by the
+file, their configs checked by field, and the model's size and shapes checked before any data is read."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import struct
+import time
+import zipfile
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from vitkit.checkpoints import Checkpoint, CheckpointError, native, read, tensorfile, write
+
+
+@pytest.fixture
+def no_data_read(monkeypatch):
+    """Reading tensor data or building a real model fails the test."""
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("data read or model built before the checks")
+
+    monkeypatch.setattr(native, "build_model", forbidden)
+    monkeypatch.setattr(tensorfile, "load_file", forbidden)
+    monkeypatch.setattr(np, "load", forbidden)
+
+
+def safetensors_bytes(header: dict, data: bytes) -> bytes:
+    raw = json.dumps(header).encode()
+    return struct.pack("<Q", len(raw)) + raw + data
+
+
+def test_safetensors_header_claims_are_bounded_by_the_file(tmp_path, no_data_read):
+    path = tmp_path / "huge.safetensors"  # 2.3 GB claimed by a file of a few bytes
+    entry = {"dtype": "F32", "shape": [3_000_000, 3, 8, 8], "data_offsets": [0, 4 * 3_000_000 * 3 * 64]}
+    path.write_bytes(safetensors_bytes({"patch_embed.proj.weight": entry}, b"\0" * 64))
+    start = time.perf_counter()
+    with pytest.raises(CheckpointError, match=re.escape(str(path)) + ": the header describes 2304000000 bytes of data, the file holds 64"):
+        read(path)
+    assert time.perf_counter() - start < 1.0
+    path.write_bytes(struct.pack("<Q", 1 << 60) + b"{}")
+    with pytest.raises(CheckpointError, match=r"the header claims 1152921504606846976 bytes, but the file has 2"):
+        read(path)
+    bad = {"w": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}}
+    path.write_bytes(safetensors_bytes(bad, b"\0" * 4))
+    with pytest.raises(CheckpointError, match=r"tensor 'w': shape must be a list of at most 8 sizes >= 0, got \[-1\]"):
+        read(path)
+
+
+def timm_state(make_vit) -> dict[str, torch.Tensor]:
+    """A tiny ViT whose head count timm's state dict implies (head_dim 64)."""
+    return {k: v.contiguous() for k, v in make_vit(hidden_size=64, num_heads=1).state_dict().items()}
+
+
+def test_timm_shapes_are_checked_before_the_data(tmp_path, make_vit, no_data_read):
+    state = timm_state(make_vit)
+    state["patch_embed.proj.weight"] = state["patch_embed.proj.weight"].reshape(64, -1)  # rank 2, not 4
+    save_file(state, str(tmp_path / "a.safetensors"))
+    with pytest.raises(CheckpointError, match=r"a\.safetensors: tensor patch_embed\.proj\.weight has shape \(64, 192\), expected 4"):
+        read(tmp_path / "a.safetensors")
+    state = timm_state(make_vit)
+    state["blocks.1.mlp.fc2.weight"] = torch.zeros(64, 48)  # fc1 says 64
+    save_file(state, str(tmp_path / "b.safetensors"))
+    with pytest.raises(CheckpointError, match=r"b\.safetensors does not fit the model: shape mismatch \['blocks\.1\.mlp\.fc2\.weight: file \(64, 48\) vs model \(64, 64\)'\]"):
+        read(tmp_path / "b.safetensors")
+
+
+def test_timm_model_above_the_limit_is_refused_from_the_header(tmp_path, make_vit, no_data_read):
+    save_file(timm_state(make_vit), str(tmp_path / "a.safetensors"))
+    with pytest.raises(CheckpointError, match=r"a\.safetensors: the model needs .* above the limit of 0\.0 GB \(max_bytes=100\)"):
+        read(tmp_path / "a.safetensors", max_bytes=100)
+
+
+def test_pth_is_memory_mapped_or_bounded_by_the_limit(tmp_path, make_vit):
+    model = make_vit(hidden_size=64, num_heads=1)
+    torch.save(model.state_dict(), tmp_path / "zip.pth")
+    torch.save(model.state_dict(), tmp_path / "legacy.pth", _use_new_zipfile_serialization=False)
+    with pytest.raises(CheckpointError, match=r"zip\.pth: the model needs .*max_bytes=100"):
+        read(tmp_path / "zip.pth", max_bytes=100)
+    with pytest.raises(CheckpointError, match=r"legacy\.pth: 0\.0 GB would be read into memory, above the limit"):
+        read(tmp_path / "legacy.pth", max_bytes=100)
+    for name in ("zip.pth", "legacy.pth"):
+        assert torch.equal(read(tmp_path / name).model.state_dict()["head.weight"], model.state_dict()["head.weight"])
+    torch.save({1: torch.zeros(1)}, tmp_path / "keys.pth")
+    with pytest.raises(CheckpointError, match=r"keys\.pth: the file does not hold a flat state dict of tensors with string names"):
+        read(tmp_path / "keys.pth")
+
+
+def test_npz_member_headers_are_bounded_by_the_member(tmp_path, no_data_read):
+    path = tmp_path / "w.npz"
+    forged = io.BytesIO()  # a header claiming 80 MB before 16 bytes of data
+    np.lib.format.write_array_header_1_0(forged, {"descr": "<f4", "fortran_order": False, "shape": (9999999, 2)})
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("embedding/kernel.npy", forged.getvalue() + b"\0" * 16)
+    with pytest.raises(CheckpointError, match=r"w\.npz: member 'embedding/kernel\.npy': shape \[9999999, 2\] of <f4 needs "
+                       r"79999992 bytes, the member holds 16"):
+        read(path)
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("notes.txt", b"hello")
+    with pytest.raises(CheckpointError, match=r"w\.npz: member 'notes\.txt' is not a \.npy array"):
+        read(path)
+
+
+@pytest.mark.parametrize("edit, problem", [
+    ({"num_hidden_layers": "12"}, r"num_hidden_layers \(vitkit's depth\) must be an integer in \[1, 1024\], got '12'"),
+    ({"hidden_size": 3_000_000}, r"hidden_size \(vitkit's hidden_size\) must be an integer in \[1, 65536\], got 3000000"),
+    ({"layer_norm_eps": float("nan")}, r"layer_norm_eps \(vitkit's layer_norm_eps\) must be a finite number in \(0, 1\], got nan"),
+    ({"image_size": [32, "x"]}, r"image_size must be one size or two equal ones"),
+    ({"hidden_act": ["gelu"]}, r"hidden_act \['gelu'\] has no vitkit equivalent"),
+    ({"id2label": ["a", "b"]}, r"id2label must be an object"),
+])
+def test_hf_config_fields_are_named_as_hf_names_them(tmp_path, make_vit, edit, problem):
+    pytest.importorskip("transformers")
+    write(Checkpoint(model=make_vit(num_classes=0)), tmp_path / "hf", to="hf")
+    path = tmp_path / "hf" / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **edit}))
+    with pytest.raises(CheckpointError, match=re.escape(str(path)) + ": " + problem):
+        read(tmp_path / "hf")
