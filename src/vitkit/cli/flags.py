@@ -12,6 +12,8 @@ def add_surgery_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resample", choices=("bilinear", "bicubic"), default="bilinear", help="interpolation for --img-size")
     parser.add_argument("--num-classes", type=int, default=None, help="replace the head by a zero-initialised D x K layer")
     parser.add_argument("--pre-logits", choices=("keep", "drop"), default=None, help="keep or drop the pre-logits layer")
+    parser.add_argument("--max-model-gb", type=float, default=None,
+                        help="refuse a model with more GB of weights (default: half the memory available now)")
 
 
 def add_run_flags(parser: argparse.ArgumentParser, batch_size: int = 64) -> None:

@@ -69,7 +69,9 @@ def add_convert(sub: argparse._SubParsersAction) -> None:
 def _read_checkpoint(args: argparse.Namespace) -> Any:
     from vitkit.checkpoints import read
 
-    return read(args.src, img_size=args.img_size, num_classes=args.num_classes, pre_logits=args.pre_logits, resample=args.resample)
+    max_bytes = None if args.max_model_gb is None else int(args.max_model_gb * 1e9)
+    return read(args.src, img_size=args.img_size, num_classes=args.num_classes, pre_logits=args.pre_logits,
+                resample=args.resample, max_bytes=max_bytes)
 
 
 def run_convert(args: argparse.Namespace) -> int:
