@@ -23,6 +23,9 @@ class ServeConfig:
     max_files: int = 32  # images in one multipart request
     max_pixels: int = MAX_PIXELS  # decompression-bomb guard: larger images are refused from their header
     body_timeout_s: float = 30.0  # a body not fully received by then gets 408 (a stalled client frees its place)
+    max_header_bytes: int = 64 * 1024  # request line + headers of one request; more gets 431 (serve/protocol.py)
+    header_timeout_s: float = 10.0  # a request whose headers take longer gets 408 (slow senders free their connection)
+    max_connections: int = 512  # open connections served at once; a request on one beyond gets 503 + Retry-After
     threads: int | None = None  # torch intra-op threads of the model forward; None = torch's default
     decode_workers: int = 2  # threads that decode images off the event loop
     drain_timeout_s: float = 30.0  # SIGTERM: the longest wait for requests in flight before exiting
@@ -31,13 +34,15 @@ class ServeConfig:
 
     def __post_init__(self) -> None:
         positive = {"max_batch": self.max_batch, "max_queue": self.max_queue, "max_files": self.max_files,
-                    "max_pixels": self.max_pixels, "decode_workers": self.decode_workers}
+                    "max_pixels": self.max_pixels, "decode_workers": self.decode_workers,
+                    "max_header_bytes": self.max_header_bytes, "max_connections": self.max_connections}
         bad = [name for name, value in positive.items() if value < 1]
         if bad:
             raise ValueError(f"{', '.join(bad)} must be at least 1")
         if self.max_wait_ms < 0 or self.max_body_mb <= 0 or self.drain_timeout_s < 0 or self.switch_interval_ms <= 0 \
-                or self.body_timeout_s <= 0:
-            raise ValueError("max_wait_ms and drain_timeout_s must be >= 0; max_body_mb, switch_interval_ms and body_timeout_s > 0")
+                or self.body_timeout_s <= 0 or self.header_timeout_s <= 0:
+            raise ValueError("max_wait_ms and drain_timeout_s must be >= 0; max_body_mb, switch_interval_ms, "
+                             "body_timeout_s and header_timeout_s > 0")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
         if self.threads is not None and self.threads < 1:

@@ -1,0 +1,147 @@
+"""The HTTP/1.1 connection of `vitkit serve`: uvicorn's httptools protocol plus the limits it lacks.
+
+uvicorn with httptools puts no bound on a request's headers (a 200 MB header value or five million
+header lines are read whole, the URL by quadratic concatenation), starts no clock before the first
+request (an idle or trickling connection is held for ever: slowloris), and answers its own errors
+(a request that does not parse, the concurrency limit) in plain text.  `GuardedProtocol` adds:
+
+  - `max_header_bytes`: the request line and headers of one request; more is a 431, and the bytes
+    beyond the limit are never handed to the parser;
+  - `header_timeout_s`: from the connection (or the first byte of a next request) to the end of the
+    headers; a request still incomplete then gets 408 and the connection closes (one that sent
+    nothing is closed silently; uvicorn's keep-alive timeout closes idle ones between requests);
+  - `max_connections`: open connections; a request on a connection beyond them gets 503 + Retry-After;
+  - every error it answers is JSON `{"error": ...}` with its status, like the app's own.
+
+The body is the app's business: read within `max_body_mb` and `body_timeout_s` (vitkit.serve.body).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import httptools
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+log = logging.getLogger(__name__)
+
+REASONS = {400: "Bad Request", 408: "Request Timeout", 431: "Request Header Fields Too Large",
+           503: "Service Unavailable"}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one connection may claim before the app sees a request."""
+
+    max_header_bytes: int = 64 * 1024  # request line + headers of one request
+    header_timeout_s: float = 10.0  # connection (or a next request's first byte) -> end of its headers
+    max_connections: int = 512  # open connections served at once; beyond: 503
+
+
+def error_bytes(status: int, message: str, extra: dict[str, str] | None = None) -> bytes:
+    """A complete HTTP/1.1 response `{"error": message}` with `status` that closes the connection."""
+    body = json.dumps({"error": message}).encode()
+    headers = {"content-type": "application/json", "content-length": str(len(body)), "connection": "close",
+               **(extra or {})}
+    head = f"HTTP/1.1 {status} {REASONS[status]}\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    return head.encode("ascii") + b"\r\n" + body
+
+
+class GuardedProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with bounded headers, a header clock, a connection limit and JSON errors."""
+
+    limits = Limits()  # replaced by `protocol_class`
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.limit_concurrency = None  # our own limit answers in JSON (on_headers_complete)
+        self._in_headers, self._header_bytes = True, 0
+        self._header_clock: asyncio.TimerHandle | None = None
+
+    # ------------------------------------------------------------------------------ the connection
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._start_clock()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_clock()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        self._unset_keepalive_if_required()
+        if self._in_headers:
+            self._start_clock()
+            room = self.limits.max_header_bytes - self._header_bytes
+            if len(data) > room:  # only the bytes within the limit reach the parser
+                self._feed(data[:room])
+                if self._in_headers and not self.transport.is_closing():
+                    self._refuse(431, f"request headers exceed {self.limits.max_header_bytes:,} bytes")
+                    return
+                data = data[room:]
+            else:
+                self._header_bytes += len(data)
+        self._feed(data)
+
+    def _feed(self, data: bytes) -> None:
+        """uvicorn's data_received, answering a request that does not parse with a JSON 400 naming the problem."""
+        if not data or self.transport.is_closing() or self.parser is None:
+            return
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._unsupported_upgrade_warning()  # no WebSockets here: the request is served as plain HTTP
+        except httptools.HttpParserError as error:
+            self._refuse(400, f"invalid HTTP request ({error})")
+
+    def send_400_response(self, msg: str) -> None:
+        self._refuse(400, msg)
+
+    def _refuse(self, status: int, message: str, extra: dict[str, str] | None = None) -> None:
+        """Answer `status` with {"error": message} and close (the connection's state is not to be trusted)."""
+        if self.transport.is_closing():
+            return
+        log.info("refused a request from %s with %d: %s", self.client, status, message)
+        self.transport.write(error_bytes(status, message, extra))
+        self.transport.close()
+
+    # ------------------------------------------------------------------------------ the header clock
+    def _start_clock(self) -> None:
+        if self._header_clock is None:
+            self._header_clock = self.loop.call_later(self.limits.header_timeout_s, self._headers_too_slow)
+
+    def _stop_clock(self) -> None:
+        if self._header_clock is not None:
+            self._header_clock.cancel()
+            self._header_clock = None
+
+    def _headers_too_slow(self) -> None:
+        self._header_clock = None
+        if not self._in_headers or self.transport.is_closing():
+            return
+        if self._header_bytes:
+            self._refuse(408, f"the request headers did not arrive within {self.limits.header_timeout_s:g} s")
+        else:
+            self.transport.close()  # nothing sent: nobody to answer
+
+    # ------------------------------------------------------------------------------ parser callbacks
+    def on_headers_complete(self) -> None:
+        self._in_headers = False
+        self._stop_clock()
+        if len(self.connections) > self.limits.max_connections:
+            self._refuse(503, f"server busy: more than {self.limits.max_connections} connections open; retry shortly",
+                         {"retry-after": "1"})
+            return
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._in_headers, self._header_bytes = True, 0  # a pipelined or keep-alive request may follow
+
+
+def protocol_class(limits: Limits) -> type[GuardedProtocol]:
+    """GuardedProtocol with `limits`, for uvicorn.Config(http=...)."""
+    return type("GuardedProtocol", (GuardedProtocol,), {"limits": limits})

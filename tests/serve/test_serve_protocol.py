@@ -1,0 +1,117 @@
+"""The HTTP connection of `vitkit serve` (serve/protocol.py): bounded headers, a header clock against slow
+senders, a connection limit, and JSON errors for requests the app never sees."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import threading
+import time
+from typing import Iterator
+
+import pytest
+
+pytest.importorskip("uvicorn", reason="vitkit serve needs the serve extra: pip install -e '.[serve]'")
+pytest.importorskip("httptools", reason="vitkit serve needs the serve extra: pip install -e '.[serve]'")
+
+from serve_helpers import free_port  # noqa: E402 - after the skips
+from vitkit.serve.protocol import Limits, protocol_class  # noqa: E402
+
+LIMITS = Limits(max_header_bytes=2048, header_timeout_s=0.4, max_connections=4)
+
+
+async def echo_app(scope, receive, send) -> None:
+    """Answers every request {"ok": true, "bytes": <body length>}."""
+    if scope["type"] == "lifespan":
+        while (await receive())["type"] != "lifespan.shutdown":
+            await send({"type": "lifespan.startup.complete"})
+        await send({"type": "lifespan.shutdown.complete"})
+        return
+    size, more = 0, True
+    while more:
+        message = await receive()
+        size, more = size + len(message.get("body", b"")), message.get("more_body", False)
+    body = json.dumps({"ok": True, "bytes": size}).encode()
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json"),
+                                                                     (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+@pytest.fixture(scope="module")
+def port() -> Iterator[int]:
+    import uvicorn
+
+    chosen = free_port()
+    server = uvicorn.Server(uvicorn.Config(echo_app, host="127.0.0.1", port=chosen, http=protocol_class(LIMITS),
+                                           ws="none", log_level="warning", timeout_keep_alive=5))
+    thread = threading.Thread(target=asyncio.run, args=(server.serve(),), daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.01)
+    yield chosen
+    server.should_exit = True
+    thread.join(5)
+
+
+def exchange(port: int, data: bytes, wait: float = 0.0) -> tuple[int, dict, bytes]:
+    """Send `data` (after `wait` seconds, the rest of it), read until the server closes: (status, headers, body)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=3) as sock:
+        sock.sendall(data)
+        time.sleep(wait)
+        received = b""
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := sock.recv(65536):
+                received += chunk
+    head, _, body = received.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = dict(line.lower().split(": ", 1) for line in lines[1:] if ": " in line)
+    return (int(lines[0].split()[1]) if lines[0] else 0), headers, body
+
+
+def good(port: int) -> None:
+    status, _, body = exchange(port, b"POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nConnection: close\r\n\r\nabc")
+    assert status == 200 and json.loads(body) == {"ok": True, "bytes": 3}
+
+
+@pytest.mark.parametrize("request_bytes, problem", [
+    (b"\x00\x01 GARBAGE\r\n\r\n", "invalid HTTP request"),
+    (b"GET /\xff HTTP/1.1\r\nHost: a\r\n\r\n", "invalid HTTP request"),
+    (b"POST / HTTP/1.1\r\nContent-Length: -4\r\n\r\n", "invalid HTTP request"),
+    (b"GET / HTTP/1.1\r\nX-Big: " + b"a" * 5000 + b"\r\n\r\n", "headers exceed 2,048 bytes"),
+    (b"GET / HTTP/1.1\r\n" + b"X: y\r\n" * 1000 + b"\r\n", "headers exceed 2,048 bytes"),
+    (b"GET /?" + b"q" * 3000 + b" HTTP/1.1\r\n\r\n", "headers exceed 2,048 bytes")])
+def test_requests_the_app_never_sees_get_json_errors(port: int, request_bytes: bytes, problem: str) -> None:
+    status, headers, body = exchange(port, request_bytes)
+    assert status == (431 if "exceed" in problem else 400) and headers["content-type"] == "application/json"
+    assert problem in json.loads(body)["error"] and headers["connection"] == "close"
+    good(port)
+
+
+def test_a_slow_sender_gets_408_and_a_silent_one_is_closed(port: int) -> None:
+    start = time.perf_counter()
+    status, _, body = exchange(port, b"GET / HTTP/1.1\r\nHo", wait=1.0)
+    assert status == 408 and "did not arrive within 0.4 s" in json.loads(body)["error"]
+    assert exchange(port, b"") == (0, {}, b"")  # closed without an answer, after the header clock
+    assert time.perf_counter() - start < 3.0
+    good(port)
+
+
+def test_headers_and_body_in_one_packet_beyond_the_header_limit_are_served(port: int) -> None:
+    body = b"z" * 10_000  # the headers fit; the bytes after them are the body, not headers
+    status, _, answer = exchange(port, b"POST / HTTP/1.1\r\nContent-Length: 10000\r\nConnection: close\r\n\r\n" + body)
+    assert status == 200 and json.loads(answer)["bytes"] == 10_000
+
+
+def test_connections_beyond_the_limit_get_503_with_retry_after(port: int) -> None:
+    idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(4)]
+    try:
+        time.sleep(0.05)
+        status, headers, body = exchange(port, b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+        assert status == 503 and headers["retry-after"] == "1" and "busy" in json.loads(body)["error"]
+    finally:
+        for sock in idle:
+            sock.close()
+    time.sleep(0.05)
+    good(port)
