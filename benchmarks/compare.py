@@ -1,6 +1,6 @@
 """vitkit beside timm and Hugging Face: training and inference images/s of the same ViT, in one process.
 
-    .venv/bin/python benchmarks/compare.py                          # both configs of issue 7, ~10 min on 2 cores
+    .venv/bin/python benchmarks/compare.py                          # both configs (cifar, ti224), ~10 min on 2 cores
     .venv/bin/python benchmarks/compare.py --configs cifar --rounds 5 --steps 3 --threads 2 --json
 
 Each configuration is built three times with the same shape and parameter count (asserted): vitkit's
@@ -65,7 +65,7 @@ class Spec:
 
 
 SPECS = {
-    # The CIFAR-size ViT of issue 7 (32x32, patch 4, 192 wide, 6 deep, 3 heads, MLP 768).
+    # A CIFAR-size ViT (32x32, patch 4, 192 wide, 6 deep, 3 heads, MLP 768).
     "cifar": Spec(img_size=32, patch_size=4, hidden_size=192, depth=6, num_heads=3, mlp_dim=768, num_classes=10, batch_size=64),
     # ViT-Ti/16 at 224 px, 1000 classes.
     "ti224": Spec(img_size=224, patch_size=16, hidden_size=192, depth=12, num_heads=3, mlp_dim=768, num_classes=1000, batch_size=32),

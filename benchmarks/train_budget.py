@@ -1,10 +1,10 @@
 """`vitkit train --data URI --max-minutes M` as a benchmark: print test top-1, epochs and minutes.
 
-    .venv/bin/python benchmarks/train_budget.py fashion-mnist      # issue 14's targets, by name
+    .venv/bin/python benchmarks/train_budget.py fashion-mnist      # one of the targets below, by name
     .venv/bin/python benchmarks/train_budget.py mnist --runs 3
     .venv/bin/python benchmarks/train_budget.py --data folder:DIR --minutes 30 [--set group.field=value ...]
 
-Targets (issue 14, this 2-core CPU, whole wall clock of the run: start-up, data loading, torch.compile
+Targets (a 2-core CPU, the whole wall clock of the run: start-up, data loading, torch.compile
 into a fresh cache as a user's first run pays it, training and the final test evaluation):
 
     name           command                                                   target

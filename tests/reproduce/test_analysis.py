@@ -11,7 +11,7 @@ from vitkit.reproduce import StudyRequest, get_study, paper
 from vitkit.reproduce.study import make_context
 from vitkit.reproduce.verdict import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
 
-TABLE_8_GOLDEN = {  # arXiv:2010.11929 Table 8, ImageNet 5-shot linear, ViT-B/16 (issue 17 quotes the first column)
+TABLE_8_GOLDEN = {  # arXiv:2010.11929 Table 8, ImageNet 5-shot linear, ViT-B/16
     ("none", "input"): 0.61382, ("learned_1d", "input"): 0.64206, ("learned_2d", "input"): 0.64001,
     ("relative", "input"): 0.64032, ("learned_1d", "per_layer"): 0.63964, ("learned_1d", "shared_per_layer"): 0.64292,
     ("learned_2d", "per_layer"): 0.64046, ("learned_2d", "shared_per_layer"): 0.64022,

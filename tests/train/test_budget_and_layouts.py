@@ -1,4 +1,4 @@
-"""Issue 14's engine rules: a budget is fitted (ends annealed, by a fake clock), flips follow the source,
+"""The engine's rules: a budget is fitted (ends annealed, by a fake clock), flips follow the source,
 every folder layout trains and reports a test accuracy, evaluation during training never reads test."""
 
 from __future__ import annotations

@@ -89,7 +89,7 @@ def test_the_plan_states_the_patch_dropout_phases() -> None:
     content = make_plan(apply_overrides(get_recipe("small-32px", INFO), ["model.patch_dropout_keep=content"]), 1000)
     assert content.to_dict()["patch_dropout_keep"] == "content" and plan.patch_dropout_keep == "random"
     assert "PatchDropout (patches with content kept first): 0.75 until 80%, then every patch" in plan_lines(content)
-    small = make_plan(get_recipe("small-28px", INFO), num_train=1000)  # session 36: every patch from 70% on
+    small = make_plan(get_recipe("small-28px", INFO), num_train=1000)  # small-28px: every patch from 70% on
     assert small.patch_dropout_phases == ((0.75, 0.7),) and small.patch_dropout_keep == "content"
 
 
