@@ -22,7 +22,7 @@ LAZY_IMPORTERS = ("vitkit.cli",)
 # fails test_no_other_function_level_imports, and so does an entry that is no longer needed: the list only shrinks.
 LAZY_IMPORTS = {
     ("vitkit.train", "vitkit.train.trainer"): "package attributes `train`, `Trainer`: vitkit.train.config alone "
-                                              "must not import the whole engine",
+    "must not import the whole engine",
     ("vitkit.eval.commands", "vitkit.eval.plots"): "matplotlib (~0.6 s) only for the eval verb's confusion figure",
     ("vitkit.serve.model", "vitkit.inspect.plots"): "matplotlib only when an attention overlay is drawn",
     # The last cycle: the plan's ETA lines; it goes with the rewrite of train/plan.py and train/estimate.py.
@@ -106,7 +106,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         path.append(node)
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
+                return path[path.index(nxt) :] + [nxt]
             if nxt not in state and (cycle := visit(nxt)):
                 return cycle
         state[node] = 2
@@ -155,7 +155,11 @@ def test_nothing_imports_the_root_package() -> None:
 
 
 def test_no_other_function_level_imports() -> None:
-    found = {(module, target) for module, (_, inner) in GRAPH.items() for target in inner
-             if not module.startswith(LAZY_IMPORTERS)}
+    found = {
+        (module, target)
+        for module, (_, inner) in GRAPH.items()
+        for target in inner
+        if not module.startswith(LAZY_IMPORTERS)
+    }
     assert sorted(found - set(LAZY_IMPORTS)) == [], "import at module level (or list it, with its reason)"
     assert sorted(set(LAZY_IMPORTS) - found) == [], "no longer imported in a function: remove from LAZY_IMPORTS"

@@ -12,9 +12,13 @@ import vitkit
 TINY = dict(hidden_size=32, depth=2, num_heads=2, mlp_dim=64, patch_size=8)
 
 
-def tiny_checkpoint(directory: Path, *, in_chans: int = 3, img_size: int = 32, num_classes: int = 10, **overrides) -> Path:
+def tiny_checkpoint(
+    directory: Path, *, in_chans: int = 3, img_size: int = 32, num_classes: int = 10, **overrides
+) -> Path:
     """Save a tiny ViT with a random (not zero) head, so its predictions differ between images."""
-    model = vitkit.create_model("vit_ti16", num_classes=num_classes, img_size=img_size, in_chans=in_chans, **{**TINY, **overrides})
+    model = vitkit.create_model(
+        "vit_ti16", num_classes=num_classes, img_size=img_size, in_chans=in_chans, **{**TINY, **overrides}
+    )
     with torch.no_grad():
         model.head.weight.normal_(0, 1.0)
         model.head.bias.normal_(0, 0.1)

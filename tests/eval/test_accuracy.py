@@ -7,7 +7,8 @@ from torch import nn
 
 from vitkit.checkpoints import Checkpoint
 from vitkit.data.sources import ImageSet
-from vitkit.eval.accuracy import AccuracyConfig, evaluate as evaluate_checkpoint
+from vitkit.eval.accuracy import AccuracyConfig
+from vitkit.eval.accuracy import evaluate as evaluate_checkpoint
 from vitkit.eval.evaluator import evaluate, one_view_note
 from vitkit.models.configs import ViTConfig
 
@@ -31,17 +32,27 @@ def _data(logits: torch.Tensor, labels: torch.Tensor) -> ImageSet:
 
 
 def _counts(logits: torch.Tensor, labels: torch.Tensor, top_k: int = 5, batch_size: int = 3):
-    return evaluate(Lookup(logits), _data(logits, labels), size=2, mean=(0.5,), std=(0.5,), channels=1,
-                    batch_size=batch_size, top_k=top_k)
+    return evaluate(
+        Lookup(logits),
+        _data(logits, labels),
+        size=2,
+        mean=(0.5,),
+        std=(0.5,),
+        channels=1,
+        batch_size=batch_size,
+        top_k=top_k,
+    )
 
 
 def test_topk_against_hand_computation() -> None:
-    logits = torch.tensor([
-        [0.9, 0.05, 0.03, 0.01, 0.005, 0.005],  # label 0: top-1 hit
-        [0.1, 0.2, 0.3, 0.4, 0.5, 0.6],  # label 1: rank 5 -> top-5 hit, top-1 miss
-        [0.1, 0.2, 0.3, 0.4, 0.5, 0.6],  # label 0: rank 6 -> miss both
-        [0.0, 0.0, 1.0, 0.0, 0.0, 0.0],  # label 2: hit
-    ])
+    logits = torch.tensor(
+        [
+            [0.9, 0.05, 0.03, 0.01, 0.005, 0.005],  # label 0: top-1 hit
+            [0.1, 0.2, 0.3, 0.4, 0.5, 0.6],  # label 1: rank 5 -> top-5 hit, top-1 miss
+            [0.1, 0.2, 0.3, 0.4, 0.5, 0.6],  # label 0: rank 6 -> miss both
+            [0.0, 0.0, 1.0, 0.0, 0.0, 0.0],  # label 2: hit
+        ]
+    )
     labels = torch.tensor([0, 1, 0, 2])
     assert _counts(logits, labels).top1 == 0.5
     assert _counts(logits, labels).topk == 0.75

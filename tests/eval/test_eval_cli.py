@@ -32,7 +32,9 @@ def _hand_logits(checkpoint: Path) -> tuple[torch.Tensor, torch.Tensor]:
     return logits, test.labels
 
 
-def test_eval_matches_hand_computation_and_does_not_depend_on_batch(tmp_path: Path, digits_checkpoint: Path, capsys) -> None:
+def test_eval_matches_hand_computation_and_does_not_depend_on_batch(
+    tmp_path: Path, digits_checkpoint: Path, capsys
+) -> None:
     logits, labels = _hand_logits(digits_checkpoint)
     order = np.argsort(-logits.numpy(), axis=1, kind="stable")
     top1 = float(np.mean(order[:, 0] == labels.numpy()))
@@ -54,7 +56,9 @@ def test_eval_matches_hand_computation_and_does_not_depend_on_batch(tmp_path: Pa
     assert reports[0]["confusion"] == reports[1]["confusion"]  # batch 7 vs 128 vs 359: same predictions
 
 
-def test_eval_at_another_resolution_and_clear_error_for_wrong_classes(tmp_path: Path, digits_checkpoint: Path, make_checkpoint, capsys) -> None:
+def test_eval_at_another_resolution_and_clear_error_for_wrong_classes(
+    tmp_path: Path, digits_checkpoint: Path, make_checkpoint, capsys
+) -> None:
     assert main(["eval", str(digits_checkpoint), "--data", "digits", "--img-size", "24", "--json"]) == 0
     assert _last_json(capsys)["img_size"] == 24  # 3x3 patches: position embeddings resampled on the fly
     other = make_checkpoint(tmp_path / "three", in_chans=1, img_size=16, num_classes=3)
@@ -83,7 +87,9 @@ def test_run_directory_resolves_to_final_or_newest_checkpoint(tmp_path: Path, ma
 
 
 def test_fewshot_cli_reports_every_k_and_seed(digits_checkpoint: Path, capsys) -> None:
-    assert main(["fewshot", str(digits_checkpoint), "--data", "digits", "--shots", "1,5", "--seeds", "2", "--json"]) == 0
+    assert (
+        main(["fewshot", str(digits_checkpoint), "--data", "digits", "--shots", "1,5", "--seeds", "2", "--json"]) == 0
+    )
     report = _last_json(capsys)
     assert set(report["shots"]) == {"1", "5"} and report["num_test"] == 359
     for entry in report["shots"].values():
@@ -128,7 +134,9 @@ def test_fewshot_works_for_a_resnet(tmp_path: Path, capsys) -> None:
     from vitkit.models.configs import ResNetConfig
 
     model = build_model(ResNetConfig(layers=(1, 1), img_size=16, in_chans=1, num_classes=10))
-    checkpoint = vitkit.save(model, tmp_path / "resnet", class_names=[str(i) for i in range(10)], mean=(0.5,), std=(0.5,))
+    checkpoint = vitkit.save(
+        model, tmp_path / "resnet", class_names=[str(i) for i in range(10)], mean=(0.5,), std=(0.5,)
+    )
     assert main(["fewshot", str(checkpoint), "--data", "digits", "--shots", "5", "--seeds", "1", "--json"]) == 0
     report = _last_json(capsys)
     # a random-weight ResNet is still a useful feature extractor on 8x8 digits: well above 10 % chance

@@ -12,8 +12,9 @@ from vitkit.eval.accuracy import AccuracyConfig
 from vitkit.eval.commands import eval_command
 
 
-def test_eval_of_a_streamed_split_matches_in_memory(tmp_path: Path, digits_checkpoint: Path,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_eval_of_a_streamed_split_matches_in_memory(
+    tmp_path: Path, digits_checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     write_shards("digits", tmp_path / "wds", 100)
     config = AccuracyConfig(batch_size=64)
     memory = eval_command(digits_checkpoint, f"wds:{tmp_path / 'wds'}", "test", config, None)

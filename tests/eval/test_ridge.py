@@ -12,8 +12,12 @@ from vitkit.eval.ridge import pm1_targets, ridge_path
 def _augmented_lstsq(x: torch.Tensor, y: torch.Tensor, l2: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Independent solution: ridge as ordinary least squares on [X 1; sqrt(l2) I 0] (bias unpenalised)."""
     n, d = x.shape
-    design = torch.cat([torch.cat([x, torch.ones(n, 1, dtype=x.dtype)], 1),
-                        torch.cat([l2**0.5 * torch.eye(d, dtype=x.dtype), torch.zeros(d, 1, dtype=x.dtype)], 1)])
+    design = torch.cat(
+        [
+            torch.cat([x, torch.ones(n, 1, dtype=x.dtype)], 1),
+            torch.cat([l2**0.5 * torch.eye(d, dtype=x.dtype), torch.zeros(d, 1, dtype=x.dtype)], 1),
+        ]
+    )
     target = torch.cat([y, torch.zeros(d, y.shape[1], dtype=y.dtype)])
     solution = torch.linalg.lstsq(design, target, driver="gelsd").solution
     return solution[:d], solution[d]
@@ -41,11 +45,13 @@ def test_pm1_targets() -> None:
 def _separable(k: int, num_classes: int = 5, dim: int = 16, test: int = 200, seed: int = 0):
     """Class c lives near 4 * e_c plus noise: linearly separable with a wide margin."""
     generator = torch.Generator().manual_seed(seed)
+
     def draw(count: int) -> tuple[torch.Tensor, torch.Tensor]:
         labels = torch.arange(count) % num_classes
         centres = torch.zeros(num_classes, dim)
         centres[torch.arange(num_classes), torch.arange(num_classes)] = 4.0
         return centres[labels] + 0.3 * torch.randn(count, dim, generator=generator), labels
+
     return (*draw(k * num_classes), *draw(test))
 
 

@@ -67,6 +67,8 @@ def test_rollout_matches_hand_computed_two_layer_example() -> None:
 
 def test_rollout_map_reads_class_row_or_mean_of_patches() -> None:
     rollout = torch.arange(25, dtype=torch.float64).reshape(1, 5, 5)
-    torch.testing.assert_close(rollout_map(rollout, (2, 2), 1)[0], torch.tensor([[1.0, 2.0], [3.0, 4.0]], dtype=torch.float64))
+    torch.testing.assert_close(
+        rollout_map(rollout, (2, 2), 1)[0], torch.tensor([[1.0, 2.0], [3.0, 4.0]], dtype=torch.float64)
+    )
     gap = torch.arange(16, dtype=torch.float64).reshape(1, 4, 4)
     torch.testing.assert_close(rollout_map(gap, (2, 2), 0)[0], gap[0].mean(0).reshape(2, 2))

@@ -45,7 +45,9 @@ def test_inspect_learned_1d_writes_all_figures_with_consistent_numbers(tmp_path:
     maps = np.array(stored["attention_rollout"]["maps"])
     assert maps.shape == (2, 4, 4) and np.allclose(maps.sum(axis=(1, 2)), 1.0)
     similarity = np.array(stored["position_similarity"]["similarity"])
-    assert similarity.shape == (4, 4, 4, 4) and np.allclose(similarity[np.arange(4)[:, None], np.arange(4), np.arange(4)[:, None], np.arange(4)], 1.0)
+    assert similarity.shape == (4, 4, 4, 4) and np.allclose(
+        similarity[np.arange(4)[:, None], np.arange(4), np.arange(4)[:, None], np.arange(4)], 1.0
+    )
     assert len(stored["filters"]["explained_variance_ratio"]) == 28
 
 
@@ -55,7 +57,9 @@ def test_inspect_distance_averages_over_images_in_any_batching(tmp_path: Path) -
     one = inspect_model(checkpoint, images, tmp_path / "a", InspectConfig(batch_size=1, num_overlays=1, draw=False))
     three = inspect_model(checkpoint, images, tmp_path / "b", InspectConfig(batch_size=3, num_overlays=1, draw=False))
     assert not (tmp_path / "a" / "attention_distance.png").exists()
-    np.testing.assert_allclose(one["attention_distance"]["per_layer_head"], three["attention_distance"]["per_layer_head"], rtol=1e-6)
+    np.testing.assert_allclose(
+        one["attention_distance"]["per_layer_head"], three["attention_distance"]["per_layer_head"], rtol=1e-6
+    )
 
 
 @pytest.mark.parametrize("posemb", ["relative", "none"])

@@ -12,16 +12,26 @@ from vitkit.reproduce.study import make_context
 from vitkit.reproduce.verdict import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
 
 TABLE_8_GOLDEN = {  # arXiv:2010.11929 Table 8, ImageNet 5-shot linear, ViT-B/16
-    ("none", "input"): 0.61382, ("learned_1d", "input"): 0.64206, ("learned_2d", "input"): 0.64001,
-    ("relative", "input"): 0.64032, ("learned_1d", "per_layer"): 0.63964, ("learned_1d", "shared_per_layer"): 0.64292,
-    ("learned_2d", "per_layer"): 0.64046, ("learned_2d", "shared_per_layer"): 0.64022,
+    ("none", "input"): 0.61382,
+    ("learned_1d", "input"): 0.64206,
+    ("learned_2d", "input"): 0.64001,
+    ("relative", "input"): 0.64032,
+    ("learned_1d", "per_layer"): 0.63964,
+    ("learned_1d", "shared_per_layer"): 0.64292,
+    ("learned_2d", "per_layer"): 0.64046,
+    ("learned_2d", "shared_per_layer"): 0.64022,
 }
 
 
 def test_paper_numbers_are_the_papers() -> None:
     assert paper.TABLE_8 == TABLE_8_GOLDEN
-    assert paper.MPP.numbers == {"mpp": 79.9, "gain_over_scratch": 2.0, "behind_supervised": 4.0, "scratch": 77.9,
-                                 "supervised": 83.9}
+    assert paper.MPP.numbers == {
+        "mpp": 79.9,
+        "gain_over_scratch": 2.0,
+        "behind_supervised": 4.0,
+        "scratch": 77.9,
+        "supervised": 83.9,
+    }
     assert paper.COMPUTE.numbers == {"compute_ratio_low": 2.0, "compute_ratio_high": 4.0}
     assert "2 - 4x less compute" in paper.COMPUTE.quote and "79.9%" in paper.MPP.quote
     assert "little to no difference" in paper.POSEMB_GAP.quote
@@ -33,9 +43,20 @@ def context(name: str, tmp_path: Path):
 
 
 def record(arm: str, seed: int, accuracy: float, **labels) -> dict:
-    return {"arm": arm, "seed": seed, "labels": labels, "test": {"top1": accuracy}, "val": {"top1": accuracy},
-            "fewshot": {"5": {"mean": accuracy, "std": 0.0}}, "params": 1000, "forward_flops": 1e6, "epochs": 1.0,
-            "num_train": int(1000 * labels.get("fraction", 1.0)), "images_seen": 1000, "train_flops": 3e9}
+    return {
+        "arm": arm,
+        "seed": seed,
+        "labels": labels,
+        "test": {"top1": accuracy},
+        "val": {"top1": accuracy},
+        "fewshot": {"5": {"mean": accuracy, "std": 0.0}},
+        "params": 1000,
+        "forward_flops": 1e6,
+        "epochs": 1.0,
+        "num_train": int(1000 * labels.get("fraction", 1.0)),
+        "images_seen": 1000,
+        "train_flops": 3e9,
+    }
 
 
 def verdicts(name: str, tmp_path: Path, records: list) -> dict[str, str]:
@@ -45,12 +66,15 @@ def verdicts(name: str, tmp_path: Path, records: list) -> dict[str, str]:
     return {claim.key: claim.verdict.status for claim in analysis.claims}
 
 
-@pytest.mark.parametrize(("none", "variant_spread", "noise", "expected"), [
-    (0.60, 0.002, 0.001, (REPRODUCED, REPRODUCED)),  # Table 8's pattern: a gap, then near-equal variants
-    (0.64, 0.002, 0.001, (NOT_REPRODUCED, REPRODUCED)),  # no gap at all
-    (0.60, 0.030, 0.001, (REPRODUCED, NOT_REPRODUCED)),  # the variants differ by 3 points
-    (0.63, 0.004, 0.030, (INCONCLUSIVE, INCONCLUSIVE)),  # seeds 6 points apart: nothing can be told
-])
+@pytest.mark.parametrize(
+    ("none", "variant_spread", "noise", "expected"),
+    [
+        (0.60, 0.002, 0.001, (REPRODUCED, REPRODUCED)),  # Table 8's pattern: a gap, then near-equal variants
+        (0.64, 0.002, 0.001, (NOT_REPRODUCED, REPRODUCED)),  # no gap at all
+        (0.60, 0.030, 0.001, (REPRODUCED, NOT_REPRODUCED)),  # the variants differ by 3 points
+        (0.63, 0.004, 0.030, (INCONCLUSIVE, INCONCLUSIVE)),  # seeds 6 points apart: nothing can be told
+    ],
+)
 def test_posemb_claims(tmp_path: Path, none, variant_spread, noise, expected) -> None:
     records = []
     for seed, (index, (kind, where)) in itertools.product((0, 1), enumerate(paper.TABLE_8)):
@@ -61,19 +85,36 @@ def test_posemb_claims(tmp_path: Path, none, variant_spread, noise, expected) ->
 
 
 def test_head_claims_follow_figure_9(tmp_path: Path) -> None:
-    levels = {"token@lr-low": 0.70, "token@lr-high": 0.80, "gap@lr-low": 0.80, "gap@lr-high": 0.70}  # Figure 9's pattern
-    records = [record(arm, seed, value + 0.001 * seed, head=arm.split("@")[0], lr=1e-3)
-               for seed in (0, 1) for arm, value in levels.items()]
+    levels = {
+        "token@lr-low": 0.70,
+        "token@lr-high": 0.80,
+        "gap@lr-low": 0.80,
+        "gap@lr-high": 0.70,
+    }  # Figure 9's pattern
+    records = [
+        record(arm, seed, value + 0.001 * seed, head=arm.split("@")[0], lr=1e-3)
+        for seed in (0, 1)
+        for arm, value in levels.items()
+    ]
     assert verdicts("head", tmp_path, records) == {"head.both-work": REPRODUCED, "head.different-lr": REPRODUCED}
     same = [dict(r, fewshot={"5": {"mean": 0.75, "std": 0}}) for r in records]  # the rate changes nothing
     assert verdicts("head", tmp_path, same)["head.different-lr"] == NOT_REPRODUCED
 
 
 def test_data_size_claims(tmp_path: Path) -> None:
-    levels = {("vit", 0.25): 0.50, ("resnet", 0.25): 0.60, ("hybrid", 0.25): 0.58,
-              ("vit", 1.0): 0.80, ("resnet", 1.0): 0.78, ("hybrid", 1.0): 0.79}
-    records = [record(f"{kind}@{fraction:g}", seed, value + 0.002 * seed, model=kind, fraction=fraction)
-               for seed in (0, 1) for (kind, fraction), value in levels.items()]
+    levels = {
+        ("vit", 0.25): 0.50,
+        ("resnet", 0.25): 0.60,
+        ("hybrid", 0.25): 0.58,
+        ("vit", 1.0): 0.80,
+        ("resnet", 1.0): 0.78,
+        ("hybrid", 1.0): 0.79,
+    }
+    records = [
+        record(f"{kind}@{fraction:g}", seed, value + 0.002 * seed, model=kind, fraction=fraction)
+        for seed in (0, 1)
+        for (kind, fraction), value in levels.items()
+    ]
     got = verdicts("data-size", tmp_path, records)
     assert set(got.values()) == {REPRODUCED} and len(got) == 4  # both claims on 5-shot (Fig. 4) and top-1 (Fig. 3)
     flat = [dict(r, test={"top1": 0.7}, fewshot={"5": {"mean": 0.7, "std": 0}}) for r in records]
@@ -82,8 +123,14 @@ def test_data_size_claims(tmp_path: Path) -> None:
 
 def test_attention_claims(tmp_path: Path) -> None:
     def attention(first: list[float], last: list[float]) -> dict:
-        return {"per_layer_head": [first, [4.0, 4.0], last], "uniform": 10.0, "images": 128, "img_size": 28,
-                "pixels_per_token": 4.0, "grid": [7, 7]}
+        return {
+            "per_layer_head": [first, [4.0, 4.0], last],
+            "uniform": 10.0,
+            "images": 128,
+            "img_size": 28,
+            "pixels_per_token": 4.0,
+            "grid": [7, 7],
+        }
 
     records = []
     for seed in (0, 1):
@@ -91,5 +138,9 @@ def test_attention_claims(tmp_path: Path) -> None:
         records.append({**record("vit", seed, 0.8, model="vit"), "attention": vit})
         records.append({**record("hybrid", seed, 0.8, model="hybrid"), "attention": attention([6.0, 8.0], [8.0, 9.0])})
     got = verdicts("attention", tmp_path, records)
-    assert got == {"attention.grows-with-depth": REPRODUCED, "attention.global-heads-low": REPRODUCED,
-                   "attention.local-heads-low": REPRODUCED, "attention.hybrid-less-local": REPRODUCED}
+    assert got == {
+        "attention.grows-with-depth": REPRODUCED,
+        "attention.global-heads-low": REPRODUCED,
+        "attention.local-heads-low": REPRODUCED,
+        "attention.hybrid-less-local": REPRODUCED,
+    }

@@ -26,13 +26,21 @@ CLAIMS = {
     "compute": {"compute.vit-less-compute", "compute.hybrid-small-budgets", "compute.hybrid-gap-vanishes"},
     "shape": {"shape.depth-most", "shape.smaller-patches"},
     "mpp": {"mpp.beats-scratch", "mpp.behind-supervised"},
-    "attention": {"attention.grows-with-depth", "attention.global-heads-low", "attention.local-heads-low",
-                  "attention.hybrid-less-local"},
+    "attention": {
+        "attention.grows-with-depth",
+        "attention.global-heads-low",
+        "attention.local-heads-low",
+        "attention.hybrid-less-local",
+    },
     "speed": {"speed.comparable", "speed.memory"},
 }
-GOLDEN_QUOTED = {"posemb": ["0.61382", "0.64206", "0.64001", "0.64032", "0.63964", "0.64292", "0.64046", "0.64022"],
-                 "mpp": ["79.9", "77.9", "83.9"], "compute": ["2 - 4x less compute"],
-                 "head": ["different learning-rate"], "attention": ["attention distance increases with network depth"]}
+GOLDEN_QUOTED = {
+    "posemb": ["0.61382", "0.64206", "0.64001", "0.64032", "0.63964", "0.64292", "0.64046", "0.64022"],
+    "mpp": ["79.9", "77.9", "83.9"],
+    "compute": ["2 - 4x less compute"],
+    "head": ["different learning-rate"],
+    "attention": ["attention distance increases with network depth"],
+}
 
 
 def test_study_table_names_each_study_once_and_matches_the_cli() -> None:
@@ -67,8 +75,9 @@ def test_tiny_study_reports_every_arm_and_claim(tmp_path: Path, name: str) -> No
         assert all(r["device"] == "cpu" and r["train_flops"] > 0 and r["step"] > 0 for r in results["arms"])
 
 
-def test_killed_study_resumes_and_reuses_finished_arms(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                       caplog: pytest.LogCaptureFixture) -> None:
+def test_killed_study_resumes_and_reuses_finished_arms(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     trained: list[str] = []
     real_train, real_step = arms.train, trainer.train_step
 
@@ -101,10 +110,22 @@ def test_killed_study_resumes_and_reuses_finished_arms(tmp_path: Path, monkeypat
     assert (tmp_path / "arms" / "token_lr-low-s0" / "arm.json").read_text() == first
 
 
-def test_cli_reproduce_json_reuse_and_bad_requests(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                   capsys: pytest.CaptureFixture) -> None:
-    args = ["reproduce", "attention", "--data", "digits", "--budget-minutes", "0.5", "--out", str(tmp_path),
-            "--threads", "1", "--json"]
+def test_cli_reproduce_json_reuse_and_bad_requests(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    args = [
+        "reproduce",
+        "attention",
+        "--data",
+        "digits",
+        "--budget-minutes",
+        "0.5",
+        "--out",
+        str(tmp_path),
+        "--threads",
+        "1",
+        "--json",
+    ]
     assert main(args) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert {c["key"] for c in summary["claims"]} == CLAIMS["attention"]

@@ -7,8 +7,18 @@ import math
 import pytest
 
 from vitkit.reproduce.compute import accuracy_at, compute_ratios, flops_for, frontier, hybrid_leads
-from vitkit.reproduce.verdict import (INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Verdict, both, difference, estimate,
-                                      exceeds, pooled_sd, within)
+from vitkit.reproduce.verdict import (
+    INCONCLUSIVE,
+    NOT_REPRODUCED,
+    REPRODUCED,
+    Verdict,
+    both,
+    difference,
+    estimate,
+    exceeds,
+    pooled_sd,
+    within,
+)
 
 
 def test_pooled_sd_equals_the_textbook_pool() -> None:
@@ -24,13 +34,16 @@ def test_difference_and_its_standard_error() -> None:
     assert (effect.low, effect.high) == (pytest.approx(0.02), pytest.approx(0.06))
 
 
-@pytest.mark.parametrize(("a", "b", "sd", "expected"), [
-    ([0.64, 0.65], [0.60, 0.61], 0.005, REPRODUCED),  # 4 points, se 0.005: clearly above
-    ([0.601, 0.602], [0.600, 0.601], 0.0005, NOT_REPRODUCED),  # 0.1 point, tight: below the 0.5-point effect
-    ([0.62, 0.60], [0.60, 0.62], 0.02, INCONCLUSIVE),  # no difference but the spread (2 points) is larger
-    ([0.60, 0.59], [0.64, 0.65], 0.005, NOT_REPRODUCED),  # the opposite direction, clearly
-    ([0.61, 0.62], [0.60, 0.60], 0.01, INCONCLUSIVE),  # 1.5 points with a 2-point interval: straddles 0
-])
+@pytest.mark.parametrize(
+    ("a", "b", "sd", "expected"),
+    [
+        ([0.64, 0.65], [0.60, 0.61], 0.005, REPRODUCED),  # 4 points, se 0.005: clearly above
+        ([0.601, 0.602], [0.600, 0.601], 0.0005, NOT_REPRODUCED),  # 0.1 point, tight: below the 0.5-point effect
+        ([0.62, 0.60], [0.60, 0.62], 0.02, INCONCLUSIVE),  # no difference but the spread (2 points) is larger
+        ([0.60, 0.59], [0.64, 0.65], 0.005, NOT_REPRODUCED),  # the opposite direction, clearly
+        ([0.61, 0.62], [0.60, 0.60], 0.01, INCONCLUSIVE),  # 1.5 points with a 2-point interval: straddles 0
+    ],
+)
 def test_exceeds(a, b, sd, expected) -> None:
     verdict = exceeds(difference(a, b, sd), 0.005, "a - b", sd)
     assert verdict.status == expected, verdict.reason
@@ -43,11 +56,14 @@ def test_one_seed_decides_on_the_effect_and_says_so() -> None:
     assert exceeds(estimate([0.003], None), 0.005, "gap", None).status == NOT_REPRODUCED
 
 
-@pytest.mark.parametrize(("means", "sd", "n", "expected"), [
-    ([0.640, 0.642, 0.643], 0.001, 2, REPRODUCED),  # range 0.3 point + 0.2 interval < 1 point
-    ([0.60, 0.64, 0.63], 0.001, 2, NOT_REPRODUCED),  # range 4 points
-    ([0.640, 0.646, 0.643], 0.01, 2, INCONCLUSIVE),  # range 0.6 point, interval 2 points: straddles the margin
-])
+@pytest.mark.parametrize(
+    ("means", "sd", "n", "expected"),
+    [
+        ([0.640, 0.642, 0.643], 0.001, 2, REPRODUCED),  # range 0.3 point + 0.2 interval < 1 point
+        ([0.60, 0.64, 0.63], 0.001, 2, NOT_REPRODUCED),  # range 4 points
+        ([0.640, 0.646, 0.643], 0.01, 2, INCONCLUSIVE),  # range 0.6 point, interval 2 points: straddles the margin
+    ],
+)
 def test_within(means, sd, n, expected) -> None:
     assert within(means, 0.01, "variants", sd, n).status == expected
 
@@ -81,15 +97,20 @@ def test_compute_ratio_of_a_vit_twice_as_efficient() -> None:
 def test_calibrated_unit_arm_fills_the_budget_at_each_models_speed() -> None:
     import dataclasses
 
+    from vitkit.data.sources import describe
     from vitkit.reproduce.scale import Scale, calibrated
     from vitkit.train.recipes import get_recipe
-    from vitkit.data.sources import describe
 
     base = get_recipe("small-8px", describe("digits"))  # batch 128
     wide = dataclasses.replace(base, model=dataclasses.replace(base.model, hidden_size=128))
     speeds = {64: 1000.0, 128: 250.0}  # images/s of each model, as a fake clock would measure them
-    scale = calibrated(Scale("small", 1.0), 10.0, [(1.0, base), (1.0, base), (2.0, wide)], base,
-                       measure=lambda config: speeds[config.model.hidden_size])
+    scale = calibrated(
+        Scale("small", 1.0),
+        10.0,
+        [(1.0, base), (1.0, base), (2.0, wide)],
+        base,
+        measure=lambda config: speeds[config.model.hidden_size],
+    )
     # 0.8 x 10 min = 480 s; one unit step costs 128/1000 + 128/1000 + 2 x 128/250 = 1.28 s -> 375 steps
     assert scale.unit_steps == 375 and scale.images_per_s == 1000.0 and len(scale.speeds) == 2
     assert scale.unit_minutes == pytest.approx(375 * 128 / 1000 / 60, abs=1e-3)

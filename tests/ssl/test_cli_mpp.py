@@ -13,17 +13,45 @@ from vitkit.cli import main
 
 def write_npz(path, count=16, side=16):
     rng = np.random.default_rng(0)
-    np.savez(path, x_train=rng.integers(0, 256, (count, side, side, 3), dtype=np.uint8), y_train=np.arange(count) % 2,
-             x_test=rng.integers(0, 256, (4, side, side, 3), dtype=np.uint8), y_test=np.arange(4) % 2)
+    np.savez(
+        path,
+        x_train=rng.integers(0, 256, (count, side, side, 3), dtype=np.uint8),
+        y_train=np.arange(count) % 2,
+        x_test=rng.integers(0, 256, (4, side, side, 3), dtype=np.uint8),
+        y_test=np.arange(4) % 2,
+    )
     return path
 
 
 def test_pretrain_mpp_verb_writes_a_loadable_encoder(tmp_path, capsys):
     data = write_npz(tmp_path / "tiny.npz")
     out = tmp_path / "run"
-    code = main(["pretrain-mpp", "--data", f"npz:{data}", "--recipe", "small-32px-tiny", "--img-size", "16",
-                 "--epochs", "1", "--batch-size", "8", "--target", "downsampled", "--corrupt-rate", "0.25",
-                 "--set", "run.tensorboard=false", "--set", "model.patch_size=4", "--out", str(out), "--json"])
+    code = main(
+        [
+            "pretrain-mpp",
+            "--data",
+            f"npz:{data}",
+            "--recipe",
+            "small-32px-tiny",
+            "--img-size",
+            "16",
+            "--epochs",
+            "1",
+            "--batch-size",
+            "8",
+            "--target",
+            "downsampled",
+            "--corrupt-rate",
+            "0.25",
+            "--set",
+            "run.tensorboard=false",
+            "--set",
+            "model.patch_size=4",
+            "--out",
+            str(out),
+            "--json",
+        ]
+    )
     assert code == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["status"] == "finished" and summary["step"] == 2 and summary["steps"] == 2

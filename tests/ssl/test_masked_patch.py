@@ -62,7 +62,13 @@ def test_corruption_split_is_80_10_10_within_sampling_error():
 
 def test_bert_rate_and_custom_split():
     batch, num, dim = 1000, 20, 4
-    _, mask, kind = corrupt(torch.randn(batch, num, dim), torch.zeros(dim), torch.Generator().manual_seed(3), rate=0.15, replace=(1.0, 0.0, 0.0))
+    _, mask, kind = corrupt(
+        torch.randn(batch, num, dim),
+        torch.zeros(dim),
+        torch.Generator().manual_seed(3),
+        rate=0.15,
+        replace=(1.0, 0.0, 0.0),
+    )
     assert torch.equal(mask.sum(1), torch.full((batch,), 3))  # round(0.15 * 20)
     assert torch.equal(kind[mask], torch.full((batch * 3,), MASKED))
 
@@ -89,14 +95,23 @@ def test_same_generator_seed_same_corruption():
     a = corrupt(tokens, torch.zeros(4), torch.Generator().manual_seed(7))
     b = corrupt(tokens, torch.zeros(4), torch.Generator().manual_seed(7))
     c = corrupt(tokens, torch.zeros(4), torch.Generator().manual_seed(8))
-    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
     assert not torch.equal(a[1], c[1])
 
 
 @pytest.mark.parametrize(
     ("rgb", "index"),
-    [((255, 0, 0), 7 * 64), ((0, 0, 0), 0), ((255, 255, 255), 511), ((128, 128, 128), 4 * 73), ((127, 127, 127), 3 * 73),
-     ((0, 255, 0), 7 * 8), ((0, 0, 255), 7), ((32, 64, 96), 1 * 64 + 2 * 8 + 3), ((31, 63, 95), 0 * 64 + 1 * 8 + 2)],
+    [
+        ((255, 0, 0), 7 * 64),
+        ((0, 0, 0), 0),
+        ((255, 255, 255), 511),
+        ((128, 128, 128), 4 * 73),
+        ((127, 127, 127), 3 * 73),
+        ((0, 255, 0), 7 * 8),
+        ((0, 0, 255), 7),
+        ((32, 64, 96), 1 * 64 + 2 * 8 + 3),
+        ((31, 63, 95), 0 * 64 + 1 * 8 + 2),
+    ],
 )
 def test_mean_color_of_constant_patches(rgb, index):
     image = torch.tensor(rgb, dtype=torch.uint8).view(1, 3, 1, 1).expand(1, 3, 16, 16)
@@ -114,7 +129,9 @@ def test_mean_color_averages_over_the_patch_and_follows_raster_order():
 
 
 def test_grayscale_has_eight_classes_and_other_normalisations_are_undone():
-    gray = torch.tensor([0, 40, 128, 255], dtype=torch.uint8).view(1, 1, 1, 4).repeat_interleave(4, 3).expand(1, 1, 4, 16)
+    gray = (
+        torch.tensor([0, 40, 128, 255], dtype=torch.uint8).view(1, 1, 1, 4).repeat_interleave(4, 3).expand(1, 1, 4, 16)
+    )
     mean, std = (0.2860,), (0.3530,)
     x = (gray.float() / 255 - mean[0]) / std[0]
     assert mean_color_target(to_pixels(x, mean, std), 4).tolist() == [[0, 1, 4, 7]]

@@ -17,9 +17,9 @@ from vitkit.data.transforms import AugmentConfig
 from vitkit.models import create_model
 from vitkit.models.configs import ViTConfig
 from vitkit.ssl.masked_patch import MaskedPatchPrediction, MPPConfig
-from vitkit.train.objectives import MaskedPatchObjective, mpp_train_config
 from vitkit.train.assemble import Splits
 from vitkit.train.config import DataConfig, OptimConfig, RunConfig, TrainConfig
+from vitkit.train.objectives import MaskedPatchObjective, mpp_train_config
 from vitkit.train.optim import build_optimizer
 from vitkit.train.plan import warmup_steps
 from vitkit.train.state import TrainState
@@ -42,7 +42,9 @@ def tiny_config(out, epochs: float = 2, **run) -> TrainConfig:
 
 
 def image_set(count: int = 32, channels: int = 3, seed: int = 0) -> ImageSet:
-    images = torch.randint(0, 256, (count, channels, 32, 32), generator=torch.Generator().manual_seed(seed), dtype=torch.uint8)
+    images = torch.randint(
+        0, 256, (count, channels, 32, 32), generator=torch.Generator().manual_seed(seed), dtype=torch.uint8
+    )
     return ImageSet(images=images, labels=torch.arange(count) % 2, class_names=["a", "b"])
 
 
@@ -55,7 +57,13 @@ def test_paper_settings_replace_the_supervised_ones(tmp_path):
     assert config.model.num_classes == 0 and config.model.representation_size is None
     optim = config.optim
     assert (optim.name, optim.lr, optim.betas, optim.schedule, optim.clip_norm, optim.weight_decay) == (
-        "adamw", 2e-4, (0.9, 0.999), "cosine", 1.0, 0.1)
+        "adamw",
+        2e-4,
+        (0.9, 0.999),
+        "cosine",
+        1.0,
+        0.1,
+    )
     assert config.augment.mixup == 0 and config.augment.label_smoothing == 0 and config.augment.flip
     assert config.mpp == MPPConfig()  # the paper's objective (App. B.1.2) by default
     assert warmup_steps(config, 1_000_000) == 10_000  # the paper's 10k of 1M
@@ -113,17 +121,21 @@ def test_resume_keeps_the_runs_own_configuration(tmp_path, caplog):
 
 
 def test_pixels_target_and_grayscale_run(tmp_path):
-    config = dataclasses.replace(tiny_config(tmp_path, epochs=1), mpp=MPPConfig(target="pixels"),
-                                 model=ViTConfig(img_size=32, patch_size=8, in_chans=1, num_classes=0, **TINY),
-                                 data=DataConfig(uri="npz:unused", batch_size=8, epochs=1, mean=(0.5,), std=(0.5,)))
+    config = dataclasses.replace(
+        tiny_config(tmp_path, epochs=1),
+        mpp=MPPConfig(target="pixels"),
+        model=ViTConfig(img_size=32, patch_size=8, in_chans=1, num_classes=0, **TINY),
+        data=DataConfig(uri="npz:unused", batch_size=8, epochs=1, mean=(0.5,), std=(0.5,)),
+    )
     result = train(config, data=Splits(train=image_set(16, 1), test=image_set(4, 1)))
     assert result["status"] == "finished" and result["test"]["top1"] is None and result["test"]["loss"] > 0
     assert vitkit.load(tmp_path / "checkpoints" / "final").config.in_chans == 1
 
 
 def _mpp_state(target: str = "mean_color") -> TrainState:
-    model = MaskedPatchPrediction(create_model("vit_ti16", img_size=32, patch_size=8, num_classes=0, **TINY),
-                                  MPPConfig(target=target))
+    model = MaskedPatchPrediction(
+        create_model("vit_ti16", img_size=32, patch_size=8, num_classes=0, **TINY), MPPConfig(target=target)
+    )
     optimizer = build_optimizer(model, OptimConfig(weight_decay=0.1), 1e-3)
     return TrainState(model=model, module=model.encoder, optimizer=optimizer, generator=torch.Generator())
 
@@ -136,7 +148,7 @@ def test_non_finite_loss_skips_the_update():
     before = [p.detach().clone() for p in state.model.parameters()]
     out = train_step(state, [torch.full((2, 3, 32, 32), float("nan"))], spec, loss_of)
     assert out["skipped"] and not math.isfinite(float(out["loss"]))
-    assert all(torch.equal(a, b) for a, b in zip(before, state.model.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(before, state.model.parameters(), strict=True))
     good = train_step(state, [torch.rand(2, 3, 32, 32)], spec, loss_of)
     assert not good["skipped"] and float(good["loss"]) == pytest.approx(math.log(512), abs=1e-5)
 
@@ -156,8 +168,9 @@ def test_mpp_config_keeps_hybrids_and_refuses_resnets(tmp_path):
     from vitkit.models.configs import HybridConfig, ResNetConfig
 
     base = tiny_config(tmp_path)
-    hybrid = HybridConfig(vit=ViTConfig(img_size=32, patch_size=1, num_classes=10, representation_size=32, **TINY),
-                          resnet_layers=(1, 1))
+    hybrid = HybridConfig(
+        vit=ViTConfig(img_size=32, patch_size=1, num_classes=10, representation_size=32, **TINY), resnet_layers=(1, 1)
+    )
     converted = mpp_train_config(dataclasses.replace(base, model=hybrid))
     assert converted.model.vit.num_classes == 0 and converted.model.vit.representation_size is None
     assert converted.model.resnet_layers == (1, 1)

@@ -17,22 +17,25 @@ from vitkit.data.transforms import AugmentConfig
 from vitkit.models import create_model
 from vitkit.models.configs import ViTConfig
 from vitkit.ssl.masked_patch import MPPConfig
-from vitkit.train.objectives import mpp_train_config
 from vitkit.train import distributed
 from vitkit.train.assemble import Splits
-from vitkit.train.trainer import Trainer
 from vitkit.train.config import DataConfig, RunConfig, TrainConfig
+from vitkit.train.objectives import mpp_train_config
+from vitkit.train.trainer import Trainer
 
 TINY = {"hidden_size": 32, "depth": 2, "num_heads": 2, "mlp_dim": 64}
 
 
 def _config(out: str) -> TrainConfig:
-    return mpp_train_config(TrainConfig(
-        model=ViTConfig(img_size=32, patch_size=8, num_classes=0, **TINY),
-        data=DataConfig(uri="npz:unused", batch_size=8, epochs=1, workers=0),
-        augment=AugmentConfig(crop="none", flip=True),
-        run=RunConfig(out=out, log_every=1, progress=False, tensorboard=False, device="cpu"),
-    ), MPPConfig(eval_images=0))
+    return mpp_train_config(
+        TrainConfig(
+            model=ViTConfig(img_size=32, patch_size=8, num_classes=0, **TINY),
+            data=DataConfig(uri="npz:unused", batch_size=8, epochs=1, workers=0),
+            augment=AugmentConfig(crop="none", flip=True),
+            run=RunConfig(out=out, log_every=1, progress=False, tensorboard=False, device="cpu"),
+        ),
+        MPPConfig(eval_images=0),
+    )
 
 
 def _initial_parameters() -> torch.Tensor:
@@ -48,8 +51,13 @@ def _worker(rank: int, port: int, out: str) -> None:
     try:
         images = torch.randint(0, 256, (16, 3, 32, 32), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
         train = ImageSet(images=images, labels=torch.zeros(16, dtype=torch.int64), class_names=["x"])
-        trainer = Trainer(_config(out), distributed.current(), torch.device("cpu"), time.monotonic(),
-                          data=Splits(train=train, test=None))
+        trainer = Trainer(
+            _config(out),
+            distributed.current(),
+            torch.device("cpu"),
+            time.monotonic(),
+            data=Splits(train=train, test=None),
+        )
         summary = trainer.fit()
         model = trainer.state.model.module  # the MPP wrapper inside DDP
         assert summary["status"] == "finished" and summary["step"] == 2

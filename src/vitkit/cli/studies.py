@@ -13,20 +13,33 @@ STUDIES = ("data-size", "compute", "posemb", "head", "shape", "mpp", "attention"
 
 def add_reproduce(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
-        "reproduce", help="run one of the paper's experiments as a study and report it beside the paper's numbers",
+        "reproduce",
+        help="run one of the paper's experiments as a study and report it beside the paper's numbers",
         description="Studies: data-size (Sec. 4.3), compute (Sec. 4.4), posemb (App. D.4), head (App. D.3), "
-                    "shape (App. D.2), mpp (Sec. 4.6), attention (Sec. 4.5), speed (App. D.5).  Every arm is a "
-                    "run directory under --out: re-running the same command resumes a killed study and reuses "
-                    "finished arms.")
+        "shape (App. D.2), mpp (Sec. 4.6), attention (Sec. 4.5), speed (App. D.5).  Every arm is a "
+        "run directory under --out: re-running the same command resumes a killed study and reuses "
+        "finished arms.",
+    )
     parser.add_argument("study", choices=STUDIES)
-    parser.add_argument("--data", default="digits", help="data source URI (digits, fashion-mnist:DIR, cifar10:DIR, ...)")
-    parser.add_argument("--budget-minutes", type=float, default=30.0,
-                        help="wall-clock budget of the whole study; model sizes and arm lengths scale to it")
-    parser.add_argument("--seeds", type=int, default=1,
-                        help="repeat every arm with seeds 0..S-1 (the report shows the spread)")
+    parser.add_argument(
+        "--data", default="digits", help="data source URI (digits, fashion-mnist:DIR, cifar10:DIR, ...)"
+    )
+    parser.add_argument(
+        "--budget-minutes",
+        type=float,
+        default=30.0,
+        help="wall-clock budget of the whole study; model sizes and arm lengths scale to it",
+    )
+    parser.add_argument(
+        "--seeds", type=int, default=1, help="repeat every arm with seeds 0..S-1 (the report shows the spread)"
+    )
     parser.add_argument("--out", default=None, help="study directory (default runs/reproduce/<study>-<data>)")
-    parser.add_argument("--threads", type=int, default=0,
-                        help="torch CPU threads per arm (0 = torch's default; 1 is fastest for small models on a busy CPU)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch CPU threads per arm (0 = torch's default; 1 is fastest for small models on a busy CPU)",
+    )
     parser.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda, cuda:1, ...")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(handler=run_reproduce)
@@ -39,8 +52,14 @@ def run_reproduce(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
     name = args.data.split(":")[0]
     out = args.out or f"runs/reproduce/{args.study}-{name}"
-    request = StudyRequest(data=args.data, budget_minutes=args.budget_minutes, seeds=args.seeds, out=out,
-                           threads=args.threads, device=args.device)
+    request = StudyRequest(
+        data=args.data,
+        budget_minutes=args.budget_minutes,
+        seeds=args.seeds,
+        out=out,
+        threads=args.threads,
+        device=args.device,
+    )
     try:
         summary = reproduce(args.study, request)
     except StudyInterrupted as stop:

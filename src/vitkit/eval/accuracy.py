@@ -50,7 +50,7 @@ class EvalResult:
             "num_images": self.num_images,
             "img_size": self.img_size,
             "class_names": self.class_names,
-            "per_class": dict(zip(self.class_names, self.per_class)),
+            "per_class": dict(zip(self.class_names, self.per_class, strict=False)),
             "confusion": self.confusion,
         }
 
@@ -69,18 +69,37 @@ def evaluate(checkpoint, images, config: AccuracyConfig) -> EvalResult:
             "evaluate on the data set the model was trained for (or fine-tune a new head)"
         )
     if names and images.class_names and list(names) != list(images.class_names):
-        log.warning("class names differ (checkpoint %s... vs data %s...); labels are matched by index",
-                    list(names)[:3], list(images.class_names)[:3])
+        log.warning(
+            "class names differ (checkpoint %s... vs data %s...); labels are matched by index",
+            list(names)[:3],
+            list(images.class_names)[:3],
+        )
     device = pick_device(config.device)
     model = checkpoint.model.eval().to(device)
     size = resolution(checkpoint, config.img_size)
-    counts = run_evaluator(model, images, size=size, mean=checkpoint.mean, std=checkpoint.std,
-                           channels=channels(checkpoint), batch_size=config.batch_size, device=device, top_k=config.top_k,
-                           flip_views=config.flip_views)
+    counts = run_evaluator(
+        model,
+        images,
+        size=size,
+        mean=checkpoint.mean,
+        std=checkpoint.std,
+        channels=channels(checkpoint),
+        batch_size=config.batch_size,
+        device=device,
+        top_k=config.top_k,
+        flip_views=config.flip_views,
+    )
     confusion = counts.confusion
     totals = confusion.sum(dim=1)
     class_names = [str(c) for c in (images.class_names or names or range(len(confusion)))]
-    return EvalResult(top1=counts.top1, topk=counts.topk, k=counts.k,
-                      per_class=[int(confusion[i, i]) / int(totals[i]) if totals[i] else None for i in range(len(totals))],
-                      confusion=confusion.tolist(), class_names=class_names, num_images=counts.count, img_size=size,
-                      top1_one_view=counts.one_view_top1)
+    return EvalResult(
+        top1=counts.top1,
+        topk=counts.topk,
+        k=counts.k,
+        per_class=[int(confusion[i, i]) / int(totals[i]) if totals[i] else None for i in range(len(totals))],
+        confusion=confusion.tolist(),
+        class_names=class_names,
+        num_images=counts.count,
+        img_size=size,
+        top1_one_view=counts.one_view_top1,
+    )

@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -24,7 +25,9 @@ log = logging.getLogger(__name__)
 
 
 def _load(uri: str, split: str, checkpoint, img_size: int | None, max_images: int | None = None):
-    images = load_split(uri, split, image_size=resolution(checkpoint, img_size), channels=1 if channels(checkpoint) == 1 else 3)
+    images = load_split(
+        uri, split, image_size=resolution(checkpoint, img_size), channels=1 if channels(checkpoint) == 1 else 3
+    )
     if max_images is not None and max_images < len(images) and images.access == "stream":
         raise ValueError("--max-images needs a random-access split; this one is streamed from shards")
     if max_images is not None and max_images < len(images):
@@ -40,9 +43,16 @@ def default_out(path: str | os.PathLike, name: str) -> Path | None:
     return Path(path) / name if is_run_dir(path) else None
 
 
-def eval_command(path: str | os.PathLike, data: str, split: str, config: AccuracyConfig, out: str | os.PathLike | None,
-                 max_images: int | None = None) -> dict[str, Any]:
-    """Accuracy of a checkpoint (or a run's final checkpoint) on a split; writes eval.json and confusion.png to `out`."""
+def eval_command(
+    path: str | os.PathLike,
+    data: str,
+    split: str,
+    config: AccuracyConfig,
+    out: str | os.PathLike | None,
+    max_images: int | None = None,
+) -> dict[str, Any]:
+    """Accuracy of a checkpoint (or a run's final checkpoint) on a split; writes eval_SPLIT.json and
+    confusion_SPLIT.png to `out`."""
     from vitkit.eval.plots import plot_confusion
 
     checkpoint = open_checkpoint(path)
@@ -58,7 +68,9 @@ def eval_command(path: str | os.PathLike, data: str, split: str, config: Accurac
     return report
 
 
-def fewshot_command(path: str | os.PathLike, data: str, config: FewShotConfig, out: str | os.PathLike | None) -> dict[str, Any]:
+def fewshot_command(
+    path: str | os.PathLike, data: str, config: FewShotConfig, out: str | os.PathLike | None
+) -> dict[str, Any]:
     """Few-shot linear accuracy (Sec. 4.1) of a checkpoint's frozen representation on a data set."""
     checkpoint = open_checkpoint(path)
     train = _load(data, "train", checkpoint, config.img_size)
@@ -77,14 +89,29 @@ def predict_command(path: str | os.PathLike, files: Sequence[str], config: Predi
     return predict_files(open_checkpoint(path), files, config)
 
 
-def embed_command(path: str | os.PathLike, data: str, split: str, layer: str, out: str | os.PathLike, *,
-                  img_size: int | None = None, batch_size: int = 64, device: str = "auto") -> dict[str, Any]:
+def embed_command(
+    path: str | os.PathLike,
+    data: str,
+    split: str,
+    layer: str,
+    out: str | os.PathLike,
+    *,
+    img_size: int | None = None,
+    batch_size: int = 64,
+    device: str = "auto",
+) -> dict[str, Any]:
     """Representations (`layer`) of every image of a split, saved as .npy or .safetensors with labels."""
     output_paths(out)  # refuse a bad suffix before any work
     checkpoint = open_checkpoint(path)
     images = _load(data, split, checkpoint, img_size)
     embeddings, labels = compute(checkpoint, images, layer, img_size=img_size, batch_size=batch_size, device=device)
-    meta = {"checkpoint": str(find_checkpoint(path)), "data": data, "split": split, "layer": layer,
-            "img_size": resolution(checkpoint, img_size), "class_names": images.class_names}
+    meta = {
+        "checkpoint": str(find_checkpoint(path)),
+        "data": data,
+        "split": split,
+        "layer": layer,
+        "img_size": resolution(checkpoint, img_size),
+        "class_names": images.class_names,
+    }
     written = save_embeddings(out, embeddings, labels, meta)
     return {**meta, "shape": list(embeddings.shape), "files": [str(p) for p in written]}

@@ -12,8 +12,9 @@ both figures are reported (`one_view_note`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -62,16 +63,30 @@ class Counts:
 
 
 def one_view_note(report: dict[str, Any]) -> str:
-    """" (image + mirror; one view X%)" after a flip-view top-1 (a summary or report with top1_one_view), else ""."""
+    """ " (image + mirror; one view X%)" after a flip-view top-1 (a summary or report with top1_one_view), else ""."""
     one_view = report.get("top1_one_view")
     return "" if one_view is None else f" (image + mirror; one view {100 * one_view:.2f}%)"
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, data: ImageSet, *, size: int, mean: Sequence[float], std: Sequence[float],
-             channels: int, batch_size: int = 512, device: torch.device | str = "cpu", loss: str = "softmax",
-             autocast_dtype: torch.dtype | None = None, rank: int = 0, world: int = 1, workers: int = 0,
-             top_k: int = 5, flip_views: bool = False) -> Counts:
+def evaluate(
+    model: nn.Module,
+    data: ImageSet,
+    *,
+    size: int,
+    mean: Sequence[float],
+    std: Sequence[float],
+    channels: int,
+    batch_size: int = 512,
+    device: torch.device | str = "cpu",
+    loss: str = "softmax",
+    autocast_dtype: torch.dtype | None = None,
+    rank: int = 0,
+    world: int = 1,
+    workers: int = 0,
+    top_k: int = 5,
+    flip_views: bool = False,
+) -> Counts:
     """Loss, top-1, top-k and the confusion matrix of `model` on `data` (uint8 images prepared as in training);
     with `flip_views`, of the logits averaged over each image and its mirror image."""
     device = torch.device(device)
@@ -94,9 +109,15 @@ def evaluate(model: nn.Module, data: ImageSet, *, size: int, mean: Sequence[floa
         k = min(top_k, logits.shape[1])
         per_image = _losses(logits, labels, loss)
         top = logits.topk(k, dim=1).indices  # (B, k)
-        confusion += torch.bincount(labels * num_classes + top[:, 0], minlength=num_classes ** 2).double()
-        sums += torch.stack([per_image.sum().double(), (top == labels[:, None]).any(1).sum().double(),
-                             torch.tensor(float(len(labels)), dtype=torch.float64, device=device), one_view_hits])
+        confusion += torch.bincount(labels * num_classes + top[:, 0], minlength=num_classes**2).double()
+        sums += torch.stack(
+            [
+                per_image.sum().double(),
+                (top == labels[:, None]).any(1).sum().double(),
+                torch.tensor(float(len(labels)), dtype=torch.float64, device=device),
+                one_view_hits,
+            ]
+        )
     if torch.distributed.is_available() and torch.distributed.is_initialized():  # every process: the whole split
         torch.distributed.all_reduce(sums)
         torch.distributed.all_reduce(confusion)
@@ -104,9 +125,14 @@ def evaluate(model: nn.Module, data: ImageSet, *, size: int, mean: Sequence[floa
     loss_sum, hits, count, one_view = sums.tolist()
     if count == 0:
         raise ValueError("evaluation split is empty")
-    return Counts(loss_sum=loss_sum, topk_hits=hits, k=min(top_k, num_classes),
-                  confusion=confusion.round().long().reshape(num_classes, num_classes).cpu(), count=int(count),
-                  one_view_hits=one_view if flip_views else None)
+    return Counts(
+        loss_sum=loss_sum,
+        topk_hits=hits,
+        k=min(top_k, num_classes),
+        confusion=confusion.round().long().reshape(num_classes, num_classes).cpu(),
+        count=int(count),
+        one_view_hits=one_view if flip_views else None,
+    )
 
 
 def _losses(logits: Tensor, labels: Tensor, kind: str) -> Tensor:

@@ -8,7 +8,7 @@ and the model runs in eval mode, so an image's output does not depend on the res
 from __future__ import annotations
 
 import logging
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 from torch import Tensor, nn
@@ -20,6 +20,7 @@ from vitkit.device import pick_device
 from vitkit.models.configs import image_size, in_channels
 
 log = logging.getLogger(__name__)
+
 
 def resolution(checkpoint: Checkpoint, img_size: int | None = None) -> int:
     """Input side length: `img_size` if given (position embeddings are resampled on the fly), else the model's."""
@@ -35,7 +36,9 @@ def prepare(images: Tensor, checkpoint: Checkpoint, size: int) -> Tensor:
     return eval_transform(images, size, checkpoint.mean, checkpoint.std, channels(checkpoint))
 
 
-def batches(checkpoint: Checkpoint, images, batch_size: int, size: int, device: torch.device) -> Iterator[tuple[Tensor, Tensor]]:
+def batches(
+    checkpoint: Checkpoint, images, batch_size: int, size: int, device: torch.device
+) -> Iterator[tuple[Tensor, Tensor]]:
     """(model inputs (B, C, size, size) on `device`, labels (B,)) of an `ImageSet`, in order (one batcher:
     `vitkit.data.loader.eval_batches`, as every evaluation reads)."""
     for pixels, labels in eval_batches(images, batch_size, device):

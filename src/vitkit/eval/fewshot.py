@@ -36,7 +36,9 @@ class FewShotConfig:
 
     shots: tuple[int, ...] = (1, 5, 10, 25)  # k images per class (Sec. 4.1 / Figure 4 use 1, 5, 10, 25)
     seeds: int = 3  # repetitions with different draws of the k shots (seeds 0 ... seeds-1)
-    l2_exponents: tuple[int, ...] = tuple(range(-10, 21))  # lambda candidates 2^e: 2^-10 ... 2^20 (large = prototype-like)
+    l2_exponents: tuple[int, ...] = tuple(
+        range(-10, 21)
+    )  # lambda candidates 2^e: 2^-10 ... 2^20 (large = prototype-like)
     folds: int = 5  # at most this many hold-out folds when choosing lambda (k >= 2)
     layer: str = "features"  # representation: "features" = what the head reads (y, or pre-logits when present)
     img_size: int | None = None  # input resolution; None = the checkpoint's
@@ -63,8 +65,12 @@ class FewShotResult:
     layer: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"num_classes": self.num_classes, "num_test": self.num_test, "layer": self.layer,
-                "shots": {str(k): v for k, v in self.shots.items()}}
+        return {
+            "num_classes": self.num_classes,
+            "num_test": self.num_test,
+            "layer": self.layer,
+            "shots": {str(k): v for k, v in self.shots.items()},
+        }
 
 
 def _fold_ids(labels: Tensor, folds: int, seed: int) -> Tensor:
@@ -116,8 +122,15 @@ def select_l2(features: Tensor, labels: Tensor, num_classes: int, grid: list[flo
     return grid[ranking[0]]
 
 
-def fewshot_accuracy(train_features: Tensor, train_labels: Tensor, test_features: Tensor, test_labels: Tensor,
-                     num_classes: int, config: FewShotConfig, seed: int) -> tuple[float, float]:
+def fewshot_accuracy(
+    train_features: Tensor,
+    train_labels: Tensor,
+    test_features: Tensor,
+    test_labels: Tensor,
+    num_classes: int,
+    config: FewShotConfig,
+    seed: int,
+) -> tuple[float, float]:
     """(test accuracy, chosen lambda) of the ridge probe fitted on the given few-shot features."""
     grid = l2_grid(config.l2_exponents)
     l2 = select_l2(train_features, train_labels, num_classes, grid, config.folds, seed)
@@ -126,8 +139,14 @@ def fewshot_accuracy(train_features: Tensor, train_labels: Tensor, test_features
     return float((predictions == test_labels.to(predictions.device)).double().mean()), l2
 
 
-def evaluate_fewshot(train_features: Tensor, train_labels: Tensor, test_features: Tensor, test_labels: Tensor,
-                     num_classes: int, config: FewShotConfig) -> FewShotResult:
+def evaluate_fewshot(
+    train_features: Tensor,
+    train_labels: Tensor,
+    test_features: Tensor,
+    test_labels: Tensor,
+    num_classes: int,
+    config: FewShotConfig,
+) -> FewShotResult:
     """Few-shot accuracy for every k and seed from precomputed features of the whole train pool."""
     result = FewShotResult(num_classes=num_classes, num_test=len(test_labels), layer=config.layer)
     for k in config.shots:
@@ -162,7 +181,9 @@ def run_fewshot(checkpoint, train_set, test_set, config: FewShotConfig) -> FewSh
     pool_features, _ = compute(checkpoint, train_set.subset(pool), config.layer, **options)
     test_features, test_labels = compute(checkpoint, test_set, config.layer, **options)
     if pool_features.ndim != 2:
-        raise ValueError(f"layer {config.layer!r} gives {tuple(pool_features.shape[1:])} per image; few-shot needs a vector")
+        raise ValueError(
+            f"layer {config.layer!r} gives {tuple(pool_features.shape[1:])} per image; few-shot needs a vector"
+        )
     # Scatter the pool back to full-set positions so k_per_class indices address it directly.
     features = torch.zeros(len(train_set), pool_features.shape[1])
     features[pool] = pool_features

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -53,7 +54,9 @@ def expand_inputs(paths: Sequence[str | os.PathLike]) -> list[Path]:
     return files
 
 
-def decode_input(source: str | os.PathLike | bytes, checkpoint, size: int, *, max_pixels: int = MAX_PIXELS) -> torch.Tensor:
+def decode_input(
+    source: str | os.PathLike | bytes, checkpoint, size: int, *, max_pixels: int = MAX_PIXELS
+) -> torch.Tensor:
     """One image file (or its encoded bytes) -> uint8 (C, size, size) in the checkpoint's channels:
     any Pillow mode converted, shorter side resized to `size`, centre-cropped.
 
@@ -79,8 +82,10 @@ def top_classes(probabilities: torch.Tensor, class_names: Sequence[str] | None, 
     [{"class", "index", "probability"}] (the class is the index as a string without class names)."""
     top = probabilities.topk(min(top_k, probabilities.shape[-1]))
     names = class_names or []
-    return [{"class": names[c] if c < len(names) else str(c), "index": c, "probability": float(p)}
-            for p, c in zip(top.values.tolist(), top.indices.tolist())]
+    return [
+        {"class": names[c] if c < len(names) else str(c), "index": c, "probability": float(p)}
+        for p, c in zip(top.values.tolist(), top.indices.tolist(), strict=True)
+    ]
 
 
 def _decode(path: Path, checkpoint, size: int) -> torch.Tensor | str:
@@ -106,11 +111,14 @@ def predict_files(checkpoint, paths: Sequence[str | os.PathLike], config: Predic
     decoded = [(path, _decode(path, checkpoint, size)) for path in files]
     good = [(i, image) for i, (_, image) in enumerate(decoded) if not isinstance(image, str)]
     results: list[dict[str, Any]] = [
-        {"file": str(path), "error": image} if isinstance(image, str) else {"file": str(path)} for path, image in decoded
+        {"file": str(path), "error": image} if isinstance(image, str) else {"file": str(path)}
+        for path, image in decoded
     ]
     for start in range(0, len(good), config.batch_size):
         chunk = good[start : start + config.batch_size]
-        probabilities = class_probabilities(model, torch.cat([model_input(image, checkpoint, size, device) for _, image in chunk]))
+        probabilities = class_probabilities(
+            model, torch.cat([model_input(image, checkpoint, size, device) for _, image in chunk])
+        )
         for row, (index, _) in enumerate(chunk):
             results[index]["predictions"] = top_classes(probabilities[row], checkpoint.class_names, config.top_k)
     return results

@@ -8,7 +8,7 @@ in raster order; rows are queries and sum to 1.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -17,7 +17,9 @@ from torch import Tensor
 def patch_centres(grid: tuple[int, int], patch_size: int) -> Tensor:
     """Pixel coordinates (row, col) of every patch centre in raster order, (N, 2) float64."""
     gh, gw = grid
-    rows, cols = torch.meshgrid(torch.arange(gh, dtype=torch.float64), torch.arange(gw, dtype=torch.float64), indexing="ij")
+    rows, cols = torch.meshgrid(
+        torch.arange(gh, dtype=torch.float64), torch.arange(gw, dtype=torch.float64), indexing="ij"
+    )
     centres = torch.stack([rows.reshape(-1), cols.reshape(-1)], dim=1)  # (gh, gw) x 2 -> (N, 2)
     return (centres + 0.5) * patch_size
 

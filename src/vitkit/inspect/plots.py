@@ -4,8 +4,8 @@ Every figure is written atomically (vitkit.eval.plots.save_figure)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import matplotlib
 
@@ -82,7 +82,9 @@ def plot_attention_distance(distances: Tensor, path: Path, image_size: int) -> P
     figure, ax = plt.subplots(figsize=(4.2, 3.4))
     colours = plt.cm.tab20(np.linspace(0, 1, max(heads, 2)))
     for head in range(heads):
-        ax.scatter(np.arange(layers), distances[:, head].cpu().numpy(), s=12, color=colours[head], label=f"Head {head + 1}")
+        ax.scatter(
+            np.arange(layers), distances[:, head].cpu().numpy(), s=12, color=colours[head], label=f"Head {head + 1}"
+        )
     ax.set_xlabel("Network depth (layer)")
     ax.set_ylabel("Mean attention distance (pixels)")
     ax.set_ylim(0, image_size)
@@ -97,7 +99,9 @@ def plot_attention_distance(distances: Tensor, path: Path, image_size: int) -> P
 def overlay(image: Tensor, relevance: Tensor) -> np.ndarray:
     """Image (C, H, W) uint8 multiplied by the rollout map upsampled to its size and scaled to [0, 1]."""
     height, width = image.shape[-2:]
-    heat = F.interpolate(relevance[None, None].float(), size=(height, width), mode="bilinear", align_corners=False)[0, 0]
+    heat = F.interpolate(relevance[None, None].float(), size=(height, width), mode="bilinear", align_corners=False)[
+        0, 0
+    ]
     heat = (heat - heat.min()) / (heat.max() - heat.min()).clamp_min(1e-12)
     picture = image.float() / 255.0
     picture = picture.expand(3, -1, -1) if picture.shape[0] == 1 else picture[:3]
@@ -125,4 +129,3 @@ def relevance_maps(maps: Tensor) -> list[list[float]]:
     flat = maps.flatten(1).double()
     flat = flat / flat.sum(dim=1, keepdim=True).clamp_min(1e-300)
     return [row.reshape(maps.shape[1:]).tolist() for row in flat]
-

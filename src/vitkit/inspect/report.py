@@ -16,9 +16,10 @@ import json
 import logging
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -55,13 +56,19 @@ class InspectConfig:
 def _notes_for_non_vit(model: torch.nn.Module) -> dict[str, str] | None:
     if hasattr(model, "blocks") and hasattr(model, "forward_intermediates"):
         return None
-    reason = f"{type(model).__name__} is not a Vision Transformer: it has no patch embedding, position embeddings or attention"
+    reason = (
+        f"{type(model).__name__} is not a Vision Transformer: it has no patch embedding, position embeddings "
+        "or attention"
+    )
     return {name: reason for name in ("filters", "position_similarity", "attention_distance", "attention_rollout")}
 
 
 def _filters(model: torch.nn.Module, out: Path, config: InspectConfig) -> tuple[dict[str, Any], str | None]:
     if not isinstance(model.patch_embed, PatchEmbed):
-        return {}, "the hybrid's patch embedding is a 1x1 projection of ResNet features, not pixel filters (Figure 7 left)"
+        return (
+            {},
+            "the hybrid's patch embedding is a 1x1 projection of ResNet features, not pixel filters (Figure 7 left)",
+        )
     weight = model.patch_embed.proj.weight  # (D, C, P, P)
     pca = filter_pca(weight, config.num_components)
     if config.draw:
@@ -77,7 +84,9 @@ def _filters(model: torch.nn.Module, out: Path, config: InspectConfig) -> tuple[
     return numbers, None
 
 
-def _position_similarity(model: torch.nn.Module, grid: tuple[int, int], out: Path, draw: bool) -> tuple[dict[str, Any], str | None]:
+def _position_similarity(
+    model: torch.nn.Module, grid: tuple[int, int], out: Path, draw: bool
+) -> tuple[dict[str, Any], str | None]:
     kind = model.encoder_config.posemb
     table = model.position_embeddings(grid)
     if table is None:
@@ -106,12 +115,16 @@ def _position_similarity(model: torch.nn.Module, grid: tuple[int, int], out: Pat
         "similarity": similarity.tolist(),
     }
     if table.shape[0] > 1:
-        numbers["shown"] = f"the first of {table.shape[0]} per-layer sets (posemb_where={model.encoder_config.posemb_where!r})"
+        numbers["shown"] = (
+            f"the first of {table.shape[0]} per-layer sets (posemb_where={model.encoder_config.posemb_where!r})"
+        )
     return numbers, None
 
 
 @torch.no_grad()
-def _attention(checkpoint, images: Sequence[Tensor], size: int, config: InspectConfig) -> tuple[Tensor, Tensor, tuple[int, int], int]:
+def _attention(
+    checkpoint, images: Sequence[Tensor], size: int, config: InspectConfig
+) -> tuple[Tensor, Tensor, tuple[int, int], int]:
     """(mean attention distance (L, k) over all images, rollout maps of the first images, grid, pixels per patch)."""
     model = checkpoint.model.eval()
     device = pick_device(config.device)
@@ -135,7 +148,9 @@ def _attention(checkpoint, images: Sequence[Tensor], size: int, config: InspectC
     return (total / count).cpu(), torch.cat(maps)[: config.num_overlays], grid, patch
 
 
-def inspect_model(checkpoint, images: Sequence[Tensor], out_dir: str | os.PathLike, config: InspectConfig) -> dict[str, Any]:
+def inspect_model(
+    checkpoint, images: Sequence[Tensor], out_dir: str | os.PathLike, config: InspectConfig
+) -> dict[str, Any]:
     """Write the figures that apply to `checkpoint.model` into `out_dir` and return their numbers.
 
     Args:
@@ -154,8 +169,12 @@ def inspect_model(checkpoint, images: Sequence[Tensor], out_dir: str | os.PathLi
         report["notes"] = skipped
         atomic_write_text(out / "inspect.json", json.dumps(report, indent=1) + "\n")
         return report
-    report["model"] = {"pool": model.encoder_config.pool, "posemb": model.encoder_config.posemb,
-                       "depth": len(model.blocks), "heads": model.encoder_config.num_heads}
+    report["model"] = {
+        "pool": model.encoder_config.pool,
+        "posemb": model.encoder_config.posemb,
+        "depth": len(model.blocks),
+        "heads": model.encoder_config.num_heads,
+    }
     numbers, note = _filters(model, out, config)
     report["filters"] = numbers
     if note:
@@ -221,9 +240,16 @@ def sample_images(uri: str, split: str, count: int, channels: int, size: int, se
     return [images.read(int(i)) for i in order]
 
 
-def inspect_command(path: str | os.PathLike, out: str | os.PathLike, config: InspectConfig, *,
-                    image_files: Sequence[str] = (), data: str | None = None, split: str = "test",
-                    num_images: int = 32) -> dict[str, Any]:
+def inspect_command(
+    path: str | os.PathLike,
+    out: str | os.PathLike,
+    config: InspectConfig,
+    *,
+    image_files: Sequence[str] = (),
+    data: str | None = None,
+    split: str = "test",
+    num_images: int = 32,
+) -> dict[str, Any]:
     """Open a checkpoint (or a run's final one), gather images (files and/or a data split) and write the figures."""
     checkpoint = open_checkpoint(path)
     size, chans = resolution(checkpoint, config.img_size), channels(checkpoint)
@@ -236,34 +262,52 @@ def inspect_command(path: str | os.PathLike, out: str | os.PathLike, config: Ins
 
 def summary(report: dict[str, Any]) -> dict[str, Any]:
     """The headline numbers of an inspect report (without per-tile matrices) plus printable lines."""
-    short: dict[str, Any] = {key: report[key] for key in ("checkpoint", "out", "img_size", "num_images", "notes") if key in report}
-    lines = [f"wrote figures to {report.get('out')} ({report.get('num_images', 0)} images at {report.get('img_size')} px)"]
+    short: dict[str, Any] = {
+        key: report[key] for key in ("checkpoint", "out", "img_size", "num_images", "notes") if key in report
+    }
+    lines = [
+        f"wrote figures to {report.get('out')} ({report.get('num_images', 0)} images at {report.get('img_size')} px)"
+    ]
     filters = report.get("filters") or {}
     if filters:
         ratio = filters["explained_variance_ratio"]
         short["filters_top28_variance"] = sum(ratio)
-        lines.append(f"Figure 7 left   filters.png: top {len(ratio)} components explain {100 * sum(ratio):.1f}% of filter variance")
+        lines.append(
+            f"Figure 7 left   filters.png: top {len(ratio)} components explain {100 * sum(ratio):.1f}% of filter "
+            "variance"
+        )
     position = report.get("position_similarity") or {}
     if position:
         keys = ("mean_same_row", "mean_same_column", "mean_neighbour", "mean_other")
         short["position_similarity"] = {key: position[key] for key in keys}
-        lines.append("Figure 7 center position_similarity.png: mean cosine same row {mean_same_row:.3f}, same column "
-                     "{mean_same_column:.3f}, neighbours {mean_neighbour:.3f}, elsewhere {mean_other:.3f}".format(
-                         **{k: (v if v is not None else float("nan")) for k, v in short["position_similarity"].items()}))
+        lines.append(
+            "Figure 7 center position_similarity.png: mean cosine same row {mean_same_row:.3f}, same column "
+            "{mean_same_column:.3f}, neighbours {mean_neighbour:.3f}, elsewhere {mean_other:.3f}".format(
+                **{k: (v if v is not None else float("nan")) for k, v in short["position_similarity"].items()}
+            )
+        )
     distance = report.get("attention_distance") or {}
     if distance:
         short["attention_distance_per_layer"] = distance["per_layer_mean"]
         short["attention_distance_uniform"] = distance["uniform_reference"]
-        lines.append("Figure 7 right  attention_distance.png: mean attention distance (px) per layer: "
-                     + ", ".join(f"{d:.1f}" for d in distance["per_layer_mean"])
-                     + f" (uniform attention: {distance['uniform_reference']:.1f})")
-        lines.append("                min/max over heads per layer: "
-                     + ", ".join(f"{a:.0f}-{b:.0f}" for a, b in zip(distance["per_layer_min"], distance["per_layer_max"])))
+        lines.append(
+            "Figure 7 right  attention_distance.png: mean attention distance (px) per layer: "
+            + ", ".join(f"{d:.1f}" for d in distance["per_layer_mean"])
+            + f" (uniform attention: {distance['uniform_reference']:.1f})"
+        )
+        lines.append(
+            "                min/max over heads per layer: "
+            + ", ".join(
+                f"{a:.0f}-{b:.0f}" for a, b in zip(distance["per_layer_min"], distance["per_layer_max"], strict=True)
+            )
+        )
     rollout = report.get("attention_rollout") or {}
     if rollout:
         short["rollout_centre_mass"] = rollout["centre_mass"]
-        lines.append(f"Figure 6        attention_rollout.png: {100 * rollout['centre_mass']:.1f}% of rollout relevance on the "
-                     "central half of the image (25% = uniform)")
+        lines.append(
+            f"Figure 6        attention_rollout.png: {100 * rollout['centre_mass']:.1f}% of rollout relevance on the "
+            "central half of the image (25% = uniform)"
+        )
     for name, note in report.get("notes", {}).items():
         lines.append(f"{name}: skipped: {note}")
     short["lines"] = lines

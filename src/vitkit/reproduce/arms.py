@@ -74,8 +74,9 @@ def reuse(arm: Arm, path: Path, planned: dict[str, Any] | None) -> dict[str, Any
         return None
     record = json.loads(record_path.read_text())
     if planned is not None and comparable(record.get("config") or {}) != comparable(planned):
-        raise ValueError(f"{path} holds arm {arm.key} trained with another config; remove that directory or "
-                         "choose another --out")
+        raise ValueError(
+            f"{path} holds arm {arm.key} trained with another config; remove that directory or choose another --out"
+        )
     return {**record, "reused": True}
 
 
@@ -104,14 +105,26 @@ def trained_record(arm: Arm, config: TrainConfig, result: dict[str, Any]) -> dic
     images = result["step"] * config.data.batch_size
     forward = model_flops(config.model)
     return {
-        "arm": arm.name, "seed": arm.seed, "labels": arm.labels, "units": arm.units, "config": to_dict(config),
-        "status": result["status"], "step": result["step"], "steps": result["steps"],
-        "epochs": round(images / max(plan["num_train"], 1), 3), "num_train": plan["num_train"],
-        "images_seen": images, "params": plan["params"], "forward_flops": forward,
+        "arm": arm.name,
+        "seed": arm.seed,
+        "labels": arm.labels,
+        "units": arm.units,
+        "config": to_dict(config),
+        "status": result["status"],
+        "step": result["step"],
+        "steps": result["steps"],
+        "epochs": round(images / max(plan["num_train"], 1), 3),
+        "num_train": plan["num_train"],
+        "images_seen": images,
+        "params": plan["params"],
+        "forward_flops": forward,
         "train_flops": TRAIN_FLOPS_FACTOR * forward * images,
-        "train_minutes": round(result["minutes"], 3), "device": plan["device"], "precision": plan["precision"],
+        "train_minutes": round(result["minutes"], 3),
+        "device": plan["device"],
+        "precision": plan["precision"],
         "images_per_s": (plan.get("measured") or {}).get("images_per_s"),
-        "test": result.get(config.eval.final_split), "reused": False,
+        "test": result.get(config.eval.final_split),
+        "reused": False,
     }
 
 
@@ -152,8 +165,9 @@ class Probes:
     def fewshot(self, checkpoint: Any, config: TrainConfig) -> dict[str, Any]:
         train_set, test_set = self.split(config, "train"), self.split(config, "test")
         shots = tuple(k for k in self.shots if k <= int(torch.bincount(train_set.labels).min()))
-        probe = FewShotConfig(shots=shots or (1,), seeds=self.draws, l2_exponents=FEWSHOT_L2, batch_size=500,
-                              device=self.device)
+        probe = FewShotConfig(
+            shots=shots or (1,), seeds=self.draws, l2_exponents=FEWSHOT_L2, batch_size=500, device=self.device
+        )
         result = run_fewshot(checkpoint, train_set, test_set, probe)
         return {str(k): {"mean": v["mean"], "std": v["std"]} for k, v in result.shots.items()}
 

@@ -32,8 +32,10 @@ def plan(context: Context) -> list:
     vit = context.base.model
 
     def arms(seed: int) -> list:
-        return [arm(context, kind, seed, model, {"model": kind}, units=2.0, measure=("attention",))
-                for kind, model in (("vit", vit), ("hybrid", hybrid_for(vit)))]
+        return [
+            arm(context, kind, seed, model, {"model": kind}, units=2.0, measure=("attention",))
+            for kind, model in (("vit", vit), ("hybrid", hybrid_for(vit)))
+        ]
 
     return over_seeds(context, arms)
 
@@ -67,31 +69,66 @@ def analyse(context: Context, records: list) -> Analysis:
 
     shown = {k: [round(v, 4) for v in values] for k, values in stats.items()}
     claims = [
-        Claim("attention.grows-with-depth", "Attention distance grows with depth", paper.ATTENTION, METRIC,
-              verdict("growth", STEP, "last layer - first layer (mean over heads)"), {"by seed": shown["growth"]}),
-        Claim("attention.global-heads-low", "Some heads attend to most of the image already in the first layer",
-              paper.ATTENTION, METRIC, verdict("global", 0.0, f"largest first-layer head - {GLOBAL}"),
-              {"by seed": shown["global"], "global means at least": GLOBAL}),
-        Claim("attention.local-heads-low", "Other heads attend locally in the first layer", paper.ATTENTION, METRIC,
-              verdict("local", 0.0, f"{LOCAL} - smallest first-layer head"), {"by seed": shown["local"],
-                                                                              "local means at most": LOCAL}),
-        Claim("attention.hybrid-less-local", "Local attention is less pronounced in the hybrid", paper.ATTENTION,
-              METRIC, verdict("hybrid", STEP, "hybrid's smallest first-layer head - ViT's"), {"by seed": shown["hybrid"]}),
+        Claim(
+            "attention.grows-with-depth",
+            "Attention distance grows with depth",
+            paper.ATTENTION,
+            METRIC,
+            verdict("growth", STEP, "last layer - first layer (mean over heads)"),
+            {"by seed": shown["growth"]},
+        ),
+        Claim(
+            "attention.global-heads-low",
+            "Some heads attend to most of the image already in the first layer",
+            paper.ATTENTION,
+            METRIC,
+            verdict("global", 0.0, f"largest first-layer head - {GLOBAL}"),
+            {"by seed": shown["global"], "global means at least": GLOBAL},
+        ),
+        Claim(
+            "attention.local-heads-low",
+            "Other heads attend locally in the first layer",
+            paper.ATTENTION,
+            METRIC,
+            verdict("local", 0.0, f"{LOCAL} - smallest first-layer head"),
+            {"by seed": shown["local"], "local means at most": LOCAL},
+        ),
+        Claim(
+            "attention.hybrid-less-local",
+            "Local attention is less pronounced in the hybrid",
+            paper.ATTENTION,
+            METRIC,
+            verdict("hybrid", STEP, "hybrid's smallest first-layer head - ViT's"),
+            {"by seed": shown["hybrid"]},
+        ),
     ]
     figure(context, records)
-    notes = [f"distances on {records[0]['attention']['images']} test images at {records[0]['attention']['img_size']} px; "
-             f"uniform attention on this grid gives {records[0]['attention']['uniform']:.2f} px (ViT)",
-             "Figure 7 (right) shows ViT-L/16 at 224 px (16 heads, 24 layers); here the base ViT of the study"]
-    return Analysis(claims, [table(records)], [("attention.png", "Figure 7 (right): mean attention distance per head "
-                                                "and layer (dotted: uniform attention)")], notes)
+    notes = [
+        f"distances on {records[0]['attention']['images']} test images at {records[0]['attention']['img_size']} px; "
+        f"uniform attention on this grid gives {records[0]['attention']['uniform']:.2f} px (ViT)",
+        "Figure 7 (right) shows ViT-L/16 at 224 px (16 heads, 24 layers); here the base ViT of the study",
+    ]
+    return Analysis(
+        claims,
+        [table(records)],
+        [("attention.png", "Figure 7 (right): mean attention distance per head and layer (dotted: uniform attention)")],
+        notes,
+    )
 
 
 def table(records: list) -> Table:
     rows = []
     for r in records:
         for index, layer in enumerate(r["attention"]["per_layer_head"], 1):
-            rows.append([r["arm"], str(r["seed"]), str(index), ", ".join(f"{d:.2f}" for d in layer),
-                         f"{sum(layer) / len(layer):.2f}"])
+            rows.append(
+                [
+                    r["arm"],
+                    str(r["seed"]),
+                    str(index),
+                    ", ".join(f"{d:.2f}" for d in layer),
+                    f"{sum(layer) / len(layer):.2f}",
+                ]
+            )
     return Table("Mean attention distance (pixels) per layer and head", ["arm", "seed", "layer", "heads", "mean"], rows)
 
 
@@ -104,10 +141,24 @@ def figure(context: Context, records: list) -> None:
             xs = [i + 1 for i, layer in enumerate(per) for _ in layer]
             series.append(Series(f"seed {r['seed']}", xs, [d for layer in per for d in layer]))
         uniform = next(r for r in records if r["arm"] == kind)["attention"]["uniform"]
-        panels.append(Panel(f"{title}: one dot per head", "network depth (layer)", "mean attention distance (pixels)",
-                            series, kind="scatter", ylim=(0, 1.25 * uniform), hline=(uniform, "uniform attention")))
+        panels.append(
+            Panel(
+                f"{title}: one dot per head",
+                "network depth (layer)",
+                "mean attention distance (pixels)",
+                series,
+                kind="scatter",
+                ylim=(0, 1.25 * uniform),
+                hline=(uniform, "uniform attention"),
+            )
+        )
     draw(context.out / "attention.png", panels)
 
 
-STUDY = Study(name="attention", title="Attention distance by head and depth (Sec. 4.5, Figure 7 right)", units=4.0,
-              plan=plan, analyse=analyse)
+STUDY = Study(
+    name="attention",
+    title="Attention distance by head and depth (Sec. 4.5, Figure 7 right)",
+    units=4.0,
+    plan=plan,
+    analyse=analyse,
+)

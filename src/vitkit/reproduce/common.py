@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from vitkit.models.configs import ModelConfig
 from vitkit.reproduce.figures import mean_sd
@@ -12,16 +13,29 @@ from vitkit.reproduce.spec import Arm, Context, Table, by_arm
 from vitkit.reproduce.verdict import SIMILAR_MARGIN, SMALLEST_EFFECT, Verdict, difference, exceeds, pooled_sd, within
 
 
-def arm(context: Context, name: str, seed: int, model: ModelConfig, labels: dict[str, Any], *, units: float = 1.0,
-        measure: tuple[str, ...] = ("fewshot",), data: dict[str, Any] | None = None,
-        optim: dict[str, Any] | None = None, run: dict[str, Any] | None = None) -> Arm:
+def arm(
+    context: Context,
+    name: str,
+    seed: int,
+    model: ModelConfig,
+    labels: dict[str, Any],
+    *,
+    units: float = 1.0,
+    measure: tuple[str, ...] = ("fewshot",),
+    data: dict[str, Any] | None = None,
+    optim: dict[str, Any] | None = None,
+    run: dict[str, Any] | None = None,
+) -> Arm:
     """An arm training `model` from the study's base config for `units` units with `seed`; `data`, `optim` and
     `run` replace fields of those groups."""
     config = dataclasses.replace(context.base, model=model)
     changes = {"data": data or {}, "optim": optim or {}, "run": {**(run or {}), "seed": seed}}
-    config = dataclasses.replace(config, **{g: dataclasses.replace(getattr(config, g), **c) for g, c in changes.items()})
-    return Arm(name=name, seed=seed, config=timed(config, units, context.scale), labels=labels, measure=measure,
-               units=units)
+    config = dataclasses.replace(
+        config, **{g: dataclasses.replace(getattr(config, g), **c) for g, c in changes.items()}
+    )
+    return Arm(
+        name=name, seed=seed, config=timed(config, units, context.scale), labels=labels, measure=measure, units=units
+    )
 
 
 def over_seeds(context: Context, make) -> list[Arm]:
@@ -29,8 +43,14 @@ def over_seeds(context: Context, make) -> list[Arm]:
     return [a for seed in context.seeds for a in make(seed)]
 
 
-def table_of(records: list[dict[str, Any]], metrics: Sequence[str], names: dict[str, str], title: str,
-             extra: dict[str, list[str]] | None = None, extra_header: Sequence[str] = ()) -> Table:
+def table_of(
+    records: list[dict[str, Any]],
+    metrics: Sequence[str],
+    names: dict[str, str],
+    title: str,
+    extra: dict[str, list[str]] | None = None,
+    extra_header: Sequence[str] = (),
+) -> Table:
     """One row per arm: extra columns, then mean +- seed sd of every metric."""
     columns = {m: by_arm(records, m) for m in metrics}
     arms = list(columns[metrics[0]])

@@ -45,8 +45,11 @@ def name(kind: str, fraction: float) -> str:
 
 def plan(context: Context) -> list:
     def arms(seed: int) -> list:
-        return [arm(context, name(kind, f), seed, model, {"model": kind, "fraction": f}, data={"train_fraction": f})
-                for f in fractions(context) for kind, model in models(context).items()]
+        return [
+            arm(context, name(kind, f), seed, model, {"model": kind, "fraction": f}, data={"train_fraction": f})
+            for f in fractions(context)
+            for kind, model in models(context).items()
+        ]
 
     return over_seeds(context, arms)
 
@@ -60,34 +63,74 @@ def catch_up(records: list, metric: str, small: float, full: float) -> tuple[Est
     return Estimate(at_full.mean - at_small.mean, math.hypot(at_full.se, at_small.se), min(at_full.n, at_small.n)), sd
 
 
+def claims_on(records: list, metric: str, figure_name: str, small: float, full: float) -> list[Claim]:
+    """The two claims of Sec. 4.3 on one metric: the ResNet leads on the smallest subset, ViT catches up."""
+    quote = dataclasses.replace(paper.DATA_SIZE, where=f"{paper.DATA_SIZE.where.split(',')[0]}, {figure_name}")
+    got = means(records, metric)
+    lead = better(
+        records,
+        metric,
+        name("resnet", small),
+        name("vit", small),
+        f"{METRIC_NAMES[metric]} on {small:.0%} of the data: ResNet - ViT",
+    )
+    effect, sd = catch_up(records, metric, small, full)
+    rise = exceeds(
+        effect, SMALLEST_EFFECT, f"{METRIC_NAMES[metric]}: (ViT - ResNet) at {full:.0%} minus at {small:.0%}", sd
+    )
+    numbers = {name(k, f): got[name(k, f)] for f in (small, full) for k in ("vit", "resnet")}
+    return [
+        Claim(
+            f"data-size.resnet-leads-small.{metric}",
+            f"The ResNet leads on the smallest subset ({figure_name})",
+            quote,
+            METRIC_NAMES[metric],
+            lead,
+            numbers,
+        ),
+        Claim(
+            f"data-size.vit-catches-up.{metric}",
+            f"ViT catches up as the data grows ({figure_name})",
+            quote,
+            METRIC_NAMES[metric],
+            rise,
+            numbers,
+        ),
+    ]
+
+
 def analyse(context: Context, records: list) -> Analysis:
     small, full = fractions(context)[0], fractions(context)[-1]
-    claims = []
-    for metric, figure_name in FIGURES.items():
-        where = f"{paper.DATA_SIZE.where.split(',')[0]}, {figure_name}"
-        quote = dataclasses.replace(paper.DATA_SIZE, where=where)
-        got = means(records, metric)
-        lead = better(records, metric, name("resnet", small), name("vit", small),
-                      f"{METRIC_NAMES[metric]} on {small:.0%} of the data: ResNet - ViT")
-        effect, sd = catch_up(records, metric, small, full)
-        rise = exceeds(effect, SMALLEST_EFFECT, f"{METRIC_NAMES[metric]}: (ViT - ResNet) at {full:.0%} minus at "
-                       f"{small:.0%}", sd)
-        numbers = {name(k, f): got[name(k, f)] for f in (small, full) for k in ("vit", "resnet")}
-        claims += [Claim(f"data-size.resnet-leads-small.{metric}", f"The ResNet leads on the smallest subset "
-                         f"({figure_name})", quote, METRIC_NAMES[metric], lead, numbers),
-                   Claim(f"data-size.vit-catches-up.{metric}", f"ViT catches up as the data grows ({figure_name})",
-                         quote, METRIC_NAMES[metric], rise, numbers)]
-    model_of = {r["arm"]: [r["labels"]["model"], f"{r['labels']['fraction']:.0%}", f"{r['params']:,}",
-                           f"{r['forward_flops'] / 1e6:.1f}", f"{r['epochs']:.1f}"] for r in records}
-    table = table_of(records, ("fewshot5", "top1"), METRIC_NAMES, "Accuracy per model and subset", model_of,
-                     ["model", "subset", "params", "MFLOPs/image", "epochs"])
+    claims = [
+        c for metric, figure_name in FIGURES.items() for c in claims_on(records, metric, figure_name, small, full)
+    ]
+    model_of = {
+        r["arm"]: [
+            r["labels"]["model"],
+            f"{r['labels']['fraction']:.0%}",
+            f"{r['params']:,}",
+            f"{r['forward_flops'] / 1e6:.1f}",
+            f"{r['epochs']:.1f}",
+        ]
+        for r in records
+    }
+    table = table_of(
+        records,
+        ("fewshot5", "top1"),
+        METRIC_NAMES,
+        "Accuracy per model and subset",
+        model_of,
+        ["model", "subset", "params", "MFLOPs/image", "epochs"],
+    )
     figure(context, records)
     m = models(context)
-    notes = [f"models: ViT {m['vit'].hidden_size}-wide, {m['vit'].depth} layers, {m['vit'].patch_size}px patches; "
-             f"BiT ResNet-v2 with {m['resnet'].layers} units per stage (closest in forward FLOPs); hybrid: the ViT "
-             f"on {m['hybrid'].resnet_layers} ResNet units",
-             "every arm trains for the same steps (one unit arm) with the same hyper-parameters; no early stopping "
-             "(the paper reports the best validation accuracy during training)"]
+    notes = [
+        f"models: ViT {m['vit'].hidden_size}-wide, {m['vit'].depth} layers, {m['vit'].patch_size}px patches; "
+        f"BiT ResNet-v2 with {m['resnet'].layers} units per stage (closest in forward FLOPs); hybrid: the ViT "
+        f"on {m['hybrid'].resnet_layers} ResNet units",
+        "every arm trains for the same steps (one unit arm) with the same hyper-parameters; no early stopping "
+        "(the paper reports the best validation accuracy during training)",
+    ]
     caption = "Figures 3-4: accuracy against the share of the training data used, per model"
     return Analysis(claims, [table], [("data_size.png", caption)], notes)
 
@@ -100,13 +143,27 @@ def figure(context: Context, records: list) -> None:
         series = []
         for kind in FAMILIES:
             stats = [mean_sd(values[name(kind, f)]) for f in fractions(context)]
-            series.append(Series({"vit": "ViT", "resnet": "BiT ResNet", "hybrid": "hybrid"}[kind],
-                                 [images[f] for f in fractions(context)], [s[0] for s in stats],
-                                 [s[1] for s in stats], marker=MARKERS[kind], dashed=kind == "hybrid", color=COLORS[kind]))
-        panels.append(Panel(f"like {figure_name}: {METRIC_NAMES[metric]}", "training images (log)", "accuracy", series,
-                            xlog=True))
+            series.append(
+                Series(
+                    {"vit": "ViT", "resnet": "BiT ResNet", "hybrid": "hybrid"}[kind],
+                    [images[f] for f in fractions(context)],
+                    [s[0] for s in stats],
+                    [s[1] for s in stats],
+                    marker=MARKERS[kind],
+                    dashed=kind == "hybrid",
+                    color=COLORS[kind],
+                )
+            )
+        panels.append(
+            Panel(f"like {figure_name}: {METRIC_NAMES[metric]}", "training images (log)", "accuracy", series, xlog=True)
+        )
     draw(context.out / "data_size.png", panels)
 
 
-STUDY = Study(name="data-size", title="ViT against ResNets as the data grows (Sec. 4.3, Figures 3-4)",
-              units=len(FRACTIONS) * len(FAMILIES), plan=plan, analyse=analyse)
+STUDY = Study(
+    name="data-size",
+    title="ViT against ResNets as the data grows (Sec. 4.3, Figures 3-4)",
+    units=len(FRACTIONS) * len(FAMILIES),
+    plan=plan,
+    analyse=analyse,
+)

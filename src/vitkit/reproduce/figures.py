@@ -9,15 +9,15 @@ names; series side by side) or "scatter" (one dot per value, e.g. per head).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 import matplotlib
 
 matplotlib.use("Agg")  # files only, no display
-import matplotlib.ticker  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
 
 from vitkit.eval.plots import save_figure  # noqa: E402
 
@@ -54,7 +54,7 @@ class Panel:
 def draw(path: Path, panels: Sequence[Panel], width: float = 4.4, height: float = 3.4) -> Path:
     """Write the panels side by side into `path` (PNG)."""
     figure, axes = plt.subplots(1, len(panels), figsize=(width * len(panels), height), squeeze=False)
-    for ax, panel in zip(axes[0], panels):
+    for ax, panel in zip(axes[0], panels, strict=True):
         {"line": _lines, "bar": _bars, "scatter": _scatter}[panel.kind](ax, panel)
         ax.set_title(panel.title, fontsize=9)
         ax.set_xlabel(panel.xlabel, fontsize=8)
@@ -82,8 +82,18 @@ def _lines(ax, panel: Panel) -> None:
     for series in panel.series:
         errs = series.errs if series.errs is not None and any(e for e in series.errs) else None
         style = ("--" if series.dashed else "-") if series.line else "none"
-        ax.errorbar(series.xs, series.ys, yerr=errs, marker=series.marker, markersize=4, capsize=2, linewidth=1.2,
-                    linestyle=style, label=series.label, color=series.color)
+        ax.errorbar(
+            series.xs,
+            series.ys,
+            yerr=errs,
+            marker=series.marker,
+            markersize=4,
+            capsize=2,
+            linewidth=1.2,
+            linestyle=style,
+            label=series.label,
+            color=series.color,
+        )
 
 
 def _bars(ax, panel: Panel) -> None:

@@ -38,10 +38,21 @@ def plan(context: Context) -> list:
     def arms(seed: int) -> list:
         out = []
         for head in HEADS:
-            model = dataclasses.replace(base, pool=head, representation_size=base.hidden_size if head == "token" else None)
+            model = dataclasses.replace(
+                base, pool=head, representation_size=base.hidden_size if head == "token" else None
+            )
             for level, lr in rates(context).items():
-                out.append(arm(context, name(head, level), seed, model, {"head": head, "lr": lr},
-                               measure=("fewshot", "val"), optim={"lr": lr}))
+                out.append(
+                    arm(
+                        context,
+                        name(head, level),
+                        seed,
+                        model,
+                        {"head": head, "lr": lr},
+                        measure=("fewshot", "val"),
+                        optim={"lr": lr},
+                    )
+                )
         return out
 
     return over_seeds(context, arms)
@@ -66,26 +77,54 @@ def analyse(context: Context, records: list) -> Analysis:
     chosen = {head: name(head, best_rate(records, head)) for head in HEADS}
     verdicts: dict[str, tuple[Verdict, Verdict]] = {}
     for metric in ("fewshot5", "top1"):
-        both = similar(records, metric, list(chosen.values()), f"{METRIC_NAMES[metric]} of {' and '.join(chosen.values())}")
+        both = similar(
+            records, metric, list(chosen.values()), f"{METRIC_NAMES[metric]} of {' and '.join(chosen.values())}"
+        )
         effect, sd = interaction(records, metric)
-        verdicts[metric] = (both, exceeds(effect, SMALLEST_EFFECT, f"{METRIC_NAMES[metric]}: (GAP low - GAP high) - "
-                                          "(token low - token high)", sd))
+        verdicts[metric] = (
+            both,
+            exceeds(
+                effect, SMALLEST_EFFECT, f"{METRIC_NAMES[metric]}: (GAP low - GAP high) - (token low - token high)", sd
+            ),
+        )
     five = means(records, "fewshot5")
     claims = [
-        Claim("head.both-work", "Class token and GAP work similarly well, each at its best learning rate",
-              paper.HEAD_LR, METRIC_NAMES["fewshot5"], verdicts["fewshot5"][0],
-              {**{arm_name: five[arm_name] for arm_name in chosen.values()}, "chosen on": "validation top-1",
-               "same test on test top-1": verdicts["top1"][0].status, "margin": SIMILAR_MARGIN}),
-        Claim("head.different-lr", "GAP needs a lower learning rate than the class token", paper.HEAD_LR,
-              METRIC_NAMES["fewshot5"], verdicts["fewshot5"][1],
-              {**five, "learning rates": rates(context), "same test on test top-1": verdicts["top1"][1].status}),
+        Claim(
+            "head.both-work",
+            "Class token and GAP work similarly well, each at its best learning rate",
+            paper.HEAD_LR,
+            METRIC_NAMES["fewshot5"],
+            verdicts["fewshot5"][0],
+            {
+                **{arm_name: five[arm_name] for arm_name in chosen.values()},
+                "chosen on": "validation top-1",
+                "same test on test top-1": verdicts["top1"][0].status,
+                "margin": SIMILAR_MARGIN,
+            },
+        ),
+        Claim(
+            "head.different-lr",
+            "GAP needs a lower learning rate than the class token",
+            paper.HEAD_LR,
+            METRIC_NAMES["fewshot5"],
+            verdicts["fewshot5"][1],
+            {**five, "learning rates": rates(context), "same test on test top-1": verdicts["top1"][1].status},
+        ),
     ]
-    table = table_of(records, ("val", "fewshot5", "top1"), METRIC_NAMES, "Heads and learning rates",
-                     {n: [f"{r['labels']['lr']:g}"] for r in records for n in [r["arm"]]}, ["lr"])
+    table = table_of(
+        records,
+        ("val", "fewshot5", "top1"),
+        METRIC_NAMES,
+        "Heads and learning rates",
+        {n: [f"{r['labels']['lr']:g}"] for r in records for n in [r["arm"]]},
+        ["lr"],
+    )
     figure(context, records)
-    notes = [f"token arms: [class] token + tanh pre-logits layer of width D (D.3); GAP arms: mean of the patch "
-             f"tokens + linear classifier; learning rates {rates(context)} (ratio {LR_RATIO:.3g} as Figure 9's "
-             "8e-4 / 3e-4); each head's rate chosen on the validation hold-out: " + ", ".join(chosen.values())]
+    notes = [
+        f"token arms: [class] token + tanh pre-logits layer of width D (D.3); GAP arms: mean of the patch "
+        f"tokens + linear classifier; learning rates {rates(context)} (ratio {LR_RATIO:.3g} as Figure 9's "
+        "8e-4 / 3e-4); each head's rate chosen on the validation hold-out: " + ", ".join(chosen.values())
+    ]
     return Analysis(claims, [table], [("head.png", "Figure 9 as accuracy against learning rate, per head")], notes)
 
 
@@ -97,12 +136,32 @@ def figure(context: Context, records: list) -> None:
         series = []
         for head in HEADS:
             stats = [mean_sd(values[name(head, level)]) for level in ("low", "high")]
-            series.append(Series("CLS token" if head == "token" else "GAP", [lr["low"], lr["high"]],
-                                 [s[0] for s in stats], [s[1] for s in stats], marker="o" if head == "token" else "s"))
-        panels.append(Panel(f"vitkit: {METRIC_NAMES[metric]}", "learning rate", "accuracy", series, xlog=True,
-                            xticks=[lr["low"], lr["high"]]))
+            series.append(
+                Series(
+                    "CLS token" if head == "token" else "GAP",
+                    [lr["low"], lr["high"]],
+                    [s[0] for s in stats],
+                    [s[1] for s in stats],
+                    marker="o" if head == "token" else "s",
+                )
+            )
+        panels.append(
+            Panel(
+                f"vitkit: {METRIC_NAMES[metric]}",
+                "learning rate",
+                "accuracy",
+                series,
+                xlog=True,
+                xticks=[lr["low"], lr["high"]],
+            )
+        )
     draw(context.out / "head.png", panels)
 
 
-STUDY = Study(name="head", title="Class token against global average pooling (App. D.3, Figure 9)", units=4,
-              plan=plan, analyse=analyse)
+STUDY = Study(
+    name="head",
+    title="Class token against global average pooling (App. D.3, Figure 9)",
+    units=4,
+    plan=plan,
+    analyse=analyse,
+)

@@ -35,5 +35,11 @@ def attention_distances(checkpoint: Any, images: Any, device: str = "auto", batc
     if total is None:
         raise ValueError("no images to measure attention distances on")
     per = (total / count).cpu()
-    return {"per_layer_head": per.tolist(), "uniform": float(patch_distances(grid, pixels).mean()),
-            "pixels_per_token": pixels, "grid": list(grid), "img_size": size, "images": count}
+    return {
+        "per_layer_head": per.tolist(),
+        "uniform": float(patch_distances(grid, pixels).mean()),
+        "pixels_per_token": pixels,
+        "grid": list(grid),
+        "img_size": size,
+        "images": count,
+    }

@@ -34,8 +34,14 @@ FINETUNES = ("ft-mpp", "ft-sup", "ft-scratch")
 def pretrain_arm(context: Context, seed: int) -> Arm:
     base = dataclasses.replace(context.base, run=dataclasses.replace(context.base.run, seed=seed))
     config = mpp_train_config(base, MPPConfig(eval_images=1000), lr=MPP_LR)
-    return Arm(name="mpp-pretrain", seed=seed, config=timed(config, PRETRAIN_UNITS, context.scale),
-               labels={"stage": "pretrain", "init": "mpp"}, measure=("fewshot",), units=PRETRAIN_UNITS)
+    return Arm(
+        name="mpp-pretrain",
+        seed=seed,
+        config=timed(config, PRETRAIN_UNITS, context.scale),
+        labels={"stage": "pretrain", "init": "mpp"},
+        measure=("fewshot",),
+        units=PRETRAIN_UNITS,
+    )
 
 
 def plan(context: Context) -> list:
@@ -44,13 +50,22 @@ def plan(context: Context) -> list:
 
     def arms(seed: int) -> list:
         mpp = pretrain_arm(context, seed)
-        sup = arm(context, "sup-pretrain", seed, model, {"stage": "pretrain", "init": "supervised"},
-                  units=PRETRAIN_UNITS)
+        sup = arm(
+            context, "sup-pretrain", seed, model, {"stage": "pretrain", "init": "supervised"}, units=PRETRAIN_UNITS
+        )
         inits = {"ft-mpp": mpp, "ft-sup": sup, "ft-scratch": None}
-        tuned = [arm(context, name, seed, model, {"stage": "finetune", "init": name[3:]},
-                     data={"train_fraction": labelled},
-                     run={"init_from": str(context.out / "arms" / start.key / "checkpoints" / "final") if start else ""})
-                 for name, start in inits.items()]
+        tuned = [
+            arm(
+                context,
+                name,
+                seed,
+                model,
+                {"stage": "finetune", "init": name[3:]},
+                data={"train_fraction": labelled},
+                run={"init_from": str(context.out / "arms" / start.key / "checkpoints" / "final") if start else ""},
+            )
+            for name, start in inits.items()
+        ]
         return [mpp, sup, *tuned]
 
     return over_seeds(context, arms)
@@ -63,22 +78,52 @@ def analyse(context: Context, records: list) -> Analysis:
     behind = better(tuned, metric, "ft-sup", "ft-mpp", f"{METRIC_NAMES[metric]}: ft-sup - ft-mpp")
     got = means(tuned, metric)
     claims = [
-        Claim("mpp.beats-scratch", "MPP pre-training beats training from scratch", paper.MPP, METRIC_NAMES[metric],
-              gain, {"ft-mpp": got["ft-mpp"], "ft-scratch": got["ft-scratch"],
-                     "gain (points)": round(100 * (got["ft-mpp"] - got["ft-scratch"]), 2)}),
-        Claim("mpp.behind-supervised", "MPP pre-training stays behind supervised pre-training", paper.MPP,
-              METRIC_NAMES[metric], behind, {"ft-sup": got["ft-sup"], "ft-mpp": got["ft-mpp"],
-                                             "behind (points)": round(100 * (got["ft-sup"] - got["ft-mpp"]), 2)}),
+        Claim(
+            "mpp.beats-scratch",
+            "MPP pre-training beats training from scratch",
+            paper.MPP,
+            METRIC_NAMES[metric],
+            gain,
+            {
+                "ft-mpp": got["ft-mpp"],
+                "ft-scratch": got["ft-scratch"],
+                "gain (points)": round(100 * (got["ft-mpp"] - got["ft-scratch"]), 2),
+            },
+        ),
+        Claim(
+            "mpp.behind-supervised",
+            "MPP pre-training stays behind supervised pre-training",
+            paper.MPP,
+            METRIC_NAMES[metric],
+            behind,
+            {
+                "ft-sup": got["ft-sup"],
+                "ft-mpp": got["ft-mpp"],
+                "behind (points)": round(100 * (got["ft-sup"] - got["ft-mpp"]), 2),
+            },
+        ),
     ]
-    table = table_of(records, ("top1", "fewshot5"), METRIC_NAMES, "Pre-training and fine-tuning arms",
-                     {r["arm"]: [r["labels"]["stage"], f"{r['num_train']:,}"] for r in records}, ["stage", "images"])
+    table = table_of(
+        records,
+        ("top1", "fewshot5"),
+        METRIC_NAMES,
+        "Pre-training and fine-tuning arms",
+        {r["arm"]: [r["labels"]["stage"], f"{r['num_train']:,}"] for r in records},
+        ["stage", "images"],
+    )
     figure(context, tuned)
-    notes = [f"fine-tuning arms train on {LABELLED if context.scale.name != 'tiny' else TINY_LABELLED:.0%} of the "
-             "training split (class-stratified) for the same budget; MPP pre-trains on every training image without "
-             f"labels (Adam lr {MPP_LR:g}, App. B.1.2's other settings); a pre-training arm's test top-1 is its own "
-             "evaluation (MPP: colour-class accuracy of the corrupted patches, not comparable)"]
-    return Analysis(claims, [table], [("mpp.png", "Sec. 4.6: fine-tuned accuracy from scratch, after MPP and after "
-                                                  "supervised pre-training")], notes)
+    notes = [
+        f"fine-tuning arms train on {LABELLED if context.scale.name != 'tiny' else TINY_LABELLED:.0%} of the "
+        "training split (class-stratified) for the same budget; MPP pre-trains on every training image without "
+        f"labels (Adam lr {MPP_LR:g}, App. B.1.2's other settings); a pre-training arm's test top-1 is its own "
+        "evaluation (MPP: colour-class accuracy of the corrupted patches, not comparable)"
+    ]
+    return Analysis(
+        claims,
+        [table],
+        [("mpp.png", "Sec. 4.6: fine-tuned accuracy from scratch, after MPP and after supervised pre-training")],
+        notes,
+    )
 
 
 def figure(context: Context, tuned: list) -> None:
@@ -86,13 +131,31 @@ def figure(context: Context, tuned: list) -> None:
     labels = {"ft-scratch": "scratch", "ft-mpp": "MPP", "ft-sup": "supervised"}
     ours = [mean_sd(values[n]) for n in labels]
     numbers = paper.MPP.numbers
-    draw(context.out / "mpp.png", [
-        Panel("Paper: ViT-B/16, ImageNet (scratch, supervised derived)", "pre-training", "top-1 (%)",
-              [Series("paper", list(labels.values()), [numbers["scratch"], numbers["mpp"], numbers["supervised"]])],
-              kind="bar"),
-        Panel(f"vitkit: {context.request.data.split(':')[0]}, fine-tuned on few labels", "pre-training", "test top-1",
-              [Series("vitkit", list(labels.values()), [m for m, _ in ours], [s for _, s in ours])], kind="bar")])
+    draw(
+        context.out / "mpp.png",
+        [
+            Panel(
+                "Paper: ViT-B/16, ImageNet (scratch, supervised derived)",
+                "pre-training",
+                "top-1 (%)",
+                [Series("paper", list(labels.values()), [numbers["scratch"], numbers["mpp"], numbers["supervised"]])],
+                kind="bar",
+            ),
+            Panel(
+                f"vitkit: {context.request.data.split(':')[0]}, fine-tuned on few labels",
+                "pre-training",
+                "test top-1",
+                [Series("vitkit", list(labels.values()), [m for m, _ in ours], [s for _, s in ours])],
+                kind="bar",
+            ),
+        ],
+    )
 
 
-STUDY = Study(name="mpp", title="Masked patch prediction (Sec. 4.6)", units=2 * PRETRAIN_UNITS + len(FINETUNES),
-              plan=plan, analyse=analyse)
+STUDY = Study(
+    name="mpp",
+    title="Masked patch prediction (Sec. 4.6)",
+    units=2 * PRETRAIN_UNITS + len(FINETUNES),
+    plan=plan,
+    analyse=analyse,
+)

@@ -38,67 +38,99 @@ TABLE_8: dict[tuple[str, str], float] = {
 }
 
 POSEMB_GAP = PaperClaim(
-    where="App. D.4, Table 8", source=SEEDS + "; Table 8's numbers: " + ARXIV,
-    quote=("while there is a large gap between the performances of the model with no positional embedding and "
-           "models with positional embedding, there is little to no difference between different ways of encoding "
-           "positional information."),
+    where="App. D.4, Table 8",
+    source=SEEDS + "; Table 8's numbers: " + ARXIV,
+    quote=(
+        "while there is a large gap between the performances of the model with no positional embedding and "
+        "models with positional embedding, there is little to no difference between different ways of encoding "
+        "positional information."
+    ),
     numbers={f"{kind}@{where}": value for (kind, where), value in TABLE_8.items()},
-    note="ViT-B/16 pre-trained on JFT-300M, ImageNet 5-shot linear accuracy")
+    note="ViT-B/16 pre-trained on JFT-300M, ImageNet 5-shot linear accuracy",
+)
 
 HEAD_LR = PaperClaim(
-    where="App. D.3, Figure 9", source=SEEDS + "; the caption: " + ARXIV,
-    quote=("An initial attempt at using only image-patch embeddings, globally average-pooling (GAP) them, followed "
-           "by a linear classifier [...] performed very poorly. However, we found that this is neither due to the "
-           "extra token, nor to the GAP operation. Instead, the difference in performance is fully explained by the "
-           "requirement for a different learning-rate, see Figure 9.  (Figure 9: Both work similarly well, but "
-           "require different learning-rates.)"),
-    note="Figure 9 gives curves, not numbers")
+    where="App. D.3, Figure 9",
+    source=SEEDS + "; the caption: " + ARXIV,
+    quote=(
+        "An initial attempt at using only image-patch embeddings, globally average-pooling (GAP) them, followed "
+        "by a linear classifier [...] performed very poorly. However, we found that this is neither due to the "
+        "extra token, nor to the GAP operation. Instead, the difference in performance is fully explained by the "
+        "requirement for a different learning-rate, see Figure 9.  (Figure 9: Both work similarly well, but "
+        "require different learning-rates.)"
+    ),
+    note="Figure 9 gives curves, not numbers",
+)
 
 DATA_SIZE = PaperClaim(
-    where="Sec. 4.3, Figures 3 and 4", source=SEEDS,
-    quote=("Vision Transformers overfit more than ResNets with comparable computational cost on smaller datasets. "
-           "For example, ViT-B/32 is slightly faster than ResNet50; it performs much worse on the 9M subset, but better "
-           "on 90M+ subsets.  (Figure 4: ResNets perform better with smaller pre-training datasets but plateau sooner "
-           "than ViT, which performs better with larger pre-training.  Figure 3: The BiT CNNs outperform ViT on "
-           "ImageNet, but with the larger datasets, ViT overtakes.)"),
-    note="JFT-300M subsets of 9M, 30M, 90M, 300M images; ImageNet 5-shot linear (Figure 4) and fine-tuned (Figure 3)")
+    where="Sec. 4.3, Figures 3 and 4",
+    source=SEEDS,
+    quote=(
+        "Vision Transformers overfit more than ResNets with comparable computational cost on smaller datasets. "
+        "For example, ViT-B/32 is slightly faster than ResNet50; it performs much worse on the 9M subset, but better "
+        "on 90M+ subsets.  (Figure 4: ResNets perform better with smaller pre-training datasets but plateau sooner "
+        "than ViT, which performs better with larger pre-training.  Figure 3: The BiT CNNs outperform ViT on "
+        "ImageNet, but with the larger datasets, ViT overtakes.)"
+    ),
+    note="JFT-300M subsets of 9M, 30M, 90M, 300M images; ImageNet 5-shot linear (Figure 4) and fine-tuned (Figure 3)",
+)
 
 COMPUTE = PaperClaim(
-    where="Sec. 4.4, Figure 5", source=SEEDS,
-    quote=("Vision Transformers dominate ResNets on the performance/compute trade-off. ViT uses approximately 2 - 4x "
-           "less compute to attain the same performance (average over 5 datasets). Second, hybrids slightly outperform "
-           "ViT at small computational budgets, but the difference vanishes for larger models."),
+    where="Sec. 4.4, Figure 5",
+    source=SEEDS,
+    quote=(
+        "Vision Transformers dominate ResNets on the performance/compute trade-off. ViT uses approximately 2 - 4x "
+        "less compute to attain the same performance (average over 5 datasets). Second, hybrids slightly outperform "
+        "ViT at small computational budgets, but the difference vanishes for larger models."
+    ),
     numbers={"compute_ratio_low": 2.0, "compute_ratio_high": 4.0},
-    note="JFT-300M pre-training compute in exaFLOPs, transfer accuracy averaged over 5 data sets")
+    note="JFT-300M pre-training compute in exaFLOPs, transfer accuracy averaged over 5 data sets",
+)
 
 SHAPE = PaperClaim(
-    where="App. D.2, Figure 8", source=ARXIV,
-    quote=("We can see that scaling the depth results in the biggest improvements which are clearly visible up until "
-           "64 layers. However, diminishing returns are already visible after 16 layers. Interestingly, scaling the "
-           "width of the network seems to result in the smallest changes. Decreasing the patch size and thus increasing "
-           "the effective sequence length shows surprisingly robust improvements without introducing parameters."),
-    note="base: ViT with 8 layers, D=1024, D_MLP=2048, patch 32; ImageNet 5-shot linear")
+    where="App. D.2, Figure 8",
+    source=ARXIV,
+    quote=(
+        "We can see that scaling the depth results in the biggest improvements which are clearly visible up until "
+        "64 layers. However, diminishing returns are already visible after 16 layers. Interestingly, scaling the "
+        "width of the network seems to result in the smallest changes. Decreasing the patch size and thus increasing "
+        "the effective sequence length shows surprisingly robust improvements without introducing parameters."
+    ),
+    note="base: ViT with 8 layers, D=1024, D_MLP=2048, patch 32; ImageNet 5-shot linear",
+)
 
 MPP = PaperClaim(
-    where="Sec. 4.6, App. B.1.2", source=SEEDS,
-    quote=("With self-supervised pre-training, our smaller ViT-B/16 model achieves 79.9% accuracy on ImageNet, a "
-           "significant improvement of 2% to training from scratch, but still 4% behind supervised pre-training."),
+    where="Sec. 4.6, App. B.1.2",
+    source=SEEDS,
+    quote=(
+        "With self-supervised pre-training, our smaller ViT-B/16 model achieves 79.9% accuracy on ImageNet, a "
+        "significant improvement of 2% to training from scratch, but still 4% behind supervised pre-training."
+    ),
     numbers={"mpp": 79.9, "gain_over_scratch": 2.0, "behind_supervised": 4.0, "scratch": 77.9, "supervised": 83.9},
     note="scratch 77.9 = 79.9 - 2 and supervised 83.9 = 79.9 + 4 are derived from the statement; MPP on JFT, "
-         "fine-tuned on ImageNet")
+    "fine-tuned on ImageNet",
+)
 
 ATTENTION = PaperClaim(
-    where="Sec. 4.5, Figure 7 (right); App. D.7, Figure 11", source=SEEDS + "; D.7: " + ARXIV,
-    quote=("We find that some heads attend to most of the image already in the lowest layers, showing that the "
-           "ability to integrate information globally is indeed used by the model. Other attention heads have "
-           "consistently small attention distances in the low layers. [...] Further, the attention distance increases "
-           "with network depth.  (D.7: As depth increases, attention distance increases for all heads.)"),
-    note="ViT-L/16, 128 images of 224 px, mean attention distance per head and layer")
+    where="Sec. 4.5, Figure 7 (right); App. D.7, Figure 11",
+    source=SEEDS + "; D.7: " + ARXIV,
+    quote=(
+        "We find that some heads attend to most of the image already in the lowest layers, showing that the "
+        "ability to integrate information globally is indeed used by the model. Other attention heads have "
+        "consistently small attention distances in the low layers. [...] Further, the attention distance increases "
+        "with network depth.  (D.7: As depth increases, attention distance increases for all heads.)"
+    ),
+    note="ViT-L/16, 128 images of 224 px, mean attention distance per head and layer",
+)
 
 SPEED = PaperClaim(
-    where="App. D.5, Figure 12", source=ARXIV + "; the pairs: Sec. 4.3, " + SEEDS,
-    quote=("Figure 12: Left: Real wall-clock timings of various architectures across input sizes. ViT models have "
-           "speed comparable to similar ResNets. Right: Largest per-core batch-size fitting on device with various "
-           "architectures across input sizes. ViT models are clearly more memory-efficient.  (Sec. 4.3: ViT-B/32 is "
-           "slightly faster than ResNet50 [...] The same is true for ResNet152x2 and ViT-L/16.)"),
-    note="inference on one TPUv3 core")
+    where="App. D.5, Figure 12",
+    source=ARXIV + "; the pairs: Sec. 4.3, " + SEEDS,
+    quote=(
+        "Figure 12: Left: Real wall-clock timings of various architectures across input sizes. ViT models have "
+        "speed comparable to similar ResNets. Right: Largest per-core batch-size fitting on device with various "
+        "architectures across input sizes. ViT models are clearly more memory-efficient.  (Sec. 4.3: ViT-B/32 is "
+        "slightly faster than ResNet50 [...] The same is true for ResNet152x2 and ViT-L/16.)"
+    ),
+    note="inference on one TPUv3 core",
+)

@@ -32,8 +32,16 @@ def plan(context: Context) -> list:
     base = context.base.model
 
     def arms(seed: int) -> list:
-        return [arm(context, name(kind, where), seed, dataclasses.replace(base, posemb=kind, posemb_where=where),
-                    {"posemb": kind, "where": where}) for kind, where in CELLS]
+        return [
+            arm(
+                context,
+                name(kind, where),
+                seed,
+                dataclasses.replace(base, posemb=kind, posemb_where=where),
+                {"posemb": kind, "where": where},
+            )
+            for kind, where in CELLS
+        ]
 
     return over_seeds(context, arms)
 
@@ -50,34 +58,63 @@ def analyse(context: Context, records: list) -> Analysis:
     spread = max(five[v] for v in variants) - min(five[v] for v in variants)
     gap = five[DEFAULT] - five[NONE]
     paper_spread = max(v for (k, _), v in paper.TABLE_8.items() if k != "none") - min(
-        v for (k, _), v in paper.TABLE_8.items() if k != "none")
+        v for (k, _), v in paper.TABLE_8.items() if k != "none"
+    )
     paper_gap = paper.TABLE_8[("learned_1d", "input")] - paper.TABLE_8[("none", "input")]
     out = [
-        Claim("posemb.none-worse", "No position embedding is clearly worse than learned 1D", paper.POSEMB_GAP,
-              METRIC_NAMES["fewshot5"], none_5,
-              {"none": five[NONE], "learned 1D": five[DEFAULT], "same test on test top-1": none_top1.status,
-               "smallest effect": SMALLEST_EFFECT}),
-        Claim("posemb.variants-similar", "The ways of encoding position differ little", paper.POSEMB_GAP,
-              METRIC_NAMES["fewshot5"], similar_5,
-              {**{v: five[v] for v in variants}, "same test on test top-1": similar_top1.status,
-               "margin": SIMILAR_MARGIN, "range of the variants / gap to none (context, not the test)":
-               round(spread / gap, 3) if gap else None, "the same in Table 8": round(paper_spread / paper_gap, 3)}),
+        Claim(
+            "posemb.none-worse",
+            "No position embedding is clearly worse than learned 1D",
+            paper.POSEMB_GAP,
+            METRIC_NAMES["fewshot5"],
+            none_5,
+            {
+                "none": five[NONE],
+                "learned 1D": five[DEFAULT],
+                "same test on test top-1": none_top1.status,
+                "smallest effect": SMALLEST_EFFECT,
+            },
+        ),
+        Claim(
+            "posemb.variants-similar",
+            "The ways of encoding position differ little",
+            paper.POSEMB_GAP,
+            METRIC_NAMES["fewshot5"],
+            similar_5,
+            {
+                **{v: five[v] for v in variants},
+                "same test on test top-1": similar_top1.status,
+                "margin": SIMILAR_MARGIN,
+                "range of the variants / gap to none (context, not the test)": round(spread / gap, 3) if gap else None,
+                "the same in Table 8": round(paper_spread / paper_gap, 3),
+            },
+        ),
     ]
     paper_column = {name(k, w): [f"{100 * v:.3f}"] for (k, w), v in paper.TABLE_8.items()}
-    table = table_of(records, ("fewshot5", "top1"), METRIC_NAMES, "Table 8 beside vitkit", paper_column,
-                     ["paper: ImageNet 5-shot (%)"])
+    table = table_of(
+        records,
+        ("fewshot5", "top1"),
+        METRIC_NAMES,
+        "Table 8 beside vitkit",
+        paper_column,
+        ["paper: ImageNet 5-shot (%)"],
+    )
     figure(context, records)
-    notes = [f"each arm: the base ViT ({describe(context)}) with one position embedding; PatchDropout off "
-             "(it needs embeddings added once at the input)",
-             "Table 8 measured ViT-B/16 after JFT-300M pre-training on ImageNet 5-shot; here the frozen features of "
-             "each arm are probed with 5 images per class of the same data set (5 draws), scored on its test split"]
+    notes = [
+        f"each arm: the base ViT ({describe(context)}) with one position embedding; PatchDropout off "
+        "(it needs embeddings added once at the input)",
+        "Table 8 measured ViT-B/16 after JFT-300M pre-training on ImageNet 5-shot; here the frozen features of "
+        "each arm are probed with 5 images per class of the same data set (5 draws), scored on its test split",
+    ]
     return Analysis(out, [table], [("posemb.png", "Table 8 drawn as bars: the paper (left) and vitkit (right)")], notes)
 
 
 def describe(context: Context) -> str:
     m = context.base.model
-    return f"D={m.hidden_size}, L={m.depth}, k={m.num_heads}, MLP {m.mlp_dim}, {m.patch_size}x{m.patch_size} patches, " \
-           f"{m.img_size} px, pool {m.pool}"
+    return (
+        f"D={m.hidden_size}, L={m.depth}, k={m.num_heads}, MLP {m.mlp_dim}, {m.patch_size}x{m.patch_size} patches, "
+        f"{m.img_size} px, pool {m.pool}"
+    )
 
 
 def figure(context: Context, records: list) -> None:
@@ -88,12 +125,27 @@ def figure(context: Context, records: list) -> None:
         paper_series.append(Series(WHERE[where], kinds, [paper.TABLE_8[(k, where)] for k in kinds]))
         stats = [mean_sd(values[name(k, where)]) for k in kinds]
         ours.append(Series(WHERE[where], kinds, [s[0] for s in stats], [s[1] for s in stats]))
-    draw(context.out / "posemb.png", [
-        Panel("Paper, Table 8: ViT-B/16, ImageNet 5-shot", "position embedding", "5-shot linear accuracy",
-              paper_series, kind="bar"),
-        Panel(f"vitkit: {context.request.data.split(':')[0]}, 5-shot", "position embedding", "5-shot linear accuracy",
-              ours, kind="bar")])
+    draw(
+        context.out / "posemb.png",
+        [
+            Panel(
+                "Paper, Table 8: ViT-B/16, ImageNet 5-shot",
+                "position embedding",
+                "5-shot linear accuracy",
+                paper_series,
+                kind="bar",
+            ),
+            Panel(
+                f"vitkit: {context.request.data.split(':')[0]}, 5-shot",
+                "position embedding",
+                "5-shot linear accuracy",
+                ours,
+                kind="bar",
+            ),
+        ],
+    )
 
 
-STUDY = Study(name="posemb", title="Position embeddings (App. D.4, Table 8)", units=len(CELLS), plan=plan,
-              analyse=analyse)
+STUDY = Study(
+    name="posemb", title="Position embeddings (App. D.4, Table 8)", units=len(CELLS), plan=plan, analyse=analyse
+)

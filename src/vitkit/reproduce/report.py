@@ -30,8 +30,9 @@ VERDICT_RULES = (
     f"**{verdicts.INCONCLUSIVE}** (the spread is larger than the effect).  'A is about B': reproduced when the "
     f"range of the means plus the interval fits the margin, not reproduced when it exceeds it even without the "
     f"interval, else inconclusive.  With one seed the spread is not measured and the reason says so.  Unless a "
-    f"claim says otherwise, the smallest effect of interest in accuracy is {verdicts.SMALLEST_EFFECT:g} (half a point) and "
-    f"variants 'differ little' within {verdicts.SIMILAR_MARGIN:g} (one point).")
+    f"claim says otherwise, the smallest effect of interest in accuracy is {verdicts.SMALLEST_EFFECT:g} "
+    f"(half a point) and variants 'differ little' within {verdicts.SIMILAR_MARGIN:g} (one point)."
+)
 
 
 def machine(device: str) -> str:
@@ -51,44 +52,64 @@ def machine(device: str) -> str:
 
 def command(study: Study, context: Context) -> str:
     request = context.request
-    line = (f"vitkit reproduce {study.name} --data {request.data} --budget-minutes {request.budget_minutes:g} "
-            f"--seeds {request.seeds} --out {request.out}")
+    line = (
+        f"vitkit reproduce {study.name} --data {request.data} --budget-minutes {request.budget_minutes:g} "
+        f"--seeds {request.seeds} --out {request.out}"
+    )
     return line + (f" --threads {request.threads}" if request.threads else "")
 
 
-def write_report(study: Study, context: Context, records: list[dict[str, Any]], analysis: Analysis, *,
-                 minutes: float) -> dict[str, Any]:
+def write_report(
+    study: Study, context: Context, records: list[dict[str, Any]], analysis: Analysis, *, minutes: float
+) -> dict[str, Any]:
     """Write report.md and results.json into the study directory; returns the summary (claims and verdicts)."""
     devices = sorted({r.get("device", "?") for r in records})
     results = {
-        "study": study.name, "title": study.title, "command": command(study, context), "data": context.request.data,
-        "budget_minutes": context.request.budget_minutes, "seeds": context.request.seeds,
+        "study": study.name,
+        "title": study.title,
+        "command": command(study, context),
+        "data": context.request.data,
+        "budget_minutes": context.request.budget_minutes,
+        "seeds": context.request.seeds,
         "scale": dataclasses.asdict(context.scale),
-        "machine": machine(devices[0] if devices else "cpu"), "minutes_this_invocation": round(minutes, 2),
+        "machine": machine(devices[0] if devices else "cpu"),
+        "minutes_this_invocation": round(minutes, 2),
         "arm_minutes": round(sum(r.get("wall_minutes", 0) for r in records), 2),
         "created": datetime.datetime.now().isoformat(timespec="seconds"),
         "claims": [c.to_dict() for c in analysis.claims],
         "tables": [{"title": t.title, "header": t.header, "rows": t.rows} for t in analysis.tables],
-        "figures": [{"file": f, "caption": c} for f, c in analysis.figures], "notes": analysis.notes,
+        "figures": [{"file": f, "caption": c} for f, c in analysis.figures],
+        "notes": analysis.notes,
         "arms": records,
     }
     out = context.out
     atomic_write_text(out / "results.json", json.dumps(results, indent=1) + "\n")
     atomic_write_text(out / "report.md", markdown(results, analysis))
-    return {"study": study.name, "out": str(out), "report": str(out / "report.md"),
-            "claims": [{"key": c.key, "claim": c.claim, "verdict": c.verdict.status} for c in analysis.claims],
-            "arm_minutes": results["arm_minutes"], "minutes": results["minutes_this_invocation"]}
+    return {
+        "study": study.name,
+        "out": str(out),
+        "report": str(out / "report.md"),
+        "claims": [{"key": c.key, "claim": c.claim, "verdict": c.verdict.status} for c in analysis.claims],
+        "arm_minutes": results["arm_minutes"],
+        "minutes": results["minutes_this_invocation"],
+    }
 
 
 def markdown(results: dict[str, Any], analysis: Analysis) -> str:
     lines = [f"# {results['title']}", "", f"`{results['command']}`", ""]
     scale = results["scale"]
-    unit = (f"a unit arm is {scale['unit_steps']} steps, {scale['unit_minutes']:.2f} min at the {scale['images_per_s']:g} "
-            "images/s the base model trained at when the study started" if scale["unit_steps"] else
-            "a unit arm is the -tiny recipe's steps")
-    lines += [f"- data: `{results['data']}`; scale **{scale['name']}** ({unit}); {results['seeds']} seed(s)",
-              f"- machine: {results['machine']}; {len(results['arms'])} arms, {results['arm_minutes']:.1f} arm-minutes "
-              f"in all (budget {results['budget_minutes']:g} min)", ""]
+    unit = (
+        f"a unit arm is {scale['unit_steps']} steps, {scale['unit_minutes']:.2f} min at the {scale['images_per_s']:g} "
+        "images/s the base model trained at when the study started"
+        if scale["unit_steps"]
+        else "a unit arm is the -tiny recipe's steps"
+    )
+    lines += [
+        f"- data: `{results['data']}`; scale **{scale['name']}** ({unit}); {results['seeds']} seed(s)",
+        f"- machine: {results['machine']}; {len(results['arms'])} arms, {results['arm_minutes']:.1f} arm-minutes "
+        f"in all (budget {results['budget_minutes']:g} min)",
+        "",
+    ]
     lines += [f"- {note}" for note in analysis.notes] + ([""] if analysis.notes else [])
     lines += ["## Verdicts", "", "| claim | paper | verdict |", "| --- | --- | --- |"]
     lines += [f"| {c.claim} | {c.paper.where} | **{c.verdict.status}** |" for c in analysis.claims]
@@ -118,8 +139,12 @@ def claim_section(claim: Claim) -> list[str]:
 
 
 def table_lines(table: Table) -> list[str]:
-    lines = [f"### {table.title}", "", "| " + " | ".join(table.header) + " |",
-             "|" + "|".join(" --- " for _ in table.header) + "|"]
+    lines = [
+        f"### {table.title}",
+        "",
+        "| " + " | ".join(table.header) + " |",
+        "|" + "|".join(" --- " for _ in table.header) + "|",
+    ]
     lines += ["| " + " | ".join(row) + " |" for row in table.rows]
     return lines + [""]
 
@@ -129,13 +154,40 @@ def arms_table(records: list[dict[str, Any]]) -> Table:
     rows = []
     for r in records:
         shots = (r.get("fewshot") or {}).get("5")
-        rows.append([r["arm"], str(r["seed"]), f"{r.get('params', 0):,}", f"{r.get('step', 0)}",
-                     f"{r.get('epochs', 0):.2f}", f"{r.get('images_seen', 0):,}", f"{r.get('train_flops', 0):.3g}",
-                     f"{r.get('train_minutes', 0):.2f}", f"{r.get('wall_minutes', 0):.2f}", r.get("device", "?"),
-                     pct(r["test"]["top1"]) if r.get("test") else "-", pct(shots["mean"]) if shots else "-"])
-    return Table("Arms: the compute each used", ["arm", "seed", "params", "steps", "epochs", "images seen",
-                                                 "train FLOPs", "train min", "arm min", "device", "test top-1",
-                                                 "5-shot"], rows)
+        rows.append(
+            [
+                r["arm"],
+                str(r["seed"]),
+                f"{r.get('params', 0):,}",
+                f"{r.get('step', 0)}",
+                f"{r.get('epochs', 0):.2f}",
+                f"{r.get('images_seen', 0):,}",
+                f"{r.get('train_flops', 0):.3g}",
+                f"{r.get('train_minutes', 0):.2f}",
+                f"{r.get('wall_minutes', 0):.2f}",
+                r.get("device", "?"),
+                pct(r["test"]["top1"]) if r.get("test") else "-",
+                pct(shots["mean"]) if shots else "-",
+            ]
+        )
+    return Table(
+        "Arms: the compute each used",
+        [
+            "arm",
+            "seed",
+            "params",
+            "steps",
+            "epochs",
+            "images seen",
+            "train FLOPs",
+            "train min",
+            "arm min",
+            "device",
+            "test top-1",
+            "5-shot",
+        ],
+        rows,
+    )
 
 
 def pct(x: float) -> str:

@@ -4,12 +4,13 @@
 (`Study.units` unit arms per seed; the rest pays for loading data, final evaluations and few-shot
 probes).  A unit arm is a fixed number of optimiser steps, `unit_steps`, chosen once when the study starts
 so that every arm's steps at its own model's measured training speed (`calibrate`, per distinct model)
-add up to that share of the budget; it is stored in study.json, so a re-run plans exactly the same arms.  Arms are lengths in steps, not in time, because
-on a shared machine the speed changes from minute to minute: time-budgeted arms of the same model were
-measured to take from 564 to 1,388 steps in the same 1.8 minutes, which would compare the machine's load,
-not the models.  An arm of `units` trains round(units x unit_steps) steps with the schedule of its recipe
-(warmup and cosine decay over those steps, ending annealed); studies give arms of costlier models fewer
-units where they compare at equal compute (`compute`).
+add up to that share of the budget; it is stored in study.json, so a re-run plans exactly the same arms.
+Arms are lengths in steps, not in time, because on a shared machine the speed changes from minute to
+minute: time-budgeted arms of the same model were measured to take from 564 to 1,388 steps in the same
+1.8 minutes, which would compare the machine's load, not the models.  An arm of `units` trains
+round(units x unit_steps) steps with the schedule of its recipe (warmup and cosine decay over those steps,
+ending annealed); studies give arms of costlier models fewer units where they compare at equal compute
+(`compute`).
 
 The scale follows the minutes of a unit arm:
     tiny   < TINY_UNIT_MINUTES   the recipe's -tiny variant (D=32, L=2), a fixed 10 steps x units: tests
@@ -91,15 +92,26 @@ def base_config(info: SourceInfo, scale: Scale, *, threads: int = 0, device: str
     # whose bf16 variances give non-finite gradients (measured: NaN at the second step of a (1, 1, 1) ResNet).
     precision = "fp32" if scale.name == "tiny" else config.run.precision
     if scale.name == "base":
-        model = dataclasses.replace(model, hidden_size=2 * model.hidden_size, mlp_dim=2 * model.mlp_dim,
-                                    depth=model.depth + 2)
+        model = dataclasses.replace(
+            model, hidden_size=2 * model.hidden_size, mlp_dim=2 * model.mlp_dim, depth=model.depth + 2
+        )
     return dataclasses.replace(
-        config, recipe=f"study({name})", model=model,
+        config,
+        recipe=f"study({name})",
+        model=model,
         data=dataclasses.replace(config.data, val_fraction=VAL_FRACTION, patch_dropout_until=1.0),
         eval=dataclasses.replace(config.eval, every_epochs=0.0, final_split="test"),
-        run=dataclasses.replace(config.run, compile=False, progress=False, tensorboard=False, threads=threads,
-                                precision=precision,
-                                device=device, checkpoint_every=min(config.run.checkpoint_every, CHECKPOINT_EVERY)))
+        run=dataclasses.replace(
+            config.run,
+            compile="off",
+            progress=False,
+            tensorboard=False,
+            threads=threads,
+            precision=precision,
+            device=device,
+            checkpoint_every=min(config.run.checkpoint_every, CHECKPOINT_EVERY),
+        ),
+    )
 
 
 def timed(config: TrainConfig, units: float, scale: Scale) -> TrainConfig:
@@ -134,8 +146,13 @@ def model_key(model: ModelConfig) -> str:
     return f"{family(model)}-{digest[:10]}"
 
 
-def calibrated(scale: Scale, budget_minutes: float, configs: Sequence[tuple[float, TrainConfig]],
-               base: TrainConfig, measure=calibrate) -> Scale:
+def calibrated(
+    scale: Scale,
+    budget_minutes: float,
+    configs: Sequence[tuple[float, TrainConfig]],
+    base: TrainConfig,
+    measure=calibrate,
+) -> Scale:
     """`scale` with its unit arm in steps: the arms (units, config) at their models' measured speeds fill
     TRAIN_SHARE of `budget_minutes`."""
     if scale.name == "tiny":
@@ -148,15 +165,21 @@ def calibrated(scale: Scale, budget_minutes: float, configs: Sequence[tuple[floa
     seconds = sum(units * config.data.batch_size / speeds[model_key(config.model)] for units, config in configs)
     steps = max(1, round(budget_minutes * TRAIN_SHARE * 60 / seconds))
     base_speed = speeds[model_key(base.model)]
-    return dataclasses.replace(scale, unit_steps=steps, images_per_s=base_speed, speeds=speeds,
-                               unit_minutes=round(steps * base.data.batch_size / base_speed / 60, 3))
+    return dataclasses.replace(
+        scale,
+        unit_steps=steps,
+        images_per_s=base_speed,
+        speeds=speeds,
+        unit_minutes=round(steps * base.data.batch_size / base_speed / 60, 3),
+    )
 
 
 # ------------------------------------------------------------------------ the CNN baselines
 def resnet_for(vit: ViTConfig, layers: tuple[int, ...]) -> ResNetConfig:
     """A BiT ResNet-v2 (models/resnet.py) with `layers` units per stage for the ViT's images and classes."""
-    return ResNetConfig(layers=layers, width_factor=1, img_size=vit.img_size, in_chans=vit.in_chans,
-                        num_classes=vit.num_classes)
+    return ResNetConfig(
+        layers=layers, width_factor=1, img_size=vit.img_size, in_chans=vit.in_chans, num_classes=vit.num_classes
+    )
 
 
 RESNET_LADDER = ((1,), (1, 1), (1, 1, 1), (2, 2, 2), (2, 2, 2, 2), (3, 4, 6, 3))  # units per stage, R50 last
@@ -166,8 +189,9 @@ def matched_resnet(vit: ViTConfig) -> ResNetConfig:
     """The BiT ResNet of RESNET_LADDER closest to the ViT in forward FLOPs ("comparable computational cost",
     Sec. 4.3), counted analytically (bench/flops.py)."""
     target = math.log(model_flops(vit))
-    return min((resnet_for(vit, layers) for layers in RESNET_LADDER),
-               key=lambda r: abs(math.log(model_flops(r)) - target))
+    return min(
+        (resnet_for(vit, layers) for layers in RESNET_LADDER), key=lambda r: abs(math.log(model_flops(r)) - target)
+    )
 
 
 def hybrid_for(vit: ViTConfig, layers: tuple[int, ...] = (1,)) -> HybridConfig:
@@ -176,10 +200,12 @@ def hybrid_for(vit: ViTConfig, layers: tuple[int, ...] = (1,)) -> HybridConfig:
     stride = 4 * 2 ** max(len(layers) - 1, 0)
     patch = max(1, vit.patch_size // stride)
     if vit.img_size % (stride * patch):
-        raise ValueError(f"a hybrid with {len(layers)} stage(s) (stride {stride}) does not tile {vit.img_size} px images")
+        raise ValueError(
+            f"a hybrid with {len(layers)} stage(s) (stride {stride}) does not tile {vit.img_size} px images"
+        )
     return HybridConfig(vit=dataclasses.replace(vit, patch_size=patch), resnet_layers=layers, width_factor=1)
 
 
 def family(model: ModelConfig) -> str:
-    """"vit", "resnet" or "hybrid"."""
+    """ "vit", "resnet" or "hybrid"."""
     return {ViTConfig: "vit", ResNetConfig: "resnet", HybridConfig: "hybrid"}[type(model)]

@@ -8,9 +8,10 @@ report.py writes them up, and none of those import each other to share them.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from vitkit.data.sources import SourceInfo
 from vitkit.reproduce.paper import PaperClaim
@@ -91,8 +92,15 @@ class Claim:
     measured: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"key": self.key, "claim": self.claim, "paper": asdict(self.paper), "metric": self.metric,
-                "verdict": self.verdict.status, "reason": self.verdict.reason, "measured": self.measured}
+        return {
+            "key": self.key,
+            "claim": self.claim,
+            "paper": asdict(self.paper),
+            "metric": self.metric,
+            "verdict": self.verdict.status,
+            "reason": self.verdict.reason,
+            "measured": self.measured,
+        }
 
 
 @dataclass
@@ -120,8 +128,12 @@ class Study:
 
 
 # ------------------------------------------------------------------------ reading the records
-METRIC_NAMES = {"top1": "test top-1 (trained on the data set)", "val": "validation top-1",
-                "fewshot5": "5-shot linear accuracy", "fewshot25": "25-shot linear accuracy"}
+METRIC_NAMES = {
+    "top1": "test top-1 (trained on the data set)",
+    "val": "validation top-1",
+    "fewshot5": "5-shot linear accuracy",
+    "fewshot25": "25-shot linear accuracy",
+}
 
 
 def value(record: dict[str, Any], metric: str) -> float:
@@ -132,7 +144,7 @@ def value(record: dict[str, Any], metric: str) -> float:
         return float(record["val"]["top1"])
     if metric.startswith("fewshot"):
         shots = record["fewshot"]
-        k = metric[len("fewshot"):]
+        k = metric[len("fewshot") :]
         return float((shots.get(k) or shots[min(shots, key=int)])["mean"])  # tiny sets: the largest k they allow
     raise ValueError(f"unknown metric {metric!r}")
 

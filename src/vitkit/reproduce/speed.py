@@ -62,9 +62,17 @@ def pairs(context: Context) -> list[tuple[str, str]]:
 def plan(context: Context) -> list:
     sizes = TINY_SIZES if context.scale.name == "tiny" else SIZES
     names = [name for pair in pairs(context) for name in pair]
-    return [Arm(name=f"{size}px", seed=seed, config=None, labels={"size": size, "models": names,
-                                                                  "device": context.request.device}, measure=())
-            for seed in context.seeds for size in sizes]
+    return [
+        Arm(
+            name=f"{size}px",
+            seed=seed,
+            config=None,
+            labels={"size": size, "models": names, "device": context.request.device},
+            measure=(),
+        )
+        for seed in context.seeds
+        for size in sizes
+    ]
 
 
 def batch_size(device: torch.device) -> int:
@@ -100,18 +108,32 @@ def run_speed_arm(arm: Arm, path: Path, probes: Probes) -> dict[str, Any]:
     out = {}
     for name, model in built.items():
         params = sum(p.numel() for p in model.parameters())
-        out[name] = {"images_per_s": batch / statistics.median(seconds[name]), "seconds_per_step": seconds[name],
-                     "params": params, "forward_flops": model_flops(configs[name]),
-                     **memory_fit(model, inputs[name], device, precision, params)}
-    record = {"arm": arm.name, "seed": arm.seed, "labels": arm.labels, "config": None, "models": out, "batch": batch,
-              "precision": precision, "device": str(device), "reused": False,
-              "wall_minutes": round((time.monotonic() - began) / 60, 3)}
+        out[name] = {
+            "images_per_s": batch / statistics.median(seconds[name]),
+            "seconds_per_step": seconds[name],
+            "params": params,
+            "forward_flops": model_flops(configs[name]),
+            **memory_fit(model, inputs[name], device, precision, params),
+        }
+    record = {
+        "arm": arm.name,
+        "seed": arm.seed,
+        "labels": arm.labels,
+        "config": None,
+        "models": out,
+        "batch": batch,
+        "precision": precision,
+        "device": str(device),
+        "reused": False,
+        "wall_minutes": round((time.monotonic() - began) / 60, 3),
+    }
     write_record(path, record)
     return record
 
 
-def memory_fit(model: torch.nn.Module, images: torch.Tensor, device: torch.device, precision: str,
-               params: int) -> dict[str, Any]:
+def memory_fit(
+    model: torch.nn.Module, images: torch.Tensor, device: torch.device, precision: str, params: int
+) -> dict[str, Any]:
     """Peak memory of inference at half and the full batch -> fixed + per-image bytes -> the largest batch."""
     peaks = []
     for count in (len(images) // 2, len(images)):
@@ -126,8 +148,12 @@ def memory_fit(model: torch.nn.Module, images: torch.Tensor, device: torch.devic
     per_image = (m2 - m1) / (b2 - b1)
     fixed = max(m1 - b1 * per_image, 0.0)
     room = memory_limit(device) - 4 * params - fixed  # fp32 weights stay resident
-    return {"per_image_bytes": per_image, "fixed_bytes": fixed, "largest_batch": max(int(room // per_image), 0),
-            "memory_kind": kind}
+    return {
+        "per_image_bytes": per_image,
+        "fixed_bytes": fixed,
+        "largest_batch": max(int(room // per_image), 0),
+        "memory_kind": kind,
+    }
 
 
 # ------------------------------------------------------------------------------------- analysis
@@ -135,9 +161,13 @@ def log_ratios(records: list, context: Context, key: str) -> list[float]:
     """Per seed: the mean over pairs and sizes of log(ViT's / its ResNet peer's `key`) (unmeasured ones left out)."""
     out = []
     for seed in sorted({r["seed"] for r in records}):
-        logs = [math.log(max(r["models"][vit][key], 1) / max(r["models"][cnn][key], 1))
-                for r in records if r["seed"] == seed for vit, cnn in pairs(context)
-                if r["models"][vit][key] is not None and r["models"][cnn][key] is not None]
+        logs = [
+            math.log(max(r["models"][vit][key], 1) / max(r["models"][cnn][key], 1))
+            for r in records
+            if r["seed"] == seed
+            for vit, cnn in pairs(context)
+            if r["models"][vit][key] is not None and r["models"][cnn][key] is not None
+        ]
         if logs:
             out.append(sum(logs) / len(logs))
     return out
@@ -145,8 +175,9 @@ def log_ratios(records: list, context: Context, key: str) -> list[float]:
 
 def ratio_claim(stat: list[float], threshold: float, what: str) -> Verdict:
     if not stat:
-        return Verdict(INCONCLUSIVE, f"{what}: not measured (the memory counter does not resolve these models' "
-                                     "per-image memory)")
+        return Verdict(
+            INCONCLUSIVE, f"{what}: not measured (the memory counter does not resolve these models' per-image memory)"
+        )
     shifted = [v - math.log(threshold) for v in stat]
     return exceeds(estimate(shifted, seed_sd(shifted)), 0.0, f"log({what}) - log({threshold})", seed_sd(shifted))
 
@@ -159,32 +190,59 @@ def analyse(context: Context, records: list) -> Analysis:
     fast = log_ratios(records, context, "images_per_s")
     memory = log_ratios(records, context, "largest_batch")
     claims = [
-        Claim("speed.comparable", "ViT runs about as fast as ResNets of comparable cost", paper.SPEED,
-              "inference images/s (median of alternating rounds)",
-              ratio_claim(fast, COMPARABLE, "ViT / ResNet images/s"),
-              {"ViT / ResNet speed (geometric mean)": geometric(fast), "pairs": pairs(context)}),
-        Claim("speed.memory", "ViT fits clearly larger batches than ResNets", paper.SPEED,
-              "largest inference batch in the device's memory",
-              ratio_claim(memory, CLEARLY, "ViT / ResNet largest batch"),
-              {"ViT / ResNet largest batch (geometric mean)": geometric(memory)}),
+        Claim(
+            "speed.comparable",
+            "ViT runs about as fast as ResNets of comparable cost",
+            paper.SPEED,
+            "inference images/s (median of alternating rounds)",
+            ratio_claim(fast, COMPARABLE, "ViT / ResNet images/s"),
+            {"ViT / ResNet speed (geometric mean)": geometric(fast), "pairs": pairs(context)},
+        ),
+        Claim(
+            "speed.memory",
+            "ViT fits clearly larger batches than ResNets",
+            paper.SPEED,
+            "largest inference batch in the device's memory",
+            ratio_claim(memory, CLEARLY, "ViT / ResNet largest batch"),
+            {"ViT / ResNet largest batch (geometric mean)": geometric(memory)},
+        ),
     ]
     figure(context, records)
     device = records[0]["device"] if records else "?"
-    notes = [f"inference, batch {records[0]['batch'] if records else '?'}, {records[0]['precision'] if records else '?'}"
-             f" on {device}; {ROUNDS} alternating rounds of {STEPS} steps per model; memory limit "
-             f"{CPU_MEMORY_GIB:g} GiB on a CPU (one TPUv3 core's), the device's memory on CUDA",
-             "Figure 12 times each model at its best batch size on a TPUv3 core; here one batch size per device"]
-    return Analysis(claims, [table(records)], [("speed.png", "Figure 12: images/s (left) and largest batch (right) "
-                                                "against input size")], notes)
+    notes = [
+        f"inference, batch {records[0]['batch'] if records else '?'}, {records[0]['precision'] if records else '?'}"
+        f" on {device}; {ROUNDS} alternating rounds of {STEPS} steps per model; memory limit "
+        f"{CPU_MEMORY_GIB:g} GiB on a CPU (one TPUv3 core's), the device's memory on CUDA",
+        "Figure 12 times each model at its best batch size on a TPUv3 core; here one batch size per device",
+    ]
+    return Analysis(
+        claims,
+        [table(records)],
+        [("speed.png", "Figure 12: images/s (left) and largest batch (right) against input size")],
+        notes,
+    )
 
 
 def table(records: list) -> Table:
-    rows = [[f"{r['labels']['size']}", str(r["seed"]), name, f"{m['params']:,}", f"{m['forward_flops'] / 1e9:.2f}",
-             f"{m['images_per_s']:.2f}", f"{m['per_image_bytes'] / 2**20:.1f}" if m["per_image_bytes"] else "-",
-             f"{m['largest_batch']:,}" if m["largest_batch"] is not None else "-"]
-            for r in records for name, m in r["models"].items()]
-    return Table("Speed and memory per model and input size", ["size", "seed", "model", "params", "GFLOPs/image",
-                                                               "images/s", "MiB/image", "largest batch"], rows)
+    rows = [
+        [
+            f"{r['labels']['size']}",
+            str(r["seed"]),
+            name,
+            f"{m['params']:,}",
+            f"{m['forward_flops'] / 1e9:.2f}",
+            f"{m['images_per_s']:.2f}",
+            f"{m['per_image_bytes'] / 2**20:.1f}" if m["per_image_bytes"] else "-",
+            f"{m['largest_batch']:,}" if m["largest_batch"] is not None else "-",
+        ]
+        for r in records
+        for name, m in r["models"].items()
+    ]
+    return Table(
+        "Speed and memory per model and input size",
+        ["size", "seed", "model", "params", "GFLOPs/image", "images/s", "MiB/image", "largest batch"],
+        rows,
+    )
 
 
 def figure(context: Context, records: list) -> None:
@@ -193,14 +251,29 @@ def figure(context: Context, records: list) -> None:
         series = []
         for name in records[0]["models"] if records else ():
             sizes = sorted({r["labels"]["size"] for r in records})
-            sizes = [s for s in sizes
-                     if all(r["models"][name][key] is not None for r in records if r["labels"]["size"] == s)]
+            sizes = [
+                s for s in sizes if all(r["models"][name][key] is not None for r in records if r["labels"]["size"] == s)
+            ]
             stats = [mean_sd([r["models"][name][key] for r in records if r["labels"]["size"] == s]) for s in sizes]
-            series.append(Series(name, sizes, [m for m, _ in stats], [sd for _, sd in stats],
-                                 marker="o" if "vit" in name else "s", dashed="vit" not in name))
+            series.append(
+                Series(
+                    name,
+                    sizes,
+                    [m for m, _ in stats],
+                    [sd for _, sd in stats],
+                    marker="o" if "vit" in name else "s",
+                    dashed="vit" not in name,
+                )
+            )
         panels.append(Panel(f"like Figure 12: {label}", "input size (px)", label, series, ylog=True))
     draw(context.out / "speed.png", panels)
 
 
-STUDY = Study(name="speed", title="Inference speed and memory against input size (App. D.5, Figure 12)", units=UNITS,
-              plan=plan, analyse=analyse, run_arm=run_speed_arm)
+STUDY = Study(
+    name="speed",
+    title="Inference speed and memory against input size (App. D.5, Figure 12)",
+    units=UNITS,
+    plan=plan,
+    analyse=analyse,
+    run_arm=run_speed_arm,
+)

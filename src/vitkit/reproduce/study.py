@@ -49,8 +49,10 @@ def prepare_directory(study: Study, context: Context) -> Context:
         differs = [k for k, v in mine.items() if stored.get(k) != v]
         if differs:
             planned = ", ".join(f"{k}={stored.get(k)!r}" for k in differs)
-            raise ValueError(f"{context.out} holds a study planned with {planned}; re-run with the same values to "
-                             "resume, or use another --out")
+            raise ValueError(
+                f"{context.out} holds a study planned with {planned}; re-run with the same values to "
+                "resume, or use another --out"
+            )
     scale = context.scale
     if (stored.get("scale") or {}).get("unit_steps"):  # planned before: the same arms again
         scale = Scale(**stored["scale"])
@@ -58,8 +60,13 @@ def prepare_directory(study: Study, context: Context) -> Context:
         provisional = dataclasses.replace(context, scale=dataclasses.replace(scale, unit_steps=1))
         arms = study.plan(provisional)
         scale = calibrated(scale, request.budget_minutes, [(a.units, a.config) for a in arms], context.base)
-        log.info("calibration: %d model(s) timed; the base model trains %.0f images/s; a unit arm is %d steps "
-                 "of %d images", len(scale.speeds), scale.images_per_s, scale.unit_steps, context.base.data.batch_size)
+        log.info(
+            "calibration: %d model(s) timed; the base model trains %.0f images/s; a unit arm is %d steps of %d images",
+            len(scale.speeds),
+            scale.images_per_s,
+            scale.unit_steps,
+            context.base.data.batch_size,
+        )
     context = dataclasses.replace(context, scale=scale)
     context.out.mkdir(parents=True, exist_ok=True)
     record = {**mine, "seeds": request.seeds, "scale": asdict(scale)}
@@ -76,8 +83,16 @@ def run_study(study: Study, request: StudyRequest) -> dict[str, Any]:
     if len(set(keys)) != len(keys):  # a planning error: two arms would share one run directory
         shared = sorted({k for k in keys if keys.count(k) > 1})
         raise ValueError(f"study {study.name} planned arms with the same directory: {shared}")
-    log.info("study %s: %d arms (%s scale, unit arm %.2f min = %d steps) on %s into %s", study.name, len(arms),
-             context.scale.name, context.scale.unit_minutes, context.scale.unit_steps, request.data, context.out)
+    log.info(
+        "study %s: %d arms (%s scale, unit arm %.2f min = %d steps) on %s into %s",
+        study.name,
+        len(arms),
+        context.scale.name,
+        context.scale.unit_minutes,
+        context.scale.unit_steps,
+        request.data,
+        context.out,
+    )
     tiny = context.scale.name == "tiny"
     probes = Probes(request.device, shots=(5,) if tiny else FEWSHOT_SHOTS, draws=2 if tiny else FEWSHOT_DRAWS)
     run_arm = study.run_arm or run_train_arm

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 REPRODUCED = "reproduced"
 NOT_REPRODUCED = "not reproduced at this scale"
@@ -95,8 +95,10 @@ def spread_note(sd: float | None, n: int) -> str:
 
 def exceeds(effect: Estimate, smallest: float, what: str, sd: float | None, unit: str = "") -> Verdict:
     """The claim "effect > 0, by at least `smallest`" (module docstring)."""
-    shown = (f"{what} = {effect.mean:+.4f}{unit} (interval {effect.low:+.4f} .. {effect.high:+.4f}; "
-             f"{spread_note(sd, effect.n)})")
+    shown = (
+        f"{what} = {effect.mean:+.4f}{unit} (interval {effect.low:+.4f} .. {effect.high:+.4f}; "
+        f"{spread_note(sd, effect.n)})"
+    )
     if effect.low > 0 and effect.mean >= smallest:
         return Verdict(REPRODUCED, f"{shown}: above 0 and at least the smallest effect of interest {smallest:g}")
     if effect.high < smallest:
@@ -108,8 +110,7 @@ def within(means: Sequence[float], margin: float, what: str, sd: float | None, n
     """The claim "these variants differ by less than `margin`": the range of their means against it."""
     spread = max(means) - min(means)
     se = (sd or 0.0) * math.sqrt(2 / n)  # se of a difference of two arm means
-    shown = (f"{what}: range of means {spread:.4f} (+- {Z * se:.4f}; {spread_note(sd, n)}) against the margin "
-             f"{margin:g}")
+    shown = f"{what}: range of means {spread:.4f} (+- {Z * se:.4f}; {spread_note(sd, n)}) against the margin {margin:g}"
     if spread + Z * se <= margin:
         return Verdict(REPRODUCED, f"{shown}: within it")
     if spread - Z * se > margin:

@@ -193,7 +193,9 @@ class MaskedPatchPrediction(nn.Module):
         if self.in_chans > len(config.mean):
             raise ValueError(f"MPPConfig normalisation has {len(config.mean)} channels, the model {self.in_chans}")
         if config.target == "downsampled" and self.patch_pixels < config.downsample:
-            raise ValueError(f"patch size {self.patch_pixels} is smaller than the {config.downsample}x{config.downsample} target")
+            raise ValueError(
+                f"patch size {self.patch_pixels} is smaller than the {config.downsample}x{config.downsample} target"
+            )
         self.num_colors = 2 ** (config.color_bits * self.in_chans)  # 512 for RGB at 3 bits, 8 for grayscale
         self.slots = config.downsample**2 if config.target == "downsampled" else 1  # predictions per patch
         outputs = self.patch_pixels**2 * self.in_chans if config.target == "pixels" else self.slots * self.num_colors
@@ -230,7 +232,14 @@ class MaskedPatchPrediction(nn.Module):
                 predictions = predictions.squeeze(2)  # (B, N, 512)
         targets = self.targets(images)
         loss, accuracy = mpp_loss(predictions, targets, mask)
-        return {"loss": loss, "accuracy": accuracy, "predictions": predictions, "targets": targets, "mask": mask, "kind": kind}
+        return {
+            "loss": loss,
+            "accuracy": accuracy,
+            "predictions": predictions,
+            "targets": targets,
+            "mask": mask,
+            "kind": kind,
+        }
 
 
 def mpp_loss(predictions: Tensor, targets: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -251,9 +260,18 @@ def mpp_loss(predictions: Tensor, targets: Tensor, mask: Tensor) -> tuple[Tensor
 
 
 @torch.no_grad()
-def evaluate_mpp(model: MaskedPatchPrediction, images: Tensor, size: int, mean: tuple[float, ...], std: tuple[float, ...],
-                 device: torch.device, batch_size: int = 256, seed: int = 12345) -> dict[str, float | None]:
-    """MPP loss and top-1 / top-5 accuracy over the corrupted patches of held-out uint8 images (fixed corruption seed)."""
+def evaluate_mpp(
+    model: MaskedPatchPrediction,
+    images: Tensor,
+    size: int,
+    mean: tuple[float, ...],
+    std: tuple[float, ...],
+    device: torch.device,
+    batch_size: int = 256,
+    seed: int = 12345,
+) -> dict[str, float | None]:
+    """MPP loss and top-1 / top-5 accuracy over the corrupted patches of held-out uint8 images (the corruption
+    is drawn from a fixed seed, so every evaluation of a run corrupts the same patches)."""
     was_training = model.training
     model.eval()
     generator = torch.Generator(device=device).manual_seed(seed)
@@ -272,4 +290,8 @@ def evaluate_mpp(model: MaskedPatchPrediction, images: Tensor, size: int, mean: 
             hits1 += float((best[:, :1] == labels).any(-1).float().mean()) * weight
             hits5 += float((best == labels).any(-1).float().mean()) * weight
     model.train(was_training)
-    return {"loss": loss_sum / count, "top1": hits1 / count if classify else None, "top5": hits5 / count if classify else None}
+    return {
+        "loss": loss_sum / count,
+        "top1": hits1 / count if classify else None,
+        "top5": hits5 / count if classify else None,
+    }
