@@ -28,7 +28,6 @@ LAZY_IMPORTS = {
     # The last cycle: the plan's ETA lines; it goes with the rewrite of train/plan.py and train/estimate.py.
     ("vitkit.train.plan", "vitkit.train.estimate"): "cycle plan <-> estimate",
     # Neither a cycle nor a heavy dependency: to move to module level with their modules' next change.
-    ("vitkit.checkpoints.keymap", "vitkit.models"): "no reason",
     ("vitkit.data.shard", "vitkit.data.large"): "no reason",
     ("vitkit.runs", "vitkit.checkpoints"): "no reason",
     ("vitkit.serve.model", "vitkit.device"): "no reason",

@@ -14,6 +14,7 @@ from typing import Callable, Iterable, Mapping
 import torch
 from torch import Tensor
 
+from vitkit.checkpoints.limits import meta_model
 from vitkit.checkpoints.validate import CheckpointError
 
 # foreign pattern -> (vitkit pattern, layout); the layout names a pair in LAYOUTS.
@@ -67,9 +68,7 @@ def restrict(table: dict[str, tuple[str, str]], config: object) -> dict[str, tup
 
     Split q/k/v names count as present when the fused `attn.qkv` tensor is.
     """
-    from vitkit.checkpoints.limits import meta_model  # shapes only, no memory
-
-    names = set(meta_model(config).state_dict())
+    names = set(meta_model(config).state_dict())  # built on the meta device: shapes only, no memory
     fused = re.compile(r"\.attn\.[qkv]\.")
     return {k: v for k, v in table.items() if fused.sub(".attn.qkv.", v[0]) in names}
 
