@@ -186,6 +186,28 @@ def test_a_stalled_body_gets_408_and_frees_its_place(vit_checkpoint: Path) -> No
     assert after.status_code == 200
 
 
+def test_a_client_that_leaves_mid_body_is_no_internal_error(vit_checkpoint: Path, caplog) -> None:
+    messages = [{"type": "http.request", "body": b"\x89PNG", "more_body": True}, {"type": "http.disconnect"}]
+    sent = []
+
+    async def receive():
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+
+    async def scenario():
+        app = create_app(vit_checkpoint, ServeConfig(model_process=False))
+        async with serving(app) as client:
+            await app(post_scope("/v1/predict", [(b"content-type", b"image/png")]), receive, send)
+            return (await client.get("/metrics")).text
+
+    text = asyncio.run(scenario())
+    assert sent[0]["status"] == 400 and b"disconnected" in sent[1]["body"]
+    assert not [r for r in caplog.records if r.levelno >= 40]  # nothing logged as an error
+    assert metric(text, "vitkit_requests_total", route="/v1/predict", status="500") == 0
+
+
 def test_token_guards_every_route_but_the_page(vit_checkpoint: Path) -> None:
     config = ServeConfig(token="s3cret", model_process=False)
 

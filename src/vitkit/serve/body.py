@@ -12,7 +12,7 @@ from typing import AsyncIterator
 
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
 
 class HTTPError(Exception):
@@ -68,13 +68,16 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 
 async def read_images(request: Request, limit: int, max_files: int, timeout_s: float) -> tuple[list[Upload], bool]:
-    """(the images of the request, whether it was a multipart form); 408 when the body takes over `timeout_s`."""
+    """(the images of the request, whether it was a multipart form); 408 when the body takes over `timeout_s`,
+    400 (answered to nobody, but not an internal error) when the client leaves before the end of it."""
     check_content_type(request)
     try:
         async with asyncio.timeout(timeout_s):
             body = await read_body(request, limit)
     except TimeoutError as error:
         raise HTTPError(408, f"the request body did not arrive within {timeout_s:g} s") from error
+    except ClientDisconnect as error:
+        raise HTTPError(400, "the client disconnected before sending the whole body") from error
     if media_type(request) != "multipart/form-data":
         return [Upload("body", body)], False
     return await _multipart(request, body, max_files), True
