@@ -51,7 +51,8 @@ def test_hand_edited_config_is_refused_by_field_and_file(tmp_path, make_vit, no_
 def test_divisibility_and_family_errors_name_the_file(tmp_path, make_vit, no_allocation):
     vitkit.save(make_vit(), tmp_path / "c")
     config = edit_model_config(tmp_path / "c", hidden_size=30, num_heads=4)
-    with pytest.raises(CheckpointError, match=re.escape(str(config)) + ": model: hidden_size 30 is not divisible by num_heads 4"):
+    problem = ": model: hidden_size 30 is not divisible by num_heads 4"
+    with pytest.raises(CheckpointError, match=re.escape(str(config)) + problem):
         read(tmp_path / "c")
     edit_model_config(tmp_path / "c", family="transformer-xl")
     with pytest.raises(CheckpointError, match=r"config\.json: model: unknown model family 'transformer-xl'"):
@@ -100,8 +101,10 @@ def test_model_under_the_limit_still_loads(tmp_path, make_vit):
 @pytest.mark.parametrize("edit, problem", [
     ({"class_names": ["a", 3, "c", "d", "e"]}, r"class_names must be null or a list of 5 strings"),
     ({"class_names": ["a"]}, r"class_names must be null or a list of 5 strings"),
-    ({"normalization": {"mean": [0.5, "x", 0.5], "std": [0.5] * 3}}, r"normalization\.mean must be a list of 1 or 3 finite numbers"),
-    ({"normalization": {"mean": [0.5] * 3, "std": [0.5, 0.0, 0.5]}}, r"normalization\.std must be a list of 1 or 3 finite numbers > 0"),
+    ({"normalization": {"mean": [0.5, "x", 0.5], "std": [0.5] * 3}},
+     r"normalization\.mean must be a list of 1 or 3 finite numbers"),
+    ({"normalization": {"mean": [0.5] * 3, "std": [0.5, 0.0, 0.5]}},
+     r"normalization\.std must be a list of 1 or 3 finite numbers > 0"),
     ({"provenance": [1, 2]}, r"provenance must be an object"),
     ({"weights_sha256": 5}, r"weights_sha256 must be a hex string"),
 ])

@@ -40,7 +40,8 @@ def test_safetensors_header_claims_are_bounded_by_the_file(tmp_path, no_data_rea
     entry = {"dtype": "F32", "shape": [3_000_000, 3, 8, 8], "data_offsets": [0, 4 * 3_000_000 * 3 * 64]}
     path.write_bytes(safetensors_bytes({"patch_embed.proj.weight": entry}, b"\0" * 64))
     start = time.perf_counter()
-    with pytest.raises(CheckpointError, match=re.escape(str(path)) + ": the header describes 2304000000 bytes of data, the file holds 64"):
+    problem = ": the header describes 2304000000 bytes of data, the file holds 64"
+    with pytest.raises(CheckpointError, match=re.escape(str(path)) + problem):
         read(path)
     assert time.perf_counter() - start < 1.0
     path.write_bytes(struct.pack("<Q", 1 << 60) + b"{}")
@@ -61,18 +62,21 @@ def test_timm_shapes_are_checked_before_the_data(tmp_path, make_vit, no_data_rea
     state = timm_state(make_vit)
     state["patch_embed.proj.weight"] = state["patch_embed.proj.weight"].reshape(64, -1)  # rank 2, not 4
     save_file(state, str(tmp_path / "a.safetensors"))
-    with pytest.raises(CheckpointError, match=r"a\.safetensors: tensor patch_embed\.proj\.weight has shape \(64, 192\), expected 4"):
+    problem = r"a\.safetensors: tensor patch_embed\.proj\.weight has shape \(64, 192\), expected 4"
+    with pytest.raises(CheckpointError, match=problem):
         read(tmp_path / "a.safetensors")
     state = timm_state(make_vit)
     state["blocks.1.mlp.fc2.weight"] = torch.zeros(64, 48)  # fc1 says 64
     save_file(state, str(tmp_path / "b.safetensors"))
-    with pytest.raises(CheckpointError, match=r"b\.safetensors does not fit the model: shape mismatch \['blocks\.1\.mlp\.fc2\.weight: file \(64, 48\) vs model \(64, 64\)'\]"):
+    problem = r"b\.safetensors does not fit the model: shape mismatch \['blocks\.1\.mlp\.fc2\.weight: "
+    with pytest.raises(CheckpointError, match=problem + r"file \(64, 48\) vs model \(64, 64\)'\]"):
         read(tmp_path / "b.safetensors")
 
 
 def test_timm_model_above_the_limit_is_refused_from_the_header(tmp_path, make_vit, no_data_read):
     save_file(timm_state(make_vit), str(tmp_path / "a.safetensors"))
-    with pytest.raises(CheckpointError, match=r"a\.safetensors: the model needs .* above the limit of 0\.0 GB \(max_bytes=100\)"):
+    problem = r"a\.safetensors: the model needs .* above the limit of 0\.0 GB \(max_bytes=100\)"
+    with pytest.raises(CheckpointError, match=problem):
         read(tmp_path / "a.safetensors", max_bytes=100)
 
 
@@ -87,7 +91,8 @@ def test_pth_is_memory_mapped_or_bounded_by_the_limit(tmp_path, make_vit):
     for name in ("zip.pth", "legacy.pth"):
         assert torch.equal(read(tmp_path / name).model.state_dict()["head.weight"], model.state_dict()["head.weight"])
     torch.save({1: torch.zeros(1)}, tmp_path / "keys.pth")
-    with pytest.raises(CheckpointError, match=r"keys\.pth: the file does not hold a flat state dict of tensors with string names"):
+    problem = r"keys\.pth: the file does not hold a flat state dict of tensors with string names"
+    with pytest.raises(CheckpointError, match=problem):
         read(tmp_path / "keys.pth")
 
 
@@ -97,7 +102,8 @@ def test_npz_member_headers_are_bounded_by_the_member(tmp_path, no_data_read):
     np.lib.format.write_array_header_1_0(forged, {"descr": "<f4", "fortran_order": False, "shape": (9999999, 2)})
     with zipfile.ZipFile(path, "w") as archive:
         archive.writestr("embedding/kernel.npy", forged.getvalue() + b"\0" * 16)
-    with pytest.raises(CheckpointError, match=r"w\.npz: member 'embedding/kernel\.npy': shape \[9999999, 2\] of <f4 needs "
+    with pytest.raises(CheckpointError, match=r"w\.npz: member 'embedding/kernel\.npy': shape \[9999999, 2\] of <f4 "
+                       r"needs "
                        r"79999992 bytes, the member holds 16"):
         read(path)
     with zipfile.ZipFile(path, "w") as archive:
@@ -108,8 +114,10 @@ def test_npz_member_headers_are_bounded_by_the_member(tmp_path, no_data_read):
 
 @pytest.mark.parametrize("edit, problem", [
     ({"num_hidden_layers": "12"}, r"num_hidden_layers \(vitkit's depth\) must be an integer in \[1, 1024\], got '12'"),
-    ({"hidden_size": 3_000_000}, r"hidden_size \(vitkit's hidden_size\) must be an integer in \[1, 65536\], got 3000000"),
-    ({"layer_norm_eps": float("nan")}, r"layer_norm_eps \(vitkit's layer_norm_eps\) must be a finite number in \(0, 1\], got nan"),
+    ({"hidden_size": 3_000_000},
+     r"hidden_size \(vitkit's hidden_size\) must be an integer in \[1, 65536\], got 3000000"),
+    ({"layer_norm_eps": float("nan")},
+     r"layer_norm_eps \(vitkit's layer_norm_eps\) must be a finite number in \(0, 1\], got nan"),
     ({"image_size": [32, "x"]}, r"image_size must be one size or two equal ones"),
     ({"hidden_act": ["gelu"]}, r"hidden_act \['gelu'\] has no vitkit equivalent"),
     ({"id2label": ["a", "b"]}, r"id2label must be an object"),
@@ -121,3 +129,35 @@ def test_hf_config_fields_are_named_as_hf_names_them(tmp_path, make_vit, edit, p
     path.write_text(json.dumps({**json.loads(path.read_text()), **edit}))
     with pytest.raises(CheckpointError, match=re.escape(str(path)) + ": " + problem):
         read(tmp_path / "hf")
+
+
+def _replace_member(path, name, raw):
+    with zipfile.ZipFile(path) as archive:
+        members = [(i.filename, archive.read(i)) for i in archive.infolist()]
+    with zipfile.ZipFile(path, "w") as archive:
+        for member, data in members:
+            archive.writestr(member, raw if member == name else data)
+
+
+@pytest.mark.parametrize("pickle_bytes, raised", [
+    (b"\x80\x02a.", "IndexError"),  # APPEND on an empty stack
+    (b"\x80\x02h\x05.", "KeyError"),  # a memo slot never filled
+    (b"\x80\x02K\x05Q.", "AssertionError"),  # a persistent id that is not a tuple
+])
+def test_damaged_pickle_inside_a_torch_zip_is_named(tmp_path, pickle_bytes, raised):
+    path = tmp_path / "w.pth"
+    torch.save({"w": torch.zeros(2)}, path)
+    with zipfile.ZipFile(path) as archive:
+        name = next(n for n in archive.namelist() if n.endswith("data.pkl"))
+    _replace_member(path, name, pickle_bytes)
+    with pytest.raises(CheckpointError, match=re.escape(str(path)) + ".*" + raised):
+        read(path)
+
+
+def test_unterminated_npy_header_is_named(tmp_path):
+    header = b"{'descr': '<f4', 'fortran_order': False, 'shape': (2,".ljust(117) + b"\n"
+    path = tmp_path / "w.npz"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("embedding/kernel.npy", b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header)
+    with pytest.raises(CheckpointError, match=r"w\.npz: cannot be read as an \.npz archive \(TokenError"):
+        read(path)

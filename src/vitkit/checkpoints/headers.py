@@ -12,6 +12,7 @@ import json
 import lzma
 import math
 import struct
+import tokenize
 import zipfile
 import zlib
 from pathlib import Path
@@ -21,7 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from vitkit.checkpoints.validate import CheckpointError
+from vitkit.checkpoints.validate import CheckpointError, short
 
 MAX_HEADER = 100_000_000  # the safetensors library's own bound
 MAX_DIMS, MAX_MEMBERS = 8, 100_000
@@ -37,7 +38,7 @@ def meta_tensor(shape: Any, dtype: torch.dtype, where: str) -> Tensor:
     """A meta tensor of `shape` (a list of non-negative integers whose size fits in memory arithmetic)."""
     if not (isinstance(shape, (list, tuple)) and len(shape) <= MAX_DIMS
             and all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 1 << 40 for d in shape)):
-        raise CheckpointError(f"{where}: shape must be a list of at most {MAX_DIMS} sizes >= 0, got {shape!r}"[:300])
+        raise CheckpointError(f"{where}: shape must be a list of at most {MAX_DIMS} sizes >= 0, got {short(shape)}")
     if math.prod(max(d, 1) for d in shape) > 1 << 56:
         raise CheckpointError(f"{where}: shape {list(shape)} is too large to describe a tensor")
     return torch.empty(tuple(shape), dtype=dtype, device="meta")
@@ -53,23 +54,24 @@ def safetensors_header(path: str | Path) -> dict[str, Tensor]:
     with open(path, "rb") as handle:
         prefix = handle.read(8)
         if len(prefix) < 8:
-            raise CheckpointError(f"{path}: {size} bytes, too short for a safetensors file (8-byte header length first)")
+            raise CheckpointError(f"{path}: {size} bytes, too short for a safetensors file (header length first)")
         length = int.from_bytes(prefix, "little")
         if length > min(MAX_HEADER, size - 8):
-            raise CheckpointError(f"{path}: the header claims {length} bytes, but the file has {size - 8} after its length "
-                                  "(truncated, or not a safetensors file)")
+            raise CheckpointError(f"{path}: the header claims {length} bytes, but the file has {size - 8} after "
+                                  "its length (truncated, or not a safetensors file)")
         raw = handle.read(length)
     try:
         header = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, RecursionError, ValueError) as err:
-        raise CheckpointError(f"{path}: the safetensors header is not valid JSON ({type(err).__name__}: {err})"[:400]) from None
+        problem = f"{type(err).__name__}: {err}"[:200]
+        raise CheckpointError(f"{path}: the safetensors header is not valid JSON ({problem})") from None
     if not isinstance(header, dict):
         raise CheckpointError(f"{path}: the safetensors header must be a JSON object, got {type(header).__name__}")
     if not isinstance(header.pop("__metadata__", None) or {}, dict):
         raise CheckpointError(f"{path}: the safetensors __metadata__ must be an object")
     spans, tensors = [], {}
     for name, entry in header.items():
-        tensors[name], span = _safetensors_entry(entry, f"{path}: tensor {name!r}"[:300])
+        tensors[name], span = _safetensors_entry(entry, f"{path}: tensor {short(name)}")
         spans.append((*span, name))
     _check_tiling(spans, size - 8 - length, path)
     return tensors
@@ -80,15 +82,17 @@ def _safetensors_entry(entry: Any, where: str) -> tuple[Tensor, tuple[int, int]]
         raise CheckpointError(f"{where}: must be an object with dtype, shape and data_offsets")
     dtype = SAFETENSORS_DTYPES.get(entry["dtype"]) if isinstance(entry["dtype"], str) else None
     if dtype is None:
-        raise CheckpointError(f"{where}: unknown dtype {entry['dtype']!r}; expected one of {sorted(SAFETENSORS_DTYPES)}"[:300])
+        known = sorted(SAFETENSORS_DTYPES)
+        raise CheckpointError(f"{where}: unknown dtype {short(entry['dtype'])}; expected one of {known}")
     tensor = meta_tensor(entry["shape"], dtype, where)
     offsets = entry["data_offsets"]
-    if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
-            and 0 <= offsets[0] <= offsets[1]):
-        raise CheckpointError(f"{where}: data_offsets must be [begin, end] with 0 <= begin <= end, got {offsets!r}"[:300])
-    if offsets[1] - offsets[0] != tensor.numel() * tensor.element_size():
-        raise CheckpointError(f"{where}: shape {list(tensor.shape)} of {entry['dtype']} needs "
-                              f"{tensor.numel() * tensor.element_size()} bytes, its data_offsets span {offsets[1] - offsets[0]}")
+    integers = isinstance(offsets, list) and all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
+    if not (integers and len(offsets) == 2 and 0 <= offsets[0] <= offsets[1]):
+        raise CheckpointError(f"{where}: data_offsets must be [begin, end], 0 <= begin <= end, got {short(offsets)}")
+    need = tensor.numel() * tensor.element_size()
+    if offsets[1] - offsets[0] != need:
+        raise CheckpointError(f"{where}: shape {list(tensor.shape)} of {entry['dtype']} needs {need} bytes, "
+                              f"its data_offsets span {offsets[1] - offsets[0]}")
     return tensor, (offsets[0], offsets[1])
 
 
@@ -97,8 +101,8 @@ def _check_tiling(spans: list[tuple[int, int, str]], data_size: int, path: Path)
     end = 0
     for begin, stop, name in sorted(spans):
         if begin != end:
-            raise CheckpointError(f"{path}: tensor {name!r} starts at byte {begin} of the data, expected {end} "
-                                  "(overlapping or missing data)"[:300])
+            raise CheckpointError(f"{path}: tensor {short(name)} starts at byte {begin} of the data, expected {end} "
+                                  "(overlapping or missing data)")
         end = stop
     if end != data_size:
         raise CheckpointError(f"{path}: the header describes {end} bytes of data, the file holds {data_size} "
@@ -107,8 +111,9 @@ def _check_tiling(spans: list[tuple[int, int, str]], data_size: int, path: Path)
 
 # ---- npz --------------------------------------------------------------------------------------------------
 
+# what zipfile and numpy's .npy header parser (a Python literal, tokenised) raise on damaged bytes
 ZIP_ERRORS = (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, RuntimeError, zlib.error, lzma.LZMAError,
-              EOFError, OSError, ValueError, struct.error)  # what zipfile and numpy's header parser raise
+              EOFError, OSError, ValueError, struct.error, tokenize.TokenError, SyntaxError)
 
 
 def npz_header(path: str | Path) -> dict[str, Tensor]:
@@ -118,17 +123,18 @@ def npz_header(path: str | Path) -> dict[str, Tensor]:
         with zipfile.ZipFile(path) as archive:
             members = archive.infolist()
             if len(members) > MAX_MEMBERS:
-                raise CheckpointError(f"{path}: {len(members)} members, more than the {MAX_MEMBERS} an .npz of weights has")
+                raise CheckpointError(f"{path}: {len(members)} members, more than the {MAX_MEMBERS} of any weights")
             return {info.filename.removesuffix(".npy"): _npy_header(archive, info, path) for info in members}
     except CheckpointError:
         raise
     except ZIP_ERRORS as err:
-        raise CheckpointError(f"{path}: cannot be read as an .npz archive ({type(err).__name__}: {err}); "
-                              "the file is damaged or not an .npz"[:400]) from None
+        problem = f"{type(err).__name__}: {err}"[:200]
+        raise CheckpointError(f"{path}: cannot be read as an .npz archive ({problem}); "
+                              "the file is damaged or not an .npz") from None
 
 
 def _npy_header(archive: zipfile.ZipFile, info: zipfile.ZipInfo, path: Path) -> Tensor:
-    where = f"{path}: member {info.filename!r}"[:300]
+    where = f"{path}: member {short(info.filename)}"
     if not info.filename.endswith(".npy"):
         raise CheckpointError(f"{where} is not a .npy array")
     with archive.open(info) as member:
@@ -139,11 +145,12 @@ def _npy_header(archive: zipfile.ZipFile, info: zipfile.ZipInfo, path: Path) -> 
         shape, _, dtype = read(member)
         header_bytes = member.tell()
     if dtype.hasobject:
-        raise CheckpointError(f"{path} {PICKLED} (member {info.filename!r} is an object array)")
+        raise CheckpointError(f"{path} {PICKLED} (member {short(info.filename)} is an object array)")
     if dtype.kind not in "biuf":
         raise CheckpointError(f"{where}: dtype {dtype.str} is not a number type")
     tensor = meta_tensor(list(shape), torch.float32, where)
-    if info.file_size != header_bytes + tensor.numel() * dtype.itemsize:
-        raise CheckpointError(f"{where}: shape {list(shape)} of {dtype.str} needs {tensor.numel() * dtype.itemsize} bytes, "
+    need = tensor.numel() * dtype.itemsize
+    if info.file_size != header_bytes + need:
+        raise CheckpointError(f"{where}: shape {list(shape)} of {dtype.str} needs {need} bytes, "
                               f"the member holds {info.file_size - header_bytes}")
     return tensor

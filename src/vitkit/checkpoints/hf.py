@@ -16,17 +16,18 @@ import json
 import logging
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from safetensors.torch import save_file
 from torch import Tensor
 
-from vitkit.checkpoints import keymap, surgery
 from vitkit.atomic import atomic_write, atomic_write_text
+from vitkit.checkpoints import keymap, surgery
 from vitkit.checkpoints.native import Checkpoint, read_checked
 from vitkit.checkpoints.tensorfile import open_tensors
-from vitkit.checkpoints.validate import CheckpointError, mapping, naming, numbers_list, read_json
+from vitkit.checkpoints.validate import CheckpointError, mapping, naming, numbers_list, read_json, short
 from vitkit.models.configs import ViTConfig
 
 log = logging.getLogger(__name__)
@@ -105,18 +106,20 @@ def to_vit_config(hf: Mapping[str, Any], state: Mapping[str, Tensor], source: st
     """HF ViTConfig fields -> vitkit ViTConfig (numerics carried); head and pooler from the tensors (`source`)."""
     act = hf.get("hidden_act", "gelu")
     if not isinstance(act, str) or act not in ACTIVATIONS:
-        raise ValueError(f"hidden_act {act!r} has no vitkit equivalent (supported: {sorted(ACTIVATIONS)})")
+        raise ValueError(f"hidden_act {short(act)} has no vitkit equivalent (supported: {sorted(ACTIVATIONS)})")
     pooler = "vit.pooler.dense.weight" in state
     if pooler and hf.get("pooler_act", "tanh") != "tanh":
-        raise ValueError(f"pooler_act {hf.get('pooler_act')!r}: vitkit's pre-logits layer is dense + tanh")
-    missing = [k for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size") if k not in hf]
+        raise ValueError(f"pooler_act {short(hf.get('pooler_act'))}: vitkit's pre-logits layer is dense + tanh")
+    required = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
+    missing = [k for k in required if k not in hf]
     if missing:
         raise ValueError(f"lacks the field(s) {missing}")
     rep = keymap.shape_of(state, "vit.pooler.dense.weight", 2, source)[0] if pooler else None
     head = keymap.shape_of(state, "classifier.weight", 2, source)[0] if "classifier.weight" in state else 0
     return ViTConfig(
-        img_size=_square(hf.get("image_size", 224), "image_size"), patch_size=_square(hf.get("patch_size", 16), "patch_size"),
-        in_chans=hf.get("num_channels", 3), hidden_size=hf["hidden_size"], depth=hf["num_hidden_layers"],
+        img_size=_square(hf.get("image_size", 224), "image_size"),
+        patch_size=_square(hf.get("patch_size", 16), "patch_size"), in_chans=hf.get("num_channels", 3),
+        hidden_size=hf["hidden_size"], depth=hf["num_hidden_layers"],
         num_heads=hf["num_attention_heads"], mlp_dim=hf["intermediate_size"], pool="token",
         representation_size=rep, num_classes=head, qkv_bias=hf.get("qkv_bias", True),
         layer_norm_eps=hf.get("layer_norm_eps", 1e-12), gelu=ACTIVATIONS[act],
@@ -128,7 +131,8 @@ def _square(value: Any, name: str) -> Any:
     # HF accepts (height, width) pairs; vitkit's models are square (the value's type is checked by ViTConfig)
     if isinstance(value, (list, tuple)):
         if len(value) != 2 or value[0] != value[1]:
-            raise ValueError(f"{name} must be one size or two equal ones (vitkit's models are square), got {value!r}"[:300])
+            raise ValueError(f"{name} must be one size or two equal ones (vitkit's models are square), "
+                             f"got {short(value)}")
         return value[0]
     return value
 
@@ -174,11 +178,12 @@ def to_vitkit(path: str | os.PathLike, config: ViTConfig | None = None, max_byte
     def fields(config: ViTConfig) -> dict[str, Any]:
         extra: dict[str, Any] = {"provenance": {"source": str(directory), "format": "hf"}}
         extra["class_names"] = class_names(hf, config.num_classes, where)
-        if (directory / PREPROCESSOR).is_file():
-            pre, counts = read_json(directory / PREPROCESSOR), tuple(sorted({1, 3, config.in_chans}))
+        pre_path = directory / PREPROCESSOR
+        if pre_path.is_file():
+            pre, counts = read_json(pre_path), tuple(sorted({1, 3, config.in_chans}))
             if "image_mean" in pre and "image_std" in pre:
-                extra.update(mean=numbers_list(pre["image_mean"], f"{directory / PREPROCESSOR}: image_mean", counts),
-                             std=numbers_list(pre["image_std"], f"{directory / PREPROCESSOR}: image_std", counts, positive=True))
+                extra.update(mean=numbers_list(pre["image_mean"], f"{pre_path}: image_mean", counts),
+                             std=numbers_list(pre["image_std"], f"{pre_path}: image_std", counts, positive=True))
         return extra
 
     header, load = open_tensors(weights, max_bytes)

@@ -9,7 +9,7 @@ for one model's sizes; the reverse direction is the same table inverted, never a
 from __future__ import annotations
 
 import re
-from typing import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import torch
 from torch import Tensor

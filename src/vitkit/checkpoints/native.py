@@ -14,9 +14,10 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from safetensors import SafetensorError
@@ -25,8 +26,16 @@ from torch import nn
 
 from vitkit.atomic import atomic_write, atomic_write_text
 from vitkit.checkpoints import headers, limits
-from vitkit.checkpoints.validate import (CheckpointError, check_fits, mapping, model_config, numbers_list, read_json,
-                                         strings_list)
+from vitkit.checkpoints.validate import (
+    CheckpointError,
+    check_fits,
+    mapping,
+    model_config,
+    numbers_list,
+    read_json,
+    short,
+    strings_list,
+)
 from vitkit.models import build_model
 from vitkit.models.configs import ModelConfig, config_to_dict, in_channels, num_classes
 
@@ -92,7 +101,9 @@ def is_native(path: Path) -> bool:
         return False
 
 
-def load(directory: str | os.PathLike, map_location: str | torch.device = "cpu", max_bytes: int | None = None) -> Checkpoint:
+def load(
+    directory: str | os.PathLike, map_location: str | torch.device = "cpu", max_bytes: int | None = None
+) -> Checkpoint:
     """Read a directory written by `save`; every mismatch is named in a CheckpointError (a ValueError).
 
     Order: config.json's fields, the model's size (limits.check_model, `max_bytes`), the weights' hash,
@@ -105,7 +116,7 @@ def load(directory: str | os.PathLike, map_location: str | torch.device = "cpu",
             raise FileNotFoundError(f"{directory} is not a complete vitkit checkpoint: {path.name} is missing")
     meta = read_json(config_path)
     if meta.get("format") != FORMAT:
-        raise CheckpointError(f"{config_path} is not a vitkit checkpoint config (format={meta.get('format')!r})"[:300])
+        raise CheckpointError(f"{config_path} is not a vitkit checkpoint config (format={short(meta.get('format'))})")
     config = model_config(meta.get("model"), str(config_path))
     fields = read_fields(meta, config, config_path)
     expected = limits.check_model(config, str(config_path), max_bytes)
@@ -137,7 +148,7 @@ def check_hash(expected: Any, config_path: Path, weights_path: Path) -> None:
     if expected is None:
         return
     if not (isinstance(expected, str) and re.fullmatch(r"[0-9a-f]{64}", expected)):
-        raise CheckpointError(f"{config_path}: weights_sha256 must be a hex string of 64 digits, got {expected!r}"[:300])
+        raise CheckpointError(f"{config_path}: weights_sha256 must be a hex string of 64 digits, got {short(expected)}")
     if _sha256(weights_path) != expected:
         raise CheckpointError(
             f"{weights_path} does not match {config_path.name} (SHA-256 differs): the weights are truncated, "

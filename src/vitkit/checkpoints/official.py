@@ -24,14 +24,14 @@ import logging
 import math
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 import numpy as np
 import torch
 
-from vitkit.checkpoints import headers, keymap, surgery
 from vitkit.atomic import atomic_write
+from vitkit.checkpoints import headers, keymap, surgery
 from vitkit.checkpoints.native import Checkpoint, read_checked
 from vitkit.checkpoints.validate import CheckpointError, naming
 from vitkit.models.configs import MAX_DEPTH, HybridConfig, ViTConfig
@@ -153,7 +153,7 @@ def add_class_posemb_row(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]
         return arrays
     posemb = torch.as_tensor(arrays[key])
     if posemb.dim() == 3 and math.isqrt(posemb.shape[1]) ** 2 == posemb.shape[1]:  # a square grid alone: no [class] row
-        return {**arrays, key: torch.cat([torch.zeros_like(posemb[:, :1]), posemb], dim=1)}
+        return {**arrays, key: surgery.cat([torch.zeros_like(posemb[:, :1]), posemb], dim=1)}
     return arrays
 
 
@@ -229,7 +229,9 @@ def read_arrays(path: Path) -> dict[str, np.ndarray]:
             raise CheckpointError(f"{path} {headers.PICKLED}") from None
         raise CheckpointError(f"cannot read {path}: {err}") from None
     except headers.ZIP_ERRORS as err:
-        raise CheckpointError(f"cannot read {path} as an .npz archive ({err}); the file is damaged or not an .npz") from None
+        problem = f"{type(err).__name__}: {err}"[:200]
+        raise CheckpointError(f"cannot read {path} as an .npz archive ({problem}); "
+                              "the file is damaged or not an .npz") from None
 
 
 def to_vitkit(path: str | os.PathLike, config: ViTConfig | HybridConfig | None = None,

@@ -20,6 +20,17 @@ log = logging.getLogger(__name__)
 PreLogits = Literal["keep", "drop"]
 
 
+def cat(parts: list[Tensor], dim: int = 0) -> Tensor:
+    """`torch.cat`; on the meta device (checks of a file's header) the shape alone, as torch's meta `cat`
+    imports its compiler (~2 s) on first use."""
+    if not all(p.is_meta for p in parts):
+        return torch.cat(parts, dim)
+    shapes = [list(p.shape) for p in parts]
+    if len({len(s) for s in shapes}) != 1 or len({tuple(s[:dim] + s[dim + 1 :]) for s in shapes}) != 1:
+        raise ValueError(f"cannot concatenate shapes {[tuple(s) for s in shapes]} along dimension {dim}")
+    return parts[0].new_empty([*shapes[0][:dim], sum(s[dim] for s in shapes), *shapes[0][dim + 1 :]])
+
+
 def fuse_qkv(state: dict[str, Tensor], depth: int) -> dict[str, Tensor]:
     """`blocks.{i}.attn.{q,k,v}.{weight,bias}` -> `blocks.{i}.attn.qkv.*` (rows q, then k, then v)."""
     out = dict(state)
@@ -28,8 +39,9 @@ def fuse_qkv(state: dict[str, Tensor], depth: int) -> dict[str, Tensor]:
             parts = [out.pop(f"blocks.{i}.attn.{n}.{kind}", None) for n in "qkv"]
             if all(p is not None for p in parts):
                 if len({p.shape for p in parts}) != 1 or parts[0].dim() == 0:
-                    raise ValueError(f"block {i}: q, k and v {kind}s differ in shape: {[tuple(p.shape) for p in parts]}")
-                out[f"blocks.{i}.attn.qkv.{kind}"] = torch.cat(parts, dim=0)  # 3 x (D, ...) -> (3·D, ...)
+                    shapes = [tuple(p.shape) for p in parts]
+                    raise ValueError(f"block {i}: q, k and v {kind}s differ in shape: {shapes}")
+                out[f"blocks.{i}.attn.qkv.{kind}"] = cat(parts, dim=0)  # 3 x (D, ...) -> (3·D, ...)
             elif any(p is not None for p in parts):
                 raise ValueError(f"block {i}: q, k and v {kind}s must all be present or all absent")
     return out

@@ -9,9 +9,11 @@ limit first.  Pickles go through torch's weights-only unpickler and nothing else
 from __future__ import annotations
 
 import pickle
+import struct
 import zipfile
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import torch
 from safetensors import SafetensorError
@@ -19,9 +21,14 @@ from safetensors.torch import load_file
 from torch import Tensor
 
 from vitkit.checkpoints import headers, limits
-from vitkit.checkpoints.validate import CheckpointError, naming
+from vitkit.checkpoints.validate import CheckpointError, naming, short
 
 Tensors = dict[str, Tensor]
+# torch.load's zip reader and its weights-only unpickler raise these on damaged files: the unpickler is Python,
+# and a damaged pickle's opcodes index an empty stack or an unknown memo slot, call a tensor rebuild with the
+# wrong arguments or objects, or fail the unpickler's own asserts (persistent ids)
+UNPICKLER_ERRORS = (RuntimeError, EOFError, OSError, ValueError, IndexError, KeyError, TypeError, AttributeError,
+                    AssertionError, OverflowError, struct.error)
 
 
 def unwrap(obj: Any) -> Tensors:
@@ -62,18 +69,20 @@ def read_torch(path: Path, max_bytes: int | None) -> Tensors:
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True, mmap=mapped)
     except pickle.UnpicklingError as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        first = str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
         raise CheckpointError(
             f"refusing to load {path}: it holds pickled Python objects other than tensors, or is damaged, and "
-            f"unpickling objects could run code (weights_only=True refused: {first})"[:600]
+            f"unpickling objects could run code (weights_only=True refused: {first})"
         ) from None
-    except (RuntimeError, EOFError, OSError, ValueError) as err:
-        raise CheckpointError(f"cannot read {path} as a torch checkpoint: {str(err).strip()[:300]}") from None
+    except UNPICKLER_ERRORS as err:
+        raise CheckpointError(f"cannot read {path} as a torch checkpoint ({type(err).__name__}: "
+                              f"{str(err).strip()[:300]}); the file is damaged or not a torch checkpoint") from None
     with naming(str(path)):
         state = unwrap(obj)
     odd = [k for k, v in state.items() if v.layout != torch.strided or v.is_meta or v.is_quantized]
     if odd:
-        raise CheckpointError(f"{path}: tensors {odd[:5]} are sparse, quantised or hold no data; expected dense weights")
+        raise CheckpointError(f"{path}: tensors {short(odd)} are sparse, quantised or hold no data; "
+                              "expected dense weights")
     return state
 
 
@@ -85,7 +94,8 @@ def _is_stored_zip(path: Path) -> bool:
         with zipfile.ZipFile(path) as archive:
             packed = [i.filename for i in archive.infolist() if i.compress_type != zipfile.ZIP_STORED]
     except headers.ZIP_ERRORS as err:
-        raise CheckpointError(f"cannot read {path} as a torch checkpoint (a damaged zip: {type(err).__name__}: {err})"[:400]) from None
+        problem = f"{type(err).__name__}: {err}"[:200]
+        raise CheckpointError(f"cannot read {path} as a torch checkpoint (a damaged zip: {problem})") from None
     if packed:
-        raise CheckpointError(f"{path}: records {packed[:3]} are compressed; torch.save writes them uncompressed"[:400])
+        raise CheckpointError(f"{path}: records {short(packed)} are compressed; torch.save writes them uncompressed")
     return True

@@ -14,15 +14,15 @@ import json
 import logging
 import math
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
-import torch
 from safetensors.torch import save_file
 from torch import Tensor
 
-from vitkit.checkpoints import keymap
 from vitkit.atomic import atomic_write, atomic_write_text
+from vitkit.checkpoints import keymap, surgery
 from vitkit.checkpoints.native import Checkpoint, read_checked
 from vitkit.checkpoints.tensorfile import open_tensors
 from vitkit.checkpoints.validate import CheckpointError, mapping, naming, numbers_list, read_json, strings_list
@@ -78,7 +78,8 @@ def add_class_posemb_row(state: dict[str, Tensor]) -> dict[str, Tensor]:
     if "cls_token" in state and posemb is not None and posemb.dim() == 3:
         rows = posemb.shape[1]
         if int(rows**0.5) ** 2 == rows:
-            state = {**state, "pos_embed": torch.cat([posemb.new_zeros(posemb.shape[0], 1, posemb.shape[2]), posemb], dim=1)}
+            row = posemb.new_zeros(posemb.shape[0], 1, posemb.shape[2])
+            state = {**state, "pos_embed": surgery.cat([row, posemb], dim=1)}
     return state
 
 
@@ -99,7 +100,8 @@ def guess_num_heads(hidden: int) -> int:
 def infer_config(state: Mapping[str, Tensor], num_heads: int | None, source: str) -> ViTConfig:
     """Config from tensor shapes, with timm's `model_args.num_heads` (config.json) where given; timm numerics."""
     if "patch_embed.proj.weight" not in state or "blocks.0.attn.qkv.weight" not in state:
-        raise CheckpointError(f"{source}: not a timm ViT state dict: no patch_embed.proj.weight / blocks.0.attn.qkv.weight")
+        raise CheckpointError(f"{source}: not a timm ViT state dict: no patch_embed.proj.weight / "
+                              "blocks.0.attn.qkv.weight")
     hidden, in_chans, patch, _ = keymap.shape_of(state, "patch_embed.proj.weight", 4, source)
     depth = keymap.count_indices(state, r"^blocks\.(\d+)\.")
     pool = "token" if "cls_token" in state else "gap"
@@ -149,7 +151,8 @@ def to_vitkit(path: str | os.PathLike, config: ViTConfig | None = None, max_byte
             extra.update(mean=numbers_list(pretrained["mean"], f"{where}: pretrained_cfg.mean", counts),
                          std=numbers_list(pretrained["std"], f"{where}: pretrained_cfg.std", counts, positive=True))
         if meta.get("label_names"):
-            extra["class_names"] = strings_list(meta["label_names"], f"{where}: label_names", config.num_classes or None)
+            names = meta["label_names"]
+            extra["class_names"] = strings_list(names, f"{where}: label_names", config.num_classes or None)
         return extra
 
     header, load = open_tensors(path, max_bytes)

@@ -12,9 +12,10 @@ import json
 import math
 import numbers
 import os
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 from torch import Tensor
 
@@ -85,7 +86,8 @@ def numbers_list(value: Any, where: str, counts: tuple[int, ...], *, positive: b
     )
     if not good:
         lengths = " or ".join(str(c) for c in counts)
-        raise CheckpointError(f"{where} must be a list of {lengths} finite numbers{' > 0' if positive else ''}, got {_short(value)}")
+        kind = f"finite numbers{' > 0' if positive else ''}"
+        raise CheckpointError(f"{where} must be a list of {lengths} {kind}, got {short(value)}")
     return tuple(float(v) for v in value)
 
 
@@ -95,7 +97,7 @@ def strings_list(value: Any, where: str, count: int | None) -> list[str] | None:
         return None
     if not (isinstance(value, list) and count in (None, len(value)) and all(isinstance(v, str) for v in value)):
         what = "strings" if count is None else f"{count} strings (one per class)"
-        raise CheckpointError(f"{where} must be null or a list of {what}, got {_short(value)}")
+        raise CheckpointError(f"{where} must be null or a list of {what}, got {short(value)}")
     return list(value)
 
 
@@ -104,11 +106,12 @@ def mapping(value: Any, where: str) -> dict[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise CheckpointError(f"{where} must be an object, got {_short(value)}")
+        raise CheckpointError(f"{where} must be an object, got {short(value)}")
     return value
 
 
-def _short(value: Any, limit: int = 80) -> str:
+def short(value: Any, limit: int = 80) -> str:
+    """repr(value), cut to `limit` characters: a file's values go into messages, and may be megabytes long."""
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 

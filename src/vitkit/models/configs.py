@@ -36,6 +36,12 @@ class ConfigError(ValueError):
         self.field, self.problem = field, problem
 
 
+def _shown(value: Any) -> str:
+    # a config read from a file may hold a megabyte string: messages show its start
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def _integer(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
@@ -45,28 +51,31 @@ def check_int(name: str, value: Any, low: int, high: int, *, optional: bool = Fa
     if (optional and value is None) or (_integer(value) and low <= value <= high):
         return
     kind = "null or an integer" if optional else "an integer"
-    raise ConfigError(name, f"must be {kind} in [{low}, {high}], got {value!r}")
+    raise ConfigError(name, f"must be {kind} in [{low}, {high}], got {_shown(value)}")
 
 
-def check_number(name: str, value: Any, low: float, high: float, *, open_low: bool = False, open_high: bool = False) -> None:
+def check_number(
+    name: str, value: Any, low: float, high: float, *, open_low: bool = False, open_high: bool = False
+) -> None:
     """A finite real number in the interval, else a ConfigError naming `name` (NaN and inf are refused)."""
     real = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
     if real and (low < value if open_low else low <= value) and (value < high if open_high else value <= high):
         return
     interval = f"{'(' if open_low else '['}{low:g}, {high:g}{')' if open_high else ']'}"
-    raise ConfigError(name, f"must be a finite number in {interval}, got {value!r}")
+    raise ConfigError(name, f"must be a finite number in {interval}, got {_shown(value)}")
 
 
 def check_choice(name: str, value: Any, options: tuple[str, ...]) -> None:
     if not (isinstance(value, str) and value in options):
-        raise ConfigError(name, f"must be one of {list(options)}, got {value!r}")
+        raise ConfigError(name, f"must be one of {list(options)}, got {_shown(value)}")
 
 
 def check_units(name: str, value: Any, fewest: int, most: int) -> tuple[int, ...]:
     """Units per stage: a list of `fewest` to `most` integers in [1, MAX_UNITS], returned as a tuple."""
     ok = isinstance(value, (tuple, list)) and fewest <= len(value) <= most
     if not (ok and all(_integer(v) and 1 <= v <= MAX_UNITS for v in value)):
-        raise ConfigError(name, f"must be a list of {fewest} to {most} integers in [1, {MAX_UNITS}], got {value!r}")
+        what = f"a list of {fewest} to {most} integers in [1, {MAX_UNITS}]"
+        raise ConfigError(name, f"must be {what}, got {_shown(value)}")
     return tuple(int(v) for v in value)
 
 
@@ -132,7 +141,7 @@ class ViTConfig:
         for name, options in choices.items():
             check_choice(name, getattr(self, name), get_args(options))
         if not isinstance(self.qkv_bias, bool):
-            raise ConfigError("qkv_bias", f"must be true or false, got {self.qkv_bias!r}")
+            raise ConfigError("qkv_bias", f"must be true or false, got {_shown(self.qkv_bias)}")
 
     @property
     def head_dim(self) -> int:  # D_h = D / k
