@@ -77,8 +77,8 @@ def read(
             goes too unless `pre_logits="keep"`.
         pre_logits: "keep" or "drop" the representation layer (default: keep unless a new head is asked for).
         config: the model config of a foreign file (otherwise inferred from the tensor shapes).
-        max_bytes: the largest model (float32 weights, in bytes) to build; default half the memory available
-            now.  A larger one is refused before anything is allocated.
+        max_bytes: the largest model (float32 weights, in bytes) to build; default the memory available now.
+            A larger one is refused before anything is allocated.
 
     Raises:
         CheckpointError: the file is damaged, inconsistent, or asks for a model above `max_bytes`.

@@ -1,8 +1,10 @@
 """How large a model a checkpoint may ask for: its size is computed on the meta device (shapes, no
 memory) and refused above a limit before anything real is built.
 
-The default limit is half the memory available now: reading holds the file's tensors and the model
-at once.  `max_bytes=` on `vitkit.load` / `vitkit.checkpoints.read` (the CLI's `--max-model-gb`) sets it.
+The default limit is the memory available now (MemAvailable, or a container's own limit): a model
+larger than that cannot be built here at all.  It is a guard against absurd sizes, not a promise:
+reading holds the file's tensors and the model at once.  `max_bytes=` on `vitkit.load` /
+`vitkit.checkpoints.read` (the CLI's `--max-model-gb`) sets another.
 """
 
 from __future__ import annotations
@@ -76,7 +78,7 @@ def available_memory() -> int:
 def resolve(max_bytes: int | None) -> tuple[int, str]:
     """The limit in bytes and where it comes from."""
     if max_bytes is None:
-        return available_memory() // 2, "half the memory available now"
+        return available_memory(), "the memory available now"
     if isinstance(max_bytes, bool) or not isinstance(max_bytes, (int, float)) or max_bytes < 0:
         raise ValueError(f"max_bytes must be a number of bytes >= 0, got {max_bytes!r}")
     return int(max_bytes), f"max_bytes={int(max_bytes)}"

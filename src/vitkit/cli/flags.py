@@ -13,7 +13,7 @@ def add_surgery_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-classes", type=int, default=None, help="replace the head by a zero-initialised D x K layer")
     parser.add_argument("--pre-logits", choices=("keep", "drop"), default=None, help="keep or drop the pre-logits layer")
     parser.add_argument("--max-model-gb", type=float, default=None,
-                        help="refuse a model with more GB of weights (default: half the memory available now)")
+                        help="refuse a model with more GB of weights (default: the memory available now)")
 
 
 def add_run_flags(parser: argparse.ArgumentParser, batch_size: int = 64) -> None:
@@ -43,8 +43,8 @@ def add_train_flags(parser: argparse.ArgumentParser, *, lr_help: str = "peak lea
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="GROUP.FIELD=VALUE",
                         help="override any config field, e.g. --set optim.warmup_steps=500 (type-checked)")
     parser.add_argument("--strict", action="store_true", help="stop on the first corrupt image instead of skipping it")
-    parser.add_argument("--compile", action="store_true", help="torch.compile the model (the small-28px recipe "
-                        "compiles by default; --set run.compile=false trains eagerly)")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the model, whatever the run's length "
+                        "(by default a run compiles where that saves more time than it costs; --set run.compile=off never)")
     parser.add_argument("--json", action="store_true", help="print one JSON object (no progress bar)")
     parser.set_defaults(runs_root=runs_root)
 
