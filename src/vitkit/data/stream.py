@@ -142,7 +142,7 @@ def name_once(key: str, problem: str) -> None:
     """Log a corrupt sample the first time this process meets it (a stream reads it again every epoch)."""
     if key not in _named and len(_named) < MAX_NAMED:
         _named.add(key)
-        log.warning("skipping corrupt sample %s: %s", key, problem)
+        log.warning("skipping corrupt sample %s", problem if problem.startswith(f"{key}: ") else f"{key}: {problem}")
 
 
 def decode_samples(samples: list[Sample], data: ShardSet, strict: bool) -> tuple[Tensor, Tensor, int]:
