@@ -306,6 +306,36 @@ class _FailingOnce(ServedModel):
         return super().run(jobs)
 
 
+def test_request_bodies_in_memory_are_bounded_over_all_requests(vit_checkpoint: Path) -> None:
+    _Gated.gate.set()
+    body = png_bytes(32, 32)  # about 3.1 KB
+    config = ServeConfig(max_body_mb=4000 / 2**20, max_bodies_mb=7000 / 2**20, max_batch=16, max_wait_ms=0,
+                         model_process=False)
+
+    async def scenario():
+        app = create_app(vit_checkpoint, config, load=lambda path, device: _Gated(open_checkpoint(path), str(path), device))
+        async with serving(app) as client:
+            _Gated.gate.clear()
+            first = [asyncio.ensure_future(client.post("/v1/predict", content=body, headers=PNG)) for _ in range(2)]
+            for _ in range(400):  # both bodies held while the gated forward waits
+                if app.state.service.bodies.held == 2 * len(body):
+                    break
+                await asyncio.sleep(0.005)
+            refused = await client.post("/v1/predict", content=body, headers=PNG)
+            _Gated.gate.set()
+            done = await asyncio.gather(*first)
+            return refused, done, app.state.service.bodies.held
+
+    try:
+        refused, done, held = asyncio.run(scenario())
+    finally:
+        _Gated.gate.set()
+    _assert_error(refused, 503, "bytes of request bodies held in memory")
+    assert refused.headers["retry-after"] == "1" and [r.status_code for r in done] == [200, 200] and held == 0
+    with pytest.raises(ValueError, match="max_bodies_mb"):
+        ServeConfig(max_body_mb=8, max_bodies_mb=4)
+
+
 def test_a_failing_forward_is_a_json_500_and_the_server_goes_on(vit_checkpoint: Path) -> None:
     def load(path, device):
         return _FailingOnce(open_checkpoint(path), str(path), device)

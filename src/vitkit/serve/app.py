@@ -100,9 +100,10 @@ async def _images(request: Request, explain: bool) -> Response:
     top_k, form = _top_k(request), request.query_params.get("format", "json")
     if form not in ("json", "png") or (form == "png" and not explain):
         raise HTTPError(400, f"format must be 'json' (or 'png' on /v1/explain), got {form!r}")
-    with service.admit():
+    with service.admit(), service.bodies.hold() as take:
         config = service.config
-        uploads, multipart = await read_images(request, config.max_body_bytes, config.max_files, config.body_timeout_s)
+        uploads, multipart = await read_images(request, config.max_body_bytes, config.max_files, config.body_timeout_s,
+                                               take)
         if form == "png" and len(uploads) != 1:
             raise HTTPError(400, f"format=png returns one image; this request holds {len(uploads)}")
         answers = await service.answer(uploads, top_k, explain)

@@ -7,8 +7,9 @@ more `file` fields.  Everything that goes wrong here is an `HTTPError` with the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable, Iterator
 
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
@@ -34,6 +35,32 @@ class Upload:
     data: bytes
 
 
+class BodyBudget:
+    """The bytes of request bodies held in memory at once, over all requests: without it, max_queue bodies of
+    max_body_mb each (256 x 8 MiB by default) could be held together, and a flood of large uploads took the
+    server process to 2 GB.  A request whose body would pass the budget gets 503 + Retry-After."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.held = limit, 0
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[Callable[[int], None]]:
+        """A `take(n)` that reserves n more bytes for this request (or refuses); all are released at the end."""
+        taken = 0
+
+        def take(count: int) -> None:
+            nonlocal taken
+            if self.held + count > self.limit:
+                raise HTTPError(503, f"server busy: {self.held:,} bytes of request bodies held in memory (limit "
+                                     f"{self.limit:,}, --max-bodies-mb); retry shortly", {"Retry-After": "1"})
+            self.held, taken = self.held + count, taken + count
+
+        try:
+            yield take
+        finally:
+            self.held -= taken
+
+
 def media_type(request: Request) -> str:
     return request.headers.get("content-type", "").split(";")[0].strip().lower()
 
@@ -47,33 +74,38 @@ def check_content_type(request: Request) -> None:
                              "or a multipart/form-data form with 'file' fields")
 
 
-async def read_body(request: Request, limit: int) -> bytes:
+async def read_body(request: Request, limit: int, take: Callable[[int], None] = lambda count: None) -> bytes:
     """The whole body, refused with 413 as soon as it exceeds `limit` bytes: from Content-Length before
-    reading anything, else while the chunks arrive (so an oversized body is never held in memory)."""
+    reading anything, else while the chunks arrive (so an oversized body is never held in memory).  Its bytes
+    are reserved with `take` (BodyBudget) before they are read: the declared length at once, else chunk by chunk."""
     declared = request.headers.get("content-length")
     if declared is not None:
         if not declared.strip().isdigit():
             raise HTTPError(400, f"invalid Content-Length {declared!r}")
         if int(declared) > limit:
             raise HTTPError(413, f"body of {int(declared):,} bytes exceeds the limit of {limit:,} bytes (--max-body-mb)")
+        take(int(declared))
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
             raise HTTPError(413, f"body exceeds the limit of {limit:,} bytes (--max-body-mb)")
+        if declared is None:
+            take(len(chunk))
         chunks.append(chunk)
     if not size:
         raise HTTPError(400, "empty body: send an image (Content-Type image/*) or a multipart form with 'file' fields")
     return b"".join(chunks)
 
 
-async def read_images(request: Request, limit: int, max_files: int, timeout_s: float) -> tuple[list[Upload], bool]:
+async def read_images(request: Request, limit: int, max_files: int, timeout_s: float,
+                      take: Callable[[int], None] = lambda count: None) -> tuple[list[Upload], bool]:
     """(the images of the request, whether it was a multipart form); 408 when the body takes over `timeout_s`,
     400 (answered to nobody, but not an internal error) when the client leaves before the end of it."""
     check_content_type(request)
     try:
         async with asyncio.timeout(timeout_s):
-            body = await read_body(request, limit)
+            body = await read_body(request, limit, take)
     except TimeoutError as error:
         raise HTTPError(408, f"the request body did not arrive within {timeout_s:g} s") from error
     except ClientDisconnect as error:

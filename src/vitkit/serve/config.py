@@ -18,6 +18,7 @@ class ServeConfig:
     max_batch: int = 32  # images per model forward at most
     max_wait_ms: float = 5.0  # how long the first image of a batch waits for company
     max_body_mb: float = 8.0  # request body limit (MiB), enforced while the body streams in
+    max_bodies_mb: float | None = None  # request bodies held at once, all requests (MiB; None: max(256, 4 x max_body_mb)); more: 503
     token: str | None = None  # when set, every route but the page needs "Authorization: Bearer TOKEN"
     max_queue: int = 256  # requests admitted at once (reading, decoding, waiting, running); more get 503 + Retry-After
     max_files: int = 32  # images in one multipart request
@@ -43,6 +44,8 @@ class ServeConfig:
                 or self.body_timeout_s <= 0 or self.header_timeout_s <= 0:
             raise ValueError("max_wait_ms and drain_timeout_s must be >= 0; max_body_mb, switch_interval_ms, "
                              "body_timeout_s and header_timeout_s > 0")
+        if self.max_bodies_mb is not None and self.max_bodies_mb < self.max_body_mb:
+            raise ValueError(f"max_bodies_mb ({self.max_bodies_mb:g}) must be at least max_body_mb ({self.max_body_mb:g})")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
         if self.threads is not None and self.threads < 1:
@@ -53,3 +56,8 @@ class ServeConfig:
     @property
     def max_body_bytes(self) -> int:
         return int(self.max_body_mb * 1024 * 1024)
+
+    @property
+    def max_bodies_bytes(self) -> int:
+        megabytes = self.max_bodies_mb if self.max_bodies_mb is not None else max(256.0, 4 * self.max_body_mb)
+        return int(megabytes * 1024 * 1024)

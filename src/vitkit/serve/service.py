@@ -14,7 +14,7 @@ import torch
 
 from vitkit.eval.predict import top_classes
 from vitkit.serve.batcher import Batcher, BatcherClosed
-from vitkit.serve.body import HTTPError, Upload
+from vitkit.serve.body import BodyBudget, HTTPError, Upload
 from vitkit.serve.config import ServeConfig
 from vitkit.serve.engine import Answer, Description, Encoded, LocalEngine
 from vitkit.serve.metrics import Metrics
@@ -48,6 +48,7 @@ class Service:
         self.model: Description | None = None
         self.load_error: str | None = None
         self.batcher: Batcher | None = None
+        self.bodies = BodyBudget(config.max_bodies_bytes)  # request bodies in memory, over all requests
         self._admitted = 0
 
     # ---------------------------------------------------------------------------------- lifecycle
