@@ -18,6 +18,7 @@ import numpy as np
 
 IDX_IMAGES_MAGIC = 2051  # 0x00000803: unsigned bytes, 3 dims (N, rows, cols)
 IDX_LABELS_MAGIC = 2049  # 0x00000801: unsigned bytes, 1 dim (N,)
+MAX_IDX_BYTES = 1 << 34  # data an IDX header may claim (MNIST's training images: 47 MB)
 CIFAR_PIXELS = 3 * 32 * 32  # one record's image: 1024 R, then 1024 G, then 1024 B bytes, row-major
 
 
@@ -68,9 +69,11 @@ def read_idx(path: Path, expect_magic: int) -> np.ndarray:
     if magic != expect_magic:
         kind = "images" if expect_magic == IDX_IMAGES_MAGIC else "labels"
         raise DataFormatError(f"{path}: IDX magic number is {magic}, expected {expect_magic} for {kind}")
-    data = _read_bytes(path)
     offset = 4 + 4 * len(dims)
-    expected = int(np.prod(dims))
+    expected = int(np.prod(dims, dtype=object))
+    if min(dims, default=0) < 0 or expected > MAX_IDX_BYTES:
+        raise DataFormatError(f"{path}: header claims dims {dims}; not an IDX file of this kind")
+    data = _read_bytes(path, offset + expected + 1)  # a gzip stream that inflates past its header stops here
     if len(data) - offset != expected:
         raise DataFormatError(
             f"{path}: header says {dims} = {expected} bytes of data but the file holds {len(data) - offset}; "
@@ -166,8 +169,29 @@ def to_nchw(array: np.ndarray, path: Path, key: str) -> np.ndarray:
     raise DataFormatError(f"{path}: `{key}` has shape {array.shape}; no channel axis of size 1 or 3")
 
 
+def _check_npz_sizes(path: Path) -> None:
+    """Each member's .npy header may claim no more bytes than the member holds: numpy allocates what the
+    header claims before it reads a byte, so a forged shape would otherwise allocate any amount."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for info in archive.infolist():
+                with archive.open(info) as handle:
+                    version = np.lib.format.read_magic(handle)
+                    read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+                    shape, _, dtype = read_header(handle)
+                claimed = int(np.prod(shape, dtype=object)) * dtype.itemsize
+                if claimed > info.file_size:
+                    raise DataFormatError(f"{path}: `{info.filename}` claims shape {shape} ({claimed:,} bytes) but holds "
+                                          f"{info.file_size:,} bytes")
+    except (OSError, zipfile.BadZipFile, ValueError, EOFError) as error:
+        if isinstance(error, DataFormatError):
+            raise
+        raise DataFormatError(f"{path}: cannot read .npz ({error})") from error
+
+
 def read_npz(path: Path) -> dict[str, np.ndarray]:
     """The arrays of an `.npz` file, never unpickling; images are returned NCHW, labels int64."""
+    _check_npz_sizes(path)
     try:
         with np.load(path, allow_pickle=False) as archive:
             arrays = {key: archive[key] for key in archive.files}

@@ -1,0 +1,42 @@
+"""IDX and .npz files read as untrusted input: a header cannot make the reader allocate more than the file holds."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import struct
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from vitkit.data.readers import IDX_IMAGES_MAGIC, DataFormatError, read_idx, read_npz
+
+
+def test_a_gzip_stream_inflating_past_its_idx_header_is_cut_there(tmp_path: Path) -> None:
+    path = tmp_path / "train-images-idx3-ubyte.gz"
+    with gzip.open(path, "wb") as handle:  # claims 2 images of 2x2, inflates to 64 MiB
+        handle.write(struct.pack(">iiii", IDX_IMAGES_MAGIC, 2, 2, 2) + bytes(64 << 20))
+    with pytest.raises(DataFormatError, match=r"= 8 bytes of data but the file holds 9"):
+        read_idx(path, IDX_IMAGES_MAGIC)
+
+
+def test_an_idx_header_claiming_negative_dims_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "x-idx3-ubyte"
+    path.write_bytes(struct.pack(">iiii", IDX_IMAGES_MAGIC, -1, -8, 2))
+    with pytest.raises(DataFormatError, match=r"claims dims \(-1, -8, 2\)"):
+        read_idx(path, IDX_IMAGES_MAGIC)
+
+
+def test_an_npy_header_claiming_more_than_its_member_holds_is_refused(tmp_path: Path) -> None:
+    buffer = io.BytesIO()
+    np.lib.format.write_array(buffer, np.zeros((2, 8, 8), np.uint8))
+    header = buffer.getvalue()
+    forged = header.replace(b"'shape': (2, 8, 8)", b"'shape': (9999999, 8)", 1)  # the header's padding absorbs it
+    path = tmp_path / "d.npz"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("images.npy", forged)
+        archive.writestr("labels.npy", header)
+    with pytest.raises(DataFormatError, match=r"`images.npy` claims shape \(9999999, 8\) \(79,999,992 bytes\)"):
+        read_npz(path)
