@@ -25,8 +25,6 @@ LAZY_IMPORTS = {
     "must not import the whole engine",
     ("vitkit.eval.commands", "vitkit.eval.plots"): "matplotlib (~0.6 s) only for the eval verb's confusion figure",
     ("vitkit.serve.model", "vitkit.inspect.plots"): "matplotlib only when an attention overlay is drawn",
-    # The last cycle: the plan's ETA lines; it goes with the rewrite of train/plan.py and train/estimate.py.
-    ("vitkit.train.plan", "vitkit.train.estimate"): "cycle plan <-> estimate",
     # Neither a cycle nor a heavy dependency: to move to module level with their modules' next change.
     ("vitkit.data.shard", "vitkit.data.large"): "no reason",
     ("vitkit.runs", "vitkit.checkpoints"): "no reason",
@@ -35,13 +33,6 @@ LAZY_IMPORTS = {
     ("vitkit.serve.model", "vitkit.runs"): "no reason",
     ("vitkit.serve.worker", "vitkit.serve.engine"): "no reason",
     ("vitkit.serve.worker", "vitkit.serve.model"): "no reason",
-    ("vitkit.train.assemble", "vitkit.checkpoints.surgery"): "no reason",
-    ("vitkit.train.assemble", "vitkit.runs"): "no reason",
-    ("vitkit.train.checkpointer", "vitkit.models"): "no reason",
-    ("vitkit.train.plan", "vitkit.data.sources"): "no reason",
-    ("vitkit.train.recipes", "vitkit.models.configs"): "no reason",
-    ("vitkit.train.resolve", "vitkit.checkpoints"): "no reason",
-    ("vitkit.train.resolve", "vitkit.train.plan"): "no reason",
 }
 
 

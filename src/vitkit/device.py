@@ -1,18 +1,27 @@
-"""One device and precision policy (DESIGN.md "Precision"), used by training, MPP, evaluation and bench.
+"""One device and precision policy (DESIGN.md "Precision", "The host decides how"), used by training, MPP,
+evaluation, serving and bench.
 
 - device "auto" is this process's GPU when CUDA is available (torchrun's LOCAL_RANK picks it), else the CPU;
-- precision "auto" is bf16 autocast wherever the device multiplies bf16 natively (CUDA; CPUs with
-  AVX512-BF16 / AMX), fp32 elsewhere.  On such a CPU bf16 autocast trains 1.7-1.9x faster than fp32
-  at equal accuracy (benchmarks/compare.py, benchmarks/precision_accuracy.py); without native bf16
-  it would be slower, so "auto" stays in fp32 there.
+- precision "auto" is bf16 autocast only where the device multiplies bf16 natively (CUDA; CPUs with
+  AVX512-BF16 / AMX) and, where a caller can time its model (`choose_precision(measure=...)`), only where
+  bf16 measures at least BF16_MIN_SPEEDUP times as fast as fp32 for that model on this host; fp32 elsewhere.
+  Without native bf16 a bf16 matmul runs 10-20x slower than fp32 (AVX2: 2.5 against 58 GFLOP/s, one
+  thread), so an explicit "bf16" there is kept but warned about once, with the slowdown measured.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Literal
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable, Literal
 
 import torch
+
+from vitkit import host as hosts
+
+log = logging.getLogger(__name__)
 
 Precision = Literal["auto", "fp32", "bf16"]
 
@@ -34,18 +43,91 @@ def pick_device(requested: str = "auto", local_rank: int = 0) -> torch.device:
 
 def native_bf16(device: torch.device) -> bool:
     """Whether `device` multiplies bf16 natively (CUDA with bf16 support; oneDNN on AVX512-BF16 / AMX CPUs)."""
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
-    return device.type == "cpu" and torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return device.type in ("cpu", "cuda") and hosts.current(device).native_bf16
 
 
 def resolve_precision(precision: Precision, device: torch.device) -> Literal["fp32", "bf16"]:
-    """"auto" -> "bf16" where native, else "fp32"; explicit values are kept."""
-    if precision not in ("auto", "fp32", "bf16"):
-        raise ValueError(f"unknown precision {precision!r}; expected auto, fp32 or bf16")
-    if precision == "auto":
-        return "bf16" if native_bf16(device) else "fp32"
-    return precision
+    """"auto" -> "bf16" where native, else "fp32"; explicit values are kept (`choose_precision` without a model
+    to time: for inference and benchmarks)."""
+    return choose_precision(precision, device).precision
+
+
+BF16_MIN_SPEEDUP = 1.15  # "auto" picks bf16 where a model's passes measure at least this much faster in it
+_warned: set[str] = set()
+
+
+@dataclass(frozen=True)
+class PrecisionChoice:
+    """The precision a run uses and why (the plan prints `reason`)."""
+
+    precision: Literal["fp32", "bf16"]
+    reason: str
+    speedup: float | None = None  # measured bf16 speed / fp32 speed for the caller's model, where measured
+
+    @property
+    def dtype(self) -> torch.dtype | None:
+        """The autocast dtype (None = full precision)."""
+        return torch.bfloat16 if self.precision == "bf16" else None
+
+
+def choose_precision(requested: Precision, device: torch.device,
+                     measure: Callable[[torch.dtype | None], float] | None = None) -> PrecisionChoice:
+    """The precision for `requested` on `device`, with its reason.
+
+    `measure(dtype)` (optional) returns the seconds of one representative pass of the caller's model under
+    autocast `dtype` (None = fp32); it is called only where the choice depends on it: "auto" on a CPU with
+    native bf16, and an explicit "bf16" on one without (to say how much slower it is).
+    """
+    if requested not in ("auto", "fp32", "bf16"):
+        raise ValueError(f"unknown precision {requested!r}; expected auto, fp32 or bf16")
+    native = native_bf16(device)
+    if requested == "fp32":
+        return PrecisionChoice("fp32", "fp32 as requested")
+    if requested == "bf16":
+        if native or device.type != "cpu":
+            return PrecisionChoice("bf16", "bf16 as requested")
+        speedup = _speedup(measure)
+        slower = f", measured {1 / speedup:.1f}x slower than fp32 here" if speedup else ""
+        _warn_once("bf16-not-native", f"precision bf16 on a CPU without native bf16 ({hosts.current().isa}){slower}; "
+                   "precision auto (the default) trains in fp32 here")
+        return PrecisionChoice("bf16", f"bf16 as requested, though this CPU has no native bf16{slower}", speedup)
+    if not native:
+        return PrecisionChoice("fp32", "auto: this " + ("GPU" if device.type == "cuda" else "CPU") + " has no native bf16")
+    if device.type != "cpu" or measure is None:
+        return PrecisionChoice("bf16", "auto: native bf16")
+    speedup = _speedup(measure)
+    if speedup is not None and speedup < BF16_MIN_SPEEDUP:
+        return PrecisionChoice("fp32", f"auto: native bf16, but this model measured {speedup:.2f}x as fast in bf16 as in "
+                               f"fp32 here (below {BF16_MIN_SPEEDUP:g}x)", speedup)
+    measured = f", {speedup:.2f}x as fast as fp32 for this model here" if speedup else ""
+    return PrecisionChoice("bf16", f"auto: native bf16{measured}", speedup)
+
+
+def _speedup(measure: Callable[[torch.dtype | None], float] | None) -> float | None:
+    """fp32 seconds / bf16 seconds of the caller's pass, or None where it cannot be measured."""
+    if measure is None:
+        return None
+    fp32, bf16 = measure(None), measure(torch.bfloat16)
+    return fp32 / bf16 if fp32 > 0 and bf16 > 0 else None
+
+
+def time_pass(run: Callable[[], object], device: torch.device, repeats: int = 3) -> float:
+    """The fastest of `repeats` timed calls of `run` after one untimed one (which warms caches)."""
+    run()
+    synchronize(device)
+    best = float("inf")
+    for _ in range(repeats):
+        began = time.perf_counter()
+        run()
+        synchronize(device)
+        best = min(best, time.perf_counter() - began)
+    return best
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        log.warning("%s", message)
 
 
 def autocast_dtype(precision: Precision, device: torch.device) -> torch.dtype | None:

@@ -33,6 +33,17 @@ def test_budgeted_run_with_a_fake_clock_ends_at_the_final_learning_rate(tmp_path
     assert result["plan"]["measured"]["fit_epochs"] > 0
 
 
+def test_a_budget_alone_runs_until_the_time_is_spent(tmp_path: Path, monkeypatch) -> None:
+    """No length of its own: the fake clock alone ends the run, annealed, however many steps fit."""
+    monkeypatch.setattr(trainer, "time", FakeTime())
+    run = tmp_path / "run"
+    result = trainer.train(tiny_config(run, "data.steps=0", "data.epochs=0", "run.max_minutes=0.05",
+                                       "run.log_every=1", "optim.end_lr_fraction=0.1"))
+    lrs = [r["lr"] for r in _records(run) if r["split"] == "train"]
+    assert result["status"] == "finished" and not result["plan"]["steps_given"] and len(lrs) == result["step"] > 5
+    assert lrs[-1] == pytest.approx(0.1 * result["plan"]["lr"])  # ended at the schedule's end value
+
+
 def test_cut_budget_keeps_the_old_guillotine(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(trainer, "time", FakeTime())
     run = tmp_path / "run"
@@ -92,15 +103,15 @@ def test_train_fraction_takes_nested_stratified_parts(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("flags, expected", [
-    ({"max_minutes": 5.0}, "4x"),  # the budget decides: the recipe's epochs become a 4x higher bound
+    ({"max_minutes": 5.0}, 0.0),  # the budget alone decides: no length of the recipe's
     ({"max_minutes": 5.0, "epochs": 7.0}, 7.0),  # the user's length stays
     ({"max_minutes": 5.0, "overrides": ("data.epochs=9",)}, 9.0),
     ({"max_minutes": 5.0, "overrides": ("run.budget_schedule=cut",)}, "1x"),  # a guillotine keeps the recipe's length
     ({}, "1x"),  # no budget: the recipe's length
 ])
-def test_a_budget_without_a_given_length_lifts_the_recipe_epochs(flags: dict, expected) -> None:
+def test_a_budget_without_a_given_length_runs_by_the_clock_alone(flags: dict, expected) -> None:
     from vitkit.train.resolve import Request, resolve
 
     recipe = resolve(Request(data="digits", out="unused")).config.data.epochs
     epochs = resolve(Request(data="digits", out="unused", **flags)).config.data.epochs
-    assert epochs == ({"4x": 4 * recipe, "1x": recipe}.get(expected, expected)) and recipe == 60
+    assert epochs == ({"1x": recipe}.get(expected, expected)) and recipe == 60

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
 from pathlib import Path
 
 import pytest
@@ -13,24 +15,20 @@ from helpers import tiny_config
 from vitkit.models import build_model
 from vitkit.models.configs import ViTConfig
 from vitkit.train import compiled, trainer
-from vitkit.train.estimate import rehearse
+from vitkit.train.budget import warm_up
 from vitkit.train.schedule import Schedule
 
 
-@pytest.mark.parametrize(("args", "start", "expected"), [
-    ((0.5, 0.8, (), (), 28), 0.0, [(0.5, 28), (0.0, 28)]),
-    ((0.5, 0.8, (), (), 28), 0.85, [(0.0, 28)]),  # resumed after the PatchDropout phase
-    ((0.5, 0.8, (), (), 28), 0.79, [(0.5, 28), (0.0, 28)]),
-    ((0.0, 0.8, (), (), 28), 0.0, [(0.0, 28)]),  # no PatchDropout: the rate is 0 throughout
-    ((0.5, 1.0, (), (), 28), 0.0, [(0.5, 28)]),  # never switched off
-    ((0.5, 0.0, (), (), 28), 0.0, [(0.0, 28)]),  # switched off from the first step
-    ((0.5, 0.8, (16, 20), (0.45, 0.7), 28), 0.0, [(0.5, 16), (0.5, 20), (0.5, 28), (0.0, 28)]),
-    ((0.5, 0.5, (16, 20), (0.45, 0.7), 28), 0.6, [(0.0, 20), (0.0, 28)]),
+@pytest.mark.parametrize(("rate", "until", "start", "expected"), [
+    (0.5, 0.8, 0.0, [(0.5, 28), (0.0, 28)]),
+    (0.5, 0.8, 0.85, [(0.0, 28)]),  # resumed after the PatchDropout phase
+    (0.5, 0.8, 0.79, [(0.5, 28), (0.0, 28)]),
+    (0.0, 0.8, 0.0, [(0.0, 28)]),  # no PatchDropout: the rate is 0 throughout
+    (0.5, 1.0, 0.0, [(0.5, 28)]),  # never switched off
+    (0.5, 0.0, 0.0, [(0.0, 28)]),  # switched off from the first step
 ])
-def test_phases_follow_the_loops_rules(args, start, expected) -> None:
-    rate, until, sizes, size_until, side = args
-    schedule = Schedule(total_steps=100, peak_lr=1.0, patch_dropout=rate, patch_until=until, resolutions=sizes,
-                        resolution_until=size_until, side=side)
+def test_phases_follow_the_loops_rules(rate, until, start, expected) -> None:
+    schedule = Schedule(total_steps=100, peak_lr=1.0, patch_dropout=rate, patch_until=until, side=28)
     assert schedule.phases(start=start) == expected
     # the loop reads each step's phase with the same rule
     steps = [schedule.at(step) for step in range(int(start * 100), 100)]
@@ -42,7 +40,7 @@ def _vit() -> torch.nn.Module:
                                  num_heads=2, mlp_dim=32, pool="gap", dropout=0.1, patch_dropout=0.5))
 
 
-def test_rehearsal_runs_each_phase_and_leaves_no_trace() -> None:
+def test_warm_up_runs_each_phase_and_leaves_no_trace() -> None:
     module = _vit().eval()
     seen: list[tuple[int, int, bool]] = []
     module.blocks[0].register_forward_pre_hook(lambda m, inputs: seen.append((inputs[0].shape[1], inputs[0].shape[0],
@@ -54,7 +52,7 @@ def test_rehearsal_runs_each_phase_and_leaves_no_trace() -> None:
     def run_once(rate: float, side: int) -> None:
         module(torch.zeros(5, 1, side, side), patch_dropout=rate).float().sum().backward()
 
-    _, timings = rehearse(module, [(0.5, 16), (0.0, 16), (0.0, 8)], run_once, torch.device("cpu"), timed=1)
+    _, timings = warm_up(module, [(0.5, 16), (0.0, 16), (0.0, 8)], run_once, torch.device("cpu"), timed=1)
     # 16 patches (8 kept under PatchDropout 0.5), then all 16, then 4 at 8 px; each twice (one untimed); training mode
     assert seen == [(8, 5, True)] * 2 + [(16, 5, True)] * 2 + [(4, 5, True)] * 2
     assert set(timings) == {(0.5, 16), (0.0, 16), (0.0, 8)} and all(t > 0 for t in timings.values())
@@ -64,21 +62,55 @@ def test_rehearsal_runs_each_phase_and_leaves_no_trace() -> None:
     assert not module.training
 
 
-def test_unsupported_python_keeps_the_eager_model(monkeypatch, caplog) -> None:
+def test_compiling_pays_for_itself_or_the_run_trains_eagerly() -> None:
+    cpu = torch.device("cpu")
+    short = compiled.decide("auto", cpu, graphs=2, eager_step_s=0.5, steps=3, budget_s=None)  # ~1.5 s of steps
+    assert short[0] is False and "compiling 2 graph(s) costs ~60 s" in short[1] and "run.compile=on forces" in short[1]
+    # eager time t saves t (1 - 1/1.3) compiled: it pays from t > 60 / 0.2308 = 260 s
+    assert compiled.decide("auto", cpu, graphs=2, eager_step_s=1.0, steps=250, budget_s=None)[0] is False
+    assert compiled.decide("auto", cpu, graphs=2, eager_step_s=1.0, steps=270, budget_s=None)[0] is True
+    budgeted = compiled.decide("auto", cpu, graphs=2, eager_step_s=1.0, steps=None, budget_s=600.0)  # a 10-min budget
+    assert budgeted[0] is True and "saves ~2.3 min" in budgeted[1]
+    assert compiled.decide("auto", cpu, graphs=2, eager_step_s=1.0, steps=10_000, budget_s=60.0)[0] is False
+    assert compiled.decide("off", cpu, graphs=1, eager_step_s=9.0, steps=10**6, budget_s=None) == (False, "run.compile=off")
+    assert compiled.decide("on", cpu, graphs=9, eager_step_s=0.0, steps=1, budget_s=None) == (True, "run.compile=on")
+
+
+def test_unsupported_python_keeps_the_eager_model(monkeypatch) -> None:
     monkeypatch.setattr(torch._dynamo, "is_dynamo_supported", lambda: False)
-    module = _vit()
-    with caplog.at_level(logging.WARNING, logger="vitkit.train"):
-        assert compiled.compile_for_training(module, torch.device("cpu")) is module
-    assert "not supported" in caplog.text
+    on, why = compiled.decide("on", torch.device("cpu"), graphs=1, eager_step_s=1.0, steps=10**6, budget_s=None)
+    assert not on and "not supported" in why
 
 
-def test_no_compiler_keeps_the_eager_model(monkeypatch, caplog) -> None:
+def test_no_compiler_keeps_the_eager_model(monkeypatch) -> None:
     monkeypatch.delenv("CXX", raising=False)
     monkeypatch.setattr(compiled.shutil, "which", lambda name: None)
-    module = _vit()
-    with caplog.at_level(logging.WARNING, logger="vitkit.train"):
-        assert compiled.compile_for_training(module, torch.device("cpu")) is module
-    assert "no C++ compiler" in caplog.text
+    on, why = compiled.decide("auto", torch.device("cpu"), graphs=1, eager_step_s=1.0, steps=10**6, budget_s=None)
+    assert not on and "no C++ compiler" in why
+
+
+def test_inductors_cache_is_kept_per_host_class(monkeypatch) -> None:
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    path = compiled.use_host_cache(torch.device("cpu"))
+    host = compiled.hosts.current()
+    assert path.startswith(default_cache_dir()) and host.isa in path and torch.__version__.split("+")[0] in path
+    assert ("nobf16" in path) is (not host.native_bf16) and os.environ["TORCHINDUCTOR_CACHE_DIR"] == path
+    monkeypatch.setattr(compiled.hosts, "current", lambda device=None: dataclasses.replace(host, isa="AVX2",
+                                                                                           native_bf16=False))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())  # torch writes its default back: still ours
+    other = compiled.use_host_cache(torch.device("cpu"))
+    assert other != path and other.endswith("vitkit-AVX2-nobf16-" + torch.__version__.replace("+", "-"))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/tmp/my-cache")  # the user's choice stands
+    assert compiled.use_host_cache(torch.device("cpu")) == "/tmp/my-cache"
+
+
+def test_a_short_run_decides_not_to_compile_and_says_why(tmp_path: Path) -> None:
+    result = trainer.train(tiny_config(tmp_path / "run", "data.steps=3", "run.compile=auto"))
+    plan = result["plan"]
+    assert result["status"] == "finished" and plan["compiled"] is False
+    assert plan["compile_reason"].startswith("auto: ~") and "costs ~30 s" in plan["compile_reason"]
 
 
 @pytest.mark.skipif(compiled.cpp_compiler() is None, reason="torch.compile on the CPU needs a C++ compiler")
@@ -93,7 +125,7 @@ def test_compiled_run_compiles_before_the_loop_and_matches_eager(tmp_path: Path,
     torch._dynamo.utils.counters.clear()
     # (config.patch, not monkeypatch: monkeypatch's undo deletes inductor's config entry for later tests)
     with caplog.at_level(logging.INFO, logger="vitkit.train"), torch._inductor.config.patch(fallback_random=True):
-        trainer.train(tiny_config(tmp_path / "compiled", *overrides, "run.compile=true"))
+        trainer.train(tiny_config(tmp_path / "compiled", *overrides, "run.compile=on"))
     assert "torch.compile: 2 graph(s)" in caplog.text
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2  # the loop added none
     trainer.train(tiny_config(tmp_path / "eager", *overrides))
@@ -117,7 +149,7 @@ def test_failed_compilation_trains_eagerly(tmp_path: Path, caplog, monkeypatch) 
     monkeypatch.setattr(compiled, "compile_for_training", lambda model, device: _Exploding())
     overrides = ("data.steps=4", "model.patch_dropout=0.5", "data.patch_dropout_until=0.5")
     with caplog.at_level(logging.WARNING, logger="vitkit.train"):
-        result = trainer.train(tiny_config(tmp_path / "fallback", *overrides, "run.compile=true"))
+        result = trainer.train(tiny_config(tmp_path / "fallback", *overrides, "run.compile=on"))
     assert "torch.compile failed (RuntimeError: C++ compile failed" in caplog.text and result["status"] == "finished"
     trainer.train(tiny_config(tmp_path / "eager", *overrides))
     final = [load_file(str(tmp_path / run / "checkpoints" / "final" / "model.safetensors"))

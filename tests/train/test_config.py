@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 
 import pytest
 
 from vitkit.data.sources import SourceInfo
 from vitkit.train.config import TrainConfig, apply_overrides, from_dict, to_dict
-from vitkit.train.plan import make_plan, plan_lines
+from vitkit.train.plan import HostChoices, make_plan
+from vitkit.train.plan_text import plan_lines
 from vitkit.train.recipes import auto_recipe_name, get_recipe
 
 INFO = SourceInfo(uri="digits", num_train=1438, num_classes=10, image_size=8, channels=1, in_memory=True)
@@ -16,12 +19,12 @@ INFO = SourceInfo(uri="digits", num_train=1438, num_classes=10, image_size=8, ch
 
 def test_overrides_parse_each_type() -> None:
     config = apply_overrides(get_recipe("small-8px-tiny", INFO), [
-        "optim.warmup_steps=500", "optim.lr=3e-4", "run.compile=true", "optim.schedule=linear",
+        "optim.warmup_steps=500", "optim.lr=3e-4", "data.strict=true", "optim.schedule=linear",
         "optim.betas=0.8,0.99", "augment.randaugment=2,9", "augment.randaugment=none", "model.depth=3",
         "data.uri=digits", "optim.lr_sweep=0.001,0.01",
     ])
     assert config.optim.warmup_steps == 500 and isinstance(config.optim.warmup_steps, int)
-    assert config.optim.lr == 3e-4 and config.run.compile is True and config.optim.schedule == "linear"
+    assert config.optim.lr == 3e-4 and config.data.strict is True and config.optim.schedule == "linear"
     assert config.optim.betas == (0.8, 0.99) and config.augment.randaugment is None
     assert config.model.depth == 3 and config.optim.lr_sweep == (0.001, 0.01)
 
@@ -31,7 +34,8 @@ def test_overrides_parse_each_type() -> None:
     ("optim.nope=1", "unknown field"),
     ("nope.lr=1", "unknown key"),
     ("optim.schedule=cubic", "must be one of"),
-    ("run.compile=maybe", "expected true or false"),
+    ("data.strict=maybe", "expected true or false"),
+    ("run.compile=true", "must be one of auto, on, off"),
     ("optim.betas=0.9", "expected 2 comma-separated"),
     ("optim.lr", "expected group.field=value"),
     ("model.hidden_size=33", "not divisible"),  # the dataclass's own validation still runs
@@ -43,23 +47,28 @@ def test_bad_overrides_are_clear_errors(item: str, message: str) -> None:
 
 
 def test_fields_of_one_group_change_together() -> None:
-    base = get_recipe("small-8px-tiny", INFO)  # resolutions and resolution_until are checked against each other
-    config = apply_overrides(base, ["data.resolutions=4,6", "optim.lr=1e-3", "data.resolution_until=0.3,0.6"])
-    assert config.data.resolutions == (4, 6) and config.data.resolution_until == (0.3, 0.6)
+    base = get_recipe("small-8px-tiny", INFO)  # batch_size and micro_batch_size are checked against each other
+    config = apply_overrides(base, ["data.batch_size=64", "optim.lr=1e-3", "data.micro_batch_size=16"])
+    assert (config.data.batch_size, config.data.micro_batch_size) == (64, 16)
     assert from_dict(json.loads(json.dumps(to_dict(config)))) == config
-    for bad in (["data.resolutions=4,6", "data.resolution_until=0.3"],  # one bound per phase
-                ["data.resolutions=4,6", "data.resolution_until=0.6,0.3"],  # increasing
-                ["data.resolutions=4", "data.resolution_until=1.5"],  # within (0, 1]
-                ["data.resolutions=0", "data.resolution_until=0.5"]):
-        with pytest.raises(ValueError, match="resolution"):
-            apply_overrides(base, bad)
-    stepped = ["data.patch_dropout_until=0.5", "data.patch_dropout_later=0.5,0.25", "data.patch_dropout_later_until=0.7,0.9"]
-    assert apply_overrides(base, stepped).data.patch_dropout_later_until == (0.7, 0.9)
-    for bad in (["data.patch_dropout_later=0.5"],  # one bound per phase
-                ["data.patch_dropout_until=0.5", "data.patch_dropout_later=0.5", "data.patch_dropout_later_until=0.4"],
-                ["data.patch_dropout_until=0.5", "data.patch_dropout_later=1.0", "data.patch_dropout_later_until=0.9"]):
-        with pytest.raises(ValueError, match="patch_dropout_later"):
-            apply_overrides(base, bad)
+    with pytest.raises(ValueError, match="not a multiple"):
+        apply_overrides(base, ["data.batch_size=64", "data.micro_batch_size=24"])
+
+
+def test_removed_fields_of_a_stored_run_are_read_where_neutral() -> None:
+    """A config.json written before options were removed still reads where they did nothing; where they did,
+    the error says what was removed.  run.compile's old booleans read as on / off."""
+    stored = to_dict(get_recipe("small-8px-tiny", INFO))
+    old = {**stored, "data": {**stored["data"], "resolutions": [], "resolution_until": [], "patch_dropout_later": []},
+           "optim": {**stored["optim"], "ema_warmup": False, "light_below_epochs": 0.0},
+           "run": {**stored["run"], "compile": True}}
+    config = from_dict(json.loads(json.dumps(old)))
+    assert config.run.compile == "on" and config == dataclasses.replace(
+        get_recipe("small-8px-tiny", INFO), run=dataclasses.replace(config.run, compile="on"))
+    with pytest.raises(ValueError, match="progressive resolution was removed"):
+        from_dict({**stored, "data": {**stored["data"], "resolutions": [4], "resolution_until": [0.5]}})
+    with pytest.raises(ValueError, match="run.compile must be auto, on or off"):
+        dataclasses.replace(config.run, compile="maybe")
 
 
 def test_to_dict_from_dict_round_trip() -> None:
@@ -78,19 +87,27 @@ def test_auto_recipe_by_resolution() -> None:
     assert [auto_recipe_name(info(s)) for s in (8, 28, 32, 200)] == ["small-8px", "small-28px", "small-32px", "small-64px"]
 
 
-def test_the_plan_states_the_patch_dropout_phases() -> None:
-    stepped = ["data.patch_dropout_until=0.6", "data.patch_dropout_later=0.5", "data.patch_dropout_later_until=0.9"]
-    plan = make_plan(apply_overrides(get_recipe("small-32px", INFO), stepped), num_train=1000)
-    assert plan.patch_dropout_phases == ((0.75, 0.6), (0.5, 0.9))
-    assert "PatchDropout: 0.75 until 60%, 0.5 until 90%, then every patch" in plan_lines(plan)
-    assert plan.to_dict()["patch_dropout_phases"] == [[0.75, 0.6], [0.5, 0.9]]
+def test_the_plan_states_the_patch_dropout_phase() -> None:
+    plan = make_plan(apply_overrides(get_recipe("small-32px", INFO), ["data.patch_dropout_until=0.6"]), num_train=1000)
+    assert plan.patch_dropout == (0.75, 0.6) and plan.to_dict()["patch_dropout"] == [0.75, 0.6]
+    assert "PatchDropout: 0.75 until 60%, then every patch" in plan_lines(plan)
     plain = make_plan(apply_overrides(get_recipe("small-32px", INFO), ["model.patch_dropout=0"]), num_train=1000)
-    assert "patch_dropout_phases" not in plain.to_dict() and not any("PatchDropout" in line for line in plan_lines(plain))
+    assert plain.patch_dropout == (0.0, 1.0) and not any("PatchDropout" in line for line in plan_lines(plain))
     content = make_plan(apply_overrides(get_recipe("small-32px", INFO), ["model.patch_dropout_keep=content"]), 1000)
     assert content.to_dict()["patch_dropout_keep"] == "content" and plan.patch_dropout_keep == "random"
     assert "PatchDropout (patches with content kept first): 0.75 until 80%, then every patch" in plan_lines(content)
     small = make_plan(get_recipe("small-28px", INFO), num_train=1000)  # small-28px: every patch from 70% on
-    assert small.patch_dropout_phases == ((0.75, 0.7),) and small.patch_dropout_keep == "content"
+    assert small.patch_dropout == (0.75, 0.7) and small.patch_dropout_keep == "content"
+
+
+def test_the_plan_says_what_the_host_chose_and_why() -> None:
+    choices = HostChoices(host="host: AMD EPYC (AVX2, no native bf16), 2 thread(s)", precision="fp32",
+                          precision_reason="auto: this CPU has no native bf16", compiled=False,
+                          compile_reason="auto: ~2 s of eager training ...")
+    lines = plan_lines(make_plan(get_recipe("small-28px", INFO), num_train=1000, choices=choices))
+    assert "host: AMD EPYC (AVX2, no native bf16), 2 thread(s)" in lines
+    assert "precision fp32 (auto: this CPU has no native bf16)" in lines
+    assert "torch.compile: off (auto: ~2 s of eager training ...)" in lines
 
 
 def test_the_plan_says_when_evaluation_averages_an_image_and_its_mirror() -> None:

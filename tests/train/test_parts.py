@@ -1,5 +1,5 @@
 """The Trainer's parts alone: schedule at a position, non-finite guard, checkpointer atomicity, stop policy,
-ETA arithmetic; each with fakes (clock, signals, a second process) instead of waiting or forking."""
+the warm-up's estimate; each with fakes (clock, signals, a second process) instead of waiting or forking."""
 
 from __future__ import annotations
 
@@ -18,11 +18,13 @@ from vitkit.models.configs import ViTConfig
 from vitkit.runs import LATEST, RunDir
 from vitkit.train import stop as stop_module
 from vitkit.train.checkpointer import Checkpointer
-from vitkit.train.estimate import SpeedCheck, eta
+from vitkit.train.budget import steps_that_fit
 from vitkit.train.guard import NonFiniteGuard, NonFiniteLossError
 from vitkit.train.optim import build_optimizer
 from vitkit.train.config import OptimConfig
-from vitkit.train.plan import Plan
+from vitkit.train.config import apply_overrides
+from vitkit.train.plan import make_plan
+from helpers import tiny_config
 from vitkit.train.schedule import Schedule
 from vitkit.train.state import TrainState
 from vitkit.train.stop import SignalFlag, StopPolicy
@@ -33,26 +35,19 @@ TINY = ViTConfig(img_size=8, patch_size=4, in_chans=1, num_classes=3, hidden_siz
 # ------------------------------------------------------------------------------------- schedule
 def test_schedule_at_a_position_golden_values() -> None:
     schedule = Schedule(total_steps=101, peak_lr=2.0, warmup_steps=10, kind="cosine", end_fraction=0.1,
-                        patch_dropout=0.5, patch_until=0.8, resolutions=(16,), resolution_until=(0.3,), side=28,
-                        ema_decay=0.99, ema_warmup=True)
+                        patch_dropout=0.5, patch_until=0.8, side=28, ema_decay=0.99)
     first = schedule.at(0)
-    assert (first.lr, first.patch_dropout, first.side) == (2.0 * 1 / 10, 0.5, 16)  # warmup (step + 1) / 10
-    assert first.ema_decay == pytest.approx(1 / 10)  # min(0.99, (1 + 0) / (10 + 0))
+    assert (first.lr, first.patch_dropout, first.side, first.ema_decay) == (2.0 * 1 / 10, 0.5, 28, 0.99)  # (step + 1) / 10
     middle = schedule.at(55)  # progress (55 - 10) / (100 - 10) = 0.5: the cosine is at half
-    assert middle.lr == pytest.approx(2.0 * (0.1 + 0.9 * 0.5)) and (middle.patch_dropout, middle.side) == (0.5, 28)
+    assert middle.lr == pytest.approx(2.0 * (0.1 + 0.9 * 0.5)) and middle.patch_dropout == 0.5
     late = schedule.at(81)  # 81 / 101 >= 0.8: every patch from here
-    assert late.patch_dropout == 0.0 and late.ema_decay == pytest.approx(min(0.99, 82 / 91))
+    assert late.patch_dropout == 0.0
     assert schedule.at(100).lr == pytest.approx(2.0 * 0.1) and schedule.at(101).lr == pytest.approx(2.0 * 0.1)
     assert schedule.at(100.5) == schedule.at(100.5)  # a pure function of the position
-    assert schedule.spans() == [(0.0, 0.3, 16, 0.5), (0.3, 0.8, 28, 0.5), (0.8, 1.0, 28, 0.0)]
-
-
-def test_stepped_patch_dropout_phases() -> None:
-    schedule = Schedule(total_steps=100, peak_lr=1.0, patch_dropout=0.75, patch_until=0.5, patch_later=(0.5,),
-                        patch_later_until=(0.9,), resolutions=(16,), resolution_until=(0.7,), side=32)
-    assert [schedule.at(p).patch_dropout for p in (0, 49.9, 50, 89.9, 90, 100)] == [0.75, 0.75, 0.5, 0.5, 0.0, 0.0]
-    assert schedule.spans() == [(0.0, 0.5, 16, 0.75), (0.5, 0.7, 16, 0.5), (0.7, 0.9, 32, 0.5), (0.9, 1.0, 32, 0.0)]
-    assert schedule.phases(start=0.6) == [(0.5, 16), (0.5, 32), (0.0, 32)]  # one compiled graph per phase left
+    assert schedule.spans() == [(0.0, 0.8, 0.5), (0.8, 1.0, 0.0)]
+    assert schedule.phases(start=0.0) == [(0.5, 28), (0.0, 28)] and schedule.phases(start=0.85) == [(0.0, 28)]
+    plain = Schedule(total_steps=10, peak_lr=1.0, side=8)  # no PatchDropout: one phase, one graph
+    assert plain.spans() == [(0.0, 1.0, 0.0)] and plain.phases() == [(0.0, 8)]
 
 
 # ---------------------------------------------------------------------------------------- guard
@@ -158,62 +153,28 @@ def test_real_sigterm_is_caught_while_installed_and_handlers_restored() -> None:
     assert signal.getsignal(signal.SIGTERM) == before
 
 
-# ------------------------------------------------------------------------------------------ ETA
-def _plan(**overrides) -> Plan:
-    fields = dict(recipe="r", data="d", objective="classification", num_train=1000, params=1, img_size=28,
-                  processes=1, global_batch=100, micro_batch=50, accumulation=2, steps=100, epochs=10.0, lr=1.0,
-                  base_lr=1.0, base_batch=100, lr_scaling="none", optimizer="adamw", warmup=0, device="cpu",
-                  precision="fp32", seed=0, eval_every=0, budget_minutes=0.0, budget_schedule="fit", augment=())
-    return Plan(**{**fields, **overrides})
-
-
-def test_eta_arithmetic_from_measured_phases() -> None:
-    schedule = Schedule(total_steps=100, peak_lr=1.0, patch_dropout=0.5, patch_until=0.6, side=28)
-    timings = {(0.5, 28): 0.1, (0.0, 28): 0.2}  # seconds per micro-batch of 50 images
-    out = eta(_plan(), schedule, timings, eval_images=300)
+# -------------------------------------------------------------------------------- the estimate
+def test_the_warm_up_estimate_weighs_each_phase_by_its_share() -> None:
+    config = apply_overrides(tiny_config(Path("/unused"), "data.steps=100", "data.batch_size=100",
+                                         "data.micro_batch_size=50"), ["model.patch_dropout=0.5",
+                                                                         "data.patch_dropout_until=0.6"])
+    timings = {(0.5, 8): 0.1, (0.0, 8): 0.2}  # seconds per micro-batch of 50 images
+    plan = make_plan(config, num_train=1000, timings=timings, eval_images=300)
     step_s = 0.6 * 2 * 0.1 + 0.4 * 2 * 0.2  # 60% of the steps at PatchDropout, 2 micro-batches each
-    assert out["step_seconds"] == pytest.approx(step_s, abs=1e-4) and out["images_per_s"] == pytest.approx(100 / step_s, abs=0.1)
+    assert plan.measured["step_seconds"] == pytest.approx(step_s, abs=1e-4)
+    assert plan.measured["images_per_s"] == pytest.approx(100 / step_s, abs=0.1)
     eval_s = 300 * (0.2 / 50) / 3  # one final evaluation, forward only
-    assert out["eta_minutes"] == pytest.approx((100 * step_s + eval_s) / 60, abs=0.01)
-    fitted = eta(_plan(budget_minutes=1.0), schedule, timings, start_step=20, eval_images=300, budget_left_s=10.0)
-    # From step 20 (20% of the schedule) the clock gives the PatchDropout phase (20%-60%) half the time left
-    # and the all-patch phase (60%-100%) the other half, each at its own step time.
-    usable = 10.0 - eval_s
-    fit_steps = 0.5 * usable / (2 * 0.1) + 0.5 * usable / (2 * 0.2)
-    assert fitted["fit_epochs"] == pytest.approx((20 + fit_steps) * 100 / 1000, abs=0.05)
-    capped = eta(_plan(budget_minutes=1.0), schedule, timings, budget_left_s=3600.0)  # a fast machine: every step
-    assert capped["fit_epochs"] == pytest.approx(10.0)
-    assert fitted["eta_minutes"] == pytest.approx(10.0 / 60, abs=0.005)  # the budget left, rounded
+    assert plan.measured["eta_minutes"] == pytest.approx((100 * step_s + eval_s) / 60, abs=0.01)
+    assert plan.steps_given and plan.steps == 100
 
 
-def test_eta_adds_the_checked_overhead_to_every_phase_and_starts_at_the_clock() -> None:
-    schedule = Schedule(total_steps=100, peak_lr=1.0, patch_dropout=0.5, patch_until=0.6, side=28)
-    timings = {(0.5, 28): 0.1, (0.0, 28): 0.2}
-    out = eta(_plan(), schedule, timings, overhead_s=0.05)
-    step_s = 0.6 * (2 * 0.1 + 0.05) + 0.4 * (2 * 0.2 + 0.05)  # the same 0.05 s beyond the passes in each phase
-    assert out["step_seconds"] == pytest.approx(step_s, abs=1e-4)
-    # The clock (position 0.6) ahead of the steps (20): only the all-patch phase is left, all 10 s for it.
-    fitted = eta(_plan(budget_minutes=1.0), schedule, timings, start_step=20, budget_left_s=10.0, position=0.6,
-                 overhead_s=0.05)
-    assert fitted["fit_epochs"] == pytest.approx((20 + 10.0 / (2 * 0.2 + 0.05)) * 100 / 1000, abs=0.05)
-    faster = eta(_plan(), schedule, timings, overhead_s=-1.0)  # a step never counts less than half its passes
-    assert faster["step_seconds"] == pytest.approx(0.6 * 0.1 + 0.4 * 0.2, abs=1e-4)
-
-
-def test_speed_check_times_a_window_of_real_steps_in_one_phase() -> None:
-    timings = {(0.5, 28): 0.1, (0.0, 28): 0.2}
-    check = SpeedCheck(timings, accumulation=2, start_step=40, step_s=0.5, budget_s=1000.0, total_steps=10_000)
-    assert (check.begin, check.end) == (45, 45 + 60)  # 3% of 1000 s = 30 s at 0.5 s a step: 60 steps
-    assert SpeedCheck(timings, 1, 0, 0.5, None, 10_000).end == 5 + 120  # no budget: CHECK_SECONDS (60 s)
-    assert SpeedCheck(timings, 1, 0, 100.0, None, 10_000).end == 5 + 10  # never fewer than 10 steps
-    short = SpeedCheck(timings, 1, 0, 0.001, None, 405)  # a short run: a quarter of the steps after the first 5
-    assert short.end == 5 + 100 and short.ends_in(405) and not SpeedCheck(timings, 1, 0, 0.5, None, 15).ends_in(15)
-    now, found = 0.0, []
-    for step in range(41, 120):  # each real step 0.25 s beyond its two passes of 0.1 s
-        now += 2 * 0.1 + 0.25
-        found.append(check.observe(step, lambda: now, (0.5, 28)))
-    overheads = [value for value in found if value is not None]
-    assert overheads == [pytest.approx(0.25)] and found[105 - 41] is not None
-    crossing = SpeedCheck(timings, 2, 40, 0.5, 1000.0, 10_000)
-    crossing.observe(45, lambda: 1.0, (0.5, 28))
-    assert crossing.observe(105, lambda: 20.0, (0.0, 28)) is None  # the phase changed inside the window: no measurement
+def test_a_budget_alone_gives_each_phase_its_share_of_the_time() -> None:
+    config = apply_overrides(tiny_config(Path("/unused"), "data.batch_size=100", "data.micro_batch_size=50",
+                                         "run.max_minutes=1", "data.epochs=0", "data.steps=0"),
+                             ["model.patch_dropout=0.5", "data.patch_dropout_until=0.6"])
+    timings = {(0.5, 8): 0.1, (0.0, 8): 0.2}
+    plan = make_plan(config, num_train=1000, timings=timings, budget_s=10.0)
+    fit = 0.6 * 10.0 / (2 * 0.1) + 0.4 * 10.0 / (2 * 0.2)  # 60% of the time at 0.2 s a step, 40% at 0.4 s
+    assert steps_that_fit([(0.0, 0.6, 0.2), (0.6, 1.0, 0.4)], 10.0) == round(fit) == 40
+    assert not plan.steps_given and plan.steps == 40 and plan.measured["fit_epochs"] == pytest.approx(4.0)
+    assert plan.warmup == round(0.05 * 40) and plan.epochs == pytest.approx(4.0)  # the recipe's warmup fraction

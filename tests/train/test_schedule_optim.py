@@ -11,7 +11,8 @@ from vitkit.data.sources import SourceInfo
 from vitkit.models import build_model
 from vitkit.train.optim import build_optimizer, is_kernel, param_groups
 from vitkit.train.recipes import PAPER_LR_GRID, RECIPES, get_recipe
-from vitkit.train.schedule import BudgetClock, lr_multiplier, resolution_at, resolve_warmup, scaled_lr
+from vitkit.train.budget import Budget
+from vitkit.train.schedule import lr_multiplier, resolve_warmup, scaled_lr
 
 INFO = SourceInfo(uri="digits", num_train=1438, num_classes=10, image_size=8, channels=1, in_memory=True)
 
@@ -114,8 +115,8 @@ def test_every_recipe_is_complete_and_has_a_tiny_variant() -> None:
             assert "Command:" in RECIPES[name].__doc__ and "Expected:" in RECIPES[name].__doc__
 
 
-def test_budget_clock_runs_the_schedule_by_the_clock() -> None:
-    clock = BudgetClock(total_steps=100, budget_s=10.0)
+def test_budget_runs_the_schedule_by_the_clock() -> None:
+    clock = Budget(100, 10.0)
     clock.observe(step=10, elapsed_s=1.0)  # steps ahead of the clock: the steps lead
     assert clock.position(10) == 10 and not clock.done(10)
     clock.observe(step=20, elapsed_s=5.0)  # the clock ahead: half the budget = half the schedule
@@ -126,17 +127,17 @@ def test_budget_clock_runs_the_schedule_by_the_clock() -> None:
     clock.reserve_s = 2.0  # the final evaluation's share: 8 s usable
     clock.observe(step=30, elapsed_s=6.0)
     assert clock.position(30) == pytest.approx(75.0)
-    clock.observe(step=40, elapsed_s=8.0)
-    assert clock.done(40) and clock.position(41) == 100.0
-    assert lr_multiplier(clock.position(40), 100, 0, "cosine") == pytest.approx(0.0, abs=1e-12)
-    with pytest.raises(ValueError, match="max_minutes"):
-        BudgetClock(total_steps=100, budget_s=0.0)
+    clock.observe(step=40, elapsed_s=8.0)  # the clock jumped past the end: this step is the last, at the end value
+    assert not clock.done(40) and clock.position(40) == 99.0 and clock.done(41)
+    assert lr_multiplier(99.0, 100, 0, "cosine") == pytest.approx(0.0, abs=1e-12)
+    with pytest.raises(ValueError, match="positive"):
+        Budget(100, 0.0)
 
 
-def test_budget_clock_keeps_no_memory_of_an_early_lead() -> None:
+def test_budget_keeps_no_memory_of_an_early_lead() -> None:
     # A slow start (2 s for 1 step) then fast steps: the position follows the clock, not step + the early
     # lead, so a phase mark at 80% of the schedule comes at 80% of the time.
-    clock = BudgetClock(total_steps=100, budget_s=10.0)
+    clock = Budget(100, 10.0)
     clock.observe(step=1, elapsed_s=2.0)
     assert clock.position(1) == pytest.approx(20.0)
     clock.observe(step=40, elapsed_s=4.0)  # 39 steps in 2 s, the clock gained 20: the clock still leads
@@ -146,25 +147,33 @@ def test_budget_clock_keeps_no_memory_of_an_early_lead() -> None:
     clock.observe(step=61, elapsed_s=8.0)
     assert clock.position(61) == pytest.approx(80.0)
     clock.observe(step=95, elapsed_s=9.0)  # a fast machine: the steps overtake the clock and lead
-    assert clock.position(95) == 95 and not clock.done(95) and clock.done(100)
-    unbudgeted = BudgetClock(total_steps=100, budget_s=math.inf)
+    assert clock.position(95) == 95 and not clock.done(96) and clock.position(99) == 99 and clock.done(100)
+    unbudgeted = Budget(100)
     unbudgeted.observe(step=3, elapsed_s=50.0)
-    assert unbudgeted.position(3) == 3 and unbudgeted.done(100) and not unbudgeted.done(99)
+    assert unbudgeted.position(3) == 3 and not unbudgeted.done(4) and unbudgeted.position(99) == 99
+    assert unbudgeted.done(100)
+    finished = Budget(100, 10.0)  # a run resumed with its budget spent takes no step
+    finished.observe(step=60, elapsed_s=10.5)
+    assert finished.done(60)
 
 
-def test_budget_clock_runs_the_last_step_at_the_end_value_when_it_moves_more_than_a_step_per_step() -> None:
-    clock = BudgetClock(total_steps=100, budget_s=10.0)
+def test_budget_runs_the_last_step_at_the_end_value_when_it_moves_more_than_a_step_per_step() -> None:
+    clock = Budget(100, 10.0)
     clock.observe(step=6, elapsed_s=5.4)
     clock.observe(step=10, elapsed_s=9.5)  # ~10 positions a step: after 95, the next step would be at 105
-    assert clock.position(10) == 99.0 and not clock.done(10) and clock.done(11)
+    assert not clock.done(10) and clock.position(10) == 99.0 and clock.done(11)
     assert lr_multiplier(clock.position(10), 100, 0, "linear", end_fraction=0.1) == pytest.approx(0.1)
-    steady = BudgetClock(total_steps=100, budget_s=10.0)  # a step per step or less: positions as before
+    steady = Budget(100, 10.0)  # a step per step or less: positions as before
     steady.observe(step=50, elapsed_s=5.0)
     assert steady.position(50) == 50.0 and steady.position(98) == 98.0 and steady.position(99) == 99.0
 
 
-def test_resolution_phases_switch_at_their_fractions() -> None:
-    sizes, until = (16, 20), (0.5, 0.75)
-    got = [resolution_at(f, sizes, until, 28) for f in (0.0, 0.49, 0.5, 0.74, 0.75, 0.99, 1.0)]
-    assert got == [16, 16, 20, 20, 28, 28, 28]
-    assert resolution_at(0.0, (), (), 28) == 28  # no phases: the model's size throughout
+def test_a_budget_alone_runs_by_the_clock_however_fast_the_steps() -> None:
+    """A budgeted run without a length of its own: the step count never leads, the time alone ends the run."""
+    clock = Budget(100, 10.0, steps_count=False)
+    clock.observe(step=500, elapsed_s=2.0)  # far more steps than the estimated length: still at 20% of the time
+    assert clock.position(500) == pytest.approx(20.0) and not clock.done(500)
+    clock.observe(step=2400, elapsed_s=9.9)
+    assert clock.position(2400) == 99.0  # at the end value: the loop takes no step after it
+    with pytest.raises(ValueError, match="length or a time budget"):
+        Budget(100, None, steps_count=False)

@@ -64,9 +64,9 @@ def _config(args: argparse.Namespace) -> Any:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from vitkit.train.plan import plan_lines
+    from vitkit.train.plan_text import plan_lines
     from vitkit.train.sweep import train_with_sweep
-    from vitkit.train.trainer import reconcile
+    from vitkit.train.trainer import EvaluationError, reconcile
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
     main_process = os.environ.get("RANK", "0") == "0"  # under torchrun only rank 0 talks
@@ -81,7 +81,11 @@ def run_train(args: argparse.Namespace) -> int:
 
     say(resolved.notes)
     say(resolved.warnings, "warning: ")
-    result = train_with_sweep(config, progress_stream=sys.stderr, on_plan=lambda plan: say(plan_lines(plan)))
+    try:
+        result = train_with_sweep(config, progress_stream=sys.stderr, on_plan=lambda plan: say(plan_lines(plan)))
+    except EvaluationError as err:  # the model is saved: say where, and how to evaluate it again
+        print(f"vitkit {args.verb}: error: {err}", file=sys.stderr)
+        return 1
     if main_process:
         print(json.dumps(result) if args.json else _final_line(result, config))
     return 128 + result.get("signal", 0) if result["status"] == "interrupted" else 0

@@ -87,25 +87,14 @@ class Mlp(nn.Module):
 
 
 class DropPath(nn.Module):
-    """Stochastic depth: drop a residual branch per sample, rescaling the kept ones (an option, not in the paper).
-
-    A block built with rate 0 skips it for good.  Otherwise the rate is a (non-persistent) buffer, so a
-    trainer can change it with `set_rate` after torch.compile has traced the model without recompiling
-    (train/short_run.py lowers it to 0 when a budget holds few epochs).
-    """
+    """Stochastic depth: drop a residual branch per sample, rescaling the kept ones (an option, not in the paper)."""
 
     def __init__(self, rate: float):
         super().__init__()
-        self.active = rate > 0.0
-        self.register_buffer("rate", torch.tensor(float(rate)), persistent=False)
-
-    def set_rate(self, rate: float) -> None:
-        if rate > 0.0 and not self.active:
-            raise ValueError("stochastic depth cannot be turned on in a block built without it (model.drop_path=0)")
-        self.rate.fill_(rate)
+        self.rate = float(rate)
 
     def forward(self, x: Tensor) -> Tensor:
-        if not self.training or not self.active:
+        if not self.training or self.rate <= 0.0:
             return x
         keep = torch.rand((x.shape[0],) + (1,) * (x.ndim - 1), device=x.device) >= self.rate
         return x * keep.to(x.dtype) / (1.0 - self.rate)
@@ -294,11 +283,6 @@ class VisionTransformer(nn.Module):
         y = self.pool(z)
         features = self.pre_logits(y)
         return {**named, "encoder_norm": z, "y": y, "pre_logits": features, "logits": self.head(features)}
-
-    def set_drop_path(self, rate: float) -> None:
-        """Stochastic depth of the last block (earlier ones scaled down as when built), in place."""
-        for block, block_rate in zip(self.blocks, drop_path_rates(rate, len(self.blocks))):
-            block.drop_path.set_rate(block_rate)
 
     def reset_head(self, num_classes: int) -> None:
         """Sec. 3.2 fine-tuning: replace the whole head (pre-logits too) by one zero-initialised D x K layer."""

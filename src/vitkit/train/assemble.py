@@ -19,10 +19,12 @@ import torch
 from torch import Tensor, nn
 
 from vitkit.checkpoints import native
+from vitkit.checkpoints.surgery import change_resolution, replace_head
 from vitkit.data import loader
 from vitkit.data.sources import ImageSet, describe, load_split, separate_val
 from vitkit.models import build_model
 from vitkit.models.configs import image_size, num_classes
+from vitkit.runs import open_checkpoint
 from vitkit.train.config import TrainConfig
 
 log = logging.getLogger(__name__)
@@ -97,9 +99,6 @@ def initial_model(config: TrainConfig) -> nn.Module:
     model = build_model(config.model)
     if not config.run.init_from:
         return model
-    from vitkit.checkpoints.surgery import change_resolution, replace_head
-    from vitkit.runs import open_checkpoint
-
     source = open_checkpoint(config.run.init_from).model
     if num_classes(source.config) != num_classes(config.model) or not _same_head(source, model):
         source = replace_head(source, num_classes(config.model))  # Sec. 3.2: zero-init D x K head
@@ -115,6 +114,14 @@ def _same_head(source: nn.Module, target: nn.Module) -> bool:
     keys = [k for k in ours if k.startswith(("head.", "pre_logits."))]
     return all(k in theirs and theirs[k].shape == ours[k].shape for k in keys) and \
         not [k for k in theirs if k.startswith("pre_logits.") and k not in ours]
+
+
+def blank_batch(train: ImageSet, micro: int, side: int, device: torch.device) -> list[tuple[Tensor, Tensor]]:
+    """One blank micro-batch laid out as the training ones (uint8 images as the split stores or loads them)."""
+    shape = tuple(train.images.shape[1:]) if train.images is not None else (train.channels, train.load_size or side,
+                                                                             train.load_size or side)
+    return [(torch.zeros(micro, *shape, dtype=torch.uint8, device=device),
+             torch.zeros(micro, dtype=torch.long, device=device))]
 
 
 class IndexBatches:

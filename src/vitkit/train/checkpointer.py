@@ -15,6 +15,7 @@ from typing import Any, Callable
 import torch
 
 from vitkit.checkpoints import native
+from vitkit.models import build_model
 from vitkit.runs import RunDir
 from vitkit.train import distributed
 from vitkit.train.ema import averaged
@@ -73,8 +74,6 @@ class Checkpointer:
 
 
 def _plain_copy(module: torch.nn.Module, weights: dict[str, Any]) -> torch.nn.Module:
-    from vitkit.models import build_model
-
     copy = build_model(module.config)
     copy.load_state_dict(weights)
     return copy

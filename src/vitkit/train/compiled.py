@@ -1,24 +1,34 @@
-"""torch.compile for training: the compiler check.
+"""torch.compile for training: whether it pays for itself on this host, its cache, and the compiler check.
 
-On the CPU, inductor writes C++ and needs a compiler (g++, clang++ or $CXX); without one, or on a
-Python that torch.compile does not support, `compile_for_training` warns and keeps the eager
-model.  Compiling one graph (forward + backward) takes 20-30 s on a 2-core CPU, and a run needs one
-per phase of the schedule (PatchDropout on or off, each training resolution).  Left to the first
-step of each phase, that time would count on a fitted budget's clock and eat the warm-up of the
-learning rate: the trainer compiles every graph the run still needs in its rehearsal
-(train/estimate.py), before the clock starts.
+Compiling one graph (forward + backward) takes ~20-40 s on a 2-core CPU and a run needs one per phase of
+its schedule (PatchDropout on, then off); the compiled small recipes then step 1.3-1.5x as fast.
+`decide` compiles only where the run saves more time than compiling costs: a run of a few steps trains
+eagerly.  The trainer compiles every graph the run needs in its warm-up, before the clock starts
+(train/budget.py).  inductor's cache is reused across runs; vitkit keeps it per host class (ISA, native
+bf16, torch version) unless TORCHINDUCTOR_CACHE_DIR names one, since a cache written under one class can
+crash a process of another (with torch 2.13, kernels cached under ATEN_CPU_CAPABILITY=avx2 corrupt the heap
+of an AVX-512 process that loads them).  On the CPU, inductor writes C++ and needs a compiler (g++, clang++
+or $CXX); without one, or on a Python that torch.compile does not support, the model trains eagerly.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
+from typing import Callable, Literal
 
 import torch
 from torch import nn
 
+from vitkit import host as hosts
+from vitkit.train.budget import GraphKey, warm_up
+
 log = logging.getLogger("vitkit.train")
+
+COMPILE_SECONDS = 30.0  # compiling one training graph into a cold cache on a 2-core CPU (20-40 s measured)
+COMPILED_SPEEDUP = 1.3  # eager step time / compiled step time, the least measured for the small recipes
 
 
 def cpp_compiler() -> str | None:
@@ -30,13 +40,79 @@ def cpp_compiler() -> str | None:
     return None
 
 
-def compile_for_training(model: nn.Module, device: torch.device) -> nn.Module:
-    """`torch.compile(model)` with static shapes (one graph per phase), or `model` where it cannot compile."""
+def decide(requested: Literal["auto", "on", "off"], device: torch.device, *, graphs: int, eager_step_s: float,
+           steps: int | None, budget_s: float | None) -> tuple[bool, str]:
+    """Whether to compile, and why: "auto" compiles where the run's eager time, cut by COMPILED_SPEEDUP, saves
+    more than compiling its `graphs` costs.  The run's eager time is `steps` x `eager_step_s`, at most the
+    usable `budget_s`; under a budget alone, the budget."""
+    if requested == "off":
+        return False, "run.compile=off"
+    unavailable = _unavailable(device)
+    if unavailable:
+        return False, unavailable
+    if requested == "on":
+        return True, "run.compile=on"
+    run_s = min((x for x in (None if steps is None else steps * eager_step_s, budget_s) if x is not None), default=0.0)
+    saved_s, cost_s = run_s * (1 - 1 / COMPILED_SPEEDUP), graphs * COMPILE_SECONDS
+    numbers = (f"~{_duration(run_s)} of eager training, {COMPILED_SPEEDUP:g}x faster compiled, saves "
+               f"~{_duration(saved_s)}; compiling {graphs} graph(s) costs ~{_duration(cost_s)} into a cold cache")
+    if saved_s > cost_s:
+        return True, f"auto: {numbers}"
+    return False, f"auto: {numbers}; run.compile=on forces it"
+
+
+def _unavailable(device: torch.device) -> str:
+    """Why torch.compile cannot run here ("" where it can)."""
     if not torch._dynamo.is_dynamo_supported():  # e.g. a Python version this torch cannot trace
-        log.warning("run.compile: torch.compile is not supported on this Python/torch; training eagerly")
-        return model
+        return "torch.compile is not supported on this Python/torch"
     if device.type == "cpu" and cpp_compiler() is None:
-        log.warning("run.compile: no C++ compiler (g++, clang++ or $CXX) for torch.compile's CPU code; "
-                    "training eagerly (install g++ to compile)")
-        return model
+        return "no C++ compiler (g++, clang++ or $CXX) for torch.compile's CPU code; install g++ to compile"
+    return ""
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min" if seconds >= 90 else f"{seconds:.0f} s"
+
+
+def use_host_cache(device: torch.device) -> str:
+    """Point inductor's cache at a directory of this host class (unless the user chose one); returns it."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if chosen and os.path.abspath(chosen) != os.path.abspath(default_cache_dir()):
+        return chosen
+    host = hosts.current(device)
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", f"vitkit-{host.isa}-{'bf16' if host.native_bf16 else 'nobf16'}-{host.torch}")
+    path = os.path.join(default_cache_dir(), name)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = path
+    return path
+
+
+def compile_for_training(model: nn.Module, device: torch.device) -> nn.Module:
+    """`torch.compile(model)` with static shapes (one graph per phase), its cache kept per host class."""
+    use_host_cache(device)
     return torch.compile(model, dynamic=False)
+
+
+def warm_up_compiled(module: nn.Module, phases: list[GraphKey], run_once: Callable[[float, int], None],
+                     device: torch.device, *, compiling: bool, to_eager: Callable[[], None]
+                     ) -> tuple[dict[GraphKey, float], str]:
+    """`budget.warm_up`, which compiles every phase's graph when `compiling`; a broken compiler toolchain
+    trains eagerly (`to_eager()`) rather than not at all.  Returns the timings and, if compiling failed, why."""
+    if compiling:
+        log.info("torch.compile: compiling %d graph(s) before the first step (tens of seconds each on a CPU)",
+                 len(phases))
+    try:
+        seconds, timings = warm_up(module, phases, run_once, device)
+    except Exception as err:
+        if not compiling:
+            raise
+        first = (str(err).strip().splitlines() or [""])[0]
+        log.warning("torch.compile failed (%s: %s); training eagerly (run.compile=off skips compiling)",
+                    type(err).__name__, first)
+        to_eager()
+        return warm_up(module, phases, run_once, device)[1], f"compiling failed here ({type(err).__name__})"
+    if compiling:
+        log.info("torch.compile: %d graph(s) (PatchDropout rate, side) %s compiled in %.0f s", len(phases), phases,
+                 seconds)
+    return timings, ""

@@ -26,6 +26,7 @@ from vitkit.ssl.masked_patch import MPPConfig
 
 Precision = Literal["auto", "fp32", "bf16"]
 Parallel = Literal["ddp", "fsdp"]
+Compile = Literal["auto", "on", "off"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -35,7 +36,7 @@ class DataConfig:
     uri: str = "digits"  # vitkit.data source URI (DESIGN.md "Data sources")
     batch_size: int = 128  # effective global batch: images per optimiser step over all processes
     micro_batch_size: int = 0  # images per forward pass per process; 0 = batch_size / world (no accumulation)
-    epochs: float = 10.0  # passes over the training split (ignored when steps > 0)
+    epochs: float = 10.0  # passes over the training split (ignored when steps > 0); 0 and 0 steps under a fitted time budget: as many as fit
     steps: int = 0  # optimiser steps; 0 = derived from epochs
     val_fraction: float = 0.0  # held-out part of train for model selection / the LR sweep (App. B.1.1)
     train_fraction: float = 1.0  # train on a fixed class-stratified part of the training split (data-size studies, Sec. 4.3)
@@ -46,46 +47,26 @@ class DataConfig:
     max_in_memory_mb: int = 2048  # a decoded folder larger than this is read from files by DataLoader workers
     image_column: str = ""  # hf: sources: the image column when its type does not single it out
     label_column: str = ""  # hf: sources: the label column when its type does not single it out
-    # Progressive resolution: train at resolutions[i] until the schedule reaches resolution_until[i]
-    # (a fraction of it), then at the model's img_size; E_pos is 2D-interpolated on the fly (Sec. 3.2).
-    resolutions: tuple[int, ...] = ()  # training side lengths of the early phases, e.g. (16, 20)
-    resolution_until: tuple[float, ...] = ()  # where each phase ends, increasing in (0, 1], e.g. (0.5, 0.75)
     patch_dropout_until: float = 1.0  # model.patch_dropout applies until this fraction of the schedule, then all patches
-    # Stepped PatchDropout: after patch_dropout_until, rate patch_dropout_later[i] until patch_dropout_later_until[i]
-    # (increasing fractions), then all patches, e.g. (0.5,) / (0.9,) steps 0.75 -> 0.5 -> 0.
-    patch_dropout_later: tuple[float, ...] = ()
-    patch_dropout_later_until: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.micro_batch_size < 0:
             raise ValueError(f"batch_size must be >= 1 and micro_batch_size >= 0, got {self.batch_size}/{self.micro_batch_size}")
         if self.micro_batch_size and self.batch_size % self.micro_batch_size:
             raise ValueError(f"batch_size {self.batch_size} is not a multiple of micro_batch_size {self.micro_batch_size}")
-        if self.epochs <= 0 and self.steps <= 0:
-            raise ValueError("set epochs > 0 or steps > 0")
+        if self.epochs < 0 or self.steps < 0:
+            raise ValueError(f"epochs and steps must be >= 0 (0 = not set), got {self.epochs} / {self.steps}")
         if not 0.0 <= self.val_fraction < 1.0:
             raise ValueError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
         if not 0.0 < self.train_fraction <= 1.0:
             raise ValueError(f"train_fraction must be in (0, 1], got {self.train_fraction}")
-        if len(self.resolutions) != len(self.resolution_until):
-            raise ValueError(f"resolutions {self.resolutions} and resolution_until {self.resolution_until} "
-                             "must have one entry per phase")
         if not 0.0 <= self.patch_dropout_until <= 1.0:
             raise ValueError(f"patch_dropout_until must be in [0, 1], got {self.patch_dropout_until}")
-        self._check_later_patch_dropout()
-        bounds = (0.0, *self.resolution_until)
-        if any(not a < b <= 1.0 for a, b in zip(bounds, bounds[1:])) or any(s < 1 for s in self.resolutions):
-            raise ValueError(f"resolution_until must increase within (0, 1] and resolutions be >= 1, got "
-                             f"{self.resolution_until} / {self.resolutions}")
 
-    def _check_later_patch_dropout(self) -> None:
-        rates, until = self.patch_dropout_later, self.patch_dropout_later_until
-        if len(rates) != len(until):
-            raise ValueError(f"patch_dropout_later {rates} and patch_dropout_later_until {until} must have one entry per phase")
-        bounds = (self.patch_dropout_until, *until)
-        if any(not a < b <= 1.0 for a, b in zip(bounds, bounds[1:])) or any(not 0.0 <= r < 1.0 for r in rates):
-            raise ValueError(f"patch_dropout_later_until must increase within (patch_dropout_until, 1] and each rate be "
-                             f"in [0, 1), got {until} / {rates}")
+    @property
+    def has_length(self) -> bool:
+        """Whether the run has a length of its own (epochs or steps); without one a time budget decides it."""
+        return self.epochs > 0 or self.steps > 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -109,14 +90,8 @@ class OptimConfig:
     end_lr_fraction: float = 0.0  # lr at the last step as a fraction of the peak
     clip_norm: float = 1.0  # global gradient norm clip (Tables 3-4); 0 = off
     ema_decay: float = 0.0  # Polyak averaging of the weights (Sec. 4.1: 0.9999); 0 = off
-    ema_warmup: bool = False  # decay min(ema_decay, (1 + t) / (10 + t)) at schedule position t (follows a budget)
     loss: Literal["softmax", "sigmoid"] = "softmax"  # cross-entropy; "sigmoid" as big_vision's i21k pre-training
     lr_sweep: tuple[float, ...] = ()  # fine-tuning grid (Table 4); non-empty = sweep on a held-out split first
-    # A run planned for fewer epochs than this (under a fitted budget: those that fit at the measured speed)
-    # trains without stochastic depth and with half the pad-crop (train/short_run.py); 0 = off.
-    light_below_epochs: float = 0.0
-    # One planned for at least this many trains with twice the configured stochastic depth; 0 = off.
-    heavy_from_epochs: float = 0.0
 
     def __post_init__(self) -> None:
         if self.muon_lr_scale <= 0:  # other optimisers ignore it: `--set optim.name=adamw` works on a Muon recipe
@@ -127,12 +102,6 @@ class OptimConfig:
             raise ValueError(f"ema_decay must be in [0, 1), got {self.ema_decay}")
         if not 0.0 <= self.warmup_fraction < 1.0 or self.warmup_steps < 0 or self.warmup_max_steps < 0:
             raise ValueError("warmup_fraction must be in [0, 1), warmup_steps and warmup_max_steps >= 0")
-        if self.light_below_epochs < 0 or self.heavy_from_epochs < 0:
-            raise ValueError("light_below_epochs and heavy_from_epochs must be >= 0 (0 = off), got "
-                             f"{self.light_below_epochs}, {self.heavy_from_epochs}")
-        if 0 < self.heavy_from_epochs < self.light_below_epochs:
-            raise ValueError(f"heavy_from_epochs ({self.heavy_from_epochs}) must not be below light_below_epochs "
-                             f"({self.light_below_epochs})")
         if any(lr <= 0 for lr in self.lr_sweep):
             raise ValueError(f"every lr_sweep value must be > 0, got {self.lr_sweep}")
 
@@ -154,13 +123,13 @@ class RunConfig:
     out: str = ""  # run directory; "" = runs/<data>-<model>-<timestamp> (chosen by the CLI)
     seed: int = 0  # seeds init, data order, augmentation and dropout
     max_minutes: float = 0.0  # stop cleanly when spent, then evaluate and save; 0 = no budget
-    budget_schedule: Literal["fit", "cut"] = "fit"  # with max_minutes: fit = every schedule runs by the clock and ends annealed when the budget (whole run) is spent; cut = stop this invocation when spent
+    budget_schedule: Literal["fit", "cut"] = "fit"  # with max_minutes: fit = the schedule runs by the clock and ends annealed when the budget (whole run) is spent (train/budget.py); cut = stop this invocation when spent
     checkpoint_every: int = 500  # optimiser steps between checkpoints (also at the end and on SIGTERM/SIGINT)
     log_every: int = 20  # optimiser steps between train records in metrics.jsonl
     nan_patience: int = 5  # consecutive non-finite losses (each skipped) before the run stops
     nan_check: Literal["auto", "sync", "deferred"] = "auto"  # deferred: skip on the device (fused optimiser), read at log steps; auto = deferred on CUDA
-    precision: Precision = "auto"  # "auto" = bf16 autocast where the device has native bf16 (CUDA, AVX512-BF16/AMX CPUs), else fp32
-    compile: bool = False  # torch.compile the model (vitkit.train.compiled: graphs compiled before the clock starts)
+    precision: Precision = "auto"  # "auto" = bf16 autocast where the device has native bf16 and it measures faster for the model (vitkit.device), else fp32
+    compile: Compile = "auto"  # torch.compile the model: "auto" = where the run saves more time than compiling costs (train/compiled.py)
     parallel: Parallel = "ddp"  # with several processes: replicate (DDP) or shard (FSDP2, CUDA only)
     device: str = "auto"  # "auto" = cuda when available (this process's local rank), else cpu
     threads: int = 0  # torch intra-op CPU threads for this run; 0 = torch's default (small models: 1 is fastest)
@@ -169,6 +138,10 @@ class RunConfig:
     init_from: str = ""  # checkpoint to start from (fine-tuning): head surgery + resolution change
 
     def __post_init__(self) -> None:
+        if isinstance(self.compile, bool):  # config.json of runs written when run.compile was a bool
+            object.__setattr__(self, "compile", "on" if self.compile else "off")
+        if self.compile not in ("auto", "on", "off"):
+            raise ValueError(f"run.compile must be auto, on or off, got {self.compile!r}")
         if self.checkpoint_every < 1 or self.log_every < 1 or self.nan_patience < 1:
             raise ValueError("checkpoint_every, log_every and nan_patience must be >= 1")
         if self.max_minutes < 0:
@@ -189,6 +162,9 @@ class TrainConfig:
     mpp: MPPConfig | None = None  # masked patch prediction (App. B.1.2) as the objective; None = classification
 
     def __post_init__(self) -> None:
+        if not self.data.has_length and not (self.run.max_minutes > 0 and self.run.budget_schedule == "fit"):
+            raise ValueError("set data.epochs > 0 or data.steps > 0, or a fitted time budget (run.max_minutes > 0) "
+                             "to decide the run's length")
         if self.run.parallel == "fsdp" and self.run.device == "cpu":
             raise ValueError("run.parallel='fsdp' needs CUDA; use 'ddp' on CPU")
         if self.run.parallel == "fsdp" and self.optim.ema_decay > 0:
@@ -199,6 +175,19 @@ class TrainConfig:
 
 
 GROUPS = ("model", "data", "augment", "optim", "eval", "run", "mpp")
+
+_RESOLUTIONS = "progressive resolution was removed (it lost to training at the model's resolution); use --img-size"
+_LATER = ("stepped PatchDropout was removed (it lost to one rate); model.patch_dropout applies until "
+          "data.patch_dropout_until, then every patch")
+_TIERS = ("the run-length regularisation rule was removed; set model.drop_path and augment.pad (the recipe's "
+          "fixed setting) directly")
+# Fields that lost their experiments and were removed: name -> (the value that did nothing, what to do instead).
+REMOVED: dict[str, tuple[Any, str]] = {
+    "data.resolutions": ((), _RESOLUTIONS), "data.resolution_until": ((), _RESOLUTIONS),
+    "data.patch_dropout_later": ((), _LATER), "data.patch_dropout_later_until": ((), _LATER),
+    "optim.ema_warmup": (False, "the EMA warm-up was removed (it lost); optim.ema_decay averages from the first step"),
+    "optim.light_below_epochs": (0.0, _TIERS), "optim.heavy_from_epochs": (0.0, _TIERS),
+}
 
 
 def to_dict(config: TrainConfig) -> dict[str, Any]:
@@ -221,7 +210,7 @@ def from_dict(data: dict[str, Any]) -> TrainConfig:
     for name, cls in groups.items():
         if name == "mpp" and data.get("mpp") is None:
             continue
-        values = dict(data.get(name, {}))
+        values = _without_removed(name, dict(data.get(name, {})))
         hints = typing.get_type_hints(cls)
         names = {f.name for f in dataclasses.fields(cls)}
         bad = sorted(set(values) - names)
@@ -229,6 +218,17 @@ def from_dict(data: dict[str, Any]) -> TrainConfig:
             raise ValueError(f"unknown field(s) {bad} in {name} (valid: {sorted(names)})")
         parts[name] = cls(**{k: _from_json(v, hints[k]) for k, v in values.items()})
     return TrainConfig(**parts)
+
+
+def _without_removed(group: str, values: dict[str, Any]) -> dict[str, Any]:
+    """A stored group without the removed fields, which a run written before their removal may hold: where
+    such a field is at its neutral value it is dropped; otherwise the run cannot be reproduced, and says why."""
+    for key in [k for k in values if f"{group}.{k}" in REMOVED]:
+        neutral, why = REMOVED[f"{group}.{key}"]
+        value = values.pop(key)
+        if (tuple(value) if isinstance(value, list) else value) != neutral:
+            raise ValueError(f"{group}.{key}={value!r}: {why}")
+    return values
 
 
 def _from_json(value: Any, hint: Any) -> Any:
@@ -249,8 +249,8 @@ def apply_overrides(config: TrainConfig, overrides: list[str] | tuple[str, ...])
     """Apply `group.field=value` strings, each parsed and checked against the field's type.
 
     The fields of one group change together, so that fields checked against each other (such as
-    data.resolutions and data.resolution_until) can be set by separate strings.  Unknown groups or
-    fields, and values of the wrong type, raise a ValueError naming them.
+    data.batch_size and data.micro_batch_size) can be set by separate strings.  Unknown groups or
+    fields, removed fields and values of the wrong type raise a ValueError naming them.
     """
     changes: dict[str, dict[str, str]] = {}
     for item in overrides:
@@ -259,6 +259,8 @@ def apply_overrides(config: TrainConfig, overrides: list[str] | tuple[str, ...])
         if group == "recipe" and not name:
             config = dataclasses.replace(config, recipe=text)
             continue
+        if key in REMOVED:
+            raise ValueError(f"--set {key}: {REMOVED[key][1]}")
         if group not in GROUPS or not name or "." in name:
             raise ValueError(f"--set {key!r}: unknown key; use one of {', '.join(g + '.<field>' for g in GROUPS)}")
         if group == "mpp" and config.mpp is None:

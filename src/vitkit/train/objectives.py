@@ -46,7 +46,7 @@ class EvalContext:
 
 class Objective(Protocol):
     name: str
-    config: TrainConfig  # read at every batch: the Trainer may lighten its regularisation (train/short_run.py)
+    config: TrainConfig
 
     def network(self, module: nn.Module) -> nn.Module: ...
     def batch(self, raw: list[tuple[Tensor, Tensor]], phase: Phase, generator: torch.Generator) -> list[Any]: ...
@@ -124,7 +124,7 @@ def mpp_train_config(config: TrainConfig, mpp: MPPConfig | None = None, *, lr: f
         warmup_fraction=0.0 if warmup_steps else 0.05, warmup_max_steps=MPP_PAPER_WARMUP, loss="softmax", lr_sweep=(),
         ema_decay=0.0)
     augment = dataclasses.replace(config.augment, mixup=0.0, cutmix=0.0, randaugment=None, label_smoothing=0.0)
-    data = dataclasses.replace(config.data, val_fraction=0.0, resolutions=(), resolution_until=())
+    data = dataclasses.replace(config.data, val_fraction=0.0)
     evaluation = dataclasses.replace(config.eval, every_epochs=0.0)
     return dataclasses.replace(config, recipe=f"mpp({config.recipe})", model=model, optim=optim, augment=augment,
                                data=data, eval=evaluation, mpp=mpp or config.mpp or MPPConfig())

@@ -1,8 +1,9 @@
-"""The plan: the numbers a run is made of, computed once from config + data + world (STYLE.md section 5).
+"""The plan: the numbers a run is made of, computed once from config + data + world + host (STYLE.md section 5).
 
-Steps, micro-batch and accumulation, the learning rate and its scaling rule, warmup, device and
-precision, seeds, evaluation cadence and the time estimate.  `vitkit train` prints it before the first
-step (with the measured speed, see train/estimate.py), the trainer runs it, MPP and bench read it.
+Steps, micro-batch and accumulation, the learning rate and its scaling rule, warmup, device, host,
+precision and compilation with the reasons for each, seeds, evaluation cadence, and the time estimate of
+the warm-up (train/budget.py).  The trainer makes it once, after its warm-up; `vitkit train` prints it
+before the first step (train/plan_text.py); MPP and bench read it.
 """
 
 from __future__ import annotations
@@ -15,13 +16,11 @@ from typing import Any
 import torch
 
 from vitkit.data.transforms import describe_augment
-from vitkit.device import pick_device, resolve_precision
 from vitkit.models import build_model
 from vitkit.models.configs import image_size, vit_config
+from vitkit.train.budget import GraphKey, steps_that_fit
 from vitkit.train.config import OptimConfig, TrainConfig
 from vitkit.train.schedule import Schedule, resolve_warmup, scaled_lr
-
-LONG_RUN_MINUTES = 60.0  # a plan longer than this says so and names --max-minutes
 
 OPTIMIZER_NAMES = {"muon": "muon (encoder matrices{scale}) + adamw (embeddings, norms, biases, head)"}
 
@@ -58,7 +57,7 @@ def augment_seed(seed: int, rank: int) -> int:
 
 @dataclass(frozen=True)
 class Plan:
-    """What a run will do.  `measured` holds the warm-up's speed and the ETA once known."""
+    """What a run will do, and why (the host's choices)."""
 
     recipe: str
     data: str
@@ -70,7 +69,7 @@ class Plan:
     global_batch: int
     micro_batch: int
     accumulation: int
-    steps: int
+    steps: int  # the schedule's length; a budgeted run without a length of its own: the steps estimated to fit
     epochs: float
     lr: float  # peak learning rate after scaling
     base_lr: float
@@ -85,15 +84,18 @@ class Plan:
     budget_minutes: float  # 0 = none
     budget_schedule: str  # "fit" (the schedule runs by the clock) or "cut"
     augment: tuple[str, ...]
+    steps_given: bool = True  # the run has a length of its own (else the budget alone decides it)
     flip_views: bool = False  # evaluations average each image's logits with its mirror image's
-    resolution_phases: tuple[tuple[int, float], ...] = ()
-    patch_dropout_phases: tuple[tuple[float, float], ...] = ()  # (rate, until fraction); every patch after the last
+    patch_dropout: tuple[float, float] = (0.0, 1.0)  # (rate, until fraction); every patch after it
     patch_dropout_keep: str = "random"  # which patches PatchDropout keeps: random, or content before flat ones
     data_path: str = ""  # how the training split is read: in memory, files through workers, or a shard stream
     splits: dict[str, Any] = field(default_factory=dict)  # images per part and where they came from
-    measured: dict[str, Any] = field(default_factory=dict)  # images/s, ETA (train/estimate.py)
+    host: str = ""  # the host class, in words (vitkit.host)
+    precision_reason: str = ""  # why this precision (vitkit.device.choose_precision)
+    compiled: bool = False  # the model runs through torch.compile
+    compile_reason: str = ""  # why it does or does not (train/compiled.py)
+    measured: dict[str, Any] = field(default_factory=dict)  # the warm-up's estimate: images/s, ETA, epochs that fit
     decay: str = ""  # the learning rate's shape after warmup, in words ("linear decay to 0")
-    regularisation: str = ""  # the run-length rule's decision, in words (train/short_run.py); "" = rule off
 
     @property
     def fitted(self) -> bool:
@@ -101,18 +103,16 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
-        for name in ("resolution_phases", "patch_dropout_phases"):
-            out[name] = [list(p) for p in getattr(self, name)]
-            if not out[name]:
-                del out[name]
-        out["augment"] = list(self.augment)
+        out["augment"], out["patch_dropout"] = list(self.augment), list(self.patch_dropout)
         return out
 
 
-def total_steps(config: TrainConfig, num_train: int) -> int:
-    """Optimiser steps of the run: data.steps, or ceil(epochs x N / B)."""
+def total_steps(config: TrainConfig, num_train: int) -> int | None:
+    """Optimiser steps of the run: data.steps, or ceil(epochs x N / B); None when a time budget alone decides."""
     if config.data.steps > 0:
         return config.data.steps
+    if config.data.epochs <= 0:
+        return None
     return max(1, math.ceil(config.data.epochs * num_train / config.data.batch_size))
 
 
@@ -145,90 +145,90 @@ def count_params(model_config: Any) -> int:
         return sum(p.numel() for p in build_model(model_config).parameters())
 
 
-def make_plan(config: TrainConfig, num_train: int, world: int = 1, local_rank: int = 0) -> Plan:
-    """The plan of `config` on `num_train` training images with `world` processes."""
-    micro = micro_batch_size(config, world)
-    steps = total_steps(config, num_train)
-    base = config.optim.base_batch_size or config.data.batch_size
-    warmup = warmup_steps(config, steps)
-    device = pick_device(config.run.device, local_rank)
-    per_epoch = num_train / config.data.batch_size
-    every = max(1, round(config.eval.every_epochs * per_epoch)) if config.eval.every_epochs > 0 else 0
-    return Plan(
+def patch_dropout_of(config: TrainConfig) -> tuple[float, float]:
+    """(PatchDropout rate, the schedule fraction it lasts until); (0, 1) without PatchDropout."""
+    rate = float(getattr(vit_config(config.model), "patch_dropout", 0.0))
+    return (rate, config.data.patch_dropout_until) if rate > 0 else (0.0, 1.0)
+
+
+def schedule_of(config: TrainConfig, steps: int, lr: float) -> Schedule:
+    """Every per-step quantity of a run of `steps` as a function of the position."""
+    rate, until = patch_dropout_of(config)
+    return Schedule(total_steps=steps, peak_lr=lr, warmup_steps=warmup_steps(config, steps), kind=config.optim.schedule,
+                    end_fraction=config.optim.end_lr_fraction, patch_dropout=rate, patch_until=until,
+                    side=image_size(config.model), ema_decay=config.optim.ema_decay)
+
+
+@dataclass(frozen=True)
+class HostChoices:
+    """What the host decided before the plan: its class, the precision and compilation, with their reasons."""
+
+    host: str = ""
+    precision: str = "fp32"
+    precision_reason: str = ""
+    compiled: bool = False
+    compile_reason: str = ""
+
+
+def make_plan(config: TrainConfig, num_train: int, world: int = 1, *, device: torch.device | None = None,
+              choices: HostChoices | None = None, timings: dict[GraphKey, float] | None = None,
+              budget_s: float | None = None, eval_images: int = 0) -> Plan:
+    """The plan of `config` on `num_train` training images with `world` processes.
+
+    `timings` (the warm-up's seconds per micro-batch pass and phase) give the estimate; `budget_s` (the usable
+    seconds of a fitted budget) the steps that fit, which are the schedule's length when the run has none.
+    """
+    choices = choices or HostChoices()
+    micro, batch = micro_batch_size(config, world), config.data.batch_size
+    accumulation = batch // world // micro
+    given = total_steps(config, num_train)
+    spans = _step_spans(config, accumulation, timings or {})
+    fit = steps_that_fit(spans, budget_s) if spans and budget_s else None
+    steps = given or fit or max(1, math.ceil(num_train / batch))
+    base = config.optim.base_batch_size or batch
+    per_epoch = num_train / batch
+    rate, until = patch_dropout_of(config)
+    plan = Plan(
         recipe=config.recipe, data=config.data.uri,
         objective="masked patch prediction" if config.mpp is not None else "classification",
         num_train=num_train, params=count_params(config.model), img_size=image_size(config.model), processes=world,
-        global_batch=config.data.batch_size, micro_batch=micro, accumulation=config.data.batch_size // world // micro,
-        steps=steps, epochs=steps * config.data.batch_size / num_train,
-        lr=scaled_lr(config.optim.lr, config.data.batch_size, base, config.optim.lr_scaling), base_lr=config.optim.lr,
-        base_batch=base, lr_scaling=config.optim.lr_scaling, warmup=warmup,
-        optimizer=optimizer_name(config.optim), decay=decay_name(config.optim.schedule, config.optim.end_lr_fraction),
-        device=str(device), precision=resolve_precision(config.run.precision, device), seed=config.run.seed,
-        eval_every=every, budget_minutes=config.run.max_minutes, budget_schedule=config.run.budget_schedule,
+        global_batch=batch, micro_batch=micro, accumulation=accumulation, steps=steps, epochs=steps * batch / num_train,
+        lr=scaled_lr(config.optim.lr, batch, base, config.optim.lr_scaling), base_lr=config.optim.lr, base_batch=base,
+        lr_scaling=config.optim.lr_scaling, warmup=warmup_steps(config, steps), optimizer=optimizer_name(config.optim),
+        decay=decay_name(config.optim.schedule, config.optim.end_lr_fraction), device=str(device or "cpu"),
+        seed=config.run.seed, precision=choices.precision, precision_reason=choices.precision_reason,
+        host=choices.host, compiled=choices.compiled, compile_reason=choices.compile_reason,
+        eval_every=max(1, round(config.eval.every_epochs * per_epoch)) if config.eval.every_epochs > 0 else 0,
+        budget_minutes=config.run.max_minutes, budget_schedule=config.run.budget_schedule, steps_given=given is not None,
         augment=tuple(describe_augment(config.augment)), flip_views=config.eval.flip_views,
-        resolution_phases=tuple(zip(config.data.resolutions, config.data.resolution_until)),
-        patch_dropout_phases=_patch_dropout_phases(config),
-        patch_dropout_keep=str(getattr(vit_config(config.model), "patch_dropout_keep", "random")),
+        patch_dropout=(rate, until), patch_dropout_keep=str(getattr(vit_config(config.model), "patch_dropout_keep",
+                                                                    "random")),
     )
+    return dataclasses.replace(plan, measured=_estimate(plan, spans, timings or {}, fit, eval_images))
 
 
-def schedule_of(config: TrainConfig, plan: Plan) -> Schedule:
-    """Every per-step quantity of the run as a function of the schedule position."""
-    return Schedule(total_steps=plan.steps, peak_lr=plan.lr, warmup_steps=plan.warmup, kind=config.optim.schedule,
-                    end_fraction=config.optim.end_lr_fraction, patch_dropout=_patch_dropout(config),
-                    patch_until=config.data.patch_dropout_until, patch_later=config.data.patch_dropout_later,
-                    patch_later_until=config.data.patch_dropout_later_until, resolutions=config.data.resolutions,
-                    resolution_until=config.data.resolution_until, side=plan.img_size,
-                    ema_decay=config.optim.ema_decay, ema_warmup=config.optim.ema_warmup)
+def _step_spans(config: TrainConfig, accumulation: int, timings: dict[GraphKey, float]) -> list[tuple[float, float, float]]:
+    """(begin, end fraction, seconds a step) of each phase of the schedule, from the warm-up's passes."""
+    if not timings:
+        return []
+    slowest, side = max(timings.values()), image_size(config.model)
+    spans = schedule_of(config, 1, 1.0).spans()
+    return [(begin, end, accumulation * timings.get((rate, side), slowest)) for begin, end, rate in spans]
 
 
-def _patch_dropout_phases(config: TrainConfig) -> tuple[tuple[float, float], ...]:
-    data = config.data
-    later = zip(data.patch_dropout_later, data.patch_dropout_later_until)
-    phases = ((_patch_dropout(config), data.patch_dropout_until), *later)
-    return tuple((rate, until) for rate, until in phases if until > 0) if any(r > 0 for r, _ in phases) else ()
-
-
-def _patch_dropout(config: TrainConfig) -> float:
-    return float(getattr(vit_config(config.model), "patch_dropout", 0.0))
-
-
-def plan_lines(plan: Plan) -> list[str]:
-    """The plan in words, as `vitkit train` prints it before the first step."""
-    from vitkit.train.estimate import eta_lines
-
-    rule = (f"lr {plan.base_lr:g} at global batch {plan.global_batch} (tuned for this batch; no rescaling)"
-            if plan.lr_scaling == "none" or plan.base_batch == plan.global_batch else
-            f"lr {plan.base_lr:g} x {plan.lr_scaling} rule ({plan.global_batch}/{plan.base_batch}) = {plan.lr:g}")
-    lines = [
-        f"objective: {plan.objective}; model: {plan.params:,} parameters at {plan.img_size}px",
-        f"data: {plan.data}; training split read {plan.data_path or 'in memory'}",
-        *(f"  {name}: {part['images']:,} images from {part['from'] or plan.data}" for name, part in plan.splits.items()),
-        f"effective global batch: {plan.global_batch} = {plan.processes} process(es) x {plan.micro_batch} x "
-        f"{plan.accumulation} accumulation step(s); {plan.steps:,} steps ({plan.epochs:.1f} epochs), warmup {plan.warmup}",
-        f"learning rate: {rule}" + (f", {plan.decay}" if plan.decay else "") + f"; {plan.optimizer}",
-        f"augmentation: {', '.join(plan.augment) or 'none'}" + _flip_note(plan),
-        f"device: {plan.device}, precision {plan.precision}; seed {plan.seed}; evaluation "
-        + (f"every {plan.eval_every} steps" if plan.eval_every else "at the end only")
-        + ("; each image and its mirror image, logits averaged (the one-view top-1 is reported too)"
-           if plan.flip_views else ""),
-    ]
-    if plan.resolution_phases:
-        lines.append("resolution phases: " + ", ".join(f"{side}px until {until:.0%}" for side, until in
-                                                          plan.resolution_phases) + f", then {plan.img_size}px")
-    if plan.patch_dropout_phases:
-        keep = " (patches with content kept first)" if plan.patch_dropout_keep == "content" else ""
-        lines.append(f"PatchDropout{keep}: " + ", ".join(f"{rate:g} until {until:.0%}" for rate, until in
-                                                  plan.patch_dropout_phases) + ", then every patch")
-    if plan.regularisation:
-        lines.append(plan.regularisation)
-    return lines + eta_lines(plan)
-
-
-def _flip_note(plan: Plan) -> str:
-    """Where the source cannot tell whether a mirror image keeps its label, say which convention runs."""
-    from vitkit.data.sources import mirror_keeps_label
-
-    if "horizontal flip" in plan.augment and mirror_keeps_label(plan.data) is None:
-        return " (flips: the convention for natural images; --set augment.flip=false if a mirror image changes the label)"
-    return ""
+def _estimate(plan: Plan, spans: list[tuple[float, float, float]], timings: dict[GraphKey, float], fit: int | None,
+              eval_images: int) -> dict[str, Any]:
+    """Images/s, minutes and (fitted budget) epochs that fit, as the warm-up's forward + backward passes give them
+    (the batch and the optimiser step are not in them: a real step is slower)."""
+    if not spans:
+        return {}
+    step_s = sum((end - begin) * seconds for begin, end, seconds in spans)  # the phases weighed by their share
+    per_image_s = timings.get((0.0, plan.img_size), max(timings.values())) / plan.micro_batch
+    evals = (plan.steps // plan.eval_every if plan.eval_every else 0) + 1
+    eval_s = evals * eval_images * per_image_s / 3  # forward only: a third of a training pass
+    out = {"images_per_s": round(plan.global_batch / step_s, 1), "step_seconds": round(step_s, 4),
+           "eta_minutes": round((plan.steps * step_s + eval_s) / 60, 2), "eval_seconds": round(eval_s, 1)}
+    if fit is not None:
+        out["fit_epochs"] = round(fit * plan.global_batch / plan.num_train, 1)
+        out["eta_minutes"] = round(plan.budget_minutes, 2)
+    return out

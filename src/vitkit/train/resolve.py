@@ -15,10 +15,12 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from vitkit.checkpoints import read
 from vitkit.data.sources import SourceInfo, describe, parse_uri
 from vitkit.models import preset_config
 from vitkit.models.configs import HybridConfig, ResNetConfig, ViTConfig, image_size, in_channels, with_overrides
 from vitkit.train.config import TrainConfig, apply_overrides
+from vitkit.train.plan import count_params
 from vitkit.train.recipes import (PAPER_LR_GRID, auto_recipe_name, finetune_val_fraction, get_recipe,
                                   large_model_warning)
 
@@ -55,9 +57,6 @@ class Resolved:
     info: SourceInfo
     notes: list[str] = field(default_factory=list)  # printed before training
     warnings: list[str] = field(default_factory=list)
-
-
-BUDGET_EPOCHS = 4  # a budgeted run of the recipe's own length trains at most 4x the recipe's epochs
 
 
 def resolve(request: Request) -> Resolved:
@@ -121,8 +120,6 @@ def _finetune_model(path: str, config: TrainConfig, info: SourceInfo, auto_recip
     keeps its own resolution: the paper's 384 px is a step up from 224 px, and would blow a model with
     tiny patches up to thousands of tokens.
     """
-    from vitkit.checkpoints import read
-
     source = read(path).model.config
     vit = source.vit if isinstance(source, HybridConfig) else source
     target = with_overrides(source, num_classes=info.num_classes)
@@ -136,15 +133,13 @@ def _finetune_model(path: str, config: TrainConfig, info: SourceInfo, auto_recip
 
 
 def _budget_length(config: TrainConfig, request: Request) -> TrainConfig:
-    """With a fitted --max-minutes and no length of the user's (--epochs, data.epochs, data.steps), the clock
-    decides the length: the recipe's epochs become a bound BUDGET_EPOCHS times higher, so that a machine
-    faster than the recipe assumed spends its budget instead of finishing early (the schedule still ends
-    annealed when the budget is spent)."""
+    """With a fitted --max-minutes and no length of the user's (--epochs, data.epochs, data.steps), the budget
+    alone decides the run's length (train/budget.py): the recipe's epochs are dropped."""
     given = request.epochs is not None or any(o.startswith(("data.epochs=", "data.steps=")) for o in request.overrides)
     run = config.run
     if given or config.data.steps > 0 or run.max_minutes <= 0 or run.budget_schedule != "fit":
         return config
-    return dataclasses.replace(config, data=dataclasses.replace(config.data, epochs=config.data.epochs * BUDGET_EPOCHS))
+    return dataclasses.replace(config, data=dataclasses.replace(config.data, epochs=0.0, steps=0))
 
 
 def _apply_flags(config: TrainConfig, request: Request, info: SourceInfo) -> TrainConfig:
@@ -168,7 +163,7 @@ def _apply_flags(config: TrainConfig, request: Request, info: SourceInfo) -> Tra
                "init_from": request.init_from}
     run = dataclasses.replace(run, **{k: v for k, v in updates.items() if v is not None})
     if request.compile:
-        run = dataclasses.replace(run, compile=True)
+        run = dataclasses.replace(run, compile="on")
     if request.quiet:
         run = dataclasses.replace(run, progress=False)
     return dataclasses.replace(config, data=data, optim=optim, run=run)
@@ -194,8 +189,6 @@ def _model_name(request: Request, config: TrainConfig) -> str:
 
 def _describe(config: TrainConfig, info: SourceInfo, name: str, chose: bool, request: Request) -> Resolved:
     """The lines printed before the run's plan: the recipe and why, warnings about the model's size."""
-    from vitkit.train.plan import count_params
-
     how = f"chosen for {info.image_size}px images, {info.num_train:,} training images" if chose else "as requested"
     notes = [f"recipe: {name} ({how})"]
     warnings = []

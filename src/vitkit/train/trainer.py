@@ -1,15 +1,14 @@
 """The Trainer: one loop for every objective, made of small parts (STYLE.md section 5, DESIGN.md "train/").
 
-    plan (train/plan.py)            the numbers of the run, computed once and printed before the first step
-    schedule (train/schedule.py)    learning rate, PatchDropout, side and EMA decay at a position
-    budget clock (train/schedule.py) wall-clock time -> position, so a budgeted run ends annealed
+    host choices (train/choices.py)  precision and torch.compile for this host and model, with their reasons
+    warm-up + budget (train/budget.py) every phase compiled and timed before the clock starts; the one model
+                                    of time: the schedule position from the steps and the time budget
+    plan (train/plan.py)            the numbers of the run, computed once, printed before the first step
+    schedule (train/schedule.py)    learning rate, PatchDropout and EMA decay at a position
     objective (train/objectives.py) the loss of a micro-batch and what an evaluation measures
     guard (train/guard.py)          non-finite steps skipped and counted; too many in a row stop the run
     checkpointer (train/checkpointer.py) + run directory (vitkit/runs.py)   saving, resuming, exports
     stop policy (train/stop.py)     signals and the time budget, agreed by every process
-    rehearsal (train/rehearsal.py, estimate.py)  compiled graphs and the measured speed before the clock starts,
-                                    checked on the first real steps
-    run-length rule (train/short_run.py) regularisation fitted to the epochs that fit
 
 One code path for CPU and CUDA and for 1 or N processes (torchrun; train/distributed.py).
 """
@@ -25,29 +24,31 @@ from typing import Any, Callable
 import torch
 
 from vitkit.data.stream import ShardBatches, ShardSet
-from vitkit.device import autocast_dtype, pick_device
+from vitkit.device import pick_device
 from vitkit.eval.evaluator import one_view_note
-from vitkit.models.configs import in_channels
+from vitkit.models.configs import image_size, in_channels
 from vitkit.runs import RunDir
-from vitkit.train import compiled, distributed, short_run
-from vitkit.train.assemble import IndexBatches, Splits, check_classes, initial_model, load_splits
+from vitkit.train import choices, compiled, distributed, finish
+from vitkit.train.assemble import IndexBatches, Splits, blank_batch, check_classes, initial_model, load_splits
+from vitkit.train.budget import Budget
 from vitkit.train.checkpointer import Checkpointer
 from vitkit.train.config import TrainConfig, from_dict, to_dict
 from vitkit.train.ema import ModelEMA, averaged
-from vitkit.train.estimate import SpeedCheck
 from vitkit.train.guard import NonFiniteGuard, NonFiniteLossError  # noqa: F401 (re-exported)
 from vitkit.train.objectives import EvalContext, build_objective
 from vitkit.train.optim import build_optimizer
-from vitkit.train.plan import Plan, augment_seed, init_seed, make_plan, resumed_seed, schedule_of
-from vitkit.train.plots import plot_curves
-from vitkit.train.rehearsal import Rehearsal
+from vitkit.train.plan import (HostChoices, Plan, augment_seed, init_seed, make_plan, micro_batch_size,
+                               patch_dropout_of, resumed_seed, schedule_of, total_steps)
+from vitkit.train.finish import EvaluationError  # noqa: F401 (re-exported: the CLI catches it)
 from vitkit.train.progress import TrainRecords, progress_bar
-from vitkit.train.schedule import BudgetClock, Phase
+from vitkit.train.schedule import Phase, scaled_lr
 from vitkit.train.state import TrainState
 from vitkit.train.step import StepSpec, train_step
 from vitkit.train.stop import StopPolicy
 
 log = logging.getLogger(__name__)
+
+UNBOUNDED = 2**62  # the batch streams' bound for a run whose time budget alone decides its length
 
 
 def reconcile(config: TrainConfig) -> TrainConfig:
@@ -94,7 +95,7 @@ def train(config: TrainConfig, *, data: Splits | None = None, progress_stream: A
             distributed.teardown()
 
 
-class Trainer(Rehearsal):
+class Trainer:
     """A run assembled from its parts; `fit` trains it (see the module docstring)."""
 
     def __init__(self, config: TrainConfig, info: distributed.DistInfo, device: torch.device, started: float, *,
@@ -111,21 +112,21 @@ class Trainer(Rehearsal):
         if not wants_test:
             self.data = dataclasses.replace(self.data, test=None, evals={})
         check_classes(config, self.data.train)
-        self.plan = make_plan(config, len(self.data.train), info.world, info.local_rank)
-        self.schedule = schedule_of(config, self.plan)
+        self.num_train, self.micro = len(self.data.train), micro_batch_size(config, info.world)
+        self.length = total_steps(config, self.num_train)  # None: the time budget alone decides
         self.objective = build_objective(config, self.data.train.num_classes, in_channels(config.model))
+        self.skipped_before = self.skipped_total = 0  # batches' corrupt samples of earlier invocations / in all
+        self.stored_precision: str | None = None  # the precision an earlier invocation chose (kept on resume)
         self._build_model()
         batches = ShardBatches if isinstance(self.data.train, ShardSet) else IndexBatches  # both TrainBatches
         self.batches = batches(self.data.train, seed=config.run.seed, global_batch=config.data.batch_size,
-                               micro_batch=self.plan.micro_batch, rank=info.rank, world=info.world, device=device,
-                               total_steps=self.plan.steps, workers=config.data.workers, strict=config.data.strict)
-        self.plan = dataclasses.replace(self.plan, data_path=self.batches.path, splits=self._split_sizes())
-        self.skipped_before = self.skipped_total = 0  # batches' corrupt samples of earlier invocations / in all
-        self.short: short_run.Decision | None = None  # train/short_run.py's decision, once taken (or resumed)
-        self.speed_check: SpeedCheck | None = None  # the rehearsal's speed checked on real steps (train/estimate.py)
+                               micro_batch=self.micro, rank=info.rank, world=info.world, device=device,
+                               total_steps=self.length or UNBOUNDED, workers=config.data.workers,
+                               strict=config.data.strict)
         self.checkpointer = Checkpointer(self.run, every=config.run.checkpoint_every, meta=self._meta(), main=info.main,
                                          sharded=self.sharded, extra=self._extra_state)
         self._resume()
+        self.choices = self._choose()
         self.metrics = self.run.metrics(enabled=info.main, tensorboard=config.run.tensorboard)
         if info.main:
             self.metrics.truncate_after(self.state.step)
@@ -137,27 +138,38 @@ class Trainer(Rehearsal):
     def _build_model(self) -> None:
         config, info, device = self.config, self.info, self.device
         module = initial_model(config).to(device)
-        stride = getattr(getattr(module, "patch_embed", None), "stride", 1)  # pixels per token (1: any side works)
-        if any(side % stride for side in config.data.resolutions):
-            raise ValueError(f"data.resolutions {config.data.resolutions}: every side must be a multiple of the "
-                             f"model's {stride}-pixel patches")
         network = self.objective.network(module)  # what the optimiser trains (MPP: a wrapper around the encoder)
         self.sharded = config.run.parallel == "fsdp" and info.world > 1
         model = distributed.wrap(network, info, device, config.run.parallel)
         self.eager = model
-        if config.run.compile:
-            model = compiled.compile_for_training(model, device)
         self.deferred = config.run.nan_check == "deferred" or (  # Muon has no fused kernel to skip a step
             config.run.nan_check == "auto" and device.type == "cuda" and config.run.parallel != "fsdp"
             and config.optim.name != "muon")
         # Fused kernels on the CPU too: one pass over the parameters (AdamW's step 2.2 -> 0.7 ms at small-28px).
-        optimizer = build_optimizer(model if config.run.parallel == "fsdp" else network, config.optim, self.plan.lr,
-                                    fused=self.deferred or device.type == "cpu")
+        optimizer = build_optimizer(model if config.run.parallel == "fsdp" else network, config.optim,
+                                    self._peak_lr(), fused=self.deferred or device.type == "cpu")
         generator = torch.Generator(device=device).manual_seed(augment_seed(config.run.seed, info.rank))
         ema = ModelEMA(module, config.optim.ema_decay) if config.optim.ema_decay > 0 else None
         self.state = TrainState(model=model, module=module, optimizer=optimizer, generator=generator, ema=ema)
-        self.autocast_dtype = autocast_dtype(config.run.precision, device)
-        self.pass_rate = any(r > 0 for r in self.schedule.rates[0])  # the model takes the scheduled PatchDropout rate
+
+    def _peak_lr(self) -> float:
+        """The peak learning rate after the batch-size scaling rule (the plan's `lr`)."""
+        optim, batch = self.config.optim, self.config.data.batch_size
+        return scaled_lr(optim.lr, batch, optim.base_batch_size or batch, optim.lr_scaling)
+
+    def _choose(self) -> HostChoices:
+        """Precision and compilation for this host and model (train/choices.py); compiles when chosen."""
+        config = self.config
+        phases = schedule_of(config, self.length or 1, 1.0).phases(start=self.state.step / (self.length or math.inf))
+        budget = config.run.max_minutes * 60 if config.run.max_minutes > 0 else None
+        picked = choices.choose(config, self.state.module, self.device, micro_batch=self.micro,
+                                accumulation=config.data.batch_size // self.info.world // self.micro,
+                                graphs=len(phases), steps=None if self.length is None else self.length - self.state.step,
+                                budget_s=budget, stored_precision=self.stored_precision)
+        self.autocast_dtype = torch.bfloat16 if picked.precision == "bf16" else None
+        if picked.compiled:
+            self.state.model = compiled.compile_for_training(self.eager, self.device)
+        return picked
 
     def _meta(self) -> dict[str, Any]:
         provenance = {"recipe": self.config.recipe, "data": self.config.data.uri, "run_dir": str(self.run.path),
@@ -167,15 +179,15 @@ class Trainer(Rehearsal):
                 "provenance": provenance}
 
     def _extra_state(self) -> dict[str, Any]:
-        return {"data": self.batches.state_dict(), "skipped_samples": self.skipped_total, "short_run": self.short,
-                **self.objective.state_dict()}
+        return {"data": self.batches.state_dict(), "skipped_samples": self.skipped_total,
+                "precision": self.choices.precision, **self.objective.state_dict()}
 
     def _resume(self) -> None:
         def load_extra(payload: dict[str, Any]) -> None:
             self.objective.load_state_dict(payload)
             self.batches.load_state_dict(payload.get("data") or {"step": self.state.step})
             self.skipped_before = int(payload.get("skipped_samples", 0))  # streamed by the earlier invocations
-            self.short = payload.get("short_run")  # the first invocation's decision (train/short_run.py)
+            self.stored_precision = payload.get("precision")
 
         resumed = self.checkpointer.restore(self.state, load_extra=load_extra)
         if resumed is None:
@@ -193,42 +205,81 @@ class Trainer(Rehearsal):
             parts[self.config.eval.final_split] = self.data.test
         return {name: {"images": len(part), "from": part.origin} for name, part in parts.items()}
 
-    # ---------------------------------------------------------------------------------- rehearsal
+    # ------------------------------------------------------------------------- warm-up and plan
     def step_spec(self, phase: Phase) -> StepSpec:
         """What one optimiser step of `phase` does: its learning rate, PatchDropout rate, precision and EMA."""
         return StepSpec(lr=phase.lr, clip_norm=self.config.optim.clip_norm, loss=self.config.optim.loss,
                         autocast_dtype=self.autocast_dtype, deferred=self.deferred,
-                        patch_dropout=phase.patch_dropout if self.pass_rate else None, ema_decay=phase.ema_decay or None)
+                        patch_dropout=phase.patch_dropout if self._has_rate else None, ema_decay=phase.ema_decay or None)
 
-    def _budget_s(self) -> float:
+    @property
+    def _has_rate(self) -> bool:
+        """Whether the model takes the scheduled PatchDropout rate (it has PatchDropout)."""
+        return patch_dropout_of(self.config)[0] > 0
+
+    def _run_once(self, rate: float, side: int) -> None:
+        """One forward + backward of a blank micro-batch laid out as the training ones (the warm-up's unit)."""
+        generator = torch.Generator(device=self.device).manual_seed(0)
+        phase = Phase(lr=0.0, patch_dropout=rate, side=side, ema_decay=0.0)
+        inputs = self.objective.batch(blank_batch(self.data.train, self.micro, side, self.device), phase, generator)[0]
+        with torch.autocast(self.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
+            loss, _ = self.objective.loss_of(self.step_spec(phase), generator)(self.state.model, inputs)
+        loss.float().backward()
+
+    def _warm_up(self) -> dict:
+        """Compile (when chosen) and time every phase still ahead, before the clock starts; a compiler that
+        fails leaves the run eager."""
+        needed = schedule_of(self.config, self.length or 1, 1.0).phases(start=self.state.step / (self.length or math.inf))
+        timings, failed = compiled.warm_up_compiled(self.state.module, needed, self._run_once, self.device,
+                                                    compiling=self.state.model is not self.eager,
+                                                    to_eager=lambda: setattr(self.state, "model", self.eager))
+        if failed:
+            self.choices = dataclasses.replace(self.choices, compiled=False, compile_reason=failed)
+        # One plan on every process: the slowest process's passes set the estimate.
+        return {key: distributed.max_across(seconds, self.device) for key, seconds in sorted(timings.items())}
+
+    def _usable_s(self) -> float:
         """Seconds for the training loop of a fitted run: the whole run's budget minus every start-up (the
         earlier invocations' and this one's so far).  A collective: the smallest over the processes, since each
         measured its own start-up and all must read the same schedule position and stop at the same step."""
         startup = self.state.startup + time.monotonic() - self.started
         return distributed.min_across(max(self.config.run.max_minutes * 60 - startup, 1.0), self.device)
 
+    def _make_plan(self, timings: dict) -> Plan:
+        """The plan, once: numbers, host choices and the warm-up's estimate."""
+        config = self.config
+        fitted = config.run.max_minutes > 0 and config.run.budget_schedule == "fit"
+        evals = sum(len(s) for s in self.data.evals.values()) if config.eval.every_epochs > 0 else 0
+        eval_images = evals + (len(self.data.test) if self.data.test is not None else 0)
+        plan = make_plan(config, self.num_train, self.info.world, device=self.device, choices=self.choices,
+                         timings=timings, budget_s=self._usable_s() if fitted else None, eval_images=eval_images)
+        if not plan.steps_given:  # every process must read the same schedule length
+            plan = dataclasses.replace(plan, steps=int(distributed.min_across(plan.steps, self.device)))
+        return dataclasses.replace(plan, data_path=self.batches.path, splits=self._split_sizes())
+
     # ------------------------------------------------------------------------------------ the loop
     def fit(self, on_plan: Callable[[Plan], None] | None = None) -> dict[str, Any]:
         """Train until the schedule ends, the budget is spent or a signal arrives; evaluate and save."""
         config, state = self.config, self.state
-        self.configured = config  # as asked for; the regularisation decision fits a copy of it
-        self.plan = self.rehearsed_plan()
-        self._fit_regularisation(self.short)
+        self.plan = plan = self._make_plan(self._warm_up())
+        self.schedule = schedule_of(config, plan.steps, plan.lr)
         if on_plan is not None and self.info.main:
-            on_plan(self.plan)
-        self.clock = BudgetClock(self.plan.steps, self._budget_s() if self.plan.fitted else math.inf)
+            on_plan(plan)
+        self.budget = Budget(plan.steps, self._usable_s() if plan.fitted else None, steps_count=plan.steps_given)
+        if plan.eval_every == 0:  # keep back what the final evaluation is estimated to take
+            self.budget.reserve_s = plan.measured.get("eval_seconds", 0.0)
         state.startup += time.monotonic() - self.started
-        self.clock.observe(state.step, state.elapsed)
-        deadline = config.run.max_minutes * 60 if config.run.max_minutes > 0 and not self.plan.fitted else None
+        self.budget.observe(state.step, state.elapsed)
+        deadline = config.run.max_minutes * 60 if config.run.max_minutes > 0 and not plan.fitted else None
         stop = StopPolicy(started=self.started, deadline_s=deadline, world=self.info.world, device=self.device,
                           now=time.monotonic)
         records = TrainRecords(state.step, config.data.batch_size)
-        bar = progress_bar(config.run.progress and self.info.main, self.plan.steps, state.step, self.progress_stream)
+        bar = progress_bar(config.run.progress and self.info.main, plan.steps, state.step, self.progress_stream)
         self.loop_start, self.saved_step, status = time.monotonic(), -1, "finished"
         batches = iter(self.batches)
         with stop:
-            while not self.clock.done(state.step) and (raw := next(batches, None)) is not None:
-                position = self.clock.position(state.step)
+            while not self.budget.done(state.step) and (raw := next(batches, None)) is not None:
+                position = self.budget.position(state.step)
                 phase = self.schedule.at(position)
                 spec = self.step_spec(phase)
                 out = train_step(state, self.objective.batch(raw, phase, state.generator), spec,
@@ -236,24 +287,24 @@ class Trainer(Rehearsal):
                 self.guard.observe(state.step, out["skipped"])
                 records.add(out)
                 bar.update(1)
-                at_log = state.step % config.run.log_every == 0 or state.step == self.plan.steps
+                at_log = state.step % config.run.log_every == 0 or state.step == plan.steps
                 agree = at_log or self.checkpointer.due(state.step)
                 if not self.deferred or agree:
                     self.guard.flush()
                 if at_log:
                     self._log(records, phase, bar)
                 self._evaluate_if_due()
-                self._observe_clock(agree)
-                self._check_speed(phase, time.monotonic)
+                self._observe_budget(agree)
                 reason = stop.check(agree)
                 if reason and self.guard.pending:
                     self.guard.flush()  # deferred flags: account for them before saving
                 if reason or (self.checkpointer.due(state.step) and state.nan_streak == 0):  # keep the last good one
                     self._save()
-                if reason or position >= self.plan.steps - 1:  # the last step ran at the schedule's end value
+                if reason or position >= plan.steps - 1:  # the last step ran at the schedule's end value
                     status = reason or status
                     break
         bar.close()
+        finish.log_end(status, stop.signum, state.step, plan.steps, config.run.max_minutes)
         return self._finish(status, stop.signum)
 
     def _count_skipped(self) -> int:
@@ -281,12 +332,12 @@ class Trainer(Rehearsal):
         for split, data in self.data.evals.items():
             self.metrics.write(self._evaluate(split, data))
         if self.plan.fitted:  # keep as long back for the final evaluation
-            self.clock.reserve_s = distributed.max_across(time.monotonic() - began, self.device)
+            self.budget.reserve_s = distributed.max_across(time.monotonic() - began, self.device)
 
-    def _observe_clock(self, agree: bool) -> None:
+    def _observe_budget(self, agree: bool) -> None:
         if self.plan.fitted and (self.info.world == 1 or agree):  # all processes: one position
             elapsed = self.state.elapsed + time.monotonic() - self.loop_start
-            self.clock.observe(self.state.step, distributed.max_across(elapsed, self.device))
+            self.budget.observe(self.state.step, distributed.max_across(elapsed, self.device))
 
     def _save(self) -> None:
         self._count_skipped()  # the total goes into the checkpoint (every process calls _save)
@@ -297,7 +348,7 @@ class Trainer(Rehearsal):
         self.saved_step = self.state.step
 
     def _epoch(self, step: int) -> float:
-        return round(step * self.config.data.batch_size / self.plan.num_train, 4)
+        return round(step * self.config.data.batch_size / self.num_train, 4)
 
     def _report_skip(self, record: dict[str, Any]) -> None:
         self.metrics.write({**record, "epoch": self._epoch(record["step"])})
@@ -306,7 +357,7 @@ class Trainer(Rehearsal):
     def _evaluate(self, split: str, data: Any) -> dict[str, Any]:
         """The objective's evaluation of `split` (of the Polyak average when enabled, Sec. 4.1)."""
         config, state = self.config, self.state
-        context = EvalContext(size=self.plan.img_size, mean=config.data.mean, std=config.data.std,
+        context = EvalContext(size=image_size(config.model), mean=config.data.mean, std=config.data.std,
                               channels=in_channels(config.model), batch_size=config.eval.batch_size, device=self.device,
                               autocast_dtype=self.autocast_dtype, rank=self.info.rank, world=self.info.world,
                               workers=config.data.workers)
@@ -320,36 +371,27 @@ class Trainer(Rehearsal):
         return record
 
     def _finish(self, status: str, signum: int) -> dict[str, Any]:
+        """Save, export the final model, then evaluate it: a failing evaluation loses nothing."""
         state, config = self.state, self.config
         state.elapsed += time.monotonic() - self.loop_start
-        if status == "finished" and state.step < self.plan.steps:
-            log.info("time budget: schedule annealed at step %d of at most %d", state.step, self.plan.steps)
-        if status == "time_budget":
-            log.info("time budget of %.1f min spent at step %d/%d: stopping", config.run.max_minutes, state.step,
-                     self.plan.steps)
         result: dict[str, Any] = {"status": status, "run_dir": str(self.run.path), "rank": self.info.rank,
                                   "step": state.step, "steps": self.plan.steps, "skipped_steps": state.skipped_steps,
                                   "plan": self.plan.to_dict()}
         if status == "interrupted":
-            log.warning("stopped by signal %d at step %d; checkpoint saved, re-run the same command to resume",
-                        signum, state.step)
             self.metrics.close()
             return {**result, "signal": signum, "checkpoint": str(self.run.latest())}
-        final = self._evaluate(config.eval.final_split, self.data.test) if self.data.test is not None else None
         if self.saved_step != state.step:
             self.checkpointer.save(state)
         self.checkpointer.export(state)
+        checkpoint = str(self.run.export("final") if not self.sharded else self.run.latest())
+        final = None
+        if self.data.test is not None:
+            with finish.evaluation_failure(self.run.path, config, checkpoint, self.metrics):
+                final = self._evaluate(config.eval.final_split, self.data.test)
         if self.info.main:
-            if final is not None:
-                self.metrics.write({**final, "final": True})
-            self.metrics.close()
-            try:
-                plot_curves(self.run.path / "metrics.jsonl", self.run.path / "plots" / "curves.png")
-            except Exception as err:  # a plot must never fail a finished run
-                log.warning("could not draw plots/curves.png: %s", err)
+            finish.close_metrics(self.metrics, final, self.run.path)
         if final is not None:
             result[config.eval.final_split] = {k: v for k, v in final.items() if k not in ("step", "epoch", "split")}
             result["epoch"] = final["epoch"]
         return {**result, "minutes": state.elapsed / 60, "wall_minutes": (time.monotonic() - self.started) / 60,
-                "checkpoint": str(self.run.export("final") if not self.sharded else self.run.latest())}
-
+                "checkpoint": checkpoint}

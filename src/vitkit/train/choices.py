@@ -1,0 +1,91 @@
+"""The host's choices for a run (DESIGN.md "The host decides how"): precision and torch.compile, each with
+its reason, from the host's capabilities and a short measurement of the run's own model.
+
+`probe_pass` times one eager forward + backward of the model on a small blank batch (about PROBE_FLOPS of
+work, so a probe costs well under a second for the small recipes and a few seconds for ViT-B), in fp32
+and, where the choice depends on it, in bf16; the same timing, scaled to the micro-batch, gives the eager
+step time the compile decision weighs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+from torch import nn
+
+from vitkit import host as hosts
+from vitkit.bench.flops import model_flops
+from vitkit.device import PrecisionChoice, autocast, choose_precision, time_pass
+from vitkit.models.configs import ModelConfig, image_size, in_channels
+from vitkit.train import compiled, distributed
+from vitkit.train.config import TrainConfig
+from vitkit.train.plan import HostChoices
+
+PROBE_FLOPS = 4e9  # forward + backward work of one probe pass (the batch is sized to it)
+
+
+def probe_batch(model_config: ModelConfig, micro_batch: int) -> int:
+    """Images in a probe pass: about PROBE_FLOPS of forward + backward work, at most a micro-batch."""
+    per_image = 3 * model_flops(model_config)  # backward ~ twice the forward
+    return max(1, min(micro_batch, math.ceil(PROBE_FLOPS / max(per_image, 1))))
+
+
+def probe_pass(model: nn.Module, model_config: ModelConfig, images: int, device: torch.device,
+               dtype: torch.dtype | None) -> float:
+    """Seconds of one forward + backward of `model` on `images` blank images under autocast `dtype` (the
+    fastest of three after a warm-up); gradients are cleared and the RNG left as it was."""
+    size, channels = image_size(model_config), in_channels(model_config)
+    x = torch.zeros(images, channels, size, size, device=device)
+
+    def run() -> None:
+        with autocast(device, dtype):
+            out = model(x)
+        (out.float() if isinstance(out, torch.Tensor) else out[0].float()).sum().backward()
+
+    was_training = model.training
+    model.train()
+    try:
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            return time_pass(run, device)
+    finally:
+        model.train(was_training)
+        for param in model.parameters():
+            param.grad = None
+
+
+def choose(config: TrainConfig, model: nn.Module, device: torch.device, *, micro_batch: int, accumulation: int,
+           graphs: int, steps: int | None, budget_s: float | None, stored_precision: str | None = None) -> HostChoices:
+    """Precision and compilation for this run on this host, with their reasons (`stored_precision`: the choice of
+    an earlier invocation of the same run, which a resumed run keeps)."""
+    images = probe_batch(config.model, micro_batch)
+    timed: dict[torch.dtype | None, float] = {}
+
+    def measure(dtype: torch.dtype | None) -> float:
+        if dtype not in timed:
+            timed[dtype] = probe_pass(model, config.model, images, device, dtype)
+        return timed[dtype]
+
+    if stored_precision in ("fp32", "bf16") and config.run.precision == "auto":
+        precision = PrecisionChoice(stored_precision, "auto: as this run's first invocation chose")
+    else:
+        precision = choose_precision(config.run.precision, device, measure)
+    wants_timing = config.run.compile == "auto" and (steps is not None or budget_s is not None)
+    eager_step_s = measure(precision.dtype) * micro_batch / images * accumulation if wants_timing else 0.0
+    on, why = compiled.decide(config.run.compile, device, graphs=graphs, eager_step_s=eager_step_s, steps=steps,
+                              budget_s=budget_s)
+    return agreed(HostChoices(host=hosts.current(device).describe(), precision=precision.precision,
+                              precision_reason=precision.reason, compiled=on, compile_reason=why), device)
+
+
+def agreed(picked: HostChoices, device: torch.device) -> HostChoices:
+    """The same choices on every process (each measured its own): bf16 and compiling only where all chose them."""
+    bf16 = distributed.min_across(float(picked.precision == "bf16"), device) > 0
+    on = distributed.min_across(float(picked.compiled), device) > 0
+    if bf16 == (picked.precision == "bf16") and on == picked.compiled:
+        return picked
+    return dataclasses.replace(
+        picked, precision="bf16" if bf16 else "fp32", compiled=on,
+        precision_reason=picked.precision_reason if bf16 == (picked.precision == "bf16") else "another process chose fp32",
+        compile_reason=picked.compile_reason if on == picked.compiled else "another process chose not to compile")

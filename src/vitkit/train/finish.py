@@ -1,0 +1,52 @@
+"""How a run ends: what it says, and an evaluation that fails after the model was saved (the trainer saves and
+exports the final model first, so a failing evaluation loses nothing)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from pathlib import Path
+from typing import Any, Iterator
+
+from vitkit.train.config import TrainConfig
+from vitkit.train.plots import plot_curves
+
+log = logging.getLogger("vitkit.train.trainer")
+
+
+class EvaluationError(RuntimeError):
+    """The final evaluation failed after the trained model was saved; the message names it and how to retry."""
+
+
+def log_end(status: str, signum: int, step: int, steps: int, budget_minutes: float) -> None:
+    """The line a run ends with, by how it ended."""
+    if status == "finished" and step < steps:
+        log.info("time budget: schedule annealed at step %d of about %d", step, steps)
+    if status == "time_budget":
+        log.info("time budget of %.1f min spent at step %d/%d: stopping", budget_minutes, step, steps)
+    if status == "interrupted":
+        log.warning("stopped by signal %d at step %d; checkpoint saved, re-run the same command to resume", signum, step)
+
+
+@contextlib.contextmanager
+def evaluation_failure(run_dir: Path, config: TrainConfig, checkpoint: str, metrics: Any) -> Iterator[None]:
+    """Turn a failing final evaluation into an EvaluationError naming the saved model and `vitkit eval` to retry."""
+    try:
+        yield
+    except Exception as err:
+        metrics.close()
+        first = (str(err).strip().splitlines() or [""])[0]
+        raise EvaluationError(
+            f"the final {config.eval.final_split} evaluation failed ({type(err).__name__}: {first}); the trained model "
+            f"is saved in {checkpoint}: evaluate it with `vitkit eval {run_dir} --data {config.data.uri}`") from err
+
+
+def close_metrics(metrics: Any, final: dict[str, Any] | None, run_dir: Path) -> None:
+    """The final record, then the curves of metrics.jsonl (a plot never fails a finished run)."""
+    if final is not None:
+        metrics.write({**final, "final": True})
+    metrics.close()
+    try:
+        plot_curves(run_dir / "metrics.jsonl", run_dir / "plots" / "curves.png")
+    except Exception as err:
+        log.warning("could not draw plots/curves.png: %s", err)

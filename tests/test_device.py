@@ -1,0 +1,70 @@
+"""The host policy's precision choice (vitkit.device): by capability, then by a measurement of the caller's model."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from vitkit import device as policy
+from vitkit import host as hosts
+
+CPU = torch.device("cpu")
+
+
+def _timer(fp32: float, bf16: float, calls: list):
+    def measure(dtype):
+        calls.append(dtype)
+        return bf16 if dtype == torch.bfloat16 else fp32
+    return measure
+
+
+def test_auto_without_native_bf16_is_fp32_and_measures_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(policy, "native_bf16", lambda device: False)
+    calls: list = []
+    choice = policy.choose_precision("auto", CPU, _timer(1.0, 0.1, calls))
+    assert (choice.precision, choice.dtype, calls) == ("fp32", None, [])
+    assert choice.reason == "auto: this CPU has no native bf16"
+
+
+@pytest.mark.parametrize(("fp32", "bf16", "expected"), [(2.0, 1.0, "bf16"), (1.0, 0.9, "fp32"), (1.0, 1.5, "fp32")])
+def test_auto_with_native_bf16_follows_the_measurement(monkeypatch, fp32, bf16, expected) -> None:
+    monkeypatch.setattr(policy, "native_bf16", lambda device: True)
+    calls: list = []
+    choice = policy.choose_precision("auto", CPU, _timer(fp32, bf16, calls))
+    assert choice.precision == expected and choice.speedup == pytest.approx(fp32 / bf16)
+    assert calls == [None, torch.bfloat16]
+    assert f"{fp32 / bf16:.2f}x" in choice.reason
+    assert policy.choose_precision("auto", CPU).precision == "bf16"  # nothing to time: capability alone
+
+
+def test_explicit_bf16_without_native_bf16_is_kept_and_warned_once(monkeypatch, caplog) -> None:
+    monkeypatch.setattr(policy, "native_bf16", lambda device: False)
+    monkeypatch.setattr(policy, "_warned", set())
+    calls: list = []
+    with caplog.at_level(logging.WARNING, logger="vitkit.device"):
+        first = policy.choose_precision("bf16", CPU, _timer(1.0, 12.5, calls))
+        again = policy.choose_precision("bf16", CPU, _timer(1.0, 12.5, calls))
+    assert first.precision == again.precision == "bf16" and "12.5x slower than fp32 here" in first.reason
+    warnings = [r.message for r in caplog.records if "without native bf16" in r.message]
+    assert len(warnings) == 1 and "12.5x slower" in warnings[0] and "precision auto" in warnings[0]
+    assert policy.choose_precision("fp32", CPU).reason == "fp32 as requested"
+    with pytest.raises(ValueError, match="unknown precision"):
+        policy.choose_precision("fp16", CPU)  # type: ignore[arg-type]
+
+
+def test_the_host_reads_what_torch_will_use() -> None:
+    host = hosts.current()
+    assert host.isa == torch.backends.cpu.get_cpu_capability() and host.threads == torch.get_num_threads()
+    assert host.native_bf16 == policy.native_bf16(CPU) and host.torch == torch.__version__
+    assert host.label == ("AMX" if host.amx else f"{host.isa}-BF16" if host.native_bf16 and host.isa.startswith("AVX512")
+                          else f"{host.isa}, native bf16" if host.native_bf16 else f"{host.isa}, no native bf16")
+    assert host.to_dict()["host_class"] == host.label and host.describe().startswith(f"host: {host.cpu} ({host.isa}")
+
+
+def test_time_pass_takes_the_fastest_of_its_repeats(monkeypatch) -> None:
+    readings = iter([0.0, 5.0, 10.0, 12.0, 20.0, 21.5])  # repeats of 5, 2 and 1.5 s after an untimed call
+    monkeypatch.setattr(policy.time, "perf_counter", lambda: next(readings))
+    calls = []
+    assert policy.time_pass(lambda: calls.append(1), CPU, repeats=3) == pytest.approx(1.5) and len(calls) == 4
