@@ -99,6 +99,10 @@ def test_model_under_the_limit_still_loads(tmp_path, make_vit):
     vitkit.save(model, tmp_path / "c")
     back = read(tmp_path / "c", max_bytes=limits.model_bytes(model.config))
     assert back.config == model.config
+    assert read(tmp_path / "c", max_bytes=float("inf")).config == model.config  # no limit
+    for bad in (-1, float("nan"), "1GB"):
+        with pytest.raises(ValueError, match="max_bytes must be a number of bytes >= 0"):
+            read(tmp_path / "c", max_bytes=bad)
 
 
 @pytest.mark.parametrize("edit, problem", [

@@ -9,7 +9,9 @@ reading holds the file's tensors and the model at once.  `max_bytes=` on `vitkit
 
 from __future__ import annotations
 
+import math
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -79,8 +81,10 @@ def resolve(max_bytes: int | None) -> tuple[int, str]:
     """The limit in bytes and where it comes from."""
     if max_bytes is None:
         return available_memory(), "the memory available now"
-    if isinstance(max_bytes, bool) or not isinstance(max_bytes, (int, float)) or max_bytes < 0:
-        raise ValueError(f"max_bytes must be a number of bytes >= 0, got {max_bytes!r}")
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, (int, float)) or not max_bytes >= 0:  # NaN too
+        raise ValueError(f"max_bytes must be a number of bytes >= 0 (inf: no limit), got {max_bytes!r}")
+    if math.isinf(max_bytes):
+        return sys.maxsize, "max_bytes=inf"
     return int(max_bytes), f"max_bytes={int(max_bytes)}"
 
 
