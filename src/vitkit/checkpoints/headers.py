@@ -56,9 +56,12 @@ def safetensors_header(path: str | Path) -> dict[str, Tensor]:
         if len(prefix) < 8:
             raise CheckpointError(f"{path}: {size} bytes, too short for a safetensors file (header length first)")
         length = int.from_bytes(prefix, "little")
-        if length > min(MAX_HEADER, size - 8):
+        if length > size - 8:
             raise CheckpointError(f"{path}: the header claims {length} bytes, but the file has {size - 8} after "
                                   "its length (truncated, or not a safetensors file)")
+        if length > MAX_HEADER:
+            raise CheckpointError(f"{path}: the header claims {length} bytes, more than the {MAX_HEADER} "
+                                  "a safetensors header may have")
         raw = handle.read(length)
     try:
         header = json.loads(raw.decode("utf-8"))
