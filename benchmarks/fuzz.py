@@ -125,7 +125,8 @@ def run_reader(reader: str, inputs: int, seed: int, timeout: float) -> dict[str,
                 kind = "hangs" if line is None else "crashes"
                 counts[kind] += 1
                 ended = f"killed after {timeout:g} s" if line is None else f"exit code {process.wait(30)}"
-                examples.append({"index": index, "verdict": {"hangs": "hang", "crashes": "crash"}[kind], "error": ended})
+                verdict = {"hangs": "hang", "crashes": "crash"}[kind]
+                examples.append({"index": index, "verdict": verdict, "error": ended})
                 index += 1
                 break
             record = json.loads(line)

@@ -8,10 +8,9 @@ import time
 import tracemalloc
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from shardkit import numbered_shards, png, write_tar
+from shardkit import numbered_shards, write_tar
 from vitkit.data.imageset import EmptySplitError
 from vitkit.data.sources import load_split
 from vitkit.data.stream import read_all
@@ -95,7 +94,7 @@ def test_a_stream_with_no_usable_sample_stops_with_a_clear_error(tmp_path: Path)
     batches = ShardBatches(data, seed=0, global_batch=2, rank=0, world=1, micro_batch=2, device=torch.device("cpu"),
                            workers=0, strict=False, window=4)
     with pytest.raises(EmptySplitError, match=r"10 samples\) has no usable sample: the last 10 read"):
-        for _ in zip(range(100), batches):
+        for _ in zip(range(100), batches, strict=False):
             pass
 
 

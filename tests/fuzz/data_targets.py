@@ -13,13 +13,13 @@ import json
 import random
 import shutil
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
+from mutations import mutate_bytes, mutate_png, mutate_tar
 from PIL import Image
 
-from mutations import mutate_bytes, mutate_png, mutate_tar
 from vitkit.data.images import BadImageError, decode_image
 from vitkit.data.sources import load_split
 from vitkit.data.stream import read_all, sample_problem
@@ -53,7 +53,8 @@ def make_image_seed(workdir: Path) -> Path:
              "gray16.png": _encoded(Image.fromarray(rng.integers(0, 65536, (9, 7), dtype=np.uint16)), "PNG"),
              "rgb.jpg": _encoded(rgb, "JPEG"), "cmyk.jpg": _encoded(rgb.convert("CMYK"), "JPEG"),
              "anim.gif": _encoded(rgb.convert("P"), "GIF"), "rgb.bmp": _encoded(rgb, "BMP"),
-             "rgba.webp": _encoded(rgb.convert("RGBA"), "WEBP"), "lzw.tif": _encoded(rgb, "TIFF", compression="tiff_lzw"),
+             "rgba.webp": _encoded(rgb.convert("RGBA"), "WEBP"),
+             "lzw.tif": _encoded(rgb, "TIFF", compression="tiff_lzw"),
              "gray.ppm": _encoded(rgb.convert("L"), "PPM")}
     for name, data in files.items():
         (folder / name).write_bytes(data)
@@ -106,7 +107,7 @@ def _mutate_index(index: dict, rng: random.Random) -> str:
     entry = index["splits"]["train"][0]
     key, value = rng.choice([(entry, "count"), (entry, "shard"), (index, "classes"), (index, "channels"),
                              (index, "image_size"), (index, "splits")])
-    key[value] = rng.choice([-1, 0, 7, 10 ** 12, "x", None, [], {}, True, 2.5, "../x.tar", ["a"] * 3, "train-000000.tar"])
+    key[value] = rng.choice([-1, 0, 7, 10**12, "x", None, [], {}, True, 2.5, "../x.tar", ["a"] * 3, "train-000000.tar"])
     text = json.dumps(index)
     return mutate_bytes(text.encode(), rng, 1).decode("utf-8", "replace") if rng.random() < 0.2 else text
 
@@ -120,7 +121,8 @@ def _check_samples(data, case: Path) -> str:
         problem = sample_problem(sample, data.num_classes)
         if not problem:
             try:
-                decode_image(sample.image, data.channels, size=data.load_size, max_pixels=data.max_pixels, name=sample.key)
+                decode_image(sample.image, data.channels, size=data.load_size, max_pixels=data.max_pixels,
+                             name=sample.key)
                 continue
             except BadImageError as error:
                 _named(error, sample.key)

@@ -82,7 +82,8 @@ def _size_field(rng: random.Random) -> bytes:
     if choice == 1:  # GNU base-256, positive or negative
         return bytes([rng.choice([0x80, 0xFF])]) + (value % (1 << 88)).to_bytes(11, "big")
     if choice == 2:  # text that is not octal
-        return rng.choice([b"-0000001000\0", b"00000000009\0", b" 1 2 3     \0", b"1_000      \0", b"+17\0\0\0\0\0\0\0\0\0"])
+        texts = [b"-0000001000\0", b"00000000009\0", b" 1 2 3     \0", b"1_000      \0", b"+17\0\0\0\0\0\0\0\0\0"]
+        return rng.choice(texts)
     return rng.randbytes(12)
 
 

@@ -5,8 +5,8 @@ in-process engine with a tiny ViT) running in a thread of this process, with sho
 stalled request is answered within a second.  A request is built from a seed (predict, explain,
 multipart, health, ...) by changing its parts (method, path, query, headers, content type and length,
 body, multipart parts) or its bytes; now and then it is sent slowly, abandoned half-way, or sent as a
-burst of concurrent requests.  Every answer must be a proper HTTP response, every error JSON `{"error"}` with a 4xx or 503
-status; a 500, a non-JSON error, a hang, a connection closed without an answer, or an ERROR in the
+burst of concurrent requests.  Every answer must be a proper HTTP response, every error JSON `{"error"}`
+with a 4xx or 503 status; a 500, a non-JSON error, a hang, a connection closed without an answer, or an ERROR in the
 server's log is unhandled.
 """
 
@@ -20,15 +20,14 @@ import random
 import socket
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
-from PIL import Image
-
 from data_targets import Unhandled
 from mutations import mutate_bytes, mutate_png
+from PIL import Image
 
 TOKEN = "fuzz-token"
 CLOCK_S = 0.5  # the server's header and body clocks
@@ -71,8 +70,8 @@ def make_request_seed(workdir: Path) -> Path:
              "predict_jpeg": _request("POST", "/v1/predict", [("Content-Type", "image/jpeg")], jpeg),
              "explain": _request("POST", "/v1/explain", [("Content-Type", "image/png")], png),
              "explain_png": _request("POST", "/v1/explain?format=png", [("Content-Type", "image/png")], png),
-             "multipart": _request("POST", "/v1/predict", [("Content-Type", "multipart/form-data; boundary=fuzzBoundary")],
-                                   form),
+             "multipart": _request("POST", "/v1/predict",
+                                   [("Content-Type", "multipart/form-data; boundary=fuzzBoundary")], form),
              "health": _request("GET", "/health", []), "metrics": _request("GET", "/metrics", []),
              "page": _request("GET", "/", [])}
     folder = workdir / "requests"
@@ -167,7 +166,7 @@ def exchange(port: int, data: bytes, pauses: list[float]) -> tuple[int, dict, by
     pieces = np.array_split(np.frombuffer(data, np.uint8), len(pauses) + 1) if data else [np.empty(0, np.uint8)]
     with socket.create_connection(("127.0.0.1", port), timeout=DEADLINE_S) as sock:
         try:
-            for piece, pause in zip(pieces, [*pauses, 0.0]):
+            for piece, pause in zip(pieces, [*pauses, 0.0], strict=False):
                 sock.sendall(piece.tobytes())
                 time.sleep(pause)
         except OSError:
@@ -198,7 +197,7 @@ def _read_answer(sock: socket.socket, deadline: float, head: bool = False) -> tu
             chunk = sock.recv(65536)
         except ConnectionResetError:
             chunk = b""
-        except socket.timeout:
+        except TimeoutError:
             continue
         if not chunk:
             if received:
@@ -213,8 +212,8 @@ PATHS = ["/", "/health", "/metrics", "/v1/predict", "/v1/explain", "/v1/predict/
          "/v1/predict/../explain", "*", "/" + "a" * 5000, "/%ff%fe", "/v1/pr\u00e9dict", "http://fuzz/v1/predict"]
 QUERIES = ["", "?top_k=1", "?top_k=0", "?top_k=-3", "?top_k=99999999999999999999", "?top_k=x", "?format=png",
            "?format=gif", "?top_k=1&top_k=2", "?" + "q=1&" * 2000, "?%zz", "?format=png&top_k=3"]
-CONTENT_TYPES = ["image/png", "image/jpeg", "image/", "IMAGE/PNG", "multipart/form-data", "text/plain", "application/json",
-                 "multipart/form-data; boundary=", "multipart/form-data; boundary=fuzzBoundary",
+CONTENT_TYPES = ["image/png", "image/jpeg", "image/", "IMAGE/PNG", "multipart/form-data", "text/plain",
+                 "application/json", "multipart/form-data; boundary=", "multipart/form-data; boundary=fuzzBoundary",
                  "multipart/form-data; boundary=" + "b" * 300, "multipart/mixed; boundary=fuzzBoundary", "", ";;;",
                  "image/png; charset=\xff"]
 

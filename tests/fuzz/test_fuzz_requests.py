@@ -1,5 +1,6 @@
 """A few seconds of fuzzing `vitkit serve` in the default suite (benchmarks/fuzz.py runs 10,000 requests): every
-mutated request gets a proper answer, every error is JSON with a 4xx or 503 status, and nothing is logged as an error."""
+mutated request gets a proper answer, every error is JSON with a 4xx or 503 status, and nothing is logged as an
+error."""
 
 from __future__ import annotations
 

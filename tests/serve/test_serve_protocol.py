@@ -9,7 +9,7 @@ import json
 import socket
 import threading
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 
@@ -17,6 +17,7 @@ pytest.importorskip("uvicorn", reason="vitkit serve needs the serve extra: pip i
 pytest.importorskip("httptools", reason="vitkit serve needs the serve extra: pip install -e '.[serve]'")
 
 from serve_helpers import free_port  # noqa: E402 - after the skips
+
 from vitkit.serve.protocol import Limits, protocol_class  # noqa: E402
 
 LIMITS = Limits(max_header_bytes=2048, header_timeout_s=0.4, max_connections=4)
@@ -71,7 +72,8 @@ def exchange(port: int, data: bytes, wait: float = 0.0) -> tuple[int, dict, byte
 
 
 def good(port: int) -> None:
-    status, _, body = exchange(port, b"POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nConnection: close\r\n\r\nabc")
+    request = b"POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nConnection: close\r\n\r\nabc"
+    status, _, body = exchange(port, request)
     assert status == 200 and json.loads(body) == {"ok": True, "bytes": 3}
 
 

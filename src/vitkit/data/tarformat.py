@@ -15,8 +15,9 @@ stream resuming mid-epoch seeks straight to a member.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import BinaryIO, Iterator
+from typing import BinaryIO
 
 BLOCK = 512  # tar's record unit: every header, and every member's data padded to a multiple
 MAX_EXTENDED = 1 << 20  # bytes of a GNU long name or a pax header at most (real ones are far smaller)
@@ -105,7 +106,8 @@ def tar_members(handle: BinaryIO) -> Iterator[Member]:
         position = data + -(-size // BLOCK) * BLOCK
         if kind in EXTENDED:
             if size > MAX_EXTENDED:
-                raise TarFormatError(f"extended header of {size:,} bytes at byte {data - BLOCK} (limit {MAX_EXTENDED:,})")
+                raise TarFormatError(f"extended header of {size:,} bytes at byte {data - BLOCK} "
+                                     f"(limit {MAX_EXTENDED:,})")
             extra = read_member(handle, Member("(extended header)", data, size))
             long_name = extra.split(b"\0", 1)[0] if kind == b"L" else (_pax_path(extra, data) or long_name)
             continue
