@@ -17,14 +17,18 @@ import argparse
 import statistics
 import tempfile
 import time
+from pathlib import Path
 
 import torch
 
+from vitkit.bench.records import append_row
 from vitkit.train import distributed
+from vitkit.train.plan import schedule_of
 from vitkit.train.resolve import Request, resolve
 from vitkit.train.step import train_step
 from vitkit.train.trainer import Trainer
 
+RESULTS = Path(__file__).resolve().parent / "results" / "step_phases.jsonl"
 WARM_STEPS = 5  # untimed steps at the start of each phase: they warm caches
 
 
@@ -52,23 +56,31 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=40, help="timed steps per phase")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="group.field=value")
     parser.add_argument("--profile", action="store_true", help="top operators of the first phase")
+    parser.add_argument("--no-record", action="store_true", help="do not append rows to results/step_phases.jsonl")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
         request = Request(data=args.data, max_minutes=args.minutes, out=f"{scratch}/run",
                           overrides=tuple(args.overrides), quiet=True)
         config = resolve(request).config
         trainer = Trainer(config, distributed.current(), torch.device("cpu"), time.monotonic())
-        trainer.plan = trainer.rehearsed_plan()  # compiles every phase's graph, as the run does before its clock
-        batches, total = iter(trainer.batches), trainer.plan.steps
+        trainer.plan = trainer._make_plan(trainer._warm_up())  # compiles every phase's graph, as a run does
+        trainer.schedule = schedule_of(config, trainer.plan.steps, trainer.plan.lr)
+        batches, total, plan = iter(trainer.batches), trainer.plan.steps, trainer.plan
         print(f"{args.data}: recipe {config.recipe}, batch {config.data.batch_size}, "
-              f"{torch.get_num_threads()} threads, {config.run.precision}, compile={config.run.compile}")
-        for begin, end, side, rate in trainer.schedule.spans():
+              f"{torch.get_num_threads()} threads, {plan.precision}, compiled={plan.compiled}; {plan.host}")
+        rows = []
+        for begin, end, rate in trainer.schedule.spans():
             step_ms, data_ms = time_phase(trainer, batches, (begin + end) / 2 * total, args.steps)
-            print(f"  schedule {begin:.0%}-{end:.0%}: PatchDropout {rate:g}, {side} px: {step_ms:.1f} ms/step "
+            rows.append({"data": args.data, "recipe": config.recipe, "phase": [begin, end], "patch_dropout": rate,
+                         "ms_per_step": round(step_ms, 2), "data_ms": round(data_ms, 2), "precision": plan.precision,
+                         "compiled": plan.compiled, "images_per_s": round(config.data.batch_size / step_ms * 1e3, 1)})
+            print(f"  schedule {begin:.0%}-{end:.0%}: PatchDropout {rate:g}: {step_ms:.1f} ms/step "
                   f"({data_ms:.1f} ms of it making the batch), {config.data.batch_size / step_ms * 1e3:,.0f} images/s")
+        for row in rows if not args.no_record else ():
+            append_row(RESULTS, row, config_changes=args.overrides)
         if args.profile:
             from torch.profiler import ProfilerActivity, profile
-            begin, end = trainer.schedule.spans()[0][:2]
+            begin, end, _ = trainer.schedule.spans()[0]
             with profile(activities=[ProfilerActivity.CPU]) as prof:
                 time_phase(trainer, batches, (begin + end) / 2 * total, 20)
             print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
