@@ -109,9 +109,6 @@ def test_splits_by_prefix_index_and_pattern(tmp_path: Path) -> None:
     assert len(held) == 5 and sorted(image_ids(held.images) + image_ids(kept.images)) == list(range(15))
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_split(f"wds:{tmp_path / 'd'}/train-{{000000..000009}}.tar", "train")
-    numbered_shards(tmp_path / "e", [3])
-    with pytest.raises(ValueError, match="has no test split"):
-        load_split(f"wds:{tmp_path / 'e'}", "test")
 
 
 def test_webdataset_shardwriter_shards_are_read(tmp_path: Path) -> None:
@@ -122,14 +119,18 @@ def test_webdataset_shardwriter_shards_are_read(tmp_path: Path) -> None:
         for i in range(7):
             label = {"cls": i % 2} if i % 3 else {"json": {"label": i % 2, "note": "x"}}
             sink.write({"__key__": f"sample{i:04d}", "input.png": png(pixels[i]), **label})
-    data = load_split(f"wds:{tmp_path}", "train", image_size=6)  # no prefix: every shard is train
-    assert len(list(tmp_path.glob("*.tar"))) == 3 and data.class_names == ["0", "1"]
-    assert torch.equal(data.images, torch.from_numpy(pixels).permute(0, 3, 1, 2))
-    assert data.labels.tolist() == [i % 2 for i in range(7)]
+    data = load_split(f"wds:{tmp_path}", "train", image_size=6)  # no prefix: every shard is train ...
+    test = load_split(f"wds:{tmp_path}", "test", image_size=6)  # ... less the fixed test hold-out
+    assert len(list(tmp_path.glob("*.tar"))) == 3 and data.class_names == ["0", "1"] and (len(data), len(test)) == (5, 2)
+    stored = torch.from_numpy(pixels).permute(0, 3, 1, 2).flatten(1)
+    found = [int((stored == image.flatten()).all(1).nonzero()) for image in torch.cat([data.images, test.images])]
+    assert sorted(found) == list(range(7))
+    assert torch.cat([data.labels, test.labels]).tolist() == [i % 2 for i in found]
 
 
 def test_corrupt_members_are_skipped_and_counted(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     good = numbered_shards(tmp_path, [6])
+    numbered_shards(tmp_path, [2], prefix="test", start=6)  # a test split of its own: train is every train shard
     members = [("a.png", b"\x89PNG garbage"), ("a.cls", b"1"), ("b.png", png(np.zeros((8, 8), np.uint8))),
                ("c.png", png(np.full((8, 8), 7, np.uint8))), ("c.cls", b"nine"),
                ("d.png", png(np.full((8, 8), 9, np.uint8))), ("d.cls", b"42")]
@@ -151,6 +152,7 @@ def test_corrupt_members_are_skipped_and_counted(tmp_path: Path, caplog: pytest.
 
 def test_lanes_split_each_epoch_disjointly_and_never_run_dry(tmp_path: Path) -> None:
     ids = numbered_shards(tmp_path, [5, 3, 7, 2, 6, 1])
+    numbered_shards(tmp_path, [2], prefix="test", start=24)  # a test split of its own: train is every train shard
     data = load_split(f"wds:{tmp_path}", "train", image_size=8, max_in_memory_bytes=0)
     lanes = 3  # 6 shards: two per lane in each round
     firsts = []
@@ -172,6 +174,7 @@ def _round0_units(data: ShardSet, lane: int, lanes: int) -> list:
 
 def test_stream_order_depends_on_the_seed_and_is_reshuffled_each_epoch(tmp_path: Path) -> None:
     numbered_shards(tmp_path, [8, 8, 8])
+    numbered_shards(tmp_path, [2], prefix="test", start=24)  # a test split of its own: train is every train shard
     data = load_split(f"wds:{tmp_path}", "train", image_size=8, max_in_memory_bytes=0)
     first, again, other = (_ids(_take(_batches(data, seed=s, batch=24, micro=24), 2)) for s in (0, 0, 1))
     assert first == again and first != other

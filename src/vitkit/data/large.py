@@ -13,12 +13,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from vitkit.data import hf, tarshards
+from vitkit.data import hf, holdout, tarshards
 from vitkit.data.images import probe_images
 from vitkit.data.imageset import ImageSet, SourceInfo, fits_in_memory
 from vitkit.data.stream import ShardSet, Unit
 
 PROBED = 16  # images whose headers give the typical side and the channels when no index says
+CLASS_FILE = "classes.txt"  # beside wds: shards without an index naming the classes: one name a line
+MAX_CLASS_FILE_BYTES = 64 << 20
 
 
 def _part(splits: dict[str, Any], part: str, where: str) -> Any:
@@ -51,19 +53,70 @@ def split_names(kind: str, path: str) -> list[str]:
 
 # ------------------------------------------------------------------------------ wds:
 def read_wds(path: str, part: str, size: int, channels: int | None) -> ShardSet:
-    """One split of `wds:path` as a ShardSet (nothing read but the index, or the shards' headers without one)."""
+    """One split of `wds:path` as a ShardSet (nothing read but the index, or the shards' headers without one).
+
+    Shards with neither test-* nor val-* shards (nor such splits in dataset.json) hold out a fixed
+    class-stratified test split as a folder does (vitkit.data.holdout): "test" is that hold-out, "train"
+    the rest; drawing it reads every training shard's label members once per process.
+    """
     splits, classes, index = tarshards.split_units(path)
     where = f"wds:{path}"
-    units = _part(splits, part, where)
     if "train" not in splits:
         raise ValueError(f"{where} has no train split (no train-* shards and none listed in dataset.json)")
+    fixed = part in ("train", "test") and not {"val", "test"} & set(splits)  # no held-out split of its own
+    units = splits["train"] if fixed else _part(splits, part, where)
     reader = tarshards.TarReader()
     if not channels:
         channels = index.get("channels") or _probe_stream(units, reader)[1]
-    names = classes or tarshards.class_names_by_scan([unit for found in splits.values() for unit in found])
-    return ShardSet(units=units, reader=reader, class_names=list(names), load_size=size, channels=int(channels),
+    every = [unit for found in splits.values() for unit in found]
+    names = classes or class_file_names(path, None if index else every) or tarshards.class_names_by_scan(every)
+    data = ShardSet(units=units, reader=reader, class_names=list(names), load_size=size, channels=int(channels),
                     origin=f"{len(units)} {part if part in splits else 'val'} shard(s) of {where}",
                     problems=[] if index else tarshards.damage(units))
+    if fixed:
+        labels = [_unit_labels(unit) for unit in units]
+        data = holdout.hold_out_shards(data, labels, part, f"{len(units)} train shard(s) of {where}")
+    return data
+
+
+def _unit_labels(unit: Unit) -> list[int]:
+    """The label of each of the unit's `count` samples (-1 where none is readable or the shard ends early)."""
+    labels = list(tarshards.shard_labels(Path(unit.path))[:unit.count])
+    return labels + [-1] * (unit.count - len(labels))
+
+
+def class_file_names(path: str, scanned: list[Unit] | None) -> list[str] | None:
+    """Class names from CLASS_FILE beside the shards (one a line, line i = class i), or None without one.
+
+    Read as untrusted input: UTF-8, at most MAX_CLASS_FILE_BYTES, no empty or repeated name.  With `scanned`
+    (the units whose labels were counted by a scan), a label beyond the names is an error naming both.
+    """
+    spec = Path(path)
+    directory = spec if spec.is_dir() else Path(tarshards.expand_braces(path)[0]).parent
+    file = directory / CLASS_FILE
+    if not file.is_file():
+        return None
+    if file.stat().st_size > MAX_CLASS_FILE_BYTES:
+        raise ValueError(f"{file}: {file.stat().st_size:,} bytes, more than a class list holds")
+    try:
+        names = [line.strip() for line in file.read_bytes().decode("utf-8").splitlines()]
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{file}: not UTF-8 text ({error})") from error
+    while names and not names[-1]:
+        names.pop()
+    if not names or len(names) > tarshards.MAX_CLASSES:
+        raise ValueError(f"{file}: expected one class name per line, 1 to {tarshards.MAX_CLASSES:,} of them")
+    if "" in names:
+        raise ValueError(f"{file}: line {names.index('') + 1} is empty; expected one class name per line")
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            raise ValueError(f"{file}: the class name {name[:80]!r} appears twice")
+        seen.add(name)
+    top = max((tarshards.scan_shard(Path(unit.path))[1] for unit in scanned or []), default=-1)
+    if top >= len(names):
+        raise ValueError(f"{file} names {len(names)} classes, but the shards hold label {top}")
+    return names
 
 
 def describe_wds(uri: str, path: str, size: int, max_in_memory_bytes: int) -> SourceInfo:

@@ -10,9 +10,10 @@
     wds:DIR|PATTERN   webdataset tar shards (vitkit.data.tarshards: splits by index or name prefix)
     hf:DIR            a Hugging Face dataset on disk: save_to_disk Arrow files or Parquet (vitkit.data.hf)
 
-Splits.  "test" is the official test split; digits, an `images, labels` npz and a folder without
-DIR/test or DIR/val have none, so a fixed class-stratified 20 % (at most FIXED_TEST_MAX images, seed
-`FIXED_TEST_SEED`) is held out as their test split.  For a folder, "test" is DIR/test if present,
+Splits.  "test" is the official test split; digits, an `images, labels` npz, a folder without
+DIR/test or DIR/val and tar shards without test-* or val-* shards have none, so a fixed class-stratified
+20 % (at most 10,000 images, the same on every process and worker; vitkit.data.holdout) is held out as
+their test split.  For a folder, "test" is DIR/test if present,
 else DIR/val.  "train" is the training data minus a class-stratified `val_fraction` held out by
 `seed`; "val" is that held-out part, or DIR/val of a folder (beside DIR/test) when `val_fraction` is
 0.  The same (uri, val_fraction, seed) always gives the same split; `ImageSet.origin` says where each
@@ -43,6 +44,8 @@ import numpy as np
 import torch
 
 from vitkit.data import large, readers
+from vitkit.data.holdout import (FIXED_TEST_FRACTION, FIXED_TEST_MAX, FIXED_TEST_SEED, fixed_test_fraction,
+                                 stratified_split)
 from vitkit.data.images import (MAX_PIXELS, BadImageError, DecompressionBombError, class_folders, decode_image,
                                 image_size as _header_size, scan_folder)
 from vitkit.data.inmemory import check_usable, materialise
@@ -52,14 +55,12 @@ from vitkit.data.stream import ShardSet
 
 __all__ = ["ImageSet", "SourceInfo", "ShardSet", "parse_uri", "load_split", "describe", "decode_image",
            "stratified_split", "mirror_keeps_label", "separate_val", "BadImageError", "DecompressionBombError",
-           "DataFormatError", "EmptySplitError", "KINDS", "MAX_FILES_IN_MEMORY"]
+           "DataFormatError", "EmptySplitError", "KINDS", "MAX_FILES_IN_MEMORY", "FIXED_TEST_FRACTION",
+           "FIXED_TEST_MAX", "FIXED_TEST_SEED"]
 
 log = logging.getLogger(__name__)
 
 KINDS = ("digits", "mnist", "fashion-mnist", "cifar10", "cifar100", "folder", "npz", "wds", "hf")
-FIXED_TEST_SEED = 0  # seed of the 20 % test split of digits and of `images, labels` npz files
-FIXED_TEST_FRACTION = 0.2
-FIXED_TEST_MAX = 10_000  # a large folder without a test part holds out at most this many images
 DEFAULT_FOLDER_SIZE = 224  # side a folder is decoded to when no image_size is given (the paper's resolution)
 FASHION_MNIST_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
                          "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"]
@@ -87,28 +88,6 @@ def mirror_keeps_label(uri: str) -> bool | None:
     return MIRROR_KEEPS_LABEL.get(parse_uri(uri)[0])
 
 
-def stratified_split(labels: torch.Tensor, fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(keep, held) sorted indices; `held` has round(fraction * n_c) of each class's n_c samples.
-
-    Each class keeps at least one sample and, when fraction > 0, gives at least one if it has two.
-    The choice depends only on (labels, fraction, seed).
-    """
-    if not 0.0 <= fraction < 1.0:
-        raise ValueError(f"val_fraction must be in [0, 1), got {fraction}")
-    labels = torch.as_tensor(labels)
-    generator = torch.Generator().manual_seed(seed)
-    held = []
-    for cls in torch.unique(labels).tolist():
-        members = torch.nonzero(labels == cls).flatten()
-        count = round(fraction * len(members))
-        if fraction > 0 and len(members) > 1:
-            count = min(max(count, 1), len(members) - 1)
-        held.append(members[torch.randperm(len(members), generator=generator)[:count]])
-    mask = torch.zeros(len(labels), dtype=torch.bool)
-    mask[torch.cat(held) if held else torch.empty(0, dtype=torch.int64)] = True
-    return torch.nonzero(~mask).flatten(), torch.nonzero(mask).flatten()
-
-
 # --------------------------------------------------------------------------- one reader per kind
 def _in_memory(images: np.ndarray, labels: np.ndarray, class_names: list[str]) -> ImageSet:
     # A private copy: readers' arrays may be read-only buffers or shared by the in-process cache.
@@ -118,7 +97,7 @@ def _in_memory(images: np.ndarray, labels: np.ndarray, class_names: list[str]) -
 
 def _fixed_test_split(whole: ImageSet, part: str, where: str) -> ImageSet:
     """The fixed class-stratified test hold-out of a source without a test split (or the rest, for train)."""
-    fraction = min(FIXED_TEST_FRACTION, FIXED_TEST_MAX / max(len(whole), 1))
+    fraction = fixed_test_fraction(len(whole))
     keep, held = stratified_split(whole.labels, fraction, FIXED_TEST_SEED)
     if part == "test":
         return replace(whole.subset(held), origin=f"a fixed {fraction:.0%} class-stratified hold-out of {where}")

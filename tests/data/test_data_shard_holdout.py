@@ -1,0 +1,92 @@
+"""Tar shards with only a train split: the fixed class-stratified test hold-out (as a folder's), and class names
+from classes.txt beside the shards."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from shardkit import image_ids, numbered_images, numbered_shards
+from vitkit.data.sources import describe, load_split, stratified_split
+from vitkit.data.stream import ShardBatches, read_all
+
+CPU = torch.device("cpu")
+
+
+def _stream_ids(data) -> list[int]:
+    return [int(s.key.rpartition(":s")[2]) for s in read_all(data)]
+
+
+@pytest.fixture()
+def shards(tmp_path: Path) -> Path:
+    numbered_shards(tmp_path, [30, 25, 35], classes=4)  # 90 samples, 4 classes, train-* shards only
+    return tmp_path
+
+
+def test_train_only_shards_hold_out_a_fixed_class_stratified_test_split(shards: Path) -> None:
+    uri = f"wds:{shards}"
+    train, test = load_split(uri, "train", image_size=8), load_split(uri, "test", image_size=8)
+    kept, held = image_ids(train.images), image_ids(test.images)
+    assert sorted(kept + held) == list(range(90)) and not set(kept) & set(held)
+    labels = numbered_images(90, classes=4)[1]
+    assert Counter(labels[held].tolist()) == {c: round(0.2 * n) for c, n in Counter(labels.tolist()).items()}
+    assert sorted(held) == stratified_split(torch.from_numpy(labels), 0.2, 0)[1].tolist()  # the folder's draw
+    assert test.labels.tolist() == labels[held].tolist()
+    assert "fixed 20% class-stratified hold-out of 3 train shard(s)" in test.origin
+    assert "minus the fixed 20% test hold-out" in train.origin
+    assert describe(uri).num_train == len(train) == 72
+    again = load_split(uri, "test", image_size=8)
+    assert image_ids(again.images) == held  # the same on every call
+
+
+def test_streamed_split_reads_the_same_samples_in_every_worker_and_after_a_resume(shards: Path) -> None:
+    uri = f"wds:{shards}"
+    memory = image_ids(load_split(uri, "train", image_size=8).images)
+    streamed = load_split(uri, "train", image_size=8, max_in_memory_bytes=0)
+    held = load_split(uri, "test", image_size=8, max_in_memory_bytes=0)
+    assert streamed.access == held.access == "stream" and len(streamed) == 72 and len(held) == 18
+    assert _stream_ids(streamed) == memory and sorted(_stream_ids(held)) == sorted(set(range(90)) - set(memory))
+
+    def batches(workers: int, step: int = 0) -> list[int]:
+        stream = ShardBatches(streamed, seed=0, global_batch=8, rank=0, world=1, micro_batch=4, device=CPU,
+                              workers=workers, strict=False, window=16)
+        stream.load_state_dict({**stream.state_dict(), "step": step})
+        iterator = iter(stream)
+        return [i for _ in range(20 - step) for images, _ in next(iterator) for i in image_ids(images)]
+
+    one, two = batches(0), batches(2)
+    assert Counter(one[:72]) == Counter(memory)  # one lane's first epoch: every kept sample once
+    assert set(two) <= set(memory) and len(set(two)) > 60  # two lanes (workers): kept samples only
+    assert batches(2, step=7) == two[7 * 8:]  # resuming mid-round reads the held-back window again
+
+
+def test_class_names_come_from_classes_txt(shards: Path) -> None:
+    (shards / "classes.txt").write_text("n01\nn02\nn03\nn04\n\n")
+    assert load_split(f"wds:{shards}", "train", image_size=8).class_names == ["n01", "n02", "n03", "n04"]
+    pattern = load_split(f"wds:{shards}/train-{{000000..000001}}.tar", "train", image_size=8)
+    assert pattern.class_names == ["n01", "n02", "n03", "n04"]
+    assert describe(f"wds:{shards}").num_classes == 4
+
+
+@pytest.mark.parametrize("text, message", [
+    ("n01\nn02\n", "names 2 classes, but the shards hold label 3"),
+    ("n01\n\nn03\nn04\n", "line 2 is empty"),
+    ("n01\nn02\nn01\nn04\n", "'n01' appears twice"),
+    ("", "one class name per line"),
+])
+def test_a_bad_classes_txt_is_refused_with_its_reason(shards: Path, text: str, message: str) -> None:
+    (shards / "classes.txt").write_text(text)
+    with pytest.raises(ValueError, match=message):
+        load_split(f"wds:{shards}", "train", image_size=8)
+    (shards / "classes.txt").write_bytes(b"\xff\xfe")
+    with pytest.raises(ValueError, match="not UTF-8"):
+        load_split(f"wds:{shards}", "train", image_size=8)
+
+
+def test_shards_with_a_test_or_val_split_hold_nothing_out(shards: Path) -> None:
+    numbered_shards(shards, [6], prefix="val", start=90, classes=4)
+    assert len(load_split(f"wds:{shards}", "train", image_size=8)) == 90
+    assert sorted(image_ids(load_split(f"wds:{shards}", "test", image_size=8).images)) == list(range(90, 96))
