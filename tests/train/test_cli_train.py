@@ -113,7 +113,7 @@ def test_automatic_finetune_keeps_a_small_checkpoints_resolution(pretrained: Pat
     # paper-finetune's 384 px is a step up from 224 px; a 16 px small-data checkpoint must not become 96x96 tokens.
     data = _npz(tmp_path / "four.npz")
     resolved = resolve(Request(data=f"npz:{data}", init_from=str(pretrained), out=str(tmp_path / "ft")))
-    assert resolved.config.recipe == "paper-finetune"
+    assert resolved.config.recipe == "finetune-small"  # the CPU fine-tuning recipe, chosen for a small checkpoint
     assert resolved.config.model.img_size == read(pretrained).model.config.img_size == 16
     explicit = resolve(Request(data=f"npz:{data}", init_from=str(pretrained), img_size=32, out=str(tmp_path / "x")))
     assert explicit.config.model.img_size == 32

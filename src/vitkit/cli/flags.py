@@ -38,6 +38,9 @@ def add_train_flags(parser: argparse.ArgumentParser, *, lr_help: str = "peak lea
                         help="time budget of the whole run: every schedule is fitted to it and the run ends annealed "
                         "(--set run.budget_schedule=cut stops this invocation instead)")
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--labels-per-class", type=int, default=None, metavar="N",
+                        help="train on a fixed N images of every class (nested: the 10 inside the 100; a learning-rate "
+                        "sweep's hold-out comes out of them); default: every training image")
     parser.add_argument("--out", default=None, help=f"run directory (default {runs_root}/<data>-<model>-<time>); "
                         "re-running with the same directory resumes")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="GROUP.FIELD=VALUE",

@@ -49,6 +49,7 @@ def _config(args: argparse.Namespace) -> Any:
     request = Request(data=args.data, recipe=args.recipe, model=args.model, epochs=args.epochs,
                       batch_size=args.batch_size, lr=None if mpp else args.lr, img_size=args.img_size,
                       max_minutes=args.max_minutes, seed=args.seed, out=args.out, overrides=tuple(args.overrides),
+                      labels_per_class=args.labels_per_class,
                       strict=args.strict, compile=args.compile, quiet=args.json, init_from=args.init_from,
                       lr_sweep=args.lr_sweep, world=int(os.environ.get("WORLD_SIZE", "1")), runs_root=args.runs_root)
     resolved = resolve(request)

@@ -22,6 +22,7 @@ from vitkit.checkpoints import native
 from vitkit.checkpoints.surgery import change_resolution, replace_head
 from vitkit.data import loader
 from vitkit.data.sources import ImageSet, describe, load_split, separate_val
+from vitkit.data.subsets import fraction_subset, labelled_parts
 from vitkit.models import build_model
 from vitkit.models.configs import image_size, num_classes
 from vitkit.runs import open_checkpoint
@@ -47,7 +48,8 @@ def load_splits(config: TrainConfig, *, need_test: bool = True) -> Splits:
 
     Evaluation during training never reads the final test images: it reads the source's own validation
     split where it has one apart from its test split, else a class-stratified hold-out of train
-    (`data.val_fraction`, or 10% capped at 5,000 images when the run evaluates as it goes).
+    (`data.val_fraction`, or 10% capped at 5,000 images when the run evaluates as it goes).  With
+    `data.labels_per_class` that hold-out comes out of the N images per class.
     """
     uri, data = config.data.uri, config.data
     columns = dict(image_column=data.image_column, label_column=data.label_column)  # hf: sources
@@ -57,35 +59,20 @@ def load_splits(config: TrainConfig, *, need_test: bool = True) -> Splits:
     val_fraction = data.val_fraction
     if periodic and val_fraction == 0 and not separate_val(uri):
         val_fraction = min(AUTO_VAL_FRACTION, AUTO_VAL_MAX / max(describe(uri, **columns).num_train, 1))
-    train = _subset(load_split(uri, "train", val_fraction=val_fraction, **common), data.train_fraction)
-    test = load_split(uri, config.eval.final_split, val_fraction=val_fraction, **common) if need_test else None
-    evals = {}
-    if periodic or val_fraction > 0:
-        evals["val"] = test if config.eval.final_split == "val" and test is not None else load_split(
-            uri, "val", val_fraction=val_fraction, **common)
-    return Splits(train=train, test=test, evals=evals if periodic else {})
+    val: ImageSet | None = None
+    if data.labels_per_class:  # N per class, the validation hold-out taken out of the N (data/subsets.py)
+        whole = load_split(uri, "train", **common)
+        train, val = labelled_parts(whole, data.labels_per_class, val_fraction, config.run.seed)
+    else:
+        train = fraction_subset(load_split(uri, "train", val_fraction=val_fraction, **common), data.train_fraction)
 
+    def val_split() -> ImageSet:
+        return val if val is not None else load_split(uri, "val", val_fraction=val_fraction, **common)
 
-SUBSET_SEED = 12345  # the fixed draw of data.train_fraction: nested parts for growing fractions
-
-
-def _subset(train: ImageSet, fraction: float) -> ImageSet:
-    """A fixed class-stratified `fraction` of the training split (every class keeps at least one image).
-
-    One random order per class, taken by its first round(fraction * n_c): smaller fractions are subsets of
-    larger ones, as the paper's growing subsets of JFT (Sec. 4.3).
-    """
-    if fraction >= 1.0:
-        return train
-    generator = torch.Generator().manual_seed(SUBSET_SEED)
-    keep = []
-    for cls in torch.unique(train.labels).tolist():
-        members = torch.nonzero(train.labels == cls).flatten()
-        order = members[torch.randperm(len(members), generator=generator)]
-        keep.append(order[:max(1, round(fraction * len(members)))])
-    part = train.subset(torch.cat(keep).sort().values)
-    part.origin = f"a fixed {fraction:.1%} class-stratified part of {train.origin}"
-    return part
+    final = config.eval.final_split
+    test = (val_split() if final == "val" else load_split(uri, "test", **common)) if need_test else None
+    evals = {"val": test if final == "val" and test is not None else val_split()} if periodic else {}
+    return Splits(train=train, test=test, evals=evals)
 
 
 def check_classes(config: TrainConfig, train: ImageSet) -> None:

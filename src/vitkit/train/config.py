@@ -40,6 +40,7 @@ class DataConfig:
     steps: int = 0  # optimiser steps; 0 = derived from epochs
     val_fraction: float = 0.0  # held-out part of train for model selection / the LR sweep (App. B.1.1)
     train_fraction: float = 1.0  # train on a fixed class-stratified part of the training split (data-size studies, Sec. 4.3)
+    labels_per_class: int = 0  # train on a fixed N images of each class (10 inside 100); 0 = all (--labels-per-class)
     mean: tuple[float, ...] = (0.5, 0.5, 0.5)  # x = (pixel/255 - mean)/std; 0.5/0.5 = the official [-1, 1]
     std: tuple[float, ...] = (0.5, 0.5, 0.5)
     workers: int = 2  # DataLoader workers for file-based sets (in-memory sets need none)
@@ -60,6 +61,9 @@ class DataConfig:
             raise ValueError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
         if not 0.0 < self.train_fraction <= 1.0:
             raise ValueError(f"train_fraction must be in (0, 1], got {self.train_fraction}")
+        if self.labels_per_class < 0 or (self.labels_per_class and self.train_fraction < 1.0):
+            raise ValueError(f"labels_per_class must be >= 0 and is not combined with train_fraction < 1, got "
+                             f"{self.labels_per_class} / {self.train_fraction}")
         if not 0.0 <= self.patch_dropout_until <= 1.0:
             raise ValueError(f"patch_dropout_until must be in [0, 1], got {self.patch_dropout_until}")
 

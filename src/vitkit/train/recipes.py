@@ -7,7 +7,9 @@
 | small-8px           | auto: sides <= 12 px (digits)          | ViT D=64 L=4 on 4x4 patches, pad-crop shift, AdamW          |
 | small-28px          | auto: sides <= 30 px (MNIST, Fashion)  | ViT D=64 L=4 on 4x4 patches (7x7 tokens), content-first PatchDropout, Muon, linear decay, pad-crop 1 px + flip |
 | small-32px          | auto: sides <= 40 px (CIFAR)           | ViT D=192 L=6 on 4x4 patches (8x8 tokens), PatchDropout, mimetic init, Muon, linear decay, pad-crop + flip |
-| small-64px          | auto: larger images (folders)          | resize to 64, ViT D=192 L=6 on 8x8 patches, inception crop + flip + RandAugment |
+| small-64px          | auto: larger images, < 20,000 of them  | resize to 64, ViT D=192 L=6 on 8x8 patches, inception crop + flip + RandAugment |
+| small-64px-pretrain | auto: larger images, >= 20,000         | train/transfer_recipes.py: pre-training for `vitkit finetune` (Tiny-ImageNet) |
+| finetune-small      | `vitkit finetune` of a small checkpoint | train/transfer_recipes.py: SGD momentum + cosine at the checkpoint's resolution |
 
 Every recipe has a "-tiny" variant (D=32, L=2, k=2) that runs in seconds on a CPU, used by tests.
 The small-data recipes exist because a plain ViT trained from scratch on a small set needs smaller
@@ -20,23 +22,15 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
-from vitkit.data.sources import SourceInfo, mirror_keeps_label
+from vitkit.data.sources import SourceInfo
 from vitkit.data.transforms import AugmentConfig
 from vitkit.models import preset_config
 from vitkit.models.configs import ViTConfig, with_overrides
-from vitkit.train.config import DataConfig, EvalConfig, OptimConfig, RunConfig, TrainConfig
+from vitkit.train import transfer_recipes
+from vitkit.train.config import EvalConfig, OptimConfig, RunConfig, TrainConfig
+from vitkit.train.recipe_parts import data_config, flip, tiny_vit
 
 PAPER_LR_GRID = (0.001, 0.003, 0.01, 0.03)  # Table 4 fine-tuning learning rates (ImageNet adds 0.06 for ResNets)
-
-
-def _data(info: SourceInfo, **fields) -> DataConfig:
-    norm = (0.5,) * info.channels  # the official x / 127.5 - 1
-    return DataConfig(uri=info.uri, mean=norm, std=norm, **fields)
-
-
-def _tiny_vit(info: SourceInfo, img_size: int = 32, patch_size: int = 8, **fields) -> ViTConfig:
-    return ViTConfig(img_size=img_size, patch_size=patch_size, in_chans=info.channels, num_classes=info.num_classes,
-                     hidden_size=32, depth=2, num_heads=2, mlp_dim=64, **fields)
 
 
 # ---------------------------------------------------------------------------------- the paper
@@ -58,7 +52,7 @@ def paper_pretrain(info: SourceInfo, model: str = "vit_b16") -> TrainConfig:
     return TrainConfig(
         recipe="paper-pretrain",
         model=base,
-        data=_data(info, batch_size=4096, micro_batch_size=128, epochs=90, workers=8),
+        data=data_config(info, batch_size=4096, micro_batch_size=128, epochs=90, workers=8),
         augment=AugmentConfig(crop="inception", flip=True),
         optim=OptimConfig(name="adamw", lr=1e-3, base_batch_size=4096, lr_scaling="linear", betas=(0.9, 0.999),
                           weight_decay=0.1, decay_on="kernels", schedule="linear", warmup_steps=10_000, clip_norm=1.0,
@@ -77,7 +71,7 @@ def paper_pretrain_tiny(info: SourceInfo) -> TrainConfig:
     config = paper_pretrain(info)
     return dataclasses.replace(
         config, recipe="paper-pretrain-tiny",
-        model=_tiny_vit(info, img_size=16, patch_size=4, representation_size=32, dropout=0.1),
+        model=tiny_vit(info, img_size=16, patch_size=4, representation_size=32, dropout=0.1),
         data=dataclasses.replace(config.data, batch_size=64, micro_batch_size=16, epochs=0, steps=20, workers=0),
         optim=dataclasses.replace(config.optim, base_batch_size=64, warmup_steps=5),
         eval=EvalConfig(every_epochs=0, batch_size=256),
@@ -106,7 +100,7 @@ def paper_finetune(info: SourceInfo, model: str = "vit_b16") -> TrainConfig:
     return TrainConfig(
         recipe="paper-finetune",
         model=preset_config(model, num_classes=info.num_classes, img_size=384, in_chans=info.channels),
-        data=_data(info, batch_size=512, micro_batch_size=64, epochs=0, steps=steps, workers=8),
+        data=data_config(info, batch_size=512, micro_batch_size=64, epochs=0, steps=steps, workers=8),
         augment=AugmentConfig(crop="inception", crop_scale=(0.05, 1.0), flip=True),
         optim=OptimConfig(name="sgd", lr=0.003, momentum=0.9, weight_decay=0.0, schedule="cosine",
                           warmup_steps=min(500, steps // 10), clip_norm=1.0, ema_decay=0.0),
@@ -123,7 +117,7 @@ def paper_finetune_tiny(info: SourceInfo) -> TrainConfig:
     """
     config = paper_finetune(info)
     return dataclasses.replace(
-        config, recipe="paper-finetune-tiny", model=_tiny_vit(info, img_size=32, patch_size=8),
+        config, recipe="paper-finetune-tiny", model=tiny_vit(info, img_size=32, patch_size=8),
         data=dataclasses.replace(config.data, batch_size=64, micro_batch_size=32, steps=16, workers=0),
         optim=dataclasses.replace(config.optim, lr=0.01, warmup_steps=2),
         run=RunConfig(checkpoint_every=8, log_every=4),
@@ -143,8 +137,8 @@ def small_8px(info: SourceInfo) -> TrainConfig:
                       hidden_size=64, depth=4, num_heads=4, mlp_dim=128, pool="gap")
     return TrainConfig(
         recipe="small-8px", model=model,
-        data=_data(info, batch_size=128, epochs=60, workers=0),
-        augment=AugmentConfig(crop="pad", pad=1, flip=_flip(info), label_smoothing=0.1),
+        data=data_config(info, batch_size=128, epochs=60, workers=0),
+        augment=AugmentConfig(crop="pad", pad=1, flip=flip(info), label_smoothing=0.1),
         optim=OptimConfig(name="adamw", lr=4e-3, weight_decay=0.05, schedule="cosine", warmup_fraction=0.05, clip_norm=1.0),
         eval=EvalConfig(every_epochs=0, batch_size=512),
         # Tiny matmuls: more threads only spin (10x slower on a loaded CPU), and bf16 autocast costs more
@@ -178,8 +172,8 @@ def small_28px(info: SourceInfo) -> TrainConfig:
                       patch_dropout_keep="content")
     return TrainConfig(
         recipe="small-28px", model=model,
-        data=_data(info, batch_size=128, epochs=30, workers=0, patch_dropout_until=0.7),
-        augment=AugmentConfig(crop="pad", pad=1, flip=_flip(info), label_smoothing=0.1),
+        data=data_config(info, batch_size=128, epochs=30, workers=0, patch_dropout_until=0.7),
+        augment=AugmentConfig(crop="pad", pad=1, flip=flip(info), label_smoothing=0.1),
         optim=OptimConfig(name="muon", lr=2e-3, weight_decay=0.05, schedule="linear", warmup_fraction=0.03, clip_norm=1.0),
         eval=EvalConfig(every_epochs=0, batch_size=1000),  # every training image trains; --set eval.every_epochs=5 holds out a val part
         run=RunConfig(checkpoint_every=500, log_every=50),
@@ -206,8 +200,8 @@ def small_32px(info: SourceInfo) -> TrainConfig:
                       patch_dropout=0.75, init="mimetic")
     return TrainConfig(
         recipe="small-32px", model=model,
-        data=_data(info, batch_size=256, epochs=100, workers=2, patch_dropout_until=0.8),
-        augment=AugmentConfig(crop="pad", pad=4, flip=_flip(info), label_smoothing=0.1),
+        data=data_config(info, batch_size=256, epochs=100, workers=2, patch_dropout_until=0.8),
+        augment=AugmentConfig(crop="pad", pad=4, flip=flip(info), label_smoothing=0.1),
         optim=OptimConfig(name="muon", lr=4e-3, muon_lr_scale=0.5, weight_decay=0.05, schedule="linear",  # Muon's
                           warmup_fraction=0.05, clip_norm=1.0),  # matrices at 2e-3, AdamW's at 4e-3
         eval=EvalConfig(every_epochs=0, batch_size=500),  # every training image trains; --set eval.every_epochs=5 holds out a val part
@@ -227,8 +221,8 @@ def small_64px(info: SourceInfo) -> TrainConfig:
     epochs = 100 if info.num_train < 20_000 else 30
     return TrainConfig(
         recipe="small-64px", model=model,
-        data=_data(info, batch_size=128, epochs=epochs, workers=2),
-        augment=AugmentConfig(crop="inception", crop_scale=(0.25, 1.0), flip=_flip(info), randaugment=(2, 9),
+        data=data_config(info, batch_size=128, epochs=epochs, workers=2),
+        augment=AugmentConfig(crop="inception", crop_scale=(0.25, 1.0), flip=flip(info), randaugment=(2, 9),
                               label_smoothing=0.1),
         optim=OptimConfig(name="adamw", lr=1e-3, weight_decay=0.05, schedule="cosine", warmup_fraction=0.05, clip_norm=1.0),
         eval=EvalConfig(every_epochs=5, batch_size=256),
@@ -236,18 +230,12 @@ def small_64px(info: SourceInfo) -> TrainConfig:
     )
 
 
-def _flip(info: SourceInfo) -> bool:
-    """Horizontal flips where they keep labels (not digits); the convention (flip) where the source cannot tell."""
-    keeps = mirror_keeps_label(info.uri)
-    return True if keeps is None else keeps
-
-
 def _tiny(recipe: Callable[[SourceInfo], TrainConfig], name: str, img_size: int, patch_size: int
           ) -> Callable[[SourceInfo], TrainConfig]:
     def tiny(info: SourceInfo) -> TrainConfig:
         config = recipe(info)
         return dataclasses.replace(
-            config, recipe=name, model=_tiny_vit(info, img_size=img_size, patch_size=patch_size, pool="gap"),
+            config, recipe=name, model=tiny_vit(info, img_size=img_size, patch_size=patch_size, pool="gap"),
             data=dataclasses.replace(config.data, batch_size=32, epochs=0, steps=10, workers=0),
             augment=dataclasses.replace(config.augment, randaugment=None),
             eval=EvalConfig(every_epochs=0, batch_size=256), run=RunConfig(checkpoint_every=5, log_every=5))
@@ -270,6 +258,10 @@ RECIPES: dict[str, Callable[[SourceInfo], TrainConfig]] = {
     "small-32px-tiny": _tiny(small_32px, "small-32px-tiny", 32, 8),
     "small-64px": small_64px,
     "small-64px-tiny": _tiny(small_64px, "small-64px-tiny", 32, 8),
+    "small-64px-pretrain": transfer_recipes.small_64px_pretrain,
+    "small-64px-pretrain-tiny": transfer_recipes.small_64px_pretrain_tiny,
+    "finetune-small": transfer_recipes.finetune_small,
+    "finetune-small-tiny": transfer_recipes.finetune_small_tiny,
 }
 
 
@@ -281,7 +273,7 @@ def auto_recipe_name(info: SourceInfo) -> str:
         return "small-28px"
     if info.image_size <= 40:
         return "small-32px"
-    return "small-64px"
+    return "small-64px-pretrain" if transfer_recipes.pretrains_at_64px(info) else "small-64px"
 
 
 def get_recipe(name: str, info: SourceInfo) -> TrainConfig:

@@ -17,12 +17,25 @@ from pathlib import Path
 
 from vitkit.checkpoints import read
 from vitkit.data.sources import SourceInfo, describe, parse_uri
+from vitkit.data.transforms import AugmentConfig
 from vitkit.models import preset_config
-from vitkit.models.configs import HybridConfig, ResNetConfig, ViTConfig, image_size, in_channels, with_overrides
+from vitkit.models.configs import (
+    HybridConfig,
+    ModelConfig,
+    ResNetConfig,
+    ViTConfig,
+    image_size,
+    in_channels,
+    with_overrides,
+)
+from vitkit.runs import find_checkpoint
 from vitkit.train.config import TrainConfig, apply_overrides
 from vitkit.train.plan import count_params
-from vitkit.train.recipes import (PAPER_LR_GRID, auto_recipe_name, finetune_val_fraction, get_recipe,
-                                  large_model_warning)
+from vitkit.train.recipes import PAPER_LR_GRID, auto_recipe_name, finetune_val_fraction, get_recipe, large_model_warning
+from vitkit.train.transfer_recipes import AT_CHECKPOINT_RESOLUTION
+
+PAPER_RESOLUTION = 224  # checkpoints pre-trained below it are small-data models: fine-tuned by finetune-small
+REGULARISATION = ("dropout", "attention_dropout", "drop_path", "patch_dropout", "patch_dropout_keep")  # the recipe's
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +58,8 @@ class Request:
     strict: bool = False
     compile: bool = False
     quiet: bool = False  # no progress bar (--json)
-    init_from: str | None = None  # fine-tuning: the checkpoint to start from
+    init_from: str | None = None  # fine-tuning: the checkpoint (or run directory) to start from
+    labels_per_class: int | None = None  # train on a fixed N images per class (data.labels_per_class)
     lr_sweep: bool = False  # fine-tuning: sweep PAPER_LR_GRID on a held-out split first
     runs_root: str = "runs"  # parent of the default run directory
     world: int = 1  # processes the run will use (torchrun's WORLD_SIZE), for the printed plan
@@ -66,25 +80,28 @@ def resolve(request: Request) -> Resolved:
     info = describe(request.data, image_column=columns.get("data.image_column", ""),
                     label_column=columns.get("data.label_column", ""))  # hf: columns, needed to count classes
     chose = request.recipe is None
+    source = read(find_checkpoint(request.init_from)).model.config if request.init_from else None
     name = auto_recipe_name(info) if chose else request.recipe
-    if request.init_from and chose:
-        name = "paper-finetune"
+    if source is not None and chose:  # a small-data checkpoint is fine-tuned as one, on a CPU
+        name = "finetune-small" if image_size(source) < PAPER_RESOLUTION else "paper-finetune"
     config = get_recipe(name, info)
-    config = _apply_model(config, request, info, auto_recipe=chose)
-    config = _apply_flags(config, request, info)
+    config = _apply_model(config, request, info, source, auto_recipe=chose)
+    config = _apply_flags(config, request)
     config = apply_overrides(config, request.overrides)
+    config = _sweep_hold_out(config, info)
     config = _budget_length(config, request)
     if not config.run.out:
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         out = Path(request.runs_root) / f"{_data_name(request.data)}-{_model_name(request, config)}-{stamp}"
         config = dataclasses.replace(config, run=dataclasses.replace(config.run, out=str(out)))
-    return _describe(config, info, name, chose, request)
+    return _describe(config, info, name, chose, source)
 
 
-def _apply_model(config: TrainConfig, request: Request, info: SourceInfo, auto_recipe: bool = False) -> TrainConfig:
+def _apply_model(config: TrainConfig, request: Request, info: SourceInfo, source: ModelConfig | None,
+                 auto_recipe: bool = False) -> TrainConfig:
     model = config.model
-    if request.init_from:
-        model = _finetune_model(request.init_from, config, info, auto_recipe)
+    if source is not None:
+        model = _finetune_model(source, config, info, auto_recipe)
     if request.model:
         model = preset_config(request.model, num_classes=info.num_classes, in_chans=info.channels)
         size = request.img_size or image_size(config.model)
@@ -99,7 +116,17 @@ def _apply_model(config: TrainConfig, request: Request, info: SourceInfo, auto_r
             model = with_overrides(model, dropout=_dropout(config.model), representation_size=rep)
     if request.img_size:
         model = with_overrides(model, img_size=request.img_size)
-    return dataclasses.replace(config, model=model)
+    augment = _rescaled_pad(config, image_size(model)) if source is not None else config.augment
+    return dataclasses.replace(config, model=model, augment=augment)
+
+
+def _rescaled_pad(config: TrainConfig, side: int) -> AugmentConfig:
+    """The recipe's pad-crop at the fine-tuning resolution: the pad is a fraction of the side (an eighth in
+    finetune-small), so a 64-px checkpoint pads 8 px and a 32-px one 4."""
+    augment, recipe_side = config.augment, image_size(config.model)
+    if augment.crop != "pad" or not augment.pad or side == recipe_side:
+        return augment
+    return dataclasses.replace(augment, pad=max(1, round(augment.pad * side / recipe_side)))
 
 
 def _dropout(model) -> float:
@@ -113,23 +140,39 @@ def _stride(model) -> int:
     return getattr(model, "patch_size", 32)
 
 
-def _finetune_model(path: str, config: TrainConfig, info: SourceInfo, auto_recipe: bool = False):
-    """The checkpoint's architecture with a K-way head, no pre-logits (Sec. 3.2) and the recipe's resolution.
+def _finetune_model(source: ModelConfig, config: TrainConfig, info: SourceInfo, auto_recipe: bool = False):
+    """The checkpoint's architecture with a K-way head, no pre-logits (Sec. 3.2), the recipe's regularisation
+    (dropout, stochastic depth, PatchDropout: pre-training settings do not carry over) and resolution.
 
-    With the recipe chosen automatically, a checkpoint pre-trained below 224 px (a small-data model)
-    keeps its own resolution: the paper's 384 px is a step up from 224 px, and would blow a model with
-    tiny patches up to thousands of tokens.
+    finetune-small, and any recipe chosen automatically for a checkpoint pre-trained below 224 px, keeps the
+    checkpoint's own resolution: the paper's 384 px is a step up from 224 px, and would blow a model with tiny
+    patches up to thousands of tokens.
     """
-    source = read(path).model.config
     vit = source.vit if isinstance(source, HybridConfig) else source
     target = with_overrides(source, num_classes=info.num_classes)
+    recipe_vit = config.model.vit if isinstance(config.model, HybridConfig) else config.model
     if isinstance(vit, ViTConfig):  # with_overrides skips None values: drop the pre-logits layer directly
-        plain = dataclasses.replace(vit, representation_size=None, num_classes=info.num_classes)
+        recipe_regularisation = isinstance(recipe_vit, ViTConfig)
+        regularisation = {k: getattr(recipe_vit, k) for k in REGULARISATION} if recipe_regularisation else {}
+        plain = dataclasses.replace(vit, representation_size=None, num_classes=info.num_classes, **regularisation)
         target = dataclasses.replace(source, vit=plain) if isinstance(source, HybridConfig) else plain
     size = image_size(config.model)
-    if size % _stride(target) or (auto_recipe and image_size(source) < 224):
+    keep = config.recipe in AT_CHECKPOINT_RESOLUTION or (auto_recipe and image_size(source) < PAPER_RESOLUTION)
+    if size % _stride(target) or keep:
         size = image_size(source)
     return with_overrides(target, img_size=size)
+
+
+def _sweep_hold_out(config: TrainConfig, info: SourceInfo) -> TrainConfig:
+    """A learning-rate sweep's held-out share, where none is set: App. B.1.1's by the labelled images' count
+    (with data.labels_per_class, the N x K images the hold-out is taken from)."""
+    data = config.data
+    if not config.optim.lr_sweep or data.val_fraction > 0:
+        return config
+    labelled = info.num_train
+    if data.labels_per_class:
+        labelled = min(labelled, data.labels_per_class * info.num_classes)
+    return dataclasses.replace(config, data=dataclasses.replace(data, val_fraction=finetune_val_fraction(labelled)))
 
 
 def _budget_length(config: TrainConfig, request: Request) -> TrainConfig:
@@ -142,7 +185,7 @@ def _budget_length(config: TrainConfig, request: Request) -> TrainConfig:
     return dataclasses.replace(config, data=dataclasses.replace(config.data, epochs=0.0, steps=0))
 
 
-def _apply_flags(config: TrainConfig, request: Request, info: SourceInfo) -> TrainConfig:
+def _apply_flags(config: TrainConfig, request: Request) -> TrainConfig:
     data, optim, run = config.data, config.optim, config.run
     if request.epochs is not None:
         data = dataclasses.replace(data, epochs=request.epochs, steps=0)
@@ -151,6 +194,8 @@ def _apply_flags(config: TrainConfig, request: Request, info: SourceInfo) -> Tra
         data = dataclasses.replace(data, batch_size=request.batch_size, micro_batch_size=min(micro, request.batch_size))
     if request.strict:
         data = dataclasses.replace(data, strict=True)
+    if request.labels_per_class is not None:
+        data = dataclasses.replace(data, labels_per_class=request.labels_per_class)
     if in_channels(config.model) != len(data.mean):
         norm = (0.5,) * in_channels(config.model)
         data = dataclasses.replace(data, mean=norm, std=norm)
@@ -158,7 +203,6 @@ def _apply_flags(config: TrainConfig, request: Request, info: SourceInfo) -> Tra
         optim = dataclasses.replace(optim, lr=request.lr, base_batch_size=0)
     if request.lr_sweep:
         optim = dataclasses.replace(optim, lr_sweep=PAPER_LR_GRID)
-        data = dataclasses.replace(data, val_fraction=data.val_fraction or finetune_val_fraction(info.num_train))
     updates = {"max_minutes": request.max_minutes, "seed": request.seed, "out": request.out,
                "init_from": request.init_from}
     run = dataclasses.replace(run, **{k: v for k, v in updates.items() if v is not None})
@@ -187,9 +231,12 @@ def _model_name(request: Request, config: TrainConfig) -> str:
     return type(model).__name__.lower()
 
 
-def _describe(config: TrainConfig, info: SourceInfo, name: str, chose: bool, request: Request) -> Resolved:
+def _describe(config: TrainConfig, info: SourceInfo, name: str, chose: bool, source: ModelConfig | None) -> Resolved:
     """The lines printed before the run's plan: the recipe and why, warnings about the model's size."""
     how = f"chosen for {info.image_size}px images, {info.num_train:,} training images" if chose else "as requested"
+    if chose and source is not None:
+        how = (f"chosen for a checkpoint pre-trained at {image_size(source)} px; fine-tuned at "
+               f"{image_size(config.model)} px")
     notes = [f"recipe: {name} ({how})"]
     warnings = []
     warning = large_model_warning(count_params(config.model), info.num_train, from_scratch=not config.run.init_from)

@@ -6,6 +6,12 @@ remaining data.  For final results we train on the entire training set."  `train
 exactly that: one run per learning rate in `optim.lr_sweep` on train minus `data.val_fraction`,
 scored by top-1 on the held-out part, then the best learning rate on all of train, evaluated on
 test.  Each trial is a run directory under `<out>/sweep/`, so an interrupted sweep resumes.
+
+Within a time budget (`--max-minutes M`) the trials and the final run share it: the G trials take
+SWEEP_SHARE of M together (each M x SWEEP_SHARE / G, its schedule fitted to that), the final run the
+rest, so the whole sweep ends within M.  With the paper's four rates and M = 15 that is 1.9 minutes a
+trial and 7.5 for the final run.  Shorter trials than the final run favour larger rates a little; they
+are all the same length, so they compare the rates fairly with one another.
 """
 
 from __future__ import annotations
@@ -22,6 +28,16 @@ from vitkit.train.trainer import train
 
 log = logging.getLogger(__name__)
 
+SWEEP_SHARE = 0.5  # of a time budget spent on the trials together; the final run gets the rest
+
+
+def budget_split(config: TrainConfig) -> tuple[float, float]:
+    """(minutes of each trial, minutes of the final run) of a swept run's budget; (0, 0) without one."""
+    minutes = config.run.max_minutes
+    if minutes <= 0:
+        return 0.0, 0.0
+    return minutes * SWEEP_SHARE / len(config.optim.lr_sweep), minutes * (1 - SWEEP_SHARE)
+
 
 def trial_config(config: TrainConfig, lr: float) -> TrainConfig:
     """One sweep trial: learning rate `lr`, scored on the held-out "val" split."""
@@ -30,7 +46,7 @@ def trial_config(config: TrainConfig, lr: float) -> TrainConfig:
         config,
         optim=dataclasses.replace(config.optim, lr=lr, lr_sweep=()),
         eval=dataclasses.replace(config.eval, final_split="val"),
-        run=dataclasses.replace(config.run, out=str(out)),
+        run=dataclasses.replace(config.run, out=str(out), max_minutes=budget_split(config)[0]),
     )
 
 
@@ -41,6 +57,7 @@ def final_config(config: TrainConfig, lr: float) -> TrainConfig:
         data=dataclasses.replace(config.data, val_fraction=0.0),
         optim=dataclasses.replace(config.optim, lr=lr, lr_sweep=()),
         eval=dataclasses.replace(config.eval, final_split="test"),
+        run=dataclasses.replace(config.run, max_minutes=budget_split(config)[1]),
     )
 
 
@@ -60,6 +77,8 @@ def train_with_sweep(config: TrainConfig, **train_kwargs: Any) -> dict[str, Any]
     best = max(config.optim.lr_sweep, key=lambda lr: scores[f"{lr:g}"])  # ties: the first (smallest) lr
     log.info("sweep: best lr %g (val top-1 %.2f%%); training on all of train", best, 100 * scores[f"{best:g}"])
     Path(config.run.out).mkdir(parents=True, exist_ok=True)
-    atomic_write_text(Path(config.run.out) / "sweep.json", json.dumps({"val_top1": scores, "best_lr": best}, indent=2) + "\n")
+    trial_minutes, final_minutes = budget_split(config)
+    record = {"val_top1": scores, "best_lr": best, "trial_minutes": trial_minutes, "final_minutes": final_minutes}
+    atomic_write_text(Path(config.run.out) / "sweep.json", json.dumps(record, indent=2) + "\n")
     result = train(final_config(config, best), **train_kwargs)
     return {**result, "sweep": scores, "best_lr": best}

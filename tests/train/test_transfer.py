@@ -1,0 +1,122 @@
+"""The pre-train-then-fine-tune path: the recipes chosen for it, fine-tuning a small checkpoint (head, resolution,
+regularisation, pad), the sweep's share of a time budget, and N labelled images per class."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from helpers import tiny_config
+from vitkit.checkpoints import read
+from vitkit.cli import main
+from vitkit.data.sources import SourceInfo, load_split
+from vitkit.data.subsets import fraction_subset, labelled_parts, per_class_subset
+from vitkit.train import trainer
+from vitkit.train.assemble import initial_model, load_splits
+from vitkit.train.recipes import auto_recipe_name, get_recipe
+from vitkit.train.resolve import Request, resolve
+from vitkit.train.sweep import budget_split, final_config, trial_config
+
+TINY_IMAGENET = SourceInfo(uri="wds:x", num_train=40_400, num_classes=202, image_size=64, channels=3, in_memory=False)
+
+
+def _npz(path: Path, classes: int = 4, n: int = 120) -> Path:
+    rng = np.random.default_rng(0)
+    labels = np.arange(n) % classes
+    images = (rng.integers(0, 60, (n, 8, 8)) + labels[:, None, None] * 50).astype(np.uint8)
+    np.savez(path, images=images, labels=labels)
+    return path
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run of small-64px-pretrain-tiny: 16 px, pre-logits head, PatchDropout 0.5, 10 classes."""
+    out = tmp_path_factory.mktemp("pre") / "run"
+    trainer.train(tiny_config(out, "data.steps=2", recipe="small-64px-pretrain-tiny"))
+    return out
+
+
+def test_64px_sources_of_tens_of_thousands_of_images_pretrain_a_vit_with_a_pre_logits_head() -> None:
+    assert auto_recipe_name(TINY_IMAGENET) == "small-64px-pretrain"
+    assert auto_recipe_name(dataclasses.replace(TINY_IMAGENET, num_train=2_000)) == "small-64px"
+    assert auto_recipe_name(dataclasses.replace(TINY_IMAGENET, image_size=32)) == "small-32px"
+    config = get_recipe("small-64px-pretrain", TINY_IMAGENET)
+    model = config.model
+    assert (model.img_size, model.patch_size, model.hidden_size, model.depth, model.num_heads) == (64, 8, 192, 6, 3)
+    assert model.representation_size == 192 and model.num_classes == 202 and model.patch_dropout == 0.75
+    assert config.optim.name == "muon" and config.augment.pad == 8 and config.data.patch_dropout_until == 0.8
+    tuned = get_recipe("finetune-small", TINY_IMAGENET)
+    assert (tuned.optim.name, tuned.optim.momentum, tuned.optim.schedule, tuned.optim.weight_decay) == ("sgd", 0.9,
+                                                                                                     "cosine", 0.0)
+    assert tuned.data.batch_size == 128 and tuned.optim.clip_norm == 1.0 and tuned.augment.label_smoothing == 0.0
+
+
+def test_finetune_of_a_small_checkpoint_picks_finetune_small_at_its_resolution(pretrained: Path,
+                                                                              tmp_path: Path) -> None:
+    data = f"npz:{_npz(tmp_path / 'four.npz')}"
+    config = resolve(Request(data=data, init_from=str(pretrained), out=str(tmp_path / "ft"))).config  # a RUN dir
+    source = read(pretrained / "checkpoints" / "final").model
+    assert config.recipe == "finetune-small" and config.run.init_from == str(pretrained)
+    assert config.model.img_size == 16 == source.config.img_size and config.augment.pad == 2  # 8 x 16 / 64
+    assert config.model.representation_size is None and config.model.num_classes == 4
+    assert source.config.patch_dropout == 0.5 and config.model.patch_dropout == 0.0  # pre-training's, not carried
+    model = initial_model(config)
+    assert torch.count_nonzero(model.head.weight) == 0 and model.head.weight.shape == (4, 32)  # Sec. 3.2 zero init
+    assert isinstance(model.pre_logits, torch.nn.Identity)
+    assert torch.equal(model.blocks[1].attn.qkv.weight, source.blocks[1].attn.qkv.weight)
+    larger = resolve(Request(data=data, init_from=str(pretrained), img_size=32, out=str(tmp_path / "x"))).config
+    assert larger.model.img_size == 32 and larger.augment.pad == 4
+    grown = initial_model(larger).pos_embed
+    assert grown.shape == (1, 8 * 8, 32) and source.pos_embed.shape == (1, 4 * 4, 32)  # GAP: no [class] row
+    assert torch.equal(grown[0, 0], source.pos_embed[0, 0])  # 2D interpolation: corners map onto corners
+
+
+def test_a_swept_run_shares_its_time_budget_between_trials_and_the_final_run(pretrained: Path, tmp_path: Path,
+                                                                            capsys: pytest.CaptureFixture) -> None:
+    config = resolve(Request(data="digits", init_from=str(pretrained), lr_sweep=True, max_minutes=16,
+                             out=str(tmp_path / "s"))).config
+    assert budget_split(config) == (2.0, 8.0) and config.data.val_fraction == 0.1
+    assert trial_config(config, 0.01).run.max_minutes == 2.0 and final_config(config, 0.01).run.max_minutes == 8.0
+    out = tmp_path / "ft"
+    code = main(["finetune", str(pretrained), "--data", f"npz:{_npz(tmp_path / 'f.npz')}", "--recipe",
+                 "finetune-small-tiny", "--lr-sweep", "--max-minutes", "8", "--out", str(out), "--json",
+                 "--set", "data.steps=2", "--set", "run.threads=1"])
+    assert code == 0, capsys.readouterr().err[-2000:]
+    sweep = json.loads((out / "sweep.json").read_text())
+    assert (sweep["trial_minutes"], sweep["final_minutes"]) == (1.0, 4.0)
+    assert json.loads((out / "sweep" / "lr_0.003" / "config.json").read_text())["run"]["max_minutes"] == 1.0
+    assert json.loads((out / "config.json").read_text())["run"]["max_minutes"] == 4.0
+
+
+def test_labels_per_class_are_exact_nested_and_fixed() -> None:
+    train = load_split("digits", "train")
+    parts = {n: per_class_subset(train, n) for n in (10, 100)}
+    assert set(Counter(parts[10].labels.tolist()).values()) == {10}
+    assert set(Counter(parts[100].labels.tolist()).values()) == {100}
+    ids = {n: {tuple(image.flatten().tolist()) for image in part.images} for n, part in parts.items()}
+    assert ids[10] < ids[100] and len(ids[10]) > 90  # nested (digits has a few duplicate images)
+    assert torch.equal(per_class_subset(train, 10).images, parts[10].images)  # the same draw every time
+    half = fraction_subset(train, 0.5)  # every digit class has > 100 images: 10 per class lies inside half of it
+    assert ids[10] <= {tuple(image.flatten().tolist()) for image in half.images}
+    kept, held = labelled_parts(train, 10, 0.1, seed=0)
+    assert len(kept) == 90 and set(Counter(held.labels.tolist()).values()) == {1}  # the hold-out comes out of the 10
+    assert "a fixed 10 images per class" in kept.origin
+
+
+def test_labels_per_class_flag_reaches_the_run_and_its_splits(tmp_path: Path) -> None:
+    config = resolve(Request(data="digits", recipe="small-8px-tiny", labels_per_class=20, lr_sweep=True,
+                             out=str(tmp_path / "r"))).config
+    assert config.data.labels_per_class == 20 and config.data.val_fraction == 0.1  # 200 labelled: App. B.1.1's 10%
+    splits = load_splits(trial_config(config, 0.01))
+    assert set(Counter(splits.train.labels.tolist()).values()) == {18}
+    assert len(splits.test) == 20 and set(Counter(splits.test.labels.tolist()).values()) == {2}  # scored on the 20
+    final = load_splits(final_config(config, 0.01))
+    assert len(final.train) == 200 and len(final.test) == 359  # then all 20 per class, tested on the fixed hold-out
+    with pytest.raises(ValueError, match="not combined with train_fraction"):
+        resolve(Request(data="digits", labels_per_class=5, overrides=("data.train_fraction=0.5",), out="x"))
