@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 
 import pytest
 import torch
@@ -68,3 +69,12 @@ def test_time_pass_takes_the_fastest_of_its_repeats(monkeypatch) -> None:
     monkeypatch.setattr(policy.time, "perf_counter", lambda: next(readings))
     calls = []
     assert policy.time_pass(lambda: calls.append(1), CPU, repeats=3) == pytest.approx(1.5) and len(calls) == 4
+
+
+@pytest.mark.skipif(os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper() != "AVX2",
+                    reason="the emulated host of .ci/run's second step (ONEDNN_MAX_CPU_ISA=AVX2)")
+def test_the_emulated_host_is_a_cpu_without_native_bf16() -> None:
+    host = hosts.current()
+    assert not host.native_bf16 and host.label.endswith("no native bf16")
+    assert policy.choose_precision("auto", CPU).precision == "fp32"
+

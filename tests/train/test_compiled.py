@@ -97,11 +97,12 @@ def test_inductors_cache_is_kept_per_host_class(monkeypatch) -> None:
     host = compiled.hosts.current()
     assert path.startswith(default_cache_dir()) and host.isa in path and torch.__version__.split("+")[0] in path
     assert ("nobf16" in path) is (not host.native_bf16) and os.environ["TORCHINDUCTOR_CACHE_DIR"] == path
-    monkeypatch.setattr(compiled.hosts, "current", lambda device=None: dataclasses.replace(host, isa="AVX2",
+    other_isa = "SVE256" if host.isa != "SVE256" else "NEON"
+    monkeypatch.setattr(compiled.hosts, "current", lambda device=None: dataclasses.replace(host, isa=other_isa,
                                                                                            native_bf16=False))
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())  # torch writes its default back: still ours
     other = compiled.use_host_cache(torch.device("cpu"))
-    assert other != path and other.endswith("vitkit-AVX2-nobf16-" + torch.__version__.replace("+", "-"))
+    assert other != path and other.endswith(f"vitkit-{other_isa}-nobf16-" + torch.__version__.replace("+", "-"))
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/tmp/my-cache")  # the user's choice stands
     assert compiled.use_host_cache(torch.device("cpu")) == "/tmp/my-cache"
 
@@ -156,3 +157,15 @@ def test_failed_compilation_trains_eagerly(tmp_path: Path, caplog, monkeypatch) 
              for run in ("fallback", "eager")]
     assert final[0].keys() == final[1].keys()
     assert all(torch.equal(value, final[1][key]) for key, value in final[0].items())
+
+
+def test_a_runs_precision_follows_the_host(tmp_path) -> None:
+    """precision auto in a real (tiny) run: fp32 without native bf16; with it, what the model measured."""
+    plan = trainer.train(tiny_config(tmp_path / "run", "run.precision=auto", "data.steps=2"))["plan"]
+    if compiled.hosts.current().native_bf16:
+        assert plan["precision_reason"].startswith("auto: native bf16")
+    else:
+        assert (plan["precision"], plan["precision_reason"]) == ("fp32", "auto: this CPU has no native bf16")
+    host = compiled.hosts.current()
+    assert plan["host"] == f"host: {host.cpu} ({host.isa}, " + ("native bf16" if host.native_bf16 else "no native bf16") \
+        + (", AMX" if host.amx else "") + "), 1 thread(s)"  # the tiny config trains on one thread
