@@ -131,8 +131,8 @@ def _check_samples(data, case: Path) -> str:
 
 
 def fuzz_shard(seed: Path, rng: random.Random, workdir: Path) -> str:
-    """Read one mutated shard (its headers rewritten with valid checksums, or its bytes), with or without its index,
-    streamed sample by sample or decoded into memory."""
+    """Read one split of a mutated shard (its headers rewritten with valid checksums, or its bytes), with or without
+    its index, streamed sample by sample or decoded into memory."""
     case = workdir / f"case-{rng.getrandbits(48):012x}"
     case.mkdir(parents=True)
     try:
@@ -141,9 +141,9 @@ def fuzz_shard(seed: Path, rng: random.Random, workdir: Path) -> str:
         if rng.random() < 0.5:
             (case / "dataset.json").write_text(_mutate_index(json.loads((seed / "dataset.json").read_text()), rng)
                                                if rng.random() < 0.3 else (seed / "dataset.json").read_text())
-        stream = rng.random() < 0.5
+        stream, split = rng.random() < 0.5, rng.choice(["train", "train", "test"])  # test: a hold-out of train
         try:
-            data = load_split(f"wds:{case}", "train", image_size=8, max_in_memory_bytes=0 if stream else 1 << 20,
+            data = load_split(f"wds:{case}", split, image_size=8, max_in_memory_bytes=0 if stream else 1 << 20,
                               num_workers=1)
         except USER_ERRORS as error:
             if str(case) not in str(error):
