@@ -29,10 +29,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import multiprocessing
 import os
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from vitkit import host as hosts
@@ -71,6 +73,10 @@ def run_once(uri: str, minutes: float | None, overrides: list[str], warm_cache: 
             "load_average": round(os.getloadavg()[0], 2), "run_dir": result["run_dir"]}
 
 
+def _logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("target", nargs="?", choices=sorted(TARGETS), default="fashion-mnist")
@@ -81,13 +87,15 @@ def main() -> int:
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     parser.add_argument("--no-record", action="store_true", help="do not append rows to " + str(RESULTS.name))
     args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
+    _logging()
     uri, minutes, native_goal, plain_goal = TARGETS[args.target]
     goal = native_goal if hosts.current().native_bf16 else plain_goal
     uri, minutes = args.data or uri, args.minutes if args.minutes is not None else minutes
     results = []
     for index in range(args.runs):
-        r = run_once(uri, minutes, args.overrides, args.warm_cache)
+        # A fresh process per run: torch.compile's in-memory caches would otherwise warm the later runs.
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=_logging) as pool:
+            r = pool.submit(run_once, uri, minutes, args.overrides, args.warm_cache).result()
         results.append(r)
         if not args.no_record:
             append_row(RESULTS, {"target": args.target, **r, "goal": goal}, config_changes=args.overrides)

@@ -169,3 +169,26 @@ def test_a_runs_precision_follows_the_host(tmp_path) -> None:
     host = compiled.hosts.current()
     assert plan["host"] == f"host: {host.cpu} ({host.isa}, " + ("native bf16" if host.native_bf16 else "no native bf16") \
         + (", AMX" if host.amx else "") + "), 1 thread(s)"  # the tiny config trains on one thread
+
+
+def test_a_compiled_runs_precision_is_measured_at_its_own_matmul(monkeypatch) -> None:
+    """Compiled, the casts autocast adds are fused away: the choice weighs the model's MLP matmul at its rows."""
+    from vitkit.train import choices
+    from vitkit.train.config import apply_overrides
+
+    config = apply_overrides(tiny_config(Path("/unused"), "run.precision=auto", "run.compile=on"),
+                             ["model.patch_dropout=0.75"])  # 8 px on 2 px patches: 16 patches, 4 kept
+    assert choices.matmul_shape(config.model, 32) == (32 * 4, 32, 64)
+    seen = []
+
+    def timed(rows, inner, outer, device, dtype):
+        seen.append((rows, inner, outer, dtype))
+        return 1.0 if dtype is None else 0.4  # bf16 2.5x as fast
+
+    monkeypatch.setattr(choices, "matmul_seconds", timed)
+    native = dataclasses.replace(compiled.hosts.current(), native_bf16=True)  # as on an AVX512-BF16 or AMX CPU
+    monkeypatch.setattr(compiled.hosts, "current", lambda device=None: native)
+    picked = choices.choose(config, build_model(config.model), torch.device("cpu"), micro_batch=32, accumulation=1,
+                            graphs=1, steps=10, budget_s=None)
+    assert picked.compiled and picked.precision == "bf16" and "2.50x" in picked.precision_reason
+    assert seen == [(128, 32, 64, None), (128, 32, 64, torch.bfloat16)]

@@ -2,9 +2,9 @@
 its reason, from the host's capabilities and a short measurement of the run's own model.
 
 `probe_pass` times one eager forward + backward of the model on a small blank batch (about PROBE_FLOPS of
-work, so a probe costs well under a second for the small recipes and a few seconds for ViT-B), in fp32
-and, where the choice depends on it, in bf16; the same timing, scaled to the micro-batch, gives the eager
-step time the compile decision weighs.
+work, so a probe costs well under a second for the small recipes and a few seconds for ViT-B); scaled to the
+micro-batch it gives the eager step time the compile decision weighs, and in both precisions it decides an
+eager run's precision.  A compiled run's precision is decided by `matmul_seconds` at the model's own shape.
 """
 
 from __future__ import annotations
@@ -18,12 +18,13 @@ from torch import nn
 from vitkit import host as hosts
 from vitkit.bench.flops import model_flops
 from vitkit.device import PrecisionChoice, autocast, choose_precision, time_pass
-from vitkit.models.configs import ModelConfig, image_size, in_channels
+from vitkit.models.configs import HybridConfig, ModelConfig, ViTConfig, image_size, in_channels
 from vitkit.train import compiled, distributed
 from vitkit.train.config import TrainConfig
 from vitkit.train.plan import HostChoices
 
 PROBE_FLOPS = 4e9  # forward + backward work of one probe pass (the batch is sized to it)
+MATMUL_ROWS = 8192  # a compiled model's precision probe: at most this many rows of its MLP matmul
 
 
 def probe_batch(model_config: ModelConfig, micro_batch: int) -> int:
@@ -57,26 +58,53 @@ def probe_pass(model: nn.Module, model_config: ModelConfig, images: int, device:
 
 def choose(config: TrainConfig, model: nn.Module, device: torch.device, *, micro_batch: int, accumulation: int,
            graphs: int, steps: int | None, budget_s: float | None, stored_precision: str | None = None) -> HostChoices:
-    """Precision and compilation for this run on this host, with their reasons (`stored_precision`: the choice of
-    an earlier invocation of the same run, which a resumed run keeps)."""
+    """Compilation, then precision, for this run on this host, with their reasons (`stored_precision`: the choice
+    of an earlier invocation of the same run, which a resumed run keeps).
+
+    The precision is measured the way the model will run: eagerly, a whole forward + backward in each precision
+    (for small models the casts autocast adds can cost more than bf16 saves); compiled, where Inductor fuses
+    the casts away, the model's largest matmul at its real rows (micro-batch x tokens).
+    """
     images = probe_batch(config.model, micro_batch)
     timed: dict[torch.dtype | None, float] = {}
 
-    def measure(dtype: torch.dtype | None) -> float:
+    def eager(dtype: torch.dtype | None) -> float:
         if dtype not in timed:
             timed[dtype] = probe_pass(model, config.model, images, device, dtype)
         return timed[dtype]
 
+    wants_timing = config.run.compile == "auto" and (steps is not None or budget_s is not None)
+    eager_step_s = eager(None) * micro_batch / images * accumulation if wants_timing else 0.0
+    on, why = compiled.decide(config.run.compile, device, graphs=graphs, eager_step_s=eager_step_s, steps=steps,
+                              budget_s=budget_s)
     if stored_precision in ("fp32", "bf16") and config.run.precision == "auto":
         precision = PrecisionChoice(stored_precision, "auto: as this run's first invocation chose")
     else:
+        shape = matmul_shape(config.model, micro_batch)
+        measure = (lambda dtype: matmul_seconds(*shape, device, dtype)) if on and shape else eager
         precision = choose_precision(config.run.precision, device, measure)
-    wants_timing = config.run.compile == "auto" and (steps is not None or budget_s is not None)
-    eager_step_s = measure(precision.dtype) * micro_batch / images * accumulation if wants_timing else 0.0
-    on, why = compiled.decide(config.run.compile, device, graphs=graphs, eager_step_s=eager_step_s, steps=steps,
-                              budget_s=budget_s)
     return agreed(HostChoices(host=hosts.current(device).describe(), precision=precision.precision,
                               precision_reason=precision.reason, compiled=on, compile_reason=why), device)
+
+
+def matmul_shape(model_config: ModelConfig, micro_batch: int) -> tuple[int, int, int] | None:
+    """(rows, D, mlp_dim) of a ViT's first MLP matmul in training: micro-batch x the tokens PatchDropout keeps
+    (at most MATMUL_ROWS); None for other families."""
+    vit = getattr(model_config, "vit", model_config)
+    if not isinstance(vit, ViTConfig) or isinstance(model_config, HybridConfig):
+        return None
+    patches = (vit.img_size // vit.patch_size) ** 2
+    tokens = max(1, round(patches * (1 - vit.patch_dropout))) + (vit.pool == "token")
+    return min(micro_batch * tokens, MATMUL_ROWS), vit.hidden_size, vit.mlp_dim
+
+
+def matmul_seconds(rows: int, inner: int, outer: int, device: torch.device, dtype: torch.dtype | None) -> float:
+    """Seconds of one (rows x inner) . (inner x outer) product in `dtype` (None = fp32), the fastest of a few."""
+    generator = torch.Generator().manual_seed(0)
+    x, w = (torch.randn(shape, generator=generator).to(device, dtype or torch.float32)
+            for shape in ((rows, inner), (outer, inner)))
+    with torch.no_grad():
+        return time_pass(lambda: torch.nn.functional.linear(x, w), device, repeats=5)
 
 
 def agreed(picked: HostChoices, device: torch.device) -> HostChoices:
