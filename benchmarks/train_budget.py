@@ -40,6 +40,7 @@ from pathlib import Path
 from vitkit import host as hosts
 from vitkit.bench.records import append_row
 from vitkit.eval.evaluator import one_view_note
+from vitkit.train.plan_text import plan_lines
 from vitkit.train.resolve import Request, resolve
 from vitkit.train.trainer import train
 
@@ -62,7 +63,7 @@ def run_once(uri: str, minutes: float | None, overrides: list[str], warm_cache: 
     out = time.strftime("runs/bench-%Y%m%d-%H%M%S")  # a fresh run, never a resume
     budget = None if minutes is None else minutes - EXIT_MINUTES
     config = resolve(Request(data=uri, out=out, max_minutes=budget, overrides=tuple(overrides), quiet=True)).config
-    result = train(config)
+    result = train(config, on_plan=lambda plan: [logging.info("%s", line) for line in plan_lines(plan)])
     test = result["test"]
     plan = result["plan"]
     return {"data": uri, "recipe": config.recipe, "budget_minutes": minutes, "top1": test["top1"], "top5": test["top5"],
