@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from helpers import tiny_config
+
 from vitkit.checkpoints import read
 from vitkit.cli import main
 from vitkit.data.sources import SourceInfo, load_split

@@ -8,7 +8,8 @@ import sys
 
 from vitkit.cli.flags import emit
 
-STUDIES = ("data-size", "compute", "posemb", "head", "shape", "mpp", "attention", "speed")
+STUDIES = ("data-size", "compute", "posemb", "head", "shape", "mpp", "attention", "speed", "transfer")
+TRANSFER_ONLY = ("pretrain_data", "init", "families")  # flags of the transfer study alone
 
 
 def add_reproduce(sub: argparse._SubParsersAction) -> None:
@@ -16,7 +17,8 @@ def add_reproduce(sub: argparse._SubParsersAction) -> None:
         "reproduce",
         help="run one of the paper's experiments as a study and report it beside the paper's numbers",
         description="Studies: data-size (Sec. 4.3), compute (Sec. 4.4), posemb (App. D.4), head (App. D.3), "
-        "shape (App. D.2), mpp (Sec. 4.6), attention (Sec. 4.5), speed (App. D.5).  Every arm is a "
+        "shape (App. D.2), mpp (Sec. 4.6), attention (Sec. 4.5), speed (App. D.5), transfer (Sec. 3.2, 4.2: "
+        "pre-train, then fine-tune, against the target alone).  Every arm is a "
         "run directory under --out: re-running the same command resumes a killed study and reuses "
         "finished arms.",
     )
@@ -41,6 +43,13 @@ def add_reproduce(sub: argparse._SubParsersAction) -> None:
         help="torch CPU threads per arm (0 = torch's default; 1 is fastest for small models on a busy CPU)",
     )
     parser.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda, cuda:1, ...")
+    parser.add_argument("--pretrain-data", default="", metavar="URI",
+                        help="transfer: the source to pre-train on (default: the target's own training split, "
+                        "which tests the mechanics only)")
+    parser.add_argument("--init", default="", metavar="RUN",
+                        help="transfer: a pre-trained ViT checkpoint or run directory instead of pre-training one")
+    parser.add_argument("--families", action="store_true",
+                        help="transfer: also pre-train and fine-tune the BiT ResNet and the hybrid of similar FLOPs")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(handler=run_reproduce)
 
@@ -50,6 +59,9 @@ def run_reproduce(args: argparse.Namespace) -> int:
     from vitkit.reproduce.arms import StudyInterrupted
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
+    given = [f"--{key.replace('_', '-')}" for key in TRANSFER_ONLY if getattr(args, key)]
+    if given and args.study != "transfer":
+        raise ValueError(f"{', '.join(given)}: only the transfer study takes these flags")
     name = args.data.split(":")[0]
     out = args.out or f"runs/reproduce/{args.study}-{name}"
     request = StudyRequest(
@@ -59,6 +71,9 @@ def run_reproduce(args: argparse.Namespace) -> int:
         out=out,
         threads=args.threads,
         device=args.device,
+        pretrain_data=args.pretrain_data,
+        init=args.init,
+        families=args.families,
     )
     try:
         summary = reproduce(args.study, request)

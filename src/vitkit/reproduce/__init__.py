@@ -10,6 +10,7 @@
 | mpp         | Sec. 4.6, App. B.1.2         | mpp.py         |
 | attention   | Sec. 4.5, Figure 7 right     | attention.py   |
 | speed       | App. D.5, Figure 12          | speed.py       |
+| transfer    | Sec. 3.2, 4.2, Tables 2, 5   | transfer.py    |
 
 spec.py holds what a study is made of (request, context, arms, claims), study.py runs a study (plan ->
 arms -> analysis -> report), arms.py runs and measures one arm (a normal run directory: killed studies
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vitkit.reproduce import attention, compute, data_size, head, mpp, posemb, shape, speed
+from vitkit.reproduce import attention, compute, data_size, head, mpp, posemb, shape, speed, transfer
 from vitkit.reproduce.spec import Study, StudyRequest
 from vitkit.reproduce.study import run_study
 
@@ -35,6 +36,7 @@ STUDIES: dict[str, Study] = {
     "mpp": mpp.STUDY,
     "attention": attention.STUDY,
     "speed": speed.STUDY,
+    "transfer": transfer.STUDY,
 }
 
 __all__ = ["STUDIES", "Study", "StudyRequest", "get_study", "reproduce", "run_study"]

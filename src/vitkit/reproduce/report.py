@@ -56,6 +56,10 @@ def command(study: Study, context: Context) -> str:
         f"vitkit reproduce {study.name} --data {request.data} --budget-minutes {request.budget_minutes:g} "
         f"--seeds {request.seeds} --out {request.out}"
     )
+    for key in study.options:  # the study's own flags, where set: --pretrain-data URI, --families
+        value = getattr(request, key)
+        if value:
+            line += f" --{key.replace('_', '-')}" + ("" if value is True else f" {value}")
     return line + (f" --threads {request.threads}" if request.threads else "")
 
 

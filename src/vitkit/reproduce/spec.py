@@ -30,6 +30,10 @@ class StudyRequest:
     out: str = ""  # the study directory
     threads: int = 0  # torch CPU threads per arm (0 = torch's default)
     device: str = "auto"
+    # the transfer study only (reproduce/transfer.py):
+    pretrain_data: str = ""  # source URI to pre-train on ("" = the target's own training split: mechanics only)
+    init: str = ""  # a pre-trained ViT checkpoint or run directory to start from instead of pre-training one
+    families: bool = False  # also pre-train and fine-tune the BiT ResNet and the hybrid of similar FLOPs
 
     def __post_init__(self) -> None:
         if self.budget_minutes <= 0:
@@ -125,6 +129,7 @@ class Study:
     plan: Callable[[Context], list[Arm]]
     analyse: Callable[[Context, list[dict[str, Any]]], Analysis]
     run_arm: ArmRunner | None = None  # None: train the arm and measure it (arms.run_train_arm)
+    options: tuple[str, ...] = ()  # StudyRequest fields beyond data and budget that decide the arms (study.json)
 
 
 # ------------------------------------------------------------------------ reading the records

@@ -73,14 +73,20 @@ class Resolved:
     warnings: list[str] = field(default_factory=list)
 
 
-def resolve(request: Request) -> Resolved:
-    """The complete config for `request` (see the module docstring)."""
+def resolve(request: Request, *, source_model: ModelConfig | None = None) -> Resolved:
+    """The complete config for `request` (see the module docstring).
+
+    `source_model` is the model config of `request.init_from` where that checkpoint does not exist yet (a study
+    plans its fine-tuning arms before their pre-training arm has run); otherwise it is read from the checkpoint.
+    """
     parse_uri(request.data)  # a clear error for a bad URI before anything else
     columns = dict(o.split("=", 1) for o in request.overrides if o.startswith(("data.image_column=", "data.label_column=")))
     info = describe(request.data, image_column=columns.get("data.image_column", ""),
                     label_column=columns.get("data.label_column", ""))  # hf: columns, needed to count classes
     chose = request.recipe is None
-    source = read(find_checkpoint(request.init_from)).model.config if request.init_from else None
+    source = source_model
+    if request.init_from and source is None:
+        source = read(find_checkpoint(request.init_from)).model.config
     name = auto_recipe_name(info) if chose else request.recipe
     if source is not None and chose:  # a small-data checkpoint is fine-tuned as one, on a CPU
         name = "finetune-small" if image_size(source) < PAPER_RESOLUTION else "paper-finetune"
