@@ -34,6 +34,7 @@ import sys
 import time
 import types
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -46,6 +47,7 @@ from vitkit.bench.throughput import (
     time_steps,
     training_step,
 )
+from vitkit.bench.records import append_row
 from vitkit.device import resolve_precision
 from vitkit.models import create_model
 
@@ -71,6 +73,7 @@ SPECS = {
     "ti224": Spec(img_size=224, patch_size=16, hidden_size=192, depth=12, num_heads=3, mlp_dim=768, num_classes=1000, batch_size=32),
 }
 LIBRARIES = ("vitkit", "timm", "hf")
+RESULTS = Path(__file__).resolve().parent / "results" / "compare.jsonl"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -283,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--with-exact-gelu", action="store_true",
                         help="also time vitkit with gelu=exact (timm's and HF's GELU) to isolate that cost")
     parser.add_argument("--json", action="store_true", help="also print one JSON object as the last line")
+    parser.add_argument("--no-record", action="store_true", help="do not append rows to results/compare.jsonl")
     args = parser.parse_args(argv)
     libraries = LIBRARIES + (("vitkit_erf",) if args.with_exact_gelu else ())
     names = [n for n in args.configs.split(",") if n]
@@ -313,9 +317,25 @@ def main(argv: list[str] | None = None) -> int:
             result.update(spec=spec.__dict__, wall_s=time.perf_counter() - start)
             out["configs"][name] = result
             print("\n".join(lines) + f"\n({result['wall_s']:.0f} s)", flush=True)
+            if not args.no_record:
+                record(name, spec, result, precisions, modes, default_precision, args)
     if args.json:
         print(json.dumps(out))
     return 0
+
+
+def record(name: str, spec: Spec, result: dict[str, Any], precisions, modes, default_precision: str,
+           args: argparse.Namespace) -> None:
+    """One row per (mode, precision) in results/compare.jsonl: each library's images/s and vitkit's ratios."""
+    rates = result["images_per_s"]
+    for mode in modes:
+        for precision in precisions:
+            figures = {f"{lib}_img_s": round(rates[f"{lib}/{precision}/{mode}"], 2) for lib in LIBRARIES}
+            append_row(RESULTS, {"config": name, "spec": spec.__dict__, "mode": mode, "precision": precision,
+                                 "vitkit_default_precision": default_precision, **figures,
+                                 "vs_timm": round(figures["vitkit_img_s"] / figures["timm_img_s"], 3),
+                                 "vs_hf": round(figures["vitkit_img_s"] / figures["hf_img_s"], 3),
+                                 "rounds": args.rounds, "steps": args.steps})
 
 
 if __name__ == "__main__":
