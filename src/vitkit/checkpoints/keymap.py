@@ -34,7 +34,7 @@ LAYOUTS: dict[str, Layout] = {
     "heads_bias": (lambda t, k: t.reshape(-1), lambda t, k: t.reshape(k, -1)),
     # its out kernel (k, D_h, D) <-> Linear weight (D, k·D_h)
     "heads_out": (lambda t, k: t.reshape(-1, t.shape[-1]).T, lambda t, k: t.T.reshape(k, -1, t.shape[0])),
-    # old Flax linen stored GroupNorm scale/bias unsqueezed, (1, 1, 1, C) (flax issue 1721)
+    # old Flax linen stored GroupNorm scale/bias unsqueezed, (1, 1, 1, C) (Flax GitHub #1721)
     "squeeze": (lambda t, k: t.reshape(-1), lambda t, k: t),
 }
 LAYOUT_DIMS = {"dense": 2, "conv": 4, "heads_in": 3, "heads_bias": 2, "heads_out": 3}  # a foreign tensor's rank
