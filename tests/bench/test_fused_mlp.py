@@ -14,8 +14,11 @@ TINY = dict(num_classes=5, img_size=32, patch_size=8, hidden_size=32, depth=2, n
 
 @pytest.fixture(autouse=True)
 def fresh_probes(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each test probes the kernels afresh (the probes are once per process)."""
+    """Each test probes the kernels afresh (the probes are once per process), and the fused kernel counts as the
+    faster one unless a test times it."""
     monkeypatch.setattr(kernels, "_probes", {})
+    monkeypatch.setattr(kernels, "_faster", {})
+    monkeypatch.setattr(kernels, "_fused_is_faster", lambda *args: True)
 
 
 def _model(gelu: str):
@@ -118,3 +121,30 @@ def test_fused_path_only_without_autograd_or_tracing() -> None:
     images = torch.randn(2, 3, 32, 32, requires_grad=True)
     model(images).sum().backward()  # gradients flow through the plain path
     assert images.grad is not None and model.blocks[0].mlp.fc1.weight.grad.abs().sum() > 0
+
+
+def test_the_fused_kernel_runs_only_where_it_measures_faster(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Timed once per shape class: where the dense layer + GELU measure faster (oneDNN's AVX2 dense layer can
+    lose to BLAS's), the plain ops run, with the plain ops' result bit for bit."""
+    monkeypatch.undo()
+    monkeypatch.setattr(kernels, "_probes", {})
+    monkeypatch.setattr(kernels, "_faster", {})
+    ticks = iter(range(1000))
+    monkeypatch.setattr(kernels.time, "perf_counter", lambda: next(ticks))
+    calls = []
+    real = kernels._linear_pointwise
+
+    def slow_fused(*args):  # each timed call of the fused kernel costs an extra tick: it measures slower
+        calls.append(1)
+        next(ticks)
+        return real(*args)
+
+    monkeypatch.setattr(kernels, "_linear_pointwise", slow_fused)
+    fc = torch.nn.Linear(24, 40)
+    x = torch.randn(5, 24)
+    with torch.inference_mode():
+        assert kernels.fused_linear_gelu(x, fc, "tanh") is None and kernels.fused_linear_gelu(x, fc, "tanh") is None
+        out = kernels.linear_gelu(x, fc, "tanh")
+    assert list(kernels._faster.values()) == [False] and len(kernels._faster) == 1  # timed once: (f32, tanh, 8, 40, 24)
+    assert torch.equal(out, kernels.gelu(torch.nn.functional.linear(x, fc.weight, fc.bias), "tanh"))
+    assert len(calls) == 2 + 4  # the correctness probe's two calls, then one untimed and three timed

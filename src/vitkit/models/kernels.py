@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import time
 from typing import Any, Callable, Literal
 
 import torch
@@ -214,6 +215,8 @@ def fused_linear_gelu(x: Tensor, fc: nn.Linear, approximate: Approximate) -> Ten
     if not probed(FUSED_LINEAR_GELU, x.dtype, lambda: _check_linear_gelu(x.dtype)):
         return None
     try:
+        if not _fused_is_faster(x, weight, bias, approximate):
+            return None
         return _linear_pointwise(x, weight, bias, approximate)
     except RuntimeError as err:  # e.g. oneDNN has no primitive for this dtype on this CPU
         disable(FUSED_LINEAR_GELU, x.dtype, err)
@@ -221,6 +224,29 @@ def fused_linear_gelu(x: Tensor, fc: nn.Linear, approximate: Approximate) -> Ten
 
 
 FUSED_LINEAR_GELU = "oneDNN fused dense + GELU"
+_faster: dict[tuple, bool] = {}  # (dtype, approximate, rows class, in, out) -> the fused kernel measured faster
+
+
+def _fused_is_faster(x: Tensor, weight: Tensor, bias: Tensor | None, approximate: Approximate) -> bool:
+    """Whether the fused kernel beats the dense layer + GELU at this shape class on this host: timed once per
+    (dtype, rows rounded up to a power of two, in, out), the fastest of three each (oneDNN's AVX2 dense layer
+    can be slower than the BLAS one the plain path calls, by more than the pass it saves)."""
+    rows = x.numel() // x.shape[-1]
+    key = (x.dtype, approximate, 1 << max(rows - 1, 0).bit_length(), *weight.shape)
+    if key not in _faster:
+        def best(run: Callable[[], Tensor]) -> float:
+            run()
+            times = []
+            for _ in range(3):
+                began = time.perf_counter()
+                run()
+                times.append(time.perf_counter() - began)
+            return min(times)
+
+        fused = best(lambda: _linear_pointwise(x, weight, bias, approximate))
+        plain = best(lambda: gelu(F.linear(x, weight, bias), approximate))
+        _faster[key] = fused < plain
+    return _faster[key]
 
 
 def _linear_pointwise(x: Tensor, weight: Tensor, bias: Tensor | None, approximate: Approximate) -> Tensor:
