@@ -175,9 +175,10 @@ def figure(context: Context, records: list, g: Grid) -> None:
             names = [f"{kind}-{family}@{tag(n)}" for n in g.labels]
             if all(name in values for name in names):
                 stats = [mean_sd(values[name]) for name in names]
+                marker = "x" if kind == "scratch-total" else MARKERS[family]  # colour: the family; dashes: scratch
                 series.append(Series(f"{FAMILY_NAMES[family]} {label}", xs, [m for m, _ in stats],
-                                     [sd for _, sd in stats], marker=MARKERS[family], dashed=kind != "finetune",
-                                     color=COLORS[family] if kind == "finetune" else None))
+                                     [sd for _, sd in stats], marker=marker, dashed=kind != "finetune",
+                                     color=COLORS[family]))
     table5 = paper.TABLE_5_B16_CIFAR10
     draw(context.out / "transfer.png", [
         Panel("Paper, Table 5: ViT-B/16 on CIFAR-10", "pre-training set", "top-1 (%)",
