@@ -13,6 +13,7 @@ import pytest
 import torch
 from helpers import tiny_config
 
+from shardkit import numbered_shards
 from vitkit.checkpoints import read
 from vitkit.cli import main
 from vitkit.data.sources import SourceInfo, load_split
@@ -23,6 +24,7 @@ from vitkit.train.recipes import auto_recipe_name, get_recipe
 from vitkit.train.resolve import Request, resolve
 from vitkit.train.sweep import budget_split, final_config, trial_config
 
+SHARDS = Path(__file__).resolve().parents[3] / "shared" / "data" / "tiny-imagenet"
 TINY_IMAGENET = SourceInfo(uri="wds:x", num_train=40_400, num_classes=202, image_size=64, channels=3, in_memory=False)
 
 
@@ -120,3 +122,20 @@ def test_labels_per_class_flag_reaches_the_run_and_its_splits(tmp_path: Path) ->
     assert len(final.train) == 200 and len(final.test) == 359  # then all 20 per class, tested on the fixed hold-out
     with pytest.raises(ValueError, match="not combined with train_fraction"):
         resolve(Request(data="digits", labels_per_class=5, overrides=("data.train_fraction=0.5",), out="x"))
+
+
+def test_train_only_shards_train_and_report_their_fixed_hold_out(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    numbered_shards(tmp_path / "wds", [30, 30], classes=4)  # 15 images a class, train-* shards only
+    code = main(["train", "--data", f"wds:{tmp_path / 'wds'}", "--recipe", "small-8px-tiny", "--out",
+                 str(tmp_path / "run"), "--json", "--set", "data.steps=2", "--set", "run.threads=1"])
+    assert code == 0, capsys.readouterr().err[-2000:]
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["test"]["count"] == 12 and result["plan"]["num_train"] == 48  # 3 of every 15 held out
+
+
+@pytest.mark.slow  # reads the labels of 50,500 shard samples: about 4 s
+@pytest.mark.skipif(not SHARDS.is_dir(), reason="the Tiny-ImageNet shards (../shared/data) are absent")
+def test_the_tiny_imagenet_shards_pick_the_pretraining_recipe() -> None:
+    resolved = resolve(Request(data=f"wds:{SHARDS}", max_minutes=60, out="x"))
+    assert resolved.config.recipe == "small-64px-pretrain" and resolved.config.data.epochs == 0  # by the clock
+    assert (resolved.info.num_train, resolved.info.num_classes, resolved.info.image_size) == (40_400, 202, 64)
