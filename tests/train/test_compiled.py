@@ -121,7 +121,7 @@ def test_compiled_run_compiles_before_the_loop_and_matches_eager(tmp_path: Path,
     Inductor draws random numbers its own way; `fallback_random` makes it draw as eager does, so the
     PatchDropout subsets are the same in both runs.
     """
-    overrides = ("data.steps=6", "model.dropout=0", "model.patch_dropout=0.5", "data.patch_dropout_until=0.5")
+    overrides = ("data.steps=6", "model.dropout=0", "model.patch_dropout=0.5", "model.patch_dropout_until=0.5")
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     # (config.patch, not monkeypatch: monkeypatch's undo deletes inductor's config entry for later tests)
@@ -148,7 +148,7 @@ class _Exploding(torch.nn.Module):
 def test_failed_compilation_trains_eagerly(tmp_path: Path, caplog, monkeypatch) -> None:
     """The warm-up's failure is reported and the run goes on eagerly: same weights as a plain eager run."""
     monkeypatch.setattr(compiled, "compile_for_training", lambda model, device: _Exploding())
-    overrides = ("data.steps=4", "model.patch_dropout=0.5", "data.patch_dropout_until=0.5")
+    overrides = ("data.steps=4", "model.patch_dropout=0.5", "model.patch_dropout_until=0.5")
     with caplog.at_level(logging.WARNING, logger="vitkit.train"):
         result = trainer.train(tiny_config(tmp_path / "fallback", *overrides, "run.compile=on"))
     assert "torch.compile failed (RuntimeError: C++ compile failed" in caplog.text and result["status"] == "finished"

@@ -65,6 +65,10 @@ def test_removed_fields_of_a_stored_run_are_read_where_neutral() -> None:
     config = from_dict(json.loads(json.dumps(old)))
     assert config.run.compile == "on" and config == dataclasses.replace(
         get_recipe("small-8px-tiny", INFO), run=dataclasses.replace(config.run, compile="on"))
+    moved = {**stored, "data": {**stored["data"], "patch_dropout_until": 0.8}}  # PatchDropout's settings: one group
+    assert from_dict(json.loads(json.dumps(moved))).model.patch_dropout_until == 0.8
+    with pytest.raises(ValueError, match="moved to model.patch_dropout_until"):
+        apply_overrides(get_recipe("small-8px-tiny", INFO), ["data.patch_dropout_until=0.5"])
     with pytest.raises(ValueError, match="progressive resolution was removed"):
         from_dict({**stored, "data": {**stored["data"], "resolutions": [4], "resolution_until": [0.5]}})
     with pytest.raises(ValueError, match="run.compile must be auto, on or off"):
@@ -88,7 +92,7 @@ def test_auto_recipe_by_resolution() -> None:
 
 
 def test_the_plan_states_the_patch_dropout_phase() -> None:
-    plan = make_plan(apply_overrides(get_recipe("small-32px", INFO), ["data.patch_dropout_until=0.6"]), num_train=1000)
+    plan = make_plan(apply_overrides(get_recipe("small-32px", INFO), ["model.patch_dropout_until=0.6"]), num_train=1000)
     assert plan.patch_dropout == (0.75, 0.6) and plan.to_dict()["patch_dropout"] == [0.75, 0.6]
     assert "PatchDropout: 0.75 until 60%, then every patch" in plan_lines(plan)
     plain = make_plan(apply_overrides(get_recipe("small-32px", INFO), ["model.patch_dropout=0"]), num_train=1000)

@@ -89,11 +89,11 @@ def test_patch_dropout_is_switched_off_where_the_schedule_says(tmp_path: Path) -
         return _weights(tmp_path / name / "checkpoints" / "final")
 
     plain = final("plain")
-    off = final("off", "model.patch_dropout=0.5", "data.patch_dropout_until=0")  # off from the first step
-    on = final("on", "model.patch_dropout=0.5", "data.patch_dropout_until=0.5")
+    off = final("off", "model.patch_dropout=0.5", "model.patch_dropout_until=0")  # off from the first step
+    on = final("on", "model.patch_dropout=0.5", "model.patch_dropout_until=0.5")
     assert all(torch.equal(plain[k], off[k]) for k in plain)
     assert max((plain[k] - on[k]).abs().max() for k in plain) > 1e-4
-    shorter = final("shorter", "model.patch_dropout=0.5", "data.patch_dropout_until=0.2")
+    shorter = final("shorter", "model.patch_dropout=0.5", "model.patch_dropout_until=0.2")
     assert max((on[k] - shorter[k]).abs().max() for k in on) > 1e-4
 
 

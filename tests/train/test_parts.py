@@ -157,7 +157,7 @@ def test_real_sigterm_is_caught_while_installed_and_handlers_restored() -> None:
 def test_the_warm_up_estimate_weighs_each_phase_by_its_share() -> None:
     config = apply_overrides(tiny_config(Path("/unused"), "data.steps=100", "data.batch_size=100",
                                          "data.micro_batch_size=50"), ["model.patch_dropout=0.5",
-                                                                         "data.patch_dropout_until=0.6"])
+                                                                         "model.patch_dropout_until=0.6"])
     timings = {(0.5, 8): 0.1, (0.0, 8): 0.2}  # seconds per micro-batch of 50 images
     plan = make_plan(config, num_train=1000, timings=timings, eval_images=300)
     step_s = 0.6 * 2 * 0.1 + 0.4 * 2 * 0.2  # 60% of the steps at PatchDropout, 2 micro-batches each
@@ -171,7 +171,7 @@ def test_the_warm_up_estimate_weighs_each_phase_by_its_share() -> None:
 def test_a_budget_alone_gives_each_phase_its_share_of_the_time() -> None:
     config = apply_overrides(tiny_config(Path("/unused"), "data.batch_size=100", "data.micro_batch_size=50",
                                          "run.max_minutes=1", "data.epochs=0", "data.steps=0"),
-                             ["model.patch_dropout=0.5", "data.patch_dropout_until=0.6"])
+                             ["model.patch_dropout=0.5", "model.patch_dropout_until=0.6"])
     timings = {(0.5, 8): 0.1, (0.0, 8): 0.2}
     plan = make_plan(config, num_train=1000, timings=timings, budget_s=10.0)
     fit = 0.6 * 10.0 / (2 * 0.1) + 0.4 * 10.0 / (2 * 0.2)  # 60% of the time at 0.2 s a step, 40% at 0.4 s

@@ -52,7 +52,7 @@ def test_64px_sources_of_tens_of_thousands_of_images_pretrain_a_vit_with_a_pre_l
     model = config.model
     assert (model.img_size, model.patch_size, model.hidden_size, model.depth, model.num_heads) == (64, 8, 192, 6, 3)
     assert model.representation_size == 192 and model.num_classes == 202 and model.patch_dropout == 0.75
-    assert config.optim.name == "muon" and config.augment.pad == 8 and config.data.patch_dropout_until == 0.8
+    assert config.optim.name == "muon" and config.augment.pad == 8 and config.model.patch_dropout_until == 0.8
     tuned = get_recipe("finetune-small", TINY_IMAGENET)
     assert (tuned.optim.name, tuned.optim.momentum, tuned.optim.schedule, tuned.optim.weight_decay) == ("sgd", 0.9,
                                                                                                      "cosine", 0.0)

@@ -100,6 +100,7 @@ class ViTConfig:
     drop_path: float = 0.0  # stochastic depth, maximal rate at the last block (not in the paper; an option)
     patch_dropout: float = 0.0  # training drops this fraction of each image's patch tokens (Liu et al. 2023; an option)
     patch_dropout_keep: PatchKeep = "random"  # PatchDropout keeps random tokens, or "content": varying pixels first
+    patch_dropout_until: float = 1.0  # PatchDropout lasts until this fraction of the training schedule, then every patch
     layer_norm_eps: float = 1e-6  # official code (Flax default); timm 1e-6, HF 1e-12
     gelu: Gelu = "tanh"  # Flax's nn.gelu is the tanh approximation; timm and HF use exact erf
     qkv_bias: bool = True  # official code has biases on q, k, v and out
@@ -135,6 +136,7 @@ class ViTConfig:
         check_int("representation_size", self.representation_size, 1, MAX_WIDTH, optional=True)
         for name in ("dropout", "attention_dropout", "drop_path", "patch_dropout"):
             check_number(name, getattr(self, name), 0.0, 1.0, open_high=True)
+        check_number("patch_dropout_until", self.patch_dropout_until, 0.0, 1.0)
         check_number("layer_norm_eps", self.layer_norm_eps, 0.0, 1.0, open_low=True)
         choices = {"pool": Pool, "posemb": PosEmb, "posemb_where": PosEmbWhere, "gelu": Gelu, "attn_impl": AttnImpl,
                    "init": Init, "patch_dropout_keep": PatchKeep}  # fmt: skip

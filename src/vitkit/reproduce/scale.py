@@ -99,7 +99,7 @@ def base_config(info: SourceInfo, scale: Scale, *, threads: int = 0, device: str
         config,
         recipe=f"study({name})",
         model=model,
-        data=dataclasses.replace(config.data, val_fraction=VAL_FRACTION, patch_dropout_until=1.0),
+        data=dataclasses.replace(config.data, val_fraction=VAL_FRACTION),
         eval=dataclasses.replace(config.eval, every_epochs=0.0, final_split="test"),
         run=dataclasses.replace(
             config.run,

@@ -48,7 +48,6 @@ class DataConfig:
     max_in_memory_mb: int = 2048  # a decoded folder larger than this is read from files by DataLoader workers
     image_column: str = ""  # hf: sources: the image column when its type does not single it out
     label_column: str = ""  # hf: sources: the label column when its type does not single it out
-    patch_dropout_until: float = 1.0  # model.patch_dropout applies until this fraction of the schedule, then all patches
 
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.micro_batch_size < 0:
@@ -64,8 +63,6 @@ class DataConfig:
         if self.labels_per_class < 0 or (self.labels_per_class and self.train_fraction < 1.0):
             raise ValueError(f"labels_per_class must be >= 0 and is not combined with train_fraction < 1, got "
                              f"{self.labels_per_class} / {self.train_fraction}")
-        if not 0.0 <= self.patch_dropout_until <= 1.0:
-            raise ValueError(f"patch_dropout_until must be in [0, 1], got {self.patch_dropout_until}")
 
     @property
     def has_length(self) -> bool:
@@ -182,7 +179,7 @@ GROUPS = ("model", "data", "augment", "optim", "eval", "run", "mpp")
 
 _RESOLUTIONS = "progressive resolution was removed (it lost to training at the model's resolution); use --img-size"
 _LATER = ("stepped PatchDropout was removed (it lost to one rate); model.patch_dropout applies until "
-          "data.patch_dropout_until, then every patch")
+          "model.patch_dropout_until, then every patch")
 _TIERS = ("the run-length regularisation rule was removed; set model.drop_path and augment.pad (the recipe's "
           "fixed setting) directly")
 # Fields that lost their experiments and were removed: name -> (the value that did nothing, what to do instead).
@@ -192,6 +189,8 @@ REMOVED: dict[str, tuple[Any, str]] = {
     "optim.ema_warmup": (False, "the EMA warm-up was removed (it lost); optim.ema_decay averages from the first step"),
     "optim.light_below_epochs": (0.0, _TIERS), "optim.heavy_from_epochs": (0.0, _TIERS),
 }
+# Fields that moved: old key -> new key (PatchDropout's settings are one group, model.patch_dropout*).
+MOVED = {"data.patch_dropout_until": "model.patch_dropout_until"}
 
 
 def to_dict(config: TrainConfig) -> dict[str, Any]:
@@ -210,6 +209,7 @@ def from_dict(data: dict[str, Any]) -> TrainConfig:
     unknown = sorted(set(data) - set(GROUPS) - {"recipe"})
     if unknown:
         raise ValueError(f"unknown train config key(s) {unknown}")
+    data = _moved(data)
     parts: dict[str, Any] = {"recipe": data.get("recipe", "custom"), "model": config_from_dict(data["model"])}
     for name, cls in groups.items():
         if name == "mpp" and data.get("mpp") is None:
@@ -222,6 +222,19 @@ def from_dict(data: dict[str, Any]) -> TrainConfig:
             raise ValueError(f"unknown field(s) {bad} in {name} (valid: {sorted(names)})")
         parts[name] = cls(**{k: _from_json(v, hints[k]) for k, v in values.items()})
     return TrainConfig(**parts)
+
+
+def _moved(data: dict[str, Any]) -> dict[str, Any]:
+    """A stored config with its moved fields at their new keys (runs written before the move hold the old ones)."""
+    data = {key: dict(value) if isinstance(value, dict) else value for key, value in data.items()}
+    for old, new in MOVED.items():
+        group, name = old.split(".")
+        if name in data.get(group, {}):
+            value = data[group].pop(name)
+            target = data["model"].get("vit", data["model"]) if isinstance(data.get("model"), dict) else None
+            if target is not None and value != 1.0:  # a ViT's (or a hybrid's ViT's) field; 1.0 is its default
+                target[new.split(".")[1]] = value
+    return data
 
 
 def _without_removed(group: str, values: dict[str, Any]) -> dict[str, Any]:
@@ -265,6 +278,8 @@ def apply_overrides(config: TrainConfig, overrides: list[str] | tuple[str, ...])
             continue
         if key in REMOVED:
             raise ValueError(f"--set {key}: {REMOVED[key][1]}")
+        if key in MOVED:
+            raise ValueError(f"--set {key}: moved to {MOVED[key]}")
         if group not in GROUPS or not name or "." in name:
             raise ValueError(f"--set {key!r}: unknown key; use one of {', '.join(g + '.<field>' for g in GROUPS)}")
         if group == "mpp" and config.mpp is None:

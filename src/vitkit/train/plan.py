@@ -147,8 +147,9 @@ def count_params(model_config: Any) -> int:
 
 def patch_dropout_of(config: TrainConfig) -> tuple[float, float]:
     """(PatchDropout rate, the schedule fraction it lasts until); (0, 1) without PatchDropout."""
-    rate = float(getattr(vit_config(config.model), "patch_dropout", 0.0))
-    return (rate, config.data.patch_dropout_until) if rate > 0 else (0.0, 1.0)
+    vit = vit_config(config.model)
+    rate = float(getattr(vit, "patch_dropout", 0.0))
+    return (rate, float(getattr(vit, "patch_dropout_until", 1.0))) if rate > 0 else (0.0, 1.0)
 
 
 def schedule_of(config: TrainConfig, steps: int, lr: float) -> Schedule:

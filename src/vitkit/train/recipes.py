@@ -169,10 +169,10 @@ def small_28px(info: SourceInfo) -> TrainConfig:
     """
     model = ViTConfig(img_size=28, patch_size=4, in_chans=info.channels, num_classes=info.num_classes,
                       hidden_size=64, depth=4, num_heads=4, mlp_dim=256, pool="gap", gelu="exact", patch_dropout=0.75,
-                      patch_dropout_keep="content")
+                      patch_dropout_keep="content", patch_dropout_until=0.7)
     return TrainConfig(
         recipe="small-28px", model=model,
-        data=data_config(info, batch_size=128, epochs=30, workers=0, patch_dropout_until=0.7),
+        data=data_config(info, batch_size=128, epochs=30, workers=0),
         augment=AugmentConfig(crop="pad", pad=1, flip=flip(info), label_smoothing=0.1),
         optim=OptimConfig(name="muon", lr=2e-3, weight_decay=0.05, schedule="linear", warmup_fraction=0.03, clip_norm=1.0),
         eval=EvalConfig(every_epochs=0, batch_size=1000),  # every training image trains; --set eval.every_epochs=5 holds out a val part
@@ -197,10 +197,10 @@ def small_32px(info: SourceInfo) -> TrainConfig:
     """
     model = ViTConfig(img_size=32, patch_size=4, in_chans=info.channels, num_classes=info.num_classes,
                       hidden_size=192, depth=6, num_heads=3, mlp_dim=384, pool="gap", drop_path=0.1,
-                      patch_dropout=0.75, init="mimetic")
+                      patch_dropout=0.75, patch_dropout_until=0.8, init="mimetic")
     return TrainConfig(
         recipe="small-32px", model=model,
-        data=data_config(info, batch_size=256, epochs=100, workers=2, patch_dropout_until=0.8),
+        data=data_config(info, batch_size=256, epochs=100, workers=2),
         augment=AugmentConfig(crop="pad", pad=4, flip=flip(info), label_smoothing=0.1),
         optim=OptimConfig(name="muon", lr=4e-3, muon_lr_scale=0.5, weight_decay=0.05, schedule="linear",  # Muon's
                           warmup_fraction=0.05, clip_norm=1.0),  # matrices at 2e-3, AdamW's at 4e-3

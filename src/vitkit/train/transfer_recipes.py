@@ -44,10 +44,10 @@ def small_64px_pretrain(info: SourceInfo) -> TrainConfig:
     """
     model = ViTConfig(img_size=64, patch_size=8, in_chans=info.channels, num_classes=info.num_classes,
                       hidden_size=192, depth=6, num_heads=3, mlp_dim=384, pool="gap", representation_size=192,
-                      drop_path=0.1, patch_dropout=0.75, init="mimetic")
+                      drop_path=0.1, patch_dropout=0.75, patch_dropout_until=0.8, init="mimetic")
     return TrainConfig(
         recipe="small-64px-pretrain", model=model,
-        data=data_config(info, batch_size=256, epochs=60, workers=2, patch_dropout_until=0.8),
+        data=data_config(info, batch_size=256, epochs=60, workers=2),
         augment=AugmentConfig(crop="pad", pad=8, flip=flip(info), label_smoothing=0.1),
         optim=OptimConfig(name="muon", lr=4e-3, muon_lr_scale=0.5, weight_decay=0.05, schedule="linear",
                           warmup_fraction=0.05, clip_norm=1.0),
