@@ -19,9 +19,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "checkpoints"))
 
-import conftest  # noqa: E402
 import test_official as off  # noqa: E402
 
+import conftest  # noqa: E402
 from vitkit.checkpoints import Checkpoint, read, write  # noqa: E402
 from vitkit.checkpoints.onnx_export import check_onnx, export_onnx  # noqa: E402
 from vitkit.models import build_model  # noqa: E402
@@ -37,7 +37,9 @@ def main() -> None:
         np.savez(tmp / "o.npz", **arrays)
         with torch.no_grad():
             ours = read(tmp / "o.npz").model(images).double().numpy()
-        out[f"official_{pool}_rep{rep}_vs_numpy"] = float(np.abs(ours - off.reference_logits(arrays, images.numpy())).max())
+        out[f"official_{pool}_rep{rep}_vs_numpy"] = float(
+            np.abs(ours - off.reference_logits(arrays, images.numpy())).max()
+        )
     hybrid = conftest.randomise(build_model(off.HYBRID))
     arrays = off.official.from_vitkit(Checkpoint(model=hybrid))
     np.savez(tmp / "h.npz", **arrays)
@@ -47,7 +49,15 @@ def main() -> None:
 
     import transformers
 
-    hf_config = transformers.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=32, patch_size=8, num_labels=5)
+    hf_config = transformers.ViTConfig(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        image_size=32,
+        patch_size=8,
+        num_labels=5,
+    )
     reference = transformers.ViTForImageClassification(hf_config).eval()
     with torch.no_grad():
         for p in reference.parameters():
@@ -65,10 +75,16 @@ def main() -> None:
     export_onnx(model, tmp / "m.onnx")
     out["onnx_vs_pytorch_batch3"] = check_onnx(model, tmp / "m.onnx", batch_size=3)
     for target in ("timm", "hf", "official"):
-        m = conftest.randomise(build_model(conftest.TINY.__class__(**{**conftest.TINY.__dict__, "gelu": "exact" if target == "timm" else "tanh"})))
+        m = conftest.randomise(
+            build_model(
+                conftest.TINY.__class__(**{**conftest.TINY.__dict__, "gelu": "exact" if target == "timm" else "tanh"})
+            )
+        )
         dst = write(Checkpoint(model=m), tmp / f"rt_{target}{'.npz' if target == 'official' else ''}", to=target)
         back = read(dst).model
-        out[f"roundtrip_{target}_max_abs_param_diff"] = max(float((a - b).abs().max()) for a, b in zip(m.state_dict().values(), back.state_dict().values()))
+        out[f"roundtrip_{target}_max_abs_param_diff"] = max(
+            float((a - b).abs().max()) for a, b in zip(m.state_dict().values(), back.state_dict().values())
+        )
     for key, value in out.items():
         print(f"{key:45s} {value:.3g}")
     print(json.dumps(out))

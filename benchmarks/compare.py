@@ -33,13 +33,15 @@ import statistics
 import sys
 import time
 import types
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from vitkit.bench.records import append_row
 from vitkit.bench.throughput import (
     inference_step,
     make_optimizer,
@@ -47,7 +49,6 @@ from vitkit.bench.throughput import (
     time_steps,
     training_step,
 )
-from vitkit.bench.records import append_row
 from vitkit.device import resolve_precision
 from vitkit.models import create_model
 
@@ -68,9 +69,20 @@ class Spec:
 
 SPECS = {
     # A CIFAR-size ViT (32x32, patch 4, 192 wide, 6 deep, 3 heads, MLP 768).
-    "cifar": Spec(img_size=32, patch_size=4, hidden_size=192, depth=6, num_heads=3, mlp_dim=768, num_classes=10, batch_size=64),
+    "cifar": Spec(
+        img_size=32, patch_size=4, hidden_size=192, depth=6, num_heads=3, mlp_dim=768, num_classes=10, batch_size=64
+    ),
     # ViT-Ti/16 at 224 px, 1000 classes.
-    "ti224": Spec(img_size=224, patch_size=16, hidden_size=192, depth=12, num_heads=3, mlp_dim=768, num_classes=1000, batch_size=32),
+    "ti224": Spec(
+        img_size=224,
+        patch_size=16,
+        hidden_size=192,
+        depth=12,
+        num_heads=3,
+        mlp_dim=768,
+        num_classes=1000,
+        batch_size=32,
+    ),
 }
 LIBRARIES = ("vitkit", "timm", "hf")
 RESULTS = Path(__file__).resolve().parent / "results" / "compare.jsonl"
@@ -165,22 +177,37 @@ class _LogitsOnly(nn.Module):
 def build(library: str, spec: Spec) -> nn.Module:
     if library.startswith("vitkit"):  # "vitkit_erf": exact-erf GELU as timm and HF (vitkit's default is tanh, as Flax)
         return create_model(
-            "vit_ti16", num_classes=spec.num_classes, img_size=spec.img_size, patch_size=spec.patch_size,
-            hidden_size=spec.hidden_size, depth=spec.depth, num_heads=spec.num_heads, mlp_dim=spec.mlp_dim,
+            "vit_ti16",
+            num_classes=spec.num_classes,
+            img_size=spec.img_size,
+            patch_size=spec.patch_size,
+            hidden_size=spec.hidden_size,
+            depth=spec.depth,
+            num_heads=spec.num_heads,
+            mlp_dim=spec.mlp_dim,
             gelu="exact" if library == "vitkit_erf" else "tanh",
         )
     if library == "timm":
         timm_vit = import_timm_vit()
         return timm_vit(
-            img_size=spec.img_size, patch_size=spec.patch_size, embed_dim=spec.hidden_size, depth=spec.depth,
-            num_heads=spec.num_heads, mlp_ratio=spec.mlp_dim / spec.hidden_size, num_classes=spec.num_classes,
+            img_size=spec.img_size,
+            patch_size=spec.patch_size,
+            embed_dim=spec.hidden_size,
+            depth=spec.depth,
+            num_heads=spec.num_heads,
+            mlp_ratio=spec.mlp_dim / spec.hidden_size,
+            num_classes=spec.num_classes,
         )
     from transformers import ViTConfig as HFViTConfig
     from transformers import ViTForImageClassification
 
     config = HFViTConfig(
-        image_size=spec.img_size, patch_size=spec.patch_size, hidden_size=spec.hidden_size,
-        num_hidden_layers=spec.depth, num_attention_heads=spec.num_heads, intermediate_size=spec.mlp_dim,
+        image_size=spec.img_size,
+        patch_size=spec.patch_size,
+        hidden_size=spec.hidden_size,
+        num_hidden_layers=spec.depth,
+        num_attention_heads=spec.num_heads,
+        intermediate_size=spec.mlp_dim,
         num_labels=spec.num_classes,
     )
     return _LogitsOnly(ViTForImageClassification(config))
@@ -190,8 +217,15 @@ def build(library: str, spec: Spec) -> nn.Module:
 # Interleaved measurement
 
 
-def compare(spec: Spec, rounds: int, steps: int, warmup: int, precisions: tuple[str, ...], modes: tuple[str, ...],
-            libraries: tuple[str, ...] = LIBRARIES) -> dict[str, Any]:
+def compare(
+    spec: Spec,
+    rounds: int,
+    steps: int,
+    warmup: int,
+    precisions: tuple[str, ...],
+    modes: tuple[str, ...],
+    libraries: tuple[str, ...] = LIBRARIES,
+) -> dict[str, Any]:
     device = torch.device("cpu")
     gen = torch.Generator().manual_seed(0)
     images = torch.randn(spec.batch_size, 3, spec.img_size, spec.img_size, generator=gen)
@@ -205,7 +239,9 @@ def compare(spec: Spec, rounds: int, steps: int, warmup: int, precisions: tuple[
     for lib, model in models.items():
         for precision in precisions:
             steps_of[lib, precision, "inference"] = inference_step(model, images, device, precision)
-            steps_of[lib, precision, "training"] = training_step(model, optimizers[lib], images, labels, device, precision)
+            steps_of[lib, precision, "training"] = training_step(
+                model, optimizers[lib], images, labels, device, precision
+            )
     times: dict[tuple[str, str, str], list[float]] = {key: [] for key in steps_of}
     cpu_times: dict[tuple[str, str, str], list[float]] = {key: [] for key in steps_of}  # process CPU seconds
     for round_index in range(-1, rounds):  # round -1 is the warm-up
@@ -233,7 +269,9 @@ def compare(spec: Spec, rounds: int, steps: int, warmup: int, precisions: tuple[
     }
 
 
-def report(name: str, spec: Spec, result: dict[str, Any], default_precision: str, precisions, modes, clock: str) -> list[str]:
+def report(
+    name: str, spec: Spec, result: dict[str, Any], default_precision: str, precisions, modes, clock: str
+) -> list[str]:
     """Table and ratios by wall-clock ("images_per_s") or per CPU-second ("images_per_cpu_s")."""
     rates = result[clock]
     unit = "images/s" if clock == "images_per_s" else "images per CPU-second"
@@ -263,9 +301,14 @@ def report(name: str, spec: Spec, result: dict[str, Any], default_precision: str
             + f"{ours / timm_best:.2f}x timm's best precision, {ours / hf_best:.2f}x HF's best precision"
         )
     if "vitkit_erf/fp32/training" in rates:  # same numerics as timm and HF: isolates the GELU's cost
-        lines.append("vitkit with exact GELU (timm's and HF's numerics) / timm: " + ", ".join(
-            f"{mode} {p} {rates[f'vitkit_erf/{p}/{mode}'] / rates[f'timm/{p}/{mode}']:.2f}"
-            for mode in modes for p in precisions))
+        lines.append(
+            "vitkit with exact GELU (timm's and HF's numerics) / timm: "
+            + ", ".join(
+                f"{mode} {p} {rates[f'vitkit_erf/{p}/{mode}'] / rates[f'timm/{p}/{mode}']:.2f}"
+                for mode in modes
+                for p in precisions
+            )
+        )
         for mode in modes:
             for p in precisions:
                 ratios[f"{mode}/{p}/erf_vs_timm"] = rates[f"vitkit_erf/{p}/{mode}"] / rates[f"timm/{p}/{mode}"]
@@ -283,8 +326,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", default="training,inference", help="comma-separated: training, inference")
     parser.add_argument("--batch-size", type=int, default=None, help="override each config's batch")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's, one per core)")
-    parser.add_argument("--with-exact-gelu", action="store_true",
-                        help="also time vitkit with gelu=exact (timm's and HF's GELU) to isolate that cost")
+    parser.add_argument(
+        "--with-exact-gelu",
+        action="store_true",
+        help="also time vitkit with gelu=exact (timm's and HF's GELU) to isolate that cost",
+    )
     parser.add_argument("--json", action="store_true", help="also print one JSON object as the last line")
     parser.add_argument("--no-record", action="store_true", help="do not append rows to results/compare.jsonl")
     args = parser.parse_args(argv)
@@ -301,16 +347,20 @@ def main(argv: list[str] | None = None) -> int:
     out: dict[str, Any] = {"torch": torch.__version__, "default_precision": default_precision, "configs": {}}
     with num_threads(args.threads):
         out["threads"] = torch.get_num_threads()
-        print(f"torch {torch.__version__}, CPU, {out['threads']} threads; vitkit default precision here: {default_precision}")
+        print(
+            f"torch {torch.__version__}, CPU, {out['threads']} threads; vitkit default precision here: {default_precision}"
+        )
         for name in names:
             spec = SPECS[name]
             if args.batch_size:
                 spec = Spec(**{**spec.__dict__, "batch_size": args.batch_size})
             start = time.perf_counter()
             result = compare(spec, args.rounds, args.steps, args.warmup, precisions, modes, libraries)
-            head = (f"== {name}: {spec.img_size}px, P={spec.patch_size}, D={spec.hidden_size}, L={spec.depth}, "
-                    f"k={spec.num_heads}, MLP {spec.mlp_dim}, K={spec.num_classes}, batch {spec.batch_size}; "
-                    f"{result['params']:,} parameters in each library; medians of {args.rounds} rounds x {args.steps} steps")
+            head = (
+                f"== {name}: {spec.img_size}px, P={spec.patch_size}, D={spec.hidden_size}, L={spec.depth}, "
+                f"k={spec.num_heads}, MLP {spec.mlp_dim}, K={spec.num_classes}, batch {spec.batch_size}; "
+                f"{result['params']:,} parameters in each library; medians of {args.rounds} rounds x {args.steps} steps"
+            )
             lines = [head]
             for clock in ("images_per_s", "images_per_cpu_s"):
                 lines += report(name, spec, result, default_precision, precisions, modes, clock)
@@ -324,18 +374,29 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def record(name: str, spec: Spec, result: dict[str, Any], precisions, modes, default_precision: str,
-           args: argparse.Namespace) -> None:
+def record(
+    name: str, spec: Spec, result: dict[str, Any], precisions, modes, default_precision: str, args: argparse.Namespace
+) -> None:
     """One row per (mode, precision) in results/compare.jsonl: each library's images/s and vitkit's ratios."""
     rates = result["images_per_s"]
     for mode in modes:
         for precision in precisions:
             figures = {f"{lib}_img_s": round(rates[f"{lib}/{precision}/{mode}"], 2) for lib in LIBRARIES}
-            append_row(RESULTS, {"config": name, "spec": spec.__dict__, "mode": mode, "precision": precision,
-                                 "vitkit_default_precision": default_precision, **figures,
-                                 "vs_timm": round(figures["vitkit_img_s"] / figures["timm_img_s"], 3),
-                                 "vs_hf": round(figures["vitkit_img_s"] / figures["hf_img_s"], 3),
-                                 "rounds": args.rounds, "steps": args.steps})
+            append_row(
+                RESULTS,
+                {
+                    "config": name,
+                    "spec": spec.__dict__,
+                    "mode": mode,
+                    "precision": precision,
+                    "vitkit_default_precision": default_precision,
+                    **figures,
+                    "vs_timm": round(figures["vitkit_img_s"] / figures["timm_img_s"], 3),
+                    "vs_hf": round(figures["vitkit_img_s"] / figures["hf_img_s"], 3),
+                    "rounds": args.rounds,
+                    "steps": args.steps,
+                },
+            )
 
 
 if __name__ == "__main__":

@@ -32,7 +32,8 @@ import contextlib
 import json
 import statistics
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -68,8 +69,19 @@ def _backward(make: Callable[[], torch.Tensor], grad: torch.Tensor) -> Callable[
 
 
 def _model_step(patch_dropout: float, batch: int) -> Callable[[], None]:
-    config = ViTConfig(img_size=28, patch_size=4, in_chans=1, num_classes=10, hidden_size=64, depth=4, num_heads=4,
-                       mlp_dim=256, pool="gap", gelu="exact", patch_dropout=patch_dropout)
+    config = ViTConfig(
+        img_size=28,
+        patch_size=4,
+        in_chans=1,
+        num_classes=10,
+        hidden_size=64,
+        depth=4,
+        num_heads=4,
+        mlp_dim=256,
+        pool="gap",
+        gelu="exact",
+        patch_dropout=patch_dropout,
+    )
     model = VisionTransformer(config).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     images, labels = torch.randn(batch, 1, 28, 28), torch.randint(0, 10, (batch,))
@@ -174,8 +186,9 @@ def _gelu_deviation(way: Callable[[Tensor], Tensor], x: Tensor, grad: Tensor) ->
     return ((value - ref_value).abs() / scale).max().item(), ((grad_in - ref_grad).abs() / scale).max().item()
 
 
-def gelu_table(rounds: int, repeat: int, ways: dict[str, Callable[[Tensor], Tensor]],
-               shapes: dict[str, tuple[int, int, int]]) -> dict[str, Any]:
+def gelu_table(
+    rounds: int, repeat: int, ways: dict[str, Callable[[Tensor], Tensor]], shapes: dict[str, tuple[int, int, int]]
+) -> dict[str, Any]:
     """Median forward + backward ms of every way per shape and dtype, order rotated each round; the first is the base."""
     table: dict[str, Any] = {}
     names = list(ways)
@@ -183,8 +196,9 @@ def gelu_table(rounds: int, repeat: int, ways: dict[str, Callable[[Tensor], Tens
         for dtype in (torch.float32, torch.bfloat16):
             x = (2 * torch.randn(shape)).to(dtype).requires_grad_()
             grad = torch.randn(shape).to(dtype)
-            autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if dtype == torch.bfloat16
-                        else contextlib.nullcontext())
+            autocast = (
+                torch.autocast("cpu", dtype=torch.bfloat16) if dtype == torch.bfloat16 else contextlib.nullcontext()
+            )
 
             def run(fn: Callable[[Tensor], Tensor]) -> Callable[[], None]:
                 def once() -> None:
@@ -192,6 +206,7 @@ def gelu_table(rounds: int, repeat: int, ways: dict[str, Callable[[Tensor], Tens
                     with autocast:
                         out = fn(x)
                     out.backward(grad)
+
                 return once
 
             runs = {name: run(ways[name]) for name in names}
@@ -199,28 +214,36 @@ def gelu_table(rounds: int, repeat: int, ways: dict[str, Callable[[Tensor], Tens
                 once()
             times: dict[str, list[float]] = {name: [] for name in names}
             for index in range(rounds):
-                for name in names[index % len(names):] + names[: index % len(names)]:
+                for name in names[index % len(names) :] + names[: index % len(names)]:
                     times[name].append(_time(runs[name], repeat))
             torch_ms = statistics.median(times[names[0]])
             rows = {}
             for name in names:
                 value_dev, grad_dev = _gelu_deviation(ways[name], x, grad)
                 median = statistics.median(times[name])
-                rows[name] = {"ms": 1e3 * median, "speed_vs_torch": torch_ms / median,
-                              "value_dev": value_dev, "grad_dev": grad_dev}
+                rows[name] = {
+                    "ms": 1e3 * median,
+                    "speed_vs_torch": torch_ms / median,
+                    "value_dev": value_dev,
+                    "grad_dev": grad_dev,
+                }
             table[f"{shape_name} {tuple(shape)} {str(dtype).replace('torch.', '')}"] = rows
     return table
 
 
 def print_gelu_table(result: dict[str, Any]) -> None:
     compiled = ", compiled" if result["compiled"] else ""
-    print(f"{result['threads']} threads; tanh GELU forward + backward{compiled}, median of {result['rounds']} rotated rounds; "
-          "deviation from F.gelu(approximate='tanh') relative to max(|x|, 1)")
+    print(
+        f"{result['threads']} threads; tanh GELU forward + backward{compiled}, median of {result['rounds']} rotated rounds; "
+        "deviation from F.gelu(approximate='tanh') relative to max(|x|, 1)"
+    )
     for case, rows in result["gelu"].items():
         print(f"  {case}")
         for name, row in rows.items():
-            print(f"    {name:42s} {row['ms']:8.3f} ms  x{row['speed_vs_torch']:.2f}   "
-                  f"values {row['value_dev']:.1e}  gradients {row['grad_dev']:.1e}")
+            print(
+                f"    {name:42s} {row['ms']:8.3f} ms  x{row['speed_vs_torch']:.2f}   "
+                f"values {row['value_dev']:.1e}  gradients {row['grad_dev']:.1e}"
+            )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -237,10 +260,17 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     if args.gelu:
-        ways, shapes = ((compiled_gelu_ways(), {"small-32px": (256, 16, 384), **GELU_SHAPES}) if args.compiled
-                        else (GELU_WAYS, GELU_SHAPES))
-        gelu = {"threads": torch.get_num_threads(), "rounds": args.rounds, "compiled": args.compiled,
-                "gelu": gelu_table(args.rounds, 3, ways, shapes)}
+        ways, shapes = (
+            (compiled_gelu_ways(), {"small-32px": (256, 16, 384), **GELU_SHAPES})
+            if args.compiled
+            else (GELU_WAYS, GELU_SHAPES)
+        )
+        gelu = {
+            "threads": torch.get_num_threads(),
+            "rounds": args.rounds,
+            "compiled": args.compiled,
+            "gelu": gelu_table(args.rounds, 3, ways, shapes),
+        }
         print(json.dumps(gelu)) if args.json else print_gelu_table(gelu)
         return 0
     batch, tokens, bf16 = args.batch, args.tokens, torch.bfloat16
@@ -255,15 +285,26 @@ def main(argv: list[str] | None = None) -> int:
     rows = {
         softmax_row: _pair(
             _backward(lambda: softmax(logits), torch.ones_like(logits)),
-            _backward(lambda: other_softmax(logits), torch.ones_like(logits)), args.rounds, 20),
+            _backward(lambda: other_softmax(logits), torch.ones_like(logits)),
+            args.rounds,
+            20,
+        ),
         "GELU exact vs tanh": _pair(
             _backward(lambda: F.gelu(hidden), torch.ones_like(hidden)),
-            _backward(lambda: F.gelu(hidden, approximate="tanh"), torch.ones_like(hidden)), args.rounds, 20),
+            _backward(lambda: F.gelu(hidden, approximate="tanh"), torch.ones_like(hidden)),
+            args.rounds,
+            20,
+        ),
         "training step PatchDropout 0.5 vs none": _pair(
-            _model_step(0.5, batch), _model_step(0.0, batch), args.rounds, 5),
+            _model_step(0.5, batch), _model_step(0.0, batch), args.rounds, 5
+        ),
     }
-    result = {"threads": torch.get_num_threads(), "tokens": tokens, "batch": batch,
-              "rows": {name: {"chosen_ms": 1e3 * a, "other_ms": 1e3 * b, "ratio": b / a} for name, (a, b) in rows.items()}}
+    result = {
+        "threads": torch.get_num_threads(),
+        "tokens": tokens,
+        "batch": batch,
+        "rows": {name: {"chosen_ms": 1e3 * a, "other_ms": 1e3 * b, "ratio": b / a} for name, (a, b) in rows.items()},
+    }
     if args.json:
         print(json.dumps(result))
         return 0

@@ -34,8 +34,9 @@ import shutil
 import statistics
 import sys
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import torch
 
@@ -68,8 +69,10 @@ def _prepare(name: str, source: Path, step: int, work: Path) -> dict[str, str]:
     import datasets
 
     classes = sorted({p.parent.name for p in files})
-    rows = {"image": [{"bytes": p.read_bytes(), "path": None} for p in files],
-            "label": [classes.index(p.parent.name) for p in files]}
+    rows = {
+        "image": [{"bytes": p.read_bytes(), "path": None} for p in files],
+        "label": [classes.index(p.parent.name) for p in files],
+    }
     features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=classes)})
     datasets.Dataset.from_dict(rows, features=features).save_to_disk(str(root / "hf"))
     (root / "done").write_text(f"{len(files)} files\n")
@@ -77,8 +80,9 @@ def _prepare(name: str, source: Path, step: int, work: Path) -> dict[str, str]:
 
 
 # ------------------------------------------------------------------------------ one measurement each
-def _steady_rate(batches: Iterable[Any], count: Callable[[Any], int], limit: int, workers: int,
-                 prefetch: int) -> tuple[float, float]:
+def _steady_rate(
+    batches: Iterable[Any], count: Callable[[Any], int], limit: int, workers: int, prefetch: int
+) -> tuple[float, float]:
     """(images per wall second, images per CPU second of this process) over `limit` batches, once the
     workers are up and their prefetched batches are drained (the clock starts after 1 + prefetch x workers
     batches, which were decoded while the first one was).  With 0 workers all the work is this
@@ -100,15 +104,27 @@ def _steps_count(step: list[tuple[torch.Tensor, torch.Tensor]]) -> int:
 def folder_like(uri: str, size: int, workers: int, batch: int, limit: int) -> tuple[float, float]:
     """folder: or hf: (Arrow) through FileBatches; corrupt files would be dropped and counted."""
     data = load_split(uri, "train", image_size=size, max_in_memory_bytes=0)
-    loader = FileBatches(data, IndexStream(len(data), 1), start_step=0, total_steps=limit + 1 + 4 * workers,
-                         global_batch=batch, rank=0, world=1, micro_batch=batch, device=CPU, workers=workers, strict=False)
+    loader = FileBatches(
+        data,
+        IndexStream(len(data), 1),
+        start_step=0,
+        total_steps=limit + 1 + 4 * workers,
+        global_batch=batch,
+        rank=0,
+        world=1,
+        micro_batch=batch,
+        device=CPU,
+        workers=workers,
+        strict=False,
+    )
     return _steady_rate(loader, _steps_count, limit, workers, 4)
 
 
 def shards(uri: str, size: int, workers: int, batch: int, limit: int) -> tuple[float, float]:
     data = load_split(uri, "train", image_size=size, max_in_memory_bytes=0)
-    stream = ShardBatches(data, seed=1, global_batch=batch, rank=0, world=1, micro_batch=batch, device=CPU,
-                          workers=workers, strict=False)
+    stream = ShardBatches(
+        data, seed=1, global_batch=batch, rank=0, world=1, micro_batch=batch, device=CPU, workers=workers, strict=False
+    )
     return _steady_rate(stream, _steps_count, limit, workers, 2)
 
 
@@ -126,10 +142,13 @@ def webdataset_library(uri: str, size: int, workers: int, batch: int, limit: int
 
     directory = Path(uri.removeprefix("wds:"))
     urls = [str(p) for p in sorted(directory.glob("train-*.tar"))]
-    pipeline = (wds.WebDataset(urls, shardshuffle=False, repeat=True, empty_check=False, nodesplitter=wds.split_by_node)
-                .map(lambda s: (image_module.decode_image(s["jpg"], 3, size=size), int(s["cls"])))
-                .batched(batch, collation_fn=lambda items: (torch.stack([i for i, _ in items]),
-                                                            torch.tensor([c for _, c in items]))))
+    pipeline = (
+        wds.WebDataset(urls, shardshuffle=False, repeat=True, empty_check=False, nodesplitter=wds.split_by_node)
+        .map(lambda s: (image_module.decode_image(s["jpg"], 3, size=size), int(s["cls"])))
+        .batched(
+            batch, collation_fn=lambda items: (torch.stack([i for i, _ in items]), torch.tensor([c for _, c in items]))
+        )
+    )
     loader = torch.utils.data.DataLoader(pipeline, batch_size=None, num_workers=workers)
     return _steady_rate(loader, lambda b: len(b[1]), limit, workers, 2)
 
@@ -151,17 +170,23 @@ def datasets_library(uri: str, size: int, workers: int, batch: int, limit: int) 
             pixels = np.asarray(image_module._resize_center_crop(row["image"].convert("RGB"), size))
             return torch.from_numpy(pixels.transpose(2, 0, 1).copy()), row["label"]
 
-    sampler = torch.utils.data.RandomSampler(Rows(), replacement=True, num_samples=10**9,
-                                             generator=torch.Generator().manual_seed(1))
-    loader = torch.utils.data.DataLoader(Rows(), batch_size=batch, sampler=sampler, num_workers=workers,
-                                         prefetch_factor=4 if workers else None)
+    sampler = torch.utils.data.RandomSampler(
+        Rows(), replacement=True, num_samples=10**9, generator=torch.Generator().manual_seed(1)
+    )
+    loader = torch.utils.data.DataLoader(
+        Rows(), batch_size=batch, sampler=sampler, num_workers=workers, prefetch_factor=4 if workers else None
+    )
     return _steady_rate(loader, lambda b: len(b[1]), limit, workers, 4)
 
 
 PATHS: dict[str, tuple[str, Callable[..., tuple[float, float]]]] = {
-    "folder": ("folder", folder_like), "wds": ("wds", shards), "hf": ("hf", folder_like),
-    "folder/pillow": ("folder", pillow_only), "wds/webdataset-lib": ("wds", webdataset_library),
-    "hf/datasets-lib": ("hf", datasets_library)}
+    "folder": ("folder", folder_like),
+    "wds": ("wds", shards),
+    "hf": ("hf", folder_like),
+    "folder/pillow": ("folder", pillow_only),
+    "wds/webdataset-lib": ("wds", webdataset_library),
+    "hf/datasets-lib": ("hf", datasets_library),
+}
 
 
 def header_rates(directory: Path) -> tuple[float, float]:
@@ -210,28 +235,42 @@ def listing(folder: Path, rounds: int) -> dict[str, float]:
     names = class_folders(root)
 
     def pathlib_scan() -> int:  # the scan before: Path objects and one stat per file
-        return sum(len(sorted(p for p in (root / n).rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS
-                              and p.is_file())) for n in names)
+        return sum(
+            len(sorted(p for p in (root / n).rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file()))
+            for n in names
+        )
 
     times: dict[str, list[float]] = {}
     for _ in range(rounds):
-        for name, run in (("scandir", lambda: len(scan_folder(root, names)[0])), ("pathlib", pathlib_scan),
-                          ("describe", lambda: describe(f"folder:{folder}").num_train),
-                          ("load_split", lambda: len(load_split(f"folder:{folder}", "train", image_size=64)))):
+        for name, run in (
+            ("scandir", lambda: len(scan_folder(root, names)[0])),
+            ("pathlib", pathlib_scan),
+            ("describe", lambda: describe(f"folder:{folder}").num_train),
+            ("load_split", lambda: len(load_split(f"folder:{folder}", "train", image_size=64))),
+        ):
             start = time.perf_counter()
             count = run()
             times.setdefault(name, []).append(time.perf_counter() - start)
     median = {k: statistics.median(v) for k, v in times.items()}
     ratio = statistics.median(b / a for a, b in zip(times["scandir"], times["pathlib"]))
-    print(f"{folder}: {count:,} files; listing {median['scandir']:.2f} s (pathlib scan {median['pathlib']:.2f} s, "
-          f"{ratio:.1f}x slower); describe {median['describe']:.2f} s; load_split(train, 64 px) "
-          f"{median['load_split']:.2f} s, {load_split(f'folder:{folder}', 'train', image_size=64).access}")
+    print(
+        f"{folder}: {count:,} files; listing {median['scandir']:.2f} s (pathlib scan {median['pathlib']:.2f} s, "
+        f"{ratio:.1f}x slower); describe {median['describe']:.2f} s; load_split(train, 64 px) "
+        f"{median['load_split']:.2f} s, {load_split(f'folder:{folder}', 'train', image_size=64).access}"
+    )
     return {**median, "pathlib_over_scandir": ratio, "files": count}
 
 
 # ------------------------------------------------------------------------------ the run
-def measure(sets: dict[str, dict[str, str]], sizes: list[int], workers: list[int], paths: list[str], rounds: int,
-            batch: int, limit: int) -> dict[str, list[float]]:
+def measure(
+    sets: dict[str, dict[str, str]],
+    sizes: list[int],
+    workers: list[int],
+    paths: list[str],
+    rounds: int,
+    batch: int,
+    limit: int,
+) -> dict[str, list[float]]:
     rates: dict[str, list[float]] = {}
     for _ in range(rounds):
         for name, where in sets.items():
@@ -250,45 +289,66 @@ def measure(sets: dict[str, dict[str, str]], sizes: list[int], workers: list[int
     return rates
 
 
-def report(rates: dict[str, list[float]], sets: list[str], sizes: list[int], workers: list[int],
-           paths: list[str]) -> dict[str, Any]:
+def report(
+    rates: dict[str, list[float]], sets: list[str], sizes: list[int], workers: list[int], paths: list[str]
+) -> dict[str, Any]:
     median = {k: statistics.median(v) for k, v in rates.items()}
     summary: dict[str, Any] = {}
     columns = "".join(f"{f'{n} workers' if n != 1 else '1 worker':>11}" for n in workers)
     for name in sets:
         for size in sizes:
-            print(f"\n{name} at {size} px: decoded img/s per worker (CPU time, 0 workers), its ratio to folder "
-                  f"(within rounds), workers for {TARGET:,} img/s; then wall-clock img/s by DataLoader workers")
+            print(
+                f"\n{name} at {size} px: decoded img/s per worker (CPU time, 0 workers), its ratio to folder "
+                f"(within rounds), workers for {TARGET:,} img/s; then wall-clock img/s by DataLoader workers"
+            )
             print(f"{'path':<20}{'per worker':>11}{'ratio':>7}{'needed':>7}{columns}")
             for path in paths:
                 cpu = rates.get(f"{name}/{size}/cpu/{path}")
                 per_worker = statistics.median(cpu) if cpu else median[f"{name}/{size}/{workers[0]}/{path}"]
                 base = rates.get(f"{name}/{size}/cpu/folder") or rates[f"{name}/{size}/{workers[0]}/folder"]
-                ratio = statistics.median(a / b for a, b in zip(cpu or rates[f"{name}/{size}/{workers[0]}/{path}"], base))
+                ratio = statistics.median(
+                    a / b for a, b in zip(cpu or rates[f"{name}/{size}/{workers[0]}/{path}"], base)
+                )
                 row = [median[f"{name}/{size}/{n}/{path}"] for n in workers]
                 needed = math.ceil(TARGET / per_worker)
-                summary[f"{name}/{size}/{path}"] = {"per_worker": per_worker, "ratio_to_folder": ratio,
-                                                    "workers_for_3900": needed, "wall_by_workers": dict(zip(workers, row))}
+                summary[f"{name}/{size}/{path}"] = {
+                    "per_worker": per_worker,
+                    "ratio_to_folder": ratio,
+                    "workers_for_3900": needed,
+                    "wall_by_workers": dict(zip(workers, row)),
+                }
                 print(f"{path:<20}{per_worker:>11.0f}{ratio:>7.2f}{needed:>7}" + "".join(f"{r:>11.0f}" for r in row))
     for size in sizes:
         print(f"augmentation at {size} px, batched in this process (wall): {median[f'augment/{size}']:.0f} img/s")
         summary[f"augment/{size}"] = median[f"augment/{size}"]
     for name in sets:
-        ratio = statistics.median(a / b for a, b in zip(rates[f"{name}/headers/vitkit"], rates[f"{name}/headers/tarfile"]))
-        print(f"{name} tar headers: vitkit {median[f'{name}/headers/vitkit']:.0f} members/s, tarfile "
-              f"{median[f'{name}/headers/tarfile']:.0f} members/s ({ratio:.1f}x)")
-        summary[f"{name}/headers"] = {"vitkit": median[f"{name}/headers/vitkit"],
-                                      "tarfile": median[f"{name}/headers/tarfile"], "ratio": ratio}
+        ratio = statistics.median(
+            a / b for a, b in zip(rates[f"{name}/headers/vitkit"], rates[f"{name}/headers/tarfile"])
+        )
+        print(
+            f"{name} tar headers: vitkit {median[f'{name}/headers/vitkit']:.0f} members/s, tarfile "
+            f"{median[f'{name}/headers/tarfile']:.0f} members/s ({ratio:.1f}x)"
+        )
+        summary[f"{name}/headers"] = {
+            "vitkit": median[f"{name}/headers/vitkit"],
+            "tarfile": median[f"{name}/headers/tarfile"],
+            "ratio": ratio,
+        }
     return summary
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--data", default="caltech,cifar", help="caltech (caltech101-10/train), cifar (cifar10-jpg/train)")
+    parser.add_argument(
+        "--data", default="caltech,cifar", help="caltech (caltech101-10/train), cifar (cifar10-jpg/train)"
+    )
     parser.add_argument("--cifar-count", type=int, default=3000, help="cifar10-jpg files used (every k-th)")
     parser.add_argument("--sizes", default="64,224", help="decode sides")
-    parser.add_argument("--workers", default="0,1,2", help="DataLoader worker counts (0: decoded in this process, "
-                        "the per-worker figure)")
+    parser.add_argument(
+        "--workers",
+        default="0,1,2",
+        help="DataLoader worker counts (0: decoded in this process, the per-worker figure)",
+    )
     parser.add_argument("--paths", default="folder,wds,hf,folder/pillow,wds/webdataset-lib", help="rows to measure")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=32)
@@ -304,8 +364,10 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(result))
         return 0
     shared, work = Path(args.shared), Path(args.work)
-    sources = {"caltech": (shared / "caltech101-10" / "train", 1),
-               "cifar": (shared / "cifar10-jpg" / "train", max(1, 50_000 // args.cifar_count))}
+    sources = {
+        "caltech": (shared / "caltech101-10" / "train", 1),
+        "cifar": (shared / "cifar10-jpg" / "train", max(1, 50_000 // args.cifar_count)),
+    }
     names = [n for n in args.data.split(",") if n]
     missing = [n for n in names if not sources[n][0].is_dir()]
     if missing:
@@ -316,9 +378,11 @@ def main(argv: list[str] | None = None) -> int:
     paths = [p for p in args.paths.split(",") if p]
     rates = measure(sets, sizes, workers, paths, args.rounds, args.batch_size, args.batches)
     counts = ", ".join(f"{n}: {(work / n / 'done').read_text().strip()}" for n in names)
-    print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; simplejpeg "
-          f"{'installed' if image_module._simplejpeg else 'absent'}; batch {args.batch_size}, {args.batches} batches, "
-          f"medians of {args.rounds} rounds; {counts}")
+    print(
+        f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; simplejpeg "
+        f"{'installed' if image_module._simplejpeg else 'absent'}; batch {args.batch_size}, {args.batches} batches, "
+        f"medians of {args.rounds} rounds; {counts}"
+    )
     summary = report(rates, names, sizes, workers, paths)
     if args.json:
         print(json.dumps({"summary": summary, "rounds": rates}))

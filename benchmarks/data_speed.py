@@ -47,14 +47,18 @@ def bench_decode(folder: Path, sizes: list[int], threads: list[int]) -> None:
             start, cpu = time.perf_counter(), time.process_time()
             images, good = decode_files(files, 3, size, num_workers=workers)
             seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu
-            print(f"  size {size:4d}  threads {workers}:   {len(good) / seconds:7.0f} images/s wall ({seconds:.2f} s), "
-                  f"{len(good) / cpu_seconds:5.0f} images/s per CPU-second")
+            print(
+                f"  size {size:4d}  threads {workers}:   {len(good) / seconds:7.0f} images/s wall ({seconds:.2f} s), "
+                f"{len(good) / cpu_seconds:5.0f} images/s per CPU-second"
+            )
         workers = max(threads)
         start = time.perf_counter()
         with ProcessPoolExecutor(workers) as pool:
             list(pool.map(_decode_one, [(f, size) for f in files], chunksize=16))
         seconds = time.perf_counter() - start
-        print(f"  size {size:4d}  processes {workers}: {len(files) / seconds:7.0f} images/s  ({seconds:.2f} s, incl. pool start)")
+        print(
+            f"  size {size:4d}  processes {workers}: {len(files) / seconds:7.0f} images/s  ({seconds:.2f} s, incl. pool start)"
+        )
 
 
 def bench_augment(batch: int, size: int, repeats: int) -> None:
@@ -64,7 +68,9 @@ def bench_augment(batch: int, size: int, repeats: int) -> None:
         "inception crop + flip": AugmentConfig(),
         "pad crop + flip": AugmentConfig(crop="pad"),
         "inception + flip + RandAugment(2, 10)": AugmentConfig(randaugment=(2, 10)),
-        "+ mixup/cutmix + label smoothing": AugmentConfig(randaugment=(2, 10), mixup=0.8, cutmix=1.0, label_smoothing=0.1),
+        "+ mixup/cutmix + label smoothing": AugmentConfig(
+            randaugment=(2, 10), mixup=0.8, cutmix=1.0, label_smoothing=0.1
+        ),
     }
     print(f"augment: batch {batch} of 3x{size}x{size}, {torch.get_num_threads()} torch threads")
     for name, config in configs.items():
@@ -75,8 +81,10 @@ def bench_augment(batch: int, size: int, repeats: int) -> None:
             train_transform(images, labels, 10, size, config=config, generator=generator)
         seconds = (time.perf_counter() - start) / repeats
         cpu_seconds = (time.process_time() - cpu) / repeats
-        print(f"  {name:40s} {batch / seconds:8.0f} images/s wall ({seconds * 1000:5.1f} ms/batch), "
-              f"{batch / cpu_seconds:8.0f} images/s per CPU-second")
+        print(
+            f"  {name:40s} {batch / seconds:8.0f} images/s wall ({seconds * 1000:5.1f} ms/batch), "
+            f"{batch / cpu_seconds:8.0f} images/s per CPU-second"
+        )
 
 
 def main() -> None:

@@ -76,11 +76,24 @@ def child(reader: str, start: int, stop: int, seed: int) -> None:
                 verdict, error = fuzz_one(seed_path, random.Random(seed * 1_000_003 + index), Path(work) / "run"), ""
             except Exception as failure:  # noqa: BLE001 - this is what is being counted
                 verdict = "unhandled"
-                error = f"{type(failure).__name__}: {failure}"[:300] + " | " + \
-                    " < ".join(f"{f.name}:{f.lineno}" for f in traceback.extract_tb(failure.__traceback__)[-3:])
+                error = (
+                    f"{type(failure).__name__}: {failure}"[:300]
+                    + " | "
+                    + " < ".join(f"{f.name}:{f.lineno}" for f in traceback.extract_tb(failure.__traceback__)[-3:])
+                )
             rss = max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
-            out.write(json.dumps({"index": index, "verdict": verdict, "error": error, "rss_kb": rss,
-                                  "seconds": round(time.perf_counter() - began, 4)}) + "\n")
+            out.write(
+                json.dumps(
+                    {
+                        "index": index,
+                        "verdict": verdict,
+                        "error": error,
+                        "rss_kb": rss,
+                        "seconds": round(time.perf_counter() - began, 4),
+                    }
+                )
+                + "\n"
+            )
         closing = getattr(sys.modules.get(path.stem), "close", None)
         if closing is not None:
             closing()
@@ -112,8 +125,22 @@ def run_reader(reader: str, inputs: int, seed: int, timeout: float) -> dict[str,
     counts = {"ok": 0, "handled": 0, "unhandled": 0, "hangs": 0, "crashes": 0}
     examples, peak_kb, slowest, began, index = [], 0, 0.0, time.perf_counter(), 0
     while index < inputs:
-        process = subprocess.Popen([sys.executable, __file__, "--child", reader, "--start", str(index), "--stop",
-                                    str(inputs), "--seed", str(seed)], stdout=subprocess.PIPE, cwd=ROOT)
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                __file__,
+                "--child",
+                reader,
+                "--start",
+                str(index),
+                "--stop",
+                str(inputs),
+                "--seed",
+                str(seed),
+            ],
+            stdout=subprocess.PIPE,
+            cwd=ROOT,
+        )
         lines, wait, first = _Lines(process), STARTUP_S, True
         while index < inputs:
             line, wait = lines.next(wait), timeout
@@ -137,9 +164,17 @@ def run_reader(reader: str, inputs: int, seed: int, timeout: float) -> dict[str,
             index = record["index"] + 1
         process.kill()
         process.wait()
-    return {"reader": reader, "inputs": inputs, **counts, "peak_rss_mb": round(peak_kb / 1024, 1),
-            "seconds": round(time.perf_counter() - began, 1), "slowest_input_s": round(slowest, 3),
-            "timeout_s": timeout, "seed": seed, "examples": examples[:EXAMPLES]}
+    return {
+        "reader": reader,
+        "inputs": inputs,
+        **counts,
+        "peak_rss_mb": round(peak_kb / 1024, 1),
+        "seconds": round(time.perf_counter() - began, 1),
+        "slowest_input_s": round(slowest, 3),
+        "timeout_s": timeout,
+        "seed": seed,
+        "examples": examples[:EXAMPLES],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

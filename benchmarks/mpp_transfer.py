@@ -43,8 +43,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
-    summary = reproduce("mpp", StudyRequest(data=args.data, budget_minutes=args.budget_minutes, seeds=args.seeds,
-                                            out=args.out, threads=args.threads))
+    summary = reproduce(
+        "mpp",
+        StudyRequest(
+            data=args.data, budget_minutes=args.budget_minutes, seeds=args.seeds, out=args.out, threads=args.threads
+        ),
+    )
     print(json.dumps(summary))
     return 0
 

@@ -42,8 +42,14 @@ def main() -> int:
     parser.add_argument("--channels", type=int, default=1)
     parser.add_argument("--steps", type=int, default=50, help="timed steps per optimiser")
     args = parser.parse_args()
-    info = SourceInfo(uri="folder:benchmark", num_train=50_000, num_classes=10, image_size=args.image_size,
-                      channels=args.channels, in_memory=True)
+    info = SourceInfo(
+        uri="folder:benchmark",
+        num_train=50_000,
+        num_classes=10,
+        image_size=args.image_size,
+        channels=args.channels,
+        in_memory=True,
+    )
     model = build_model(get_recipe(args.recipe, info).model)
     matrices = [param for name, param in model.named_parameters() if is_hidden_matrix(name, param)]
     generator = torch.Generator().manual_seed(0)

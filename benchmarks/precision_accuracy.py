@@ -24,8 +24,19 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def run(data: str, precision: str, out: Path, extra: list[str]) -> tuple[list[dict], float]:
-    cmd = [sys.executable, "-m", "vitkit.cli", "train", "--data", data, "--out", str(out), "--json",
-           "--set", f"run.precision={precision}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "vitkit.cli",
+        "train",
+        "--data",
+        data,
+        "--out",
+        str(out),
+        "--json",
+        "--set",
+        f"run.precision={precision}",
+    ]
     for pair in extra:
         cmd += ["--set", pair]
     start = time.perf_counter()
@@ -49,14 +60,22 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.data} {' '.join(args.set)}: evaluation records, fp32 vs bf16 autocast (same seed)")
     print(f"{'step':>6}{'epoch':>8}{'split':>7}{'fp32 top1':>11}{'bf16 top1':>11}{'fp32 loss':>11}{'bf16 loss':>11}")
     for a, b in zip(fp32, bf16):
-        print(f"{a['step']:>6}{a['epoch']:>8.2f}{a['split']:>7}{a['top1']:>11.4f}{b['top1']:>11.4f}"
-              f"{a['loss']:>11.4f}{b['loss']:>11.4f}")
+        print(
+            f"{a['step']:>6}{a['epoch']:>8.2f}{a['split']:>7}{a['top1']:>11.4f}{b['top1']:>11.4f}"
+            f"{a['loss']:>11.4f}{b['loss']:>11.4f}"
+        )
     fa, fb = fp32[-1], bf16[-1]
-    print(f"final: fp32 top1 {fa['top1']:.4f} loss {fa['loss']:.4f} ({t32:.0f} s) | "
-          f"bf16 top1 {fb['top1']:.4f} loss {fb['loss']:.4f} ({t16:.0f} s) | "
-          f"difference {fb['top1'] - fa['top1']:+.4f} = {round((fb['top1'] - fa['top1']) * fa['count'])} of {fa['count']} images")
+    print(
+        f"final: fp32 top1 {fa['top1']:.4f} loss {fa['loss']:.4f} ({t32:.0f} s) | "
+        f"bf16 top1 {fb['top1']:.4f} loss {fb['loss']:.4f} ({t16:.0f} s) | "
+        f"difference {fb['top1'] - fa['top1']:+.4f} = {round((fb['top1'] - fa['top1']) * fa['count'])} of {fa['count']} images"
+    )
     if args.json:
-        print(json.dumps({"data": args.data, "set": args.set, "fp32": fp32, "bf16": bf16, "seconds": {"fp32": t32, "bf16": t16}}))
+        print(
+            json.dumps(
+                {"data": args.data, "set": args.set, "fp32": fp32, "bf16": bf16, "seconds": {"fp32": t32, "bf16": t16}}
+            )
+        )
     return 0
 
 

@@ -73,7 +73,9 @@ def offline(checkpoint, images: list[bytes], batch: int, seconds: float) -> floa
         while time.perf_counter() - start < seconds:
             for first in range(0, len(images), batch):
                 chunk = images[first : first + batch]
-                inputs = torch.cat([model_input(decode_input(data, checkpoint, size), checkpoint, size, device) for data in chunk])
+                inputs = torch.cat(
+                    [model_input(decode_input(data, checkpoint, size), checkpoint, size, device) for data in chunk]
+                )
                 probabilities = class_probabilities(model, inputs)
                 [top_classes(row, checkpoint.class_names, 5) for row in probabilities]
                 done += len(chunk)
@@ -128,9 +130,16 @@ async def load(url: str, images: list[bytes], clients: int, seconds: float, per_
     def percentile(q: float) -> float:
         return 1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
-    return {"requests": len(latencies), "seconds": elapsed, "requests_per_s": len(latencies) / elapsed,
-            "images_per_s": per_request * len(latencies) / elapsed, "errors": errors["count"],
-            "p50_ms": percentile(0.50), "p95_ms": percentile(0.95), "p99_ms": percentile(0.99)}
+    return {
+        "requests": len(latencies),
+        "seconds": elapsed,
+        "requests_per_s": len(latencies) / elapsed,
+        "images_per_s": per_request * len(latencies) / elapsed,
+        "errors": errors["count"],
+        "p50_ms": percentile(0.50),
+        "p95_ms": percentile(0.95),
+        "p99_ms": percentile(0.99),
+    }
 
 
 def cpu_seconds(pid: int | None = None) -> float:
@@ -140,15 +149,19 @@ def cpu_seconds(pid: int | None = None) -> float:
         usage = resource.getrusage(resource.RUSAGE_SELF)
         return usage.ru_utime + usage.ru_stime
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    children = [child for task in Path(f"/proc/{pid}/task").iterdir() for child in (task / "children").read_text().split()]
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK") + sum(cpu_seconds(int(child)) for child in children)
+    children = [
+        child for task in Path(f"/proc/{pid}/task").iterdir() for child in (task / "children").read_text().split()
+    ]
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK") + sum(
+        cpu_seconds(int(child)) for child in children
+    )
 
 
 def batch_histogram(url: str) -> dict[int, int]:
     """Cumulative counts of the batcher's batch-size histogram buckets, by upper bound."""
     buckets = {}
     for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
-        if line.startswith("vitkit_batch_size_bucket{") and '+Inf' not in line:
+        if line.startswith("vitkit_batch_size_bucket{") and "+Inf" not in line:
             bound = float(line.split('le="')[1].split('"')[0])
             buckets[int(bound)] = int(float(line.rsplit(" ", 1)[1]))
     return buckets
@@ -169,8 +182,23 @@ def start_server(checkpoint: str, args: argparse.Namespace) -> tuple[subprocess.
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    command = [sys.executable, "-m", "vitkit", "serve", checkpoint, "--host", "127.0.0.1", "--port", str(port),
-               "--max-batch", str(args.max_batch), "--max-wait-ms", str(args.max_wait_ms), "--threads", str(args.threads)]
+    command = [
+        sys.executable,
+        "-m",
+        "vitkit",
+        "serve",
+        checkpoint,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--max-batch",
+        str(args.max_batch),
+        "--max-wait-ms",
+        str(args.max_wait_ms),
+        "--threads",
+        str(args.threads),
+    ]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     for _ in range(900):
@@ -187,11 +215,15 @@ def start_server(checkpoint: str, args: argparse.Namespace) -> tuple[subprocess.
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("checkpoint", help="checkpoint or run directory (the Fashion-MNIST small-28px model for the target)")
+    parser.add_argument(
+        "checkpoint", help="checkpoint or run directory (the Fashion-MNIST small-28px model for the target)"
+    )
     parser.add_argument("--data", default=DEFAULT_DATA, help="data source URI whose test images are sent")
     parser.add_argument("--images", type=int, default=512, help="distinct images sent (and run offline)")
     parser.add_argument("--clients", type=int, default=16, help="concurrent clients (1..256)")
-    parser.add_argument("--images-per-request", type=int, default=1, help="images per request (above 1: a multipart form)")
+    parser.add_argument(
+        "--images-per-request", type=int, default=1, help="images per request (above 1: a multipart form)"
+    )
     parser.add_argument("--seconds", type=float, default=10.0, help="length of each measurement (at most 120)")
     parser.add_argument("--rounds", type=int, default=3, help="alternating offline / served rounds")
     parser.add_argument("--max-batch", type=int, default=32, help="server --max-batch and the offline batch")
@@ -205,9 +237,11 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     images = encoded_images(args.data, args.images)
     checkpoint = open_checkpoint(args.checkpoint)
-    print(f"{len(images)} PNG images from {args.data}; {args.clients} clients; max batch {args.max_batch}, "
-          f"max wait {args.max_wait_ms} ms; torch threads {args.threads}; {torch.get_num_threads()} here, cpu count "
-          f"{len(__import__('os').sched_getaffinity(0))}")
+    print(
+        f"{len(images)} PNG images from {args.data}; {args.clients} clients; max batch {args.max_batch}, "
+        f"max wait {args.max_wait_ms} ms; torch threads {args.threads}; {torch.get_num_threads()} here, cpu count "
+        f"{len(__import__('os').sched_getaffinity(0))}"
+    )
     process, url = start_server(args.checkpoint, args)
     rounds = []
     try:
@@ -222,30 +256,57 @@ def main() -> None:
             count = served["images_per_s"] * served["seconds"]
             cpu, server_cpu = cpu_seconds() - cpu, cpu_seconds(process.pid) - server_cpu
             batches = formed(before, batch_histogram(url))
-            served.update(offline_images_per_s=reference, ratio=served["images_per_s"] / reference, batches=batches,
-                          offline_cpu_ms=1000 * offline_cpu / (reference * args.seconds), server_cpu_ms=1000 * server_cpu / count,
-                          client_cpu_ms=1000 * cpu / count,
-                          mean_batch=sum(k * v for k, v in batches.items()) / max(1, sum(batches.values())))
+            served.update(
+                offline_images_per_s=reference,
+                ratio=served["images_per_s"] / reference,
+                batches=batches,
+                offline_cpu_ms=1000 * offline_cpu / (reference * args.seconds),
+                server_cpu_ms=1000 * server_cpu / count,
+                client_cpu_ms=1000 * cpu / count,
+                mean_batch=sum(k * v for k, v in batches.items()) / max(1, sum(batches.values())),
+            )
             rounds.append(served)
-            print(f"round {number}: served {served['requests_per_s']:.0f} requests/s = {served['images_per_s']:.0f} images/s "
-                  f"({args.images_per_request} per request), latency p50 {served['p50_ms']:.1f} / p95 {served['p95_ms']:.1f} / "
-                  f"p99 {served['p99_ms']:.1f} ms, errors {served['errors']} of {served['requests']}; offline "
-                  f"{reference:.0f} images/s; ratio {served['ratio']:.2f}x; mean batch {served['mean_batch']:.1f}, "
-                  f"batches by size {dict(sorted(batches.items()))}; CPU ms per image: server {served['server_cpu_ms']:.2f} + "
-                  f"load generator {served['client_cpu_ms']:.2f}, offline {served['offline_cpu_ms']:.2f}")
+            print(
+                f"round {number}: served {served['requests_per_s']:.0f} requests/s = {served['images_per_s']:.0f} images/s "
+                f"({args.images_per_request} per request), latency p50 {served['p50_ms']:.1f} / p95 {served['p95_ms']:.1f} / "
+                f"p99 {served['p99_ms']:.1f} ms, errors {served['errors']} of {served['requests']}; offline "
+                f"{reference:.0f} images/s; ratio {served['ratio']:.2f}x; mean batch {served['mean_batch']:.1f}, "
+                f"batches by size {dict(sorted(batches.items()))}; CPU ms per image: server {served['server_cpu_ms']:.2f} + "
+                f"load generator {served['client_cpu_ms']:.2f}, offline {served['offline_cpu_ms']:.2f}"
+            )
     finally:
         process.send_signal(signal.SIGTERM)
         code = process.wait(timeout=60)
-    summary = {key: statistics.median(r[key] for r in rounds) for key in
-               ("requests_per_s", "images_per_s", "offline_images_per_s", "ratio", "p50_ms", "p95_ms", "p99_ms", "mean_batch",
-                "server_cpu_ms", "client_cpu_ms", "offline_cpu_ms")}
-    summary.update(errors=sum(r["errors"] for r in rounds), requests=sum(r["requests"] for r in rounds), clients=args.clients,
-                   images_per_request=args.images_per_request,
-                   server_exit=code, rounds=args.rounds)
-    print(f"median of {args.rounds} rounds: {summary['images_per_s']:.0f} images/s served vs {summary['offline_images_per_s']:.0f} "
-          f"offline = {summary['ratio']:.2f}x; p50/p95/p99 {summary['p50_ms']:.1f}/{summary['p95_ms']:.1f}/{summary['p99_ms']:.1f} ms; "
-          f"{summary['errors']} errors in {summary['requests']} requests; CPU ms per image: server {summary['server_cpu_ms']:.2f}, "
-          f"load generator {summary['client_cpu_ms']:.2f}, offline {summary['offline_cpu_ms']:.2f}; server exit status {code} after SIGTERM")
+    summary = {
+        key: statistics.median(r[key] for r in rounds)
+        for key in (
+            "requests_per_s",
+            "images_per_s",
+            "offline_images_per_s",
+            "ratio",
+            "p50_ms",
+            "p95_ms",
+            "p99_ms",
+            "mean_batch",
+            "server_cpu_ms",
+            "client_cpu_ms",
+            "offline_cpu_ms",
+        )
+    }
+    summary.update(
+        errors=sum(r["errors"] for r in rounds),
+        requests=sum(r["requests"] for r in rounds),
+        clients=args.clients,
+        images_per_request=args.images_per_request,
+        server_exit=code,
+        rounds=args.rounds,
+    )
+    print(
+        f"median of {args.rounds} rounds: {summary['images_per_s']:.0f} images/s served vs {summary['offline_images_per_s']:.0f} "
+        f"offline = {summary['ratio']:.2f}x; p50/p95/p99 {summary['p50_ms']:.1f}/{summary['p95_ms']:.1f}/{summary['p99_ms']:.1f} ms; "
+        f"{summary['errors']} errors in {summary['requests']} requests; CPU ms per image: server {summary['server_cpu_ms']:.2f}, "
+        f"load generator {summary['client_cpu_ms']:.2f}, offline {summary['offline_cpu_ms']:.2f}; server exit status {code} after SIGTERM"
+    )
     print(json.dumps(summary))
 
 

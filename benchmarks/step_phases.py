@@ -59,27 +59,43 @@ def main() -> int:
     parser.add_argument("--no-record", action="store_true", help="do not append rows to results/step_phases.jsonl")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
-        request = Request(data=args.data, max_minutes=args.minutes, out=f"{scratch}/run",
-                          overrides=tuple(args.overrides), quiet=True)
+        request = Request(
+            data=args.data, max_minutes=args.minutes, out=f"{scratch}/run", overrides=tuple(args.overrides), quiet=True
+        )
         config = resolve(request).config
         trainer = Trainer(config, distributed.current(), torch.device("cpu"), time.monotonic())
         trainer.plan = trainer._make_plan(trainer._warm_up())  # compiles every phase's graph, as a run does
         trainer.schedule = schedule_of(config, trainer.plan.steps, trainer.plan.lr)
         batches, total, plan = iter(trainer.batches), trainer.plan.steps, trainer.plan
-        print(f"{args.data}: recipe {config.recipe}, batch {config.data.batch_size}, "
-              f"{torch.get_num_threads()} threads, {plan.precision}, compiled={plan.compiled}; {plan.host}")
+        print(
+            f"{args.data}: recipe {config.recipe}, batch {config.data.batch_size}, "
+            f"{torch.get_num_threads()} threads, {plan.precision}, compiled={plan.compiled}; {plan.host}"
+        )
         rows = []
         for begin, end, rate in trainer.schedule.spans():
             step_ms, data_ms = time_phase(trainer, batches, (begin + end) / 2 * total, args.steps)
-            rows.append({"data": args.data, "recipe": config.recipe, "phase": [begin, end], "patch_dropout": rate,
-                         "ms_per_step": round(step_ms, 2), "data_ms": round(data_ms, 2), "precision": plan.precision,
-                         "compiled": plan.compiled, "images_per_s": round(config.data.batch_size / step_ms * 1e3, 1)})
-            print(f"  schedule {begin:.0%}-{end:.0%}: PatchDropout {rate:g}: {step_ms:.1f} ms/step "
-                  f"({data_ms:.1f} ms of it making the batch), {config.data.batch_size / step_ms * 1e3:,.0f} images/s")
+            rows.append(
+                {
+                    "data": args.data,
+                    "recipe": config.recipe,
+                    "phase": [begin, end],
+                    "patch_dropout": rate,
+                    "ms_per_step": round(step_ms, 2),
+                    "data_ms": round(data_ms, 2),
+                    "precision": plan.precision,
+                    "compiled": plan.compiled,
+                    "images_per_s": round(config.data.batch_size / step_ms * 1e3, 1),
+                }
+            )
+            print(
+                f"  schedule {begin:.0%}-{end:.0%}: PatchDropout {rate:g}: {step_ms:.1f} ms/step "
+                f"({data_ms:.1f} ms of it making the batch), {config.data.batch_size / step_ms * 1e3:,.0f} images/s"
+            )
         for row in rows if not args.no_record else ():
             append_row(RESULTS, row, config_changes=args.overrides)
         if args.profile:
             from torch.profiler import ProfilerActivity, profile
+
             begin, end, _ = trainer.schedule.spans()[0]
             with profile(activities=[ProfilerActivity.CPU]) as prof:
                 time_phase(trainer, batches, (begin + end) / 2 * total, 20)

@@ -66,12 +66,24 @@ def run_once(uri: str, minutes: float | None, overrides: list[str], warm_cache: 
     result = train(config, on_plan=lambda plan: [logging.info("%s", line) for line in plan_lines(plan)])
     test = result["test"]
     plan = result["plan"]
-    return {"data": uri, "recipe": config.recipe, "budget_minutes": minutes, "top1": test["top1"], "top5": test["top5"],
-            **({"top1_one_view": test["top1_one_view"]} if "top1_one_view" in test else {}),
-            "minutes": round((time.monotonic() - start) / 60, 3), "epochs": result["epoch"], "steps": result["step"],
-            "status": result["status"], "precision": plan["precision"], "compiled": plan["compiled"],
-            "fit_epochs_estimate": plan.get("measured", {}).get("fit_epochs"), "cold_compile_cache": not warm_cache,
-            "load_average": round(os.getloadavg()[0], 2), "run_dir": result["run_dir"]}
+    return {
+        "data": uri,
+        "recipe": config.recipe,
+        "budget_minutes": minutes,
+        "top1": test["top1"],
+        "top5": test["top5"],
+        **({"top1_one_view": test["top1_one_view"]} if "top1_one_view" in test else {}),
+        "minutes": round((time.monotonic() - start) / 60, 3),
+        "epochs": result["epoch"],
+        "steps": result["step"],
+        "status": result["status"],
+        "precision": plan["precision"],
+        "compiled": plan["compiled"],
+        "fit_epochs_estimate": plan.get("measured", {}).get("fit_epochs"),
+        "cold_compile_cache": not warm_cache,
+        "load_average": round(os.getloadavg()[0], 2),
+        "run_dir": result["run_dir"],
+    }
 
 
 def _logging() -> None:
@@ -100,10 +112,12 @@ def main() -> int:
         results.append(r)
         if not args.no_record:
             append_row(RESULTS, {"target": args.target, **r, "goal": goal}, config_changes=args.overrides)
-        print(f"run {index + 1}: {uri} recipe {r['recipe']}: test top-1 {100 * r['top1']:.2f}%{one_view_note(r)} "
-              f"(target {100 * goal:.1f}%: {'met' if r['top1'] >= goal else 'missed'}), {r['epochs']:.1f} epochs "
-              f"in {r['minutes']:.1f} min, {r['status']}, {r['precision']}, compiled {r['compiled']}; "
-              f"load average {r['load_average']:.1f}; {hosts.current().label}")
+        print(
+            f"run {index + 1}: {uri} recipe {r['recipe']}: test top-1 {100 * r['top1']:.2f}%{one_view_note(r)} "
+            f"(target {100 * goal:.1f}%: {'met' if r['top1'] >= goal else 'missed'}), {r['epochs']:.1f} epochs "
+            f"in {r['minutes']:.1f} min, {r['status']}, {r['precision']}, compiled {r['compiled']}; "
+            f"load average {r['load_average']:.1f}; {hosts.current().label}"
+        )
         print(json.dumps(r))
     if args.runs > 1:
         tops = [100 * r["top1"] for r in results]

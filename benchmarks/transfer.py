@@ -71,16 +71,34 @@ def run_training(uri: str, minutes: float, overrides: list[str], init: str | Non
     cache = tempfile.TemporaryDirectory(prefix="vitkit-inductor-")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache.name  # compile time is part of what a first run pays
     out = time.strftime("runs/transfer-%Y%m%d-%H%M%S")  # a fresh run, never a resume
-    request = Request(data=uri, out=out, max_minutes=minutes - EXIT_MINUTES, overrides=tuple(overrides), quiet=True,
-                      init_from=init, labels_per_class=labels)
+    request = Request(
+        data=uri,
+        out=out,
+        max_minutes=minutes - EXIT_MINUTES,
+        overrides=tuple(overrides),
+        quiet=True,
+        init_from=init,
+        labels_per_class=labels,
+    )
     config = resolve(request).config
     result = train(config, on_plan=lambda plan: [logging.info("%s", line) for line in plan_lines(plan)])
     test, plan = result["test"], result["plan"]
-    return {"recipe": config.recipe, "top1": test["top1"], "top5": test["top5"], "test_images": test["count"],
-            "num_train": plan["num_train"], "minutes": round((time.monotonic() - start) / 60, 3),
-            "epochs": result["epoch"], "steps": result["step"], "status": result["status"],
-            "precision": plan["precision"], "compiled": plan["compiled"], "img_size": plan.get("img_size"),
-            "load_average": round(os.getloadavg()[0], 2), "run_dir": result["run_dir"]}
+    return {
+        "recipe": config.recipe,
+        "top1": test["top1"],
+        "top5": test["top5"],
+        "test_images": test["count"],
+        "num_train": plan["num_train"],
+        "minutes": round((time.monotonic() - start) / 60, 3),
+        "epochs": result["epoch"],
+        "steps": result["step"],
+        "status": result["status"],
+        "precision": plan["precision"],
+        "compiled": plan["compiled"],
+        "img_size": plan.get("img_size"),
+        "load_average": round(os.getloadavg()[0], 2),
+        "run_dir": result["run_dir"],
+    }
 
 
 def run_fewshot(uri: str, init: str, random_init: bool, seed: int) -> dict:
@@ -95,9 +113,16 @@ def run_fewshot(uri: str, init: str, random_init: bool, seed: int) -> dict:
             path = scratch
         report = fewshot_command(path, uri, FewShotConfig(shots=(SHOTS,), seeds=DRAWS), out=None)
     shot = report["shots"][str(SHOTS)]
-    return {"shots": SHOTS, "top1": shot["mean"], "std": shot["std"], "draws": DRAWS, "encoder": "random" if
-            random_init else "pretrained", "test_images": report["num_test"],
-            "minutes": round((time.monotonic() - start) / 60, 3), "load_average": round(os.getloadavg()[0], 2)}
+    return {
+        "shots": SHOTS,
+        "top1": shot["mean"],
+        "std": shot["std"],
+        "draws": DRAWS,
+        "encoder": "random" if random_init else "pretrained",
+        "test_images": report["num_test"],
+        "minutes": round((time.monotonic() - start) / 60, 3),
+        "load_average": round(os.getloadavg()[0], 2),
+    }
 
 
 def gain_note(setting: str, row: dict) -> str:
@@ -106,8 +131,14 @@ def gain_note(setting: str, row: dict) -> str:
     if other is None or not row.get("labels_per_class"):
         return ""
     label = hosts.current().label
-    rows = [r for r in read_rows(RESULTS) if r.get("setting") == other and r.get("host_class") == label and
-            r.get("labels_per_class") == row["labels_per_class"] and r.get("budget_minutes") == row["budget_minutes"]]
+    rows = [
+        r
+        for r in read_rows(RESULTS)
+        if r.get("setting") == other
+        and r.get("host_class") == label
+        and r.get("labels_per_class") == row["labels_per_class"]
+        and r.get("budget_minutes") == row["budget_minutes"]
+    ]
     if not rows:
         return ""
     tuned, scratch = (row, rows[-1]) if setting == "finetune" else (rows[-1], row)
@@ -151,15 +182,25 @@ def main() -> int:
             result = run_fewshot(uri, args.init, args.random_init, seed=index)
         else:  # a fresh process per run: torch.compile's in-memory caches would warm the later runs
             with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=_logging) as pool:
-                result = pool.submit(run_training, uri, minutes, args.overrides, args.init,
-                                     args.labels_per_class).result()
-        row = {"setting": args.setting, "data": uri, "init": args.init, "labels_per_class": args.labels_per_class or 0,
-               "budget_minutes": minutes, **result, "goal": goal}
+                result = pool.submit(
+                    run_training, uri, minutes, args.overrides, args.init, args.labels_per_class
+                ).result()
+        row = {
+            "setting": args.setting,
+            "data": uri,
+            "init": args.init,
+            "labels_per_class": args.labels_per_class or 0,
+            "budget_minutes": minutes,
+            **result,
+            "goal": goal,
+        }
         if not args.no_record:
             append_row(RESULTS, row, config_changes=args.overrides)
         verdict = "" if goal is None else f" (target {100 * goal:.0f}%: {'met' if row['top1'] >= goal else 'missed'})"
-        print(f"run {index + 1}: {args.setting} on {uri}: top-1 {100 * row['top1']:.2f}%{verdict} in "
-              f"{row['minutes']:.1f} min{gain_note(args.setting, row)}; {hosts.current().label}")
+        print(
+            f"run {index + 1}: {args.setting} on {uri}: top-1 {100 * row['top1']:.2f}%{verdict} in "
+            f"{row['minutes']:.1f} min{gain_note(args.setting, row)}; {hosts.current().label}"
+        )
         print(json.dumps(row))
     return 0
 

@@ -48,8 +48,9 @@ def write_tar(path: Path, members: list[tuple[str, bytes]]) -> Path:
     return path
 
 
-def numbered_shards(directory: Path, sizes: list[int], prefix: str = "train", start: int = 0,
-                    classes: int = 10) -> list[int]:
+def numbered_shards(
+    directory: Path, sizes: list[int], prefix: str = "train", start: int = 0, classes: int = 10
+) -> list[int]:
     """Shards {prefix}-00000k.tar holding `sizes[k]` numbered samples each (.png + .cls); returns all ids."""
     directory.mkdir(parents=True, exist_ok=True)
     images, labels = numbered_images(start + sum(sizes), classes=classes)

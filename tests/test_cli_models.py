@@ -23,7 +23,9 @@ def run_json(capsys, *flags: str) -> list[dict]:
 def fast_flops(monkeypatch):
     """Tracing the FLOPs of every ResNet and hybrid takes ~10 s of CPU and tests/bench/test_flops.py checks the
     counter, so these tests report 0 for non-ViT families; test_json_real_flops_for_a_hybrid runs the real one."""
-    monkeypatch.setattr(flops, "model_flops", lambda c, s=None: flops.vit_flops(c, s) if isinstance(c, ViTConfig) else 0)
+    monkeypatch.setattr(
+        flops, "model_flops", lambda c, s=None: flops.vit_flops(c, s) if isinstance(c, ViTConfig) else 0
+    )
 
 
 def pick(rows: list[dict], name: str) -> dict:

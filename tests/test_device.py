@@ -18,6 +18,7 @@ def _timer(fp32: float, bf16: float, calls: list):
     def measure(dtype):
         calls.append(dtype)
         return bf16 if dtype == torch.bfloat16 else fp32
+
     return measure
 
 
@@ -59,8 +60,15 @@ def test_the_host_reads_what_torch_will_use() -> None:
     host = hosts.current()
     assert host.isa == torch.backends.cpu.get_cpu_capability() and host.threads == torch.get_num_threads()
     assert host.native_bf16 == policy.native_bf16(CPU) and host.torch == torch.__version__
-    assert host.label == ("AMX" if host.amx else f"{host.isa}-BF16" if host.native_bf16 and host.isa.startswith("AVX512")
-                          else f"{host.isa}, native bf16" if host.native_bf16 else f"{host.isa}, no native bf16")
+    assert host.label == (
+        "AMX"
+        if host.amx
+        else f"{host.isa}-BF16"
+        if host.native_bf16 and host.isa.startswith("AVX512")
+        else f"{host.isa}, native bf16"
+        if host.native_bf16
+        else f"{host.isa}, no native bf16"
+    )
     assert host.to_dict()["host_class"] == host.label and host.describe().startswith(f"host: {host.cpu} ({host.isa}")
 
 
@@ -71,10 +79,11 @@ def test_time_pass_takes_the_fastest_of_its_repeats(monkeypatch) -> None:
     assert policy.time_pass(lambda: calls.append(1), CPU, repeats=3) == pytest.approx(1.5) and len(calls) == 4
 
 
-@pytest.mark.skipif(os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper() != "AVX2",
-                    reason="the emulated host of .ci/run's second step (ONEDNN_MAX_CPU_ISA=AVX2)")
+@pytest.mark.skipif(
+    os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper() != "AVX2",
+    reason="the emulated host of .ci/run's second step (ONEDNN_MAX_CPU_ISA=AVX2)",
+)
 def test_the_emulated_host_is_a_cpu_without_native_bf16() -> None:
     host = hosts.current()
     assert not host.native_bf16 and host.label.endswith("no native bf16")
     assert policy.choose_precision("auto", CPU).precision == "fp32"
-

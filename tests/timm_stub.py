@@ -28,7 +28,9 @@ class _StubModule(types.ModuleType):
     def __getattr__(self, name: str):
         if name.startswith("__"):
             raise AttributeError(name)
-        return sys.modules.get(f"{self.__name__}.{name}") or _Anything(name, (), {"__init__": lambda self, *a, **k: None})
+        return sys.modules.get(f"{self.__name__}.{name}") or _Anything(
+            name, (), {"__init__": lambda self, *a, **k: None}
+        )
 
 
 class _StubFinder:

@@ -14,8 +14,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import Literal
 
 import torch
 
@@ -27,7 +28,7 @@ Precision = Literal["auto", "fp32", "bf16"]
 
 
 def pick_device(requested: str = "auto", local_rank: int = 0) -> torch.device:
-    """"auto" = GPU `local_rank` when CUDA is available, else the CPU; any torch device string otherwise."""
+    """ "auto" = GPU `local_rank` when CUDA is available, else the CPU; any torch device string otherwise."""
     if requested == "auto":
         return torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
     try:
@@ -47,7 +48,7 @@ def native_bf16(device: torch.device) -> bool:
 
 
 def resolve_precision(precision: Precision, device: torch.device) -> Literal["fp32", "bf16"]:
-    """"auto" -> "bf16" where native, else "fp32"; explicit values are kept (`choose_precision` without a model
+    """ "auto" -> "bf16" where native, else "fp32"; explicit values are kept (`choose_precision` without a model
     to time: for inference and benchmarks)."""
     return choose_precision(precision, device).precision
 
@@ -70,8 +71,9 @@ class PrecisionChoice:
         return torch.bfloat16 if self.precision == "bf16" else None
 
 
-def choose_precision(requested: Precision, device: torch.device,
-                     measure: Callable[[torch.dtype | None], float] | None = None) -> PrecisionChoice:
+def choose_precision(
+    requested: Precision, device: torch.device, measure: Callable[[torch.dtype | None], float] | None = None
+) -> PrecisionChoice:
     """The precision for `requested` on `device`, with its reason.
 
     `measure(dtype)` (optional) returns the seconds of one representative pass of the caller's model under
@@ -88,17 +90,26 @@ def choose_precision(requested: Precision, device: torch.device,
             return PrecisionChoice("bf16", "bf16 as requested")
         speedup = _speedup(measure)
         slower = f", measured {1 / speedup:.1f}x slower than fp32 here" if speedup else ""
-        _warn_once("bf16-not-native", f"precision bf16 on a CPU without native bf16 ({hosts.current().isa}){slower}; "
-                   "precision auto (the default) trains in fp32 here")
+        _warn_once(
+            "bf16-not-native",
+            f"precision bf16 on a CPU without native bf16 ({hosts.current().isa}){slower}; "
+            "precision auto (the default) trains in fp32 here",
+        )
         return PrecisionChoice("bf16", f"bf16 as requested, though this CPU has no native bf16{slower}", speedup)
     if not native:
-        return PrecisionChoice("fp32", "auto: this " + ("GPU" if device.type == "cuda" else "CPU") + " has no native bf16")
+        return PrecisionChoice(
+            "fp32", "auto: this " + ("GPU" if device.type == "cuda" else "CPU") + " has no native bf16"
+        )
     if device.type != "cpu" or measure is None:
         return PrecisionChoice("bf16", "auto: native bf16")
     speedup = _speedup(measure)
     if speedup is not None and speedup < BF16_MIN_SPEEDUP:
-        return PrecisionChoice("fp32", f"auto: native bf16, but this model measured {speedup:.2f}x as fast in bf16 as in "
-                               f"fp32 here (below {BF16_MIN_SPEEDUP:g}x)", speedup)
+        return PrecisionChoice(
+            "fp32",
+            f"auto: native bf16, but this model measured {speedup:.2f}x as fast in bf16 as in "
+            f"fp32 here (below {BF16_MIN_SPEEDUP:g}x)",
+            speedup,
+        )
     measured = f", {speedup:.2f}x as fast as fp32 for this model here" if speedup else ""
     return PrecisionChoice("bf16", f"auto: native bf16{measured}", speedup)
 

@@ -74,7 +74,13 @@ def current(device: torch.device | str = "cpu") -> Host:
     device = torch.device(device)
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
-        return Host(cpu=torch.cuda.get_device_name(index), isa="CUDA", native_bf16=torch.cuda.is_bf16_supported(),
-                    amx=False, threads=torch.get_num_threads(), torch=torch.__version__)
+        return Host(
+            cpu=torch.cuda.get_device_name(index),
+            isa="CUDA",
+            native_bf16=torch.cuda.is_bf16_supported(),
+            amx=False,
+            threads=torch.get_num_threads(),
+            torch=torch.__version__,
+        )
     cpu, isa, native, amx = _cpu_facts()
     return Host(cpu=cpu, isa=isa, native_bf16=native, amx=amx, threads=torch.get_num_threads(), torch=torch.__version__)

@@ -57,7 +57,7 @@ def apply_fields(obj: Any, items: dict[str, str], where: str) -> Any:
 
 
 def split_item(item: str, form: str = "group.field=value", example: str = "optim.warmup_steps=500") -> tuple[str, str]:
-    """"key=value" -> (key, value), or a ValueError showing the expected form."""
+    """ "key=value" -> (key, value), or a ValueError showing the expected form."""
     key, sep, text = item.partition("=")
     if not sep or not key.strip():
         raise ValueError(f"--set {item!r}: expected {form}, e.g. {example}")

@@ -23,8 +23,9 @@ import logging
 import os
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -37,8 +38,19 @@ CHECKPOINTS, LATEST, FINAL, EMA = "checkpoints", "LATEST", "final", "ema"
 CONFIG, METRICS, STATE_FILE = "config.json", "metrics.jsonl", "train_state.pt"
 KEEP = 2  # step checkpoints kept besides the newest
 # Keys of config.json a re-run may change without forking the run: budget, display, hardware, cadence.
-VOLATILE = frozenset({"run.max_minutes", "run.progress", "run.out", "run.device", "run.threads", "run.tensorboard",
-                      "run.log_every", "run.checkpoint_every", "data.workers"})
+VOLATILE = frozenset(
+    {
+        "run.max_minutes",
+        "run.progress",
+        "run.out",
+        "run.device",
+        "run.threads",
+        "run.tensorboard",
+        "run.log_every",
+        "run.checkpoint_every",
+        "data.workers",
+    }
+)
 
 
 class RunDir:
@@ -62,7 +74,9 @@ class RunDir:
             return None
         path = self.checkpoints / pointer.read_text().strip()
         if (with_state and not (path / STATE_FILE).is_file()) or not native.is_native(path):
-            raise ValueError(f"{pointer} names {path.name}, which is missing or incomplete; remove {pointer} to start over")
+            raise ValueError(
+                f"{pointer} names {path.name}, which is missing or incomplete; remove {pointer} to start over"
+            )
         return path
 
     def save_step(self, step: int, write_model: Callable[[Path], object], payload: dict[str, Any]) -> Path:
@@ -81,7 +95,7 @@ class RunDir:
         os.replace(tmp, final)
         atomic_write_text(self.checkpoints / LATEST, name + "\n")
         fsync_dir(self.checkpoints)
-        for old in sorted(p for p in self.checkpoints.glob("step_*") if p.is_dir() and p.name != name)[:-KEEP or None]:
+        for old in sorted(p for p in self.checkpoints.glob("step_*") if p.is_dir() and p.name != name)[: -KEEP or None]:
             shutil.rmtree(old, ignore_errors=True)
         return final
 
@@ -103,11 +117,16 @@ class RunDir:
         those weights), else LATEST's target (`final` holds the same weights at the end of a run without
         EMA).  Without LATEST: `final`, then the newest complete checkpoint by time and step number.
         """
-        candidates = [p for p in self.checkpoints.iterdir() if p.is_dir() and not p.name.startswith(".")
-                      and native.is_native(p)] if self.checkpoints.is_dir() else []
+        candidates = (
+            [p for p in self.checkpoints.iterdir() if p.is_dir() and not p.name.startswith(".") and native.is_native(p)]
+            if self.checkpoints.is_dir()
+            else []
+        )
         if not candidates:
-            raise FileNotFoundError(f"{self.checkpoints} holds no complete vitkit checkpoint "
-                                    "(a folder with config.json + model.safetensors); has the run saved one yet?")
+            raise FileNotFoundError(
+                f"{self.checkpoints} holds no complete vitkit checkpoint "
+                "(a folder with config.json + model.safetensors); has the run saved one yet?"
+            )
         latest = self.latest(with_state=False)
         if latest is not None:
             ema = self.checkpoints / EMA
@@ -178,8 +197,11 @@ def _step_number(path: Path) -> int:
 def is_run_dir(path: str | os.PathLike) -> bool:
     """A directory made by `vitkit train` / `pretrain-mpp` (it has checkpoints/, or config.json + metrics.jsonl)."""
     path = Path(path)
-    return path.is_dir() and not native.is_native(path) and (
-        (path / CHECKPOINTS).is_dir() or ((path / CONFIG).is_file() and (path / METRICS).is_file()))
+    return (
+        path.is_dir()
+        and not native.is_native(path)
+        and ((path / CHECKPOINTS).is_dir() or ((path / CONFIG).is_file() and (path / METRICS).is_file()))
+    )
 
 
 def find_checkpoint(path: str | os.PathLike) -> Path:

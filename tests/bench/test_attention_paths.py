@@ -120,8 +120,11 @@ def test_training_in_bf16_does_not_change_stored_weights_dtype() -> None:
 @pytest.mark.parametrize("tokens", [17, 31, 32, 50])
 def test_softmax_path_by_row_length(tokens: int) -> None:
     logits = (4 * torch.randn(3, 2, tokens, tokens)).to(torch.bfloat16)
-    want = (logits.float().softmax(-1).to(torch.bfloat16) if tokens < 32  # fp32, rounded once
-            else logits.softmax(-1))  # torch's bf16 kernel
+    want = (
+        logits.float().softmax(-1).to(torch.bfloat16)
+        if tokens < 32  # fp32, rounded once
+        else logits.softmax(-1)
+    )  # torch's bf16 kernel
     got = kernels.softmax(logits)
     assert got.dtype == torch.bfloat16 and torch.equal(got, want)
     torch.testing.assert_close(got.float(), logits.float().softmax(-1), atol=8e-3, rtol=0)  # bf16 of the truth

@@ -20,7 +20,9 @@ TINY_GAP_RELATIVE = dataclasses.replace(
 )
 
 
-@pytest.mark.parametrize("config", [TINY, TINY_GAP_RELATIVE, PRESETS["vit_b16"]], ids=["tiny", "tiny_gap_relative", "vit_b16"])
+@pytest.mark.parametrize(
+    "config", [TINY, TINY_GAP_RELATIVE, PRESETS["vit_b16"]], ids=["tiny", "tiny_gap_relative", "vit_b16"]
+)
 def test_vit_flops_equal_counted_flops(config):
     assert vit_flops(config) == counted_flops(config)
     other = 2 * config.img_size  # another resolution: more tokens, quadratic attention term

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 import torch.nn.functional as F
 
 from vitkit.models import create_model, kernels
@@ -85,8 +84,9 @@ def test_a_failing_probe_runs_the_plain_ops(monkeypatch: pytest.MonkeyPatch, cap
     assert sum("is off on this host" in r.message for r in caplog.records) == 1  # logged once
 
 
-def test_a_kernel_failing_mid_run_falls_back_for_good(monkeypatch: pytest.MonkeyPatch,
-                                                    caplog: pytest.LogCaptureFixture) -> None:
+def test_a_kernel_failing_mid_run_falls_back_for_good(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     model, images = _model("tanh"), torch.randn(2, 3, 32, 32)
     expected = _plain_inference(model, images)
     calls = []

@@ -25,8 +25,17 @@ TINY = {"hidden_size": 32, "depth": 2, "num_heads": 2, "mlp_dim": 64, "patch_siz
 
 def _tiny_bench(**changes) -> tp.BenchConfig:
     fields = dict(
-        model="vit_ti16", img_size=32, num_classes=10, batch_size=4, precision="fp32", overrides=TINY,
-        warmup=1, steps=2, repeats=3, peak_tflops=0.5, device="cpu",
+        model="vit_ti16",
+        img_size=32,
+        num_classes=10,
+        batch_size=4,
+        precision="fp32",
+        overrides=TINY,
+        warmup=1,
+        steps=2,
+        repeats=3,
+        peak_tflops=0.5,
+        device="cpu",
     )
     fields.update(changes)
     return tp.BenchConfig(**fields)
@@ -34,8 +43,17 @@ def _tiny_bench(**changes) -> tp.BenchConfig:
 
 def _check_mode(result: dict, mode: str, flops_per_image: int, batch: int, peak: float) -> None:
     r = result[mode]
-    assert set(r) >= {"images_per_s", "seconds_per_step", "seconds_per_step_repeats", "flops_per_image",
-                      "achieved_flops", "mfu", "peak_memory_bytes", "memory_kind", "warmup_s"}
+    assert set(r) >= {
+        "images_per_s",
+        "seconds_per_step",
+        "seconds_per_step_repeats",
+        "flops_per_image",
+        "achieved_flops",
+        "mfu",
+        "peak_memory_bytes",
+        "memory_kind",
+        "warmup_s",
+    }
     assert r["seconds_per_step"] == statistics.median(r["seconds_per_step_repeats"])
     assert math.isclose(r["images_per_s"], batch / r["seconds_per_step"], rel_tol=1e-12)
     assert r["flops_per_image"] == flops_per_image
@@ -49,9 +67,7 @@ def test_benchmark_fields_are_consistent() -> None:
     forward = model_flops(preset_config("vit_ti16", num_classes=10, img_size=32, **TINY))
     assert result["forward_flops_per_image"] == forward
     assert result["peak_flops"] == 0.5e12 and result["peak_source"] == "given"
-    assert result["params"] == sum(
-        p.numel() for p in tp._bench_model(config)[0].parameters()
-    )
+    assert result["params"] == sum(p.numel() for p in tp._bench_model(config)[0].parameters())
     assert result["precision"] == "fp32" and result["attn_impl"] == "auto" and result["batch_size"] == 4
     _check_mode(result, "inference", forward, 4, 0.5e12)
     _check_mode(result, "training", tp.TRAIN_FLOPS_FACTOR * forward, 4, 0.5e12)
@@ -68,9 +84,34 @@ def test_summarize_golden() -> None:
 
 
 def test_cli_bench_json_last_line(capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["bench", "--model", "vit_ti16", "--img-size", "32", "--num-classes", "10", "--batch-size", "2",
-            "--precision", "bf16", "--attn-impl", "explicit", "--warmup", "0", "--steps", "1", "--repeats", "1",
-            "--peak-tflops", "2", "--device", "cpu", "--mode", "training", "--json"]
+    argv = [
+        "bench",
+        "--model",
+        "vit_ti16",
+        "--img-size",
+        "32",
+        "--num-classes",
+        "10",
+        "--batch-size",
+        "2",
+        "--precision",
+        "bf16",
+        "--attn-impl",
+        "explicit",
+        "--warmup",
+        "0",
+        "--steps",
+        "1",
+        "--repeats",
+        "1",
+        "--peak-tflops",
+        "2",
+        "--device",
+        "cpu",
+        "--mode",
+        "training",
+        "--json",
+    ]
     for pair in ("hidden_size=32", "depth=2", "num_heads=2", "mlp_dim=64", "patch_size=8"):
         argv += ["--set", pair]
     assert main(argv) == 0
@@ -81,9 +122,33 @@ def test_cli_bench_json_last_line(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_cli_bench_table_and_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["bench", "--img-size", "32", "--num-classes", "10", "--batch-size", "2", "--precision", "fp32",
-            "--warmup", "0", "--steps", "1", "--repeats", "1", "--peak-tflops", "1", "--device", "cpu",
-            "--mode", "inference", "--set", "depth=1", "--set", "patch_size=8"]
+    argv = [
+        "bench",
+        "--img-size",
+        "32",
+        "--num-classes",
+        "10",
+        "--batch-size",
+        "2",
+        "--precision",
+        "fp32",
+        "--warmup",
+        "0",
+        "--steps",
+        "1",
+        "--repeats",
+        "1",
+        "--peak-tflops",
+        "1",
+        "--device",
+        "cpu",
+        "--mode",
+        "inference",
+        "--set",
+        "depth=1",
+        "--set",
+        "patch_size=8",
+    ]
     assert main(argv) == 0
     table = capsys.readouterr().out
     assert "inference" in table and "MFU" in table and "training" not in table.splitlines()[-1]

@@ -25,7 +25,17 @@ def test_convert_to_each_format_and_back(tmp_path, make_vit, images, capsys):
 
 def test_convert_with_surgery(tmp_path, make_vit, capsys):
     vitkit.save(make_vit(representation_size=16), tmp_path / "src")
-    args = ["convert", str(tmp_path / "src"), str(tmp_path / "dst"), "--img-size", "48", "--num-classes", "3", "--pre-logits", "drop"]
+    args = [
+        "convert",
+        str(tmp_path / "src"),
+        str(tmp_path / "dst"),
+        "--img-size",
+        "48",
+        "--num-classes",
+        "3",
+        "--pre-logits",
+        "drop",
+    ]
     assert main(args) == 0
     config = read(tmp_path / "dst").config
     assert (config.img_size, config.num_classes, config.representation_size) == (48, 3, None)

@@ -30,7 +30,9 @@ def _randomise_hf(model):
 
 
 def test_logits_match_hf_classifier(tmp_path, images):
-    reference = _randomise_hf(transformers.ViTForImageClassification(_hf_config(id2label={0: "a", 1: "b", 2: "c", 3: "d", 4: "e"})))
+    reference = _randomise_hf(
+        transformers.ViTForImageClassification(_hf_config(id2label={0: "a", 1: "b", 2: "c", 3: "d", 4: "e"}))
+    )
     reference.save_pretrained(tmp_path / "hf")
     checkpoint = read(tmp_path / "hf")
     config = checkpoint.config
@@ -56,7 +58,9 @@ def test_vit_model_pooler_is_pre_logits(tmp_path, images):
 def test_round_trip_vitkit_hf_vitkit_is_exact_and_hf_loads_it(tmp_path, make_vit, images):
     model = make_vit(gelu="exact", layer_norm_eps=1e-12)
     names = ["zero", "one", "two", "three", "four"]
-    out = write(Checkpoint(model=model, class_names=names, mean=(0.4, 0.5, 0.6), std=(0.2, 0.3, 0.4)), tmp_path / "hf", to="hf")
+    out = write(
+        Checkpoint(model=model, class_names=names, mean=(0.4, 0.5, 0.6), std=(0.2, 0.3, 0.4)), tmp_path / "hf", to="hf"
+    )
     back = read(out)
     assert back.config == model.config and back.class_names == names
     assert back.mean == (0.4, 0.5, 0.6) and back.std == (0.2, 0.3, 0.4)

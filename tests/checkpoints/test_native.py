@@ -14,7 +14,10 @@ from vitkit.checkpoints import Checkpoint, read
 
 def test_save_load_identical_state_and_logits(tmp_path, make_vit, images):
     model = make_vit(representation_size=16)
-    vitkit.save(Checkpoint(model=model, class_names=list("abcde"), mean=(0.1, 0.2, 0.3), provenance={"run": "x"}), tmp_path / "c")
+    vitkit.save(
+        Checkpoint(model=model, class_names=list("abcde"), mean=(0.1, 0.2, 0.3), provenance={"run": "x"}),
+        tmp_path / "c",
+    )
     back = read(tmp_path / "c")
     assert back.config == model.config and back.class_names == list("abcde") and back.mean == (0.1, 0.2, 0.3)
     assert back.provenance["run"] == "x" and back.provenance["format"] == "vitkit"

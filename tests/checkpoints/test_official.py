@@ -22,7 +22,11 @@ def official_arrays(pool: str = "token", rep: int | None = None, seed: int = 0) 
         return (rng.standard_normal(shape) * scale).astype(np.float32)
 
     tokens = GRID * GRID + (pool == "token")
-    a = {"embedding/kernel": r(P, P, 3, D), "embedding/bias": r(D), "Transformer/posembed_input/pos_embedding": r(1, tokens, D)}
+    a = {
+        "embedding/kernel": r(P, P, 3, D),
+        "embedding/bias": r(D),
+        "Transformer/posembed_input/pos_embedding": r(1, tokens, D),
+    }
     if pool == "token":
         a["cls"] = r(1, 1, D)
     for i in range(L):
@@ -70,7 +74,9 @@ def reference_logits(a: dict[str, np.ndarray], images: np.ndarray) -> np.ndarray
         b = f"Transformer/encoderblock_{i}/"
         m = b + "MultiHeadDotProductAttention_1/"
         y = _ln(x, a[b + "LayerNorm_0/scale"], a[b + "LayerNorm_0/bias"])
-        q, k, v = (np.einsum("ntd,dhe->nthe", y, a[m + f"{s}/kernel"]) + a[m + f"{s}/bias"] for s in ("query", "key", "value"))
+        q, k, v = (
+            np.einsum("ntd,dhe->nthe", y, a[m + f"{s}/kernel"]) + a[m + f"{s}/bias"] for s in ("query", "key", "value")
+        )
         logits = np.einsum("nqhe,nkhe->nhqk", q, k) / np.sqrt(D // K)
         weights = np.exp(logits - logits.max(-1, keepdims=True))
         weights /= weights.sum(-1, keepdims=True)
@@ -124,7 +130,11 @@ def test_round_trip_vitkit_official_vitkit_is_exact(tmp_path, make_vit):
 def _big_vision(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The same model in big_vision's layout: params/ prefix, per-type names, scan-stacked blocks,
     top-level pos_embedding without a [class] row."""
-    names = {"MultiHeadDotProductAttention_1": "MultiHeadDotProductAttention_0", "LayerNorm_2": "LayerNorm_1", "MlpBlock_3": "MlpBlock_0"}
+    names = {
+        "MultiHeadDotProductAttention_1": "MultiHeadDotProductAttention_0",
+        "LayerNorm_2": "LayerNorm_1",
+        "MlpBlock_3": "MlpBlock_0",
+    }
     out, stacked = {}, {}
     for key, value in arrays.items():
         if key.startswith("Transformer/encoderblock_"):
@@ -211,7 +221,11 @@ def reference_hybrid_logits(a: dict[str, np.ndarray], images: torch.Tensor) -> n
         for u in range(1, units + 1):
             p = f"block{s}/unit{u}/"
             stride = 2 if (s > 1 and u == 1) else 1
-            residual = _gn(_std_conv(x, a[p + "conv_proj/kernel"], stride), a, p + "gn_proj") if p + "conv_proj/kernel" in a else x
+            residual = (
+                _gn(_std_conv(x, a[p + "conv_proj/kernel"], stride), a, p + "gn_proj")
+                if p + "conv_proj/kernel" in a
+                else x
+            )
             y = relu(_gn(_std_conv(x, a[p + "conv1/kernel"], 1), a, p + "gn1"))
             y = relu(_gn(_std_conv(y, a[p + "conv2/kernel"], stride), a, p + "gn2"))
             x = relu(residual + _gn(_std_conv(y, a[p + "conv3/kernel"], 1), a, p + "gn3"))
@@ -223,7 +237,9 @@ def test_hybrid_matches_reference_with_old_groupnorm_shapes(tmp_path, randomise,
     arrays = official.from_vitkit(Checkpoint(model=model))
     assert arrays["conv_root/kernel"].shape == (7, 7, 3, 64) and arrays["embedding/kernel"].shape == (1, 1, 512, D)
     assert "block1/unit1/conv_proj/kernel" in arrays and "block2/unit2/conv_proj/kernel" not in arrays
-    old = {k: v.reshape(1, 1, 1, -1) if "/gn" in k or k.startswith("gn_") else v for k, v in arrays.items()}  # pre-0.3.6 linen
+    old = {
+        k: v.reshape(1, 1, 1, -1) if "/gn" in k or k.startswith("gn_") else v for k, v in arrays.items()
+    }  # pre-0.3.6 linen
     back = read(_save(tmp_path, old)).model
     assert back.config == HYBRID  # inferred: stages (1, 2), width 1, 32 px
     with torch.no_grad():

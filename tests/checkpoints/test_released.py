@@ -37,7 +37,16 @@ def test_released_checkpoint(name):
     config = checkpoint.config
     vit = config.vit if isinstance(config, HybridConfig) else config
     stages = config.resnet_layers if isinstance(config, HybridConfig) else None
-    got = (vit.hidden_size, vit.depth, vit.num_heads, vit.mlp_dim, vit.patch_size, vit.representation_size, vit.num_classes, stages)
+    got = (
+        vit.hidden_size,
+        vit.depth,
+        vit.num_heads,
+        vit.mlp_dim,
+        vit.patch_size,
+        vit.representation_size,
+        vit.num_classes,
+        stages,
+    )
     assert got == EXPECTED[name]
     arrays = official.normalise_layout(official.read_arrays(path))
     back = official.from_vitkit(checkpoint)

@@ -15,7 +15,9 @@ def _linear_posemb(grid: int, dim: int) -> tuple[torch.Tensor, torch.Tensor, tor
     """E_pos[r, c] = a + r·b + c·d for random a, b, d, with a random [class] row in front."""
     g = torch.Generator().manual_seed(0)
     a, b, d, cls = (torch.randn(dim, generator=g) for _ in range(4))
-    rows, cols = torch.meshgrid(torch.arange(grid, dtype=torch.float32), torch.arange(grid, dtype=torch.float32), indexing="ij")
+    rows, cols = torch.meshgrid(
+        torch.arange(grid, dtype=torch.float32), torch.arange(grid, dtype=torch.float32), indexing="ij"
+    )
     table = a + rows[..., None] * b + cols[..., None] * d  # (g, g, D)
     return torch.cat([cls[None], table.reshape(-1, dim)])[None], a, b, d
 

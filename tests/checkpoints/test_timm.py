@@ -13,9 +13,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from timm_stub import import_timm
 from vitkit.checkpoints import Checkpoint, read, timm, write
 from vitkit.models import build_model
-from timm_stub import import_timm
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +28,9 @@ def _timm_dir(tmp_path, model, num_heads):
     directory = tmp_path / "timm"
     directory.mkdir()
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(directory / "model.safetensors"))
-    (directory / "config.json").write_text(json.dumps({"architecture": "vit_tiny_patch16_224", "model_args": {"num_heads": num_heads}}))
+    (directory / "config.json").write_text(
+        json.dumps({"architecture": "vit_tiny_patch16_224", "model_args": {"num_heads": num_heads}})
+    )
     return directory
 
 
@@ -51,7 +53,9 @@ def _randomise(model):
     ids=["token", "gap", "no_embed_class", "no_qkv_bias"],
 )
 def test_logits_match_timm(tmp_path, timm_vit, images, kwargs):
-    reference = _randomise(timm_vit(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, mlp_ratio=2.0, num_classes=5, **kwargs))
+    reference = _randomise(
+        timm_vit(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, mlp_ratio=2.0, num_classes=5, **kwargs)
+    )
     checkpoint = read(_timm_dir(tmp_path, reference, 2))
     assert (checkpoint.config.gelu, checkpoint.config.layer_norm_eps) == ("exact", 1e-6)
     with torch.no_grad():
@@ -93,7 +97,9 @@ def test_exact_gelu_is_carried(tmp_path, make_vit, images):
 
 def test_pth_state_dict_with_wrapper_and_config(tmp_path, make_vit, images):
     model = make_vit(gelu="exact")
-    torch.save({"state_dict": {f"module.{k}": v for k, v in model.state_dict().items()}, "epoch": 3}, tmp_path / "m.pth")
+    torch.save(
+        {"state_dict": {f"module.{k}": v for k, v in model.state_dict().items()}, "epoch": 3}, tmp_path / "m.pth"
+    )
     back = read(tmp_path / "m.pth", config=model.config).model
     with torch.no_grad():
         assert torch.equal(back(images), model(images))

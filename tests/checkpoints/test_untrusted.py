@@ -32,13 +32,16 @@ def edit_model_config(directory, **fields):
     return path
 
 
-@pytest.mark.parametrize("field, value, problem", [
-    ("depth", 1_000_000, r"model\.depth must be an integer in \[1, 1024\], got 1000000"),
-    ("hidden_size", 3_000_000, r"model\.hidden_size must be an integer in \[1, 65536\], got 3000000"),
-    ("depth", -3, r"model\.depth must be an integer in \[1, 1024\], got -3"),
-    ("hidden_size", "192", r"model\.hidden_size must be an integer in \[1, 65536\], got '192'"),
-    ("layer_norm_eps", float("nan"), r"model\.layer_norm_eps must be a finite number in \(0, 1\], got nan"),
-])
+@pytest.mark.parametrize(
+    "field, value, problem",
+    [
+        ("depth", 1_000_000, r"model\.depth must be an integer in \[1, 1024\], got 1000000"),
+        ("hidden_size", 3_000_000, r"model\.hidden_size must be an integer in \[1, 65536\], got 3000000"),
+        ("depth", -3, r"model\.depth must be an integer in \[1, 1024\], got -3"),
+        ("hidden_size", "192", r"model\.hidden_size must be an integer in \[1, 65536\], got '192'"),
+        ("layer_norm_eps", float("nan"), r"model\.layer_norm_eps must be a finite number in \(0, 1\], got nan"),
+    ],
+)
 def test_hand_edited_config_is_refused_by_field_and_file(tmp_path, make_vit, no_allocation, field, value, problem):
     vitkit.save(make_vit(), tmp_path / "c")
     config = edit_model_config(tmp_path / "c", **{field: value})
@@ -65,8 +68,11 @@ def test_header_shapes_are_checked_against_the_meta_model_first(tmp_path, make_v
     meta["model"].update(depth=3, mlp_dim=48)
     del meta["weights_sha256"]
     (tmp_path / "c" / "config.json").write_text(json.dumps(meta))
-    with pytest.raises(CheckpointError, match=r"model\.safetensors does not fit the model: missing \['blocks\.2\..*"
-                       r"shape mismatch.*blocks\.0\.mlp\.fc1\.weight: file \(64, 32\) vs model \(48, 32\)"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"model\.safetensors does not fit the model: missing \['blocks\.2\..*"
+        r"shape mismatch.*blocks\.0\.mlp\.fc1\.weight: file \(64, 32\) vs model \(48, 32\)",
+    ):
         read(tmp_path / "c")
 
 
@@ -74,8 +80,11 @@ def test_model_above_the_limit_is_refused_with_how_to_raise_it(tmp_path, make_vi
     vitkit.save(make_vit(), tmp_path / "c")
     need = limits.model_bytes(make_vit().config)
     assert need == 4 * sum(t.numel() for t in make_vit().state_dict().values())
-    with pytest.raises(CheckpointError, match=r"config\.json: the model needs 0\.0 GB \(\d+ bytes.*above the limit "
-                       r"of 0\.0 GB \(max_bytes=1000\).*max_bytes=.*--max-model-gb"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"config\.json: the model needs 0\.0 GB \(\d+ bytes.*above the limit "
+        r"of 0\.0 GB \(max_bytes=1000\).*max_bytes=.*--max-model-gb",
+    ):
         read(tmp_path / "c", max_bytes=1000)
     monkeypatch.setattr(limits, "available_memory", lambda: need - 1)  # the default: what is free now
     with pytest.raises(CheckpointError, match=r"above the limit of 0\.0 GB \(the memory available now\)"):
@@ -105,16 +114,23 @@ def test_model_under_the_limit_still_loads(tmp_path, make_vit):
             read(tmp_path / "c", max_bytes=bad)
 
 
-@pytest.mark.parametrize("edit, problem", [
-    ({"class_names": ["a", 3, "c", "d", "e"]}, r"class_names must be null or a list of 5 strings"),
-    ({"class_names": ["a"]}, r"class_names must be null or a list of 5 strings"),
-    ({"normalization": {"mean": [0.5, "x", 0.5], "std": [0.5] * 3}},
-     r"normalization\.mean must be a list of 1 or 3 finite numbers"),
-    ({"normalization": {"mean": [0.5] * 3, "std": [0.5, 0.0, 0.5]}},
-     r"normalization\.std must be a list of 1 or 3 finite numbers > 0"),
-    ({"provenance": [1, 2]}, r"provenance must be an object"),
-    ({"weights_sha256": 5}, r"weights_sha256 must be a hex string"),
-])
+@pytest.mark.parametrize(
+    "edit, problem",
+    [
+        ({"class_names": ["a", 3, "c", "d", "e"]}, r"class_names must be null or a list of 5 strings"),
+        ({"class_names": ["a"]}, r"class_names must be null or a list of 5 strings"),
+        (
+            {"normalization": {"mean": [0.5, "x", 0.5], "std": [0.5] * 3}},
+            r"normalization\.mean must be a list of 1 or 3 finite numbers",
+        ),
+        (
+            {"normalization": {"mean": [0.5] * 3, "std": [0.5, 0.0, 0.5]}},
+            r"normalization\.std must be a list of 1 or 3 finite numbers > 0",
+        ),
+        ({"provenance": [1, 2]}, r"provenance must be an object"),
+        ({"weights_sha256": 5}, r"weights_sha256 must be a hex string"),
+    ],
+)
 def test_other_fields_of_config_json_are_checked(tmp_path, make_vit, no_allocation, edit, problem):
     vitkit.save(make_vit(), tmp_path / "c")
     path = tmp_path / "c" / "config.json"
@@ -123,12 +139,15 @@ def test_other_fields_of_config_json_are_checked(tmp_path, make_vit, no_allocati
         read(tmp_path / "c")
 
 
-@pytest.mark.parametrize("text, problem", [
-    (b"\xff\xfe{}", "is not UTF-8"),
-    (b'{"format": "vitkit", "model": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested too deeply"),
-    (b'{"format": "vitkit", "model": {"depth": 1' + b"0" * 5000 + b"}}", "not valid JSON"),
-    (b"[1, 2]", "must hold a JSON object"),
-])
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        (b"\xff\xfe{}", "is not UTF-8"),
+        (b'{"format": "vitkit", "model": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested too deeply"),
+        (b'{"format": "vitkit", "model": {"depth": 1' + b"0" * 5000 + b"}}", "not valid JSON"),
+        (b"[1, 2]", "must hold a JSON object"),
+    ],
+)
 def test_damaged_config_json_is_named(tmp_path, make_vit, text, problem):
     vitkit.save(make_vit(), tmp_path / "c")
     (tmp_path / "c" / "config.json").write_bytes(text)

@@ -102,9 +102,12 @@ def test_npz_member_headers_are_bounded_by_the_member(tmp_path, no_data_read):
     np.lib.format.write_array_header_1_0(forged, {"descr": "<f4", "fortran_order": False, "shape": (9999999, 2)})
     with zipfile.ZipFile(path, "w") as archive:
         archive.writestr("embedding/kernel.npy", forged.getvalue() + b"\0" * 16)
-    with pytest.raises(CheckpointError, match=r"w\.npz: member 'embedding/kernel\.npy': shape \[9999999, 2\] of <f4 "
-                       r"needs "
-                       r"79999992 bytes, the member holds 16"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"w\.npz: member 'embedding/kernel\.npy': shape \[9999999, 2\] of <f4 "
+        r"needs "
+        r"79999992 bytes, the member holds 16",
+    ):
         read(path)
     with zipfile.ZipFile(path, "w") as archive:
         archive.writestr("notes.txt", b"hello")
@@ -112,16 +115,26 @@ def test_npz_member_headers_are_bounded_by_the_member(tmp_path, no_data_read):
         read(path)
 
 
-@pytest.mark.parametrize("edit, problem", [
-    ({"num_hidden_layers": "12"}, r"num_hidden_layers \(vitkit's depth\) must be an integer in \[1, 1024\], got '12'"),
-    ({"hidden_size": 3_000_000},
-     r"hidden_size \(vitkit's hidden_size\) must be an integer in \[1, 65536\], got 3000000"),
-    ({"layer_norm_eps": float("nan")},
-     r"layer_norm_eps \(vitkit's layer_norm_eps\) must be a finite number in \(0, 1\], got nan"),
-    ({"image_size": [32, "x"]}, r"image_size must be one size or two equal ones"),
-    ({"hidden_act": ["gelu"]}, r"hidden_act \['gelu'\] has no vitkit equivalent"),
-    ({"id2label": ["a", "b"]}, r"id2label must be an object"),
-])
+@pytest.mark.parametrize(
+    "edit, problem",
+    [
+        (
+            {"num_hidden_layers": "12"},
+            r"num_hidden_layers \(vitkit's depth\) must be an integer in \[1, 1024\], got '12'",
+        ),
+        (
+            {"hidden_size": 3_000_000},
+            r"hidden_size \(vitkit's hidden_size\) must be an integer in \[1, 65536\], got 3000000",
+        ),
+        (
+            {"layer_norm_eps": float("nan")},
+            r"layer_norm_eps \(vitkit's layer_norm_eps\) must be a finite number in \(0, 1\], got nan",
+        ),
+        ({"image_size": [32, "x"]}, r"image_size must be one size or two equal ones"),
+        ({"hidden_act": ["gelu"]}, r"hidden_act \['gelu'\] has no vitkit equivalent"),
+        ({"id2label": ["a", "b"]}, r"id2label must be an object"),
+    ],
+)
 def test_hf_config_fields_are_named_as_hf_names_them(tmp_path, make_vit, edit, problem):
     pytest.importorskip("transformers")
     write(Checkpoint(model=make_vit(num_classes=0)), tmp_path / "hf", to="hf")
@@ -139,11 +152,14 @@ def _replace_member(path, name, raw):
             archive.writestr(member, raw if member == name else data)
 
 
-@pytest.mark.parametrize("pickle_bytes, raised", [
-    (b"\x80\x02a.", "IndexError"),  # APPEND on an empty stack
-    (b"\x80\x02h\x05.", "KeyError"),  # a memo slot never filled
-    (b"\x80\x02K\x05Q.", "AssertionError"),  # a persistent id that is not a tuple
-])
+@pytest.mark.parametrize(
+    "pickle_bytes, raised",
+    [
+        (b"\x80\x02a.", "IndexError"),  # APPEND on an empty stack
+        (b"\x80\x02h\x05.", "KeyError"),  # a memo slot never filled
+        (b"\x80\x02K\x05Q.", "AssertionError"),  # a persistent id that is not a tuple
+    ],
+)
 def test_damaged_pickle_inside_a_torch_zip_is_named(tmp_path, pickle_bytes, raised):
     path = tmp_path / "w.pth"
     torch.save({"w": torch.zeros(2)}, path)

@@ -32,9 +32,15 @@ def make_folder(base: Path) -> dict[str, Path]:
     (root / "cat").mkdir(parents=True)
     (root / "dog").mkdir()
     files = {
-        "rgb": root / "cat" / "a_rgb.jpg", "gray": root / "cat" / "b_gray.jpg", "corrupt": root / "cat" / "c_corrupt.jpg",
-        "alpha": root / "dog" / "a_alpha.png", "tiny": root / "dog" / "b_tiny.png", "truncated": root / "dog" / "c_truncated.png",
-        "empty": root / "dog" / "d_empty.jpg", "wide": root / "dog" / "e_wide.png", "gray16": root / "dog" / "f_gray16.png",
+        "rgb": root / "cat" / "a_rgb.jpg",
+        "gray": root / "cat" / "b_gray.jpg",
+        "corrupt": root / "cat" / "c_corrupt.jpg",
+        "alpha": root / "dog" / "a_alpha.png",
+        "tiny": root / "dog" / "b_tiny.png",
+        "truncated": root / "dog" / "c_truncated.png",
+        "empty": root / "dog" / "d_empty.jpg",
+        "wide": root / "dog" / "e_wide.png",
+        "gray16": root / "dog" / "f_gray16.png",
     }
     Image.new("RGB", (40, 30), RED).save(files["rgb"], quality=95)
     Image.new("L", (24, 24), 77).save(files["gray"], quality=95)
@@ -135,7 +141,9 @@ def test_folder_splits_and_errors(tmp_path):
     info = describe(uri)
     assert (info.num_train, info.num_classes, info.image_size, info.channels) == (12, 2, 5, 3)
     # a folder without test/ or val/ holds out a fixed, class-stratified 20% as its test split
-    flat_test, flat_train = (load_split(f"folder:{tmp_path / 'train'}", part, image_size=4) for part in ("test", "train"))
+    flat_test, flat_train = (
+        load_split(f"folder:{tmp_path / 'train'}", part, image_size=4) for part in ("test", "train")
+    )
     assert (len(flat_test), len(flat_train)) == (2, 10) and torch.bincount(flat_test.labels).tolist() == [1, 1]
     assert set(reds(flat_test)).isdisjoint(reds(flat_train)) and "hold-out" in flat_test.origin
     assert describe(f"folder:{tmp_path / 'train'}").num_train == 10

@@ -21,11 +21,16 @@ CLASSES = ["ant", "bee", "cat", "dog"]
 
 def _dataset(count: int, start: int = 0, extra_image: bool = False, int_labels: bool = False):
     images, labels = numbered_images(start + count, classes=len(CLASSES))
-    features = {"picture": datasets.Image(),
-                "target": datasets.Value("int64") if int_labels else datasets.ClassLabel(names=CLASSES),
-                "weight": datasets.Value("float32")}
-    rows = {"picture": [{"bytes": png(images[i]), "path": None} for i in range(start, start + count)],
-            "target": labels[start:].tolist(), "weight": [0.5] * count}
+    features = {
+        "picture": datasets.Image(),
+        "target": datasets.Value("int64") if int_labels else datasets.ClassLabel(names=CLASSES),
+        "weight": datasets.Value("float32"),
+    }
+    rows = {
+        "picture": [{"bytes": png(images[i]), "path": None} for i in range(start, start + count)],
+        "target": labels[start:].tolist(),
+        "weight": [0.5] * count,
+    }
     if extra_image:
         features["thumb"] = datasets.Image()
         rows["thumb"] = rows["picture"]
@@ -49,8 +54,19 @@ def test_saved_dataset_dict_is_read_map_style(tmp_path: Path) -> None:
     assert image_ids(test.images) == list(range(30, 36))
     files = load_split(uri, "train", image_size=8, val_fraction=0.25, seed=3, max_in_memory_bytes=0)
     assert files.access == "files" and len(files) == 22 and "row" in files.name(0)
-    loader = FileBatches(files, IndexStream(len(files), 0), start_step=0, total_steps=2, global_batch=11, rank=0,
-                         world=1, micro_batch=11, device=torch.device("cpu"), workers=2, strict=False)
+    loader = FileBatches(
+        files,
+        IndexStream(len(files), 0),
+        start_step=0,
+        total_steps=2,
+        global_batch=11,
+        rank=0,
+        world=1,
+        micro_batch=11,
+        device=torch.device("cpu"),
+        workers=2,
+        strict=False,
+    )
     seen = [i for step in loader for images, labels in step for i in image_ids(images)]  # rows read in workers
     held = load_split(uri, "val", image_size=8, val_fraction=0.25, seed=3)
     assert sorted(seen + image_ids(held.images)) == list(range(30))
@@ -67,8 +83,18 @@ def test_parquet_files_are_streamed_by_row_group(tmp_path: Path) -> None:
     assert [s.label for s in samples] == _truth(40)[1].tolist()
     memory = load_split(uri, "train", image_size=8)
     assert torch.equal(memory.images, _truth(40)[0])
-    stream = ShardBatches(train, seed=0, global_batch=10, rank=0, world=1, micro_batch=5, device=torch.device("cpu"),
-                          workers=0, strict=False, window=8)
+    stream = ShardBatches(
+        train,
+        seed=0,
+        global_batch=10,
+        rank=0,
+        world=1,
+        micro_batch=5,
+        device=torch.device("cpu"),
+        workers=0,
+        strict=False,
+        window=8,
+    )
     iterator = iter(stream)
     first = [i for _ in range(4) for images, _ in next(iterator) for i in image_ids(images)]
     assert sorted(first) == list(range(40)) and first != list(range(40))  # one epoch, shuffled
@@ -107,9 +133,24 @@ def test_train_cli_threads_the_column_choice(tmp_path: Path, capsys: pytest.Capt
     from vitkit.cli import main
 
     _dataset(24, extra_image=True).save_to_disk(str(tmp_path / "two"))
-    command = ["train", "--data", f"hf:{tmp_path / 'two'}", "--recipe", "small-8px-tiny", "--out", str(tmp_path / "run"),
-               "--json", "--set", "run.threads=1", "--set", "data.steps=2", "--set", "data.val_fraction=0.25",
-               "--set", "eval.final_split=val"]
+    command = [
+        "train",
+        "--data",
+        f"hf:{tmp_path / 'two'}",
+        "--recipe",
+        "small-8px-tiny",
+        "--out",
+        str(tmp_path / "run"),
+        "--json",
+        "--set",
+        "run.threads=1",
+        "--set",
+        "data.steps=2",
+        "--set",
+        "data.val_fraction=0.25",
+        "--set",
+        "eval.final_split=val",
+    ]
     assert main(command) == 2 and "data.image_column" in capsys.readouterr().err
     assert main([*command, "--set", "data.image_column=thumb"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

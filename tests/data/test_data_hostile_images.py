@@ -22,6 +22,7 @@ def encoded(image: Image.Image, fmt: str, **options) -> bytes:
 
 def png_claiming(width: int, height: int) -> bytes:
     """A PNG whose header claims width x height 8-bit grayscale pixels, with one tiny compressed row."""
+
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
@@ -58,12 +59,16 @@ def test_a_one_pixel_image_is_resized_like_any_other() -> None:
     assert decoded.shape == (3, 16, 16) and decoded[:, 7, 9].tolist() == [10, 20, 30]
 
 
-@pytest.mark.parametrize("data, problem", [
-    (png_claiming(0, 5), "empty 0x5 image|not a readable image"),
-    (png_claiming(64, 64), "corrupt or truncated"),
-    (encoded(Image.new("RGB", (8, 8)), "ICO"), "not a readable image"),  # a format outside IMAGE_EXTENSIONS
-    (encoded(Image.new("RGB", (64, 64)), "JPEG")[:300], "corrupt or truncated|not a readable image"),
-    (b"", "not a readable image")])
+@pytest.mark.parametrize(
+    "data, problem",
+    [
+        (png_claiming(0, 5), "empty 0x5 image|not a readable image"),
+        (png_claiming(64, 64), "corrupt or truncated"),
+        (encoded(Image.new("RGB", (8, 8)), "ICO"), "not a readable image"),  # a format outside IMAGE_EXTENSIONS
+        (encoded(Image.new("RGB", (64, 64)), "JPEG")[:300], "corrupt or truncated|not a readable image"),
+        (b"", "not a readable image"),
+    ],
+)
 def test_bad_files_name_the_file_and_the_problem(data: bytes, problem: str) -> None:
     with pytest.raises(BadImageError, match=f"^upload.png: ({problem})"):
         decode_image(data, size=16, name="upload.png")

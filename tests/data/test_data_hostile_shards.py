@@ -22,11 +22,11 @@ EIGHT_GIB = 8 << 30
 def forge_size(path: Path, header: int, size: int) -> None:
     """Rewrite the size field of the `header`-th 512-byte block of a tar (checksum recomputed)."""
     raw = bytearray(path.read_bytes())
-    block = raw[header * 512:(header + 1) * 512]
-    block[124:136] = b"%011o\0" % size if size < 8 ** 11 else b"\x80" + size.to_bytes(11, "big")
+    block = raw[header * 512 : (header + 1) * 512]
+    block[124:136] = b"%011o\0" % size if size < 8**11 else b"\x80" + size.to_bytes(11, "big")
     block[148:156] = b" " * 8
     block[148:156] = b"%06o\0 " % sum(block)
-    raw[header * 512:(header + 1) * 512] = block
+    raw[header * 512 : (header + 1) * 512] = block
     path.write_bytes(bytes(raw))
 
 
@@ -62,8 +62,13 @@ def test_member_sizes_are_bounded_by_the_file(tmp_path: Path) -> None:
 
 def test_an_indexed_forged_shard_counts_as_skipped_and_names_the_file(tmp_path: Path) -> None:
     _forged_beside_valid_test(tmp_path)
-    index = {"splits": {"train": [{"shard": "train-000000.tar", "count": 1}],
-                        "test": [{"shard": "test-000000.tar", "count": 10}]}, "classes": [str(k) for k in range(10)]}
+    index = {
+        "splits": {
+            "train": [{"shard": "train-000000.tar", "count": 1}],
+            "test": [{"shard": "test-000000.tar", "count": 10}],
+        },
+        "classes": [str(k) for k in range(10)],
+    }
     (tmp_path / "dataset.json").write_text(json.dumps(index))
     with pytest.raises(EmptySplitError, match=r"1 skipped as corrupt.*train-000000\.tar.*8,589,934,592 bytes"):
         load_split(f"wds:{tmp_path}", "train", image_size=8)
@@ -92,19 +97,33 @@ def test_a_stream_with_no_usable_sample_stops_with_a_clear_error(tmp_path: Path)
         write_tar(tmp_path / f"train-{k:06d}.tar", members)
     numbered_shards(tmp_path, [2], prefix="test")  # a test split of its own: train is every train shard
     data = load_split(f"wds:{tmp_path}", "train", image_size=8, max_in_memory_bytes=0)
-    batches = ShardBatches(data, seed=0, global_batch=2, rank=0, world=1, micro_batch=2, device=torch.device("cpu"),
-                           workers=0, strict=False, window=4)
+    batches = ShardBatches(
+        data,
+        seed=0,
+        global_batch=2,
+        rank=0,
+        world=1,
+        micro_batch=2,
+        device=torch.device("cpu"),
+        workers=0,
+        strict=False,
+        window=4,
+    )
     with pytest.raises(EmptySplitError, match=r"10 samples\) has no usable sample: the last 10 read"):
         for _ in zip(range(100), batches, strict=False):
             pass
 
 
-@pytest.mark.parametrize("entry, problem", [
-    ({"shard": "train-000000.tar", "count": "many"}, "bad entry"),
-    ({"shard": "../elsewhere.tar", "count": 1}, "bad entry"),
-    ({"shard": "train-000000.tar", "count": 10 ** 12}, "hold at most"),
-    ({"count": 1}, "bad entry"),
-    ("train-000000.tar", "bad entry")])
+@pytest.mark.parametrize(
+    "entry, problem",
+    [
+        ({"shard": "train-000000.tar", "count": "many"}, "bad entry"),
+        ({"shard": "../elsewhere.tar", "count": 1}, "bad entry"),
+        ({"shard": "train-000000.tar", "count": 10**12}, "hold at most"),
+        ({"count": 1}, "bad entry"),
+        ("train-000000.tar", "bad entry"),
+    ],
+)
 def test_index_entries_are_checked(tmp_path: Path, entry: object, problem: str) -> None:
     numbered_shards(tmp_path, [3])
     (tmp_path / "dataset.json").write_text(json.dumps({"splits": {"train": [entry]}}))
@@ -112,8 +131,15 @@ def test_index_entries_are_checked(tmp_path: Path, entry: object, problem: str) 
         load_split(f"wds:{tmp_path}", "train", image_size=8)
 
 
-@pytest.mark.parametrize("fields, problem", [({"classes": 5}, "'classes'"), ({"channels": 7}, "'channels'"),
-                                             ({"image_size": "big"}, "'image_size'"), ({"splits": []}, "'splits'")])
+@pytest.mark.parametrize(
+    "fields, problem",
+    [
+        ({"classes": 5}, "'classes'"),
+        ({"channels": 7}, "'channels'"),
+        ({"image_size": "big"}, "'image_size'"),
+        ({"splits": []}, "'splits'"),
+    ],
+)
 def test_index_fields_are_checked(tmp_path: Path, fields: dict, problem: str) -> None:
     numbered_shards(tmp_path, [3])
     index = {"splits": {"train": [{"shard": "train-000000.tar", "count": 3}]}, **fields}
@@ -124,14 +150,16 @@ def test_index_fields_are_checked(tmp_path: Path, fields: dict, problem: str) ->
 
 def _header(name: bytes, size_field: bytes, kind: bytes = b"0") -> bytes:
     block = bytearray(512)
-    block[:len(name)], block[124:136], block[156:157] = name, size_field, kind
+    block[: len(name)], block[124:136], block[156:157] = name, size_field, kind
     block[148:156] = b" " * 8
     block[148:156] = b"%06o\0 " % sum(block)
     return bytes(block)
 
 
-@pytest.mark.parametrize("size_field, problem", [(b"-0000001000\0", "bad number"), (b"\xff" * 12, "negative"),
-                                                 (b"0000000009\0\0", "bad number")])
+@pytest.mark.parametrize(
+    "size_field, problem",
+    [(b"-0000001000\0", "bad number"), (b"\xff" * 12, "negative"), (b"0000000009\0\0", "bad number")],
+)
 def test_size_fields_must_be_non_negative_numbers(tmp_path: Path, size_field: bytes, problem: str) -> None:
     path = tmp_path / "t.tar"
     path.write_bytes(_header(b"a.png", size_field) + bytes(2048))

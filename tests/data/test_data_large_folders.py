@@ -12,7 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
-from vitkit.data import imageset, images
+from vitkit.data import images, imageset
 from vitkit.data.images import FileList, decode_image, scan_folder
 from vitkit.data.sources import describe, load_split
 
@@ -52,12 +52,14 @@ def _jpegs() -> dict[str, bytes]:
     rng = np.random.default_rng(1)
     smooth = np.cumsum(rng.integers(0, 9, (97, 131, 3)), axis=1).clip(0, 255).astype(np.uint8)
     out = {}
-    for name, image, options in [("rgb420", Image.fromarray(smooth), {"quality": 85}),
-                                 ("rgb444", Image.fromarray(smooth), {"quality": 90, "subsampling": 0}),
-                                 ("progressive", Image.fromarray(smooth), {"progressive": True}),
-                                 ("gray", Image.fromarray(smooth[..., 0]), {}),
-                                 ("tiny", Image.fromarray(smooth[:3, :5]), {}),
-                                 ("cmyk", Image.fromarray(smooth).convert("CMYK"), {})]:
+    for name, image, options in [
+        ("rgb420", Image.fromarray(smooth), {"quality": 85}),
+        ("rgb444", Image.fromarray(smooth), {"quality": 90, "subsampling": 0}),
+        ("progressive", Image.fromarray(smooth), {"progressive": True}),
+        ("gray", Image.fromarray(smooth[..., 0]), {}),
+        ("tiny", Image.fromarray(smooth[:3, :5]), {}),
+        ("cmyk", Image.fromarray(smooth).convert("CMYK"), {}),
+    ]:
         buffer = io.BytesIO()
         image.save(buffer, format="JPEG", **options)
         out[name] = buffer.getvalue()

@@ -12,7 +12,10 @@ from vitkit.data import randaugment as ra
 
 def pil_batch(batch: int = 4, side: int = 12, seed: int = 0) -> tuple[torch.Tensor, list[Image.Image]]:
     rng = np.random.default_rng(seed)
-    arrays = [rng.integers(lo, hi, (side, side, 3), dtype=np.uint8) for lo, hi in ((0, 256), (40, 90), (7, 8), (0, 200))[:batch]]
+    arrays = [
+        rng.integers(lo, hi, (side, side, 3), dtype=np.uint8)
+        for lo, hi in ((0, 256), (40, 90), (7, 8), (0, 200))[:batch]
+    ]
     tensor = torch.from_numpy(np.stack(arrays)).permute(0, 3, 1, 2).float()  # (B, H, W, C) -> (B, C, H, W)
     return tensor, [Image.fromarray(a) for a in arrays]
 
@@ -29,8 +32,15 @@ def test_equalize_autocontrast_posterize_solarize_match_pillow():
     assert torch.equal(ra.solarize(x, 0.5), as_tensor([ImageOps.solarize(i, 128) for i in pil]))
 
 
-@pytest.mark.parametrize("name, enhancer", [("color", ImageEnhance.Color), ("brightness", ImageEnhance.Brightness),
-                                             ("sharpness", ImageEnhance.Sharpness), ("contrast", ImageEnhance.Contrast)])
+@pytest.mark.parametrize(
+    "name, enhancer",
+    [
+        ("color", ImageEnhance.Color),
+        ("brightness", ImageEnhance.Brightness),
+        ("sharpness", ImageEnhance.Sharpness),
+        ("contrast", ImageEnhance.Contrast),
+    ],
+)
 def test_enhance_ops_match_pillow(name, enhancer):
     x, pil = pil_batch()
     signs = torch.tensor([1.0, -1.0, 1.0, -1.0])
@@ -47,7 +57,7 @@ def test_translate_moves_by_45_percent_with_grey_fill():
     moved = {"left": 0, "right": 0}
     for i in range(16):
         if torch.equal(out[i, :, :, : 20 - shift], x[i, :, :, shift:]):
-            assert (out[i, :, :, 20 - shift:] == 128).all()
+            assert (out[i, :, :, 20 - shift :] == 128).all()
             moved["left"] += 1
         else:
             assert torch.equal(out[i, :, :, shift:], x[i, :, :, : 20 - shift]) and (out[i, :, :, :shift] == 128).all()

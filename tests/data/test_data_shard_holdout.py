@@ -51,8 +51,18 @@ def test_streamed_split_reads_the_same_samples_in_every_worker_and_after_a_resum
     assert _stream_ids(streamed) == memory and sorted(_stream_ids(held)) == sorted(set(range(90)) - set(memory))
 
     def batches(workers: int, step: int = 0) -> list[int]:
-        stream = ShardBatches(streamed, seed=0, global_batch=8, rank=0, world=1, micro_batch=4, device=CPU,
-                              workers=workers, strict=False, window=16)
+        stream = ShardBatches(
+            streamed,
+            seed=0,
+            global_batch=8,
+            rank=0,
+            world=1,
+            micro_batch=4,
+            device=CPU,
+            workers=workers,
+            strict=False,
+            window=16,
+        )
         stream.load_state_dict({**stream.state_dict(), "step": step})
         iterator = iter(stream)
         return [i for _ in range(20 - step) for images, _ in next(iterator) for i in image_ids(images)]
@@ -60,7 +70,7 @@ def test_streamed_split_reads_the_same_samples_in_every_worker_and_after_a_resum
     one, two = batches(0), batches(2)
     assert Counter(one[:72]) == Counter(memory)  # one lane's first epoch: every kept sample once
     assert set(two) <= set(memory) and len(set(two)) > 60  # two lanes (workers): kept samples only
-    assert batches(2, step=7) == two[7 * 8:]  # resuming mid-round reads the held-back window again
+    assert batches(2, step=7) == two[7 * 8 :]  # resuming mid-round reads the held-back window again
 
 
 def test_class_names_come_from_classes_txt(shards: Path) -> None:
@@ -71,12 +81,15 @@ def test_class_names_come_from_classes_txt(shards: Path) -> None:
     assert describe(f"wds:{shards}").num_classes == 4
 
 
-@pytest.mark.parametrize("text, message", [
-    ("n01\nn02\n", "names 2 classes, but the shards hold label 3"),
-    ("n01\n\nn03\nn04\n", "line 2 is empty"),
-    ("n01\nn02\nn01\nn04\n", "'n01' appears twice"),
-    ("", "one class name per line"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("n01\nn02\n", "names 2 classes, but the shards hold label 3"),
+        ("n01\n\nn03\nn04\n", "line 2 is empty"),
+        ("n01\nn02\nn01\nn04\n", "'n01' appears twice"),
+        ("", "one class name per line"),
+    ],
+)
 def test_a_bad_classes_txt_is_refused_with_its_reason(shards: Path, text: str, message: str) -> None:
     (shards / "classes.txt").write_text(text)
     with pytest.raises(ValueError, match=message):

@@ -22,10 +22,21 @@ from vitkit.data.tarshards import expand_braces
 CPU = torch.device("cpu")
 
 
-def _batches(data: ShardSet, workers: int = 0, seed: int = 0, batch: int = 8, micro: int = 4, world: int = 1,
-             rank: int = 0) -> ShardBatches:
-    return ShardBatches(data, seed=seed, global_batch=batch, rank=rank, world=world, micro_batch=micro, device=CPU,
-                        workers=workers, strict=False, window=16)
+def _batches(
+    data: ShardSet, workers: int = 0, seed: int = 0, batch: int = 8, micro: int = 4, world: int = 1, rank: int = 0
+) -> ShardBatches:
+    return ShardBatches(
+        data,
+        seed=seed,
+        global_batch=batch,
+        rank=rank,
+        world=world,
+        micro_batch=micro,
+        device=CPU,
+        workers=workers,
+        strict=False,
+        window=16,
+    )
 
 
 def _ids(steps: list[list[tuple[torch.Tensor, torch.Tensor]]]) -> list[int]:
@@ -48,8 +59,10 @@ def test_brace_patterns_expand_like_bash() -> None:
 def test_shard_round_trip_keeps_every_image_and_label(tmp_path: Path) -> None:
     source = f"npz:{numbered_npz(tmp_path / 'n.npz', 50)}"
     summary = write_shards(source, tmp_path / "wds", 12)
-    assert summary["splits"] == {"train": {"shards": 4, "samples": 40, "skipped": 0},
-                                 "test": {"shards": 1, "samples": 10, "skipped": 0}}
+    assert summary["splits"] == {
+        "train": {"shards": 4, "samples": 40, "skipped": 0},
+        "test": {"shards": 1, "samples": 10, "skipped": 0},
+    }
     index = json.loads((tmp_path / "wds" / "dataset.json").read_text())
     assert [e["count"] for e in index["splits"]["train"]] == [12, 12, 12, 4] and index["channels"] == 1
     assert index["classes"] == [f"c{k}" for k in range(10)] and index["image_size"] == 8
@@ -81,8 +94,11 @@ def test_shards_are_deterministic_and_keep_file_bytes(tmp_path: Path) -> None:
     assert totals == {"samples": 6, "skipped": 1}
 
     def stored(out: str) -> list[bytes]:
-        return [s.image for split in ("train", "test")
-                for s in read_all(load_split(f"wds:{tmp_path / out}", split, max_in_memory_bytes=0))]
+        return [
+            s.image
+            for split in ("train", "test")
+            for s in read_all(load_split(f"wds:{tmp_path / out}", split, max_in_memory_bytes=0))
+        ]
 
     files = sorted((tmp_path / "photos").rglob("[0-9].jpg"))
     assert sorted(stored("a")) == sorted(p.read_bytes() for p in files)  # the original bytes, not re-encoded
@@ -121,7 +137,9 @@ def test_webdataset_shardwriter_shards_are_read(tmp_path: Path) -> None:
             sink.write({"__key__": f"sample{i:04d}", "input.png": png(pixels[i]), **label})
     data = load_split(f"wds:{tmp_path}", "train", image_size=6)  # no prefix: every shard is train ...
     test = load_split(f"wds:{tmp_path}", "test", image_size=6)  # ... less the fixed test hold-out
-    assert len(list(tmp_path.glob("*.tar"))) == 3 and data.class_names == ["0", "1"] and (len(data), len(test)) == (5, 2)
+    assert (
+        len(list(tmp_path.glob("*.tar"))) == 3 and data.class_names == ["0", "1"] and (len(data), len(test)) == (5, 2)
+    )
     stored = torch.from_numpy(pixels).permute(0, 3, 1, 2).flatten(1)
     found = [int((stored == image.flatten()).all(1).nonzero()) for image in torch.cat([data.images, test.images])]
     assert sorted(found) == list(range(7))
@@ -131,9 +149,15 @@ def test_webdataset_shardwriter_shards_are_read(tmp_path: Path) -> None:
 def test_corrupt_members_are_skipped_and_counted(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     good = numbered_shards(tmp_path, [6])
     numbered_shards(tmp_path, [2], prefix="test", start=6)  # a test split of its own: train is every train shard
-    members = [("a.png", b"\x89PNG garbage"), ("a.cls", b"1"), ("b.png", png(np.zeros((8, 8), np.uint8))),
-               ("c.png", png(np.full((8, 8), 7, np.uint8))), ("c.cls", b"nine"),
-               ("d.png", png(np.full((8, 8), 9, np.uint8))), ("d.cls", b"42")]
+    members = [
+        ("a.png", b"\x89PNG garbage"),
+        ("a.cls", b"1"),
+        ("b.png", png(np.zeros((8, 8), np.uint8))),
+        ("c.png", png(np.full((8, 8), 7, np.uint8))),
+        ("c.cls", b"nine"),
+        ("d.png", png(np.full((8, 8), 9, np.uint8))),
+        ("d.cls", b"42"),
+    ]
     write_tar(tmp_path / "train-000001.tar", members)
     data = load_split(f"wds:{tmp_path}", "train", image_size=8, max_in_memory_bytes=0)
     data.class_names = [str(k) for k in range(10)]
@@ -144,8 +168,9 @@ def test_corrupt_members_are_skipped_and_counted(tmp_path: Path, caplog: pytest.
     assert "label 42 is outside" in caplog.text
     memory = load_split(f"wds:{tmp_path}", "train", image_size=8)  # without an index the labels name the classes
     assert memory.num_classes == 43 and memory.skipped == 3 and len(memory) == 7
-    strict = ShardBatches(data, seed=0, global_batch=10, rank=0, world=1, micro_batch=10, device=CPU, workers=0,
-                          strict=True)
+    strict = ShardBatches(
+        data, seed=0, global_batch=10, rank=0, world=1, micro_batch=10, device=CPU, workers=0, strict=True
+    )
     with pytest.raises(BadImageError, match="sample"):
         _take(strict, 1)
 
@@ -197,8 +222,9 @@ def test_resuming_at_any_step_continues_the_same_stream(tmp_path: Path, workers:
         changed.load_state_dict(whole.state_dict())
 
 
-def test_cli_shards_then_trains_on_the_shards(tmp_path: Path, capsys: pytest.CaptureFixture,
-                                             caplog: pytest.LogCaptureFixture) -> None:
+def test_cli_shards_then_trains_on_the_shards(
+    tmp_path: Path, capsys: pytest.CaptureFixture, caplog: pytest.LogCaptureFixture
+) -> None:
     from vitkit.cli import main
 
     caplog.set_level("INFO", logger="vitkit.data.sources")
@@ -207,9 +233,24 @@ def test_cli_shards_then_trains_on_the_shards(tmp_path: Path, capsys: pytest.Cap
     assert written["splits"]["train"] == {"shards": 3, "samples": 1438, "skipped": 0}
     assert main(["shard", "digits", "--out", str(tmp_path / "wds"), "--samples-per-shard", "5"]) == 2
     assert "already holds shards" in capsys.readouterr().err
-    code = main(["train", "--data", f"wds:{tmp_path / 'wds'}", "--recipe", "small-8px-tiny", "--out",
-                 str(tmp_path / "run"), "--json", "--set", "run.threads=1", "--set", "data.steps=2",
-                 "--set", "data.max_in_memory_mb=0"])
+    code = main(
+        [
+            "train",
+            "--data",
+            f"wds:{tmp_path / 'wds'}",
+            "--recipe",
+            "small-8px-tiny",
+            "--out",
+            str(tmp_path / "run"),
+            "--json",
+            "--set",
+            "run.threads=1",
+            "--set",
+            "data.steps=2",
+            "--set",
+            "data.max_in_memory_mb=0",
+        ]
+    )
     captured = capsys.readouterr()
     result = json.loads(captured.out.strip().splitlines()[-1])
     assert code == 0 and result["step"] == 2 and result["test"]["count"] == 359
@@ -246,9 +287,12 @@ def test_damaged_and_truncated_shards_count_their_rest_as_corrupt(tmp_path: Path
     damaged[2 * 1024 + 130] ^= 0x01  # the size field of sample 1's image header: its checksum fails
     (tmp_path / "train-000000.tar").write_bytes(bytes(damaged))
     whole = (tmp_path / "train-000001.tar").read_bytes()
-    (tmp_path / "train-000001.tar").write_bytes(whole[:2 * 1024 + 512 + 50])  # ends inside sample 1's image
-    index = {"splits": {"train": [{"shard": "train-000000.tar", "count": 4}, {"shard": "train-000001.tar", "count": 4}]},
-             "classes": [str(k) for k in range(10)], "channels": 1}
+    (tmp_path / "train-000001.tar").write_bytes(whole[: 2 * 1024 + 512 + 50])  # ends inside sample 1's image
+    index = {
+        "splits": {"train": [{"shard": "train-000000.tar", "count": 4}, {"shard": "train-000001.tar", "count": 4}]},
+        "classes": [str(k) for k in range(10)],
+        "channels": 1,
+    }
     (tmp_path / "dataset.json").write_text(json.dumps(index))
     data = load_split(f"wds:{tmp_path}", "train", image_size=8, max_in_memory_bytes=0)
     samples = read_all(data)

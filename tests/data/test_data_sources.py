@@ -161,7 +161,13 @@ def test_fashion_mnist_real_files(shared_data):
     pixels = train.images.numpy()
     assert abs(pixels.sum(dtype=np.uint64) / pixels.size - 72.94) < 0.01  # README's mean pixel value
     info = describe(uri)
-    assert (info.num_train, info.num_classes, info.image_size, info.channels, info.in_memory) == (60000, 10, 28, 1, True)
+    assert (info.num_train, info.num_classes, info.image_size, info.channels, info.in_memory) == (
+        60000,
+        10,
+        28,
+        1,
+        True,
+    )
 
 
 def test_mnist_real_files(shared_data):
@@ -217,8 +223,13 @@ def test_cifar_truncated_file_is_named(tmp_path):
 def test_npz_train_test_nhwc_and_nchw(tmp_path):
     rng = np.random.default_rng(3)
     nhwc = rng.integers(0, 256, (12, 16, 16, 3), dtype=np.uint8)
-    np.savez(tmp_path / "a.npz", x_train=nhwc, y_train=np.arange(12) % 4, x_test=nhwc[:4].transpose(0, 3, 1, 2),
-             y_test=np.arange(4))
+    np.savez(
+        tmp_path / "a.npz",
+        x_train=nhwc,
+        y_train=np.arange(12) % 4,
+        x_test=nhwc[:4].transpose(0, 3, 1, 2),
+        y_test=np.arange(4),
+    )
     train = load_split(f"npz:{tmp_path / 'a.npz'}", "train")
     test = load_split(f"npz:{tmp_path / 'a.npz'}", "test")
     assert torch.equal(train.images, torch.from_numpy(nhwc.transpose(0, 3, 1, 2).copy()))
@@ -254,5 +265,6 @@ def test_imageset_subset_and_describe_digits():
     train = load_split("digits", "train")
     part = train.subset(torch.tensor([5, 0, 7]))
     assert torch.equal(part.images, train.images[[5, 0, 7]]) and torch.equal(part.read(1), train.images[0])
-    assert describe("digits") == sources.SourceInfo(uri="digits", num_train=1438, num_classes=10, image_size=8,
-                                                    channels=1, in_memory=True)
+    assert describe("digits") == sources.SourceInfo(
+        uri="digits", num_train=1438, num_classes=10, image_size=8, channels=1, in_memory=True
+    )

@@ -10,8 +10,21 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from vitkit.data.transforms import (AugmentConfig, cutmix, eval_transform, inception_crop, mixup, one_hot, pad_crop,
-                                    random_erase, random_flip, resize, sample_beta, to_float, train_transform)
+from vitkit.data.transforms import (
+    AugmentConfig,
+    cutmix,
+    eval_transform,
+    inception_crop,
+    mixup,
+    one_hot,
+    pad_crop,
+    random_erase,
+    random_flip,
+    resize,
+    sample_beta,
+    to_float,
+    train_transform,
+)
 
 
 def gen(seed: int = 0) -> torch.Generator:
@@ -98,7 +111,7 @@ def test_pad_crop_windows_match_a_loop():
     out = pad_crop(x, 2, gen(3))
     padded = F.pad(x, (2, 2, 2, 2))
     for i in range(8):
-        windows = [padded[i, :, r:r + 6, c:c + 6] for r in range(5) for c in range(5)]
+        windows = [padded[i, :, r : r + 6, c : c + 6] for r in range(5) for c in range(5)]
         assert any(torch.equal(out[i], w) for w in windows)
     assert torch.equal(pad_crop(x, 0, gen()), x)
 
@@ -155,8 +168,9 @@ def test_sample_beta_moments_and_determinism(alpha):
 FULL = AugmentConfig(randaugment=(2, 10), mixup=0.8, cutmix=1.0, label_smoothing=0.1)
 
 
-@pytest.mark.parametrize("config", [AugmentConfig(), AugmentConfig(crop="pad", flip=False), FULL,
-                                    AugmentConfig(crop="none", flip=False)])
+@pytest.mark.parametrize(
+    "config", [AugmentConfig(), AugmentConfig(crop="pad", flip=False), FULL, AugmentConfig(crop="none", flip=False)]
+)
 def test_train_transform_shapes_and_determinism(config):
     images = torch.randint(0, 256, (16, 1, 12, 12), dtype=torch.uint8)
     labels = torch.arange(16) % 10
@@ -194,8 +208,14 @@ def test_random_erase_replaces_one_clipped_box_per_chosen_image():
     assert torch.equal(out, random_erase(images, 0.5, gen(3), scale=(0.1, 0.3)))  # a pure function of the generator
     assert torch.equal(random_erase(images, 0.0, gen(3)), images)
     config = AugmentConfig(crop="none", flip=False, erasing=1.0)
-    batch, _ = train_transform(torch.zeros(8, 1, 12, 12, dtype=torch.uint8), torch.zeros(8, dtype=torch.long), 2, 12,
-                               config=config, generator=gen())
+    batch, _ = train_transform(
+        torch.zeros(8, 1, 12, 12, dtype=torch.uint8),
+        torch.zeros(8, dtype=torch.long),
+        2,
+        12,
+        config=config,
+        generator=gen(),
+    )
     assert bool(((batch != -1).flatten(1).any(1)).all())  # every image got its box (zeros map to -1)
     with pytest.raises(ValueError, match="erasing"):
         AugmentConfig(erasing=1.5)

@@ -114,7 +114,7 @@ def _mutate_file(structured: Callable[[bytes, random.Random], bytes]) -> Callabl
 
 
 def read_and_classify(path: Path) -> str:
-    """"ok" when `path` reads and its model runs; "handled" for a CheckpointError naming `path`; else raise."""
+    """ "ok" when `path` reads and its model runs; "handled" for a CheckpointError naming `path`; else raise."""
     try:
         checkpoint = read(path)
     except CheckpointError as err:

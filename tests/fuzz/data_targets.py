@@ -49,13 +49,18 @@ def make_image_seed(workdir: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
     rgb = Image.fromarray(_pixels(rng, (12, 10, 3)))
-    files = {"rgb.png": _encoded(rgb, "PNG"), "palette.png": _encoded(rgb.convert("P"), "PNG", transparency=0),
-             "gray16.png": _encoded(Image.fromarray(rng.integers(0, 65536, (9, 7), dtype=np.uint16)), "PNG"),
-             "rgb.jpg": _encoded(rgb, "JPEG"), "cmyk.jpg": _encoded(rgb.convert("CMYK"), "JPEG"),
-             "anim.gif": _encoded(rgb.convert("P"), "GIF"), "rgb.bmp": _encoded(rgb, "BMP"),
-             "rgba.webp": _encoded(rgb.convert("RGBA"), "WEBP"),
-             "lzw.tif": _encoded(rgb, "TIFF", compression="tiff_lzw"),
-             "gray.ppm": _encoded(rgb.convert("L"), "PPM")}
+    files = {
+        "rgb.png": _encoded(rgb, "PNG"),
+        "palette.png": _encoded(rgb.convert("P"), "PNG", transparency=0),
+        "gray16.png": _encoded(Image.fromarray(rng.integers(0, 65536, (9, 7), dtype=np.uint16)), "PNG"),
+        "rgb.jpg": _encoded(rgb, "JPEG"),
+        "cmyk.jpg": _encoded(rgb.convert("CMYK"), "JPEG"),
+        "anim.gif": _encoded(rgb.convert("P"), "GIF"),
+        "rgb.bmp": _encoded(rgb, "BMP"),
+        "rgba.webp": _encoded(rgb.convert("RGBA"), "WEBP"),
+        "lzw.tif": _encoded(rgb, "TIFF", compression="tiff_lzw"),
+        "gray.ppm": _encoded(rgb.convert("L"), "PPM"),
+    }
     for name, data in files.items():
         (folder / name).write_bytes(data)
     return folder
@@ -97,16 +102,29 @@ def make_shard_seed(workdir: Path) -> Path:
                 info = tarfile.TarInfo(member)
                 info.size = len(payload)
                 tar.addfile(info, io.BytesIO(payload))
-    index = {"format": "vitkit-wds/1", "classes": ["a", "b", "c"], "channels": 3, "image_size": 8,
-             "splits": {"train": [{"shard": "train-000000.tar", "count": 6}]}}
+    index = {
+        "format": "vitkit-wds/1",
+        "classes": ["a", "b", "c"],
+        "channels": 3,
+        "image_size": 8,
+        "splits": {"train": [{"shard": "train-000000.tar", "count": 6}]},
+    }
     (folder / "dataset.json").write_text(json.dumps(index))
     return folder
 
 
 def _mutate_index(index: dict, rng: random.Random) -> str:
     entry = index["splits"]["train"][0]
-    key, value = rng.choice([(entry, "count"), (entry, "shard"), (index, "classes"), (index, "channels"),
-                             (index, "image_size"), (index, "splits")])
+    key, value = rng.choice(
+        [
+            (entry, "count"),
+            (entry, "shard"),
+            (index, "classes"),
+            (index, "channels"),
+            (index, "image_size"),
+            (index, "splits"),
+        ]
+    )
     key[value] = rng.choice([-1, 0, 7, 10**12, "x", None, [], {}, True, 2.5, "../x.tar", ["a"] * 3, "train-000000.tar"])
     text = json.dumps(index)
     return mutate_bytes(text.encode(), rng, 1).decode("utf-8", "replace") if rng.random() < 0.2 else text
@@ -121,8 +139,9 @@ def _check_samples(data, case: Path) -> str:
         problem = sample_problem(sample, data.num_classes)
         if not problem:
             try:
-                decode_image(sample.image, data.channels, size=data.load_size, max_pixels=data.max_pixels,
-                             name=sample.key)
+                decode_image(
+                    sample.image, data.channels, size=data.load_size, max_pixels=data.max_pixels, name=sample.key
+                )
                 continue
             except BadImageError as error:
                 _named(error, sample.key)
@@ -139,12 +158,16 @@ def fuzz_shard(seed: Path, rng: random.Random, workdir: Path) -> str:
         raw = (seed / "train-000000.tar").read_bytes()
         (case / "train-000000.tar").write_bytes(mutate_tar(raw, rng) if rng.random() < 0.7 else mutate_bytes(raw, rng))
         if rng.random() < 0.5:
-            (case / "dataset.json").write_text(_mutate_index(json.loads((seed / "dataset.json").read_text()), rng)
-                                               if rng.random() < 0.3 else (seed / "dataset.json").read_text())
+            (case / "dataset.json").write_text(
+                _mutate_index(json.loads((seed / "dataset.json").read_text()), rng)
+                if rng.random() < 0.3
+                else (seed / "dataset.json").read_text()
+            )
         stream, split = rng.random() < 0.5, rng.choice(["train", "train", "test"])  # test: a hold-out of train
         try:
-            data = load_split(f"wds:{case}", split, image_size=8, max_in_memory_bytes=0 if stream else 1 << 20,
-                              num_workers=1)
+            data = load_split(
+                f"wds:{case}", split, image_size=8, max_in_memory_bytes=0 if stream else 1 << 20, num_workers=1
+            )
         except USER_ERRORS as error:
             if str(case) not in str(error):
                 raise Unhandled(f"the error does not name the data set {case}: {error}") from error

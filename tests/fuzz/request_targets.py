@@ -44,14 +44,23 @@ def _image(fmt: str, side: int, seed: int) -> bytes:
 
 
 def _multipart(files: list[tuple[str, str, bytes]], boundary: str = "fuzzBoundary") -> bytes:
-    parts = [f'--{boundary}\r\nContent-Disposition: form-data; name="{field}"; filename="{name}"\r\n'
-             f"Content-Type: image/png\r\n\r\n".encode() + data + b"\r\n" for field, name, data in files]
+    parts = [
+        f'--{boundary}\r\nContent-Disposition: form-data; name="{field}"; filename="{name}"\r\n'
+        f"Content-Type: image/png\r\n\r\n".encode()
+        + data
+        + b"\r\n"
+        for field, name, data in files
+    ]
     return b"".join(parts) + f"--{boundary}--\r\n".encode()
 
 
 def _request(method: str, target: str, headers: list[tuple[str, str]], body: bytes = b"") -> dict:
-    return {"method": method, "target": target, "headers": [("Host", "fuzz"), ("Authorization", f"Bearer {TOKEN}"),
-                                                            *headers], "body": body}
+    return {
+        "method": method,
+        "target": target,
+        "headers": [("Host", "fuzz"), ("Authorization", f"Bearer {TOKEN}"), *headers],
+        "body": body,
+    }
 
 
 def make_request_seed(workdir: Path) -> Path:
@@ -61,19 +70,24 @@ def make_request_seed(workdir: Path) -> Path:
     import vitkit
 
     torch.manual_seed(0)
-    model = vitkit.create_model("vit_ti16", num_classes=3, hidden_size=32, depth=2, num_heads=2, mlp_dim=64,
-                                patch_size=8, img_size=32)
+    model = vitkit.create_model(
+        "vit_ti16", num_classes=3, hidden_size=32, depth=2, num_heads=2, mlp_dim=64, patch_size=8, img_size=32
+    )
     vitkit.save(model, workdir / "checkpoint", class_names=["cat", "dog", "bird"])
     png, jpeg = _image("PNG", 40, 0), _image("JPEG", 33, 1)
     form = _multipart([("file", "a.png", png), ("file", "b.png", _image("PNG", 20, 2))])
-    seeds = {"predict_png": _request("POST", "/v1/predict?top_k=2", [("Content-Type", "image/png")], png),
-             "predict_jpeg": _request("POST", "/v1/predict", [("Content-Type", "image/jpeg")], jpeg),
-             "explain": _request("POST", "/v1/explain", [("Content-Type", "image/png")], png),
-             "explain_png": _request("POST", "/v1/explain?format=png", [("Content-Type", "image/png")], png),
-             "multipart": _request("POST", "/v1/predict",
-                                   [("Content-Type", "multipart/form-data; boundary=fuzzBoundary")], form),
-             "health": _request("GET", "/health", []), "metrics": _request("GET", "/metrics", []),
-             "page": _request("GET", "/", [])}
+    seeds = {
+        "predict_png": _request("POST", "/v1/predict?top_k=2", [("Content-Type", "image/png")], png),
+        "predict_jpeg": _request("POST", "/v1/predict", [("Content-Type", "image/jpeg")], jpeg),
+        "explain": _request("POST", "/v1/explain", [("Content-Type", "image/png")], png),
+        "explain_png": _request("POST", "/v1/explain?format=png", [("Content-Type", "image/png")], png),
+        "multipart": _request(
+            "POST", "/v1/predict", [("Content-Type", "multipart/form-data; boundary=fuzzBoundary")], form
+        ),
+        "health": _request("GET", "/health", []),
+        "metrics": _request("GET", "/metrics", []),
+        "page": _request("GET", "/", []),
+    }
     folder = workdir / "requests"
     folder.mkdir(parents=True, exist_ok=True)
     for name, seed in seeds.items():
@@ -106,9 +120,20 @@ class _Server:
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             self.port = probe.getsockname()[1]
-        config = ServeConfig(port=self.port, model_process=False, max_body_mb=0.5, max_files=8, max_queue=8,
-                             header_timeout_s=CLOCK_S, body_timeout_s=CLOCK_S, max_connections=48, max_wait_ms=1,
-                             token=TOKEN, decode_workers=1, threads=1)
+        config = ServeConfig(
+            port=self.port,
+            model_process=False,
+            max_body_mb=0.5,
+            max_files=8,
+            max_queue=8,
+            header_timeout_s=CLOCK_S,
+            body_timeout_s=CLOCK_S,
+            max_connections=48,
+            max_wait_ms=1,
+            token=TOKEN,
+            decode_workers=1,
+            threads=1,
+        )
         self.server = uvicorn.Server(uvicorn_config(create_app(checkpoint, config), config))
         self.errors = _ErrorLog()
         for name in ("", "uvicorn", "uvicorn.error", "asyncio", "vitkit"):
@@ -189,7 +214,7 @@ def _read_answer(sock: socket.socket, deadline: float, head: bool = False) -> tu
             if head:
                 return status, headers, b""
             if len(rest) >= int(headers.get("content-length", 0)):
-                return status, headers, rest[:int(headers.get("content-length", 0))]
+                return status, headers, rest[: int(headers.get("content-length", 0))]
         if time.monotonic() > deadline:
             raise Unhandled(f"no complete answer within {DEADLINE_S} s (received {received[:120]!r})")
         try:
@@ -208,19 +233,57 @@ def _read_answer(sock: socket.socket, deadline: float, head: bool = False) -> tu
 
 # ------------------------------------------------------------------------------ mutations
 METHODS = ["GET", "POST", "PUT", "HEAD", "OPTIONS", "DELETE", "PATCH", "TRACE", "CONNECT", "G\x00T", "POSTPOST"]
-PATHS = ["/", "/health", "/metrics", "/v1/predict", "/v1/explain", "/v1/predict/", "//v1/predict", "/v1/%70redict",
-         "/v1/predict/../explain", "*", "/" + "a" * 5000, "/%ff%fe", "/v1/pr\u00e9dict", "http://fuzz/v1/predict"]
-QUERIES = ["", "?top_k=1", "?top_k=0", "?top_k=-3", "?top_k=99999999999999999999", "?top_k=x", "?format=png",
-           "?format=gif", "?top_k=1&top_k=2", "?" + "q=1&" * 2000, "?%zz", "?format=png&top_k=3"]
-CONTENT_TYPES = ["image/png", "image/jpeg", "image/", "IMAGE/PNG", "multipart/form-data", "text/plain",
-                 "application/json", "multipart/form-data; boundary=", "multipart/form-data; boundary=fuzzBoundary",
-                 "multipart/form-data; boundary=" + "b" * 300, "multipart/mixed; boundary=fuzzBoundary", "", ";;;",
-                 "image/png; charset=\xff"]
+PATHS = [
+    "/",
+    "/health",
+    "/metrics",
+    "/v1/predict",
+    "/v1/explain",
+    "/v1/predict/",
+    "//v1/predict",
+    "/v1/%70redict",
+    "/v1/predict/../explain",
+    "*",
+    "/" + "a" * 5000,
+    "/%ff%fe",
+    "/v1/pr\u00e9dict",
+    "http://fuzz/v1/predict",
+]
+QUERIES = [
+    "",
+    "?top_k=1",
+    "?top_k=0",
+    "?top_k=-3",
+    "?top_k=99999999999999999999",
+    "?top_k=x",
+    "?format=png",
+    "?format=gif",
+    "?top_k=1&top_k=2",
+    "?" + "q=1&" * 2000,
+    "?%zz",
+    "?format=png&top_k=3",
+]
+CONTENT_TYPES = [
+    "image/png",
+    "image/jpeg",
+    "image/",
+    "IMAGE/PNG",
+    "multipart/form-data",
+    "text/plain",
+    "application/json",
+    "multipart/form-data; boundary=",
+    "multipart/form-data; boundary=fuzzBoundary",
+    "multipart/form-data; boundary=" + "b" * 300,
+    "multipart/mixed; boundary=fuzzBoundary",
+    "",
+    ";;;",
+    "image/png; charset=\xff",
+]
 
 
 def _many_parts(rng: random.Random, body: bytes) -> bytes:
     count = rng.choice([0, 1, 9, 50, 500])
-    name = rng.choice(["file", "file", "other", "", "fi\"le", "x" * 300])
+    name = rng.choice(["file", "file", "other", "", 'fi"le', "x" * 300])
     filename = rng.choice(["a.png", "", "../../etc/passwd", "é.png", "x" * 2000, "a\r\nb.png"])
     files = [(name, filename, body if k % 2 == 0 else mutate_bytes(body, rng)) for k in range(count)]
     form = _multipart(files)
@@ -252,17 +315,34 @@ def _mutate_headers(rng: random.Random, request: dict) -> None:
     elif choice == 1 and headers:
         del headers[rng.randrange(len(headers))]
     elif choice == 2:
-        headers.append(rng.choice([("Authorization", "Bearer wrong"), ("Authorization", ""), ("Expect", "100-continue"),
-                                   ("Transfer-Encoding", "chunked"), ("Connection", "close"), ("Connection", "upgrade"),
-                                   ("Upgrade", "websocket"), ("Content-Encoding", "gzip"), ("X-Big", "v" * 70_000),
-                                   ("Content-Length", "12"), ("Content-Length", "-1"), ("Content-Length", "x")]))
+        headers.append(
+            rng.choice(
+                [
+                    ("Authorization", "Bearer wrong"),
+                    ("Authorization", ""),
+                    ("Expect", "100-continue"),
+                    ("Transfer-Encoding", "chunked"),
+                    ("Connection", "close"),
+                    ("Connection", "upgrade"),
+                    ("Upgrade", "websocket"),
+                    ("Content-Encoding", "gzip"),
+                    ("X-Big", "v" * 70_000),
+                    ("Content-Length", "12"),
+                    ("Content-Length", "-1"),
+                    ("Content-Length", "x"),
+                ]
+            )
+        )
     elif choice == 3:
         headers.extend([("X-Many", "y")] * rng.choice([100, 3000]))
     elif choice == 4:
         headers.append((rng.choice(["X", "Bad Name", "\x7fH", ""]), rng.choice(["\x01", "v", "é", "a\rb"])))
     elif choice == 5:
-        headers[:] = [("Authorization", value) if name == "Authorization" else (name, value) for name, value in headers
-                      for value in [mutate_bytes(value.encode(), rng, 1).decode("latin-1")]]
+        headers[:] = [
+            ("Authorization", value) if name == "Authorization" else (name, value)
+            for name, value in headers
+            for value in [mutate_bytes(value.encode(), rng, 1).decode("latin-1")]
+        ]
 
 
 def mutate_request(seed: dict, rng: random.Random) -> tuple[bytes, str]:
@@ -285,7 +365,7 @@ def mutate_request(seed: dict, rng: random.Random) -> tuple[bytes, str]:
 
 # ------------------------------------------------------------------------------ judging an answer
 def judge(answer: tuple[int, dict, bytes] | None, method: str) -> str:
-    """"ok" for a 2xx/3xx answer, "handled" for a JSON 4xx or 503 + Retry-After; Unhandled otherwise."""
+    """ "ok" for a 2xx/3xx answer, "handled" for a JSON 4xx or 503 + Retry-After; Unhandled otherwise."""
     if answer is None:
         raise Unhandled("the server closed the connection without an answer")
     status, headers, body = answer
@@ -309,7 +389,7 @@ def judge(answer: tuple[int, dict, bytes] | None, method: str) -> str:
 def _abandon(port: int, data: bytes, rng: random.Random) -> str:
     """Send part of a request and leave without reading (the server must take it calmly)."""
     with socket.create_connection(("127.0.0.1", port), timeout=DEADLINE_S) as sock:
-        sock.sendall(data[:rng.randrange(len(data) + 1)])
+        sock.sendall(data[: rng.randrange(len(data) + 1)])
         time.sleep(rng.choice([0.0, 0.02]))
     return "handled"
 

@@ -28,13 +28,23 @@ def test_mutated_requests_get_json_errors_and_no_crash(seed: Path, tmp_path: Pat
     assert set(verdicts) == {"ok", "handled"} and verdicts["ok"] >= 5, verdicts
 
 
-@pytest.mark.parametrize("raw, status", [
-    (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03", 400),  # a TLS hello on the plain port
-    (b"GET /health HTTP/1.1\r\nAuthorization: Bearer fuzz-token\r\n" + b"X: y\r\n" * 20_000 + b"\r\n", 431),
-    (b"POST /v1/predict HTTP/1.1\r\nAuthorization: Bearer fuzz-token\r\nContent-Type: image/png\r\n"
-     b"Content-Length: 900000\r\n\r\n", 413),
-    (b"POST /v1/predict HTTP/1.1\r\nAuthorization: Bearer fuzz-token\r\nContent-Type: image/png\r\n"
-     b"Content-Length: 10\r\n\r\n12345", 408)])
+@pytest.mark.parametrize(
+    "raw, status",
+    [
+        (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03", 400),  # a TLS hello on the plain port
+        (b"GET /health HTTP/1.1\r\nAuthorization: Bearer fuzz-token\r\n" + b"X: y\r\n" * 20_000 + b"\r\n", 431),
+        (
+            b"POST /v1/predict HTTP/1.1\r\nAuthorization: Bearer fuzz-token\r\nContent-Type: image/png\r\n"
+            b"Content-Length: 900000\r\n\r\n",
+            413,
+        ),
+        (
+            b"POST /v1/predict HTTP/1.1\r\nAuthorization: Bearer fuzz-token\r\nContent-Type: image/png\r\n"
+            b"Content-Length: 10\r\n\r\n12345",
+            408,
+        ),
+    ],
+)
 def test_hostile_requests_are_refused_in_json(seed: Path, raw: bytes, status: int) -> None:
     server = request_targets.server_for(seed)
     answer = request_targets.exchange(server.port, raw, [])

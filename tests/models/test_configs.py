@@ -49,7 +49,11 @@ OFFICIAL_VARIANTS = [
     # "testing": D=10, MLP 10, k=2, L=1, /16
     ("vit_b16", {"hidden_size": 10, "mlp_dim": 10, "num_heads": 2, "depth": 1}, 21_390),
     # R+ViT-Ti_16: the ResNet root alone (no stages) and 8x8 patches on its stride-4 map (49 tokens at 224 px)
-    ("r26_vit_s32", {"hidden_size": 192, "mlp_dim": 768, "num_heads": 3, "patch_size": 8, "resnet_layers": ()}, 6_337_704),
+    (
+        "r26_vit_s32",
+        {"hidden_size": 192, "mlp_dim": 768, "num_heads": 3, "patch_size": 8, "resnet_layers": ()},
+        6_337_704,
+    ),
 ]
 # timm 1.0.31 BiT models built with random init (resnetv2_{50x1,50x3,101x1,101x3,152x2,152x4}_bit).
 TIMM_BIT = {
@@ -74,7 +78,15 @@ def vit_closed_form(c: ViTConfig) -> int:
     patches = (c.img_size // c.patch_size) ** 2
     tokens = patches + (c.pool == "token")
     block = (4 * d * d + 4 * d) + (2 * d * m + m + d) + 2 * 2 * d  # attention (q, k, v, out), MLP, 2 LayerNorms
-    return c.patch_size**2 * c.in_chans * d + d + (c.pool == "token") * d + tokens * d + c.depth * block + 2 * d + (d + 1) * c.num_classes
+    return (
+        c.patch_size**2 * c.in_chans * d
+        + d
+        + (c.pool == "token") * d
+        + tokens * d
+        + c.depth * block
+        + 2 * d
+        + (d + 1) * c.num_classes
+    )
 
 
 def bottleneck_closed_form(cin: int, cout: int, projection: bool, norm_out: bool) -> int:
@@ -166,7 +178,13 @@ def test_table1_rounding():
 
 
 def test_table1_sizes():
-    expected = {"ti": (192, 12, 768, 3), "s": (384, 12, 1536, 6), "b": (768, 12, 3072, 12), "l": (1024, 24, 4096, 16), "h": (1280, 32, 5120, 16)}
+    expected = {
+        "ti": (192, 12, 768, 3),
+        "s": (384, 12, 1536, 6),
+        "b": (768, 12, 3072, 12),
+        "l": (1024, 24, 4096, 16),
+        "h": (1280, 32, 5120, 16),
+    }
     for size, (hidden, depth, mlp, heads) in expected.items():
         c = PRESETS[f"vit_{size}16"]
         assert (c.hidden_size, c.depth, c.mlp_dim, c.num_heads) == (hidden, depth, mlp, heads)
@@ -214,22 +232,25 @@ def test_config_dict_round_trip(name):
         config_from_dict({**data, "bogus": 1})
 
 
-@pytest.mark.parametrize("field, value, problem", [
-    ("depth", 1_000_000, r"depth must be an integer in \[1, 1024\], got 1000000"),
-    ("depth", -3, r"depth must be an integer in \[1, 1024\], got -3"),
-    ("hidden_size", 3_000_000, r"hidden_size must be an integer in \[1, 65536\], got 3000000"),
-    ("hidden_size", "192", r"hidden_size must be an integer in \[1, 65536\], got '192'"),
-    ("hidden_size", 192.0, r"hidden_size must be an integer in \[1, 65536\], got 192.0"),
-    ("num_heads", True, r"num_heads must be an integer in \[1, 65536\], got True"),
-    ("representation_size", 0, r"representation_size must be null or an integer in \[1, 65536\], got 0"),
-    ("layer_norm_eps", float("nan"), r"layer_norm_eps must be a finite number in \(0, 1\], got nan"),
-    ("layer_norm_eps", 0.0, r"layer_norm_eps must be a finite number in \(0, 1\], got 0.0"),
-    ("dropout", float("inf"), r"dropout must be a finite number in \[0, 1\), got inf"),
-    ("dropout", "0.1", r"dropout must be a finite number in \[0, 1\), got '0.1'"),
-    ("pool", "max", r"pool must be one of \['token', 'gap'\], got 'max'"),
-    ("gelu", ["tanh"], r"gelu must be one of \['tanh', 'exact'\], got \['tanh'\]"),
-    ("qkv_bias", 1, r"qkv_bias must be true or false, got 1"),
-])
+@pytest.mark.parametrize(
+    "field, value, problem",
+    [
+        ("depth", 1_000_000, r"depth must be an integer in \[1, 1024\], got 1000000"),
+        ("depth", -3, r"depth must be an integer in \[1, 1024\], got -3"),
+        ("hidden_size", 3_000_000, r"hidden_size must be an integer in \[1, 65536\], got 3000000"),
+        ("hidden_size", "192", r"hidden_size must be an integer in \[1, 65536\], got '192'"),
+        ("hidden_size", 192.0, r"hidden_size must be an integer in \[1, 65536\], got 192.0"),
+        ("num_heads", True, r"num_heads must be an integer in \[1, 65536\], got True"),
+        ("representation_size", 0, r"representation_size must be null or an integer in \[1, 65536\], got 0"),
+        ("layer_norm_eps", float("nan"), r"layer_norm_eps must be a finite number in \(0, 1\], got nan"),
+        ("layer_norm_eps", 0.0, r"layer_norm_eps must be a finite number in \(0, 1\], got 0.0"),
+        ("dropout", float("inf"), r"dropout must be a finite number in \[0, 1\), got inf"),
+        ("dropout", "0.1", r"dropout must be a finite number in \[0, 1\), got '0.1'"),
+        ("pool", "max", r"pool must be one of \['token', 'gap'\], got 'max'"),
+        ("gelu", ["tanh"], r"gelu must be one of \['tanh', 'exact'\], got \['tanh'\]"),
+        ("qkv_bias", 1, r"qkv_bias must be true or false, got 1"),
+    ],
+)
 def test_vit_config_fields_are_checked_by_type_and_range(field, value, problem):
     with pytest.raises(ConfigError, match=problem) as caught:
         ViTConfig(**{field: value})

@@ -8,12 +8,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from timm_stub import import_timm
 from vitkit.models import build_model, create_model
 from vitkit.models.configs import HybridConfig, ViTConfig
 from vitkit.models.hybrid import Bottleneck, HybridEmbed
 from vitkit.models.resnet import StdConv2d, standardize_weight
 from vitkit.models.vit import VisionTransformer
-from timm_stub import import_timm
 
 TINY_VIT = ViTConfig(img_size=32, patch_size=1, hidden_size=32, depth=1, num_heads=2, mlp_dim=64, num_classes=5)
 TINY = HybridConfig(vit=TINY_VIT, resnet_layers=(1, 1))  # stride 4 * 2 = 8: 4x4 tokens at 32 px

@@ -100,6 +100,7 @@ def test_tanh_gelu_compiled_for_the_cpu_is_the_sigmoid_form() -> None:
 
 def test_tanh_gelu_exports_as_torch_op() -> None:
     """torch.export keeps torch's gelu: exported graphs (ONNX, other runtimes) see the op they know."""
+
     class Gelu(torch.nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return _vitkit_tanh(x)
@@ -149,6 +150,7 @@ def test_tanh_gelu_whose_probe_fails_is_torchs(monkeypatch, caplog) -> None:
     def failing(dtype):
         def check() -> bool:
             raise RuntimeError("softplus_backward: not implemented for this CPU")
+
         return check
 
     monkeypatch.setattr(kernels, "_check_tanh_gelu", failing)

@@ -11,8 +11,9 @@ from vitkit.models.mimetic import QK, VO, mimetic_init_
 
 
 def test_products_are_the_targets_and_have_the_trained_sign() -> None:
-    model = create_model("vit_ti16", img_size=16, patch_size=4, num_classes=3, hidden_size=16, depth=2, num_heads=2,
-                         mlp_dim=32)
+    model = create_model(
+        "vit_ti16", img_size=16, patch_size=4, num_classes=3, hidden_size=16, depth=2, num_heads=2, mlp_dim=32
+    )
     mimetic_init_(model.blocks, torch.Generator().manual_seed(7))
     replay = torch.Generator().manual_seed(7)  # the same draws, in the same order
     dim, head_dim = 16, 8
@@ -39,15 +40,33 @@ def test_config_option_initialises_mimetically_and_round_trips(tmp_path) -> None
 
     def value_out_traces(init: str) -> list[float]:
         torch.manual_seed(0)
-        model = create_model("vit_ti16", img_size=16, patch_size=4, num_classes=3, hidden_size=32, depth=3,
-                             num_heads=2, mlp_dim=32, init=init)
+        model = create_model(
+            "vit_ti16",
+            img_size=16,
+            patch_size=4,
+            num_classes=3,
+            hidden_size=32,
+            depth=3,
+            num_heads=2,
+            mlp_dim=32,
+            init=init,
+        )
         dim = 32
-        return [float(torch.trace(b.attn.qkv.weight[2 * dim:].T @ b.attn.proj.weight.T)) for b in model.blocks]
+        return [float(torch.trace(b.attn.qkv.weight[2 * dim :].T @ b.attn.proj.weight.T)) for b in model.blocks]
 
     mimetic, official = value_out_traces("mimetic"), value_out_traces("official")
     assert all(t < -0.2 * 32 for t in mimetic)  # ~ -beta2 D = -12.8 (plus alpha2 tr(Z), sd ~0.4)
     assert abs(sum(official) / len(official)) < 0.2 * 32
-    model = create_model("vit_ti16", img_size=16, patch_size=4, num_classes=3, hidden_size=32, depth=1, num_heads=2,
-                         mlp_dim=32, init="mimetic")
+    model = create_model(
+        "vit_ti16",
+        img_size=16,
+        patch_size=4,
+        num_classes=3,
+        hidden_size=32,
+        depth=1,
+        num_heads=2,
+        mlp_dim=32,
+        init="mimetic",
+    )
     vitkit.save(model, tmp_path / "m")
     assert vitkit.load(tmp_path / "m").config.init == "mimetic"

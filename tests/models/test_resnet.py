@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from timm_stub import import_timm
 from vitkit.models import create_model
 from vitkit.models.configs import ResNetConfig
 from vitkit.models.resnet import (
@@ -20,7 +21,6 @@ from vitkit.models.resnet import (
     same_padding,
     standardize_weight,
 )
-from timm_stub import import_timm
 
 TINY = ResNetConfig(layers=(1, 1), width_factor=1, img_size=32, num_classes=10)
 

@@ -9,7 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vitkit.models import create_model, posemb as pe
+from vitkit.models import create_model
+from vitkit.models import posemb as pe
 from vitkit.models.configs import PRESETS, ViTConfig
 from vitkit.models.vit import VisionTransformer, patch_content
 
@@ -294,7 +295,9 @@ def test_eval_output_does_not_depend_on_the_batch():
     x = torch.randn(5, 3, 32, 32)
     together = model.forward_features(x)
     for index in range(5):
-        torch.testing.assert_close(model.forward_features(x[index : index + 1])[0], together[index], atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(
+            model.forward_features(x[index : index + 1])[0], together[index], atol=1e-6, rtol=1e-5
+        )
 
 
 def test_intermediates_are_consistent_with_forward():
@@ -302,7 +305,9 @@ def test_intermediates_are_consistent_with_forward():
     torch.nn.init.normal_(model.head.weight)
     x = torch.randn(2, 3, 32, 32)
     named = model.forward_intermediates(x)
-    assert {"embed", "block00", "block01", "attn00", "attn01", "encoder_norm", "y", "pre_logits", "logits"} <= set(named)
+    assert {"embed", "block00", "block01", "attn00", "attn01", "encoder_norm", "y", "pre_logits", "logits"} <= set(
+        named
+    )
     torch.testing.assert_close(named["logits"], model(x))
     torch.testing.assert_close(named["y"], named["encoder_norm"][:, 0])
     torch.testing.assert_close(named["pre_logits"], torch.tanh(model.pre_logits.fc(named["y"])))

@@ -64,8 +64,9 @@ def test_tiny_study_trains_each_arm_as_planned(tmp_path: Path) -> None:
     assert "tests the mechanics, not transfer" in (tmp_path / "report.md").read_text()
 
 
-def test_the_transfer_options_are_recorded_and_a_changed_one_is_refused(tmp_path: Path,
-                                                                        capsys: pytest.CaptureFixture) -> None:
+def test_the_transfer_options_are_recorded_and_a_changed_one_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     request = StudyRequest(data="digits", out=str(tmp_path), budget_minutes=375, pretrain_data="digits")
     prepare_directory(STUDY, make_context(STUDY, request))
     stored = json.loads((tmp_path / "study.json").read_text())

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-
 from serve_helpers import save_tiny_vit
 
 
@@ -23,8 +22,13 @@ def images(tmp_path_factory) -> list[Path]:
     """Five image files of different formats, modes and sizes (each is resized and centre-cropped)."""
     folder = tmp_path_factory.mktemp("serve_images")
     rng = np.random.default_rng(0)
-    shapes = [("a.png", (40, 56, 3), "RGB"), ("b.jpg", (32, 32, 3), "RGB"), ("c.png", (90, 45), "L"),
-              ("d.png", (33, 33, 4), "RGBA"), ("e.bmp", (64, 48, 3), "RGB")]
+    shapes = [
+        ("a.png", (40, 56, 3), "RGB"),
+        ("b.jpg", (32, 32, 3), "RGB"),
+        ("c.png", (90, 45), "L"),
+        ("d.png", (33, 33, 4), "RGBA"),
+        ("e.bmp", (64, 48, 3), "RGB"),
+    ]
     paths = []
     for name, shape, mode in shapes:
         pixels = rng.integers(0, 256, shape, dtype=np.uint8)

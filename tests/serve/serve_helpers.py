@@ -10,8 +10,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import AsyncIterator
 
 import numpy as np
 import torch
@@ -82,8 +82,11 @@ def start_server(checkpoint: Path, log: Path, *flags: str, token: str | None = N
 
     port = free_port()
     with open(log, "w") as out:
-        process = subprocess.Popen([sys.executable, "-m", "vitkit", "serve", str(checkpoint), "--port", str(port), *flags],
-                                   stdout=out, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "vitkit", "serve", str(checkpoint), "--port", str(port), *flags],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:

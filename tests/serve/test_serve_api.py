@@ -23,10 +23,11 @@ pytest.importorskip("starlette", reason="vitkit serve needs the serve extra: pip
 pytest.importorskip("httpx", reason="the serve tests need httpx (in the test extra)")
 
 from serve_helpers import CLASSES, metric, save_tiny_vit, serving  # noqa: E402 - after the skips
+
+from vitkit.serve import engine as engine_module  # noqa: E402
 from vitkit.serve.app import create_app  # noqa: E402
 from vitkit.serve.config import ServeConfig  # noqa: E402
 from vitkit.serve.model import load_model  # noqa: E402
-from vitkit.serve import engine as engine_module  # noqa: E402
 
 
 def _predict_cli(capsys, checkpoint: Path, files: list[Path], top_k: int) -> list[list[dict]]:
@@ -39,15 +40,18 @@ def _content_type(path: Path) -> str:
     return {"png": "image/png", "jpg": "image/jpeg", "bmp": "image/bmp"}[path.suffix[1:]]
 
 
-def test_lone_requests_answer_exactly_what_vitkit_predict_prints(capsys, vit_checkpoint: Path, images: list[Path]) -> None:
+def test_lone_requests_answer_exactly_what_vitkit_predict_prints(
+    capsys, vit_checkpoint: Path, images: list[Path]
+) -> None:
     expected = [_predict_cli(capsys, vit_checkpoint, [path], top_k=3)[0] for path in images]  # one file per run
 
     async def scenario() -> list[list[dict]]:
         async with serving(create_app(vit_checkpoint, ServeConfig(max_wait_ms=0))) as client:
             answers = []
             for path in images:  # one at a time: each is alone in its forward, as in the runs above
-                response = await client.post("/v1/predict?top_k=3", content=path.read_bytes(),
-                                             headers={"Content-Type": _content_type(path)})
+                response = await client.post(
+                    "/v1/predict?top_k=3", content=path.read_bytes(), headers={"Content-Type": _content_type(path)}
+                )
                 assert response.status_code == 200, response.text
                 answers.append(response.json()["predictions"])
             return answers
@@ -57,14 +61,20 @@ def test_lone_requests_answer_exactly_what_vitkit_predict_prints(capsys, vit_che
     assert len({answer[0]["index"] for answer in answers}) > 1  # the images really get different answers
 
 
-def test_concurrent_requests_share_one_forward_and_keep_their_answers(capsys, vit_checkpoint: Path, images: list[Path]) -> None:
+def test_concurrent_requests_share_one_forward_and_keep_their_answers(
+    capsys, vit_checkpoint: Path, images: list[Path]
+) -> None:
     expected = _predict_cli(capsys, vit_checkpoint, images, top_k=3)  # all five files in one forward
 
     async def scenario() -> tuple[list[list[dict]], str]:
         config = ServeConfig(max_batch=8, max_wait_ms=500, model_process=False)
         async with serving(create_app(vit_checkpoint, config)) as client:
-            requests = [client.post("/v1/predict?top_k=3", content=path.read_bytes(),
-                                    headers={"Content-Type": _content_type(path)}) for path in images]
+            requests = [
+                client.post(
+                    "/v1/predict?top_k=3", content=path.read_bytes(), headers={"Content-Type": _content_type(path)}
+                )
+                for path in images
+            ]
             responses = await asyncio.gather(*requests)
             assert all(r.status_code == 200 for r in responses)
             return [r.json()["predictions"] for r in responses], (await client.get("/metrics")).text
@@ -77,9 +87,12 @@ def test_concurrent_requests_share_one_forward_and_keep_their_answers(capsys, vi
 
 
 @pytest.mark.parametrize("inline_bytes", [0, 1 << 30], ids=["decoded-in-the-pool", "decoded-in-the-model-thread"])
-def test_multipart_form_answers_per_file_like_predict(capsys, monkeypatch, vit_checkpoint: Path, images: list[Path],
-                                                      inline_bytes: int) -> None:
-    monkeypatch.setattr(engine_module, "INLINE_DECODE_BYTES", inline_bytes)  # both decoding paths give predict's numbers
+def test_multipart_form_answers_per_file_like_predict(
+    capsys, monkeypatch, vit_checkpoint: Path, images: list[Path], inline_bytes: int
+) -> None:
+    monkeypatch.setattr(
+        engine_module, "INLINE_DECODE_BYTES", inline_bytes
+    )  # both decoding paths give predict's numbers
     expected = _predict_cli(capsys, vit_checkpoint, images[:3], top_k=2)
 
     async def scenario():
@@ -93,7 +106,9 @@ def test_multipart_form_answers_per_file_like_predict(capsys, monkeypatch, vit_c
     assert [entry["file"] for entry in results] == [path.name for path in images[:3]]
     for entry, want in zip(results, expected):
         assert [p["index"] for p in entry["predictions"]] == [p["index"] for p in want]
-        np.testing.assert_allclose([p["probability"] for p in entry["predictions"]], [p["probability"] for p in want], atol=1e-6)
+        np.testing.assert_allclose(
+            [p["probability"] for p in entry["predictions"]], [p["probability"] for p in want], atol=1e-6
+        )
 
 
 def _rollout_by_hand(model: torch.nn.Module, pixels: np.ndarray) -> np.ndarray:
@@ -141,7 +156,9 @@ def test_explain_gives_the_attention_rollout_and_an_overlay(tmp_path: Path, pool
     assert overlay.shape == (224, 224, 3)  # drawn at 224 px at least
     # the overlay is the input at 224 px times the bilinearly upsampled map scaled to [0, 1]
     big = np.asarray(Image.fromarray(pixels).resize((224, 224), Image.Resampling.BILINEAR), dtype=np.float64) / 255
-    heat = F.interpolate(torch.tensor(attention["relevance"])[None, None], size=(224, 224), mode="bilinear")[0, 0].numpy()
+    heat = F.interpolate(torch.tensor(attention["relevance"])[None, None], size=(224, 224), mode="bilinear")[
+        0, 0
+    ].numpy()
     heat = (heat - heat.min()) / (heat.max() - heat.min())
     assert np.abs(overlay / 255.0 - big * heat[..., None]).max() <= 1.5 / 255
 
@@ -172,7 +189,9 @@ def test_health_is_503_until_the_model_is_loaded_and_warmed_up(vit_checkpoint: P
         assert "loading" in response.json()["error"]
     info = ready.json()
     assert ready.status_code == 200 and info["status"] == "ok"
-    assert info["classes"] == CLASSES and info["num_classes"] == 3 and info["resolution"] == 32 and info["explain"] is True
+    assert (
+        info["classes"] == CLASSES and info["num_classes"] == 3 and info["resolution"] == 32 and info["explain"] is True
+    )
     assert info["model"].startswith("VisionTransformer") and "hidden_size=32" in info["model"]
 
 
@@ -201,8 +220,11 @@ def test_resnet_predicts_but_explain_is_a_clear_422(tmp_path: Path, images: list
     async def scenario():
         async with serving(create_app(checkpoint, ServeConfig(model_process=False))) as client:
             headers = {"Content-Type": "image/png"}
-            return (await client.get("/health"), await client.post("/v1/predict", content=images[0].read_bytes(), headers=headers),
-                    await client.post("/v1/explain", content=images[0].read_bytes(), headers=headers))
+            return (
+                await client.get("/health"),
+                await client.post("/v1/predict", content=images[0].read_bytes(), headers=headers),
+                await client.post("/v1/explain", content=images[0].read_bytes(), headers=headers),
+            )
 
     health, predicted, explained = asyncio.run(scenario())
     assert health.json()["explain"] is False
@@ -217,7 +239,9 @@ def test_metrics_count_requests_by_route_and_status_and_time_them(vit_checkpoint
         async with serving(create_app(vit_checkpoint, ServeConfig(max_wait_ms=0, model_process=False))) as client:
             headers = {"Content-Type": "image/png"}
             for _ in range(3):
-                assert (await client.post("/v1/predict", content=images[0].read_bytes(), headers=headers)).status_code == 200
+                assert (
+                    await client.post("/v1/predict", content=images[0].read_bytes(), headers=headers)
+                ).status_code == 200
             assert (await client.post("/v1/predict", content=b"not an image", headers=headers)).status_code == 400
             assert (await client.get("/nowhere")).status_code == 404
             response = await client.get("/metrics")

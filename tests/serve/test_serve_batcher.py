@@ -13,6 +13,7 @@ pytest.importorskip("starlette", reason="vitkit serve needs the serve extra: pip
 pytest.importorskip("httpx", reason="the serve tests need httpx (in the test extra)")
 
 from serve_helpers import metric, png_bytes, serving  # noqa: E402 - after the skips
+
 from vitkit.serve.app import create_app  # noqa: E402
 from vitkit.serve.batcher import Batcher, BatcherClosed  # noqa: E402
 from vitkit.serve.config import ServeConfig  # noqa: E402
@@ -91,8 +92,10 @@ def test_concurrent_http_requests_share_forwards(vit_checkpoint: Path) -> None:
     async def scenario() -> str:
         app = create_app(vit_checkpoint, ServeConfig(max_batch=8, max_wait_ms=300, model_process=False))
         async with serving(app) as client:
-            posts = [client.post("/v1/predict", content=png_bytes(32, 32, seed), headers={"Content-Type": "image/png"})
-                     for seed in range(count)]
+            posts = [
+                client.post("/v1/predict", content=png_bytes(32, 32, seed), headers={"Content-Type": "image/png"})
+                for seed in range(count)
+            ]
             assert all(r.status_code == 200 for r in await asyncio.gather(*posts))
             return (await client.get("/metrics")).text
 
@@ -112,8 +115,13 @@ def test_an_exception_as_output_fails_its_caller_alone() -> None:
     async def scenario():
         batcher = Batcher(run, max_batch=8, max_wait_s=0.05)
         batcher.start()
-        results = await asyncio.gather(batcher.submit([1]), batcher.submit([-2]), batcher.submit([3, -4]),
-                                       batcher.submit([5, 6]), return_exceptions=True)
+        results = await asyncio.gather(
+            batcher.submit([1]),
+            batcher.submit([-2]),
+            batcher.submit([3, -4]),
+            batcher.submit([5, 6]),
+            return_exceptions=True,
+        )
         await batcher.close()
         return results
 

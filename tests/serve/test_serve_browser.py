@@ -17,12 +17,21 @@ pytest.importorskip("starlette", reason="vitkit serve needs the serve extra: pip
 pytest.importorskip("httpx", reason="the serve tests need httpx (in the test extra)")
 
 from serve_helpers import start_server, stop_server  # noqa: E402 - after the skips
+
 from vitkit.eval.predict import PredictConfig, predict_files  # noqa: E402
 from vitkit.runs import open_checkpoint  # noqa: E402
 
-CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--window-size=1200,760")
+CHROMIUM_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--window-size=1200,760",
+)
 
 
 def chromium_driver(profile: Path):
@@ -30,9 +39,13 @@ def chromium_driver(profile: Path):
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     driver = shutil.which("chromedriver")
     if not browser or not driver:
-        pytest.skip("no chromium + chromedriver on this machine; install them with "
-                    "`apt-get install -y chromium chromium-driver` to run the browser test")
-    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is in the test extra: pip install -e '.[test]'")
+        pytest.skip(
+            "no chromium + chromedriver on this machine; install them with "
+            "`apt-get install -y chromium chromium-driver` to run the browser test"
+        )
+    webdriver = pytest.importorskip(
+        "selenium.webdriver", reason="selenium is in the test extra: pip install -e '.[test]'"
+    )
     options = webdriver.ChromeOptions()
     options.binary_location = browser
     for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={profile}"):
@@ -40,8 +53,9 @@ def chromium_driver(profile: Path):
     return webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=driver))
 
 
-def test_the_page_shows_the_top_class_bars_and_overlay(vit_checkpoint: Path, images: list[Path], tmp_path: Path,
-                                                       monkeypatch) -> None:
+def test_the_page_shows_the_top_class_bars_and_overlay(
+    vit_checkpoint: Path, images: list[Path], tmp_path: Path, monkeypatch
+) -> None:
     monkeypatch.setenv("SE_OFFLINE", "true")  # Selenium Manager must never try to download a driver
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
@@ -68,7 +82,10 @@ def test_the_page_shows_the_top_class_bars_and_overlay(vit_checkpoint: Path, ima
         assert labels == [p["class"] for p in expected]  # 3 classes: all of them, most probable first
         assert values == [f"{100 * p['probability']:.1f}%" for p in expected]
         assert browser.execute_script("return document.getElementById('overlay').naturalWidth") == 224
-        assert browser.find_element(By.ID, "overlay").is_displayed() and browser.find_element(By.ID, "input").is_displayed()
+        assert (
+            browser.find_element(By.ID, "overlay").is_displayed()
+            and browser.find_element(By.ID, "input").is_displayed()
+        )
         assert "4\u00d74 patch grid" in browser.find_element(By.ID, "overlay-note").text
     finally:
         browser.quit()

@@ -16,6 +16,7 @@ pytest.importorskip("starlette", reason="vitkit serve needs the serve extra: pip
 httpx = pytest.importorskip("httpx", reason="the serve tests need httpx (in the test extra)")
 
 from serve_helpers import free_port, metric, png_bytes, start_server, stop_server  # noqa: E402 - after the skips
+
 from vitkit.cli import main  # noqa: E402
 
 
@@ -47,7 +48,9 @@ def _read_answer(sock: socket.socket) -> bytes:
     answer = b""
     while True:
         head, _, body = answer.partition(b"\r\n\r\n")
-        length = [int(line.split(b":")[1]) for line in head.lower().split(b"\r\n") if line.startswith(b"content-length:")]
+        length = [
+            int(line.split(b":")[1]) for line in head.lower().split(b"\r\n") if line.startswith(b"content-length:")
+        ]
         if length and len(body) >= length[0]:
             return answer
         try:
@@ -60,15 +63,21 @@ def _read_answer(sock: socket.socket) -> bytes:
 
 
 def test_oversized_bodies_are_refused_without_being_read(server: str) -> None:
-    declared = _raw_request(server, "POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\n"
-                                    "Content-Length: 1073741824\r\n\r\n")  # 1 GiB announced, not a byte sent
+    declared = _raw_request(
+        server, "POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\nContent-Length: 1073741824\r\n\r\n"
+    )  # 1 GiB announced, not a byte sent
     assert declared.startswith(b"HTTP/1.1 413") and b'"error"' in declared
-    streamed = _raw_request(server, "POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\n"
-                                    "Transfer-Encoding: chunked\r\n\r\n", body_chunks=256)  # up to 16 MiB
+    streamed = _raw_request(
+        server,
+        "POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\nTransfer-Encoding: chunked\r\n\r\n",
+        body_chunks=256,
+    )  # up to 16 MiB
     assert streamed.startswith(b"HTTP/1.1 413") and b"exceeds the limit" in streamed
     health = httpx.get(f"{server}/health", timeout=5)
     assert health.status_code == 200
-    ok = httpx.post(f"{server}/v1/predict", content=png_bytes(32, 32), headers={"Content-Type": "image/png"}, timeout=10)
+    ok = httpx.post(
+        f"{server}/v1/predict", content=png_bytes(32, 32), headers={"Content-Type": "image/png"}, timeout=10
+    )
     assert ok.status_code == 200 and len(ok.json()["predictions"]) == 3
 
 
@@ -80,7 +89,9 @@ def test_sigterm_drains_the_request_in_flight_and_exits_zero(vit_checkpoint: Pat
     head = f"POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\nContent-Length: {len(image)}\r\n\r\n"
     try:
         children = _children(process.pid)  # the model process, and multiprocessing's resource tracker
-        assert sum(b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes() for pid in children) == 1  # the model's own
+        assert (
+            sum(b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes() for pid in children) == 1
+        )  # the model's own
         with socket.create_connection((host, int(port)), timeout=30) as sock:
             sock.sendall(head.encode() + image[: len(image) // 2])  # in flight: half its body sent
             for _ in range(200):
@@ -119,7 +130,9 @@ def _running(pid: int) -> bool:
 
 
 def _children(pid: int) -> list[int]:
-    return [int(child) for task in Path(f"/proc/{pid}/task").iterdir() for child in (task / "children").read_text().split()]
+    return [
+        int(child) for task in Path(f"/proc/{pid}/task").iterdir() for child in (task / "children").read_text().split()
+    ]
 
 
 def test_serve_on_a_missing_checkpoint_is_a_clean_error(tmp_path: Path, capsys) -> None:

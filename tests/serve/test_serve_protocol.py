@@ -35,8 +35,13 @@ async def echo_app(scope, receive, send) -> None:
         message = await receive()
         size, more = size + len(message.get("body", b"")), message.get("more_body", False)
     body = json.dumps({"ok": True, "bytes": size}).encode()
-    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json"),
-                                                                     (b"content-length", str(len(body)).encode())]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -45,8 +50,17 @@ def port() -> Iterator[int]:
     import uvicorn
 
     chosen = free_port()
-    server = uvicorn.Server(uvicorn.Config(echo_app, host="127.0.0.1", port=chosen, http=protocol_class(LIMITS),
-                                           ws="none", log_level="warning", timeout_keep_alive=5))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            echo_app,
+            host="127.0.0.1",
+            port=chosen,
+            http=protocol_class(LIMITS),
+            ws="none",
+            log_level="warning",
+            timeout_keep_alive=5,
+        )
+    )
     thread = threading.Thread(target=asyncio.run, args=(server.serve(),), daemon=True)
     thread.start()
     while not server.started:
@@ -77,13 +91,17 @@ def good(port: int) -> None:
     assert status == 200 and json.loads(body) == {"ok": True, "bytes": 3}
 
 
-@pytest.mark.parametrize("request_bytes, problem", [
-    (b"\x00\x01 GARBAGE\r\n\r\n", "invalid HTTP request"),
-    (b"GET /\xff HTTP/1.1\r\nHost: a\r\n\r\n", "invalid HTTP request"),
-    (b"POST / HTTP/1.1\r\nContent-Length: -4\r\n\r\n", "invalid HTTP request"),
-    (b"GET / HTTP/1.1\r\nX-Big: " + b"a" * 5000 + b"\r\n\r\n", "headers exceed 2,048 bytes"),
-    (b"GET / HTTP/1.1\r\n" + b"X: y\r\n" * 1000 + b"\r\n", "headers exceed 2,048 bytes"),
-    (b"GET /?" + b"q" * 3000 + b" HTTP/1.1\r\n\r\n", "headers exceed 2,048 bytes")])
+@pytest.mark.parametrize(
+    "request_bytes, problem",
+    [
+        (b"\x00\x01 GARBAGE\r\n\r\n", "invalid HTTP request"),
+        (b"GET /\xff HTTP/1.1\r\nHost: a\r\n\r\n", "invalid HTTP request"),
+        (b"POST / HTTP/1.1\r\nContent-Length: -4\r\n\r\n", "invalid HTTP request"),
+        (b"GET / HTTP/1.1\r\nX-Big: " + b"a" * 5000 + b"\r\n\r\n", "headers exceed 2,048 bytes"),
+        (b"GET / HTTP/1.1\r\n" + b"X: y\r\n" * 1000 + b"\r\n", "headers exceed 2,048 bytes"),
+        (b"GET /?" + b"q" * 3000 + b" HTTP/1.1\r\n\r\n", "headers exceed 2,048 bytes"),
+    ],
+)
 def test_requests_the_app_never_sees_get_json_errors(port: int, request_bytes: bytes, problem: str) -> None:
     status, headers, body = exchange(port, request_bytes)
     assert status == (431 if "exceed" in problem else 400) and headers["content-type"] == "application/json"

@@ -19,10 +19,11 @@ pytest.importorskip("starlette", reason="vitkit serve needs the serve extra: pip
 pytest.importorskip("httpx", reason="the serve tests need httpx (in the test extra)")
 
 from serve_helpers import metric, png_bytes, serving  # noqa: E402 - after the skips
+
 from vitkit.runs import open_checkpoint  # noqa: E402
 from vitkit.serve.app import create_app  # noqa: E402
-from vitkit.serve.config import ServeConfig  # noqa: E402
 from vitkit.serve.body import Upload  # noqa: E402
+from vitkit.serve.config import ServeConfig  # noqa: E402
 from vitkit.serve.engine import Encoded  # noqa: E402
 from vitkit.serve.model import ServedModel  # noqa: E402
 from vitkit.serve.worker import ModelProcessError, ProcessEngine  # noqa: E402
@@ -32,22 +33,37 @@ PNG = {"Content-Type": "image/png"}
 
 def _bomb_png(width: int, height: int) -> bytes:
     """A valid PNG header claiming width x height pixels, followed by a tiny compressed row of zeros."""
+
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
     header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)  # 8-bit grayscale
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
+    return (
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
+    )
 
 
 def post_scope(path: str, headers: list[tuple[bytes, bytes]]) -> dict:
     """The ASGI scope of a POST from a client on loopback (for driving the app's receive by hand)."""
-    return {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
-            "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "", "headers": headers,
-            "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": headers,
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 80),
+    }
 
 
 def _run(checkpoint: Path, config: ServeConfig, requests, **app_options):
     """Send `requests(client)` to a fresh app, then one good request that must still succeed."""
+
     async def scenario():
         async with serving(create_app(checkpoint, config, **app_options)) as client:
             result = await requests(client)
@@ -108,7 +124,9 @@ def test_multipart_mistakes(vit_checkpoint: Path) -> None:
             "text field": await client.post("/v1/predict", data={"file": "not a file"}, files=[("other", ("a", b"x"))]),
             "too many": await client.post("/v1/predict", files=three),
             "png of two": await client.post("/v1/explain?format=png", files=three[:2]),
-            "bad second": await client.post("/v1/predict", files=[three[0], ("file", ("broken.png", b"junk", "image/png"))]),
+            "bad second": await client.post(
+                "/v1/predict", files=[three[0], ("file", ("broken.png", b"junk", "image/png"))]
+            ),
         }
 
     got = _run(vit_checkpoint, ServeConfig(max_files=2), requests)
@@ -156,8 +174,11 @@ def test_an_oversized_body_is_refused_before_it_is_read_whole(vit_checkpoint: Pa
     async def scenario():
         app = create_app(vit_checkpoint, ServeConfig(max_body_mb=limit / 2**20, model_process=False))
         async with serving(app):
-            await app(post_scope("/v1/predict", [(b"content-type", b"image/png"), (b"transfer-encoding", b"chunked")]),
-                      receive, send)
+            await app(
+                post_scope("/v1/predict", [(b"content-type", b"image/png"), (b"transfer-encoding", b"chunked")]),
+                receive,
+                send,
+            )
 
     asyncio.run(scenario())
     assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 413
@@ -179,7 +200,9 @@ def test_a_stalled_body_gets_408_and_frees_its_place(vit_checkpoint: Path) -> No
         app = create_app(vit_checkpoint, ServeConfig(body_timeout_s=0.2, max_queue=1, model_process=False))
         async with serving(app) as client:
             await asyncio.wait_for(app(post_scope("/v1/predict", [(b"content-type", b"image/png")]), receive, send), 10)
-            return await client.post("/v1/predict", content=png_bytes(32, 32), headers=PNG)  # the one place is free again
+            return await client.post(
+                "/v1/predict", content=png_bytes(32, 32), headers=PNG
+            )  # the one place is free again
 
     after = asyncio.run(scenario())
     assert sent[0]["status"] == 408 and b"did not arrive within 0.2 s" in sent[1]["body"]
@@ -248,7 +271,7 @@ def test_the_page_is_self_contained(vit_checkpoint: Path) -> None:
     page = _run(vit_checkpoint, ServeConfig(model_process=False), requests)
     text = page.text
     assert "<script" in text and 'id="file"' in text and 'id="overlay"' in text
-    for external in ("http://", "https://", "//cdn", "<link", "src=\"/", "@import"):
+    for external in ("http://", "https://", "//cdn", "<link", 'src="/', "@import"):
         assert external not in text, external  # nothing fetched from elsewhere: works offline
     assert "default-src 'none'" in page.headers["content-security-policy"]
 
@@ -270,11 +293,15 @@ def test_a_full_queue_answers_503_with_retry_after(vit_checkpoint: Path) -> None
         return _Gated(open_checkpoint(path), str(path), device)
 
     async def scenario():
-        app = create_app(vit_checkpoint, ServeConfig(max_queue=2, max_batch=16, max_wait_ms=0, model_process=False), load=load)
+        app = create_app(
+            vit_checkpoint, ServeConfig(max_queue=2, max_batch=16, max_wait_ms=0, model_process=False), load=load
+        )
         async with serving(app) as client:
             _Gated.gate.clear()  # loaded and warmed up: from now on the forward waits
-            first = [asyncio.ensure_future(client.post("/v1/predict", content=png_bytes(32, 32, seed), headers=PNG))
-                     for seed in range(2)]
+            first = [
+                asyncio.ensure_future(client.post("/v1/predict", content=png_bytes(32, 32, seed), headers=PNG))
+                for seed in range(2)
+            ]
             for _ in range(400):  # both admitted, held by the gated forward
                 if metric((await client.get("/metrics")).text, "vitkit_requests_in_flight") == 2:
                     break
@@ -309,11 +336,14 @@ class _FailingOnce(ServedModel):
 def test_request_bodies_in_memory_are_bounded_over_all_requests(vit_checkpoint: Path) -> None:
     _Gated.gate.set()
     body = png_bytes(32, 32)  # about 3.1 KB
-    config = ServeConfig(max_body_mb=4000 / 2**20, max_bodies_mb=7000 / 2**20, max_batch=16, max_wait_ms=0,
-                         model_process=False)
+    config = ServeConfig(
+        max_body_mb=4000 / 2**20, max_bodies_mb=7000 / 2**20, max_batch=16, max_wait_ms=0, model_process=False
+    )
 
     async def scenario():
-        app = create_app(vit_checkpoint, config, load=lambda path, device: _Gated(open_checkpoint(path), str(path), device))
+        app = create_app(
+            vit_checkpoint, config, load=lambda path, device: _Gated(open_checkpoint(path), str(path), device)
+        )
         async with serving(app) as client:
             _Gated.gate.clear()
             first = [asyncio.ensure_future(client.post("/v1/predict", content=body, headers=PNG)) for _ in range(2)]
@@ -376,7 +406,9 @@ def test_a_dead_model_process_fails_only_its_batch_and_is_restarted(vit_checkpoi
 def test_a_dead_model_process_is_a_503_with_retry_after_and_the_server_goes_on(vit_checkpoint: Path) -> None:
     async def requests(client):
         service = client._transport.app.state.service
-        service.engine._conn.send = lambda payloads: os.kill(service.engine.pid, signal.SIGKILL)  # dies with the batch in it
+        service.engine._conn.send = lambda payloads: os.kill(
+            service.engine.pid, signal.SIGKILL
+        )  # dies with the batch in it
         # (the restarted process has a new pipe, with its own send)
         return await client.post("/v1/predict", content=png_bytes(32, 32), headers=PNG)  # then _run's good request
 

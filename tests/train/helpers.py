@@ -24,8 +24,9 @@ def tiny_config(out: Path, *overrides: str, recipe: str = "small-8px-tiny") -> T
     exact equalities, which must not move when run.precision's "auto" default changes.
     """
     config = get_recipe(recipe, DIGITS)
-    config = dataclasses.replace(config, run=dataclasses.replace(config.run, out=str(out), threads=1, progress=False,
-                                                                 tensorboard=False))
+    config = dataclasses.replace(
+        config, run=dataclasses.replace(config.run, out=str(out), threads=1, progress=False, tensorboard=False)
+    )
     return apply_overrides(config, ["model.dropout=0.1", "run.precision=fp32", *overrides])
 
 
@@ -67,5 +68,6 @@ def train_in_subprocess(config: TrainConfig, kill_at: int = 0) -> subprocess.Com
     path = Path(config.run.out).with_suffix(".config.json")
     path.write_text(json.dumps(to_dict(config)))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
-    return subprocess.run([sys.executable, "-c", _KILLER, str(path), str(kill_at)], env=env, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", _KILLER, str(path), str(kill_at)], env=env, capture_output=True, text=True, timeout=300
+    )

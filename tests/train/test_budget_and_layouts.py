@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import FakeTime, tiny_config
 from PIL import Image
 
-from helpers import FakeTime, tiny_config
 from vitkit.cli import main
 from vitkit.data.sources import SourceInfo
 from vitkit.train import trainer
@@ -24,8 +24,16 @@ def _records(run: Path) -> list[dict]:
 def test_budgeted_run_with_a_fake_clock_ends_at_the_final_learning_rate(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(trainer, "time", FakeTime())
     run = tmp_path / "run"  # 1,000,000 planned steps, 0.02 min of fake time: the clock ends the schedule
-    result = trainer.train(tiny_config(run, "data.steps=1000000", "run.max_minutes=0.02", "run.log_every=1",
-                                       "optim.warmup_steps=3", "optim.end_lr_fraction=0.1"))
+    result = trainer.train(
+        tiny_config(
+            run,
+            "data.steps=1000000",
+            "run.max_minutes=0.02",
+            "run.log_every=1",
+            "optim.warmup_steps=3",
+            "optim.end_lr_fraction=0.1",
+        )
+    )
     lrs = [r["lr"] for r in _records(run) if r["split"] == "train"]
     assert result["status"] == "finished" and 5 < result["step"] < 1_000_000 and len(lrs) == result["step"]
     assert lrs[-1] == pytest.approx(0.1 * result["plan"]["lr"])  # exactly the end value of the schedule
@@ -37,8 +45,11 @@ def test_a_budget_alone_runs_until_the_time_is_spent(tmp_path: Path, monkeypatch
     """No length of its own: the fake clock alone ends the run, annealed, however many steps fit."""
     monkeypatch.setattr(trainer, "time", FakeTime())
     run = tmp_path / "run"
-    result = trainer.train(tiny_config(run, "data.steps=0", "data.epochs=0", "run.max_minutes=0.05",
-                                       "run.log_every=1", "optim.end_lr_fraction=0.1"))
+    result = trainer.train(
+        tiny_config(
+            run, "data.steps=0", "data.epochs=0", "run.max_minutes=0.05", "run.log_every=1", "optim.end_lr_fraction=0.1"
+        )
+    )
     lrs = [r["lr"] for r in _records(run) if r["split"] == "train"]
     assert result["status"] == "finished" and not result["plan"]["steps_given"] and len(lrs) == result["step"] > 5
     assert lrs[-1] == pytest.approx(0.1 * result["plan"]["lr"])  # ended at the schedule's end value
@@ -47,14 +58,24 @@ def test_a_budget_alone_runs_until_the_time_is_spent(tmp_path: Path, monkeypatch
 def test_cut_budget_keeps_the_old_guillotine(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(trainer, "time", FakeTime())
     run = tmp_path / "run"
-    result = trainer.train(tiny_config(run, "data.steps=1000000", "run.max_minutes=0.02", "run.log_every=1",
-                                       "optim.warmup_steps=3", "run.budget_schedule=cut"))
+    result = trainer.train(
+        tiny_config(
+            run,
+            "data.steps=1000000",
+            "run.max_minutes=0.02",
+            "run.log_every=1",
+            "optim.warmup_steps=3",
+            "run.budget_schedule=cut",
+        )
+    )
     lrs = [r["lr"] for r in _records(run) if r["split"] == "train"]
     assert result["status"] == "time_budget" and lrs[-1] > 0.9 * result["plan"]["lr"]  # stopped near the peak
 
 
-@pytest.mark.parametrize(("uri", "flip"), [("digits", False), ("mnist:/x", False), ("fashion-mnist:/x", True),
-                                           ("cifar10:/x", True), ("folder:/x", True)])
+@pytest.mark.parametrize(
+    ("uri", "flip"),
+    [("digits", False), ("mnist:/x", False), ("fashion-mnist:/x", True), ("cifar10:/x", True), ("folder:/x", True)],
+)
 def test_flips_follow_the_source(uri: str, flip: bool) -> None:
     size = {"digits": 8, "mnist": 28, "fashion-mnist": 28, "cifar10": 32}.get(uri.split(":")[0], 64)
     info = SourceInfo(uri=uri, num_train=1000, num_classes=10, image_size=size, channels=1, in_memory=True)
@@ -75,8 +96,24 @@ def test_every_folder_layout_trains_and_reports_test_accuracy(tmp_path: Path, la
     data = tmp_path / "data"
     _images(data if layout == "flat" else data / "train")
     out = tmp_path / "run"
-    code = main(["train", "--data", f"folder:{data}", "--recipe", "small-64px-tiny", "--out", str(out), "--json",
-                 "--set", "run.threads=1", "--set", "data.steps=2", "--set", "eval.every_epochs=1"])
+    code = main(
+        [
+            "train",
+            "--data",
+            f"folder:{data}",
+            "--recipe",
+            "small-64px-tiny",
+            "--out",
+            str(out),
+            "--json",
+            "--set",
+            "run.threads=1",
+            "--set",
+            "data.steps=2",
+            "--set",
+            "eval.every_epochs=1",
+        ]
+    )
     captured = capsys.readouterr()
     assert code == 0, captured.err[-2000:]
     result = json.loads(captured.out.strip().splitlines()[-1])
@@ -102,13 +139,19 @@ def test_train_fraction_takes_nested_stratified_parts(tmp_path: Path) -> None:
     assert "10.0% class-stratified part" in parts[0].origin
 
 
-@pytest.mark.parametrize("flags, expected", [
-    ({"max_minutes": 5.0}, 0.0),  # the budget alone decides: no length of the recipe's
-    ({"max_minutes": 5.0, "epochs": 7.0}, 7.0),  # the user's length stays
-    ({"max_minutes": 5.0, "overrides": ("data.epochs=9",)}, 9.0),
-    ({"max_minutes": 5.0, "overrides": ("run.budget_schedule=cut",)}, "1x"),  # a guillotine keeps the recipe's length
-    ({}, "1x"),  # no budget: the recipe's length
-])
+@pytest.mark.parametrize(
+    "flags, expected",
+    [
+        ({"max_minutes": 5.0}, 0.0),  # the budget alone decides: no length of the recipe's
+        ({"max_minutes": 5.0, "epochs": 7.0}, 7.0),  # the user's length stays
+        ({"max_minutes": 5.0, "overrides": ("data.epochs=9",)}, 9.0),
+        (
+            {"max_minutes": 5.0, "overrides": ("run.budget_schedule=cut",)},
+            "1x",
+        ),  # a guillotine keeps the recipe's length
+        ({}, "1x"),  # no budget: the recipe's length
+    ],
+)
 def test_a_budget_without_a_given_length_runs_by_the_clock_alone(flags: dict, expected) -> None:
     from vitkit.train.resolve import Request, resolve
 

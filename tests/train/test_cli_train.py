@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from helpers import tiny_config
+
 from vitkit.checkpoints import read
 from vitkit.cli import main
 from vitkit.train import trainer
@@ -23,8 +23,22 @@ def _last_json(text: str) -> dict:
 
 def test_train_tiny_recipe_json(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     out = tmp_path / "run"
-    code = main(["train", "--recipe", "small-8px-tiny", "--out", str(out), "--json", "--seed", "1",
-                 "--set", "run.threads=1", "--set", "data.steps=3"])
+    code = main(
+        [
+            "train",
+            "--recipe",
+            "small-8px-tiny",
+            "--out",
+            str(out),
+            "--json",
+            "--seed",
+            "1",
+            "--set",
+            "run.threads=1",
+            "--set",
+            "data.steps=3",
+        ]
+    )
     captured = capsys.readouterr()
     assert code == 0
     result = _last_json(captured.out)
@@ -34,21 +48,42 @@ def test_train_tiny_recipe_json(tmp_path: Path, capsys: pytest.CaptureFixture) -
     config = json.loads((out / "config.json").read_text())
     assert config["run"]["seed"] == 1 and config["data"]["steps"] == 3
     # Re-running the same command resumes the finished run: nothing is trained again.
-    assert main(["train", "--recipe", "small-8px-tiny", "--out", str(out), "--json", "--seed", "1",
-                 "--set", "run.threads=1", "--set", "data.steps=3"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--recipe",
+                "small-8px-tiny",
+                "--out",
+                str(out),
+                "--json",
+                "--seed",
+                "1",
+                "--set",
+                "run.threads=1",
+                "--set",
+                "data.steps=3",
+            ]
+        )
+        == 0
+    )
     again = _last_json(capsys.readouterr().out)
     assert again["step"] == 3 and again["test"] == result["test"]
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--set", "optim.warmup_steps=abc"], "expected int"),
-    (["--set", "optim.bogus=1"], "unknown field"),
-    (["--data", "nosuch:x"], "unknown data source"),
-    (["--recipe", "nope"], "unknown recipe"),
-    (["--model", "vit_q16"], "unknown model"),
-])
-def test_bad_flags_exit_2_with_a_clear_message(flags: list[str], message: str, tmp_path: Path,
-                                               capsys: pytest.CaptureFixture) -> None:
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--set", "optim.warmup_steps=abc"], "expected int"),
+        (["--set", "optim.bogus=1"], "unknown field"),
+        (["--data", "nosuch:x"], "unknown data source"),
+        (["--recipe", "nope"], "unknown recipe"),
+        (["--model", "vit_q16"], "unknown model"),
+    ],
+)
+def test_bad_flags_exit_2_with_a_clear_message(
+    flags: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     assert main(["train", "--out", str(tmp_path / "r"), *flags]) == 2
     assert message in capsys.readouterr().err
 
@@ -79,8 +114,9 @@ def pretrained(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_finetune_initialises_by_surgery(pretrained: Path, tmp_path: Path) -> None:
     data = _npz(tmp_path / "four.npz")
-    resolved = resolve(Request(data=f"npz:{data}", recipe="paper-finetune-tiny", init_from=str(pretrained),
-                               out=str(tmp_path / "ft")))
+    resolved = resolve(
+        Request(data=f"npz:{data}", recipe="paper-finetune-tiny", init_from=str(pretrained), out=str(tmp_path / "ft"))
+    )
     config = resolved.config
     assert config.model.num_classes == 4 and config.model.img_size == 32 and config.model.representation_size is None
     source = read(pretrained).model
@@ -96,8 +132,24 @@ def test_finetune_initialises_by_surgery(pretrained: Path, tmp_path: Path) -> No
 def test_finetune_cli_with_lr_sweep(pretrained: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     data = _npz(tmp_path / "four.npz")
     out = tmp_path / "ft"
-    code = main(["finetune", str(pretrained), "--data", f"npz:{data}", "--recipe", "paper-finetune-tiny",
-                 "--lr-sweep", "--out", str(out), "--json", "--set", "data.steps=2", "--set", "run.threads=1"])
+    code = main(
+        [
+            "finetune",
+            str(pretrained),
+            "--data",
+            f"npz:{data}",
+            "--recipe",
+            "paper-finetune-tiny",
+            "--lr-sweep",
+            "--out",
+            str(out),
+            "--json",
+            "--set",
+            "data.steps=2",
+            "--set",
+            "run.threads=1",
+        ]
+    )
     assert code == 0, capsys.readouterr().err[-2000:]
     result = _last_json(capsys.readouterr().out)
     sweep = json.loads((out / "sweep.json").read_text())

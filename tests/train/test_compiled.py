@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import tiny_config
 from safetensors.torch import load_file
 
-from helpers import tiny_config
 from vitkit.models import build_model
 from vitkit.models.configs import ViTConfig
 from vitkit.train import compiled, trainer
@@ -19,14 +19,17 @@ from vitkit.train.budget import warm_up
 from vitkit.train.schedule import Schedule
 
 
-@pytest.mark.parametrize(("rate", "until", "start", "expected"), [
-    (0.5, 0.8, 0.0, [(0.5, 28), (0.0, 28)]),
-    (0.5, 0.8, 0.85, [(0.0, 28)]),  # resumed after the PatchDropout phase
-    (0.5, 0.8, 0.79, [(0.5, 28), (0.0, 28)]),
-    (0.0, 0.8, 0.0, [(0.0, 28)]),  # no PatchDropout: the rate is 0 throughout
-    (0.5, 1.0, 0.0, [(0.5, 28)]),  # never switched off
-    (0.5, 0.0, 0.0, [(0.0, 28)]),  # switched off from the first step
-])
+@pytest.mark.parametrize(
+    ("rate", "until", "start", "expected"),
+    [
+        (0.5, 0.8, 0.0, [(0.5, 28), (0.0, 28)]),
+        (0.5, 0.8, 0.85, [(0.0, 28)]),  # resumed after the PatchDropout phase
+        (0.5, 0.8, 0.79, [(0.5, 28), (0.0, 28)]),
+        (0.0, 0.8, 0.0, [(0.0, 28)]),  # no PatchDropout: the rate is 0 throughout
+        (0.5, 1.0, 0.0, [(0.5, 28)]),  # never switched off
+        (0.5, 0.0, 0.0, [(0.0, 28)]),  # switched off from the first step
+    ],
+)
 def test_phases_follow_the_loops_rules(rate, until, start, expected) -> None:
     schedule = Schedule(total_steps=100, peak_lr=1.0, patch_dropout=rate, patch_until=until, side=28)
     assert schedule.phases(start=start) == expected
@@ -36,15 +39,29 @@ def test_phases_follow_the_loops_rules(rate, until, start, expected) -> None:
 
 
 def _vit() -> torch.nn.Module:
-    return build_model(ViTConfig(img_size=16, patch_size=4, in_chans=1, num_classes=3, hidden_size=16, depth=1,
-                                 num_heads=2, mlp_dim=32, pool="gap", dropout=0.1, patch_dropout=0.5))
+    return build_model(
+        ViTConfig(
+            img_size=16,
+            patch_size=4,
+            in_chans=1,
+            num_classes=3,
+            hidden_size=16,
+            depth=1,
+            num_heads=2,
+            mlp_dim=32,
+            pool="gap",
+            dropout=0.1,
+            patch_dropout=0.5,
+        )
+    )
 
 
 def test_warm_up_runs_each_phase_and_leaves_no_trace() -> None:
     module = _vit().eval()
     seen: list[tuple[int, int, bool]] = []
-    module.blocks[0].register_forward_pre_hook(lambda m, inputs: seen.append((inputs[0].shape[1], inputs[0].shape[0],
-                                                                              m.training)))
+    module.blocks[0].register_forward_pre_hook(
+        lambda m, inputs: seen.append((inputs[0].shape[1], inputs[0].shape[0], m.training))
+    )
     weights = {k: v.clone() for k, v in module.state_dict().items()}
     torch.manual_seed(3)
     rng = torch.get_rng_state()
@@ -72,7 +89,10 @@ def test_compiling_pays_for_itself_or_the_run_trains_eagerly() -> None:
     budgeted = compiled.decide("auto", cpu, graphs=2, eager_step_s=1.0, steps=None, budget_s=600.0)  # a 10-min budget
     assert budgeted[0] is True and "saves ~2.3 min" in budgeted[1]
     assert compiled.decide("auto", cpu, graphs=2, eager_step_s=1.0, steps=10_000, budget_s=60.0)[0] is False
-    assert compiled.decide("off", cpu, graphs=1, eager_step_s=9.0, steps=10**6, budget_s=None) == (False, "run.compile=off")
+    assert compiled.decide("off", cpu, graphs=1, eager_step_s=9.0, steps=10**6, budget_s=None) == (
+        False,
+        "run.compile=off",
+    )
     assert compiled.decide("on", cpu, graphs=9, eager_step_s=0.0, steps=1, budget_s=None) == (True, "run.compile=on")
 
 
@@ -98,8 +118,9 @@ def test_inductors_cache_is_kept_per_host_class(monkeypatch) -> None:
     assert path.startswith(default_cache_dir()) and host.isa in path and torch.__version__.split("+")[0] in path
     assert ("nobf16" in path) is (not host.native_bf16) and os.environ["TORCHINDUCTOR_CACHE_DIR"] == path
     other_isa = "SVE256" if host.isa != "SVE256" else "NEON"
-    monkeypatch.setattr(compiled.hosts, "current", lambda device=None: dataclasses.replace(host, isa=other_isa,
-                                                                                           native_bf16=False))
+    monkeypatch.setattr(
+        compiled.hosts, "current", lambda device=None: dataclasses.replace(host, isa=other_isa, native_bf16=False)
+    )
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())  # torch writes its default back: still ours
     other = compiled.use_host_cache(torch.device("cpu"))
     assert other != path and other.endswith(f"vitkit-{other_isa}-nobf16-" + torch.__version__.replace("+", "-"))
@@ -130,8 +151,9 @@ def test_compiled_run_compiles_before_the_loop_and_matches_eager(tmp_path: Path,
     assert "torch.compile: 2 graph(s)" in caplog.text
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2  # the loop added none
     trainer.train(tiny_config(tmp_path / "eager", *overrides))
-    final = [load_file(str(tmp_path / run / "checkpoints" / "final" / "model.safetensors"))
-             for run in ("compiled", "eager")]
+    final = [
+        load_file(str(tmp_path / run / "checkpoints" / "final" / "model.safetensors")) for run in ("compiled", "eager")
+    ]
     # Fused kernels round differently; after 6 Adam steps the weights agree to ~5e-5, 1% of one step's
     # size (the learning rate); different patch subsets would differ by ~1e-2.
     for key, value in final[0].items():
@@ -153,8 +175,9 @@ def test_failed_compilation_trains_eagerly(tmp_path: Path, caplog, monkeypatch) 
         result = trainer.train(tiny_config(tmp_path / "fallback", *overrides, "run.compile=on"))
     assert "torch.compile failed (RuntimeError: C++ compile failed" in caplog.text and result["status"] == "finished"
     trainer.train(tiny_config(tmp_path / "eager", *overrides))
-    final = [load_file(str(tmp_path / run / "checkpoints" / "final" / "model.safetensors"))
-             for run in ("fallback", "eager")]
+    final = [
+        load_file(str(tmp_path / run / "checkpoints" / "final" / "model.safetensors")) for run in ("fallback", "eager")
+    ]
     assert final[0].keys() == final[1].keys()
     assert all(torch.equal(value, final[1][key]) for key, value in final[0].items())
 
@@ -167,8 +190,13 @@ def test_a_runs_precision_follows_the_host(tmp_path) -> None:
     else:
         assert (plan["precision"], plan["precision_reason"]) == ("fp32", "auto: this CPU has no native bf16")
     host = compiled.hosts.current()
-    assert plan["host"] == f"host: {host.cpu} ({host.isa}, " + ("native bf16" if host.native_bf16 else "no native bf16") \
-        + (", AMX" if host.amx else "") + "), 1 thread(s)"  # the tiny config trains on one thread
+    assert (
+        plan["host"]
+        == f"host: {host.cpu} ({host.isa}, "
+        + ("native bf16" if host.native_bf16 else "no native bf16")
+        + (", AMX" if host.amx else "")
+        + "), 1 thread(s)"
+    )  # the tiny config trains on one thread
 
 
 def test_a_compiled_runs_precision_is_measured_at_its_own_matmul(monkeypatch) -> None:
@@ -176,8 +204,9 @@ def test_a_compiled_runs_precision_is_measured_at_its_own_matmul(monkeypatch) ->
     from vitkit.train import choices
     from vitkit.train.config import apply_overrides
 
-    config = apply_overrides(tiny_config(Path("/unused"), "run.precision=auto", "run.compile=on"),
-                             ["model.patch_dropout=0.75"])  # 8 px on 2 px patches: 16 patches, 4 kept
+    config = apply_overrides(
+        tiny_config(Path("/unused"), "run.precision=auto", "run.compile=on"), ["model.patch_dropout=0.75"]
+    )  # 8 px on 2 px patches: 16 patches, 4 kept
     assert choices.matmul_shape(config.model, 32) == (32 * 4, 32, 64)
     seen = []
 
@@ -188,7 +217,15 @@ def test_a_compiled_runs_precision_is_measured_at_its_own_matmul(monkeypatch) ->
     monkeypatch.setattr(choices, "matmul_seconds", timed)
     native = dataclasses.replace(compiled.hosts.current(), native_bf16=True)  # as on an AVX512-BF16 or AMX CPU
     monkeypatch.setattr(compiled.hosts, "current", lambda device=None: native)
-    picked = choices.choose(config, build_model(config.model), torch.device("cpu"), micro_batch=32, accumulation=1,
-                            graphs=1, steps=10, budget_s=None)
+    picked = choices.choose(
+        config,
+        build_model(config.model),
+        torch.device("cpu"),
+        micro_batch=32,
+        accumulation=1,
+        graphs=1,
+        steps=10,
+        budget_s=None,
+    )
     assert picked.compiled and picked.precision == "bf16" and "2.50x" in picked.precision_reason
     assert seen == [(128, 32, 64, None), (128, 32, 64, torch.bfloat16)]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-
 import json
 
 import pytest
@@ -18,29 +17,42 @@ INFO = SourceInfo(uri="digits", num_train=1438, num_classes=10, image_size=8, ch
 
 
 def test_overrides_parse_each_type() -> None:
-    config = apply_overrides(get_recipe("small-8px-tiny", INFO), [
-        "optim.warmup_steps=500", "optim.lr=3e-4", "data.strict=true", "optim.schedule=linear",
-        "optim.betas=0.8,0.99", "augment.randaugment=2,9", "augment.randaugment=none", "model.depth=3",
-        "data.uri=digits", "optim.lr_sweep=0.001,0.01",
-    ])
+    config = apply_overrides(
+        get_recipe("small-8px-tiny", INFO),
+        [
+            "optim.warmup_steps=500",
+            "optim.lr=3e-4",
+            "data.strict=true",
+            "optim.schedule=linear",
+            "optim.betas=0.8,0.99",
+            "augment.randaugment=2,9",
+            "augment.randaugment=none",
+            "model.depth=3",
+            "data.uri=digits",
+            "optim.lr_sweep=0.001,0.01",
+        ],
+    )
     assert config.optim.warmup_steps == 500 and isinstance(config.optim.warmup_steps, int)
     assert config.optim.lr == 3e-4 and config.data.strict is True and config.optim.schedule == "linear"
     assert config.optim.betas == (0.8, 0.99) and config.augment.randaugment is None
     assert config.model.depth == 3 and config.optim.lr_sweep == (0.001, 0.01)
 
 
-@pytest.mark.parametrize("item, message", [
-    ("optim.warmup_steps=abc", "expected int"),
-    ("optim.nope=1", "unknown field"),
-    ("nope.lr=1", "unknown key"),
-    ("optim.schedule=cubic", "must be one of"),
-    ("data.strict=maybe", "expected true or false"),
-    ("run.compile=true", "must be one of auto, on, off"),
-    ("optim.betas=0.9", "expected 2 comma-separated"),
-    ("optim.lr", "expected group.field=value"),
-    ("model.hidden_size=33", "not divisible"),  # the dataclass's own validation still runs
-    ("optim.lr=-1", "lr > 0"),
-])
+@pytest.mark.parametrize(
+    "item, message",
+    [
+        ("optim.warmup_steps=abc", "expected int"),
+        ("optim.nope=1", "unknown field"),
+        ("nope.lr=1", "unknown key"),
+        ("optim.schedule=cubic", "must be one of"),
+        ("data.strict=maybe", "expected true or false"),
+        ("run.compile=true", "must be one of auto, on, off"),
+        ("optim.betas=0.9", "expected 2 comma-separated"),
+        ("optim.lr", "expected group.field=value"),
+        ("model.hidden_size=33", "not divisible"),  # the dataclass's own validation still runs
+        ("optim.lr=-1", "lr > 0"),
+    ],
+)
 def test_bad_overrides_are_clear_errors(item: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         apply_overrides(get_recipe("small-8px-tiny", INFO), [item])
@@ -59,12 +71,16 @@ def test_removed_fields_of_a_stored_run_are_read_where_neutral() -> None:
     """A config.json written before options were removed still reads where they did nothing; where they did,
     the error says what was removed.  run.compile's old booleans read as on / off."""
     stored = to_dict(get_recipe("small-8px-tiny", INFO))
-    old = {**stored, "data": {**stored["data"], "resolutions": [], "resolution_until": [], "patch_dropout_later": []},
-           "optim": {**stored["optim"], "ema_warmup": False, "light_below_epochs": 0.0},
-           "run": {**stored["run"], "compile": True}}
+    old = {
+        **stored,
+        "data": {**stored["data"], "resolutions": [], "resolution_until": [], "patch_dropout_later": []},
+        "optim": {**stored["optim"], "ema_warmup": False, "light_below_epochs": 0.0},
+        "run": {**stored["run"], "compile": True},
+    }
     config = from_dict(json.loads(json.dumps(old)))
     assert config.run.compile == "on" and config == dataclasses.replace(
-        get_recipe("small-8px-tiny", INFO), run=dataclasses.replace(config.run, compile="on"))
+        get_recipe("small-8px-tiny", INFO), run=dataclasses.replace(config.run, compile="on")
+    )
     moved = {**stored, "data": {**stored["data"], "patch_dropout_until": 0.8}}  # PatchDropout's settings: one group
     assert from_dict(json.loads(json.dumps(moved))).model.patch_dropout_until == 0.8
     with pytest.raises(ValueError, match="moved to model.patch_dropout_until"):
@@ -88,7 +104,12 @@ def test_auto_recipe_by_resolution() -> None:
     def info(side: int) -> SourceInfo:
         return SourceInfo(uri="digits", num_train=100, num_classes=2, image_size=side, channels=3, in_memory=True)
 
-    assert [auto_recipe_name(info(s)) for s in (8, 28, 32, 200)] == ["small-8px", "small-28px", "small-32px", "small-64px"]
+    assert [auto_recipe_name(info(s)) for s in (8, 28, 32, 200)] == [
+        "small-8px",
+        "small-28px",
+        "small-32px",
+        "small-64px",
+    ]
 
 
 def test_the_plan_states_the_patch_dropout_phase() -> None:
@@ -105,9 +126,13 @@ def test_the_plan_states_the_patch_dropout_phase() -> None:
 
 
 def test_the_plan_says_what_the_host_chose_and_why() -> None:
-    choices = HostChoices(host="host: AMD EPYC (AVX2, no native bf16), 2 thread(s)", precision="fp32",
-                          precision_reason="auto: this CPU has no native bf16", compiled=False,
-                          compile_reason="auto: ~2 s of eager training ...")
+    choices = HostChoices(
+        host="host: AMD EPYC (AVX2, no native bf16), 2 thread(s)",
+        precision="fp32",
+        precision_reason="auto: this CPU has no native bf16",
+        compiled=False,
+        compile_reason="auto: ~2 s of eager training ...",
+    )
     lines = plan_lines(make_plan(get_recipe("small-28px", INFO), num_train=1000, choices=choices))
     assert "host: AMD EPYC (AVX2, no native bf16), 2 thread(s)" in lines
     assert "precision fp32 (auto: this CPU has no native bf16)" in lines
@@ -132,11 +157,17 @@ def test_the_plan_names_muons_own_learning_rate_factor() -> None:
 
 def test_the_plan_names_the_learning_rates_decay() -> None:
     linear = make_plan(get_recipe("small-28px", INFO), num_train=1000)
-    cosine = make_plan(apply_overrides(get_recipe("small-28px", INFO), ["optim.schedule=cosine",
-                                                                      "optim.end_lr_fraction=0.1"]), 1000)
+    cosine = make_plan(
+        apply_overrides(get_recipe("small-28px", INFO), ["optim.schedule=cosine", "optim.end_lr_fraction=0.1"]), 1000
+    )
     flat = make_plan(apply_overrides(get_recipe("small-28px", INFO), ["optim.schedule=constant"]), 1000)
     assert (linear.decay, cosine.decay, flat.decay) == (
-        "linear decay to 0", "cosine decay to 10% of the peak", "constant after warmup")
+        "linear decay to 0",
+        "cosine decay to 10% of the peak",
+        "constant after warmup",
+    )
     line = next(line for line in plan_lines(linear) if line.startswith("learning rate:"))
-    assert line == ("learning rate: lr 0.002 at global batch 128 (tuned for this batch; no rescaling), "
-                    f"linear decay to 0; {linear.optimizer}")
+    assert line == (
+        "learning rate: lr 0.002 at global batch 128 (tuned for this batch; no rescaling), "
+        f"linear decay to 0; {linear.optimizer}"
+    )

@@ -12,17 +12,27 @@ from pathlib import Path
 import pytest
 import torch
 import torch.multiprocessing as mp
+from helpers import FakeTime, tiny_config
 from safetensors.torch import load_file
 
-from helpers import FakeTime, tiny_config
 from vitkit.data.loader import IndexStream, micro_batches
 from vitkit.train import trainer
 
 # SGD: Adam would turn ~1e-10 all-reduce rounding in gradients that are zero in exact arithmetic
 # (the key bias's) into steps of size lr, so it compares replicas, not the method.
 # fp32: the comparison is of the method; bf16 rounds weight gradients per micro-batch shape.
-ARGS = ("run.precision=fp32", "optim.name=sgd", "optim.lr=0.05", "data.steps=4", "data.batch_size=16", "model.dropout=0.0", "augment.crop=none", "augment.flip=false",
-        "run.checkpoint_every=100", "optim.warmup_steps=1")
+ARGS = (
+    "run.precision=fp32",
+    "optim.name=sgd",
+    "optim.lr=0.05",
+    "data.steps=4",
+    "data.batch_size=16",
+    "model.dropout=0.0",
+    "augment.crop=none",
+    "augment.flip=false",
+    "run.checkpoint_every=100",
+    "optim.warmup_steps=1",
+)
 
 
 def _free_port() -> int:
@@ -32,8 +42,9 @@ def _free_port() -> int:
 
 
 def _worker(rank: int, world: int, port: int, out: str, *extra: str) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
     lrs: list[float] = []
     if extra:  # a budgeted run: each process reads its own fake clock, which runs at its own pace, so the
         trainer.time = FakeTime(tick=0.01 + 0.005 * rank)  # start-up each measures, and its elapsed time, differ
@@ -51,8 +62,9 @@ def _worker(rank: int, world: int, port: int, out: str, *extra: str) -> None:
 def _spawn(world: int, out: Path, *extra: str, timeout_s: float = 240.0) -> None:
     """Run `_worker` on `world` gloo processes; a process that waits on a collective its peer never reaches
     (ranks disagreeing on when to stop) fails the test at the timeout instead of hanging it."""
-    context = mp.start_processes(_worker, args=(world, _free_port(), str(out), *extra), nprocs=world, join=False,
-                                 start_method="spawn")
+    context = mp.start_processes(
+        _worker, args=(world, _free_port(), str(out), *extra), nprocs=world, join=False, start_method="spawn"
+    )
     deadline = time.monotonic() + timeout_s
     while not context.join(timeout=1.0):
         if time.monotonic() > deadline:
@@ -90,8 +102,14 @@ def test_two_process_ddp_equals_one_process(tmp_path: Path) -> None:
 def test_two_processes_fit_a_budget_and_end_annealed_at_the_same_step(tmp_path: Path) -> None:
     # 1,000,000 planned steps, 0.02 min of fake time.  The clock is agreed (the max over processes) only at the
     # logging steps, every 5th; between them each process extrapolates it, and both must reach the same position.
-    _spawn(2, tmp_path / "run", "data.steps=1000000", "run.max_minutes=0.02", "run.log_every=5",
-           "optim.end_lr_fraction=0.1")
+    _spawn(
+        2,
+        tmp_path / "run",
+        "data.steps=1000000",
+        "run.max_minutes=0.02",
+        "run.log_every=5",
+        "optim.end_lr_fraction=0.1",
+    )
     results = [json.loads((tmp_path / f"result_{rank}.json").read_text()) for rank in range(2)]
     assert [r["status"] for r in results] == ["finished", "finished"]
     assert results[0]["step"] == results[1]["step"] and 10 < results[0]["step"] < 1_000_000

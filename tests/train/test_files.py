@@ -6,9 +6,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import tiny_config
 from PIL import Image
 
-from helpers import tiny_config
 from vitkit.data.sources import BadImageError, load_split
 from vitkit.train import trainer
 
@@ -30,9 +30,20 @@ def test_file_based_training_skips_corrupt_files(tmp_path: Path) -> None:
     root = _folder(tmp_path / "images")
     files = load_split(f"folder:{root}", "train", image_size=16, max_in_memory_bytes=0)
     assert files.images is None and len(files) == 25  # decoded lazily: the broken file is found later
-    args = ("data.uri=folder:" + str(root), "data.max_in_memory_mb=0", "data.workers=1", "model.img_size=16",
-            "model.patch_size=4", "model.num_classes=2", "model.in_chans=3", "data.mean=0.5,0.5,0.5",
-            "data.std=0.5,0.5,0.5", "data.batch_size=8", "data.steps=8", "run.checkpoint_every=4")
+    args = (
+        "data.uri=folder:" + str(root),
+        "data.max_in_memory_mb=0",
+        "data.workers=1",
+        "model.img_size=16",
+        "model.patch_size=4",
+        "model.num_classes=2",
+        "model.in_chans=3",
+        "data.mean=0.5,0.5,0.5",
+        "data.std=0.5,0.5,0.5",
+        "data.batch_size=8",
+        "data.steps=8",
+        "run.checkpoint_every=4",
+    )
     result = trainer.train(tiny_config(tmp_path / "run", *args))
     assert result["status"] == "finished" and result["step"] == 8 and result["test"]["count"] == 8
     with pytest.raises(BadImageError, match="broken.png"):

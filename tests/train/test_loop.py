@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import tiny_config, train_in_subprocess
 from safetensors.torch import load_file
 
-from helpers import tiny_config, train_in_subprocess
+from vitkit.runs import LATEST, STATE_FILE
 from vitkit.train import trainer
 from vitkit.train.config import to_dict
-from vitkit.runs import LATEST, STATE_FILE
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "train_tiny_losses.json"
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,8 +63,9 @@ def test_max_minutes_cut_stops_evaluates_and_saves(tmp_path: Path) -> None:
 
 def test_fitted_schedule_ends_annealed_when_the_budget_is_spent(tmp_path: Path) -> None:
     run = tmp_path / "run"  # far more steps than 3 s allow: the clock, not the step count, ends the decay
-    result = trainer.train(tiny_config(run, "data.steps=1000000", "run.max_minutes=0.05", "run.log_every=1",
-                                       "optim.warmup_steps=5"))  # budget_schedule=fit is the default
+    result = trainer.train(
+        tiny_config(run, "data.steps=1000000", "run.max_minutes=0.05", "run.log_every=1", "optim.warmup_steps=5")
+    )  # budget_schedule=fit is the default
     assert result["status"] == "finished" and 20 < result["step"] < 1_000_000
     assert result["minutes"] * 60 < 3.0 + 1.0
     lrs = [r["lr"] for r in _records(run) if r["split"] == "train"]
@@ -75,10 +76,12 @@ def test_fitted_schedule_ends_annealed_when_the_budget_is_spent(tmp_path: Path) 
 
 
 def test_removed_options_fail_with_what_to_do_instead(tmp_path: Path) -> None:
-    for key, words in (("data.resolutions=4,6", "progressive resolution was removed"),
-                       ("data.patch_dropout_later=0.5", "stepped PatchDropout was removed"),
-                       ("optim.ema_warmup=true", "EMA warm-up was removed"),
-                       ("optim.light_below_epochs=50", "run-length regularisation rule was removed")):
+    for key, words in (
+        ("data.resolutions=4,6", "progressive resolution was removed"),
+        ("data.patch_dropout_later=0.5", "stepped PatchDropout was removed"),
+        ("optim.ema_warmup=true", "EMA warm-up was removed"),
+        ("optim.light_below_epochs=50", "run-length regularisation rule was removed"),
+    ):
         with pytest.raises(ValueError, match=words):
             tiny_config(tmp_path / "run", key)
 
@@ -98,8 +101,9 @@ def test_patch_dropout_is_switched_off_where_the_schedule_says(tmp_path: Path) -
 
 
 @pytest.mark.parametrize("nan_check", ["sync", "deferred"])
-def test_nan_losses_skip_then_stop_with_last_good_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                             nan_check: str) -> None:
+def test_nan_losses_skip_then_stop_with_last_good_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, nan_check: str
+) -> None:
     real = trainer.train_step
 
     def poisoned(state, batch, spec, loss_of=None):  # steps 3, 4, ... see NaN images
@@ -153,8 +157,9 @@ def test_kill_9_then_resume_equals_uninterrupted_bit_exact(tmp_path: Path) -> No
     assert strip(_records(run)) == strip(_records(reference))  # the log was rewound to the checkpoint too
 
 
-def test_a_failing_final_evaluation_keeps_the_trained_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                            capsys: pytest.CaptureFixture) -> None:
+def test_a_failing_final_evaluation_keeps_the_trained_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
     """The final model is exported before the final evaluation: when that evaluation dies (as oneDNN's bf16
     kernels did on CPUs without native bf16), the run exits 1 naming the saved model and `vitkit eval`, and
     `vitkit eval` on it gives what the evaluation would have."""
@@ -170,12 +175,30 @@ def test_a_failing_final_evaluation_keeps_the_trained_model(tmp_path: Path, monk
 
     monkeypatch.setattr(trainer.Trainer, "_evaluate", dies_on_test)
     run = tmp_path / "run"
-    code = main(["train", "--recipe", "small-8px-tiny", "--out", str(run), "--set", "data.steps=6", "--set",
-                 "model.dropout=0.1", "--set", "run.precision=fp32", "--set", "run.threads=1", "--json"])
+    code = main(
+        [
+            "train",
+            "--recipe",
+            "small-8px-tiny",
+            "--out",
+            str(run),
+            "--set",
+            "data.steps=6",
+            "--set",
+            "model.dropout=0.1",
+            "--set",
+            "run.precision=fp32",
+            "--set",
+            "run.threads=1",
+            "--json",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 1 and "the final test evaluation failed (RuntimeError: could not create" in err
     assert f"saved in {run / 'checkpoints' / 'final'}" in err and f"`vitkit eval {run} --data digits`" in err
-    saved, expected = (load_file(str(d / "checkpoints" / "final" / "model.safetensors")) for d in (run, tmp_path / "reference"))
+    saved, expected = (
+        load_file(str(d / "checkpoints" / "final" / "model.safetensors")) for d in (run, tmp_path / "reference")
+    )
     assert saved.keys() == expected.keys() and all(torch.equal(saved[k], expected[k]) for k in saved)
     monkeypatch.setattr(trainer.Trainer, "_evaluate", real)
     assert main(["eval", str(run), "--data", "digits", "--json"]) == 0

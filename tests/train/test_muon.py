@@ -10,14 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from tests.train.helpers import tiny_config
+
+from vitkit.device import native_bf16
 from vitkit.models import build_model
 from vitkit.models.configs import ViTConfig
-from vitkit.train import trainer
+from vitkit.train import muon, trainer
 from vitkit.train.config import OptimConfig
-from vitkit.device import native_bf16
-from vitkit.train import muon
 from vitkit.train.muon import StackedMuon, orthogonalise
 from vitkit.train.optim import OptimizerSet, build_optimizer, is_hidden_matrix, set_lr
 
@@ -27,8 +26,19 @@ NS = (3.4445, -4.775, 2.0315)  # torch.optim.Muon's default coefficients
 
 def _model() -> torch.nn.Module:
     torch.manual_seed(0)
-    model = build_model(ViTConfig(img_size=8, patch_size=4, in_chans=1, num_classes=3, hidden_size=16, depth=2,
-                                  num_heads=2, mlp_dim=32, pool="gap"))
+    model = build_model(
+        ViTConfig(
+            img_size=8,
+            patch_size=4,
+            in_chans=1,
+            num_classes=3,
+            hidden_size=16,
+            depth=2,
+            num_heads=2,
+            mlp_dim=32,
+            pool="gap",
+        )
+    )
     torch.nn.init.normal_(model.head.weight, std=0.5)  # not the zero head: every parameter gets a gradient at once
     return model
 
@@ -50,7 +60,9 @@ def test_the_encoder_matrices_go_to_muon_and_every_other_parameter_to_adamw() ->
     names = {id(p): n for n, p in model.named_parameters()}
     in_muon = {names[id(p)] for g in muon.param_groups for p in g["params"]}
     in_adamw = {names[id(p)] for g in adamw.param_groups for p in g["params"]}
-    assert in_muon == {f"blocks.{i}.{m}.weight" for i in range(2) for m in ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2")}
+    assert in_muon == {
+        f"blocks.{i}.{m}.weight" for i in range(2) for m in ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2")
+    }
     assert in_muon.isdisjoint(in_adamw) and in_muon | in_adamw == set(names.values())
     decayed = {names[id(p)] for g in adamw.param_groups if g["weight_decay"] > 0 for p in g["params"]}
     assert decayed == {"patch_embed.proj.weight", "head.weight"}  # the kernels that are not encoder matrices
@@ -187,8 +199,11 @@ def test_stacked_muon_steps_as_torch_muon_does(nesterov: bool, monkeypatch: pyte
     equal parameters, momentum buffers and saved groups."""
     import torch.optim._muon as torch_muon
 
-    monkeypatch.setattr(torch_muon, "_zeropower_via_newtonschulz",
-                        lambda grad, coefficients, steps, eps: orthogonalise(grad[None], coefficients, steps, eps)[0])
+    monkeypatch.setattr(
+        torch_muon,
+        "_zeropower_via_newtonschulz",
+        lambda grad, coefficients, steps, eps: orthogonalise(grad[None], coefficients, steps, eps)[0],
+    )
     ours, theirs = _model(), _model()
     kwargs = dict(lr=LR, weight_decay=WD, momentum=0.95, nesterov=nesterov, adjust_lr_fn="match_rms_adamw")
     matrices = lambda model: [p for n, p in model.named_parameters() if is_hidden_matrix(n, p)]  # noqa: E731
@@ -200,6 +215,7 @@ def test_stacked_muon_steps_as_torch_muon_does(nesterov: bool, monkeypatch: pyte
     for before, a, b in zip(start, matrices(ours), matrices(theirs)):
         assert (b - before).norm() > 1e-3
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
-        torch.testing.assert_close(stacked.state[a]["momentum_buffer"], reference.state[b]["momentum_buffer"],
-                                   rtol=1e-5, atol=1e-7)
+        torch.testing.assert_close(
+            stacked.state[a]["momentum_buffer"], reference.state[b]["momentum_buffer"], rtol=1e-5, atol=1e-7
+        )
     assert stacked.state_dict()["param_groups"] == reference.state_dict()["param_groups"]

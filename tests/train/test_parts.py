@@ -3,7 +3,6 @@ the warm-up's estimate; each with fakes (clock, signals, a second process) inste
 
 from __future__ import annotations
 
-import math
 import os
 import signal
 from pathlib import Path
@@ -11,20 +10,19 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from helpers import tiny_config
 
 from vitkit.checkpoints import native
 from vitkit.models import build_model
 from vitkit.models.configs import ViTConfig
 from vitkit.runs import LATEST, RunDir
 from vitkit.train import stop as stop_module
-from vitkit.train.checkpointer import Checkpointer
 from vitkit.train.budget import steps_that_fit
+from vitkit.train.checkpointer import Checkpointer
+from vitkit.train.config import OptimConfig, apply_overrides
 from vitkit.train.guard import NonFiniteGuard, NonFiniteLossError
 from vitkit.train.optim import build_optimizer
-from vitkit.train.config import OptimConfig
-from vitkit.train.config import apply_overrides
 from vitkit.train.plan import make_plan
-from helpers import tiny_config
 from vitkit.train.schedule import Schedule
 from vitkit.train.state import TrainState
 from vitkit.train.stop import SignalFlag, StopPolicy
@@ -34,10 +32,24 @@ TINY = ViTConfig(img_size=8, patch_size=4, in_chans=1, num_classes=3, hidden_siz
 
 # ------------------------------------------------------------------------------------- schedule
 def test_schedule_at_a_position_golden_values() -> None:
-    schedule = Schedule(total_steps=101, peak_lr=2.0, warmup_steps=10, kind="cosine", end_fraction=0.1,
-                        patch_dropout=0.5, patch_until=0.8, side=28, ema_decay=0.99)
+    schedule = Schedule(
+        total_steps=101,
+        peak_lr=2.0,
+        warmup_steps=10,
+        kind="cosine",
+        end_fraction=0.1,
+        patch_dropout=0.5,
+        patch_until=0.8,
+        side=28,
+        ema_decay=0.99,
+    )
     first = schedule.at(0)
-    assert (first.lr, first.patch_dropout, first.side, first.ema_decay) == (2.0 * 1 / 10, 0.5, 28, 0.99)  # (step + 1) / 10
+    assert (first.lr, first.patch_dropout, first.side, first.ema_decay) == (
+        2.0 * 1 / 10,
+        0.5,
+        28,
+        0.99,
+    )  # (step + 1) / 10
     middle = schedule.at(55)  # progress (55 - 10) / (100 - 10) = 0.5: the cosine is at half
     assert middle.lr == pytest.approx(2.0 * (0.1 + 0.9 * 0.5)) and middle.patch_dropout == 0.5
     late = schedule.at(81)  # 81 / 101 >= 0.8: every patch from here
@@ -83,16 +95,21 @@ def test_checkpointer_round_trip_and_crash_leaves_the_last_one(tmp_path: Path, m
     run = RunDir(tmp_path / "run")
     saved = _state(0)
     saved.step = 3
-    checkpointer = Checkpointer(run, every=3, meta={"class_names": ["a", "b", "c"]}, main=True,
-                                extra=lambda: {"data": {"step": 3}})
+    checkpointer = Checkpointer(
+        run, every=3, meta={"class_names": ["a", "b", "c"]}, main=True, extra=lambda: {"data": {"step": 3}}
+    )
     assert checkpointer.due(3) and not checkpointer.due(4)
     first = checkpointer.save(saved)
     assert first == run.checkpoints / "step_0000003" and (run.checkpoints / LATEST).read_text() == "step_0000003\n"
     restored, payloads = _state(1), []
     assert checkpointer.restore(restored, load_extra=payloads.append) == first
     assert restored.step == 3 and payloads[0]["data"] == {"step": 3}
-    assert all(torch.equal(a, b) for a, b in zip(saved.module.state_dict().values(), restored.module.state_dict().values()))
-    assert restored.optimizer.state_dict()["state"][0]["exp_avg"].equal(saved.optimizer.state_dict()["state"][0]["exp_avg"])
+    assert all(
+        torch.equal(a, b) for a, b in zip(saved.module.state_dict().values(), restored.module.state_dict().values())
+    )
+    assert restored.optimizer.state_dict()["state"][0]["exp_avg"].equal(
+        saved.optimizer.state_dict()["state"][0]["exp_avg"]
+    )
     assert torch.equal(restored.generator.get_state(), saved.generator.get_state())
 
     saved.step = 6  # a crash in the middle of the next save: the rename never happens
@@ -155,9 +172,10 @@ def test_real_sigterm_is_caught_while_installed_and_handlers_restored() -> None:
 
 # -------------------------------------------------------------------------------- the estimate
 def test_the_warm_up_estimate_weighs_each_phase_by_its_share() -> None:
-    config = apply_overrides(tiny_config(Path("/unused"), "data.steps=100", "data.batch_size=100",
-                                         "data.micro_batch_size=50"), ["model.patch_dropout=0.5",
-                                                                         "model.patch_dropout_until=0.6"])
+    config = apply_overrides(
+        tiny_config(Path("/unused"), "data.steps=100", "data.batch_size=100", "data.micro_batch_size=50"),
+        ["model.patch_dropout=0.5", "model.patch_dropout_until=0.6"],
+    )
     timings = {(0.5, 8): 0.1, (0.0, 8): 0.2}  # seconds per micro-batch of 50 images
     plan = make_plan(config, num_train=1000, timings=timings, eval_images=300)
     step_s = 0.6 * 2 * 0.1 + 0.4 * 2 * 0.2  # 60% of the steps at PatchDropout, 2 micro-batches each
@@ -169,9 +187,17 @@ def test_the_warm_up_estimate_weighs_each_phase_by_its_share() -> None:
 
 
 def test_a_budget_alone_gives_each_phase_its_share_of_the_time() -> None:
-    config = apply_overrides(tiny_config(Path("/unused"), "data.batch_size=100", "data.micro_batch_size=50",
-                                         "run.max_minutes=1", "data.epochs=0", "data.steps=0"),
-                             ["model.patch_dropout=0.5", "model.patch_dropout_until=0.6"])
+    config = apply_overrides(
+        tiny_config(
+            Path("/unused"),
+            "data.batch_size=100",
+            "data.micro_batch_size=50",
+            "run.max_minutes=1",
+            "data.epochs=0",
+            "data.steps=0",
+        ),
+        ["model.patch_dropout=0.5", "model.patch_dropout_until=0.6"],
+    )
     timings = {(0.5, 8): 0.1, (0.0, 8): 0.2}
     plan = make_plan(config, num_train=1000, timings=timings, budget_s=10.0)
     fit = 0.6 * 10.0 / (2 * 0.1) + 0.4 * 10.0 / (2 * 0.2)  # 60% of the time at 0.2 s a step, 40% at 0.4 s

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from helpers import tiny_config
 from safetensors.torch import load_file
 
 import vitkit
-from helpers import tiny_config
 from vitkit.cli import main
 from vitkit.runs import find_checkpoint
 from vitkit.train import trainer
@@ -67,17 +67,45 @@ sys.exit(main(argv))
 def test_pretrain_mpp_sigterm_saves_exits_and_resumes_bit_identically(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     data = tmp_path / "tiny.npz"
-    np.savez(data, x_train=rng.integers(0, 256, (48, 16, 16, 3), dtype=np.uint8), y_train=np.arange(48) % 2,
-             x_test=rng.integers(0, 256, (8, 16, 16, 3), dtype=np.uint8), y_test=np.arange(8) % 2)
+    np.savez(
+        data,
+        x_train=rng.integers(0, 256, (48, 16, 16, 3), dtype=np.uint8),
+        y_train=np.arange(48) % 2,
+        x_test=rng.integers(0, 256, (8, 16, 16, 3), dtype=np.uint8),
+        y_test=np.arange(8) % 2,
+    )
 
     def command(out: Path) -> list[str]:
-        return ["pretrain-mpp", "--data", f"npz:{data}", "--recipe", "small-32px-tiny", "--img-size", "16",
-                "--epochs", "2", "--batch-size", "8", "--set", "model.patch_size=4", "--set", "run.threads=1",
-                "--set", "run.tensorboard=false", "--out", str(out), "--json"]
+        return [
+            "pretrain-mpp",
+            "--data",
+            f"npz:{data}",
+            "--recipe",
+            "small-32px-tiny",
+            "--img-size",
+            "16",
+            "--epochs",
+            "2",
+            "--batch-size",
+            "8",
+            "--set",
+            "model.patch_size=4",
+            "--set",
+            "run.threads=1",
+            "--set",
+            "run.tensorboard=false",
+            "--out",
+            str(out),
+            "--json",
+        ]
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
-    run = lambda stop_at, out: subprocess.run([sys.executable, "-c", MPP_KILLER, str(stop_at), *command(out)],  # noqa: E731
-                                              env=env, capture_output=True, text=True)
+    run = lambda stop_at, out: subprocess.run(
+        [sys.executable, "-c", MPP_KILLER, str(stop_at), *command(out)],  # noqa: E731
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     straight = run(0, tmp_path / "straight")
     assert straight.returncode == 0, straight.stderr[-2000:]
     stopped = run(5, tmp_path / "resumed")

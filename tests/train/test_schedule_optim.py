@@ -9,9 +9,9 @@ import torch
 
 from vitkit.data.sources import SourceInfo
 from vitkit.models import build_model
+from vitkit.train.budget import Budget
 from vitkit.train.optim import build_optimizer, is_kernel, param_groups
 from vitkit.train.recipes import PAPER_LR_GRID, RECIPES, get_recipe
-from vitkit.train.budget import Budget
 from vitkit.train.schedule import lr_multiplier, resolve_warmup, scaled_lr
 
 INFO = SourceInfo(uri="digits", num_train=1438, num_classes=10, image_size=8, channels=1, in_memory=True)
@@ -25,7 +25,9 @@ def test_linear_warmup_then_linear_decay() -> None:
     assert lr_multiplier(9_999, total, warm, "linear") == pytest.approx(1.0)
     assert lr_multiplier(10_000, total, warm, "linear") == pytest.approx(1.0)
     mid = 10_000 + (total - 1 - 10_000) / 2
-    assert lr_multiplier(int(mid), total, warm, "linear") == pytest.approx(1 - (int(mid) - 10_000) / (total - 1 - 10_000))
+    assert lr_multiplier(int(mid), total, warm, "linear") == pytest.approx(
+        1 - (int(mid) - 10_000) / (total - 1 - 10_000)
+    )
     assert lr_multiplier(total - 1, total, warm, "linear") == pytest.approx(0.0)
 
 

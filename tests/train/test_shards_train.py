@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 import torch.multiprocessing as mp
+from helpers import tiny_config, train_in_subprocess
 from safetensors.torch import load_file
 
-from helpers import tiny_config, train_in_subprocess
 from shardkit import image_ids, numbered_shards, write_tar
-from vitkit.train import objectives, trainer
 from vitkit.runs import LATEST, STATE_FILE
+from vitkit.train import objectives, trainer
 
 ROOT = Path(__file__).resolve().parents[2]
 STREAM = ("data.max_in_memory_mb=0", "data.batch_size=16", "data.micro_batch_size=8", "run.log_every=1")
@@ -69,8 +69,9 @@ def _free_port() -> int:
 
 
 def _worker(rank: int, world: int, port: int, out: str, args: tuple[str, ...]) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
     seen: list[int] = []
     real = objectives.train_transform
 
@@ -81,13 +82,15 @@ def _worker(rank: int, world: int, port: int, out: str, args: tuple[str, ...]) -
 
     objectives.train_transform = recording
     result = trainer.train(tiny_config(Path(out), *args))
-    Path(out, f"seen-{rank}.json").write_text(json.dumps({"seen": seen, "status": result["status"],
-                                                          "step": result["step"]}))
+    Path(out, f"seen-{rank}.json").write_text(
+        json.dumps({"seen": seen, "status": result["status"], "step": result["step"]})
+    )
 
 
 def _two_processes(out: Path, args: tuple[str, ...], timeout: float = 240.0) -> list[dict]:
-    context = mp.start_processes(_worker, args=(2, _free_port(), str(out), args), nprocs=2, join=False,
-                                 start_method="spawn")
+    context = mp.start_processes(
+        _worker, args=(2, _free_port(), str(out), args), nprocs=2, join=False, start_method="spawn"
+    )
     deadline = time.monotonic() + timeout
     while not context.join(timeout=1.0):  # a rank waiting for ever would fail here instead of hanging the suite
         if time.monotonic() > deadline:
@@ -101,9 +104,17 @@ def _two_processes(out: Path, args: tuple[str, ...], timeout: float = 240.0) -> 
 def test_two_processes_read_disjoint_shares_whose_union_is_the_split(tmp_path: Path) -> None:
     ids = numbered_shards(tmp_path / "wds", [10] * 8)  # 8 shards over 2 processes x 2 workers: 2 shards a lane
     numbered_shards(tmp_path / "wds", [6], prefix="test", start=80)
-    args = (f"data.uri=wds:{tmp_path / 'wds'}", "data.max_in_memory_mb=0", "data.workers=2", "data.batch_size=8",
-            "data.micro_batch_size=2", "data.steps=10", "augment.crop=none", "eval.every_epochs=0",
-            "run.checkpoint_every=100")
+    args = (
+        f"data.uri=wds:{tmp_path / 'wds'}",
+        "data.max_in_memory_mb=0",
+        "data.workers=2",
+        "data.batch_size=8",
+        "data.micro_batch_size=2",
+        "data.steps=10",
+        "augment.crop=none",
+        "eval.every_epochs=0",
+        "run.checkpoint_every=100",
+    )
     ranks = _two_processes(tmp_path / "run", args)  # 10 steps x 8 = 80 samples: exactly one epoch
     assert [r["status"] for r in ranks] == ["finished", "finished"]
     first, second = (set(r["seen"]) for r in ranks)
@@ -116,8 +127,15 @@ def test_uneven_shards_over_two_processes_finish(tmp_path: Path) -> None:
     numbered_shards(tmp_path / "wds", [23, 5, 41])  # 3 shards of unequal sizes over 2 processes
     numbered_shards(tmp_path / "wds", [7], prefix="test", start=69)
     numbered_shards(tmp_path / "wds", [4], prefix="val", start=76)  # evaluated as it goes, on 1 shard of 2 ranks
-    args = (f"data.uri=wds:{tmp_path / 'wds'}", "data.max_in_memory_mb=0", "data.workers=0", "data.batch_size=8",
-            "data.steps=30", "eval.every_epochs=1", "run.checkpoint_every=7")  # 240 samples: 3.5 epochs
+    args = (
+        f"data.uri=wds:{tmp_path / 'wds'}",
+        "data.max_in_memory_mb=0",
+        "data.workers=0",
+        "data.batch_size=8",
+        "data.steps=30",
+        "eval.every_epochs=1",
+        "run.checkpoint_every=7",
+    )  # 240 samples: 3.5 epochs
     ranks = _two_processes(tmp_path / "run", args)
     assert [(r["status"], r["step"]) for r in ranks] == [("finished", 30), ("finished", 30)]
     assert all(len(r["seen"]) == 120 for r in ranks) and set(ranks[0]["seen"]) | set(ranks[1]["seen"]) == set(range(69))

@@ -8,17 +8,18 @@ import torch
 import torch.nn.functional as F
 
 from vitkit.data.sources import ImageSet
+from vitkit.eval.evaluator import evaluate
 from vitkit.models import build_model
 from vitkit.models.configs import ViTConfig
 from vitkit.train.config import OptimConfig
-from vitkit.eval.evaluator import evaluate
 from vitkit.train.guard import NonFiniteGuard
-from vitkit.train.step import StepSpec, loss_fn, train_step
 from vitkit.train.optim import build_optimizer
 from vitkit.train.state import TrainState
+from vitkit.train.step import StepSpec, loss_fn, train_step
 
-CONFIG = ViTConfig(img_size=32, patch_size=8, in_chans=3, num_classes=5, hidden_size=32, depth=2, num_heads=2,
-                   mlp_dim=64)
+CONFIG = ViTConfig(
+    img_size=32, patch_size=8, in_chans=3, num_classes=5, hidden_size=32, depth=2, num_heads=2, mlp_dim=64
+)
 SPEC = StepSpec(lr=1e-3, clip_norm=1.0, loss="softmax", autocast_dtype=None)
 
 
@@ -109,6 +110,7 @@ def test_evaluate_matches_direct_computation() -> None:
 
 def test_polyak_ema_follows_its_formula_and_is_what_gets_saved(tmp_path) -> None:
     from helpers import tiny_config
+
     from vitkit.checkpoints import read
     from vitkit.train import trainer
     from vitkit.train.ema import ModelEMA

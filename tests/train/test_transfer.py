@@ -54,13 +54,18 @@ def test_64px_sources_of_tens_of_thousands_of_images_pretrain_a_vit_with_a_pre_l
     assert model.representation_size == 192 and model.num_classes == 202 and model.patch_dropout == 0.75
     assert config.optim.name == "muon" and config.augment.pad == 8 and config.model.patch_dropout_until == 0.8
     tuned = get_recipe("finetune-small", TINY_IMAGENET)
-    assert (tuned.optim.name, tuned.optim.momentum, tuned.optim.schedule, tuned.optim.weight_decay) == ("sgd", 0.9,
-                                                                                                     "cosine", 0.0)
+    assert (tuned.optim.name, tuned.optim.momentum, tuned.optim.schedule, tuned.optim.weight_decay) == (
+        "sgd",
+        0.9,
+        "cosine",
+        0.0,
+    )
     assert tuned.data.batch_size == 128 and tuned.optim.clip_norm == 1.0 and tuned.augment.label_smoothing == 0.0
 
 
-def test_finetune_of_a_small_checkpoint_picks_finetune_small_at_its_resolution(pretrained: Path,
-                                                                              tmp_path: Path) -> None:
+def test_finetune_of_a_small_checkpoint_picks_finetune_small_at_its_resolution(
+    pretrained: Path, tmp_path: Path
+) -> None:
     data = f"npz:{_npz(tmp_path / 'four.npz')}"
     config = resolve(Request(data=data, init_from=str(pretrained), out=str(tmp_path / "ft"))).config  # a RUN dir
     source = read(pretrained / "checkpoints" / "final").model
@@ -79,16 +84,35 @@ def test_finetune_of_a_small_checkpoint_picks_finetune_small_at_its_resolution(p
     assert torch.equal(grown[0, 0], source.pos_embed[0, 0])  # 2D interpolation: corners map onto corners
 
 
-def test_a_swept_run_shares_its_time_budget_between_trials_and_the_final_run(pretrained: Path, tmp_path: Path,
-                                                                            capsys: pytest.CaptureFixture) -> None:
-    config = resolve(Request(data="digits", init_from=str(pretrained), lr_sweep=True, max_minutes=16,
-                             out=str(tmp_path / "s"))).config
+def test_a_swept_run_shares_its_time_budget_between_trials_and_the_final_run(
+    pretrained: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    config = resolve(
+        Request(data="digits", init_from=str(pretrained), lr_sweep=True, max_minutes=16, out=str(tmp_path / "s"))
+    ).config
     assert budget_split(config) == (2.0, 8.0) and config.data.val_fraction == 0.1
     assert trial_config(config, 0.01).run.max_minutes == 2.0 and final_config(config, 0.01).run.max_minutes == 8.0
     out = tmp_path / "ft"
-    code = main(["finetune", str(pretrained), "--data", f"npz:{_npz(tmp_path / 'f.npz')}", "--recipe",
-                 "finetune-small-tiny", "--lr-sweep", "--max-minutes", "8", "--out", str(out), "--json",
-                 "--set", "data.steps=2", "--set", "run.threads=1"])
+    code = main(
+        [
+            "finetune",
+            str(pretrained),
+            "--data",
+            f"npz:{_npz(tmp_path / 'f.npz')}",
+            "--recipe",
+            "finetune-small-tiny",
+            "--lr-sweep",
+            "--max-minutes",
+            "8",
+            "--out",
+            str(out),
+            "--json",
+            "--set",
+            "data.steps=2",
+            "--set",
+            "run.threads=1",
+        ]
+    )
     assert code == 0, capsys.readouterr().err[-2000:]
     sweep = json.loads((out / "sweep.json").read_text())
     assert (sweep["trial_minutes"], sweep["final_minutes"]) == (1.0, 4.0)
@@ -112,8 +136,9 @@ def test_labels_per_class_are_exact_nested_and_fixed() -> None:
 
 
 def test_labels_per_class_flag_reaches_the_run_and_its_splits(tmp_path: Path) -> None:
-    config = resolve(Request(data="digits", recipe="small-8px-tiny", labels_per_class=20, lr_sweep=True,
-                             out=str(tmp_path / "r"))).config
+    config = resolve(
+        Request(data="digits", recipe="small-8px-tiny", labels_per_class=20, lr_sweep=True, out=str(tmp_path / "r"))
+    ).config
     assert config.data.labels_per_class == 20 and config.data.val_fraction == 0.1  # 200 labelled: App. B.1.1's 10%
     splits = load_splits(trial_config(config, 0.01))
     assert set(Counter(splits.train.labels.tolist()).values()) == {18}
@@ -126,8 +151,22 @@ def test_labels_per_class_flag_reaches_the_run_and_its_splits(tmp_path: Path) ->
 
 def test_train_only_shards_train_and_report_their_fixed_hold_out(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     numbered_shards(tmp_path / "wds", [30, 30], classes=4)  # 15 images a class, train-* shards only
-    code = main(["train", "--data", f"wds:{tmp_path / 'wds'}", "--recipe", "small-8px-tiny", "--out",
-                 str(tmp_path / "run"), "--json", "--set", "data.steps=2", "--set", "run.threads=1"])
+    code = main(
+        [
+            "train",
+            "--data",
+            f"wds:{tmp_path / 'wds'}",
+            "--recipe",
+            "small-8px-tiny",
+            "--out",
+            str(tmp_path / "run"),
+            "--json",
+            "--set",
+            "data.steps=2",
+            "--set",
+            "run.threads=1",
+        ]
+    )
     assert code == 0, capsys.readouterr().err[-2000:]
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["test"]["count"] == 12 and result["plan"]["num_train"] == 48  # 3 of every 15 held out

@@ -13,8 +13,9 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from vitkit import host as hosts
 from vitkit.atomic import atomic_write_text
@@ -26,21 +27,29 @@ EMULATION_VARS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA
 def git_commit(cwd: str | os.PathLike | None = None) -> str:
     """The checked-out commit (short), "+dirty" when tracked files differ from it; "" outside a git tree."""
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=cwd, capture_output=True, text=True,
-                              timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd, capture_output=True,
-                               text=True, timeout=10, check=True).stdout.strip()
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return ""
     return head + ("+dirty" if dirty else "")
 
 
-def context(command: Iterable[str] | None = None, config_changes: Iterable[str] = (),
-            device: str = "cpu") -> dict[str, Any]:
+def context(
+    command: Iterable[str] | None = None, config_changes: Iterable[str] = (), device: str = "cpu"
+) -> dict[str, Any]:
     """The fields every row carries: date, commit, command, config changes and the host."""
     emulated = {name: os.environ[name] for name in EMULATION_VARS if os.environ.get(name)}
     return {
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "commit": git_commit(Path(__file__).resolve().parent),
         "command": " ".join(command if command is not None else [Path(sys.argv[0]).name, *sys.argv[1:]]),
         "config_changes": list(config_changes),
@@ -49,8 +58,14 @@ def context(command: Iterable[str] | None = None, config_changes: Iterable[str] 
     }
 
 
-def append_row(path: str | os.PathLike, figures: dict[str, Any], *, command: Iterable[str] | None = None,
-               config_changes: Iterable[str] = (), device: str = "cpu") -> dict[str, Any]:
+def append_row(
+    path: str | os.PathLike,
+    figures: dict[str, Any],
+    *,
+    command: Iterable[str] | None = None,
+    config_changes: Iterable[str] = (),
+    device: str = "cpu",
+) -> dict[str, Any]:
     """Append one row (the context, then `figures`) to the `.jsonl` file at `path`; returns the row.
 
     The file is rewritten whole through a temporary file, so a killed process leaves it as it was.

@@ -17,16 +17,18 @@ import contextlib
 import logging
 import statistics
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vitkit.bench.flops import model_flops
-from vitkit.device import autocast as device_autocast, pick_device, resolve_precision, synchronize
+from vitkit.device import autocast as device_autocast
+from vitkit.device import pick_device, resolve_precision, synchronize
 from vitkit.models import build_model, preset_config
 from vitkit.models.configs import HybridConfig, image_size, in_channels, num_classes
 
@@ -47,7 +49,9 @@ class BenchConfig:
     batch_size: int = 32  # images per step
     precision: Precision = "auto"  # fp32, bf16 autocast, or auto = bf16 where the device computes it natively
     attn_impl: str | None = None  # override the model's attention path (models/kernels.py); None keeps the preset's
-    overrides: dict[str, Any] = field(default_factory=dict)  # other model-config fields, e.g. {"depth": 6, "patch_size": 4}
+    overrides: dict[str, Any] = field(
+        default_factory=dict
+    )  # other model-config fields, e.g. {"depth": 6, "patch_size": 4}
     compile: bool = False  # torch.compile the model (its compile time is spent in warm-up and reported)
     modes: tuple[Mode, ...] = ("inference", "training")  # what to measure
     warmup: int = 2  # untimed steps per mode
@@ -113,7 +117,12 @@ def inference_step(model: nn.Module, images: Tensor, device: torch.device, preci
 
 
 def training_step(
-    model: nn.Module, optimizer: torch.optim.Optimizer, images: Tensor, labels: Tensor, device: torch.device, precision: str
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    images: Tensor,
+    labels: Tensor,
+    device: torch.device,
+    precision: str,
 ) -> Callable[[], Tensor]:
     """Forward, cross-entropy, backward and optimiser step; returns the loss tensor (no host sync)."""
 
@@ -156,7 +165,7 @@ class PeakMemory:
         self.bytes: int | None = None
         self.kind = "cuda max_memory_allocated" if device.type == "cuda" else "cpu peak RSS increase"
 
-    def __enter__(self) -> "PeakMemory":
+    def __enter__(self) -> PeakMemory:
         if self.device.type == "cuda":
             synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)

@@ -36,8 +36,11 @@ PICKLED = "holds pickled Python objects; refusing to load it (pickles can run co
 
 def meta_tensor(shape: Any, dtype: torch.dtype, where: str) -> Tensor:
     """A meta tensor of `shape` (a list of non-negative integers whose size fits in memory arithmetic)."""
-    if not (isinstance(shape, (list, tuple)) and len(shape) <= MAX_DIMS
-            and all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 1 << 40 for d in shape)):
+    if not (
+        isinstance(shape, (list, tuple))
+        and len(shape) <= MAX_DIMS
+        and all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 1 << 40 for d in shape)
+    ):
         raise CheckpointError(f"{where}: shape must be a list of at most {MAX_DIMS} sizes >= 0, got {short(shape)}")
     if math.prod(max(d, 1) for d in shape) > 1 << 56:
         raise CheckpointError(f"{where}: shape {list(shape)} is too large to describe a tensor")
@@ -57,11 +60,14 @@ def safetensors_header(path: str | Path) -> dict[str, Tensor]:
             raise CheckpointError(f"{path}: {size} bytes, too short for a safetensors file (header length first)")
         length = int.from_bytes(prefix, "little")
         if length > size - 8:
-            raise CheckpointError(f"{path}: the header claims {length} bytes, but the file has {size - 8} after "
-                                  "its length (truncated, or not a safetensors file)")
+            raise CheckpointError(
+                f"{path}: the header claims {length} bytes, but the file has {size - 8} after "
+                "its length (truncated, or not a safetensors file)"
+            )
         if length > MAX_HEADER:
-            raise CheckpointError(f"{path}: the header claims {length} bytes, more than the {MAX_HEADER} "
-                                  "a safetensors header may have")
+            raise CheckpointError(
+                f"{path}: the header claims {length} bytes, more than the {MAX_HEADER} a safetensors header may have"
+            )
         raw = handle.read(length)
     try:
         header = json.loads(raw.decode("utf-8"))
@@ -94,8 +100,10 @@ def _safetensors_entry(entry: Any, where: str) -> tuple[Tensor, tuple[int, int]]
         raise CheckpointError(f"{where}: data_offsets must be [begin, end], 0 <= begin <= end, got {short(offsets)}")
     need = tensor.numel() * tensor.element_size()
     if offsets[1] - offsets[0] != need:
-        raise CheckpointError(f"{where}: shape {list(tensor.shape)} of {entry['dtype']} needs {need} bytes, "
-                              f"its data_offsets span {offsets[1] - offsets[0]}")
+        raise CheckpointError(
+            f"{where}: shape {list(tensor.shape)} of {entry['dtype']} needs {need} bytes, "
+            f"its data_offsets span {offsets[1] - offsets[0]}"
+        )
     return tensor, (offsets[0], offsets[1])
 
 
@@ -104,19 +112,35 @@ def _check_tiling(spans: list[tuple[int, int, str]], data_size: int, path: Path)
     end = 0
     for begin, stop, name in sorted(spans):
         if begin != end:
-            raise CheckpointError(f"{path}: tensor {short(name)} starts at byte {begin} of the data, expected {end} "
-                                  "(overlapping or missing data)")
+            raise CheckpointError(
+                f"{path}: tensor {short(name)} starts at byte {begin} of the data, expected {end} "
+                "(overlapping or missing data)"
+            )
         end = stop
     if end != data_size:
-        raise CheckpointError(f"{path}: the header describes {end} bytes of data, the file holds {data_size} "
-                              "(truncated, or bytes appended)")
+        raise CheckpointError(
+            f"{path}: the header describes {end} bytes of data, the file holds {data_size} "
+            "(truncated, or bytes appended)"
+        )
 
 
 # ---- npz --------------------------------------------------------------------------------------------------
 
 # what zipfile and numpy's .npy header parser (a Python literal, tokenised) raise on damaged bytes
-ZIP_ERRORS = (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, RuntimeError, zlib.error, lzma.LZMAError,
-              EOFError, OSError, ValueError, struct.error, tokenize.TokenError, SyntaxError)
+ZIP_ERRORS = (
+    zipfile.BadZipFile,
+    zipfile.LargeZipFile,
+    NotImplementedError,
+    RuntimeError,
+    zlib.error,
+    lzma.LZMAError,
+    EOFError,
+    OSError,
+    ValueError,
+    struct.error,
+    tokenize.TokenError,
+    SyntaxError,
+)
 
 
 def npz_header(path: str | Path) -> dict[str, Tensor]:
@@ -132,8 +156,9 @@ def npz_header(path: str | Path) -> dict[str, Tensor]:
         raise
     except ZIP_ERRORS as err:
         problem = f"{type(err).__name__}: {err}"[:200]
-        raise CheckpointError(f"{path}: cannot be read as an .npz archive ({problem}); "
-                              "the file is damaged or not an .npz") from None
+        raise CheckpointError(
+            f"{path}: cannot be read as an .npz archive ({problem}); the file is damaged or not an .npz"
+        ) from None
 
 
 def _npy_header(archive: zipfile.ZipFile, info: zipfile.ZipInfo, path: Path) -> Tensor:
@@ -154,6 +179,8 @@ def _npy_header(archive: zipfile.ZipFile, info: zipfile.ZipInfo, path: Path) -> 
     tensor = meta_tensor(list(shape), torch.float32, where)
     need = tensor.numel() * dtype.itemsize
     if info.file_size != header_bytes + need:
-        raise CheckpointError(f"{where}: shape {list(shape)} of {dtype.str} needs {need} bytes, "
-                              f"the member holds {info.file_size - header_bytes}")
+        raise CheckpointError(
+            f"{where}: shape {list(shape)} of {dtype.str} needs {need} bytes, "
+            f"the member holds {info.file_size - header_bytes}"
+        )
     return tensor

@@ -59,10 +59,18 @@ KEY_MAP: dict[str, tuple[str, str]] = {  # HF key -> (vitkit key, layout); q/k/v
     "classifier.weight": ("head.weight", "copy"),
     "classifier.bias": ("head.bias", "copy"),
 }
-CONFIG, WEIGHTS, TORCH_WEIGHTS, PREPROCESSOR = "config.json", "model.safetensors", "pytorch_model.bin", "preprocessor_config.json"
+CONFIG, WEIGHTS, TORCH_WEIGHTS, PREPROCESSOR = (
+    "config.json",
+    "model.safetensors",
+    "pytorch_model.bin",
+    "preprocessor_config.json",
+)
 # transformers v5 in-memory names -> on-disk names
 V5_NAMES = [
-    (r"^vit\.layers\.(\d+)\.attention\.([qkv])_proj\.", lambda m: f"vit.encoder.layer.{m[1]}.attention.attention.{dict(q='query', k='key', v='value')[m[2]]}."),
+    (
+        r"^vit\.layers\.(\d+)\.attention\.([qkv])_proj\.",
+        lambda m: f"vit.encoder.layer.{m[1]}.attention.attention.{dict(q='query', k='key', v='value')[m[2]]}.",
+    ),
     (r"^vit\.layers\.(\d+)\.attention\.o_proj\.", r"vit.encoder.layer.\1.attention.output.dense."),
     (r"^vit\.layers\.(\d+)\.mlp\.fc1\.", r"vit.encoder.layer.\1.intermediate.dense."),
     (r"^vit\.layers\.(\d+)\.mlp\.fc2\.", r"vit.encoder.layer.\1.output.dense."),
@@ -131,8 +139,9 @@ def _square(value: Any, name: str) -> Any:
     # HF accepts (height, width) pairs; vitkit's models are square (the value's type is checked by ViTConfig)
     if isinstance(value, (list, tuple)):
         if len(value) != 2 or value[0] != value[1]:
-            raise ValueError(f"{name} must be one size or two equal ones (vitkit's models are square), "
-                             f"got {short(value)}")
+            raise ValueError(
+                f"{name} must be one size or two equal ones (vitkit's models are square), got {short(value)}"
+            )
         return value[0]
     return value
 
@@ -182,8 +191,10 @@ def to_vitkit(path: str | os.PathLike, config: ViTConfig | None = None, max_byte
         if pre_path.is_file():
             pre, counts = read_json(pre_path), tuple(sorted({1, 3, config.in_chans}))
             if "image_mean" in pre and "image_std" in pre:
-                extra.update(mean=numbers_list(pre["image_mean"], f"{pre_path}: image_mean", counts),
-                             std=numbers_list(pre["image_std"], f"{pre_path}: image_std", counts, positive=True))
+                extra.update(
+                    mean=numbers_list(pre["image_mean"], f"{pre_path}: image_mean", counts),
+                    std=numbers_list(pre["image_std"], f"{pre_path}: image_std", counts, positive=True),
+                )
         return extra
 
     header, load = open_tensors(weights, max_bytes)
@@ -198,7 +209,9 @@ def to_hf_config(checkpoint: Checkpoint) -> dict[str, Any]:
     if config.pool != "token":
         raise ValueError("HF's ViT classifies from the [class] token; a 'gap' model has no HF equivalent")
     if config.posemb != "learned_1d" or config.posemb_where != "input":
-        raise ValueError(f"HF's ViT has learned 1D position embeddings at the input, not {config.posemb}/{config.posemb_where}")
+        raise ValueError(
+            f"HF's ViT has learned 1D position embeddings at the input, not {config.posemb}/{config.posemb_where}"
+        )
     if config.representation_size and config.num_classes:
         raise ValueError(
             "HF's ViTForImageClassification has no pre-logits layer: convert with --pre-logits drop --num-classes K "

@@ -86,8 +86,10 @@ def convert(
         if unknown:
             parts.append(f"unexpected tensors {_few(unknown)}")
         raise CheckpointError(f"{source}: " + "; ".join(parts))
-    return {ours: _relayout(torch.as_tensor(tensors[foreign]), layout, num_heads, f"{source}: tensor {foreign}")
-            for foreign, (ours, layout) in table.items()}
+    return {
+        ours: _relayout(torch.as_tensor(tensors[foreign]), layout, num_heads, f"{source}: tensor {foreign}")
+        for foreign, (ours, layout) in table.items()
+    }
 
 
 def _relayout(tensor: Tensor, layout: str, num_heads: int, where: str) -> Tensor:
@@ -98,11 +100,15 @@ def _relayout(tensor: Tensor, layout: str, num_heads: int, where: str) -> Tensor
     try:
         return LAYOUTS[layout][0](tensor, num_heads).contiguous()
     except RuntimeError as err:
-        raise CheckpointError(f"{where} has shape {tuple(tensor.shape)}, which its layout ({layout}) cannot take: "
-                              f"{str(err).splitlines()[0]}") from None
+        raise CheckpointError(
+            f"{where} has shape {tuple(tensor.shape)}, which its layout ({layout}) cannot take: "
+            f"{str(err).splitlines()[0]}"
+        ) from None
 
 
-def convert_back(state: Mapping[str, Tensor], table: Mapping[str, tuple[str, str]], num_heads: int) -> dict[str, Tensor]:
+def convert_back(
+    state: Mapping[str, Tensor], table: Mapping[str, tuple[str, str]], num_heads: int
+) -> dict[str, Tensor]:
     """Inverse of `convert`: vitkit tensors -> foreign keys, with the inverse layouts."""
     inverse = {ours: (foreign, layout) for foreign, (ours, layout) in table.items()}
     missing = sorted(k for k in inverse if k not in state)
@@ -111,7 +117,9 @@ def convert_back(state: Mapping[str, Tensor], table: Mapping[str, tuple[str, str
     unknown = sorted(k for k in state if k not in inverse)
     if unknown:
         raise ValueError(f"the target layout has no place for tensors {_few(unknown)}")
-    return {foreign: LAYOUTS[layout][1](state[ours], num_heads).contiguous() for ours, (foreign, layout) in inverse.items()}
+    return {
+        foreign: LAYOUTS[layout][1](state[ours], num_heads).contiguous() for ours, (foreign, layout) in inverse.items()
+    }
 
 
 def count_indices(keys: Iterable[str], pattern: str) -> int:

@@ -22,8 +22,9 @@ from vitkit.checkpoints.validate import CheckpointError
 from vitkit.models import build_model
 from vitkit.models.configs import ModelConfig
 
-HOW_TO_RAISE = ("pass max_bytes= to vitkit.load / vitkit.checkpoints.read, "
-                "or --max-model-gb to vitkit convert / export-onnx")
+HOW_TO_RAISE = (
+    "pass max_bytes= to vitkit.load / vitkit.checkpoints.read, or --max-model-gb to vitkit convert / export-onnx"
+)
 FALLBACK_BYTES = 8 << 30  # where the system says nothing about its memory
 
 

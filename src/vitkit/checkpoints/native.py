@@ -166,9 +166,15 @@ def build_checkpoint(config: ModelConfig, state: dict[str, torch.Tensor], source
 Convert = Callable[[dict[str, torch.Tensor], Any], tuple[ModelConfig, dict[str, torch.Tensor]]]
 
 
-def read_checked(convert: Convert, header: dict[str, torch.Tensor], load: Callable[[], dict[str, torch.Tensor]],
-                 config: ModelConfig | None, source: str, max_bytes: int | None,
-                 fields: Callable[[ModelConfig], dict[str, Any]] = lambda config: {}) -> Checkpoint:
+def read_checked(
+    convert: Convert,
+    header: dict[str, torch.Tensor],
+    load: Callable[[], dict[str, torch.Tensor]],
+    config: ModelConfig | None,
+    source: str,
+    max_bytes: int | None,
+    fields: Callable[[ModelConfig], dict[str, Any]] = lambda config: {},
+) -> Checkpoint:
     """A foreign file read in two passes of one `convert(tensors, config) -> (config, vitkit tensors)`.
 
     First on `header` (meta tensors: the file's names and shapes): the config is inferred, the model's size

@@ -114,13 +114,17 @@ def unstack_scanned_blocks(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarra
             if value.ndim == 0 or value.shape[0] > MAX_DEPTH:
                 raise ValueError(f"{key} has shape {tuple(value.shape)}: not up to {MAX_DEPTH} stacked layers")
             for i in range(value.shape[0]):
-                out[f"Transformer/encoderblock_{i}/{key[len(scanned):]}"] = value[i]
+                out[f"Transformer/encoderblock_{i}/{key[len(scanned) :]}"] = value[i]
         else:
             out[key] = value
     return out
 
 
-BIG_VISION_NAMES = {"MultiHeadDotProductAttention_0": "MultiHeadDotProductAttention_1", "LayerNorm_1": "LayerNorm_2", "MlpBlock_0": "MlpBlock_3"}
+BIG_VISION_NAMES = {
+    "MultiHeadDotProductAttention_0": "MultiHeadDotProductAttention_1",
+    "LayerNorm_1": "LayerNorm_2",
+    "MlpBlock_0": "MlpBlock_3",
+}
 
 
 def rename_big_vision_blocks(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -173,7 +177,9 @@ def normalise_layout(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 def infer_config(arrays: Mapping[str, torch.Tensor], source: str) -> ViTConfig | HybridConfig:
     """The model config the tensor shapes imply (normalised layout)."""
     if "embedding/kernel" not in arrays or "Transformer/encoderblock_0/LayerNorm_0/scale" not in arrays:
-        raise ValueError("not a ViT checkpoint of the official layout: no embedding/kernel or Transformer/encoderblock_0")
+        raise ValueError(
+            "not a ViT checkpoint of the official layout: no embedding/kernel or Transformer/encoderblock_0"
+        )
     patch, _, in_chans, hidden = keymap.shape_of(arrays, "embedding/kernel", 4, source)
     depth = keymap.count_indices(arrays, r"^Transformer/encoderblock_(\d+)/")
     block = "Transformer/encoderblock_0/"
@@ -230,12 +236,14 @@ def read_arrays(path: Path) -> dict[str, np.ndarray]:
         raise CheckpointError(f"cannot read {path}: {err}") from None
     except headers.ZIP_ERRORS as err:
         problem = f"{type(err).__name__}: {err}"[:200]
-        raise CheckpointError(f"cannot read {path} as an .npz archive ({problem}); "
-                              "the file is damaged or not an .npz") from None
+        raise CheckpointError(
+            f"cannot read {path} as an .npz archive ({problem}); the file is damaged or not an .npz"
+        ) from None
 
 
-def to_vitkit(path: str | os.PathLike, config: ViTConfig | HybridConfig | None = None,
-              max_bytes: int | None = None) -> Checkpoint:
+def to_vitkit(
+    path: str | os.PathLike, config: ViTConfig | HybridConfig | None = None, max_bytes: int | None = None
+) -> Checkpoint:
     """Read an official `.npz`; its config is inferred from the shapes unless `config` is given."""
     path = Path(path)
     source = str(path)
@@ -251,8 +259,15 @@ def to_vitkit(path: str | os.PathLike, config: ViTConfig | HybridConfig | None =
     def load() -> dict[str, torch.Tensor]:
         return {k: torch.from_numpy(np.asarray(v, dtype=np.float32)) for k, v in read_arrays(path).items()}
 
-    checkpoint = read_checked(convert, headers.npz_header(path), load, config, source, max_bytes,
-                              lambda config: {"provenance": {"source": source, "format": "official"}})
+    checkpoint = read_checked(
+        convert,
+        headers.npz_header(path),
+        load,
+        config,
+        source,
+        max_bytes,
+        lambda config: {"provenance": {"source": source, "format": "official"}},
+    )
     log.info("read official checkpoint %s: %s", path, checkpoint.config)
     return checkpoint
 
@@ -264,9 +279,15 @@ def from_vitkit(checkpoint: Checkpoint) -> dict[str, np.ndarray]:
         raise ValueError(f"the official layout holds ViT and hybrid models, not {type(config).__name__}")
     vit = config.vit if isinstance(config, HybridConfig) else config
     if vit.posemb != "learned_1d" or vit.posemb_where != "input":
-        raise ValueError(f"the official layout has learned 1D position embeddings at the input only, not {vit.posemb}/{vit.posemb_where}")
+        raise ValueError(
+            f"the official layout has learned 1D position embeddings at the input only, not {vit.posemb}/{vit.posemb_where}"
+        )
     if vit.gelu != "tanh" or vit.layer_norm_eps != 1e-6:
-        log.warning("official readers assume tanh GELU and LayerNorm eps 1e-6; this model uses %s / %g", vit.gelu, vit.layer_norm_eps)
+        log.warning(
+            "official readers assume tanh GELU and LayerNorm eps 1e-6; this model uses %s / %g",
+            vit.gelu,
+            vit.layer_norm_eps,
+        )
     state = surgery.split_qkv({k: v.detach().cpu().float() for k, v in model.state_dict().items()}, vit.depth)
     arrays = keymap.convert_back(state, _table(config), vit.num_heads)
     return {k: v.numpy() for k, v in arrays.items()}

@@ -60,7 +60,11 @@ def split_qkv(state: dict[str, Tensor], depth: int) -> dict[str, Tensor]:
 
 
 def resize_pos_embed(
-    posemb: Tensor, new_grid: tuple[int, int], old_grid: tuple[int, int], num_prefix_tokens: int, method: str = "bilinear"
+    posemb: Tensor,
+    new_grid: tuple[int, int],
+    old_grid: tuple[int, int],
+    num_prefix_tokens: int,
+    method: str = "bilinear",
 ) -> Tensor:
     """Learned 1D position embeddings (S, prefix + gh·gw, D) interpolated in 2D, [class] rows kept aside."""
     return pe.resample_pos_embed(posemb, new_grid, old_grid, num_prefix_tokens, method)  # type: ignore[arg-type]

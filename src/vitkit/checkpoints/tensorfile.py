@@ -27,8 +27,19 @@ Tensors = dict[str, Tensor]
 # torch.load's zip reader and its weights-only unpickler raise these on damaged files: the unpickler is Python,
 # and a damaged pickle's opcodes index an empty stack or an unknown memo slot, call a tensor rebuild with the
 # wrong arguments or objects, or fail the unpickler's own asserts (persistent ids)
-UNPICKLER_ERRORS = (RuntimeError, EOFError, OSError, ValueError, IndexError, KeyError, TypeError, AttributeError,
-                    AssertionError, OverflowError, struct.error)
+UNPICKLER_ERRORS = (
+    RuntimeError,
+    EOFError,
+    OSError,
+    ValueError,
+    IndexError,
+    KeyError,
+    TypeError,
+    AttributeError,
+    AssertionError,
+    OverflowError,
+    struct.error,
+)
 
 
 def unwrap(obj: Any) -> Tensors:
@@ -75,14 +86,17 @@ def read_torch(path: Path, max_bytes: int | None) -> Tensors:
             f"unpickling objects could run code (weights_only=True refused: {first})"
         ) from None
     except UNPICKLER_ERRORS as err:
-        raise CheckpointError(f"cannot read {path} as a torch checkpoint ({type(err).__name__}: "
-                              f"{str(err).strip()[:300]}); the file is damaged or not a torch checkpoint") from None
+        raise CheckpointError(
+            f"cannot read {path} as a torch checkpoint ({type(err).__name__}: "
+            f"{str(err).strip()[:300]}); the file is damaged or not a torch checkpoint"
+        ) from None
     with naming(str(path)):
         state = unwrap(obj)
     odd = [k for k, v in state.items() if v.layout != torch.strided or v.is_meta or v.is_quantized]
     if odd:
-        raise CheckpointError(f"{path}: tensors {short(odd)} are sparse, quantised or hold no data; "
-                              "expected dense weights")
+        raise CheckpointError(
+            f"{path}: tensors {short(odd)} are sparse, quantised or hold no data; expected dense weights"
+        )
     return state
 
 

@@ -100,8 +100,9 @@ def guess_num_heads(hidden: int) -> int:
 def infer_config(state: Mapping[str, Tensor], num_heads: int | None, source: str) -> ViTConfig:
     """Config from tensor shapes, with timm's `model_args.num_heads` (config.json) where given; timm numerics."""
     if "patch_embed.proj.weight" not in state or "blocks.0.attn.qkv.weight" not in state:
-        raise CheckpointError(f"{source}: not a timm ViT state dict: no patch_embed.proj.weight / "
-                              "blocks.0.attn.qkv.weight")
+        raise CheckpointError(
+            f"{source}: not a timm ViT state dict: no patch_embed.proj.weight / blocks.0.attn.qkv.weight"
+        )
     hidden, in_chans, patch, _ = keymap.shape_of(state, "patch_embed.proj.weight", 4, source)
     depth = keymap.count_indices(state, r"^blocks\.(\d+)\.")
     pool = "token" if "cls_token" in state else "gap"
@@ -148,8 +149,10 @@ def to_vitkit(path: str | os.PathLike, config: ViTConfig | None = None, max_byte
         extra: dict[str, Any] = {"provenance": {"source": source, "format": "timm"}}
         counts = tuple(sorted({1, 3, config.in_chans}))
         if "mean" in pretrained and "std" in pretrained:
-            extra.update(mean=numbers_list(pretrained["mean"], f"{where}: pretrained_cfg.mean", counts),
-                         std=numbers_list(pretrained["std"], f"{where}: pretrained_cfg.std", counts, positive=True))
+            extra.update(
+                mean=numbers_list(pretrained["mean"], f"{where}: pretrained_cfg.mean", counts),
+                std=numbers_list(pretrained["std"], f"{where}: pretrained_cfg.std", counts, positive=True),
+            )
         if meta.get("label_names"):
             names = meta["label_names"]
             extra["class_names"] = strings_list(names, f"{where}: label_names", config.num_classes or None)
@@ -165,9 +168,13 @@ def from_vitkit(checkpoint: Checkpoint) -> dict[str, Tensor]:
     if not isinstance(config, ViTConfig):
         raise ValueError(f"timm export covers plain ViT models, not {type(config).__name__}")
     if config.posemb != "learned_1d" or config.posemb_where != "input":
-        raise ValueError(f"timm's ViT has learned 1D position embeddings at the input, not {config.posemb}/{config.posemb_where}")
+        raise ValueError(
+            f"timm's ViT has learned 1D position embeddings at the input, not {config.posemb}/{config.posemb_where}"
+        )
     if config.gelu != "exact":
-        log.warning("timm's ViT uses exact GELU; this model uses %s GELU (logits will differ by ~1e-3 in timm)", config.gelu)
+        log.warning(
+            "timm's ViT uses exact GELU; this model uses %s GELU (logits will differ by ~1e-3 in timm)", config.gelu
+        )
     table = keymap.restrict(keymap.expand(KEY_MAP, config.depth), config)
     state = {k: v.detach().cpu().contiguous() for k, v in checkpoint.model.state_dict().items()}
     return keymap.convert_back(state, table, config.num_heads)
@@ -198,8 +205,11 @@ def write(checkpoint: Checkpoint, directory: str | os.PathLike) -> Path:
         "model_args": model_args(config),
         "pretrained_cfg": {
             "input_size": [config.in_chans, config.img_size, config.img_size],
-            "mean": list(checkpoint.mean), "std": list(checkpoint.std), "interpolation": "bicubic",
-            "crop_pct": 1.0, "num_classes": config.num_classes,
+            "mean": list(checkpoint.mean),
+            "std": list(checkpoint.std),
+            "interpolation": "bicubic",
+            "crop_pct": 1.0,
+            "num_classes": config.num_classes,
         },  # fmt: skip
     }
     if checkpoint.class_names:
@@ -215,4 +225,3 @@ def looks_timm(path: Path) -> bool:
         except CheckpointError:
             return False
     return path.suffix in (".safetensors", ".pth", ".pt", ".bin")
-

@@ -80,9 +80,13 @@ def naming(source: str, field_names: Mapping[str, str] | None = None) -> Iterato
 
 def numbers_list(value: Any, where: str, counts: tuple[int, ...], *, positive: bool = False) -> tuple[float, ...]:
     """A list of finite numbers of one of `counts` lengths (> 0 when `positive`), as a tuple of floats."""
-    good = isinstance(value, (list, tuple)) and len(value) in counts and all(
-        isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v) and (v > 0 or not positive)
-        for v in value
+    good = (
+        isinstance(value, (list, tuple))
+        and len(value) in counts
+        and all(
+            isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v) and (v > 0 or not positive)
+            for v in value
+        )
     )
     if not good:
         lengths = " or ".join(str(c) for c in counts)

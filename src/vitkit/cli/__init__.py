@@ -12,14 +12,27 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from vitkit.cli import data, evaluating, serving, studies, tools, training
 
 VERBS: list[Callable[[argparse._SubParsersAction], None]] = [
-    tools.add_models, training.add_pretrain_mpp, tools.add_convert, tools.add_export_onnx, evaluating.add_eval,
-    evaluating.add_fewshot, evaluating.add_predict, serving.add_serve, evaluating.add_embed, evaluating.add_inspect,
-    tools.add_bench, training.add_train, training.add_finetune, data.add_shard, studies.add_reproduce,
+    tools.add_models,
+    training.add_pretrain_mpp,
+    tools.add_convert,
+    tools.add_export_onnx,
+    evaluating.add_eval,
+    evaluating.add_fewshot,
+    evaluating.add_predict,
+    serving.add_serve,
+    evaluating.add_embed,
+    evaluating.add_inspect,
+    tools.add_bench,
+    training.add_train,
+    training.add_finetune,
+    data.add_shard,
+    studies.add_reproduce,
 ]
 
 

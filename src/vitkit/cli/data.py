@@ -11,11 +11,17 @@ from vitkit.cli.flags import emit
 
 def add_shard(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("shard", help="write a data source as webdataset tar shards + dataset.json (for wds:DIR)")
-    parser.add_argument("source", help="data source URI (folder:DIR, mnist:DIR, cifar10:DIR, npz:FILE, hf:DIR, digits, ...)")
+    parser.add_argument(
+        "source", help="data source URI (folder:DIR, mnist:DIR, cifar10:DIR, npz:FILE, hf:DIR, digits, ...)"
+    )
     parser.add_argument("--out", required=True, help="directory for {split}-NNNNNN.tar and dataset.json (empty or new)")
     parser.add_argument("--samples-per-shard", type=int, required=True, help="samples in each shard (the last: fewer)")
-    parser.add_argument("--max-side", type=int, default=None, help="downscale images whose longer side is larger "
-                        "(re-encoded); default: keep every file's original bytes")
+    parser.add_argument(
+        "--max-side",
+        type=int,
+        default=None,
+        help="downscale images whose longer side is larger (re-encoded); default: keep every file's original bytes",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the fixed order the samples are written in")
     parser.add_argument("--workers", type=int, default=None, help="encoding threads (default: min(8, CPUs))")
     parser.add_argument("--image-column", default="", help="hf: sources: the image column, if several")
@@ -28,9 +34,19 @@ def run_shard(args: argparse.Namespace) -> int:
     from vitkit.data.shard import write_shards
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
-    result = write_shards(args.source, args.out, args.samples_per_shard, max_side=args.max_side, seed=args.seed,
-                          workers=args.workers, image_column=args.image_column, label_column=args.label_column)
-    lines = [f"{split}: {counts['samples']} samples in {counts['shards']} shards"
-             + (f", {counts['skipped']} unreadable left out" if counts["skipped"] else "")
-             for split, counts in result["splits"].items()]
+    result = write_shards(
+        args.source,
+        args.out,
+        args.samples_per_shard,
+        max_side=args.max_side,
+        seed=args.seed,
+        workers=args.workers,
+        image_column=args.image_column,
+        label_column=args.label_column,
+    )
+    lines = [
+        f"{split}: {counts['samples']} samples in {counts['shards']} shards"
+        + (f", {counts['skipped']} unreadable left out" if counts["skipped"] else "")
+        for split, counts in result["splits"].items()
+    ]
     return emit(args, result, [*lines, f"train with: vitkit train --data wds:{result['out']}"])

@@ -15,10 +15,17 @@ def add_eval(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--data", required=True, help="data source URI, e.g. digits, fashion-mnist:DIR, folder:DIR")
     parser.add_argument("--split", choices=("train", "val", "test"), default="test", help="split to evaluate")
     add_run_flags(parser)
-    parser.add_argument("--max-images", type=int, default=None, help="evaluate a fixed random subset of this many images")
-    parser.add_argument("--flip-views", action="store_true",
-                        help="average the logits of each image and its mirror image (only where a mirror keeps the label)")
-    parser.add_argument("--out", default=None, help="folder for eval_SPLIT.json + confusion_SPLIT.png (default RUN/eval for a run)")
+    parser.add_argument(
+        "--max-images", type=int, default=None, help="evaluate a fixed random subset of this many images"
+    )
+    parser.add_argument(
+        "--flip-views",
+        action="store_true",
+        help="average the logits of each image and its mirror image (only where a mirror keeps the label)",
+    )
+    parser.add_argument(
+        "--out", default=None, help="folder for eval_SPLIT.json + confusion_SPLIT.png (default RUN/eval for a run)"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(handler=run_eval)
 
@@ -28,12 +35,19 @@ def run_eval(args: argparse.Namespace) -> int:
     from vitkit.eval.commands import eval_command
     from vitkit.eval.evaluator import one_view_note
 
-    config = AccuracyConfig(img_size=args.img_size, batch_size=args.batch_size, device=args.device, flip_views=args.flip_views)
+    config = AccuracyConfig(
+        img_size=args.img_size, batch_size=args.batch_size, device=args.device, flip_views=args.flip_views
+    )
     report = eval_command(args.checkpoint, args.data, args.split, config, args.out, args.max_images)
     k = next(key for key in report if key.startswith("top") and key[3:].isdigit() and key != "top1")
-    lines = [f"{args.data} {args.split}: {report['num_images']} images at {report['img_size']} px",
-             f"top-1 {100 * report['top1']:.2f}%   {k} {100 * report[k]:.2f}%{one_view_note(report)}",
-             *(f"  {name:<24} {'-' if value is None else f'{100 * value:.1f}%'}" for name, value in report["per_class"].items())]
+    lines = [
+        f"{args.data} {args.split}: {report['num_images']} images at {report['img_size']} px",
+        f"top-1 {100 * report['top1']:.2f}%   {k} {100 * report[k]:.2f}%{one_view_note(report)}",
+        *(
+            f"  {name:<24} {'-' if value is None else f'{100 * value:.1f}%'}"
+            for name, value in report["per_class"].items()
+        ),
+    ]
     if "out" in report:
         lines.append(f"wrote {report['out']}/eval_{args.split}.json and confusion_{args.split}.png")
     return emit(args, report, lines)
@@ -42,11 +56,17 @@ def run_eval(args: argparse.Namespace) -> int:
 def add_fewshot(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("fewshot", help="few-shot linear accuracy (Sec. 4.1): closed-form ridge on frozen features")
     parser.add_argument("checkpoint", help="checkpoint (any format) or run directory")
-    parser.add_argument("--data", required=True, help="data source URI (its train split gives the shots, test the accuracy)")
+    parser.add_argument(
+        "--data", required=True, help="data source URI (its train split gives the shots, test the accuracy)"
+    )
     parser.add_argument("--shots", default="1,5,10,25", help="comma-separated k images per class")
     parser.add_argument("--seeds", type=int, default=3, help="repetitions with different shots (mean +- std)")
-    parser.add_argument("--layer", default="features", help="representation: features (what the head reads), y, pre_logits")
-    parser.add_argument("--max-test", type=int, default=None, help="evaluate on a fixed random subset of the test split")
+    parser.add_argument(
+        "--layer", default="features", help="representation: features (what the head reads), y, pre_logits"
+    )
+    parser.add_argument(
+        "--max-test", type=int, default=None, help="evaluate on a fixed random subset of the test split"
+    )
     add_run_flags(parser)
     parser.add_argument("--out", default=None, help="folder for fewshot.json")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -61,13 +81,27 @@ def run_fewshot(args: argparse.Namespace) -> int:
         shots = tuple(int(k) for k in args.shots.split(",") if k.strip())
     except ValueError:
         raise ValueError(f"--shots must be comma-separated integers, got {args.shots!r}") from None
-    config = FewShotConfig(shots=shots, seeds=args.seeds, layer=args.layer, img_size=args.img_size,
-                           batch_size=args.batch_size, max_test=args.max_test, device=args.device)
+    config = FewShotConfig(
+        shots=shots,
+        seeds=args.seeds,
+        layer=args.layer,
+        img_size=args.img_size,
+        batch_size=args.batch_size,
+        max_test=args.max_test,
+        device=args.device,
+    )
     report = fewshot_command(args.checkpoint, args.data, config, args.out)
-    return emit(args, report, [
-        f"{args.data}: {report['num_classes']} classes, {report['num_test']} test images, layer {report['layer']}",
-        *(f"  {k:>3}-shot: {100 * entry['mean']:.2f}% +- {100 * entry['std']:.2f}  ({len(entry['runs'])} seeds)"
-          for k, entry in report["shots"].items())])
+    return emit(
+        args,
+        report,
+        [
+            f"{args.data}: {report['num_classes']} classes, {report['num_test']} test images, layer {report['layer']}",
+            *(
+                f"  {k:>3}-shot: {100 * entry['mean']:.2f}% +- {100 * entry['std']:.2f}  ({len(entry['runs'])} seeds)"
+                for k, entry in report["shots"].items()
+            ),
+        ],
+    )
 
 
 def add_predict(sub: argparse._SubParsersAction) -> None:
@@ -106,7 +140,9 @@ def add_embed(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("checkpoint", help="checkpoint (any format) or run directory")
     parser.add_argument("--data", required=True, help="data source URI")
     parser.add_argument("--split", choices=("train", "val", "test"), default="test", help="split to embed")
-    parser.add_argument("--layer", default="pre_logits", help="y, pre_logits, features, logits, encoder_norm or blockNN (tokens)")
+    parser.add_argument(
+        "--layer", default="pre_logits", help="y, pre_logits, features, logits, encoder_norm or blockNN (tokens)"
+    )
     parser.add_argument("--out", required=True, help="FILE.npy (+ FILE.labels.npy, FILE.json) or FILE.safetensors")
     add_run_flags(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -116,8 +152,16 @@ def add_embed(sub: argparse._SubParsersAction) -> None:
 def run_embed(args: argparse.Namespace) -> int:
     from vitkit.eval.commands import embed_command
 
-    report = embed_command(args.checkpoint, args.data, args.split, args.layer, args.out, img_size=args.img_size,
-                           batch_size=args.batch_size, device=args.device)
+    report = embed_command(
+        args.checkpoint,
+        args.data,
+        args.split,
+        args.layer,
+        args.out,
+        img_size=args.img_size,
+        batch_size=args.batch_size,
+        device=args.device,
+    )
     report.pop("class_names")
     return emit(args, report, [f"wrote {', '.join(report['files'])}: {report['shape']} ({args.layer})"])
 
@@ -141,8 +185,23 @@ def add_inspect(sub: argparse._SubParsersAction) -> None:
 def run_inspect(args: argparse.Namespace) -> int:
     from vitkit.inspect.report import InspectConfig, inspect_command, summary
 
-    config = InspectConfig(num_components=args.components, num_overlays=args.num_overlays, batch_size=args.batch_size,
-                           img_size=args.img_size, device=args.device, draw=not args.no_figures)
-    report = summary(inspect_command(args.checkpoint, args.out, config, image_files=args.images, data=args.data,
-                                     split=args.split, num_images=args.num_images))
+    config = InspectConfig(
+        num_components=args.components,
+        num_overlays=args.num_overlays,
+        batch_size=args.batch_size,
+        img_size=args.img_size,
+        device=args.device,
+        draw=not args.no_figures,
+    )
+    report = summary(
+        inspect_command(
+            args.checkpoint,
+            args.out,
+            config,
+            image_files=args.images,
+            data=args.data,
+            split=args.split,
+            num_images=args.num_images,
+        )
+    )
     return emit(args, report, report["lines"])

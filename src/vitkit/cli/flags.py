@@ -4,50 +4,101 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 
 def add_surgery_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--img-size", type=int, default=None, help="new resolution: position embeddings interpolated in 2D")
-    parser.add_argument("--resample", choices=("bilinear", "bicubic"), default="bilinear", help="interpolation for --img-size")
-    parser.add_argument("--num-classes", type=int, default=None, help="replace the head by a zero-initialised D x K layer")
-    parser.add_argument("--pre-logits", choices=("keep", "drop"), default=None, help="keep or drop the pre-logits layer")
-    parser.add_argument("--max-model-gb", type=float, default=None,
-                        help="refuse a model with more GB of weights (default: the memory available now)")
+    parser.add_argument(
+        "--img-size", type=int, default=None, help="new resolution: position embeddings interpolated in 2D"
+    )
+    parser.add_argument(
+        "--resample", choices=("bilinear", "bicubic"), default="bilinear", help="interpolation for --img-size"
+    )
+    parser.add_argument(
+        "--num-classes", type=int, default=None, help="replace the head by a zero-initialised D x K layer"
+    )
+    parser.add_argument(
+        "--pre-logits", choices=("keep", "drop"), default=None, help="keep or drop the pre-logits layer"
+    )
+    parser.add_argument(
+        "--max-model-gb",
+        type=float,
+        default=None,
+        help="refuse a model with more GB of weights (default: the memory available now)",
+    )
 
 
 def add_run_flags(parser: argparse.ArgumentParser, batch_size: int = 64) -> None:
-    parser.add_argument("--img-size", type=int, default=None, help="input resolution (default: the checkpoint's; position embeddings are resampled)")
-    parser.add_argument("--batch-size", type=int, default=batch_size, help="images per forward pass (results do not depend on it)")
+    parser.add_argument(
+        "--img-size",
+        type=int,
+        default=None,
+        help="input resolution (default: the checkpoint's; position embeddings are resampled)",
+    )
+    parser.add_argument(
+        "--batch-size", type=int, default=batch_size, help="images per forward pass (results do not depend on it)"
+    )
     parser.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda, cuda:1, ...")
 
 
-def add_train_flags(parser: argparse.ArgumentParser, *, lr_help: str = "peak learning rate",
-                    runs_root: str = "runs") -> None:
+def add_train_flags(
+    parser: argparse.ArgumentParser, *, lr_help: str = "peak learning rate", runs_root: str = "runs"
+) -> None:
     """The flags of every training verb (train, finetune, pretrain-mpp)."""
-    parser.add_argument("--data", default="digits", help="data source URI: digits (default), fashion-mnist:DIR, "
-                        "mnist:DIR, cifar10:DIR, cifar100:DIR, folder:DIR, npz:FILE")
+    parser.add_argument(
+        "--data",
+        default="digits",
+        help="data source URI: digits (default), fashion-mnist:DIR, "
+        "mnist:DIR, cifar10:DIR, cifar100:DIR, folder:DIR, npz:FILE",
+    )
     parser.add_argument("--model", default=None, help="model preset (vitkit models); default: the recipe's")
-    parser.add_argument("--recipe", default=None, help="recipe name (paper-pretrain, paper-finetune, small-8px, ...; "
-                        "each has a -tiny variant); default: chosen from the data set's size and resolution")
+    parser.add_argument(
+        "--recipe",
+        default=None,
+        help="recipe name (paper-pretrain, paper-finetune, small-8px, ...; "
+        "each has a -tiny variant); default: chosen from the data set's size and resolution",
+    )
     parser.add_argument("--epochs", type=float, default=None, help="passes over the training split")
     parser.add_argument("--batch-size", type=int, default=None, help="effective global batch (accumulated as needed)")
     parser.add_argument("--lr", type=float, default=None, help=lr_help)
     parser.add_argument("--img-size", type=int, default=None, help="training resolution in pixels")
-    parser.add_argument("--max-minutes", type=float, default=None,
-                        help="time budget of the whole run: every schedule is fitted to it and the run ends annealed "
-                        "(--set run.budget_schedule=cut stops this invocation instead)")
+    parser.add_argument(
+        "--max-minutes",
+        type=float,
+        default=None,
+        help="time budget of the whole run: every schedule is fitted to it and the run ends annealed "
+        "(--set run.budget_schedule=cut stops this invocation instead)",
+    )
     parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--labels-per-class", type=int, default=None, metavar="N",
-                        help="train on a fixed N images of every class (nested: the 10 inside the 100; a learning-rate "
-                        "sweep's hold-out comes out of them); default: every training image")
-    parser.add_argument("--out", default=None, help=f"run directory (default {runs_root}/<data>-<model>-<time>); "
-                        "re-running with the same directory resumes")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="GROUP.FIELD=VALUE",
-                        help="override any config field, e.g. --set optim.warmup_steps=500 (type-checked)")
+    parser.add_argument(
+        "--labels-per-class",
+        type=int,
+        default=None,
+        metavar="N",
+        help="train on a fixed N images of every class (nested: the 10 inside the 100; a learning-rate "
+        "sweep's hold-out comes out of them); default: every training image",
+    )
+    parser.add_argument(
+        "--out",
+        default=None,
+        help=f"run directory (default {runs_root}/<data>-<model>-<time>); re-running with the same directory resumes",
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="GROUP.FIELD=VALUE",
+        help="override any config field, e.g. --set optim.warmup_steps=500 (type-checked)",
+    )
     parser.add_argument("--strict", action="store_true", help="stop on the first corrupt image instead of skipping it")
-    parser.add_argument("--compile", action="store_true", help="torch.compile the model, whatever the run's length "
-                        "(by default a run compiles where that saves more time than it costs; --set run.compile=off never)")
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile the model, whatever the run's length "
+        "(by default a run compiles where that saves more time than it costs; --set run.compile=off never)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object (no progress bar)")
     parser.set_defaults(runs_root=runs_root)
 

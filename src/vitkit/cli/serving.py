@@ -16,12 +16,19 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-batch", type=int, default=32, help="images per model forward at most")
     parser.add_argument("--max-wait-ms", type=float, default=5.0, help="how long a batch waits to fill up")
     parser.add_argument("--max-body-mb", type=float, default=8.0, help="request body limit in MiB")
-    parser.add_argument("--max-bodies-mb", type=float, default=None,
-                        help="request bodies held in memory at once, all requests (MiB; default max(256, 4 x body limit))")
+    parser.add_argument(
+        "--max-bodies-mb",
+        type=float,
+        default=None,
+        help="request bodies held in memory at once, all requests (MiB; default max(256, 4 x body limit))",
+    )
     parser.add_argument("--max-queue", type=int, default=256, help="requests admitted at once; more get 503")
     parser.add_argument("--threads", type=int, default=None, help="torch threads for the model (default: torch's)")
-    parser.add_argument("--in-process", action="store_true",
-                        help="run the model in a thread of the server process instead of a model process of its own")
+    parser.add_argument(
+        "--in-process",
+        action="store_true",
+        help="run the model in a thread of the server process instead of a model process of its own",
+    )
     parser.add_argument("--token", default=None, help="require 'Authorization: Bearer TOKEN' (all routes but the page)")
     parser.set_defaults(handler=run_serve)
 
@@ -32,11 +39,21 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         from vitkit.serve.server import run_server
     except ImportError as error:
-        raise ValueError(f"vitkit serve needs the serve extra ({error.name} is missing): pip install 'vitkit[serve]'") from error
+        raise ValueError(
+            f"vitkit serve needs the serve extra ({error.name} is missing): pip install 'vitkit[serve]'"
+        ) from error
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
-    config = ServeConfig(host=args.host, port=args.port, device=args.device, max_batch=args.max_batch,
-                         max_wait_ms=args.max_wait_ms, max_body_mb=args.max_body_mb, max_queue=args.max_queue,
-                         max_bodies_mb=args.max_bodies_mb,
-                         threads=args.threads, token=args.token,
-                         model_process=not args.in_process)
+    config = ServeConfig(
+        host=args.host,
+        port=args.port,
+        device=args.device,
+        max_batch=args.max_batch,
+        max_wait_ms=args.max_wait_ms,
+        max_body_mb=args.max_body_mb,
+        max_queue=args.max_queue,
+        max_bodies_mb=args.max_bodies_mb,
+        threads=args.threads,
+        token=args.token,
+        model_process=not args.in_process,
+    )
     return run_server(args.checkpoint, config)

@@ -43,13 +43,24 @@ def add_reproduce(sub: argparse._SubParsersAction) -> None:
         help="torch CPU threads per arm (0 = torch's default; 1 is fastest for small models on a busy CPU)",
     )
     parser.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda, cuda:1, ...")
-    parser.add_argument("--pretrain-data", default="", metavar="URI",
-                        help="transfer: the source to pre-train on (default: the target's own training split, "
-                        "which tests the mechanics only)")
-    parser.add_argument("--init", default="", metavar="RUN",
-                        help="transfer: a pre-trained ViT checkpoint or run directory instead of pre-training one")
-    parser.add_argument("--families", action="store_true",
-                        help="transfer: also pre-train and fine-tune the BiT ResNet and the hybrid of similar FLOPs")
+    parser.add_argument(
+        "--pretrain-data",
+        default="",
+        metavar="URI",
+        help="transfer: the source to pre-train on (default: the target's own training split, "
+        "which tests the mechanics only)",
+    )
+    parser.add_argument(
+        "--init",
+        default="",
+        metavar="RUN",
+        help="transfer: a pre-trained ViT checkpoint or run directory instead of pre-training one",
+    )
+    parser.add_argument(
+        "--families",
+        action="store_true",
+        help="transfer: also pre-train and fine-tune the BiT ResNet and the hybrid of similar FLOPs",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(handler=run_reproduce)
 

@@ -45,9 +45,18 @@ def run_models(args: argparse.Namespace) -> int:
         }
         rows.append(row)
     header = f"{'name':<14}{'layers':>7}{'hidden':>8}{'mlp':>7}{'heads':>6}{'params':>14}{'img':>6}{'GFLOPs':>9}"
-    return emit(args, {"models": rows}, [header, *(
-        f"{r['name']:<14}{r['layers']!s:>7}{r['hidden']!s:>8}{r['mlp']!s:>7}{r['heads']!s:>6}"
-        f"{r['params']:>14,}{r['img_size']:>6}{r['gflops']:>9.2f}" for r in rows)])
+    return emit(
+        args,
+        {"models": rows},
+        [
+            header,
+            *(
+                f"{r['name']:<14}{r['layers']!s:>7}{r['hidden']!s:>8}{r['mlp']!s:>7}{r['heads']!s:>6}"
+                f"{r['params']:>14,}{r['img_size']:>6}{r['gflops']:>9.2f}"
+                for r in rows
+            ),
+        ],
+    )
 
 
 def _list_models() -> list[str]:
@@ -57,7 +66,9 @@ def _list_models() -> list[str]:
 
 
 def add_convert(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("convert", help="convert a checkpoint (vitkit, official .npz, timm, HF) to vitkit, timm, hf or official")
+    parser = sub.add_parser(
+        "convert", help="convert a checkpoint (vitkit, official .npz, timm, HF) to vitkit, timm, hf or official"
+    )
     parser.add_argument("src", help="checkpoint directory or file, any supported format (detected)")
     parser.add_argument("dst", help="output directory (an .npz file for --to official)")
     parser.add_argument("--to", choices=("vitkit", "timm", "hf", "official"), default="vitkit", help="target format")
@@ -70,8 +81,14 @@ def _read_checkpoint(args: argparse.Namespace) -> Any:
     from vitkit.checkpoints import read
 
     max_bytes = None if args.max_model_gb is None else int(args.max_model_gb * 1e9)
-    return read(args.src, img_size=args.img_size, num_classes=args.num_classes, pre_logits=args.pre_logits,
-                resample=args.resample, max_bytes=max_bytes)
+    return read(
+        args.src,
+        img_size=args.img_size,
+        num_classes=args.num_classes,
+        pre_logits=args.pre_logits,
+        resample=args.resample,
+        max_bytes=max_bytes,
+    )
 
 
 def run_convert(args: argparse.Namespace) -> int:
@@ -80,7 +97,13 @@ def run_convert(args: argparse.Namespace) -> int:
     checkpoint = _read_checkpoint(args)
     out = write(checkpoint, args.dst, to=args.to)
     params = sum(p.numel() for p in checkpoint.model.parameters())
-    summary = {"src": args.src, "format": checkpoint.provenance.get("format"), "dst": str(out), "to": args.to, "params": params}
+    summary = {
+        "src": args.src,
+        "format": checkpoint.provenance.get("format"),
+        "dst": str(out),
+        "to": args.to,
+        "params": params,
+    }
     return emit(args, summary, [f"wrote {out} ({args.to}, {params:,} parameters) from {args.src}"])
 
 
@@ -100,9 +123,16 @@ def run_export_onnx(args: argparse.Namespace) -> int:
     checkpoint = _read_checkpoint(args)
     out = export_onnx(checkpoint.model, args.out, opset=args.opset)
     diff = check_onnx(checkpoint.model, out) if onnxruntime_available() else None
-    check = f"onnxruntime vs PyTorch max |diff| = {diff:.3g}" if diff is not None else "onnxruntime not installed: not checked"
-    return emit(args, {"out": str(out), "opset": args.opset, "max_abs_diff": diff},
-                [f"wrote {out} (opset {args.opset}, dynamic batch); {check}"])
+    check = (
+        f"onnxruntime vs PyTorch max |diff| = {diff:.3g}"
+        if diff is not None
+        else "onnxruntime not installed: not checked"
+    )
+    return emit(
+        args,
+        {"out": str(out), "opset": args.opset, "max_abs_diff": diff},
+        [f"wrote {out} (opset {args.opset}, dynamic batch); {check}"],
+    )
 
 
 def add_bench(sub: argparse._SubParsersAction) -> None:
@@ -111,20 +141,37 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--img-size", type=int, default=None, help="resolution (default: the preset's)")
     parser.add_argument("--num-classes", type=int, default=1000, help="head size")
     parser.add_argument("--batch-size", type=int, default=32, help="images per step")
-    parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
-                        help="fp32, bf16 autocast, or auto: bf16 where the device has native bf16 matmuls")
-    parser.add_argument("--attn-impl", choices=("auto", "sdpa", "explicit"), default=None,
-                        help="attention path (default: the preset's, auto)")
-    parser.add_argument("--compile", action="store_true", help="torch.compile the model (compile time reported as warm-up)")
+    parser.add_argument(
+        "--precision",
+        choices=("auto", "fp32", "bf16"),
+        default="auto",
+        help="fp32, bf16 autocast, or auto: bf16 where the device has native bf16 matmuls",
+    )
+    parser.add_argument(
+        "--attn-impl",
+        choices=("auto", "sdpa", "explicit"),
+        default=None,
+        help="attention path (default: the preset's, auto)",
+    )
+    parser.add_argument(
+        "--compile", action="store_true", help="torch.compile the model (compile time reported as warm-up)"
+    )
     parser.add_argument("--mode", choices=("both", "inference", "training"), default="both", help="what to measure")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps per mode")
     parser.add_argument("--steps", type=int, default=5, help="steps per timed repeat")
     parser.add_argument("--repeats", type=int, default=3, help="timed repeats (the median is reported)")
-    parser.add_argument("--peak-tflops", type=float, default=None, help="peak for MFU (default: measure a large matmul)")
+    parser.add_argument(
+        "--peak-tflops", type=float, default=None, help="peak for MFU (default: measure a large matmul)"
+    )
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's)")
-    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                        help="model-config field, e.g. --set depth=6 --set patch_size=4 (repeatable)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="model-config field, e.g. --set depth=6 --set patch_size=4 (repeatable)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(handler=run_bench)
 
@@ -146,9 +193,20 @@ def run_bench(args: argparse.Namespace) -> int:
 
     modes = ("inference", "training") if args.mode == "both" else (args.mode,)
     config = BenchConfig(
-        model=args.model, img_size=args.img_size, num_classes=args.num_classes, batch_size=args.batch_size,
-        precision=args.precision, attn_impl=args.attn_impl, compile=args.compile, modes=modes, warmup=args.warmup,
-        steps=args.steps, repeats=args.repeats, peak_tflops=args.peak_tflops, device=args.device, threads=args.threads,
+        model=args.model,
+        img_size=args.img_size,
+        num_classes=args.num_classes,
+        batch_size=args.batch_size,
+        precision=args.precision,
+        attn_impl=args.attn_impl,
+        compile=args.compile,
+        modes=modes,
+        warmup=args.warmup,
+        steps=args.steps,
+        repeats=args.repeats,
+        peak_tflops=args.peak_tflops,
+        device=args.device,
+        threads=args.threads,
         overrides=_bench_overrides(args.model, args.set),
     )
     result = run_benchmark(config)

@@ -22,20 +22,35 @@ def add_finetune(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("finetune", help="fine-tune a checkpoint (App. B.1.1): new zero-init head, new resolution")
     parser.add_argument("init_from", metavar="CHECKPOINT", help="any checkpoint vitkit can read, or a run directory")
     add_train_flags(parser)
-    parser.add_argument("--lr-sweep", action="store_true", help="sweep lr {0.001, 0.003, 0.01, 0.03} on a held-out "
-                        "10%% (2%% for large sets) of train, then train the best on all of it")
+    parser.add_argument(
+        "--lr-sweep",
+        action="store_true",
+        help="sweep lr {0.001, 0.003, 0.01, 0.03} on a held-out "
+        "10%% (2%% for large sets) of train, then train the best on all of it",
+    )
     parser.set_defaults(handler=run_train, objective="classification")
 
 
 def add_pretrain_mpp(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
-        "pretrain-mpp", help="self-supervised masked patch prediction pre-training (App. B.1.2); labels are not used")
+        "pretrain-mpp", help="self-supervised masked patch prediction pre-training (App. B.1.2); labels are not used"
+    )
     add_train_flags(parser, lr_help="Adam learning rate (default: the paper's 2e-4)", runs_root="runs/mpp")
-    parser.add_argument("--target", default="mean_color", choices=["mean_color", "downsampled", "pixels"],
-                        help="3-bit mean colour (512 classes, the paper's), 4x4 downsized 3-bit patch, or L2 on pixels")
+    parser.add_argument(
+        "--target",
+        default="mean_color",
+        choices=["mean_color", "downsampled", "pixels"],
+        help="3-bit mean colour (512 classes, the paper's), 4x4 downsized 3-bit patch, or L2 on pixels",
+    )
     parser.add_argument("--corrupt-rate", type=float, default=0.5, help="fraction of patches corrupted (BERT: 0.15)")
-    parser.add_argument("--replace", type=float, nargs=3, default=(0.8, 0.1, 0.1), metavar=("MASK", "RANDOM", "KEEP"),
-                        help="split of the corrupted patches: [mask] / random other patch / kept")
+    parser.add_argument(
+        "--replace",
+        type=float,
+        nargs=3,
+        default=(0.8, 0.1, 0.1),
+        metavar=("MASK", "RANDOM", "KEEP"),
+        help="split of the corrupted patches: [mask] / random other patch / kept",
+    )
     parser.add_argument("--warmup-steps", type=int, default=None, help="default: min(10000, 5%% of the run)")
     parser.set_defaults(handler=run_train, init_from=None, lr_sweep=False, objective="mpp")
 
@@ -46,12 +61,27 @@ def _config(args: argparse.Namespace) -> Any:
     from vitkit.train.resolve import Request, resolve
 
     mpp = args.objective == "mpp"
-    request = Request(data=args.data, recipe=args.recipe, model=args.model, epochs=args.epochs,
-                      batch_size=args.batch_size, lr=None if mpp else args.lr, img_size=args.img_size,
-                      max_minutes=args.max_minutes, seed=args.seed, out=args.out, overrides=tuple(args.overrides),
-                      labels_per_class=args.labels_per_class,
-                      strict=args.strict, compile=args.compile, quiet=args.json, init_from=args.init_from,
-                      lr_sweep=args.lr_sweep, world=int(os.environ.get("WORLD_SIZE", "1")), runs_root=args.runs_root)
+    request = Request(
+        data=args.data,
+        recipe=args.recipe,
+        model=args.model,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        lr=None if mpp else args.lr,
+        img_size=args.img_size,
+        max_minutes=args.max_minutes,
+        seed=args.seed,
+        out=args.out,
+        overrides=tuple(args.overrides),
+        labels_per_class=args.labels_per_class,
+        strict=args.strict,
+        compile=args.compile,
+        quiet=args.json,
+        init_from=args.init_from,
+        lr_sweep=args.lr_sweep,
+        world=int(os.environ.get("WORLD_SIZE", "1")),
+        runs_root=args.runs_root,
+    )
     resolved = resolve(request)
     config = resolved.config
     if mpp:
@@ -94,15 +124,25 @@ def run_train(args: argparse.Namespace) -> int:
 
 def _final_line(result: dict[str, Any], config: Any) -> str:
     if result["status"] == "interrupted":
-        return (f"interrupted at step {result['step']}/{result['steps']}; checkpoint saved in {result['run_dir']} "
-                f"(re-run with --out {result['run_dir']} to resume)")
+        return (
+            f"interrupted at step {result['step']}/{result['steps']}; checkpoint saved in {result['run_dir']} "
+            f"(re-run with --out {result['run_dir']} to resume)"
+        )
     split = config.eval.final_split
     note = " (time budget spent)" if result["status"] == "time_budget" else ""
     done = f"after {result['step']}/{result['steps']} steps, {result['wall_minutes']:.2f} min{note}; run: {result['run_dir']}"
     final = result.get(split)
     if config.mpp is not None:
-        held = (f"held-out MPP loss {final['loss']:.4f}" + (f", top-1 {100 * final['top1']:.2f}%" if final.get("top1")
-                                                             is not None else "")) if final else "no held-out evaluation"
+        held = (
+            (
+                f"held-out MPP loss {final['loss']:.4f}"
+                + (f", top-1 {100 * final['top1']:.2f}%" if final.get("top1") is not None else "")
+            )
+            if final
+            else "no held-out evaluation"
+        )
         return f"masked patch prediction: {held} {done}; encoder checkpoint (no MPP head): {result['checkpoint']}"
-    return (f"{split} accuracy: top-1 {100 * final['top1']:.2f}%, top-5 {100 * final['top5']:.2f}% on "
-            f"{final['count']} images {done}")
+    return (
+        f"{split} accuracy: top-1 {100 * final['top1']:.2f}%, top-5 {100 * final['top5']:.2f}% on "
+        f"{final['count']} images {done}"
+    )

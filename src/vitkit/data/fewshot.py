@@ -71,5 +71,5 @@ def vtab_subset(labels: Tensor, seed: int, train: int = 800, val: int = 200) -> 
         members = torch.nonzero(labels == cls).flatten()
         members = members[torch.randperm(len(members), generator=generator)]
         train_index.append(members[:n_train])
-        val_index.append(members[n_train:n_train + n_val])
+        val_index.append(members[n_train : n_train + n_val])
     return torch.cat(train_index).sort().values, torch.cat(val_index).sort().values

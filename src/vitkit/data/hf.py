@@ -22,9 +22,10 @@ from __future__ import annotations
 import bisect
 import json
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -76,7 +77,9 @@ def find_splits(root: Path) -> dict[str, HFSplit]:
     if set(parquet) == {""}:
         return {"train": HFSplit("parquet", tuple(parquet[""]))}
     if "" in parquet:
-        log.warning("hf:%s: ignoring %d Parquet file(s) outside the train/validation/test splits", root, len(parquet[""]))
+        log.warning(
+            "hf:%s: ignoring %d Parquet file(s) outside the train/validation/test splits", root, len(parquet[""])
+        )
     return {split: HFSplit("parquet", tuple(files)) for split, files in parquet.items() if split}
 
 
@@ -97,8 +100,9 @@ def schema(split: HFSplit) -> Any:
         return pa.ipc.open_stream(source).schema
 
 
-def choose_columns(arrow_schema: Any, image_column: str = "", label_column: str = "",
-                   where: str = "") -> tuple[str, str, list[str] | None]:
+def choose_columns(
+    arrow_schema: Any, image_column: str = "", label_column: str = "", where: str = ""
+) -> tuple[str, str, list[str] | None]:
     """(image column, label column, ClassLabel names or None), by feature type unless named."""
     pa = _pyarrow()
     raw = (arrow_schema.metadata or {}).get(b"huggingface")
@@ -128,8 +132,9 @@ def _pick(chosen: str, candidates: list[str], what: str, names: list[str], where
         return chosen
     if len(candidates) != 1:
         found = f"several ({', '.join(candidates)})" if candidates else "no"
-        raise ValueError(f"{where}: {found} {what} columns among {', '.join(names)}; choose one with "
-                         f"--set data.{what}_column=NAME")
+        raise ValueError(
+            f"{where}: {found} {what} columns among {', '.join(names)}; choose one with --set data.{what}_column=NAME"
+        )
     return candidates[0]
 
 
@@ -214,8 +219,9 @@ def parquet_units(split: HFSplit) -> list[Unit]:
 def parquet_labels(split: HFSplit, label: str) -> np.ndarray:
     """Every label of the split (one column: cheap), to count the classes when they have no names."""
     pq = _pyarrow().parquet
-    return np.concatenate([pq.read_table(path, columns=[label]).column(label).to_numpy(zero_copy_only=False)
-                           for path in split.files])
+    return np.concatenate(
+        [pq.read_table(path, columns=[label]).column(label).to_numpy(zero_copy_only=False) for path in split.files]
+    )
 
 
 @dataclass(frozen=True)

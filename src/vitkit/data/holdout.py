@@ -105,6 +105,9 @@ def hold_out_shards(data: ShardSet, labels: list[list[int]], part: str, where: s
         size = out if side == "held" else unit.count - out
         if size:
             units.append(Unit(unit.path, size, unit.part))
-    origin = (f"a fixed {fraction:.0%} class-stratified hold-out of {where}" if side == "held"
-              else f"{where} minus the fixed {fraction:.0%} test hold-out")
+    origin = (
+        f"a fixed {fraction:.0%} class-stratified hold-out of {where}"
+        if side == "held"
+        else f"{where} minus the fixed {fraction:.0%} test hold-out"
+    )
     return replace(data, units=units, reader=PickedReader(data.reader, table, side), origin=origin)

@@ -21,9 +21,10 @@ import io
 import logging
 import math
 import os
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Sequence, overload
+from typing import overload
 
 import numpy as np
 import torch
@@ -82,8 +83,10 @@ def _to_mode(image: Image.Image, channels: int) -> Image.Image:
 
 
 def _bomb(name: str, width: int, height: int, max_pixels: int) -> DecompressionBombError:
-    return DecompressionBombError(f"{name}: refusing to decode a {width}x{height} image ({width * height:,} pixels > "
-                                  f"limit {max_pixels:,}); possible decompression bomb")
+    return DecompressionBombError(
+        f"{name}: refusing to decode a {width}x{height} image ({width * height:,} pixels > "
+        f"limit {max_pixels:,}); possible decompression bomb"
+    )
 
 
 def _open(source: str | os.PathLike | bytes, max_pixels: int, name: str) -> Image.Image:
@@ -151,23 +154,29 @@ def _read_source(source: str | os.PathLike | bytes) -> bytes | str | os.PathLike
         return source  # Pillow raises the error, naming the file
 
 
-def _decode(source: str | os.PathLike | bytes, channels: int, size: int | None, max_pixels: int,
-            name: str | None = None) -> np.ndarray:
+def _decode(
+    source: str | os.PathLike | bytes, channels: int, size: int | None, max_pixels: int, name: str | None = None
+) -> np.ndarray:
     """(H, W, C) uint8 array; with `size`: shorter side resized to `size`, then centre-cropped square."""
     if channels not in (1, 3):
         raise ValueError(f"channels must be 1 or 3, got {channels}")
     name = name or _source_name(source)
     data = _read_source(source) if channels == 3 else source
-    fast = _decode_jpeg_fast(bytes(data), size, max_pixels, name) if isinstance(data, (bytes, bytearray, memoryview)) \
-        and channels == 3 else None
+    fast = (
+        _decode_jpeg_fast(bytes(data), size, max_pixels, name)
+        if isinstance(data, (bytes, bytearray, memoryview)) and channels == 3
+        else None
+    )
     image = fast if fast is not None else _open(data, max_pixels, name)
     try:
         with image:
             if fast is None and size is not None and image.format == "JPEG":
                 # DCT-domain downscaling (1/2, 1/4, 1/8) while keeping the shorter side >= size: a large speed-up.
                 short = min(image.size)
-                image.draft("L" if channels == 1 else "RGB",
-                            (math.ceil(size * image.size[0] / short), math.ceil(size * image.size[1] / short)))
+                image.draft(
+                    "L" if channels == 1 else "RGB",
+                    (math.ceil(size * image.size[0] / short), math.ceil(size * image.size[1] / short)),
+                )
             image.load()  # the actual decode: raises on truncated or corrupt data
             image = _to_mode(image, channels)
             if size is not None:
@@ -191,8 +200,14 @@ def _resize_center_crop(image: Image.Image, size: int) -> Image.Image:
     return image.crop((left, top, left + size, top + size))
 
 
-def decode_image(source: str | os.PathLike | bytes, channels: int = 3, *, size: int | None = None,
-                 max_pixels: int = MAX_PIXELS, name: str | None = None) -> torch.Tensor:
+def decode_image(
+    source: str | os.PathLike | bytes,
+    channels: int = 3,
+    *,
+    size: int | None = None,
+    max_pixels: int = MAX_PIXELS,
+    name: str | None = None,
+) -> torch.Tensor:
     """Decode one image file (or its bytes) to uint8 (C, H, W).
 
     Args:
@@ -322,9 +337,16 @@ def scan_folder(root: Path, class_names: Sequence[str]) -> tuple[FileList, list[
     return FileList.of(files), labels
 
 
-def decode_files(files: Sequence[Path | bytes], channels: int, size: int, *, strict: bool = False,
-                 num_workers: int | None = None, max_pixels: int = MAX_PIXELS, names: Sequence[str] | None = None
-                 ) -> tuple[torch.Tensor, list[int], list[str]]:
+def decode_files(
+    files: Sequence[Path | bytes],
+    channels: int,
+    size: int,
+    *,
+    strict: bool = False,
+    num_workers: int | None = None,
+    max_pixels: int = MAX_PIXELS,
+    names: Sequence[str] | None = None,
+) -> tuple[torch.Tensor, list[int], list[str]]:
     """Decode `files` (paths, or encoded bytes called `names` in messages) to one uint8 (N_good, C, size, size)
     tensor with a thread pool.
 

@@ -3,8 +3,9 @@ source holds, found cheaply) and the rule for which sets are decoded into memory
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 

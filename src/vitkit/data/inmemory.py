@@ -35,25 +35,46 @@ def _sample_sources(subset: ShardSet) -> tuple[list[bytes], torch.Tensor, list[s
     return [samples[i].image for i in kept], labels, [samples[i].key for i in kept], reasons
 
 
-def materialise(subset: ImageSet | ShardSet, *, strict: bool, max_in_memory_bytes: int, num_workers: int | None,
-                max_pixels: int = MAX_PIXELS) -> tuple[ImageSet | ShardSet, list[str]]:
+def materialise(
+    subset: ImageSet | ShardSet,
+    *,
+    strict: bool,
+    max_in_memory_bytes: int,
+    num_workers: int | None,
+    max_pixels: int = MAX_PIXELS,
+) -> tuple[ImageSet | ShardSet, list[str]]:
     """(the set, decoded into memory when it is small (imageset.fits_in_memory), and the problem of each sample
     left out, naming its file); larger sets come back as they are, their bad samples surface while reading."""
     if subset.images is not None:
         return subset, []
     size, channels = subset.load_size, subset.channels
     if not fits_in_memory(len(subset), channels, size, max_in_memory_bytes):
-        log.info("%d images at %dx%d exceed %d bytes or %d images: %s", len(subset), size, size, max_in_memory_bytes,
-                 MAX_FILES_IN_MEMORY, "streamed from shards" if subset.access == "stream" else "decoding on the fly")
+        log.info(
+            "%d images at %dx%d exceed %d bytes or %d images: %s",
+            len(subset),
+            size,
+            size,
+            max_in_memory_bytes,
+            MAX_FILES_IN_MEMORY,
+            "streamed from shards" if subset.access == "stream" else "decoding on the fly",
+        )
         return subset, []
     if isinstance(subset, ShardSet):
         sources, labels, names, reasons = _sample_sources(subset)
     else:
         sources, labels, names, reasons = subset.files, subset.labels, None, []
-    images, good, errors = decode_files(sources, channels, size, strict=strict, num_workers=num_workers,
-                                        max_pixels=max_pixels, names=names)
-    return ImageSet(images=images, labels=labels[good], class_names=subset.class_names, load_size=size,
-                    skipped=len(subset) - len(good), channels=channels, origin=subset.origin), reasons + errors
+    images, good, errors = decode_files(
+        sources, channels, size, strict=strict, num_workers=num_workers, max_pixels=max_pixels, names=names
+    )
+    return ImageSet(
+        images=images,
+        labels=labels[good],
+        class_names=subset.class_names,
+        load_size=size,
+        skipped=len(subset) - len(good),
+        channels=channels,
+        origin=subset.origin,
+    ), reasons + errors
 
 
 def check_usable(result: ImageSet | ShardSet, uri: str, split: str, reasons: list[str], damage: list[str]) -> None:

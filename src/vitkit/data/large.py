@@ -27,10 +27,15 @@ def _part(splits: dict[str, Any], part: str, where: str) -> Any:
     wanted = "val" if part == "test" and "test" not in splits else part
     if wanted not in splits:
         have = ", ".join(sorted(splits)) or "none"
-        raise ValueError(f"{where} has no {part} split{' (nor a val split to stand in)' if part == 'test' else ''} "
-                         f"(it has: {have}); " + ("use val_fraction > 0 to hold out part of the training data"
-                                                  if part == "val" else "name shards train-*/val-*/test-* or list "
-                                                  "the splits in dataset.json"))
+        raise ValueError(
+            f"{where} has no {part} split{' (nor a val split to stand in)' if part == 'test' else ''} "
+            f"(it has: {have}); "
+            + (
+                "use val_fraction > 0 to hold out part of the training data"
+                if part == "val"
+                else "name shards train-*/val-*/test-* or list the splits in dataset.json"
+            )
+        )
     return splits[wanted]
 
 
@@ -70,9 +75,15 @@ def read_wds(path: str, part: str, size: int, channels: int | None) -> ShardSet:
         channels = index.get("channels") or _probe_stream(units, reader)[1]
     every = [unit for found in splits.values() for unit in found]
     names = classes or class_file_names(path, None if index else every) or tarshards.class_names_by_scan(every)
-    data = ShardSet(units=units, reader=reader, class_names=list(names), load_size=size, channels=int(channels),
-                    origin=f"{len(units)} {part if part in splits else 'val'} shard(s) of {where}",
-                    problems=[] if index else tarshards.damage(units))
+    data = ShardSet(
+        units=units,
+        reader=reader,
+        class_names=list(names),
+        load_size=size,
+        channels=int(channels),
+        origin=f"{len(units)} {part if part in splits else 'val'} shard(s) of {where}",
+        problems=[] if index else tarshards.damage(units),
+    )
     if fixed:
         labels = [_unit_labels(unit) for unit in units]
         data = holdout.hold_out_shards(data, labels, part, f"{len(units)} train shard(s) of {where}")
@@ -81,7 +92,7 @@ def read_wds(path: str, part: str, size: int, channels: int | None) -> ShardSet:
 
 def _unit_labels(unit: Unit) -> list[int]:
     """The label of each of the unit's `count` samples (-1 where none is readable or the shard ends early)."""
-    labels = list(tarshards.shard_labels(Path(unit.path))[:unit.count])
+    labels = list(tarshards.shard_labels(Path(unit.path))[: unit.count])
     return labels + [-1] * (unit.count - len(labels))
 
 
@@ -124,24 +135,35 @@ def describe_wds(uri: str, path: str, size: int, max_in_memory_bytes: int) -> So
     data = read_wds(path, "train", size, index.get("channels"))
     side = index.get("image_size") or _probe_stream(data.units, data.reader)[0]
     fits = fits_in_memory(len(data), data.channels, size, max_in_memory_bytes)
-    return SourceInfo(uri=uri, num_train=len(data), num_classes=data.num_classes, image_size=int(side),
-                      channels=data.channels, in_memory=fits, access="memory" if fits else "stream")
+    return SourceInfo(
+        uri=uri,
+        num_train=len(data),
+        num_classes=data.num_classes,
+        image_size=int(side),
+        channels=data.channels,
+        in_memory=fits,
+        access="memory" if fits else "stream",
+    )
 
 
 # ------------------------------------------------------------------------------ hf:
 def _hf_classes(train: hf.HFSplit, label: str, names: list[str] | None) -> list[str]:
     if names:
         return list(names)
-    labels = (hf.parquet_labels(train, label) if train.kind == "parquet"
-              else hf.open_arrow_table(train.files).column(label).to_numpy(zero_copy_only=False))
+    labels = (
+        hf.parquet_labels(train, label)
+        if train.kind == "parquet"
+        else hf.open_arrow_table(train.files).column(label).to_numpy(zero_copy_only=False)
+    )
     top = int(np.max(labels, initial=-1))
     if top < 0:
         raise ValueError(f"{train.files[0]}: the label column {label!r} holds no class index >= 0")
     return [str(i) for i in range(top + 1)]
 
 
-def read_hf(path: str, part: str, size: int, channels: int | None, image_column: str = "",
-            label_column: str = "") -> ImageSet | ShardSet:
+def read_hf(
+    path: str, part: str, size: int, channels: int | None, image_column: str = "", label_column: str = ""
+) -> ImageSet | ShardSet:
     """One split of `hf:path`: an Arrow split as a random-access ImageSet, a Parquet split as a ShardSet."""
     where = f"hf:{path}"
     splits = hf.find_splits(Path(path))
@@ -154,22 +176,42 @@ def read_hf(path: str, part: str, size: int, channels: int | None, image_column:
         units = hf.parquet_units(split)
         reader = hf.ParquetReader(image, label)
         channels = channels or _probe_stream(units, reader)[1]
-        return ShardSet(units=units, reader=reader, class_names=class_names, load_size=size, channels=channels,
-                        origin=f"{len(split.files)} Parquet file(s) of {where} ({len(units)} row groups)")
+        return ShardSet(
+            units=units,
+            reader=reader,
+            class_names=class_names,
+            load_size=size,
+            channels=channels,
+            origin=f"{len(split.files)} Parquet file(s) of {where} ({len(units)} row groups)",
+        )
     images, labels = hf.arrow_rows(split, image, label, f"{where} ({part})")
     channels = channels or probe_images([images[i] for i in range(min(PROBED, len(images)))])[1]
-    return ImageSet(images=None, files=images, labels=torch.from_numpy(labels), class_names=class_names,
-                    load_size=size, channels=channels, origin=f"{where} {'train' if split is splits['train'] else part} "
-                                                              "Arrow rows")
+    return ImageSet(
+        images=None,
+        files=images,
+        labels=torch.from_numpy(labels),
+        class_names=class_names,
+        load_size=size,
+        channels=channels,
+        origin=f"{where} {'train' if split is splits['train'] else part} Arrow rows",
+    )
 
 
-def describe_hf(uri: str, path: str, size: int, max_in_memory_bytes: int, image_column: str = "",
-                label_column: str = "") -> SourceInfo:
+def describe_hf(
+    uri: str, path: str, size: int, max_in_memory_bytes: int, image_column: str = "", label_column: str = ""
+) -> SourceInfo:
     data = read_hf(path, "train", size, None, image_column, label_column)
     if isinstance(data, ShardSet):
         side = _probe_stream(data.units, data.reader)[0]
     else:
         side = probe_images([data.files[i] for i in range(min(PROBED, len(data)))])[0]
     fits = fits_in_memory(len(data), data.channels, size, max_in_memory_bytes)
-    return SourceInfo(uri=uri, num_train=len(data), num_classes=data.num_classes, image_size=side,
-                      channels=data.channels, in_memory=fits, access="memory" if fits else data.access)
+    return SourceInfo(
+        uri=uri,
+        num_train=len(data),
+        num_classes=data.num_classes,
+        image_size=side,
+        channels=data.channels,
+        in_memory=fits,
+        access="memory" if fits else data.access,
+    )

@@ -17,7 +17,7 @@ are copied with `non_blocking=True`.  Streamed sets (tar shards, Parquet) have t
 from __future__ import annotations
 
 import logging
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 from torch import Tensor
@@ -50,13 +50,14 @@ class IndexStream:
         while position < stop:
             epoch, offset = divmod(position, self.num_samples)
             count = min(stop - position, self.num_samples - offset)
-            parts.append(self.permutation(epoch)[offset:offset + count])
+            parts.append(self.permutation(epoch)[offset : offset + count])
             position += count
         return torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64)
 
 
-def micro_batches(stream: IndexStream, step: int, global_batch: int, rank: int, world: int,
-                  micro_batch: int) -> list[Tensor]:
+def micro_batches(
+    stream: IndexStream, step: int, global_batch: int, rank: int, world: int, micro_batch: int
+) -> list[Tensor]:
     """Index tensors of this process's micro-batches for optimiser step `step`."""
     if global_batch % world:
         raise ValueError(f"global batch {global_batch} is not divisible by {world} processes")
@@ -121,16 +122,38 @@ class FileBatches:
     their batch and counted in `skipped`.
     """
 
-    def __init__(self, data: ImageSet, stream: IndexStream, *, start_step: int, total_steps: int, global_batch: int,
-                 rank: int, world: int, micro_batch: int, device: torch.device, workers: int, strict: bool):
+    def __init__(
+        self,
+        data: ImageSet,
+        stream: IndexStream,
+        *,
+        start_step: int,
+        total_steps: int,
+        global_batch: int,
+        rank: int,
+        world: int,
+        micro_batch: int,
+        device: torch.device,
+        workers: int,
+        strict: bool,
+    ):
         self.device, self.skipped = device, 0
         self.accum = global_batch // world // micro_batch
-        order = (idx.tolist() for step in range(start_step, total_steps)
-                 for idx in micro_batches(stream, step, global_batch, rank, world, micro_batch))
-        self.loader = DataLoader(_Files(data, strict), batch_sampler=order, num_workers=workers,
-                                 collate_fn=_collate, pin_memory=device.type == "cuda",
-                                 persistent_workers=False, prefetch_factor=4 if workers else None,
-                                 generator=streams.own_generator())
+        order = (
+            idx.tolist()
+            for step in range(start_step, total_steps)
+            for idx in micro_batches(stream, step, global_batch, rank, world, micro_batch)
+        )
+        self.loader = DataLoader(
+            _Files(data, strict),
+            batch_sampler=order,
+            num_workers=workers,
+            collate_fn=_collate,
+            pin_memory=device.type == "cuda",
+            persistent_workers=False,
+            prefetch_factor=4 if workers else None,
+            generator=streams.own_generator(),
+        )
 
     def __iter__(self) -> Iterator[list[tuple[Tensor, Tensor]]]:
         step: list[tuple[Tensor, Tensor]] = []
@@ -142,11 +165,21 @@ class FileBatches:
                 step = []
 
 
-def eval_batches(data: ImageSet | streams.ShardSet, batch_size: int, device: torch.device, *, rank: int = 0,
-                 world: int = 1, workers: int = 0, strict: bool = False) -> Iterator[tuple[Tensor, Tensor]]:
+def eval_batches(
+    data: ImageSet | streams.ShardSet,
+    batch_size: int,
+    device: torch.device,
+    *,
+    rank: int = 0,
+    world: int = 1,
+    workers: int = 0,
+    strict: bool = False,
+) -> Iterator[tuple[Tensor, Tensor]]:
     """This process's share (a strided 1/world of the samples) of `data` in fixed-order uint8 batches."""
     if isinstance(data, streams.ShardSet):
-        yield from streams.eval_batches(data, batch_size, device, rank=rank, world=world, workers=workers, strict=strict)
+        yield from streams.eval_batches(
+            data, batch_size, device, rank=rank, world=world, workers=workers, strict=strict
+        )
         return
     mine = torch.arange(rank, len(data), world)
     if data.images is not None:
@@ -154,9 +187,14 @@ def eval_batches(data: ImageSet | streams.ShardSet, batch_size: int, device: tor
         for index in mine.split(batch_size):
             yield images[index].to(device, non_blocking=True), labels[index].to(device, non_blocking=True)
         return
-    loader = DataLoader(_Files(data, strict), batch_sampler=[i.tolist() for i in mine.split(batch_size)],
-                        num_workers=workers, collate_fn=_collate, pin_memory=device.type == "cuda",
-                        generator=streams.own_generator())
+    loader = DataLoader(
+        _Files(data, strict),
+        batch_sampler=[i.tolist() for i in mine.split(batch_size)],
+        num_workers=workers,
+        collate_fn=_collate,
+        pin_memory=device.type == "cuda",
+        generator=streams.own_generator(),
+    )
     for images, labels, _ in loader:
         if len(labels):
             yield images.to(device, non_blocking=True), labels.to(device, non_blocking=True)

@@ -17,8 +17,22 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-OPS = ("identity", "autocontrast", "equalize", "rotate", "solarize", "color", "posterize", "contrast",
-       "brightness", "sharpness", "shear_x", "shear_y", "translate_x", "translate_y")
+OPS = (
+    "identity",
+    "autocontrast",
+    "equalize",
+    "rotate",
+    "solarize",
+    "color",
+    "posterize",
+    "contrast",
+    "brightness",
+    "sharpness",
+    "shear_x",
+    "shear_y",
+    "translate_x",
+    "translate_y",
+)
 GEOMETRIC = ("rotate", "shear_x", "shear_y", "translate_x", "translate_y")
 FILL = 128.0  # grey fill of uncovered pixels (TF autoaugment's `replace` value)
 
@@ -145,8 +159,9 @@ def _pixel_op(name: str, x: Tensor, signs: Tensor, level: float) -> Tensor:
     return x  # identity
 
 
-def rand_augment(x: Tensor, num_ops: int, magnitude: float, generator: torch.Generator,
-                 ops: tuple[str, ...] = OPS) -> Tensor:
+def rand_augment(
+    x: Tensor, num_ops: int, magnitude: float, generator: torch.Generator, ops: tuple[str, ...] = OPS
+) -> Tensor:
     """Apply `num_ops` rounds of RandAugment to float pixels (B, C, H, W) in 0..255; returns a new tensor."""
     unknown = set(ops) - set(OPS)
     if unknown:

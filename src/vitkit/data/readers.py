@@ -56,11 +56,12 @@ def idx_header(path: Path) -> tuple[int, tuple[int, ...]]:
     if magic not in (IDX_IMAGES_MAGIC, IDX_LABELS_MAGIC):
         raise DataFormatError(
             f"{path}: IDX magic number is {magic}, expected {IDX_IMAGES_MAGIC} (images) or "
-            f"{IDX_LABELS_MAGIC} (labels); this is not an IDX ubyte file")
+            f"{IDX_LABELS_MAGIC} (labels); this is not an IDX ubyte file"
+        )
     ndim = magic & 0xFF  # the low byte counts the dimensions
     if len(head) < 4 + 4 * ndim:
         raise DataFormatError(f"{path}: truncated IDX header")
-    return magic, struct.unpack(f">{ndim}i", head[4:4 + 4 * ndim])
+    return magic, struct.unpack(f">{ndim}i", head[4 : 4 + 4 * ndim])
 
 
 def read_idx(path: Path, expect_magic: int) -> np.ndarray:
@@ -77,7 +78,8 @@ def read_idx(path: Path, expect_magic: int) -> np.ndarray:
     if len(data) - offset != expected:
         raise DataFormatError(
             f"{path}: header says {dims} = {expected} bytes of data but the file holds {len(data) - offset}; "
-            "the file is truncated or corrupt")
+            "the file is truncated or corrupt"
+        )
     return np.frombuffer(data, dtype=np.uint8, offset=offset).reshape(dims)
 
 
@@ -113,7 +115,8 @@ def read_cifar_bin(path: Path, label_bytes: int, num_classes: int) -> tuple[np.n
     if data.size == 0 or data.size % record:
         raise DataFormatError(
             f"{path}: {data.size} bytes is not a whole number of {record}-byte records; "
-            "the file is truncated or not the binary version")
+            "the file is truncated or not the binary version"
+        )
     rows = data.reshape(-1, record)  # (N, label_bytes + 3072)
     labels = rows[:, label_bytes - 1].astype(np.int64)
     if labels.max() >= num_classes or (label_bytes == 2 and rows[:, 0].max() >= 20):
@@ -146,7 +149,11 @@ def npz_shapes(path: Path) -> dict[str, tuple[int, ...]]:
             for name in archive.namelist():
                 with archive.open(name) as handle:
                     version = np.lib.format.read_magic(handle)
-                    read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+                    read_header = (
+                        np.lib.format.read_array_header_1_0
+                        if version == (1, 0)
+                        else np.lib.format.read_array_header_2_0
+                    )
                     shape, _, _ = read_header(handle)
                 shapes[name.removesuffix(".npy")] = shape
     except (OSError, zipfile.BadZipFile, ValueError) as error:
@@ -177,12 +184,18 @@ def _check_npz_sizes(path: Path) -> None:
             for info in archive.infolist():
                 with archive.open(info) as handle:
                     version = np.lib.format.read_magic(handle)
-                    read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+                    read_header = (
+                        np.lib.format.read_array_header_1_0
+                        if version == (1, 0)
+                        else np.lib.format.read_array_header_2_0
+                    )
                     shape, _, dtype = read_header(handle)
                 claimed = int(np.prod(shape, dtype=object)) * dtype.itemsize
                 if claimed > info.file_size:
-                    raise DataFormatError(f"{path}: `{info.filename}` claims shape {shape} ({claimed:,} bytes) but holds "
-                                          f"{info.file_size:,} bytes")
+                    raise DataFormatError(
+                        f"{path}: `{info.filename}` claims shape {shape} ({claimed:,} bytes) but holds "
+                        f"{info.file_size:,} bytes"
+                    )
     except (OSError, zipfile.BadZipFile, ValueError, EOFError) as error:
         if isinstance(error, DataFormatError):
             raise
@@ -201,13 +214,17 @@ def read_npz(path: Path) -> dict[str, np.ndarray]:
         if all(key in arrays for key in keys):
             break
     else:
-        raise DataFormatError(f"{path}: holds {sorted(arrays)}; expected x_train, y_train, x_test, y_test or images, labels")
+        raise DataFormatError(
+            f"{path}: holds {sorted(arrays)}; expected x_train, y_train, x_test, y_test or images, labels"
+        )
     out = {}
     for image_key, label_key in zip(keys[0::2], keys[1::2]):
         images = to_nchw(arrays[image_key], path, image_key)
         labels = arrays[label_key]
         if labels.ndim != 1 or labels.dtype.kind not in "iu" or len(labels) != len(images):
-            raise DataFormatError(f"{path}: `{label_key}` must be {len(images)} integer labels, got {labels.dtype} {labels.shape}")
+            raise DataFormatError(
+                f"{path}: `{label_key}` must be {len(images)} integer labels, got {labels.dtype} {labels.shape}"
+            )
         if labels.size and labels.min() < 0:
             raise DataFormatError(f"{path}: `{label_key}` has negative labels")
         out[image_key], out[label_key] = images, labels.astype(np.int64)

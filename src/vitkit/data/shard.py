@@ -23,9 +23,10 @@ import json
 import logging
 import os
 import tarfile
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 from PIL import Image
@@ -155,8 +156,15 @@ class _Shards:
         self._tar, self._count = None, 0
 
 
-def _write_split(data: ImageSet | stream.ShardSet, split: str, out: Path, per_shard: int, max_side: int | None,
-                 seed: int, workers: int) -> _Shards:
+def _write_split(
+    data: ImageSet | stream.ShardSet,
+    split: str,
+    out: Path,
+    per_shard: int,
+    max_side: int | None,
+    seed: int,
+    workers: int,
+) -> _Shards:
     shards, skipped = _Shards(out, split, per_shard), 0
     items = _records(data, seed)
     with ThreadPoolExecutor(workers) as pool:  # Pillow releases the GIL while it decodes and encodes
@@ -168,8 +176,13 @@ def _write_split(data: ImageSet | stream.ShardSet, split: str, out: Path, per_sh
                     shards.add(*encoded)
     shards.close()
     shards.skipped += skipped
-    log.info("%s: %d samples in %d shards%s", split, sum(s["count"] for s in shards.written), len(shards.written),
-             f", {skipped} left out" if skipped else "")
+    log.info(
+        "%s: %d samples in %d shards%s",
+        split,
+        sum(s["count"] for s in shards.written),
+        len(shards.written),
+        f", {skipped} left out" if skipped else "",
+    )
     return shards
 
 
@@ -178,7 +191,10 @@ def _source_splits(uri: str) -> list[str]:
     kind, path = parse_uri(uri)
     if kind == "folder":  # test: DIR/test, else DIR/val (written as val), else the fixed hold-out of the files
         root = Path(path) / "train" if (Path(path) / "train").is_dir() else None
-        val, test = root is not None and (root.parent / "val").is_dir(), root is not None and (root.parent / "test").is_dir()
+        val, test = (
+            root is not None and (root.parent / "val").is_dir(),
+            root is not None and (root.parent / "test").is_dir(),
+        )
         return ["train", *(["val"] if val else []), *(["test"] if test or not val else [])]
     if kind in ("wds", "hf"):
         from vitkit.data.large import split_names
@@ -187,8 +203,17 @@ def _source_splits(uri: str) -> list[str]:
     return ["train", "test"]
 
 
-def write_shards(uri: str, out: str | Path, samples_per_shard: int, *, max_side: int | None = None, seed: int = 0,
-                 workers: int | None = None, image_column: str = "", label_column: str = "") -> dict[str, Any]:
+def write_shards(
+    uri: str,
+    out: str | Path,
+    samples_per_shard: int,
+    *,
+    max_side: int | None = None,
+    seed: int = 0,
+    workers: int | None = None,
+    image_column: str = "",
+    label_column: str = "",
+) -> dict[str, Any]:
     """Write every split of `uri` as tar shards in `out` plus dataset.json; returns what was written."""
     if samples_per_shard < 1 or (max_side is not None and max_side < 1):
         raise ValueError(f"samples_per_shard and max_side must be >= 1, got {samples_per_shard} and {max_side}")
@@ -204,12 +229,25 @@ def write_shards(uri: str, out: str | Path, samples_per_shard: int, *, max_side:
         channels = data.images.shape[1] if data.images is not None else data.channels
         splits[split] = _write_split(data, split, out, samples_per_shard, max_side, seed, workers)
         probe = probe or splits[split].first
-    index = {"format": INDEX_FORMAT, "source": uri, "classes": classes, "channels": int(channels),
-             "image_size": probe_images(probe)[0], "samples_per_shard": samples_per_shard, "max_side": max_side,
-             "seed": seed, "splits": {s: w.written for s, w in splits.items()},
-             "skipped": {s: w.skipped for s, w in splits.items()}}
+    index = {
+        "format": INDEX_FORMAT,
+        "source": uri,
+        "classes": classes,
+        "channels": int(channels),
+        "image_size": probe_images(probe)[0],
+        "samples_per_shard": samples_per_shard,
+        "max_side": max_side,
+        "seed": seed,
+        "splits": {s: w.written for s, w in splits.items()},
+        "skipped": {s: w.skipped for s, w in splits.items()},
+    }
     temporary = out / f".{INDEX}.tmp"
     temporary.write_text(json.dumps(index, indent=1) + "\n")
     os.replace(temporary, out / INDEX)
-    return {"out": str(out), "splits": {s: {"shards": len(w.written), "samples": sum(e["count"] for e in w.written),
-                                            "skipped": w.skipped} for s, w in splits.items()}}
+    return {
+        "out": str(out),
+        "splits": {
+            s: {"shards": len(w.written), "samples": sum(e["count"] for e in w.written), "skipped": w.skipped}
+            for s, w in splits.items()
+        },
+    }

@@ -44,26 +44,67 @@ import numpy as np
 import torch
 
 from vitkit.data import large, readers
-from vitkit.data.holdout import (FIXED_TEST_FRACTION, FIXED_TEST_MAX, FIXED_TEST_SEED, fixed_test_fraction,
-                                 stratified_split)
-from vitkit.data.images import (MAX_PIXELS, BadImageError, DecompressionBombError, class_folders, decode_image,
-                                image_size as _header_size, scan_folder)
+from vitkit.data.holdout import (
+    FIXED_TEST_FRACTION,
+    FIXED_TEST_MAX,
+    FIXED_TEST_SEED,
+    fixed_test_fraction,
+    stratified_split,
+)
+from vitkit.data.images import (
+    MAX_PIXELS,
+    BadImageError,
+    DecompressionBombError,
+    class_folders,
+    decode_image,
+    scan_folder,
+)
+from vitkit.data.images import (
+    image_size as _header_size,
+)
+from vitkit.data.imageset import MAX_FILES_IN_MEMORY, EmptySplitError, ImageSet, SourceInfo, fits_in_memory
 from vitkit.data.inmemory import check_usable, materialise
 from vitkit.data.readers import DataFormatError
-from vitkit.data.imageset import MAX_FILES_IN_MEMORY, EmptySplitError, ImageSet, SourceInfo, fits_in_memory
 from vitkit.data.stream import ShardSet
 
-__all__ = ["ImageSet", "SourceInfo", "ShardSet", "parse_uri", "load_split", "describe", "decode_image",
-           "stratified_split", "mirror_keeps_label", "separate_val", "BadImageError", "DecompressionBombError",
-           "DataFormatError", "EmptySplitError", "KINDS", "MAX_FILES_IN_MEMORY", "FIXED_TEST_FRACTION",
-           "FIXED_TEST_MAX", "FIXED_TEST_SEED"]
+__all__ = [
+    "ImageSet",
+    "SourceInfo",
+    "ShardSet",
+    "parse_uri",
+    "load_split",
+    "describe",
+    "decode_image",
+    "stratified_split",
+    "mirror_keeps_label",
+    "separate_val",
+    "BadImageError",
+    "DecompressionBombError",
+    "DataFormatError",
+    "EmptySplitError",
+    "KINDS",
+    "MAX_FILES_IN_MEMORY",
+    "FIXED_TEST_FRACTION",
+    "FIXED_TEST_MAX",
+    "FIXED_TEST_SEED",
+]
 
 log = logging.getLogger(__name__)
 
 KINDS = ("digits", "mnist", "fashion-mnist", "cifar10", "cifar100", "folder", "npz", "wds", "hf")
 DEFAULT_FOLDER_SIZE = 224  # side a folder is decoded to when no image_size is given (the paper's resolution)
-FASHION_MNIST_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
-                         "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"]
+FASHION_MNIST_CLASSES = [
+    "T-shirt/top",
+    "Trouser",
+    "Pullover",
+    "Dress",
+    "Coat",
+    "Sandal",
+    "Shirt",
+    "Sneaker",
+    "Bag",
+    "Ankle boot",
+]
 CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 Split = Literal["train", "val", "test"]
 # Whether a left-right mirror keeps an image's label: not for digits; yes for clothes and natural images.
@@ -72,10 +113,12 @@ MIRROR_KEEPS_LABEL = {"digits": False, "mnist": False, "fashion-mnist": True, "c
 
 
 def parse_uri(uri: str) -> tuple[str, str]:
-    """"fashion-mnist:/x" -> ("fashion-mnist", "/x"); "digits" -> ("digits", "")."""
+    """ "fashion-mnist:/x" -> ("fashion-mnist", "/x"); "digits" -> ("digits", "")."""
     kind, _, path = uri.partition(":")
     if kind not in KINDS:
-        raise ValueError(f"unknown data source {uri!r}; expected one of {', '.join(k + ':' for k in KINDS)} (digits needs no path)")
+        raise ValueError(
+            f"unknown data source {uri!r}; expected one of {', '.join(k + ':' for k in KINDS)} (digits needs no path)"
+        )
     if kind != "digits" and not path:
         raise ValueError(f"data source {uri!r} needs a path: {kind}:PATH")
     if kind == "digits" and path:
@@ -91,8 +134,11 @@ def mirror_keeps_label(uri: str) -> bool | None:
 # --------------------------------------------------------------------------- one reader per kind
 def _in_memory(images: np.ndarray, labels: np.ndarray, class_names: list[str]) -> ImageSet:
     # A private copy: readers' arrays may be read-only buffers or shared by the in-process cache.
-    return ImageSet(images=torch.from_numpy(np.array(images, order="C")), labels=torch.from_numpy(labels.astype(np.int64)),
-                    class_names=class_names)
+    return ImageSet(
+        images=torch.from_numpy(np.array(images, order="C")),
+        labels=torch.from_numpy(labels.astype(np.int64)),
+        class_names=class_names,
+    )
 
 
 def _fixed_test_split(whole: ImageSet, part: str, where: str) -> ImageSet:
@@ -123,7 +169,9 @@ def _read_digits(part: str) -> ImageSet:
 def _read_idx(kind: str, root: Path, part: str) -> ImageSet:
     images, labels = _idx_cached(root, "t10k" if part == "test" else "train", _stamp(root))
     names = FASHION_MNIST_CLASSES if kind == "fashion-mnist" else [str(d) for d in range(10)]
-    return replace(_in_memory(images, labels, names), origin=f"{root} {'t10k' if part == 'test' else 'train'} IDX files")
+    return replace(
+        _in_memory(images, labels, names), origin=f"{root} {'t10k' if part == 'test' else 'train'} IDX files"
+    )
 
 
 def _stamp(root: Path) -> tuple:
@@ -155,13 +203,17 @@ def _read_cifar(kind: str, root: Path, part: str) -> ImageSet:
         class_names = readers.read_names(root / "fine_label_names.txt") or [str(i) for i in range(100)]
     images = np.concatenate([p[0] for p in parts])
     labels = np.concatenate([p[1] for p in parts])
-    return replace(_in_memory(images, labels, class_names), origin=f"{root} {'test' if part == 'test' else 'training'} batches")
+    return replace(
+        _in_memory(images, labels, class_names), origin=f"{root} {'test' if part == 'test' else 'training'} batches"
+    )
 
 
 def _read_npz(path: Path, part: str) -> ImageSet:
     arrays = readers.read_npz(path)
     if "x_train" in arrays:
-        images, labels = (arrays["x_test"], arrays["y_test"]) if part == "test" else (arrays["x_train"], arrays["y_train"])
+        images, labels = (
+            (arrays["x_test"], arrays["y_test"]) if part == "test" else (arrays["x_train"], arrays["y_train"])
+        )
         num = int(max(arrays["y_train"].max(initial=-1), arrays["y_test"].max(initial=-1))) + 1
     else:
         images, labels = arrays["images"], arrays["labels"]
@@ -196,14 +248,23 @@ def _read_folder(root: Path, part: str, size: int, channels: int) -> ImageSet:
     roots = _folder_roots(root)
     class_names = class_folders(roots["train"])
     if part == "val" and part not in roots:
-        raise ValueError(f"folder:{root} has no val split (no {root}/val directory); set data.val_fraction > 0 to "
-                         "hold out part of the training data (training does so itself when it evaluates as it goes)")
+        raise ValueError(
+            f"folder:{root} has no val split (no {root}/val directory); set data.val_fraction > 0 to "
+            "hold out part of the training data (training does so itself when it evaluates as it goes)"
+        )
     source = roots[part] if part in roots else roots["train"]
     files, labels = scan_folder(source, class_names)
     if not files:
         raise ValueError(f"{source}: no image files (.jpg, .png, ...) in its class folders")
-    found = ImageSet(images=None, files=files, labels=torch.tensor(labels, dtype=torch.int64), class_names=class_names,
-                     load_size=size, channels=channels, origin=str(source))
+    found = ImageSet(
+        images=None,
+        files=files,
+        labels=torch.tensor(labels, dtype=torch.int64),
+        class_names=class_names,
+        load_size=size,
+        channels=channels,
+        origin=str(source),
+    )
     return found if "test" in roots else _fixed_test_split(found, part, str(source))
 
 
@@ -217,8 +278,9 @@ def separate_val(uri: str) -> bool:
     return "val" in roots and roots["val"] != roots.get("test")
 
 
-def _read(kind: str, path: str, part: str, size: int, channels: int | None, columns: tuple[str, str]
-          ) -> ImageSet | ShardSet:
+def _read(
+    kind: str, path: str, part: str, size: int, channels: int | None, columns: tuple[str, str]
+) -> ImageSet | ShardSet:
     if kind == "digits":
         return _read_digits(part)
     if kind == "folder":
@@ -244,10 +306,21 @@ def _hold_out(whole: ImageSet | ShardSet, split: str, fraction: float, seed: int
     return whole.subset(keep if split == "train" else held)
 
 
-def load_split(uri: str, split: Split, *, image_size: int | None = None, val_fraction: float = 0.0, seed: int = 0,
-               strict: bool = False, max_in_memory_bytes: int = 2 << 30, channels: int | None = None,
-               num_workers: int | None = None, max_pixels: int = MAX_PIXELS, image_column: str = "",
-               label_column: str = "") -> ImageSet | ShardSet:
+def load_split(
+    uri: str,
+    split: Split,
+    *,
+    image_size: int | None = None,
+    val_fraction: float = 0.0,
+    seed: int = 0,
+    strict: bool = False,
+    max_in_memory_bytes: int = 2 << 30,
+    channels: int | None = None,
+    num_workers: int | None = None,
+    max_pixels: int = MAX_PIXELS,
+    image_column: str = "",
+    label_column: str = "",
+) -> ImageSet | ShardSet:
     """One split of the source named by `uri` (see the module docstring for the URIs, splits and `access`).
 
     Args:
@@ -275,33 +348,60 @@ def load_split(uri: str, split: Split, *, image_size: int | None = None, val_fra
         whole = _read(kind, path, "train", size, channels, columns)
         subset = _hold_out(whole, split, val_fraction, seed)
         how = "whole-shard" if isinstance(whole, ShardSet) else "class-stratified"
-        subset.origin = (f"{whole.origin} minus a {val_fraction:.1%} validation hold-out (seed {seed})"
-                         if split == "train" else f"a {val_fraction:.1%} {how} hold-out of {whole.origin} (seed {seed})")
+        subset.origin = (
+            f"{whole.origin} minus a {val_fraction:.1%} validation hold-out (seed {seed})"
+            if split == "train"
+            else f"a {val_fraction:.1%} {how} hold-out of {whole.origin} (seed {seed})"
+        )
     if isinstance(subset, ShardSet):
         subset.max_pixels = max_pixels  # checked by the workers that decode it
-    result, reasons = materialise(subset, strict=strict, max_in_memory_bytes=max_in_memory_bytes,
-                                  num_workers=num_workers, max_pixels=max_pixels)
+    result, reasons = materialise(
+        subset, strict=strict, max_in_memory_bytes=max_in_memory_bytes, num_workers=num_workers, max_pixels=max_pixels
+    )
     check_usable(result, uri, split, reasons, getattr(subset, "problems", []))
-    log.info("%s %s: %d images, %d classes, %s%s", uri, split, len(result), result.num_classes, ACCESS[result.access],
-             f", {result.skipped} bad files skipped" if result.skipped else "")
+    log.info(
+        "%s %s: %d images, %d classes, %s%s",
+        uri,
+        split,
+        len(result),
+        result.num_classes,
+        ACCESS[result.access],
+        f", {result.skipped} bad files skipped" if result.skipped else "",
+    )
     return result
 
 
-ACCESS = {"memory": "in memory", "files": "files decoded by DataLoader workers",
-          "stream": "streamed from shards by every process and worker"}
+ACCESS = {
+    "memory": "in memory",
+    "files": "files decoded by DataLoader workers",
+    "stream": "streamed from shards by every process and worker",
+}
 
 
-def describe(uri: str, *, image_size: int | None = None, max_in_memory_bytes: int = 2 << 30, image_column: str = "",
-             label_column: str = "") -> SourceInfo:
+def describe(
+    uri: str,
+    *,
+    image_size: int | None = None,
+    max_in_memory_bytes: int = 2 << 30,
+    image_column: str = "",
+    label_column: str = "",
+) -> SourceInfo:
     """Counts and sizes of a source from headers, listings and indexes (decodes no pixels, except digits' 100 KB)."""
     kind, path = parse_uri(uri)
     root, size = Path(path), image_size or DEFAULT_FOLDER_SIZE
     if kind == "digits":
-        return SourceInfo(uri=uri, num_train=len(_read_digits("train")), num_classes=10, image_size=8, channels=1,
-                          in_memory=True)
+        return SourceInfo(
+            uri=uri, num_train=len(_read_digits("train")), num_classes=10, image_size=8, channels=1, in_memory=True
+        )
     if kind in ("mnist", "fashion-mnist"):
-        return SourceInfo(uri=uri, num_train=readers.idx_count(root, "train"), num_classes=10, image_size=28,
-                          channels=1, in_memory=True)
+        return SourceInfo(
+            uri=uri,
+            num_train=readers.idx_count(root, "train"),
+            num_classes=10,
+            image_size=28,
+            channels=1,
+            in_memory=True,
+        )
     if kind == "cifar10":
         root = _cifar_dir(root, "cifar-10-batches-bin")
         count = sum(readers.cifar_count(root / f"data_batch_{i}.bin", 1) for i in range(1, 6))
@@ -320,15 +420,24 @@ def describe(uri: str, *, image_size: int | None = None, max_in_memory_bytes: in
     sides = sorted(min(s) for s in map(_header_size, sample) if s)
     typical = sides[len(sides) // 2] if sides else 0
     fits = fits_in_memory(len(part), 3, size, max_in_memory_bytes)
-    return SourceInfo(uri=uri, num_train=len(part), num_classes=part.num_classes, image_size=typical, channels=3,
-                      in_memory=fits, access="memory" if fits else "files")
+    return SourceInfo(
+        uri=uri,
+        num_train=len(part),
+        num_classes=part.num_classes,
+        image_size=typical,
+        channels=3,
+        in_memory=fits,
+        access="memory" if fits else "files",
+    )
 
 
 def _describe_npz(uri: str, path: Path) -> SourceInfo:
     shapes = readers.npz_shapes(path)
     key = "x_train" if "x_train" in shapes else "images"
     if key not in shapes:
-        raise DataFormatError(f"{path}: holds {sorted(shapes)}; expected x_train, y_train, x_test, y_test or images, labels")
+        raise DataFormatError(
+            f"{path}: holds {sorted(shapes)}; expected x_train, y_train, x_test, y_test or images, labels"
+        )
     shape = shapes[key]
     nchw = len(shape) == 4 and shape[1] in (1, 3) and shape[3] not in (1, 3)
     channels = 1 if len(shape) == 3 else (shape[1] if nchw else shape[3])
@@ -341,5 +450,11 @@ def _describe_npz(uri: str, path: Path) -> SourceInfo:
         else:
             num_train = shape[0]
             num_classes = int(max(archive["y_train"].max(initial=-1), archive["y_test"].max(initial=-1))) + 1
-    return SourceInfo(uri=uri, num_train=num_train, num_classes=num_classes, image_size=int(side),
-                      channels=int(channels), in_memory=True)
+    return SourceInfo(
+        uri=uri,
+        num_train=num_train,
+        num_classes=num_classes,
+        image_size=int(side),
+        channels=int(channels),
+        in_memory=True,
+    )

@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any, ClassVar, Iterator, NamedTuple, Protocol, runtime_checkable
+from typing import Any, ClassVar, NamedTuple, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -113,16 +114,20 @@ class ShardSet:
 
     @property
     def labels(self) -> Tensor:
-        raise ValueError("a streamed split (tar shards, Parquet) has no label index in memory; this use needs a "
-                         "random-access source (folder:, hf: Arrow) or a split small enough to be decoded "
-                         "(data.max_in_memory_mb)")
+        raise ValueError(
+            "a streamed split (tar shards, Parquet) has no label index in memory; this use needs a "
+            "random-access source (folder:, hf: Arrow) or a split small enough to be decoded "
+            "(data.max_in_memory_mb)"
+        )
 
     def hold_out(self, fraction: float, seed: int) -> tuple[ShardSet, ShardSet]:
         """(kept, held): round(fraction x units) whole units held out, chosen by `seed` (not class-stratified)."""
         count = len(self.units)
         if count < 2:
-            raise ValueError(f"val_fraction > 0 holds out whole shards, and this split has only {count}; "
-                             "write more shards (vitkit shard --samples-per-shard) or a separate val split")
+            raise ValueError(
+                f"val_fraction > 0 holds out whole shards, and this split has only {count}; "
+                "write more shards (vitkit shard --samples-per-shard) or a separate val split"
+            )
         held_count = min(max(round(fraction * count), 1), count - 1)
         order = torch.randperm(count, generator=torch.Generator().manual_seed(seed)).tolist()
         held, kept = sorted(order[:held_count]), sorted(order[held_count:])
@@ -152,8 +157,11 @@ def decode_samples(samples: list[Sample], data: ShardSet, strict: bool) -> tuple
         problem = sample_problem(sample, data.num_classes)
         if not problem:
             try:
-                images.append(decode_image(sample.image, data.channels, size=data.load_size, max_pixels=data.max_pixels,
-                                           name=sample.key))
+                images.append(
+                    decode_image(
+                        sample.image, data.channels, size=data.load_size, max_pixels=data.max_pixels, name=sample.key
+                    )
+                )
                 labels.append(sample.label)
                 continue
             except BadImageError as error:
@@ -262,8 +270,19 @@ def _fetch(reader: Reader, units: list[Unit], starts: list[int], indices: list[i
 class _LaneBatches(IterableDataset):
     """Decoded micro-batches of this worker's lane, endlessly (DataLoader worker w plays lane (M + w) mod N)."""
 
-    def __init__(self, data: ShardSet, *, seed: int, rank: int, world: int, lanes: int, window: int, micro: int,
-                 start: int, strict: bool):
+    def __init__(
+        self,
+        data: ShardSet,
+        *,
+        seed: int,
+        rank: int,
+        world: int,
+        lanes: int,
+        window: int,
+        micro: int,
+        start: int,
+        strict: bool,
+    ):
         self.data, self.seed, self.rank, self.world, self.lanes = data, seed, rank, world, lanes
         self.window, self.micro, self.start, self.strict = window, micro, start, strict
 
@@ -271,8 +290,14 @@ class _LaneBatches(IterableDataset):
         worker = get_worker_info()
         logical = (self.start + (worker.id if worker else 0)) % self.lanes
         done = max(0, -(-(self.start - logical) // self.lanes))  # micro-batches this lane gave before `start`
-        samples = lane_samples(self.data, self.seed, self.rank * self.lanes + logical, self.world * self.lanes,
-                               self.window, done * self.micro)
+        samples = lane_samples(
+            self.data,
+            self.seed,
+            self.rank * self.lanes + logical,
+            self.world * self.lanes,
+            self.window,
+            done * self.micro,
+        )
         while True:
             yield decode_samples([next(samples) for _ in range(self.micro)], self.data, self.strict)
 
@@ -280,36 +305,62 @@ class _LaneBatches(IterableDataset):
 class ShardBatches:
     """TrainBatches over a ShardSet: this process's lanes, decoded by DataLoader workers (see the module doc)."""
 
-    def __init__(self, data: ShardSet, *, seed: int, global_batch: int, rank: int, world: int, micro_batch: int,
-                 device: torch.device, workers: int, strict: bool, window: int = WINDOW, total_steps: int = 0):
+    def __init__(
+        self,
+        data: ShardSet,
+        *,
+        seed: int,
+        global_batch: int,
+        rank: int,
+        world: int,
+        micro_batch: int,
+        device: torch.device,
+        workers: int,
+        strict: bool,
+        window: int = WINDOW,
+        total_steps: int = 0,
+    ):
         # total_steps: accepted for the trainer's uniform call; a stream is endless, the trainer stops it
         if global_batch % world or (global_batch // world) % micro_batch:
-            raise ValueError(f"global batch {global_batch} does not split into {world} processes x micro-batches "
-                             f"of {micro_batch}")
+            raise ValueError(
+                f"global batch {global_batch} does not split into {world} processes x micro-batches of {micro_batch}"
+            )
         self.data, self.seed, self.rank, self.world, self.micro = data, seed, rank, world, micro_batch
         self.accum = global_batch // world // micro_batch
         self.device, self.workers, self.strict, self.window = device, workers, strict, window
         self.skipped, self._step = 0, 0
 
     def _layout(self) -> dict[str, Any]:
-        return {"kind": STATE_KIND, "seed": self.seed, "processes": self.world, "lanes_per_process": max(1, self.workers),
-                "micro_batch": self.micro, "micro_batches_per_step": self.accum, "window": self.window,
-                "units": len(self.data.units), "samples": len(self.data)}
+        return {
+            "kind": STATE_KIND,
+            "seed": self.seed,
+            "processes": self.world,
+            "lanes_per_process": max(1, self.workers),
+            "micro_batch": self.micro,
+            "micro_batches_per_step": self.accum,
+            "window": self.window,
+            "units": len(self.data.units),
+            "samples": len(self.data),
+        }
 
     @property
     def path(self) -> str:
         """How the data arrives, for the plan."""
-        return (f"streamed from {len(self.data.units)} shard(s) by {self.world} process(es) x "
-                f"{max(1, self.workers)} DataLoader lane(s), shuffled within {self.window} samples")
+        return (
+            f"streamed from {len(self.data.units)} shard(s) by {self.world} process(es) x "
+            f"{max(1, self.workers)} DataLoader lane(s), shuffled within {self.window} samples"
+        )
 
     def state_dict(self) -> dict[str, Any]:
         return {**self._layout(), "step": self._step}
 
     def _nothing_usable(self, run: int) -> str:
         damage = "; ".join(self.data.problems[:3])
-        return (f"the training split ({self.data.origin or 'streamed'}, {len(self.data):,} samples) has no usable "
-                f"sample: the last {run:,} read were all skipped as corrupt (each is named in the log)"
-                + (f"; {damage}" if damage else ""))
+        return (
+            f"the training split ({self.data.origin or 'streamed'}, {len(self.data):,} samples) has no usable "
+            f"sample: the last {run:,} read were all skipped as corrupt (each is named in the log)"
+            + (f"; {damage}" if damage else "")
+        )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if "kind" not in state:  # a checkpoint that kept only the step (written before the stream's state)
@@ -318,17 +369,35 @@ class ShardBatches:
         ours = self._layout()
         changed = [f"{key} {state.get(key)!r} -> {value!r}" for key, value in ours.items() if state.get(key) != value]
         if changed:
-            raise ValueError("cannot resume the shard stream exactly: its layout changed (" + ", ".join(changed) +
-                             "); resume with the same number of processes, data.workers and shards, or start a "
-                             "new run with run.init_from")
+            raise ValueError(
+                "cannot resume the shard stream exactly: its layout changed ("
+                + ", ".join(changed)
+                + "); resume with the same number of processes, data.workers and shards, or start a "
+                "new run with run.init_from"
+            )
         self._step = int(state["step"])
 
     def __iter__(self) -> Iterator[list[tuple[Tensor, Tensor]]]:
         lanes = max(1, self.workers)
-        dataset = _LaneBatches(self.data, seed=self.seed, rank=self.rank, world=self.world, lanes=lanes,
-                               window=self.window, micro=self.micro, start=self._step * self.accum, strict=self.strict)
-        loader = DataLoader(dataset, batch_size=None, num_workers=self.workers, pin_memory=self.device.type == "cuda",
-                            prefetch_factor=2 if self.workers else None, generator=own_generator())
+        dataset = _LaneBatches(
+            self.data,
+            seed=self.seed,
+            rank=self.rank,
+            world=self.world,
+            lanes=lanes,
+            window=self.window,
+            micro=self.micro,
+            start=self._step * self.accum,
+            strict=self.strict,
+        )
+        loader = DataLoader(
+            dataset,
+            batch_size=None,
+            num_workers=self.workers,
+            pin_memory=self.device.type == "cuda",
+            prefetch_factor=2 if self.workers else None,
+            generator=own_generator(),
+        )
         step: list[tuple[Tensor, Tensor]] = []
         run = 0  # corrupt samples read one after another
         for images, labels, bad in loader:
@@ -352,7 +421,7 @@ class _EvalSamples(IterableDataset):
 
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor, int]]:
         worker = get_worker_info()
-        mine = self.units[worker.id::worker.num_workers] if worker else self.units
+        mine = self.units[worker.id :: worker.num_workers] if worker else self.units
         batch: list[Sample] = []
         for unit in mine:
             for _, sample in self.data.reader.samples(unit):
@@ -364,13 +433,25 @@ class _EvalSamples(IterableDataset):
             yield decode_samples(batch, self.data, self.strict)
 
 
-def eval_batches(data: ShardSet, batch_size: int, device: torch.device, *, rank: int = 0, world: int = 1,
-                 workers: int = 0, strict: bool = False) -> Iterator[tuple[Tensor, Tensor]]:
+def eval_batches(
+    data: ShardSet,
+    batch_size: int,
+    device: torch.device,
+    *,
+    rank: int = 0,
+    world: int = 1,
+    workers: int = 0,
+    strict: bool = False,
+) -> Iterator[tuple[Tensor, Tensor]]:
     """This process's share (units rank, rank + W, ...) of a streamed split, every sample once, in batches."""
     units = data.units[rank::world]
-    loader = DataLoader(_EvalSamples(data, units, batch_size, strict), batch_size=None,
-                        num_workers=min(workers, len(units)), pin_memory=device.type == "cuda",
-                        generator=own_generator())
+    loader = DataLoader(
+        _EvalSamples(data, units, batch_size, strict),
+        batch_size=None,
+        num_workers=min(workers, len(units)),
+        pin_memory=device.type == "cuda",
+        generator=own_generator(),
+    )
     for images, labels, _ in loader:
         if len(labels):
             yield images.to(device, non_blocking=True), labels.to(device, non_blocking=True)

@@ -39,7 +39,7 @@ def fraction_subset(train: ImageSet, fraction: float) -> ImageSet:
     """A fixed class-stratified `fraction` of the training split (every class keeps at least one image)."""
     if fraction >= 1.0:
         return train
-    keep = [order[:max(1, round(fraction * len(order)))] for order in class_orders(train.labels)]
+    keep = [order[: max(1, round(fraction * len(order)))] for order in class_orders(train.labels)]
     part = train.subset(torch.cat(keep).sort().values)
     part.origin = f"a fixed {fraction:.1%} class-stratified part of {train.origin}"
     return part
@@ -50,11 +50,16 @@ def per_class_subset(train: ImageSet, count: int) -> ImageSet:
     orders = class_orders(train.labels)
     short = [(train.class_names[int(train.labels[o[0]])], len(o)) for o in orders if len(o) < count]
     if short:
-        log.warning("%d class(es) have fewer than %d training images (e.g. %s: %d); they keep all they have",
-                    len(short), count, *short[0])
+        log.warning(
+            "%d class(es) have fewer than %d training images (e.g. %s: %d); they keep all they have",
+            len(short),
+            count,
+            *short[0],
+        )
     part = train.subset(torch.cat([order[:count] for order in orders]).sort().values)
     part.origin = f"a fixed {count:,} images per class of {train.origin}" + (
-        f" ({len(short)} class(es) have fewer)" if short else "")
+        f" ({len(short)} class(es) have fewer)" if short else ""
+    )
     return part
 
 
@@ -65,6 +70,9 @@ def labelled_parts(train: ImageSet, count: int, val_fraction: float, seed: int) 
     if val_fraction <= 0:
         return part, None
     keep, held = stratified_split(part.labels, val_fraction, seed)
-    return (replace(part.subset(keep), origin=f"{part.origin} minus a {val_fraction:.0%} validation hold-out"),
-            replace(part.subset(held), origin=f"a {val_fraction:.0%} class-stratified hold-out (seed {seed}) of "
-                                              f"{part.origin}"))
+    return (
+        replace(part.subset(keep), origin=f"{part.origin} minus a {val_fraction:.0%} validation hold-out"),
+        replace(
+            part.subset(held), origin=f"a {val_fraction:.0%} class-stratified hold-out (seed {seed}) of {part.origin}"
+        ),
+    )

@@ -69,7 +69,7 @@ def _pax_path(records: bytes, position: int) -> bytes | None:
         length = records[start:space]
         if not length.isdigit() or int(length) <= space - start or start + int(length) > len(records):
             raise TarFormatError(f"damaged pax header at byte {position} (record length {bytes(length[:20])!r})")
-        key, _, value = records[space + 1:start + int(length) - 1].partition(b"=")
+        key, _, value = records[space + 1 : start + int(length) - 1].partition(b"=")
         if key == b"path":
             return value
         start += int(length)
@@ -101,13 +101,16 @@ def tar_members(handle: BinaryIO) -> Iterator[Member]:
         size, kind = _number(header[124:136], position), header[156:157]
         name, data = _header_name(header, long_name), position + BLOCK
         if size > end - data:
-            raise TarFormatError(f"member {name.decode('utf-8', 'replace')!r} (type {kind!r}) at byte {position} "
-                                 f"claims {size:,} bytes, but the file has {end - data:,} bytes after its header")
+            raise TarFormatError(
+                f"member {name.decode('utf-8', 'replace')!r} (type {kind!r}) at byte {position} "
+                f"claims {size:,} bytes, but the file has {end - data:,} bytes after its header"
+            )
         position = data + -(-size // BLOCK) * BLOCK
         if kind in EXTENDED:
             if size > MAX_EXTENDED:
-                raise TarFormatError(f"extended header of {size:,} bytes at byte {data - BLOCK} "
-                                     f"(limit {MAX_EXTENDED:,})")
+                raise TarFormatError(
+                    f"extended header of {size:,} bytes at byte {data - BLOCK} (limit {MAX_EXTENDED:,})"
+                )
             extra = read_member(handle, Member("(extended header)", data, size))
             long_name = extra.split(b"\0", 1)[0] if kind == b"L" else (_pax_path(extra, data) or long_name)
             continue

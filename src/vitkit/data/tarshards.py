@@ -26,8 +26,9 @@ import json
 import logging
 import re
 from array import array
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, BinaryIO, Iterator
+from typing import Any, BinaryIO
 
 from vitkit.data.images import IMAGE_EXTENSIONS
 from vitkit.data.stream import Sample, Unit
@@ -64,7 +65,7 @@ def expand_braces(pattern: str) -> list[str]:
             break
     else:
         raise ValueError(f"unbalanced braces in shard pattern {pattern!r}")
-    body, rest = pattern[start + 1:end], pattern[end + 1:]
+    body, rest = pattern[start + 1 : end], pattern[end + 1 :]
     ranged = _RANGE.match(body)
     if ranged:
         first, last = int(ranged[1]), int(ranged[2])
@@ -75,8 +76,12 @@ def expand_braces(pattern: str) -> list[str]:
         options = [f"{n:0{width}d}" for n in range(first, last + step, step)]
     else:
         options = _top_level_split(body)
-    return [head + tail for option in options for head in expand_braces(pattern[:start] + option)
-            for tail in expand_braces(rest)]
+    return [
+        head + tail
+        for option in options
+        for head in expand_braces(pattern[:start] + option)
+        for tail in expand_braces(rest)
+    ]
 
 
 def _top_level_split(body: str) -> list[str]:
@@ -92,7 +97,7 @@ def _top_level_split(body: str) -> list[str]:
 
 
 def _split_name(name: str) -> tuple[str, str] | None:
-    """"dir/abc.input.jpg" -> ("dir/abc", "input.jpg"); a name without an extension is no sample member."""
+    """ "dir/abc.input.jpg" -> ("dir/abc", "input.jpg"); a name without an extension is no sample member."""
     folder, _, base = name.rpartition("/")
     stem, dot, ext = base.partition(".")
     if not dot or not stem:
@@ -122,8 +127,9 @@ def _parse_label(ext: str, data: bytes) -> int:
 def _assemble(key: str, members: list[tuple[str, Member]], handle: BinaryIO) -> Sample:
     """Image bytes and label of one group of members (or what is wrong with it)."""
     image = next((m for ext, m in members if ext.rsplit(".", 1)[-1] in _IMAGE_EXTS), None)
-    label = next(((ext, m) for ext, m in members if ext.rsplit(".", 1)[-1] == "cls"), None) or \
-        next(((ext, m) for ext, m in members if ext.rsplit(".", 1)[-1] == "json"), None)
+    label = next(((ext, m) for ext, m in members if ext.rsplit(".", 1)[-1] == "cls"), None) or next(
+        ((ext, m) for ext, m in members if ext.rsplit(".", 1)[-1] == "json"), None
+    )
     if image is None or label is None:
         return Sample(key, None, None, f"no {'image' if image is None else 'label (.cls or .json)'} member")
     if label[1].size > MAX_LABEL_BYTES or image.size > MAX_IMAGE_BYTES:
@@ -186,8 +192,10 @@ class TarReader:
             with open(unit.path, "rb") as handle:
                 for index, (key, members) in enumerate(_groups(handle)):
                     if index >= unit.count:
-                        _name_once(unit.path, f"{unit.path} holds more samples than its index says ({unit.count}); "
-                                              "ignoring the rest")
+                        _name_once(
+                            unit.path,
+                            f"{unit.path} holds more samples than its index says ({unit.count}); ignoring the rest",
+                        )
                         return
                     if index >= start and (wanted is None or index in wanted):
                         yield index, _assemble(f"{unit.path}:{key}", members, handle)
@@ -197,7 +205,10 @@ class TarReader:
             _name_once(unit.path, f"{unit.path}: {problem}; its remaining samples count as corrupt")
         for index in range(max(seen, start), unit.count):  # the shard ended (or broke) before its count
             if wanted is None or index in wanted:
-                yield index, Sample(f"{unit.path}#{index}", None, None, problem or f"the shard ends before sample {index}")
+                yield (
+                    index,
+                    Sample(f"{unit.path}#{index}", None, None, problem or f"the shard ends before sample {index}"),
+                )
 
 
 # --------------------------------------------------------------------------- discovery and splits
@@ -212,8 +223,9 @@ def _shard_files(spec: str) -> tuple[Path, list[Path], bool]:
             elif part.is_file():
                 files.append(part)
             else:
-                raise FileNotFoundError(f"wds:{spec}: shard {part} of the pattern does not exist "
-                                        f"({len(expanded)} names in the pattern)")
+                raise FileNotFoundError(
+                    f"wds:{spec}: shard {part} of the pattern does not exist ({len(expanded)} names in the pattern)"
+                )
         files = list(dict.fromkeys(files))
         if not files:
             raise FileNotFoundError(f"wds:{spec}: the pattern matches no shard")
@@ -238,8 +250,9 @@ def read_index(directory: Path) -> dict[str, Any] | None:
     if not isinstance(index, dict) or not isinstance(index.get("splits"), dict):
         raise ValueError(f"{path}: expected an object with a 'splits' mapping (as `vitkit shard` writes)")
     classes, channels, side = index.get("classes"), index.get("channels"), index.get("image_size")
-    if classes is not None and not (isinstance(classes, list) and all(isinstance(c, str) for c in classes)
-                                    and 0 < len(classes) <= MAX_CLASSES):
+    if classes is not None and not (
+        isinstance(classes, list) and all(isinstance(c, str) for c in classes) and 0 < len(classes) <= MAX_CLASSES
+    ):
         raise ValueError(f"{path}: 'classes' must be a list of 1..{MAX_CLASSES:,} names")
     if channels not in (None, 1, 3) or isinstance(channels, bool):
         raise ValueError(f"{path}: 'channels' must be 1 or 3, got {channels!r:.40}")
@@ -327,8 +340,10 @@ def _entry(directory: Path, split: str, entry: Any) -> tuple[Path, int]:
     shard, count = (entry.get("shard"), entry.get("count")) if isinstance(entry, dict) else (None, None)
     inside = isinstance(shard, str) and shard and not Path(shard).is_absolute() and ".." not in Path(shard).parts
     if not inside or isinstance(count, bool) or not isinstance(count, int) or count < 0:
-        raise ValueError(f"{directory / INDEX}: bad entry {str(entry)[:80]!r} in the {split} split (expected "
-                         '{"shard": NAME inside the directory, "count": N >= 0})')
+        raise ValueError(
+            f"{directory / INDEX}: bad entry {str(entry)[:80]!r} in the {split} split (expected "
+            '{"shard": NAME inside the directory, "count": N >= 0})'
+        )
     return directory / shard, count
 
 
@@ -336,7 +351,9 @@ def _indexed(directory: Path, index: dict[str, Any]) -> dict[str, list[tuple[Pat
     splits = {}
     for name, entries in index["splits"].items():
         if name not in ("train", "val", "test") or not isinstance(entries, list):
-            raise ValueError(f"{directory / INDEX}: split {name!r} must be train, val or test, holding a list of shards")
+            raise ValueError(
+                f"{directory / INDEX}: split {name!r} must be train, val or test, holding a list of shards"
+            )
         splits[name] = [_entry(directory, name, entry) for entry in entries]
     return splits
 
@@ -350,8 +367,10 @@ def _unit(spec: str, split: str, path: Path, count: int) -> Unit:
         return Unit(str(path), scan_shard(path)[0])
     room = path.stat().st_size // (2 * BLOCK)  # a sample takes at least two 512-byte headers
     if count > room + MAX_MISSING:
-        raise ValueError(f"wds:{spec}: {INDEX} says {path} holds {count:,} samples; its {path.stat().st_size:,} "
-                         f"bytes hold at most {room:,}")
+        raise ValueError(
+            f"wds:{spec}: {INDEX} says {path} holds {count:,} samples; its {path.stat().st_size:,} "
+            f"bytes hold at most {room:,}"
+        )
     return Unit(str(path), count)
 
 
@@ -362,8 +381,10 @@ def split_units(spec: str) -> tuple[dict[str, list[Unit]], list[str] | None, dic
     if index is not None:
         counted = _indexed(directory, index)
     else:
-        counted = {name: [(p, -1) for p in paths] for name, paths in _by_prefix(sorted(directory.glob("*.tar"))
-                                                                                  if pattern else files).items()}
+        counted = {
+            name: [(p, -1) for p in paths]
+            for name, paths in _by_prefix(sorted(directory.glob("*.tar")) if pattern else files).items()
+        }
     if pattern:  # the pattern's shards are the training split
         known = {str(p): c for p, c in counted.get("train", [])}
         counted["train"] = [(p, known.get(str(p), -1)) for p in files]

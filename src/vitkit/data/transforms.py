@@ -18,8 +18,9 @@ rounded after each resampling, as a uint8 pipeline would.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -27,9 +28,23 @@ from torch import Tensor
 
 from vitkit.data.randaugment import rand_augment
 
-__all__ = ["AugmentConfig", "to_float", "resize", "eval_transform", "train_transform", "inception_crop",
-           "pad_crop", "random_flip", "random_erase", "one_hot", "mixup", "cutmix", "sample_beta", "expand_channels",
-           "describe_augment"]
+__all__ = [
+    "AugmentConfig",
+    "to_float",
+    "resize",
+    "eval_transform",
+    "train_transform",
+    "inception_crop",
+    "pad_crop",
+    "random_flip",
+    "random_erase",
+    "one_hot",
+    "mixup",
+    "cutmix",
+    "sample_beta",
+    "expand_channels",
+    "describe_augment",
+]
 
 MEAN = (0.5, 0.5, 0.5)  # official ViT normalisation: x / 127.5 - 1
 STD = (0.5, 0.5, 0.5)
@@ -62,26 +77,37 @@ class AugmentConfig:
             raise ValueError(f"crop_ratio must satisfy 0 < low <= high, got {self.crop_ratio}")
         if self.pad < 0:
             raise ValueError(f"pad must be >= 0, got {self.pad}")
-        if self.randaugment is not None and (len(self.randaugment) != 2 or self.randaugment[0] < 0 or self.randaugment[1] < 0):
+        if self.randaugment is not None and (
+            len(self.randaugment) != 2 or self.randaugment[0] < 0 or self.randaugment[1] < 0
+        ):
             raise ValueError(f"randaugment must be (num_ops >= 0, magnitude >= 0), got {self.randaugment}")
         if self.mixup < 0 or self.cutmix < 0:
             raise ValueError("mixup and cutmix alphas must be >= 0")
         if not 0 <= self.erasing <= 1 or not 0 < self.erasing_scale[0] <= self.erasing_scale[1] <= 1:
-            raise ValueError(f"erasing must be in [0, 1] and 0 < erasing_scale low <= high <= 1, got "
-                             f"{self.erasing}, {self.erasing_scale}")
+            raise ValueError(
+                f"erasing must be in [0, 1] and 0 < erasing_scale low <= high <= 1, got "
+                f"{self.erasing}, {self.erasing_scale}"
+            )
         if not 0 <= self.label_smoothing < 1:
             raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
 
 
 def describe_augment(config: AugmentConfig) -> list[str]:
     """The augmentations a config runs, in words (the plan printed before training lists them)."""
-    crop = {"inception": f"inception crop (area {config.crop_scale[0]:g}-{config.crop_scale[1]:g})",
-            "pad": f"pad-and-crop ({config.pad} px)", "none": ""}[config.crop]
-    parts = [crop, "horizontal flip" if config.flip else "no flip",
-             f"RandAugment {config.randaugment[0]} ops at magnitude {config.randaugment[1]}" if config.randaugment else "",
-             f"Mixup {config.mixup:g}" if config.mixup else "", f"CutMix {config.cutmix:g}" if config.cutmix else "",
-             f"random erasing p={config.erasing:g}" if config.erasing else "",
-             f"label smoothing {config.label_smoothing:g}" if config.label_smoothing else ""]
+    crop = {
+        "inception": f"inception crop (area {config.crop_scale[0]:g}-{config.crop_scale[1]:g})",
+        "pad": f"pad-and-crop ({config.pad} px)",
+        "none": "",
+    }[config.crop]
+    parts = [
+        crop,
+        "horizontal flip" if config.flip else "no flip",
+        f"RandAugment {config.randaugment[0]} ops at magnitude {config.randaugment[1]}" if config.randaugment else "",
+        f"Mixup {config.mixup:g}" if config.mixup else "",
+        f"CutMix {config.cutmix:g}" if config.cutmix else "",
+        f"random erasing p={config.erasing:g}" if config.erasing else "",
+        f"label smoothing {config.label_smoothing:g}" if config.label_smoothing else "",
+    ]
     return [part for part in parts if part]
 
 
@@ -117,8 +143,9 @@ def _normalise(pixels: Tensor, mean: Sequence[float], std: Sequence[float]) -> T
     return (pixels - mean_t.view(1, -1, 1, 1)).div_(std_t.view(1, -1, 1, 1))  # uint8 - float32 -> float32
 
 
-def to_float(images_uint8: Tensor, mean: Sequence[float] = MEAN, std: Sequence[float] = STD,
-             channels: int | None = None) -> Tensor:
+def to_float(
+    images_uint8: Tensor, mean: Sequence[float] = MEAN, std: Sequence[float] = STD, channels: int | None = None
+) -> Tensor:
     """uint8 (B, C, H, W) -> float32 (B, channels or C, H, W) = (x / 255 - mean) / std.
 
     mean and std are in [0, 1] pixel units: one value, one per output channel, or (all equal) any count.
@@ -150,11 +177,16 @@ def _center_square(images: Tensor, size: int) -> Tensor:
     new_h, new_w = max(size, round(height * scale)), max(size, round(width * scale))
     out = F.interpolate(images.float(), size=(new_h, new_w), mode="bilinear", align_corners=False, antialias=True)
     top, left = (new_h - size) // 2, (new_w - size) // 2
-    return out[..., top:top + size, left:left + size]
+    return out[..., top : top + size, left : left + size]
 
 
-def eval_transform(images_uint8: Tensor, size: int, mean: Sequence[float] = MEAN, std: Sequence[float] = STD,
-                   channels: int | None = None) -> Tensor:
+def eval_transform(
+    images_uint8: Tensor,
+    size: int,
+    mean: Sequence[float] = MEAN,
+    std: Sequence[float] = STD,
+    channels: int | None = None,
+) -> Tensor:
     """Deterministic evaluation input: resize (shorter side + centre crop if not square) and normalise."""
     pixels = _center_square(images_uint8, size)
     if pixels.dtype != torch.uint8:
@@ -166,8 +198,15 @@ def _uniform(shape: tuple[int, ...], generator: torch.Generator, device: torch.d
     return torch.rand(shape, generator=generator, device=device)
 
 
-def inception_crop(images: Tensor, size: int, generator: torch.Generator, *, scale: tuple[float, float] = (0.08, 1.0),
-                   ratio: tuple[float, float] = (3 / 4, 4 / 3), flip: float = 0.0) -> Tensor:
+def inception_crop(
+    images: Tensor,
+    size: int,
+    generator: torch.Generator,
+    *,
+    scale: tuple[float, float] = (0.08, 1.0),
+    ratio: tuple[float, float] = (3 / 4, 4 / 3),
+    flip: float = 0.0,
+) -> Tensor:
     """Random resized ("inception") crop of every image to (size, size), float 0..255 out.
 
     For each image, up to 10 candidate boxes with area fraction ~ U(scale) and aspect ratio w/h ~
@@ -194,8 +233,12 @@ def inception_crop(images: Tensor, size: int, generator: torch.Generator, *, sca
     crop_w, crop_h = crop_w.gather(1, first)[:, 0], crop_h.gather(1, first)[:, 0]
     # Fallback: centre crop of the whole image with its aspect ratio clamped into `ratio`.
     image_ratio = width / height
-    fallback_w = width if ratio[0] <= image_ratio <= ratio[1] else (height * ratio[1] if image_ratio > ratio[1] else width)
-    fallback_h = height if ratio[0] <= image_ratio <= ratio[1] else (height if image_ratio > ratio[1] else width / ratio[0])
+    fallback_w = (
+        width if ratio[0] <= image_ratio <= ratio[1] else (height * ratio[1] if image_ratio > ratio[1] else width)
+    )
+    fallback_h = (
+        height if ratio[0] <= image_ratio <= ratio[1] else (height if image_ratio > ratio[1] else width / ratio[0])
+    )
     crop_w = torch.where(any_fit, crop_w, torch.full_like(crop_w, fallback_w))
     crop_h = torch.where(any_fit, crop_h, torch.full_like(crop_h, fallback_h))
     offsets = _uniform((batch, 2), generator, device)
@@ -221,9 +264,17 @@ def inception_crop(images: Tensor, size: int, generator: torch.Generator, *, sca
     for level in range(int(levels.max()) + 1):
         index = torch.nonzero(levels == level).flatten()
         if index.numel():
-            scaled = source[index] if level == 0 else F.interpolate(
-                source[index], size=(height >> level, width >> level), mode="bilinear", align_corners=False,
-                antialias=True)
+            scaled = (
+                source[index]
+                if level == 0
+                else F.interpolate(
+                    source[index],
+                    size=(height >> level, width >> level),
+                    mode="bilinear",
+                    align_corners=False,
+                    antialias=True,
+                )
+            )
             out[index] = F.grid_sample(scaled, grid[index], mode="bilinear", padding_mode="border", align_corners=False)
     return out.round_()
 
@@ -257,8 +308,14 @@ def random_flip(images: Tensor, generator: torch.Generator, p: float = 0.5) -> t
     return out, flipped
 
 
-def random_erase(images: Tensor, p: float, generator: torch.Generator, *, scale: tuple[float, float] = (0.02, 1 / 3),
-                 ratio: tuple[float, float] = (0.3, 1 / 0.3)) -> Tensor:
+def random_erase(
+    images: Tensor,
+    p: float,
+    generator: torch.Generator,
+    *,
+    scale: tuple[float, float] = (0.02, 1 / 3),
+    ratio: tuple[float, float] = (0.3, 1 / 0.3),
+) -> Tensor:
     """Random erasing (Zhong et al. 2020) of normalised images: with probability p per image, one box
     of area fraction U(scale) and aspect ratio log-uniform in `ratio` (clipped to the image) is
     replaced by N(0, 1) noise, per pixel and channel."""
@@ -351,10 +408,17 @@ def cutmix(images: Tensor, targets: Tensor, alpha: float, generator: torch.Gener
 
 
 # ---------------------------------------------------------------------------------- pipeline
-def train_transform(images_uint8: Tensor, labels: Tensor, num_classes: int, size: int,
-                    mean: Sequence[float] = MEAN, std: Sequence[float] = STD, channels: int | None = None,
-                    config: AugmentConfig = AugmentConfig(), generator: torch.Generator | None = None
-                    ) -> tuple[Tensor, Tensor]:
+def train_transform(
+    images_uint8: Tensor,
+    labels: Tensor,
+    num_classes: int,
+    size: int,
+    mean: Sequence[float] = MEAN,
+    std: Sequence[float] = STD,
+    channels: int | None = None,
+    config: AugmentConfig = AugmentConfig(),
+    generator: torch.Generator | None = None,
+) -> tuple[Tensor, Tensor]:
     """Augmented training batch: (float images (B, channels or C, size, size), soft targets (B, K)).
 
     All randomness comes from `generator`, which must live on the images' device.
@@ -363,8 +427,14 @@ def train_transform(images_uint8: Tensor, labels: Tensor, num_classes: int, size
         raise ValueError("train_transform needs a torch.Generator on the batch's device (reproducibility)")
     flip_later = config.flip and config.crop != "inception"
     if config.crop == "inception":
-        pixels = inception_crop(images_uint8, size, generator, scale=config.crop_scale, ratio=config.crop_ratio,
-                                flip=0.5 if config.flip else 0.0)
+        pixels = inception_crop(
+            images_uint8,
+            size,
+            generator,
+            scale=config.crop_scale,
+            ratio=config.crop_ratio,
+            flip=0.5 if config.flip else 0.0,
+        )
     elif config.crop == "pad":
         pixels = resize(pad_crop(images_uint8, config.pad, generator).float(), size).round_().clamp_(0, 255)
     else:

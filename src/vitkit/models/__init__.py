@@ -11,7 +11,16 @@ from vitkit.models.hybrid import HybridEmbed
 from vitkit.models.resnet import ResNetV2
 from vitkit.models.vit import VisionTransformer
 
-__all__ = ["build_model", "create_model", "list_models", "VisionTransformer", "ResNetV2", "ViTConfig", "ResNetConfig", "HybridConfig"]
+__all__ = [
+    "build_model",
+    "create_model",
+    "list_models",
+    "VisionTransformer",
+    "ResNetV2",
+    "ViTConfig",
+    "ResNetConfig",
+    "HybridConfig",
+]
 
 
 def build_model(config: ModelConfig) -> nn.Module:
@@ -27,7 +36,9 @@ def build_model(config: ModelConfig) -> nn.Module:
     return VisionTransformer(config)
 
 
-def preset_config(name: str, num_classes: int | None = None, img_size: int | None = None, **overrides: Any) -> ModelConfig:
+def preset_config(
+    name: str, num_classes: int | None = None, img_size: int | None = None, **overrides: Any
+) -> ModelConfig:
     """A named preset (see `list_models()`) with fields overridden."""
     if name not in PRESETS:
         close = [n for n in PRESETS if n.split("_")[0] == name.split("_")[0]][:8]

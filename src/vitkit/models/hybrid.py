@@ -27,8 +27,15 @@ from torch import Tensor, nn
 
 from vitkit.models import posemb as pe
 from vitkit.models.configs import HybridConfig
-from vitkit.models.resnet import (MaxPool2dSame, ResNetStage, StdConv2d, flax_default_init_, group_norm, lecun_normal_,
-                                  projection)
+from vitkit.models.resnet import (
+    MaxPool2dSame,
+    ResNetStage,
+    StdConv2d,
+    flax_default_init_,
+    group_norm,
+    lecun_normal_,
+    projection,
+)
 
 WS_EPS = 1e-5  # models_resnet.weight_standardize(..., eps=1e-5), added to the std
 GN_EPS = 1e-6  # flax.linen.GroupNorm default epsilon
@@ -52,7 +59,9 @@ class Bottleneck(nn.Module):
         self.norm3 = group_norm(out_chans, GN_EPS)  # gn3: scale_init zeros (see reset_parameters)
         needs_projection = stride != 1 or in_chans != out_chans
         self.downsample = (
-            projection(in_chans, out_chans, stride, group_norm(out_chans, GN_EPS), padding="same", eps=WS_EPS, eps_on="std")
+            projection(
+                in_chans, out_chans, stride, group_norm(out_chans, GN_EPS), padding="same", eps=WS_EPS, eps_on="std"
+            )
             if needs_projection
             else None
         )
@@ -110,7 +119,9 @@ class HybridEmbed(nn.Module):
         self.stride = config.stride * vit.patch_size
         self.backbone = HybridBackbone(config.resnet_layers, config.width_factor, vit.in_chans)
         # models_vit.py "embedding": a VALID conv with kernel = stride = patch size on the feature map
-        self.proj = nn.Conv2d(self.backbone.num_features, vit.hidden_size, kernel_size=vit.patch_size, stride=vit.patch_size)
+        self.proj = nn.Conv2d(
+            self.backbone.num_features, vit.hidden_size, kernel_size=vit.patch_size, stride=vit.patch_size
+        )
         self._reset_proj()  # the backbone initialised itself
 
     @torch.no_grad()

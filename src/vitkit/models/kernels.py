@@ -23,7 +23,8 @@ import functools
 import logging
 import math
 import time
-from typing import Any, Callable, Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -64,16 +65,25 @@ def probed(name: str, dtype: torch.dtype, check: Callable[[], bool]) -> bool:
         except Exception as err:  # any failure of a fast path means: use the plain ops
             _probes[key], why = False, f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0][:200]}"
         if not _probes[key]:
-            log.warning("kernels: %s in %s is off on this host (%s); the plain ops run instead", name,
-                        str(dtype).removeprefix("torch."), why)
+            log.warning(
+                "kernels: %s in %s is off on this host (%s); the plain ops run instead",
+                name,
+                str(dtype).removeprefix("torch."),
+                why,
+            )
     return _probes[key]
 
 
 def disable(name: str, dtype: torch.dtype, err: Exception) -> None:
     """Turn kernel `name` off at `dtype` after it failed mid-run (logged once); callers fall back."""
     if _probes.get((name, dtype), True):
-        log.warning("kernels: %s in %s failed (%s: %s); the plain ops run from now on", name,
-                    str(dtype).removeprefix("torch."), type(err).__name__, (str(err).strip().splitlines() or [""])[0][:200])
+        log.warning(
+            "kernels: %s in %s failed (%s: %s); the plain ops run from now on",
+            name,
+            str(dtype).removeprefix("torch."),
+            type(err).__name__,
+            (str(err).strip().splitlines() or [""])[0][:200],
+        )
     _probes[(name, dtype)] = False
 
 
@@ -96,8 +106,9 @@ def explicit_attention(impl: AttnImpl, q: Tensor) -> bool:
     return impl == "explicit"
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, dropout: float, impl: AttnImpl,
-              need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+def attention(
+    q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, dropout: float, impl: AttnImpl, need_weights: bool = False
+) -> tuple[Tensor, Tensor | None]:
     """softmax(q k^T / sqrt(D_h) + bias) v for (B, k, T, D_h) q, k, v; returns (B, k, T, D_h) and, if
     `need_weights`, A (B, k, T, T).  `dropout` (0 outside training) drops attention weights."""
     if not (need_weights or explicit_attention(impl, q)):
@@ -163,7 +174,11 @@ def gelu(x: Tensor, approximate: Approximate) -> Tensor:
     if approximate == "tanh" and x.dtype in (torch.float32, torch.bfloat16):
         if compiled_cpu(x):
             return x * torch.sigmoid(x * (GELU_BETA + GELU_BETA * GELU_CUBIC * x * x))
-        if type(x) is Tensor and eager_cpu(x) and probed("tanh GELU (softplus form)", x.dtype, _check_tanh_gelu(x.dtype)):
+        if (
+            type(x) is Tensor
+            and eager_cpu(x)
+            and probed("tanh GELU (softplus form)", x.dtype, _check_tanh_gelu(x.dtype))
+        ):
             return _TanhGelu.apply(x)  # plain tensors only: subclasses (DTensor, ...) keep torch's op
     return F.gelu(x, approximate=approximate)
 
@@ -172,13 +187,16 @@ def _check_tanh_gelu(dtype: torch.dtype) -> Callable[[], bool]:
     def check() -> bool:
         x = torch.linspace(-8, 8, 257).to(dtype).requires_grad_()
         out = _TanhGelu.apply(x)
-        grad, = torch.autograd.grad(out.sum(), x)
+        (grad,) = torch.autograd.grad(out.sum(), x)
         ref = x.detach().requires_grad_()
         want = F.gelu(ref, approximate="tanh")
-        want_grad, = torch.autograd.grad(want.sum(), ref)
-        tol = 1e-5 if dtype == torch.float32 else 2 ** -6
-        return bool(torch.allclose(out.float(), want.float(), atol=tol * 8, rtol=tol)
-                    and torch.allclose(grad.float(), want_grad.float(), atol=tol * 8, rtol=tol))
+        (want_grad,) = torch.autograd.grad(want.sum(), ref)
+        tol = 1e-5 if dtype == torch.float32 else 2**-6
+        return bool(
+            torch.allclose(out.float(), want.float(), atol=tol * 8, rtol=tol)
+            and torch.allclose(grad.float(), want_grad.float(), atol=tol * 8, rtol=tol)
+        )
+
     return check
 
 
@@ -234,6 +252,7 @@ def _fused_is_faster(x: Tensor, weight: Tensor, bias: Tensor | None, approximate
     rows = x.numel() // x.shape[-1]
     key = (x.dtype, approximate, 1 << max(rows - 1, 0).bit_length(), *weight.shape)
     if key not in _faster:
+
         def best(run: Callable[[], Tensor]) -> float:
             run()
             times = []
@@ -260,7 +279,7 @@ def _check_linear_gelu(dtype: torch.dtype) -> bool:
         return False
     generator = torch.Generator().manual_seed(0)
     x, weight, bias = (torch.randn(shape, generator=generator).to(dtype) for shape in ((2, 9, 24), (40, 24), (40,)))
-    tol = 1e-4 if dtype == torch.float32 else 2 ** -5
+    tol = 1e-4 if dtype == torch.float32 else 2**-5
     for approximate in ("tanh", "none"):
         fused = _linear_pointwise(x, weight, bias, approximate).float()
         plain = F.gelu(F.linear(x.float(), weight.float(), bias.float()), approximate=approximate)

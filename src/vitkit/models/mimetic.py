@@ -31,8 +31,12 @@ def _factor(target: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor
 
 
 @torch.no_grad()
-def mimetic_init_(blocks: nn.ModuleList, generator: torch.Generator | None = None,
-                  qk: tuple[float, float] = QK, vo: tuple[float, float] = VO) -> None:
+def mimetic_init_(
+    blocks: nn.ModuleList,
+    generator: torch.Generator | None = None,
+    qk: tuple[float, float] = QK,
+    vo: tuple[float, float] = VO,
+) -> None:
     """Re-initialise the attention weights of every encoder block in place (see the module docstring)."""
     for block in blocks:
         attn = block.attn
@@ -45,8 +49,8 @@ def mimetic_init_(blocks: nn.ModuleList, generator: torch.Generator | None = Non
             query, key = _factor(qk[0] * z + qk[1] * eye, head_dim)  # (D, D_h) each: W_q,h^T and W_k,h^T
             rows = slice(head * head_dim, (head + 1) * head_dim)
             weight[rows] = query.T.to(weight)
-            weight[dim + rows.start: dim + rows.stop] = key.T.to(weight)
+            weight[dim + rows.start : dim + rows.stop] = key.T.to(weight)
         z = torch.randn(dim, dim, generator=generator) / math.sqrt(dim)
         value, proj = _factor(vo[0] * z - vo[1] * eye, dim)  # W_v^T, W_proj (= (sqrt(S) V^T)^T)
-        weight[2 * dim:] = value.T.to(weight)
+        weight[2 * dim :] = value.T.to(weight)
         attn.proj.weight.copy_(proj.to(attn.proj.weight))

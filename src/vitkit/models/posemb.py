@@ -31,8 +31,9 @@ TABLE_KEYS = ("pos_embed", "pos_embed_x", "pos_embed_y", "rel_pos")  # state-dic
 INIT_STD = 0.02  # AddPositionEmbs: normal(stddev=0.02); the relative tables alike
 
 
-def learned_tables(config: ViTConfig, grid: tuple[int, int], num_prefix_tokens: int
-                   ) -> tuple[nn.Parameter | None, nn.Parameter | None, nn.Parameter | None]:
+def learned_tables(
+    config: ViTConfig, grid: tuple[int, int], num_prefix_tokens: int
+) -> tuple[nn.Parameter | None, nn.Parameter | None, nn.Parameter | None]:
     """The absolute tables of `config.posemb` as (pos_embed, pos_embed_x, pos_embed_y), zero until `init_`.
 
     learned_1d: pos_embed (S, prefix + gh*gw, D); learned_2d: pos_embed_x (S, gw, D/2) and pos_embed_y
@@ -60,8 +61,14 @@ def init_(model: nn.Module) -> None:
             nn.init.normal_(param, std=INIT_STD)
 
 
-def lookup(config: ViTConfig, grid: tuple[int, int], stored_grid: tuple[int, int], num_prefix_tokens: int,
-           tables: tuple[Tensor | None, Tensor | None, Tensor | None], like: Tensor) -> Tensor | None:
+def lookup(
+    config: ViTConfig,
+    grid: tuple[int, int],
+    stored_grid: tuple[int, int],
+    num_prefix_tokens: int,
+    tables: tuple[Tensor | None, Tensor | None, Tensor | None],
+    like: Tensor,
+) -> Tensor | None:
     """E_pos for a patch grid: (S, prefix + gh*gw, D), or None (posemb "none" / "relative").
 
     `tables` are `learned_tables`' (learned at `stored_grid`, resampled in 2D to `grid`, Sec. 3.2);
@@ -185,4 +192,3 @@ def check_grid(height: int, width: int, stride: int) -> tuple[int, int]:
             f"resize or crop it to {fix_h}x{fix_w} (e.g. --img-size {fix_h})"
         )
     return height // stride, width // stride
-

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -75,7 +76,9 @@ class StdConv2d(nn.Conv2d):
         eps: float = BIT_WS_EPS,
         eps_on: EpsOn = "variance",
     ):
-        super().__init__(in_chans, out_chans, kernel_size, stride=stride, padding=0 if padding == "same" else padding, bias=False)
+        super().__init__(
+            in_chans, out_chans, kernel_size, stride=stride, padding=0 if padding == "same" else padding, bias=False
+        )
         self.same = padding == "same"
         self.eps, self.eps_on = eps, eps_on
 
@@ -103,7 +106,9 @@ def group_norm(channels: int, eps: float) -> nn.GroupNorm:
     return nn.GroupNorm(GN_GROUPS, channels, eps=eps)
 
 
-def projection(in_chans: int, out_chans: int, stride: int, norm: nn.Module | None = None, **conv_kw: Any) -> nn.Sequential:
+def projection(
+    in_chans: int, out_chans: int, stride: int, norm: nn.Module | None = None, **conv_kw: Any
+) -> nn.Sequential:
     """Projection shortcut: a strided 1x1 StdConv (`downsample.conv`), with a GroupNorm (`downsample.norm`) if given."""
     layers: OrderedDict[str, nn.Module] = OrderedDict(conv=StdConv2d(in_chans, out_chans, 1, stride, **conv_kw))
     if norm is not None:
@@ -174,7 +179,9 @@ class ResNetV2(nn.Module):
         self.stem = nn.Sequential(
             OrderedDict(
                 conv=StdConv2d(config.in_chans, width, 7, 2, padding=3),
-                pad=nn.ConstantPad2d(1, 0.0),  # BiT pads with zeros, then pools VALID ("subtly not the same" as padding=1)
+                pad=nn.ConstantPad2d(
+                    1, 0.0
+                ),  # BiT pads with zeros, then pools VALID ("subtly not the same" as padding=1)
                 pool=nn.MaxPool2d(3, 2),
             )
         )

@@ -16,12 +16,13 @@ fastest measured way) is kernels.py's; a hybrid's ResNet stem comes from models/
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
 
-from vitkit.models import kernels, posemb as pe
+from vitkit.models import kernels
+from vitkit.models import posemb as pe
 from vitkit.models.configs import HybridConfig, ViTConfig, replace_vit, vit_config
 from vitkit.models.mimetic import mimetic_init_
 
@@ -148,7 +149,9 @@ class VisionTransformer(nn.Module):
         vit = self.encoder_config
         if patch_embed is None:
             if vit is not config:
-                raise ValueError("a hybrid's ResNet stem comes from its config: build it with vitkit.models.build_model")
+                raise ValueError(
+                    "a hybrid's ResNet stem comes from its config: build it with vitkit.models.build_model"
+                )
             patch_embed = PatchEmbed(vit.patch_size, vit.in_chans, vit.hidden_size)
         self.patch_embed = patch_embed  # x_p^i E of Eq. 1; a hybrid's: 1x1 patches of ResNet features (Sec. 3.1)
         self.grid_size = (vit.img_size // self.patch_embed.stride,) * 2  # grid the stored embeddings belong to
@@ -156,7 +159,9 @@ class VisionTransformer(nn.Module):
         num_tokens = self.num_prefix_tokens + self.grid_size[0] * self.grid_size[1]
         self.cls_token = nn.Parameter(torch.zeros(1, 1, vit.hidden_size)) if vit.pool == "token" else None
         # App. D.4: learned E_pos tables (state-dict keys of official/timm checkpoints), None where the variant has none
-        self.pos_embed, self.pos_embed_x, self.pos_embed_y = pe.learned_tables(vit, self.grid_size, self.num_prefix_tokens)
+        self.pos_embed, self.pos_embed_x, self.pos_embed_y = pe.learned_tables(
+            vit, self.grid_size, self.num_prefix_tokens
+        )
         self.pos_drop = nn.Dropout(vit.dropout)  # App. B.1: dropout right after adding position embeddings
         self.blocks = nn.ModuleList(Block(vit, num_tokens, rate) for rate in drop_path_rates(vit.drop_path, vit.depth))
         self.norm = nn.LayerNorm(vit.hidden_size, eps=vit.layer_norm_eps)
@@ -203,8 +208,9 @@ class VisionTransformer(nn.Module):
         tables = (self.pos_embed, self.pos_embed_x, self.pos_embed_y)
         return pe.lookup(self.encoder_config, grid, self.grid_size, self.num_prefix_tokens, tables, self.norm.weight)
 
-    def encode(self, x: Tensor, attention_layers: Sequence[int] = (), patch_dropout: float | None = None
-               ) -> tuple[Tensor, dict[str, Tensor]]:
+    def encode(
+        self, x: Tensor, attention_layers: Sequence[int] = (), patch_dropout: float | None = None
+    ) -> tuple[Tensor, dict[str, Tensor]]:
         """Eq. 1-3 and the final LayerNorm on images (B, C, H, W); see `encode_patches`."""
         tokens, grid = self.patch_embed(x)  # x_p^i E: (B, C, H, W) -> (B, N, D)
         rate = self._patch_dropout_rate(patch_dropout)
@@ -213,9 +219,14 @@ class VisionTransformer(nn.Module):
             content = patch_content(x, self.patch_embed.stride)
         return self.encode_patches(tokens, grid, attention_layers, rate, content)
 
-    def encode_patches(self, tokens: Tensor, grid: tuple[int, int], attention_layers: Sequence[int] = (),
-                       patch_dropout: float | None = None, content: Tensor | None = None
-                       ) -> tuple[Tensor, dict[str, Tensor]]:
+    def encode_patches(
+        self,
+        tokens: Tensor,
+        grid: tuple[int, int],
+        attention_layers: Sequence[int] = (),
+        patch_dropout: float | None = None,
+        content: Tensor | None = None,
+    ) -> tuple[Tensor, dict[str, Tensor]]:
         """Eq. 1-3 and the final LayerNorm from the patch embeddings x_p^i E (B, N, D) of a gh x gw grid.
 
         Returns LN(z_L) (B, T, D) and named intermediates: "embed" (z_0), "blockNN" (z_l, l = NN + 1)
@@ -290,7 +301,11 @@ class VisionTransformer(nn.Module):
         self.pre_logits = nn.Identity()
         self.num_features = width
         reference = self.norm.weight  # the new head lives on the model's device, in its dtype
-        self.head = nn.Linear(width, num_classes, device=reference.device, dtype=reference.dtype) if num_classes else nn.Identity()
+        self.head = (
+            nn.Linear(width, num_classes, device=reference.device, dtype=reference.dtype)
+            if num_classes
+            else nn.Identity()
+        )
         if num_classes:
             nn.init.zeros_(self.head.weight)
             nn.init.zeros_(self.head.bias)

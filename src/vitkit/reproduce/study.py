@@ -43,8 +43,12 @@ def prepare_directory(study: Study, context: Context) -> Context:
     stored calibration, so that a re-run plans the same arms); record the request in study.json."""
     path = context.out / "study.json"
     request = context.request
-    mine = {"study": study.name, "data": request.data, "budget_minutes": request.budget_minutes,
-            **{key: getattr(request, key) for key in study.options}}
+    mine = {
+        "study": study.name,
+        "data": request.data,
+        "budget_minutes": request.budget_minutes,
+        **{key: getattr(request, key) for key in study.options},
+    }
     stored = json.loads(path.read_text()) if path.is_file() else {}
     if stored:
         differs = [k for k, v in mine.items() if stored.get(k) != v]

@@ -78,16 +78,23 @@ def grid(context: Context) -> Grid:
     labels = TINY_LABELS if tiny else LABELS
     families = ("vit", *FAMILIES) if request.families else ("vit",)
     units = units_per_seed(len(labels), len(families), bool(request.init)) * request.seeds
-    return Grid(tiny=tiny, unit_minutes=0.0 if tiny else request.budget_minutes / units, labels=labels,
-                families=families, pretrain_data=request.pretrain_data or request.data, init=request.init)
+    return Grid(
+        tiny=tiny,
+        unit_minutes=0.0 if tiny else request.budget_minutes / units,
+        labels=labels,
+        families=families,
+        pretrain_data=request.pretrain_data or request.data,
+        init=request.init,
+    )
 
 
 def tag(labels: int) -> str:
     return "all" if labels == 0 else str(labels)
 
 
-def _config(context: Context, g: Grid, request: Request, units: float, tiny_recipe: str,
-            source_model: ModelConfig | None = None) -> TrainConfig:
+def _config(
+    context: Context, g: Grid, request: Request, units: float, tiny_recipe: str, source_model: ModelConfig | None = None
+) -> TrainConfig:
     """The config `request` resolves to for `units` unit budgets, with the study's settings (no progress bar, its
     threads and device, checkpoints every CHECKPOINT_EVERY steps)."""
     if g.tiny:
@@ -97,9 +104,14 @@ def _config(context: Context, g: Grid, request: Request, units: float, tiny_reci
         request = dataclasses.replace(request, max_minutes=round(g.unit_minutes * units, 3))
     config = resolve(dataclasses.replace(request, out="planned", quiet=True), source_model=source_model).config
     # fp32 at the tiny scale, as the other studies' tiny arms (bf16 GroupNorms of 1x1 maps overflow)
-    run = dataclasses.replace(config.run, tensorboard=False, threads=context.request.threads,
-                              device=context.request.device, precision="fp32" if g.tiny else config.run.precision,
-                              checkpoint_every=min(config.run.checkpoint_every, CHECKPOINT_EVERY))
+    run = dataclasses.replace(
+        config.run,
+        tensorboard=False,
+        threads=context.request.threads,
+        device=context.request.device,
+        precision="fp32" if g.tiny else config.run.precision,
+        checkpoint_every=min(config.run.checkpoint_every, CHECKPOINT_EVERY),
+    )
     return dataclasses.replace(config, run=run)
 
 
@@ -120,10 +132,17 @@ def _with_model(config: TrainConfig, family: str) -> TrainConfig:
 
 def pretrain_arm(context: Context, g: Grid, family: str, seed: int) -> Arm:
     info = describe(g.pretrain_data)
-    config = _config(context, g, Request(data=g.pretrain_data, seed=seed), PRETRAIN_UNITS,
-                     auto_recipe_name(info) + "-tiny")
-    return Arm(name=f"pretrain-{family}", seed=seed, config=_with_model(config, family),
-               labels={"kind": "pretrain", "family": family}, measure=(), units=PRETRAIN_UNITS)
+    config = _config(
+        context, g, Request(data=g.pretrain_data, seed=seed), PRETRAIN_UNITS, auto_recipe_name(info) + "-tiny"
+    )
+    return Arm(
+        name=f"pretrain-{family}",
+        seed=seed,
+        config=_with_model(config, family),
+        labels={"kind": "pretrain", "family": family},
+        measure=(),
+        units=PRETRAIN_UNITS,
+    )
 
 
 Encoder = tuple[str, ModelConfig]  # a checkpoint path (it may not exist yet) and its model config
@@ -142,8 +161,14 @@ def trained_encoder(context: Context, pretrain: Arm) -> Encoder:
 def finetune_arm(context: Context, g: Grid, encoder: Encoder, family: str, labels: int, seed: int) -> Arm:
     request = Request(data=context.request.data, seed=seed, init_from=encoder[0], labels_per_class=labels or None)
     config = _config(context, g, request, 1.0, "finetune-small-tiny", encoder[1])
-    return Arm(name=f"finetune-{family}@{tag(labels)}", seed=seed, config=config, measure=(), units=1.0,
-               labels={"kind": "finetune", "family": family, "labels_per_class": labels})
+    return Arm(
+        name=f"finetune-{family}@{tag(labels)}",
+        seed=seed,
+        config=config,
+        measure=(),
+        units=1.0,
+        labels={"kind": "finetune", "family": family, "labels_per_class": labels},
+    )
 
 
 def scratch_arm(context: Context, g: Grid, family: str, labels: int, seed: int, total: bool = False) -> Arm:
@@ -151,8 +176,14 @@ def scratch_arm(context: Context, g: Grid, family: str, labels: int, seed: int, 
     request = Request(data=context.request.data, seed=seed, labels_per_class=labels or None)
     config = _config(context, g, request, units, auto_recipe_name(context.info) + "-tiny")
     kind = "scratch-total" if total else "scratch"
-    return Arm(name=f"{kind}-{family}@{tag(labels)}", seed=seed, config=_with_model(config, family), measure=(),
-               units=units, labels={"kind": kind, "family": family, "labels_per_class": labels})
+    return Arm(
+        name=f"{kind}-{family}@{tag(labels)}",
+        seed=seed,
+        config=_with_model(config, family),
+        measure=(),
+        units=units,
+        labels={"kind": kind, "family": family, "labels_per_class": labels},
+    )
 
 
 def fewshot_arm(context: Context, g: Grid, encoder: Encoder, family: str, seed: int, pretrained: bool) -> Arm:
@@ -162,8 +193,14 @@ def fewshot_arm(context: Context, g: Grid, encoder: Encoder, family: str, seed: 
     run = dataclasses.replace(tuned.run, init_from=encoder[0] if pretrained else "")
     config = dataclasses.replace(tuned, model=encoder[1], run=run)
     which = "pretrained" if pretrained else "random"
-    return Arm(name=f"fewshot-{which}-{family}", seed=seed, config=config, measure=("fewshot",), units=0.0,
-               labels={"kind": f"fewshot-{which}", "family": family})
+    return Arm(
+        name=f"fewshot-{which}-{family}",
+        seed=seed,
+        config=config,
+        measure=("fewshot",),
+        units=0.0,
+        labels={"kind": f"fewshot-{which}", "family": family},
+    )
 
 
 def run_arm(arm: Arm, path: Path, probes: Probes) -> dict[str, Any]:
@@ -181,12 +218,19 @@ def run_arm(arm: Arm, path: Path, probes: Probes) -> dict[str, Any]:
             torch.manual_seed(arm.seed)
             checkpoint = Checkpoint(model=build_model(config.model).eval(), mean=config.data.mean, std=config.data.std)
     probe = Probes(config.run.device, shots=(SHOTS,), draws=probes.draws)  # the study's draws (2 at the tiny scale)
-    record = {"arm": arm.name, "seed": arm.seed, "labels": arm.labels, "units": 0.0, "config": to_dict(config),
-              "params": count_params(config.model), "forward_flops": model_flops(config.model),
-              "device": str(pick_device(config.run.device)), "encoder": config.run.init_from or "random",
-              "fewshot": probe.fewshot(checkpoint, config), "reused": False}
+    record = {
+        "arm": arm.name,
+        "seed": arm.seed,
+        "labels": arm.labels,
+        "units": 0.0,
+        "config": to_dict(config),
+        "params": count_params(config.model),
+        "forward_flops": model_flops(config.model),
+        "device": str(pick_device(config.run.device)),
+        "encoder": config.run.init_from or "random",
+        "fewshot": probe.fewshot(checkpoint, config),
+        "reused": False,
+    }
     record["wall_minutes"] = round((time.monotonic() - began) / 60, 3)
     write_record(path, record)
     return record
-
-

@@ -20,8 +20,8 @@ import hmac
 import logging
 import os
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from importlib import resources
-from typing import AsyncIterator, Awaitable, Callable
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -39,8 +39,11 @@ log = logging.getLogger(__name__)
 
 ROUTES = ("/", "/health", "/metrics", "/v1/predict", "/v1/explain")
 PUBLIC = ("/",)  # the page is static; it sends the token the user types with every API call
-PAGE_HEADERS = {"Content-Security-Policy": "default-src 'none'; connect-src 'self'; img-src 'self' data: blob:; "
-                "style-src 'unsafe-inline'; script-src 'unsafe-inline'", "X-Content-Type-Options": "nosniff"}
+PAGE_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; connect-src 'self'; img-src 'self' data: blob:; "
+    "style-src 'unsafe-inline'; script-src 'unsafe-inline'",
+    "X-Content-Type-Options": "nosniff",
+}
 
 
 def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -71,8 +74,11 @@ class Guard:
 
         try:
             if self.expected is not None and path not in PUBLIC and not self._authorised(scope):
-                response = error_response(401, "missing or wrong bearer token: send 'Authorization: Bearer TOKEN'",
-                                          {"WWW-Authenticate": "Bearer"})
+                response = error_response(
+                    401,
+                    "missing or wrong bearer token: send 'Authorization: Bearer TOKEN'",
+                    {"WWW-Authenticate": "Bearer"},
+                )
                 await response(scope, receive, send_status)
             else:
                 await self.app(scope, receive, send_status)
@@ -95,15 +101,19 @@ async def _images(request: Request, explain: bool) -> Response:
     service: Service = request.app.state.service
     model = service.ready()
     if explain and not model.explainable:
-        raise HTTPError(422, f"explain needs a Vision Transformer: {model.info['model']} has no attention "
-                             "weights to roll out; /v1/predict works for it")
+        raise HTTPError(
+            422,
+            f"explain needs a Vision Transformer: {model.info['model']} has no attention "
+            "weights to roll out; /v1/predict works for it",
+        )
     top_k, form = _top_k(request), request.query_params.get("format", "json")
     if form not in ("json", "png") or (form == "png" and not explain):
         raise HTTPError(400, f"format must be 'json' (or 'png' on /v1/explain), got {form!r}")
     with service.admit(), service.bodies.hold() as take:
         config = service.config
-        uploads, multipart = await read_images(request, config.max_body_bytes, config.max_files, config.body_timeout_s,
-                                               take)
+        uploads, multipart = await read_images(
+            request, config.max_body_bytes, config.max_files, config.body_timeout_s, take
+        )
         if form == "png" and len(uploads) != 1:
             raise HTTPError(400, f"format=png returns one image; this request holds {len(uploads)}")
         answers = await service.answer(uploads, top_k, explain)
@@ -139,6 +149,7 @@ async def page(request: Request) -> Response:
 def _json_errors(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
     """The route's answer, or its failure as {"error"}: an HTTPError with its status, anything else a logged 500
     (the exception stops here: the server goes on)."""
+
     async def endpoint(request: Request) -> Response:
         try:
             return await handler(request)
@@ -147,6 +158,7 @@ def _json_errors(handler: Callable[[Request], Awaitable[Response]]) -> Callable[
         except Exception as error:  # noqa: BLE001 - no request may take the server down
             log.error("internal error on %s %s", request.method, request.url.path, exc_info=error)
             return error_response(500, f"internal error ({type(error).__name__}); the server log has the details")
+
     return endpoint
 
 
@@ -156,9 +168,13 @@ async def _router_error(request: Request, error: Exception) -> Response:
     return error_response(status, str(getattr(error, "detail", error)), dict(getattr(error, "headers", None) or {}))
 
 
-def create_app(path: str | os.PathLike, config: ServeConfig | None = None, *,
-               load: Callable[[str | os.PathLike, str], ServedModel] = load_model,
-               on_load_failure: Callable[[str], None] | None = None) -> Starlette:
+def create_app(
+    path: str | os.PathLike,
+    config: ServeConfig | None = None,
+    *,
+    load: Callable[[str | os.PathLike, str], ServedModel] = load_model,
+    on_load_failure: Callable[[str], None] | None = None,
+) -> Starlette:
     """The app serving the checkpoint (or run directory) `path`; the model loads when the app starts
     (its lifespan), in the background, so /health answers 503 until it is ready."""
     config = config or ServeConfig()
@@ -173,10 +189,13 @@ def create_app(path: str | os.PathLike, config: ServeConfig | None = None, *,
             loading.cancel()
             await service.stop()
 
-    routes = [Route("/", _json_errors(page), methods=["GET"]), Route("/health", _json_errors(health), methods=["GET"]),
-              Route("/metrics", _json_errors(metrics), methods=["GET"]),
-              Route("/v1/predict", _json_errors(predict), methods=["POST"]),
-              Route("/v1/explain", _json_errors(explain), methods=["POST"])]
+    routes = [
+        Route("/", _json_errors(page), methods=["GET"]),
+        Route("/health", _json_errors(health), methods=["GET"]),
+        Route("/metrics", _json_errors(metrics), methods=["GET"]),
+        Route("/v1/predict", _json_errors(predict), methods=["POST"]),
+        Route("/v1/explain", _json_errors(explain), methods=["POST"]),
+    ]
     app = Starlette(routes=routes, exception_handlers={HTTPException: _router_error}, lifespan=lifespan)
     app.add_middleware(Guard, service=service)
     app.state.service = service

@@ -18,8 +18,9 @@ import collections
 import logging
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +45,15 @@ class Batcher:
             to wait for); by default always some, so a batch waits `max_wait_s` to fill up.
     """
 
-    def __init__(self, run: Callable[[Sequence[Any]], Sequence[Any]], *, max_batch: int, max_wait_s: float,
-                 on_depth: Callable[[int], None] = lambda depth: None, others: Callable[[int], int] = lambda inside: 1) -> None:
+    def __init__(
+        self,
+        run: Callable[[Sequence[Any]], Sequence[Any]],
+        *,
+        max_batch: int,
+        max_wait_s: float,
+        on_depth: Callable[[int], None] = lambda depth: None,
+        others: Callable[[int], int] = lambda inside: 1,
+    ) -> None:
         self._run, self._max_batch, self._max_wait = run, max_batch, max_wait_s
         self._on_depth, self._others = on_depth, others
         self._inside = 0  # callers between submit and their answer (changed on the event loop only)
@@ -133,8 +141,12 @@ class Batcher:
                 self._changed.wait()
             self._want_first = False
             deadline = time.monotonic() + self._max_wait
-            while (len(self._waiting) < self._max_batch and self._max_wait > 0 and not self._closed
-                   and self._others(self._inside) > 0):
+            while (
+                len(self._waiting) < self._max_batch
+                and self._max_wait > 0
+                and not self._closed
+                and self._others(self._inside) > 0
+            ):
                 left = deadline - time.monotonic()
                 if left <= 0 or not self._changed.wait(left):
                     break

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
-from typing import AsyncIterator, Callable, Iterator
 
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
@@ -51,8 +51,12 @@ class BodyBudget:
         def take(count: int) -> None:
             nonlocal taken
             if self.held + count > self.limit:
-                raise HTTPError(503, f"server busy: {self.held:,} bytes of request bodies held in memory (limit "
-                                     f"{self.limit:,}, --max-bodies-mb); retry shortly", {"Retry-After": "1"})
+                raise HTTPError(
+                    503,
+                    f"server busy: {self.held:,} bytes of request bodies held in memory (limit "
+                    f"{self.limit:,}, --max-bodies-mb); retry shortly",
+                    {"Retry-After": "1"},
+                )
             self.held, taken = self.held + count, taken + count
 
         try:
@@ -70,8 +74,11 @@ def check_content_type(request: Request) -> None:
     kind = media_type(request)
     if not (kind.startswith("image/") or kind == "multipart/form-data"):
         shown = kind or "none"
-        raise HTTPError(415, f"unsupported content type {shown!r}: send one image with Content-Type image/* "
-                             "or a multipart/form-data form with 'file' fields")
+        raise HTTPError(
+            415,
+            f"unsupported content type {shown!r}: send one image with Content-Type image/* "
+            "or a multipart/form-data form with 'file' fields",
+        )
 
 
 async def read_body(request: Request, limit: int, take: Callable[[int], None] = lambda count: None) -> bytes:
@@ -83,7 +90,9 @@ async def read_body(request: Request, limit: int, take: Callable[[int], None] = 
         if not declared.strip().isdigit():
             raise HTTPError(400, f"invalid Content-Length {declared!r}")
         if int(declared) > limit:
-            raise HTTPError(413, f"body of {int(declared):,} bytes exceeds the limit of {limit:,} bytes (--max-body-mb)")
+            raise HTTPError(
+                413, f"body of {int(declared):,} bytes exceeds the limit of {limit:,} bytes (--max-body-mb)"
+            )
         take(int(declared))
     chunks, size = [], 0
     async for chunk in request.stream():
@@ -98,8 +107,9 @@ async def read_body(request: Request, limit: int, take: Callable[[int], None] = 
     return b"".join(chunks)
 
 
-async def read_images(request: Request, limit: int, max_files: int, timeout_s: float,
-                      take: Callable[[int], None] = lambda count: None) -> tuple[list[Upload], bool]:
+async def read_images(
+    request: Request, limit: int, max_files: int, timeout_s: float, take: Callable[[int], None] = lambda count: None
+) -> tuple[list[Upload], bool]:
     """(the images of the request, whether it was a multipart form); 408 when the body takes over `timeout_s`,
     400 (answered to nobody, but not an internal error) when the client leaves before the end of it."""
     check_content_type(request)

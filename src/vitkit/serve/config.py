@@ -18,7 +18,9 @@ class ServeConfig:
     max_batch: int = 32  # images per model forward at most
     max_wait_ms: float = 5.0  # how long the first image of a batch waits for company
     max_body_mb: float = 8.0  # request body limit (MiB), enforced while the body streams in
-    max_bodies_mb: float | None = None  # request bodies held at once, all requests (MiB; None: max(256, 4 x max_body_mb)); more: 503
+    max_bodies_mb: float | None = (
+        None  # request bodies held at once, all requests (MiB; None: max(256, 4 x max_body_mb)); more: 503
+    )
     token: str | None = None  # when set, every route but the page needs "Authorization: Bearer TOKEN"
     max_queue: int = 256  # requests admitted at once (reading, decoding, waiting, running); more get 503 + Retry-After
     max_files: int = 32  # images in one multipart request
@@ -34,18 +36,34 @@ class ServeConfig:
     switch_interval_ms: float = 0.5  # Python's GIL switch interval in the server process (default 5 ms)
 
     def __post_init__(self) -> None:
-        positive = {"max_batch": self.max_batch, "max_queue": self.max_queue, "max_files": self.max_files,
-                    "max_pixels": self.max_pixels, "decode_workers": self.decode_workers,
-                    "max_header_bytes": self.max_header_bytes, "max_connections": self.max_connections}
+        positive = {
+            "max_batch": self.max_batch,
+            "max_queue": self.max_queue,
+            "max_files": self.max_files,
+            "max_pixels": self.max_pixels,
+            "decode_workers": self.decode_workers,
+            "max_header_bytes": self.max_header_bytes,
+            "max_connections": self.max_connections,
+        }
         bad = [name for name, value in positive.items() if value < 1]
         if bad:
             raise ValueError(f"{', '.join(bad)} must be at least 1")
-        if self.max_wait_ms < 0 or self.max_body_mb <= 0 or self.drain_timeout_s < 0 or self.switch_interval_ms <= 0 \
-                or self.body_timeout_s <= 0 or self.header_timeout_s <= 0:
-            raise ValueError("max_wait_ms and drain_timeout_s must be >= 0; max_body_mb, switch_interval_ms, "
-                             "body_timeout_s and header_timeout_s > 0")
+        if (
+            self.max_wait_ms < 0
+            or self.max_body_mb <= 0
+            or self.drain_timeout_s < 0
+            or self.switch_interval_ms <= 0
+            or self.body_timeout_s <= 0
+            or self.header_timeout_s <= 0
+        ):
+            raise ValueError(
+                "max_wait_ms and drain_timeout_s must be >= 0; max_body_mb, switch_interval_ms, "
+                "body_timeout_s and header_timeout_s > 0"
+            )
         if self.max_bodies_mb is not None and self.max_bodies_mb < self.max_body_mb:
-            raise ValueError(f"max_bodies_mb ({self.max_bodies_mb:g}) must be at least max_body_mb ({self.max_body_mb:g})")
+            raise ValueError(
+                f"max_bodies_mb ({self.max_bodies_mb:g}) must be at least max_body_mb ({self.max_body_mb:g})"
+            )
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
         if self.threads is not None and self.threads < 1:

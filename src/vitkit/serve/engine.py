@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -64,8 +65,9 @@ class LocalEngine:
         self.description = Description(model.info(), model.class_names, model.explainable)
 
     @classmethod
-    def start(cls, path: str | os.PathLike, config: ServeConfig,
-              load: Callable[[str | os.PathLike, str], ServedModel]) -> LocalEngine:
+    def start(
+        cls, path: str | os.PathLike, config: ServeConfig, load: Callable[[str | os.PathLike, str], ServedModel]
+    ) -> LocalEngine:
         """Set the torch threads, load `path`, warm up: in the server process or in the model process alike."""
         if config.threads is not None:
             torch.set_num_threads(config.threads)
@@ -81,8 +83,10 @@ class LocalEngine:
             return results
         outputs = self.model.run([Job(inputs[i], payloads[i].explain) for i in ready])
         explained = [(i, output) for i, output in zip(ready, outputs) if output.relevance is not None]
-        overlays = self._pool.map(lambda pair: self.model.overlay_png(payloads[pair[0]].upload.data, pair[1].relevance,
-                                                                      self.max_pixels), explained)
+        overlays = self._pool.map(
+            lambda pair: self.model.overlay_png(payloads[pair[0]].upload.data, pair[1].relevance, self.max_pixels),
+            explained,
+        )
         drawn = {i: (self._attention(output.relevance), png) for (i, output), png in zip(explained, overlays)}
         probabilities = torch.stack([output.probabilities for output in outputs]).float().cpu().numpy()
         for row, (i, output) in enumerate(zip(ready, outputs)):
@@ -94,8 +98,11 @@ class LocalEngine:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def _decode_all(self, payloads: Sequence[Encoded]) -> list[Tensor | HTTPError]:
-        large = {i: self._pool.submit(self._decode, payload.upload) for i, payload in enumerate(payloads)
-                 if len(payload.upload.data) > INLINE_DECODE_BYTES}
+        large = {
+            i: self._pool.submit(self._decode, payload.upload)
+            for i, payload in enumerate(payloads)
+            if len(payload.upload.data) > INLINE_DECODE_BYTES
+        }
         return [large[i].result() if i in large else self._decode(payload.upload) for i, payload in enumerate(payloads)]
 
     def _decode(self, upload: Upload) -> Tensor | HTTPError:
@@ -104,13 +111,17 @@ class LocalEngine:
             return self.model.decode(upload.data, self.max_pixels)
         except BadImageError as error:
             # Pillow refuses images over twice its own pixel limit at open time, before vitkit's check sees the size
-            bomb = isinstance(error, DecompressionBombError) or isinstance(error.__cause__, Image.DecompressionBombError)
+            bomb = isinstance(error, DecompressionBombError) or isinstance(
+                error.__cause__, Image.DecompressionBombError
+            )
             message = re.sub(r" <_io\.BytesIO object at 0x[0-9a-f]+>", "", str(error)).replace("<bytes>", upload.name)
             return HTTPError(413 if bomb else 400, message)
 
     def _attention(self, relevance: Tensor) -> dict[str, Any]:
         prefix = self.model.model.num_prefix_tokens
-        return {"method": "attention rollout (Abnar & Zuidema 2020), as in Figure 6",
-                "row": "[class] token" if prefix else "mean of the patch tokens (GAP)",
-                "grid": list(relevance.shape), "relevance": relevance_maps(relevance[None])[0]}
-
+        return {
+            "method": "attention rollout (Abnar & Zuidema 2020), as in Figure 6",
+            "row": "[class] token" if prefix else "mean of the patch tokens (GAP)",
+            "grid": list(relevance.shape),
+            "relevance": relevance_maps(relevance[None])[0],
+        }

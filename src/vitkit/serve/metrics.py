@@ -18,16 +18,27 @@ class Metrics:
 
     def __init__(self, max_batch: int) -> None:
         self.registry = CollectorRegistry()
-        self.requests = Counter("vitkit_requests", "HTTP requests by route and status code", ["route", "status"],
-                                registry=self.registry)
-        self.latency = Histogram("vitkit_request_seconds", "Time from request start to response end", ["route"],
-                                 buckets=LATENCY_BUCKETS, registry=self.registry)
-        self.batch_size = Histogram("vitkit_batch_size", "Images per model forward (dynamic batching)",
-                                    buckets=batch_buckets(max_batch), registry=self.registry)
+        self.requests = Counter(
+            "vitkit_requests", "HTTP requests by route and status code", ["route", "status"], registry=self.registry
+        )
+        self.latency = Histogram(
+            "vitkit_request_seconds",
+            "Time from request start to response end",
+            ["route"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.batch_size = Histogram(
+            "vitkit_batch_size",
+            "Images per model forward (dynamic batching)",
+            buckets=batch_buckets(max_batch),
+            registry=self.registry,
+        )
         self.images = Counter("vitkit_images", "Images run through the model", registry=self.registry)
         self.queue_depth = Gauge("vitkit_queue_depth", "Images waiting for a model forward", registry=self.registry)
-        self.in_flight = Gauge("vitkit_requests_in_flight", "Prediction requests admitted and not yet answered",
-                               registry=self.registry)
+        self.in_flight = Gauge(
+            "vitkit_requests_in_flight", "Prediction requests admitted and not yet answered", registry=self.registry
+        )
 
     def observe_request(self, route: str, status: int, seconds: float) -> None:
         self.requests.labels(route=route, status=str(status)).inc()

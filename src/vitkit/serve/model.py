@@ -7,8 +7,9 @@ import io
 import logging
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -58,11 +59,19 @@ class ServedModel:
     def info(self) -> dict[str, Any]:
         """What /health reports."""
         config = config_to_dict(self.model.config)
-        fields = ", ".join(f"{key}={config[key]}" for key in ("hidden_size", "depth", "num_heads", "patch_size") if key in config)
-        return {"model": f"{type(self.model).__name__} ({fields})" if fields else type(self.model).__name__,
-                "checkpoint": self.source, "classes": self.class_names, "num_classes": num_classes(self.model.config),
-                "resolution": self.size, "channels": self.channels, "device": str(self.device),
-                "explain": self.explainable}
+        fields = ", ".join(
+            f"{key}={config[key]}" for key in ("hidden_size", "depth", "num_heads", "patch_size") if key in config
+        )
+        return {
+            "model": f"{type(self.model).__name__} ({fields})" if fields else type(self.model).__name__,
+            "checkpoint": self.source,
+            "classes": self.class_names,
+            "num_classes": num_classes(self.model.config),
+            "resolution": self.size,
+            "channels": self.channels,
+            "device": str(self.device),
+            "explain": self.explainable,
+        }
 
     def decode(self, data: bytes, max_pixels: int) -> Tensor:
         """Encoded image bytes -> uint8 (C, S, S), as `vitkit predict` decodes a file."""

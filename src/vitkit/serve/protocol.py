@@ -29,8 +29,12 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 log = logging.getLogger(__name__)
 
-REASONS = {400: "Bad Request", 408: "Request Timeout", 431: "Request Header Fields Too Large",
-           503: "Service Unavailable"}
+REASONS = {
+    400: "Bad Request",
+    408: "Request Timeout",
+    431: "Request Header Fields Too Large",
+    503: "Service Unavailable",
+}
 
 
 @dataclass(frozen=True)
@@ -45,8 +49,12 @@ class Limits:
 def error_bytes(status: int, message: str, extra: dict[str, str] | None = None) -> bytes:
     """A complete HTTP/1.1 response `{"error": message}` with `status` that closes the connection."""
     body = json.dumps({"error": message}).encode()
-    headers = {"content-type": "application/json", "content-length": str(len(body)), "connection": "close",
-               **(extra or {})}
+    headers = {
+        "content-type": "application/json",
+        "content-length": str(len(body)),
+        "connection": "close",
+        **(extra or {}),
+    }
     head = f"HTTP/1.1 {status} {REASONS[status]}\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
     return head.encode("ascii") + b"\r\n" + body
 
@@ -132,8 +140,11 @@ class GuardedProtocol(HttpToolsProtocol):
         self._in_headers = False
         self._stop_clock()
         if len(self.connections) > self.limits.max_connections:
-            self._refuse(503, f"server busy: more than {self.limits.max_connections} connections open; retry shortly",
-                         {"retry-after": "1"})
+            self._refuse(
+                503,
+                f"server busy: more than {self.limits.max_connections} connections open; retry shortly",
+                {"retry-after": "1"},
+            )
             return
         super().on_headers_complete()
 

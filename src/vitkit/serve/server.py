@@ -24,11 +24,24 @@ def uvicorn_config(app: Any, config: ServeConfig) -> Any:
     serve/protocol.py), no WebSockets, and idle keep-alive connections closed after 5 s."""
     import uvicorn
 
-    limits = Limits(max_header_bytes=config.max_header_bytes, header_timeout_s=config.header_timeout_s,
-                    max_connections=config.max_connections)
-    return uvicorn.Config(app, host=config.host, port=config.port, lifespan="on", access_log=False, server_header=False,
-                          timeout_graceful_shutdown=config.drain_timeout_s, log_level="info", ws="none",
-                          http=protocol_class(limits), timeout_keep_alive=5)
+    limits = Limits(
+        max_header_bytes=config.max_header_bytes,
+        header_timeout_s=config.header_timeout_s,
+        max_connections=config.max_connections,
+    )
+    return uvicorn.Config(
+        app,
+        host=config.host,
+        port=config.port,
+        lifespan="on",
+        access_log=False,
+        server_header=False,
+        timeout_graceful_shutdown=config.drain_timeout_s,
+        log_level="info",
+        ws="none",
+        http=protocol_class(limits),
+        timeout_keep_alive=5,
+    )
 
 
 def run_server(path: str | os.PathLike, config: ServeConfig) -> int:

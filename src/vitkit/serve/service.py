@@ -8,7 +8,8 @@ import base64
 import contextlib
 import logging
 import os
-from typing import Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 
@@ -37,9 +38,14 @@ class Service:
         on_load_failure: called with the message when the checkpoint cannot be loaded (the server exits).
     """
 
-    def __init__(self, path: str | os.PathLike, config: ServeConfig, *,
-                 load: Callable[[str | os.PathLike, str], ServedModel] = load_model,
-                 on_load_failure: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        config: ServeConfig,
+        *,
+        load: Callable[[str | os.PathLike, str], ServedModel] = load_model,
+        on_load_failure: Callable[[str], None] | None = None,
+    ) -> None:
         if config.model_process and load is not load_model:
             raise ValueError("a custom load function runs in this process: use ServeConfig(model_process=False)")
         self.path, self.config, self._load, self.on_load_failure = path, config, load, on_load_failure
@@ -57,14 +63,21 @@ class Service:
         try:
             self.engine = await asyncio.get_running_loop().run_in_executor(None, self._start_engine)
         except Exception as error:  # noqa: BLE001 - any failure to load is reported, then the server stops
-            reason = str(error) if isinstance(error, ModelProcessError) else f"{type(error).__name__}: {error}"  # the child names its own
+            reason = (
+                str(error) if isinstance(error, ModelProcessError) else f"{type(error).__name__}: {error}"
+            )  # the child names its own
             self.load_error = f"cannot serve {self.path}: {reason}"
             log.error("%s", self.load_error)
             if self.on_load_failure is not None:
                 self.on_load_failure(self.load_error)
             return
-        self.batcher = Batcher(self._run_batch, max_batch=self.config.max_batch, max_wait_s=self.config.max_wait_ms / 1000,
-                               others=lambda inside: self._admitted - inside, on_depth=self.metrics.queue_depth.set)
+        self.batcher = Batcher(
+            self._run_batch,
+            max_batch=self.config.max_batch,
+            max_wait_s=self.config.max_wait_ms / 1000,
+            others=lambda inside: self._admitted - inside,
+            on_depth=self.metrics.queue_depth.set,
+        )
         self.batcher.start()
         self.model = self.engine.description
         info = self.model.info
@@ -94,7 +107,9 @@ class Service:
     def admit(self) -> Iterator[None]:
         """Hold one of `max_queue` places for a request, or answer 503 + Retry-After when all are taken."""
         if self._admitted >= self.config.max_queue:
-            raise HTTPError(503, f"server busy: {self._admitted} requests in flight (--max-queue); retry shortly", RETRY_AFTER)
+            raise HTTPError(
+                503, f"server busy: {self._admitted} requests in flight (--max-queue); retry shortly", RETRY_AFTER
+            )
         self._admitted += 1
         self.metrics.in_flight.set(self._admitted)
         try:
@@ -113,9 +128,13 @@ class Service:
             raise HTTPError(503, str(error), RETRY_AFTER) from error
         entries = []
         for answer in answers:
-            entry: dict[str, Any] = {"predictions": top_classes(torch.from_numpy(answer.probabilities), model.class_names, top_k)}
+            entry: dict[str, Any] = {
+                "predictions": top_classes(torch.from_numpy(answer.probabilities), model.class_names, top_k)
+            }
             if explain:
-                entry.update(attention=answer.attention, overlay_png=base64.b64encode(answer.overlay_png).decode("ascii"))
+                entry.update(
+                    attention=answer.attention, overlay_png=base64.b64encode(answer.overlay_png).decode("ascii")
+                )
             entries.append(entry)
         return entries
 

@@ -20,8 +20,9 @@ import logging
 import multiprocessing
 import os
 import signal
+from collections.abc import Sequence
 from multiprocessing.connection import Connection
-from typing import Any, Sequence
+from typing import Any
 
 from vitkit.serve.body import HTTPError
 from vitkit.serve.config import ServeConfig
@@ -58,7 +59,9 @@ class ProcessEngine:
             code = self._reap()
             log.error("the model process died in a batch of %d (exit code %s); starting a new one", len(payloads), code)
             self._start()
-            raise ModelProcessError(f"the model process died in this batch (exit code {code}) and was restarted") from error
+            raise ModelProcessError(
+                f"the model process died in this batch (exit code {code}) and was restarted"
+            ) from error
         if kind != "answers":
             raise ModelProcessError(value)
         return value
@@ -81,15 +84,18 @@ class ProcessEngine:
                 self._conn.close()
         context = multiprocessing.get_context("spawn")  # no fork of a process with threads and torch state
         ours, theirs = context.Pipe()
-        self._process = context.Process(target=serve_batches, args=(theirs, self.path, self.config), name="vitkit-model",
-                                        daemon=True)
+        self._process = context.Process(
+            target=serve_batches, args=(theirs, self.path, self.config), name="vitkit-model", daemon=True
+        )
         self._process.start()
         theirs.close()
         self._conn = ours
         try:
             kind, value = ours.recv()
         except EOFError as error:
-            raise ModelProcessError(f"the model process exited with {self._reap()} while loading {self.path}") from error
+            raise ModelProcessError(
+                f"the model process exited with {self._reap()} while loading {self.path}"
+            ) from error
         if kind != "ready":
             self._reap()
             raise ModelProcessError(value)

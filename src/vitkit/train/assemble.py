@@ -12,8 +12,9 @@ Where the weights come from, decided once, in this order (STYLE.md section 5):
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -53,8 +54,13 @@ def load_splits(config: TrainConfig, *, need_test: bool = True) -> Splits:
     """
     uri, data = config.data.uri, config.data
     columns = dict(image_column=data.image_column, label_column=data.label_column)  # hf: sources
-    common = dict(image_size=image_size(config.model), seed=config.run.seed, strict=data.strict,
-                  max_in_memory_bytes=data.max_in_memory_mb << 20, **columns)
+    common = dict(
+        image_size=image_size(config.model),
+        seed=config.run.seed,
+        strict=data.strict,
+        max_in_memory_bytes=data.max_in_memory_mb << 20,
+        **columns,
+    )
     periodic = config.eval.every_epochs > 0
     val_fraction = data.val_fraction
     if periodic and val_fraction == 0 and not separate_val(uri):
@@ -77,8 +83,10 @@ def load_splits(config: TrainConfig, *, need_test: bool = True) -> Splits:
 
 def check_classes(config: TrainConfig, train: ImageSet) -> None:
     if config.mpp is None and train.num_classes != num_classes(config.model):
-        raise ValueError(f"{config.data.uri} has {train.num_classes} classes but the model head has "
-                         f"{num_classes(config.model)} (set model.num_classes={train.num_classes})")
+        raise ValueError(
+            f"{config.data.uri} has {train.num_classes} classes but the model head has "
+            f"{num_classes(config.model)} (set model.num_classes={train.num_classes})"
+        )
 
 
 def initial_model(config: TrainConfig) -> nn.Module:
@@ -91,24 +99,36 @@ def initial_model(config: TrainConfig) -> nn.Module:
         source = replace_head(source, num_classes(config.model))  # Sec. 3.2: zero-init D x K head
     source = change_resolution(source, image_size(config.model))  # Sec. 3.2: 2D-interpolated E_pos
     native.load_state_dict_strict(model, source.state_dict(), source=config.run.init_from)
-    log.info("initialised from %s (head %d classes, %d px)", config.run.init_from, num_classes(config.model),
-             image_size(config.model))
+    log.info(
+        "initialised from %s (head %d classes, %d px)",
+        config.run.init_from,
+        num_classes(config.model),
+        image_size(config.model),
+    )
     return model
 
 
 def _same_head(source: nn.Module, target: nn.Module) -> bool:
     ours, theirs = target.state_dict(), source.state_dict()
     keys = [k for k in ours if k.startswith(("head.", "pre_logits."))]
-    return all(k in theirs and theirs[k].shape == ours[k].shape for k in keys) and \
-        not [k for k in theirs if k.startswith("pre_logits.") and k not in ours]
+    return all(k in theirs and theirs[k].shape == ours[k].shape for k in keys) and not [
+        k for k in theirs if k.startswith("pre_logits.") and k not in ours
+    ]
 
 
 def blank_batch(train: ImageSet, micro: int, side: int, device: torch.device) -> list[tuple[Tensor, Tensor]]:
     """One blank micro-batch laid out as the training ones (uint8 images as the split stores or loads them)."""
-    shape = tuple(train.images.shape[1:]) if train.images is not None else (train.channels, train.load_size or side,
-                                                                             train.load_size or side)
-    return [(torch.zeros(micro, *shape, dtype=torch.uint8, device=device),
-             torch.zeros(micro, dtype=torch.long, device=device))]
+    shape = (
+        tuple(train.images.shape[1:])
+        if train.images is not None
+        else (train.channels, train.load_size or side, train.load_size or side)
+    )
+    return [
+        (
+            torch.zeros(micro, *shape, dtype=torch.uint8, device=device),
+            torch.zeros(micro, dtype=torch.long, device=device),
+        )
+    ]
 
 
 class IndexBatches:
@@ -119,8 +139,20 @@ class IndexBatches:
     labels) on the device; `state_dict` is the position (the step), `skipped` counts corrupt files.
     """
 
-    def __init__(self, data: ImageSet, *, seed: int, global_batch: int, micro_batch: int, rank: int, world: int,
-                 device: torch.device, total_steps: int, workers: int = 0, strict: bool = False):
+    def __init__(
+        self,
+        data: ImageSet,
+        *,
+        seed: int,
+        global_batch: int,
+        micro_batch: int,
+        rank: int,
+        world: int,
+        device: torch.device,
+        total_steps: int,
+        workers: int = 0,
+        strict: bool = False,
+    ):
         self.data, self.seed, self.global_batch, self.micro_batch = data, seed, global_batch, micro_batch
         self.rank, self.world, self.device, self.total_steps = rank, world, device, total_steps
         self.workers, self.strict = workers, strict
@@ -146,15 +178,25 @@ class IndexBatches:
         if self.data.images is not None:
             images = loader.DeviceImages(self.data, self.device)
             while self.step < self.total_steps:
-                indices = loader.micro_batches(stream, self.step, self.global_batch, self.rank, self.world,
-                                               self.micro_batch)
+                indices = loader.micro_batches(
+                    stream, self.step, self.global_batch, self.rank, self.world, self.micro_batch
+                )
                 self.step += 1
                 yield [images.batch(index) for index in indices]
             return
-        self._files = loader.FileBatches(self.data, stream, start_step=self.step, total_steps=self.total_steps,
-                                         global_batch=self.global_batch, rank=self.rank, world=self.world,
-                                         micro_batch=self.micro_batch, device=self.device, workers=self.workers,
-                                         strict=self.strict)
+        self._files = loader.FileBatches(
+            self.data,
+            stream,
+            start_step=self.step,
+            total_steps=self.total_steps,
+            global_batch=self.global_batch,
+            rank=self.rank,
+            world=self.world,
+            micro_batch=self.micro_batch,
+            device=self.device,
+            workers=self.workers,
+            strict=self.strict,
+        )
         for batch in self._files:
             self.step += 1
             yield batch

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -92,8 +92,14 @@ class Budget:
         return self._last or (not self._given and self._at(step) >= self.length)
 
 
-def warm_up(module: nn.Module, phases: list[GraphKey], run_once: Callable[[float, int], None], device: torch.device,
-            *, timed: int = 2) -> tuple[float, dict[GraphKey, float]]:
+def warm_up(
+    module: nn.Module,
+    phases: list[GraphKey],
+    run_once: Callable[[float, int], None],
+    device: torch.device,
+    *,
+    timed: int = 2,
+) -> tuple[float, dict[GraphKey, float]]:
     """Run `run_once(rate, side)` (one micro-batch forward + backward) 1 + `timed` times per phase.
 
     Returns the seconds spent in all and, per phase, the median seconds of the timed passes (the first pass

@@ -9,8 +9,9 @@ writes; every process waits for the write.  The layout itself is `vitkit.runs.Ru
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -27,8 +28,16 @@ log = logging.getLogger(__name__)
 class Checkpointer:
     """Saves every `every` steps (and when asked), restores the newest checkpoint, exports `final`/`ema`."""
 
-    def __init__(self, run: RunDir, *, every: int, meta: dict[str, Any], main: bool, sharded: bool = False,
-                 extra: Callable[[], dict[str, Any]] = dict):
+    def __init__(
+        self,
+        run: RunDir,
+        *,
+        every: int,
+        meta: dict[str, Any],
+        main: bool,
+        sharded: bool = False,
+        extra: Callable[[], dict[str, Any]] = dict,
+    ):
         self.run, self.every, self.meta, self.main, self.sharded = run, every, meta, main, sharded
         self.extra = extra  # () -> the data position and the objective's state, saved beside the TrainState
 
@@ -40,7 +49,9 @@ class Checkpointer:
         full = _gather_sharded(state) if self.sharded else None  # a collective: all processes
         path = None
         if self.main:
-            payload = state.state_dict() if full is None else {**state.state_dict(optimizer=False), "optimizer": full[1]}
+            payload = (
+                state.state_dict() if full is None else {**state.state_dict(optimizer=False), "optimizer": full[1]}
+            )
             payload.update(self.extra())
             module = state.module if full is None else _plain_copy(state.module, full[0])
             path = self.run.save_step(state.step, lambda tmp: native.save(module, tmp, **self.meta), payload)
@@ -85,18 +96,18 @@ def _gather_sharded(state: TrainState) -> tuple[dict[str, Any], dict[str, Any]]:
     The optimiser state is keyed by parameter names (torch.distributed.checkpoint's format), loadable
     with weights_only=True.
     """
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                         get_optimizer_state_dict)
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    return (get_model_state_dict(state.model, options=options),
-            get_optimizer_state_dict(state.model, state.optimizer, options=options))
+    return (
+        get_model_state_dict(state.model, options=options),
+        get_optimizer_state_dict(state.model, state.optimizer, options=options),
+    )
 
 
 def _load_sharded(state: TrainState, weights: dict[str, Any], payload: dict[str, Any]) -> None:
     """FSDP2 resume: every process reads the full checkpoint and keeps its shards."""
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
-                                                         set_optimizer_state_dict)
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
 
     options = StateDictOptions(full_state_dict=True)
     set_model_state_dict(state.model, weights, options=options)

@@ -33,8 +33,9 @@ def probe_batch(model_config: ModelConfig, micro_batch: int) -> int:
     return max(1, min(micro_batch, math.ceil(PROBE_FLOPS / max(per_image, 1))))
 
 
-def probe_pass(model: nn.Module, model_config: ModelConfig, images: int, device: torch.device,
-               dtype: torch.dtype | None) -> float:
+def probe_pass(
+    model: nn.Module, model_config: ModelConfig, images: int, device: torch.device, dtype: torch.dtype | None
+) -> float:
     """Seconds of one forward + backward of `model` on `images` blank images under autocast `dtype` (the
     fastest of three after a warm-up); gradients are cleared and the RNG left as it was."""
     size, channels = image_size(model_config), in_channels(model_config)
@@ -56,8 +57,18 @@ def probe_pass(model: nn.Module, model_config: ModelConfig, images: int, device:
             param.grad = None
 
 
-def choose(config: TrainConfig, model: nn.Module, device: torch.device, *, micro_batch: int, accumulation: int,
-           graphs: int, steps: int | None, budget_s: float | None, stored_precision: str | None = None) -> HostChoices:
+def choose(
+    config: TrainConfig,
+    model: nn.Module,
+    device: torch.device,
+    *,
+    micro_batch: int,
+    accumulation: int,
+    graphs: int,
+    steps: int | None,
+    budget_s: float | None,
+    stored_precision: str | None = None,
+) -> HostChoices:
     """Compilation, then precision, for this run on this host, with their reasons (`stored_precision`: the choice
     of an earlier invocation of the same run, which a resumed run keeps).
 
@@ -75,16 +86,25 @@ def choose(config: TrainConfig, model: nn.Module, device: torch.device, *, micro
 
     wants_timing = config.run.compile == "auto" and (steps is not None or budget_s is not None)
     eager_step_s = eager(None) * micro_batch / images * accumulation if wants_timing else 0.0
-    on, why = compiled.decide(config.run.compile, device, graphs=graphs, eager_step_s=eager_step_s, steps=steps,
-                              budget_s=budget_s)
+    on, why = compiled.decide(
+        config.run.compile, device, graphs=graphs, eager_step_s=eager_step_s, steps=steps, budget_s=budget_s
+    )
     if stored_precision in ("fp32", "bf16") and config.run.precision == "auto":
         precision = PrecisionChoice(stored_precision, "auto: as this run's first invocation chose")
     else:
         shape = matmul_shape(config.model, micro_batch)
         measure = (lambda dtype: matmul_seconds(*shape, device, dtype)) if on and shape else eager
         precision = choose_precision(config.run.precision, device, measure)
-    return agreed(HostChoices(host=hosts.current(device).describe(), precision=precision.precision,
-                              precision_reason=precision.reason, compiled=on, compile_reason=why), device)
+    return agreed(
+        HostChoices(
+            host=hosts.current(device).describe(),
+            precision=precision.precision,
+            precision_reason=precision.reason,
+            compiled=on,
+            compile_reason=why,
+        ),
+        device,
+    )
 
 
 def matmul_shape(model_config: ModelConfig, micro_batch: int) -> tuple[int, int, int] | None:
@@ -101,8 +121,10 @@ def matmul_shape(model_config: ModelConfig, micro_batch: int) -> tuple[int, int,
 def matmul_seconds(rows: int, inner: int, outer: int, device: torch.device, dtype: torch.dtype | None) -> float:
     """Seconds of one (rows x inner) . (inner x outer) product in `dtype` (None = fp32), the fastest of a few."""
     generator = torch.Generator().manual_seed(0)
-    x, w = (torch.randn(shape, generator=generator).to(device, dtype or torch.float32)
-            for shape in ((rows, inner), (outer, inner)))
+    x, w = (
+        torch.randn(shape, generator=generator).to(device, dtype or torch.float32)
+        for shape in ((rows, inner), (outer, inner))
+    )
     with torch.no_grad():
         return time_pass(lambda: torch.nn.functional.linear(x, w), device, repeats=5)
 
@@ -114,6 +136,11 @@ def agreed(picked: HostChoices, device: torch.device) -> HostChoices:
     if bf16 == (picked.precision == "bf16") and on == picked.compiled:
         return picked
     return dataclasses.replace(
-        picked, precision="bf16" if bf16 else "fp32", compiled=on,
-        precision_reason=picked.precision_reason if bf16 == (picked.precision == "bf16") else "another process chose fp32",
-        compile_reason=picked.compile_reason if on == picked.compiled else "another process chose not to compile")
+        picked,
+        precision="bf16" if bf16 else "fp32",
+        compiled=on,
+        precision_reason=picked.precision_reason
+        if bf16 == (picked.precision == "bf16")
+        else "another process chose fp32",
+        compile_reason=picked.compile_reason if on == picked.compiled else "another process chose not to compile",
+    )

@@ -17,7 +17,8 @@ import logging
 import os
 import re
 import shutil
-from typing import Callable, Literal
+from collections.abc import Callable
+from typing import Literal
 
 import torch
 from torch import nn
@@ -40,8 +41,15 @@ def cpp_compiler() -> str | None:
     return None
 
 
-def decide(requested: Literal["auto", "on", "off"], device: torch.device, *, graphs: int, eager_step_s: float,
-           steps: int | None, budget_s: float | None) -> tuple[bool, str]:
+def decide(
+    requested: Literal["auto", "on", "off"],
+    device: torch.device,
+    *,
+    graphs: int,
+    eager_step_s: float,
+    steps: int | None,
+    budget_s: float | None,
+) -> tuple[bool, str]:
     """Whether to compile, and why: "auto" compiles where the run's eager time, cut by COMPILED_SPEEDUP, saves
     more than compiling its `graphs` costs.  The run's eager time is `steps` x `eager_step_s`, at most the
     usable `budget_s`; under a budget alone, the budget."""
@@ -54,8 +62,10 @@ def decide(requested: Literal["auto", "on", "off"], device: torch.device, *, gra
         return True, "run.compile=on"
     run_s = min((x for x in (None if steps is None else steps * eager_step_s, budget_s) if x is not None), default=0.0)
     saved_s, cost_s = run_s * (1 - 1 / COMPILED_SPEEDUP), graphs * COMPILE_SECONDS
-    numbers = (f"~{_duration(run_s)} of eager training, {COMPILED_SPEEDUP:g}x faster compiled, saves "
-               f"~{_duration(saved_s)}; compiling {graphs} graph(s) costs ~{_duration(cost_s)} into a cold cache")
+    numbers = (
+        f"~{_duration(run_s)} of eager training, {COMPILED_SPEEDUP:g}x faster compiled, saves "
+        f"~{_duration(saved_s)}; compiling {graphs} graph(s) costs ~{_duration(cost_s)} into a cold cache"
+    )
     if saved_s > cost_s:
         return True, f"auto: {numbers}"
     return False, f"auto: {numbers}; run.compile=on forces it"
@@ -82,7 +92,9 @@ def use_host_cache(device: torch.device) -> str:
     if chosen and os.path.abspath(chosen) != os.path.abspath(default_cache_dir()):
         return chosen
     host = hosts.current(device)
-    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", f"vitkit-{host.isa}-{'bf16' if host.native_bf16 else 'nobf16'}-{host.torch}")
+    name = re.sub(
+        r"[^A-Za-z0-9_.-]+", "-", f"vitkit-{host.isa}-{'bf16' if host.native_bf16 else 'nobf16'}-{host.torch}"
+    )
     path = os.path.join(default_cache_dir(), name)
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = path
     return path
@@ -94,25 +106,36 @@ def compile_for_training(model: nn.Module, device: torch.device) -> nn.Module:
     return torch.compile(model, dynamic=False)
 
 
-def warm_up_compiled(module: nn.Module, phases: list[GraphKey], run_once: Callable[[float, int], None],
-                     device: torch.device, *, compiling: bool, to_eager: Callable[[], None]
-                     ) -> tuple[dict[GraphKey, float], str]:
+def warm_up_compiled(
+    module: nn.Module,
+    phases: list[GraphKey],
+    run_once: Callable[[float, int], None],
+    device: torch.device,
+    *,
+    compiling: bool,
+    to_eager: Callable[[], None],
+) -> tuple[dict[GraphKey, float], str]:
     """`budget.warm_up`, which compiles every phase's graph when `compiling`; a broken compiler toolchain
     trains eagerly (`to_eager()`) rather than not at all.  Returns the timings and, if compiling failed, why."""
     if compiling:
-        log.info("torch.compile: compiling %d graph(s) before the first step (tens of seconds each on a CPU)",
-                 len(phases))
+        log.info(
+            "torch.compile: compiling %d graph(s) before the first step (tens of seconds each on a CPU)", len(phases)
+        )
     try:
         seconds, timings = warm_up(module, phases, run_once, device)
     except Exception as err:
         if not compiling:
             raise
         first = (str(err).strip().splitlines() or [""])[0]
-        log.warning("torch.compile failed (%s: %s); training eagerly (run.compile=off skips compiling)",
-                    type(err).__name__, first)
+        log.warning(
+            "torch.compile failed (%s: %s); training eagerly (run.compile=off skips compiling)",
+            type(err).__name__,
+            first,
+        )
         to_eager()
         return warm_up(module, phases, run_once, device)[1], f"compiling failed here ({type(err).__name__})"
     if compiling:
-        log.info("torch.compile: %d graph(s) (PatchDropout rate, side) %s compiled in %.0f s", len(phases), phases,
-                 seconds)
+        log.info(
+            "torch.compile: %d graph(s) (PatchDropout rate, side) %s compiled in %.0f s", len(phases), phases, seconds
+        )
     return timings, ""

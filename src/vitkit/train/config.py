@@ -39,7 +39,9 @@ class DataConfig:
     epochs: float = 10.0  # passes over the training split (ignored when steps > 0); 0 and 0 steps under a fitted time budget: as many as fit
     steps: int = 0  # optimiser steps; 0 = derived from epochs
     val_fraction: float = 0.0  # held-out part of train for model selection / the LR sweep (App. B.1.1)
-    train_fraction: float = 1.0  # train on a fixed class-stratified part of the training split (data-size studies, Sec. 4.3)
+    train_fraction: float = (
+        1.0  # train on a fixed class-stratified part of the training split (data-size studies, Sec. 4.3)
+    )
     labels_per_class: int = 0  # train on a fixed N images of each class (10 inside 100); 0 = all (--labels-per-class)
     mean: tuple[float, ...] = (0.5, 0.5, 0.5)  # x = (pixel/255 - mean)/std; 0.5/0.5 = the official [-1, 1]
     std: tuple[float, ...] = (0.5, 0.5, 0.5)
@@ -51,9 +53,13 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.micro_batch_size < 0:
-            raise ValueError(f"batch_size must be >= 1 and micro_batch_size >= 0, got {self.batch_size}/{self.micro_batch_size}")
+            raise ValueError(
+                f"batch_size must be >= 1 and micro_batch_size >= 0, got {self.batch_size}/{self.micro_batch_size}"
+            )
         if self.micro_batch_size and self.batch_size % self.micro_batch_size:
-            raise ValueError(f"batch_size {self.batch_size} is not a multiple of micro_batch_size {self.micro_batch_size}")
+            raise ValueError(
+                f"batch_size {self.batch_size} is not a multiple of micro_batch_size {self.micro_batch_size}"
+            )
         if self.epochs < 0 or self.steps < 0:
             raise ValueError(f"epochs and steps must be >= 0 (0 = not set), got {self.epochs} / {self.steps}")
         if not 0.0 <= self.val_fraction < 1.0:
@@ -61,8 +67,10 @@ class DataConfig:
         if not 0.0 < self.train_fraction <= 1.0:
             raise ValueError(f"train_fraction must be in (0, 1], got {self.train_fraction}")
         if self.labels_per_class < 0 or (self.labels_per_class and self.train_fraction < 1.0):
-            raise ValueError(f"labels_per_class must be >= 0 and is not combined with train_fraction < 1, got "
-                             f"{self.labels_per_class} / {self.train_fraction}")
+            raise ValueError(
+                f"labels_per_class must be >= 0 and is not combined with train_fraction < 1, got "
+                f"{self.labels_per_class} / {self.train_fraction}"
+            )
 
     @property
     def has_length(self) -> bool:
@@ -74,7 +82,9 @@ class DataConfig:
 class OptimConfig:
     """Optimiser, schedule and loss (Sec. 4.1 "Training & Fine-tuning", App. B.1, Tables 3-4)."""
 
-    name: Literal["adamw", "sgd", "muon"] = "adamw"  # pre-training: Adam; fine-tuning: SGD with momentum; muon: train/optim.py
+    name: Literal["adamw", "sgd", "muon"] = (
+        "adamw"  # pre-training: Adam; fine-tuning: SGD with momentum; muon: train/optim.py
+    )
     lr: float = 1e-3  # peak learning rate after warmup, for `base_batch_size` images per step
     base_batch_size: int = 0  # batch the lr was tuned for; 0 = data.batch_size (no rescaling)
     lr_scaling: Literal["none", "linear", "sqrt"] = "none"  # lr *= (batch/base) or its sqrt when they differ
@@ -98,7 +108,9 @@ class OptimConfig:
         if self.muon_lr_scale <= 0:  # other optimisers ignore it: `--set optim.name=adamw` works on a Muon recipe
             raise ValueError(f"muon_lr_scale must be > 0, got {self.muon_lr_scale}")
         if self.lr <= 0 or self.weight_decay < 0 or self.clip_norm < 0:
-            raise ValueError(f"need lr > 0, weight_decay >= 0, clip_norm >= 0 (got {self.lr}, {self.weight_decay}, {self.clip_norm})")
+            raise ValueError(
+                f"need lr > 0, weight_decay >= 0, clip_norm >= 0 (got {self.lr}, {self.weight_decay}, {self.clip_norm})"
+            )
         if not 0.0 <= self.ema_decay < 1.0:
             raise ValueError(f"ema_decay must be in [0, 1), got {self.ema_decay}")
         if not 0.0 <= self.warmup_fraction < 1.0 or self.warmup_steps < 0 or self.warmup_max_steps < 0:
@@ -124,11 +136,15 @@ class RunConfig:
     out: str = ""  # run directory; "" = runs/<data>-<model>-<timestamp> (chosen by the CLI)
     seed: int = 0  # seeds init, data order, augmentation and dropout
     max_minutes: float = 0.0  # stop cleanly when spent, then evaluate and save; 0 = no budget
-    budget_schedule: Literal["fit", "cut"] = "fit"  # with max_minutes: fit = the schedule runs by the clock and ends annealed when the budget (whole run) is spent (train/budget.py); cut = stop this invocation when spent
+    budget_schedule: Literal["fit", "cut"] = (
+        "fit"  # with max_minutes: fit = the schedule runs by the clock and ends annealed when the budget (whole run) is spent (train/budget.py); cut = stop this invocation when spent
+    )
     checkpoint_every: int = 500  # optimiser steps between checkpoints (also at the end and on SIGTERM/SIGINT)
     log_every: int = 20  # optimiser steps between train records in metrics.jsonl
     nan_patience: int = 5  # consecutive non-finite losses (each skipped) before the run stops
-    nan_check: Literal["auto", "sync", "deferred"] = "auto"  # deferred: skip on the device (fused optimiser), read at log steps; auto = deferred on CUDA
+    nan_check: Literal["auto", "sync", "deferred"] = (
+        "auto"  # deferred: skip on the device (fused optimiser), read at log steps; auto = deferred on CUDA
+    )
     precision: Precision = "auto"  # "auto" = bf16 autocast where the device has native bf16 and it measures faster for the model (vitkit.device), else fp32
     compile: Compile = "auto"  # torch.compile the model: "auto" = where the run saves more time than compiling costs (train/compiled.py)
     parallel: Parallel = "ddp"  # with several processes: replicate (DDP) or shard (FSDP2, CUDA only)
@@ -164,30 +180,41 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         if not self.data.has_length and not (self.run.max_minutes > 0 and self.run.budget_schedule == "fit"):
-            raise ValueError("set data.epochs > 0 or data.steps > 0, or a fitted time budget (run.max_minutes > 0) "
-                             "to decide the run's length")
+            raise ValueError(
+                "set data.epochs > 0 or data.steps > 0, or a fitted time budget (run.max_minutes > 0) "
+                "to decide the run's length"
+            )
         if self.run.parallel == "fsdp" and self.run.device == "cpu":
             raise ValueError("run.parallel='fsdp' needs CUDA; use 'ddp' on CPU")
         if self.run.parallel == "fsdp" and self.optim.ema_decay > 0:
             raise ValueError("optim.ema_decay (Polyak averaging) is not supported with run.parallel='fsdp'")
         if self.optim.name == "muon" and (self.run.parallel == "fsdp" or self.run.nan_check == "deferred"):
-            raise ValueError("optim.name='muon' orthogonalises whole matrices and has no fused kernel: it needs "
-                             "run.parallel other than 'fsdp' and run.nan_check other than 'deferred'")
+            raise ValueError(
+                "optim.name='muon' orthogonalises whole matrices and has no fused kernel: it needs "
+                "run.parallel other than 'fsdp' and run.nan_check other than 'deferred'"
+            )
 
 
 GROUPS = ("model", "data", "augment", "optim", "eval", "run", "mpp")
 
 _RESOLUTIONS = "progressive resolution was removed (it lost to training at the model's resolution); use --img-size"
-_LATER = ("stepped PatchDropout was removed (it lost to one rate); model.patch_dropout applies until "
-          "model.patch_dropout_until, then every patch")
-_TIERS = ("the run-length regularisation rule was removed; set model.drop_path and augment.pad (the recipe's "
-          "fixed setting) directly")
+_LATER = (
+    "stepped PatchDropout was removed (it lost to one rate); model.patch_dropout applies until "
+    "model.patch_dropout_until, then every patch"
+)
+_TIERS = (
+    "the run-length regularisation rule was removed; set model.drop_path and augment.pad (the recipe's "
+    "fixed setting) directly"
+)
 # Fields that lost their experiments and were removed: name -> (the value that did nothing, what to do instead).
 REMOVED: dict[str, tuple[Any, str]] = {
-    "data.resolutions": ((), _RESOLUTIONS), "data.resolution_until": ((), _RESOLUTIONS),
-    "data.patch_dropout_later": ((), _LATER), "data.patch_dropout_later_until": ((), _LATER),
+    "data.resolutions": ((), _RESOLUTIONS),
+    "data.resolution_until": ((), _RESOLUTIONS),
+    "data.patch_dropout_later": ((), _LATER),
+    "data.patch_dropout_later_until": ((), _LATER),
     "optim.ema_warmup": (False, "the EMA warm-up was removed (it lost); optim.ema_decay averages from the first step"),
-    "optim.light_below_epochs": (0.0, _TIERS), "optim.heavy_from_epochs": (0.0, _TIERS),
+    "optim.light_below_epochs": (0.0, _TIERS),
+    "optim.heavy_from_epochs": (0.0, _TIERS),
 }
 # Fields that moved: old key -> new key (PatchDropout's settings are one group, model.patch_dropout*).
 MOVED = {"data.patch_dropout_until": "model.patch_dropout_until"}
@@ -204,8 +231,14 @@ def to_dict(config: TrainConfig) -> dict[str, Any]:
 
 def from_dict(data: dict[str, Any]) -> TrainConfig:
     """Inverse of `to_dict`; unknown keys raise a ValueError naming them."""
-    groups = {"data": DataConfig, "augment": AugmentConfig, "optim": OptimConfig, "eval": EvalConfig, "run": RunConfig,
-              "mpp": MPPConfig}
+    groups = {
+        "data": DataConfig,
+        "augment": AugmentConfig,
+        "optim": OptimConfig,
+        "eval": EvalConfig,
+        "run": RunConfig,
+        "mpp": MPPConfig,
+    }
     unknown = sorted(set(data) - set(GROUPS) - {"recipe"})
     if unknown:
         raise ValueError(f"unknown train config key(s) {unknown}")

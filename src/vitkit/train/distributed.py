@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import datetime
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal, Mapping
+from typing import Literal
 
 import torch
 import torch.distributed as dist
@@ -42,7 +43,9 @@ def current(environ: Mapping[str, str] | None = None) -> DistInfo:
     """This process's place: an already joined process group (e.g. a test's), else torchrun's variables."""
     if dist.is_available() and dist.is_initialized():
         rank, world = dist.get_rank(), dist.get_world_size()
-        local = int((os.environ if environ is None else environ).get("LOCAL_RANK", rank % max(1, torch.cuda.device_count())))
+        local = int(
+            (os.environ if environ is None else environ).get("LOCAL_RANK", rank % max(1, torch.cuda.device_count()))
+        )
         return DistInfo(rank=rank, world=world, local_rank=local)
     return from_env(environ)
 

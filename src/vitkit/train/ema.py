@@ -7,7 +7,7 @@ parameter and buffer.  The average is what gets evaluated and saved when enabled
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 from torch import Tensor, nn

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from vitkit.train.config import TrainConfig
 from vitkit.train.plots import plot_curves
@@ -25,7 +26,9 @@ def log_end(status: str, signum: int, step: int, steps: int, budget_minutes: flo
     if status == "time_budget":
         log.info("time budget of %.1f min spent at step %d/%d: stopping", budget_minutes, step, steps)
     if status == "interrupted":
-        log.warning("stopped by signal %d at step %d; checkpoint saved, re-run the same command to resume", signum, step)
+        log.warning(
+            "stopped by signal %d at step %d; checkpoint saved, re-run the same command to resume", signum, step
+        )
 
 
 @contextlib.contextmanager
@@ -38,7 +41,8 @@ def evaluation_failure(run_dir: Path, config: TrainConfig, checkpoint: str, metr
         first = (str(err).strip().splitlines() or [""])[0]
         raise EvaluationError(
             f"the final {config.eval.final_split} evaluation failed ({type(err).__name__}: {first}); the trained model "
-            f"is saved in {checkpoint}: evaluate it with `vitkit eval {run_dir} --data {config.data.uri}`") from err
+            f"is saved in {checkpoint}: evaluate it with `vitkit eval {run_dir} --data {config.data.uri}`"
+        ) from err
 
 
 def close_metrics(metrics: Any, final: dict[str, Any] | None, run_dir: Path) -> None:

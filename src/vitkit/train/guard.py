@@ -10,7 +10,8 @@ and the last good checkpoint, once `patience` steps in a row were skipped.
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -24,8 +25,14 @@ class NonFiniteLossError(ValueError):
 class NonFiniteGuard:
     """Counts skipped (non-finite) steps; `counters` is the training state that keeps them across resumes."""
 
-    def __init__(self, counters: Any, patience: int, *, report: Callable[[dict[str, Any]], None] = lambda r: None,
-                 last_good: Callable[[], object] = lambda: None):
+    def __init__(
+        self,
+        counters: Any,
+        patience: int,
+        *,
+        report: Callable[[dict[str, Any]], None] = lambda r: None,
+        last_good: Callable[[], object] = lambda: None,
+    ):
         self.counters, self.patience = counters, patience
         self.report, self.last_good = report, last_good
         self.unchecked: list[tuple[int, bool | torch.Tensor]] = []  # (step, skipped flag) not yet looked at
@@ -51,14 +58,16 @@ class NonFiniteGuard:
             if not skipped:
                 continue
             skipped_steps.append(step)
-            log.warning("step %d: non-finite loss or gradient; update skipped (%d in a row)", step,
-                        self.counters.nan_streak)
+            log.warning(
+                "step %d: non-finite loss or gradient; update skipped (%d in a row)", step, self.counters.nan_streak
+            )
             self.report({"step": step, "split": "train", "skipped": True, "nan_streak": self.counters.nan_streak})
             if self.counters.nan_streak >= self.patience:
                 self.unchecked.clear()
                 raise NonFiniteLossError(
                     f"loss/gradient was NaN or Inf for {self.counters.nan_streak} consecutive steps, the last at step "
                     f"{step}; stopped without saving. Last good checkpoint: {self.last_good() or 'none (no checkpoint yet)'}. "
-                    "Lower optim.lr, raise optim.warmup_steps or use run.precision=fp32")
+                    "Lower optim.lr, raise optim.warmup_steps or use run.precision=fp32"
+                )
         self.unchecked.clear()
         return skipped_steps

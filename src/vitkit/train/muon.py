@@ -18,13 +18,12 @@ than fp32 (a 2-core AVX2 host spent ~3 s a step in them), so there every iterati
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
 from vitkit.device import native_bf16
-
 
 BF16_FROM = 128  # smaller side from which the iteration runs in bf16 (faster there, slower below, on CPU)
 
@@ -77,16 +76,25 @@ class StackedMuon(torch.optim.Muon):
             for index, param in enumerate(params):
                 by_shape.setdefault(param.shape, []).append(index)
             for shape, indices in by_shape.items():
-                self._update(group, shape, [params[i] for i in indices], [grads[i] for i in indices],
-                             [buffers[i] for i in indices])
+                self._update(
+                    group,
+                    shape,
+                    [params[i] for i in indices],
+                    [grads[i] for i in indices],
+                    [buffers[i] for i in indices],
+                )
         return loss
 
-    def _update(self, group: dict, shape: torch.Size, params: list[Tensor], grads: list[Tensor],
-                buffers: list[Tensor]) -> None:
+    def _update(
+        self, group: dict, shape: torch.Size, params: list[Tensor], grads: list[Tensor], buffers: list[Tensor]
+    ) -> None:
         momentum, lr = group["momentum"], float(group["lr"])
         torch._foreach_lerp_(buffers, grads, 1 - momentum)
         updates = torch._foreach_lerp(grads, buffers, momentum) if group["nesterov"] else buffers
         ortho = orthogonalise(torch.stack(updates), group["ns_coefficients"], group["ns_steps"], group["eps"])
         torch._foreach_mul_(params, 1 - lr * group["weight_decay"])
-        torch._foreach_add_(params, [o.to(p.dtype) for o, p in zip(ortho.unbind(0), params)],
-                            alpha=-adjusted_lr(lr, group["adjust_lr_fn"], shape))
+        torch._foreach_add_(
+            params,
+            [o.to(p.dtype) for o, p in zip(ortho.unbind(0), params)],
+            alpha=-adjusted_lr(lr, group["adjust_lr_fn"], shape),
+        )

@@ -70,17 +70,41 @@ class Classification:
 
     def batch(self, raw: list[tuple[Tensor, Tensor]], phase: Phase, generator: torch.Generator) -> list[Any]:
         data = self.config.data
-        return [train_transform(images, labels, self.num_classes, phase.side, data.mean, data.std, self.channels,
-                                self.config.augment, generator) for images, labels in raw]
+        return [
+            train_transform(
+                images,
+                labels,
+                self.num_classes,
+                phase.side,
+                data.mean,
+                data.std,
+                self.channels,
+                self.config.augment,
+                generator,
+            )
+            for images, labels in raw
+        ]
 
     def loss_of(self, spec: StepSpec, generator: torch.Generator) -> LossOf:
         return classification_loss(spec)
 
     def evaluate(self, model: nn.Module, data: ImageSet, context: EvalContext) -> dict[str, Any]:
-        counts = evaluate(model, data, size=context.size, mean=context.mean, std=context.std, channels=context.channels,
-                          batch_size=context.batch_size, device=context.device, loss=self.config.optim.loss,
-                          autocast_dtype=context.autocast_dtype, rank=context.rank, world=context.world,
-                          workers=context.workers, flip_views=self.config.eval.flip_views)
+        counts = evaluate(
+            model,
+            data,
+            size=context.size,
+            mean=context.mean,
+            std=context.std,
+            channels=context.channels,
+            batch_size=context.batch_size,
+            device=context.device,
+            loss=self.config.optim.loss,
+            autocast_dtype=context.autocast_dtype,
+            rank=context.rank,
+            world=context.world,
+            workers=context.workers,
+            flip_views=self.config.eval.flip_views,
+        )
         return counts.summary()
 
     def state_dict(self) -> dict[str, Any]:
@@ -105,8 +129,9 @@ MPP_PAPER_LR = 2e-4  # App. B.1.2: Adam base learning rate
 MPP_PAPER_WARMUP = 10_000  # App. B.1.2: warmup steps (of 1M)
 
 
-def mpp_train_config(config: TrainConfig, mpp: MPPConfig | None = None, *, lr: float | None = None,
-                     warmup_steps: int | None = None) -> TrainConfig:
+def mpp_train_config(
+    config: TrainConfig, mpp: MPPConfig | None = None, *, lr: float | None = None, warmup_steps: int | None = None
+) -> TrainConfig:
     """App. B.1.2's objective and optimiser on top of a resolved TrainConfig; the encoder loses its head (K = 0).
 
     Warmup defaults to min(10k, 5% of the run); pass `warmup_steps` for another value.
@@ -115,19 +140,44 @@ def mpp_train_config(config: TrainConfig, mpp: MPPConfig | None = None, *, lr: f
     if isinstance(model, ResNetConfig):
         raise ValueError("masked patch prediction needs a ViT or hybrid (patch tokens); got a ResNet")
     # No head, and no pre-logits layer: it belongs to the supervised head.
-    vit = dataclasses.replace(model.vit if isinstance(model, HybridConfig) else model, num_classes=0,
-                              representation_size=None, patch_dropout=0.0)
+    vit = dataclasses.replace(
+        model.vit if isinstance(model, HybridConfig) else model,
+        num_classes=0,
+        representation_size=None,
+        patch_dropout=0.0,
+    )
     model = dataclasses.replace(model, vit=vit) if isinstance(model, HybridConfig) else vit
     optim = dataclasses.replace(
-        config.optim, name="adamw", lr=lr or MPP_PAPER_LR, base_batch_size=0, lr_scaling="none", betas=(0.9, 0.999),
-        weight_decay=0.1, schedule="cosine", end_lr_fraction=0.0, clip_norm=1.0, warmup_steps=warmup_steps or 0,
-        warmup_fraction=0.0 if warmup_steps else 0.05, warmup_max_steps=MPP_PAPER_WARMUP, loss="softmax", lr_sweep=(),
-        ema_decay=0.0)
+        config.optim,
+        name="adamw",
+        lr=lr or MPP_PAPER_LR,
+        base_batch_size=0,
+        lr_scaling="none",
+        betas=(0.9, 0.999),
+        weight_decay=0.1,
+        schedule="cosine",
+        end_lr_fraction=0.0,
+        clip_norm=1.0,
+        warmup_steps=warmup_steps or 0,
+        warmup_fraction=0.0 if warmup_steps else 0.05,
+        warmup_max_steps=MPP_PAPER_WARMUP,
+        loss="softmax",
+        lr_sweep=(),
+        ema_decay=0.0,
+    )
     augment = dataclasses.replace(config.augment, mixup=0.0, cutmix=0.0, randaugment=None, label_smoothing=0.0)
     data = dataclasses.replace(config.data, val_fraction=0.0)
     evaluation = dataclasses.replace(config.eval, every_epochs=0.0)
-    return dataclasses.replace(config, recipe=f"mpp({config.recipe})", model=model, optim=optim, augment=augment,
-                               data=data, eval=evaluation, mpp=mpp or config.mpp or MPPConfig())
+    return dataclasses.replace(
+        config,
+        recipe=f"mpp({config.recipe})",
+        model=model,
+        optim=optim,
+        augment=augment,
+        data=data,
+        eval=evaluation,
+        mpp=mpp or config.mpp or MPPConfig(),
+    )
 
 
 class MaskedPatchObjective:
@@ -138,8 +188,9 @@ class MaskedPatchObjective:
     def __init__(self, config: TrainConfig, channels: int, num_classes: int = 1):
         self.config, self.num_classes = config, max(1, num_classes)  # labels only fill the unused soft targets
         # The colour targets undo the run's own input normalisation.
-        self.mpp = dataclasses.replace(config.mpp, mean=tuple(config.data.mean[:channels]),
-                                       std=tuple(config.data.std[:channels]))
+        self.mpp = dataclasses.replace(
+            config.mpp, mean=tuple(config.data.mean[:channels]), std=tuple(config.data.std[:channels])
+        )
         self.channels = channels
         self.wrapper: MaskedPatchPrediction | None = None
 
@@ -149,13 +200,26 @@ class MaskedPatchObjective:
 
     def batch(self, raw: list[tuple[Tensor, Tensor]], phase: Phase, generator: torch.Generator) -> list[Any]:
         data = self.config.data
-        return [train_transform(images, labels, self.num_classes, phase.side, data.mean, data.std, self.channels, self.config.augment,
-                                generator)[0] for images, labels in raw]
+        return [
+            train_transform(
+                images,
+                labels,
+                self.num_classes,
+                phase.side,
+                data.mean,
+                data.std,
+                self.channels,
+                self.config.augment,
+                generator,
+            )[0]
+            for images, labels in raw
+        ]
 
     def loss_of(self, spec: StepSpec, generator: torch.Generator) -> LossOf:
         def loss_of(model: nn.Module, images: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
             out = model(images, generator)
             return out["loss"], {"accuracy": out["accuracy"]}
+
         return loss_of
 
     def evaluate(self, model: nn.Module, data: ImageSet, context: EvalContext) -> dict[str, Any]:
@@ -172,8 +236,9 @@ class MaskedPatchObjective:
         own = {k: v for k, v in self.wrapper.state_dict().items() if not k.startswith("encoder.")}
         saved = payload.get("mpp", {})
         if set(saved) != set(own) or any(saved[k].shape != own[k].shape for k in own):
-            raise ValueError(f"train_state.pt holds MPP weights {sorted(saved)} that do not fit this MPP model "
-                             f"({sorted(own)})")
+            raise ValueError(
+                f"train_state.pt holds MPP weights {sorted(saved)} that do not fit this MPP model ({sorted(own)})"
+            )
         with torch.no_grad():
             for name, tensor in own.items():
                 tensor.copy_(saved[name])

@@ -19,7 +19,7 @@ scales its update to AdamW's RMS ("match_rms_adamw"), so one learning rate and o
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -42,16 +42,22 @@ def is_hidden_matrix(name: str, param: torch.Tensor) -> bool:
     return param.ndim == 2 and ".blocks." in f".{name}" and name.endswith(".weight")
 
 
-def param_groups(model: nn.Module, weight_decay: float, decay_on: str,
-                 keep: Callable[[str, torch.Tensor], bool] = lambda name, param: True) -> list[dict]:
+def param_groups(
+    model: nn.Module,
+    weight_decay: float,
+    decay_on: str,
+    keep: Callable[[str, torch.Tensor], bool] = lambda name, param: True,
+) -> list[dict]:
     """Two groups of the trainable parameters that `keep` accepts: decayed and not decayed (empty groups dropped)."""
     decay, no_decay = [], []
     for name, param in model.named_parameters():
         if not param.requires_grad or not keep(name, param):
             continue
         (decay if decay_on == "all" or is_kernel(name, param) else no_decay).append(param)
-    groups = [{"params": decay, "weight_decay": weight_decay, "name": "decay"},
-              {"params": no_decay, "weight_decay": 0.0, "name": "no_decay"}]
+    groups = [
+        {"params": decay, "weight_decay": weight_decay, "name": "decay"},
+        {"params": no_decay, "weight_decay": 0.0, "name": "no_decay"},
+    ]
     return [g for g in groups if g["params"]]
 
 
@@ -79,14 +85,17 @@ class OptimizerSet:
     def load_state_dict(self, state: dict) -> None:
         parts = state.get("parts") if isinstance(state, dict) else None
         if not isinstance(parts, list) or len(parts) != len(self.parts):
-            raise ValueError(f"the checkpoint's optimiser state is not that of {len(self.parts)} optimisers "
-                             "(was it saved with another optim.name?)")
+            raise ValueError(
+                f"the checkpoint's optimiser state is not that of {len(self.parts)} optimisers "
+                "(was it saved with another optim.name?)"
+            )
         for part, saved in zip(self.parts, parts):
             part.load_state_dict(saved)
 
 
-def build_optimizer(model: nn.Module, config: OptimConfig, lr: float, fused: bool = False
-                    ) -> torch.optim.Optimizer | OptimizerSet:
+def build_optimizer(
+    model: nn.Module, config: OptimConfig, lr: float, fused: bool = False
+) -> torch.optim.Optimizer | OptimizerSet:
     """AdamW, SGD-momentum or Muon + AdamW over `model`'s trainable parameters with peak learning rate `lr`.
 
     `fused=True` uses the fused kernels, which can skip a step on the device (`found_inf`); Muon has none.
@@ -98,25 +107,41 @@ def build_optimizer(model: nn.Module, config: OptimConfig, lr: float, fused: boo
         return _adamw(groups, config, lr, fused)
     if config.name == "sgd":
         # torch SGD's weight_decay is an L2 term added to the gradient (the fine-tuning recipe uses 0).
-        return torch.optim.SGD(groups, lr=lr, momentum=config.momentum, weight_decay=config.weight_decay,
-                               **({"fused": True} if fused else {}))
+        return torch.optim.SGD(
+            groups,
+            lr=lr,
+            momentum=config.momentum,
+            weight_decay=config.weight_decay,
+            **({"fused": True} if fused else {}),
+        )
     raise ValueError(f"unknown optimizer {config.name!r}; expected adamw, sgd or muon")
 
 
 def _muon(model: nn.Module, config: OptimConfig, lr: float, fused: bool) -> OptimizerSet:
-    matrices = [param for name, param in model.named_parameters() if param.requires_grad and is_hidden_matrix(name, param)]
+    matrices = [
+        param for name, param in model.named_parameters() if param.requires_grad and is_hidden_matrix(name, param)
+    ]
     if not matrices:
         raise ValueError("optim.name='muon' found no Transformer encoder matrices to train (a ResNet?); use adamw")
     scale = config.muon_lr_scale
-    muon = StackedMuon([{"params": matrices, "lr_scale": scale}], lr=lr * scale, weight_decay=config.weight_decay,
-                       **MUON_OPTIONS)
-    rest = param_groups(model, config.weight_decay, config.decay_on, keep=lambda name, param: not is_hidden_matrix(name, param))
+    muon = StackedMuon(
+        [{"params": matrices, "lr_scale": scale}], lr=lr * scale, weight_decay=config.weight_decay, **MUON_OPTIONS
+    )
+    rest = param_groups(
+        model, config.weight_decay, config.decay_on, keep=lambda name, param: not is_hidden_matrix(name, param)
+    )
     return OptimizerSet([muon, _adamw(rest, config, lr, fused)])
 
 
 def _adamw(groups: list[dict], config: OptimConfig, lr: float, fused: bool) -> torch.optim.AdamW:
-    return torch.optim.AdamW(groups, lr=lr, betas=config.betas, eps=config.eps, weight_decay=config.weight_decay,
-                             **({"fused": True} if fused else {}))
+    return torch.optim.AdamW(
+        groups,
+        lr=lr,
+        betas=config.betas,
+        eps=config.eps,
+        weight_decay=config.weight_decay,
+        **({"fused": True} if fused else {}),
+    )
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:

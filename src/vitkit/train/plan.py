@@ -155,9 +155,17 @@ def patch_dropout_of(config: TrainConfig) -> tuple[float, float]:
 def schedule_of(config: TrainConfig, steps: int, lr: float) -> Schedule:
     """Every per-step quantity of a run of `steps` as a function of the position."""
     rate, until = patch_dropout_of(config)
-    return Schedule(total_steps=steps, peak_lr=lr, warmup_steps=warmup_steps(config, steps), kind=config.optim.schedule,
-                    end_fraction=config.optim.end_lr_fraction, patch_dropout=rate, patch_until=until,
-                    side=image_size(config.model), ema_decay=config.optim.ema_decay)
+    return Schedule(
+        total_steps=steps,
+        peak_lr=lr,
+        warmup_steps=warmup_steps(config, steps),
+        kind=config.optim.schedule,
+        end_fraction=config.optim.end_lr_fraction,
+        patch_dropout=rate,
+        patch_until=until,
+        side=image_size(config.model),
+        ema_decay=config.optim.ema_decay,
+    )
 
 
 @dataclass(frozen=True)
@@ -171,9 +179,17 @@ class HostChoices:
     compile_reason: str = ""
 
 
-def make_plan(config: TrainConfig, num_train: int, world: int = 1, *, device: torch.device | None = None,
-              choices: HostChoices | None = None, timings: dict[GraphKey, float] | None = None,
-              budget_s: float | None = None, eval_images: int = 0) -> Plan:
+def make_plan(
+    config: TrainConfig,
+    num_train: int,
+    world: int = 1,
+    *,
+    device: torch.device | None = None,
+    choices: HostChoices | None = None,
+    timings: dict[GraphKey, float] | None = None,
+    budget_s: float | None = None,
+    eval_images: int = 0,
+) -> Plan:
     """The plan of `config` on `num_train` training images with `world` processes.
 
     `timings` (the warm-up's seconds per micro-batch pass and phase) give the estimate; `budget_s` (the usable
@@ -190,25 +206,47 @@ def make_plan(config: TrainConfig, num_train: int, world: int = 1, *, device: to
     per_epoch = num_train / batch
     rate, until = patch_dropout_of(config)
     plan = Plan(
-        recipe=config.recipe, data=config.data.uri,
+        recipe=config.recipe,
+        data=config.data.uri,
         objective="masked patch prediction" if config.mpp is not None else "classification",
-        num_train=num_train, params=count_params(config.model), img_size=image_size(config.model), processes=world,
-        global_batch=batch, micro_batch=micro, accumulation=accumulation, steps=steps, epochs=steps * batch / num_train,
-        lr=scaled_lr(config.optim.lr, batch, base, config.optim.lr_scaling), base_lr=config.optim.lr, base_batch=base,
-        lr_scaling=config.optim.lr_scaling, warmup=warmup_steps(config, steps), optimizer=optimizer_name(config.optim),
-        decay=decay_name(config.optim.schedule, config.optim.end_lr_fraction), device=str(device or "cpu"),
-        seed=config.run.seed, precision=choices.precision, precision_reason=choices.precision_reason,
-        host=choices.host, compiled=choices.compiled, compile_reason=choices.compile_reason,
+        num_train=num_train,
+        params=count_params(config.model),
+        img_size=image_size(config.model),
+        processes=world,
+        global_batch=batch,
+        micro_batch=micro,
+        accumulation=accumulation,
+        steps=steps,
+        epochs=steps * batch / num_train,
+        lr=scaled_lr(config.optim.lr, batch, base, config.optim.lr_scaling),
+        base_lr=config.optim.lr,
+        base_batch=base,
+        lr_scaling=config.optim.lr_scaling,
+        warmup=warmup_steps(config, steps),
+        optimizer=optimizer_name(config.optim),
+        decay=decay_name(config.optim.schedule, config.optim.end_lr_fraction),
+        device=str(device or "cpu"),
+        seed=config.run.seed,
+        precision=choices.precision,
+        precision_reason=choices.precision_reason,
+        host=choices.host,
+        compiled=choices.compiled,
+        compile_reason=choices.compile_reason,
         eval_every=max(1, round(config.eval.every_epochs * per_epoch)) if config.eval.every_epochs > 0 else 0,
-        budget_minutes=config.run.max_minutes, budget_schedule=config.run.budget_schedule, steps_given=given is not None,
-        augment=tuple(describe_augment(config.augment)), flip_views=config.eval.flip_views,
-        patch_dropout=(rate, until), patch_dropout_keep=str(getattr(vit_config(config.model), "patch_dropout_keep",
-                                                                    "random")),
+        budget_minutes=config.run.max_minutes,
+        budget_schedule=config.run.budget_schedule,
+        steps_given=given is not None,
+        augment=tuple(describe_augment(config.augment)),
+        flip_views=config.eval.flip_views,
+        patch_dropout=(rate, until),
+        patch_dropout_keep=str(getattr(vit_config(config.model), "patch_dropout_keep", "random")),
     )
     return dataclasses.replace(plan, measured=_estimate(plan, spans, timings or {}, fit, eval_images))
 
 
-def _step_spans(config: TrainConfig, accumulation: int, timings: dict[GraphKey, float]) -> list[tuple[float, float, float]]:
+def _step_spans(
+    config: TrainConfig, accumulation: int, timings: dict[GraphKey, float]
+) -> list[tuple[float, float, float]]:
     """(begin, end fraction, seconds a step) of each phase of the schedule, from the warm-up's passes."""
     if not timings:
         return []
@@ -217,8 +255,13 @@ def _step_spans(config: TrainConfig, accumulation: int, timings: dict[GraphKey, 
     return [(begin, end, accumulation * timings.get((rate, side), slowest)) for begin, end, rate in spans]
 
 
-def _estimate(plan: Plan, spans: list[tuple[float, float, float]], timings: dict[GraphKey, float], fit: int | None,
-              eval_images: int) -> dict[str, Any]:
+def _estimate(
+    plan: Plan,
+    spans: list[tuple[float, float, float]],
+    timings: dict[GraphKey, float],
+    fit: int | None,
+    eval_images: int,
+) -> dict[str, Any]:
     """Images/s, minutes and (fitted budget) epochs that fit, as the warm-up's forward + backward passes give them
     (the batch and the optimiser step are not in them: a real step is slower)."""
     if not spans:
@@ -227,8 +270,12 @@ def _estimate(plan: Plan, spans: list[tuple[float, float, float]], timings: dict
     per_image_s = timings.get((0.0, plan.img_size), max(timings.values())) / plan.micro_batch
     evals = (plan.steps // plan.eval_every if plan.eval_every else 0) + 1
     eval_s = evals * eval_images * per_image_s / 3  # forward only: a third of a training pass
-    out = {"images_per_s": round(plan.global_batch / step_s, 1), "step_seconds": round(step_s, 4),
-           "eta_minutes": round((plan.steps * step_s + eval_s) / 60, 2), "eval_seconds": round(eval_s, 1)}
+    out = {
+        "images_per_s": round(plan.global_batch / step_s, 1),
+        "step_seconds": round(step_s, 4),
+        "eta_minutes": round((plan.steps * step_s + eval_s) / 60, 2),
+        "eval_seconds": round(eval_s, 1),
+    }
     if fit is not None:
         out["fit_epochs"] = round(fit * plan.global_batch / plan.num_train, 1)
         out["eta_minutes"] = round(plan.budget_minutes, 2)

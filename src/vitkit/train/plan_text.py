@@ -10,29 +10,42 @@ LONG_RUN_MINUTES = 60.0  # an unbudgeted plan longer than this says so and names
 
 def plan_lines(plan: Plan) -> list[str]:
     """The plan in words, as `vitkit train` prints it before the first step."""
-    rule = (f"lr {plan.base_lr:g} at global batch {plan.global_batch} (tuned for this batch; no rescaling)"
-            if plan.lr_scaling == "none" or plan.base_batch == plan.global_batch else
-            f"lr {plan.base_lr:g} x {plan.lr_scaling} rule ({plan.global_batch}/{plan.base_batch}) = {plan.lr:g}")
-    length = (f"{plan.steps:,} steps ({plan.epochs:.1f} epochs)" if plan.steps_given else
-              f"as many steps as the budget holds (about {plan.steps:,}, {plan.epochs:.1f} epochs, estimated)")
+    rule = (
+        f"lr {plan.base_lr:g} at global batch {plan.global_batch} (tuned for this batch; no rescaling)"
+        if plan.lr_scaling == "none" or plan.base_batch == plan.global_batch
+        else f"lr {plan.base_lr:g} x {plan.lr_scaling} rule ({plan.global_batch}/{plan.base_batch}) = {plan.lr:g}"
+    )
+    length = (
+        f"{plan.steps:,} steps ({plan.epochs:.1f} epochs)"
+        if plan.steps_given
+        else f"as many steps as the budget holds (about {plan.steps:,}, {plan.epochs:.1f} epochs, estimated)"
+    )
     lines = [
         f"objective: {plan.objective}; model: {plan.params:,} parameters at {plan.img_size}px",
         f"data: {plan.data}; training split read {plan.data_path or 'in memory'}",
-        *(f"  {name}: {part['images']:,} images from {part['from'] or plan.data}" for name, part in plan.splits.items()),
+        *(
+            f"  {name}: {part['images']:,} images from {part['from'] or plan.data}"
+            for name, part in plan.splits.items()
+        ),
         f"effective global batch: {plan.global_batch} = {plan.processes} process(es) x {plan.micro_batch} x "
         f"{plan.accumulation} accumulation step(s); {length}, warmup {plan.warmup}",
         f"learning rate: {rule}" + (f", {plan.decay}" if plan.decay else "") + f"; {plan.optimizer}",
         f"augmentation: {', '.join(plan.augment) or 'none'}" + _flip_note(plan),
         f"device: {plan.device}; seed {plan.seed}; evaluation "
         + (f"every {plan.eval_every} steps" if plan.eval_every else "at the end only")
-        + ("; each image and its mirror image, logits averaged (the one-view top-1 is reported too)"
-           if plan.flip_views else ""),
+        + (
+            "; each image and its mirror image, logits averaged (the one-view top-1 is reported too)"
+            if plan.flip_views
+            else ""
+        ),
     ]
     if plan.host:
         lines.append(plan.host)
     lines.append(f"precision {plan.precision}" + (f" ({plan.precision_reason})" if plan.precision_reason else ""))
-    lines.append(("torch.compile: on" if plan.compiled else "torch.compile: off")
-                 + (f" ({plan.compile_reason})" if plan.compile_reason else ""))
+    lines.append(
+        ("torch.compile: on" if plan.compiled else "torch.compile: off")
+        + (f" ({plan.compile_reason})" if plan.compile_reason else "")
+    )
     rate, until = plan.patch_dropout
     if rate > 0:
         keep = " (patches with content kept first)" if plan.patch_dropout_keep == "content" else ""
@@ -45,15 +58,22 @@ def estimate_lines(plan: Plan) -> list[str]:
     measured = plan.measured
     if not measured:
         return []
-    speed = (f"warm-up: {measured['images_per_s']:,.0f} images/s in forward + backward passes "
-             "(a real step adds the batch and the optimiser)")
+    speed = (
+        f"warm-up: {measured['images_per_s']:,.0f} images/s in forward + backward passes "
+        "(a real step adds the batch and the optimiser)"
+    )
     if plan.fitted:
-        return [speed, f"time budget {plan.budget_minutes:g} min, schedule fitted to it (ends annealed): about "
-                       f"{measured.get('fit_epochs', 0):g} epochs fit by the warm-up's estimate"]
+        return [
+            speed,
+            f"time budget {plan.budget_minutes:g} min, schedule fitted to it (ends annealed): about "
+            f"{measured.get('fit_epochs', 0):g} epochs fit by the warm-up's estimate",
+        ]
     lines = [speed, f"estimated time: at least {minutes(measured['eta_minutes'])} for {plan.steps:,} steps"]
     if not plan.budget_minutes and measured["eta_minutes"] > LONG_RUN_MINUTES:
-        lines.append(f"warning: this run is planned for {minutes(measured['eta_minutes'])}; "
-                     "--max-minutes M fits every schedule into M minutes instead")
+        lines.append(
+            f"warning: this run is planned for {minutes(measured['eta_minutes'])}; "
+            "--max-minutes M fits every schedule into M minutes instead"
+        )
     return lines
 
 
@@ -64,5 +84,7 @@ def minutes(value: float) -> str:
 def _flip_note(plan: Plan) -> str:
     """Where the source cannot tell whether a mirror image keeps its label, say which convention runs."""
     if "horizontal flip" in plan.augment and mirror_keeps_label(plan.data) is None:
-        return " (flips: the convention for natural images; --set augment.flip=false if a mirror image changes the label)"
+        return (
+            " (flips: the convention for natural images; --set augment.flip=false if a mirror image changes the label)"
+        )
     return ""

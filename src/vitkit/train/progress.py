@@ -52,9 +52,19 @@ class TrainRecords:
         good = [p for p in pending if not bool(p["skipped"])]
         if not good:
             return None
-        means = {key: float(torch.stack([torch.as_tensor(p[key]).float().cpu() for p in good]).mean())
-                 for key in good[0] if key not in ("lr", "skipped")}
+        means = {
+            key: float(torch.stack([torch.as_tensor(p[key]).float().cpu() for p in good]).mean())
+            for key in good[0]
+            if key not in ("lr", "skipped")
+        }
         means["grad_norm"] = means.pop("grad_norm")
         metrics = {k: (v if v == v else None) for k, v in means.items()}  # NaN (e.g. MPP pixel accuracy) -> null
-        return {"step": step, "epoch": epoch, "split": "train", **metrics, "lr": good[-1]["lr"],
-                "images_per_s": images_per_s, **extra}
+        return {
+            "step": step,
+            "epoch": epoch,
+            "split": "train",
+            **metrics,
+            "lr": good[-1]["lr"],
+            "images_per_s": images_per_s,
+            **extra,
+        }

@@ -15,8 +15,17 @@ def data_config(info: SourceInfo, **fields) -> DataConfig:
 
 def tiny_vit(info: SourceInfo, img_size: int = 32, patch_size: int = 8, **fields) -> ViTConfig:
     """The -tiny recipes' model (D=32, L=2, k=2): seconds on a CPU."""
-    return ViTConfig(img_size=img_size, patch_size=patch_size, in_chans=info.channels, num_classes=info.num_classes,
-                     hidden_size=32, depth=2, num_heads=2, mlp_dim=64, **fields)
+    return ViTConfig(
+        img_size=img_size,
+        patch_size=patch_size,
+        in_chans=info.channels,
+        num_classes=info.num_classes,
+        hidden_size=32,
+        depth=2,
+        num_heads=2,
+        mlp_dim=64,
+        **fields,
+    )
 
 
 def flip(info: SourceInfo) -> bool:

@@ -20,7 +20,7 @@ CNN's inductive biases and "does not generalize well when trained on insufficien
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 from vitkit.data.sources import SourceInfo
 from vitkit.data.transforms import AugmentConfig
@@ -54,9 +54,19 @@ def paper_pretrain(info: SourceInfo, model: str = "vit_b16") -> TrainConfig:
         model=base,
         data=data_config(info, batch_size=4096, micro_batch_size=128, epochs=90, workers=8),
         augment=AugmentConfig(crop="inception", flip=True),
-        optim=OptimConfig(name="adamw", lr=1e-3, base_batch_size=4096, lr_scaling="linear", betas=(0.9, 0.999),
-                          weight_decay=0.1, decay_on="kernels", schedule="linear", warmup_steps=10_000, clip_norm=1.0,
-                          loss="softmax"),
+        optim=OptimConfig(
+            name="adamw",
+            lr=1e-3,
+            base_batch_size=4096,
+            lr_scaling="linear",
+            betas=(0.9, 0.999),
+            weight_decay=0.1,
+            decay_on="kernels",
+            schedule="linear",
+            warmup_steps=10_000,
+            clip_norm=1.0,
+            loss="softmax",
+        ),
         eval=EvalConfig(every_epochs=1.0, batch_size=256),
         run=RunConfig(checkpoint_every=1000, log_every=50),
     )
@@ -70,7 +80,8 @@ def paper_pretrain_tiny(info: SourceInfo) -> TrainConfig:
     """
     config = paper_pretrain(info)
     return dataclasses.replace(
-        config, recipe="paper-pretrain-tiny",
+        config,
+        recipe="paper-pretrain-tiny",
         model=tiny_vit(info, img_size=16, patch_size=4, representation_size=32, dropout=0.1),
         data=dataclasses.replace(config.data, batch_size=64, micro_batch_size=16, epochs=0, steps=20, workers=0),
         optim=dataclasses.replace(config.optim, base_batch_size=64, warmup_steps=5),
@@ -102,8 +113,16 @@ def paper_finetune(info: SourceInfo, model: str = "vit_b16") -> TrainConfig:
         model=preset_config(model, num_classes=info.num_classes, img_size=384, in_chans=info.channels),
         data=data_config(info, batch_size=512, micro_batch_size=64, epochs=0, steps=steps, workers=8),
         augment=AugmentConfig(crop="inception", crop_scale=(0.05, 1.0), flip=True),
-        optim=OptimConfig(name="sgd", lr=0.003, momentum=0.9, weight_decay=0.0, schedule="cosine",
-                          warmup_steps=min(500, steps // 10), clip_norm=1.0, ema_decay=0.0),
+        optim=OptimConfig(
+            name="sgd",
+            lr=0.003,
+            momentum=0.9,
+            weight_decay=0.0,
+            schedule="cosine",
+            warmup_steps=min(500, steps // 10),
+            clip_norm=1.0,
+            ema_decay=0.0,
+        ),
         eval=EvalConfig(every_epochs=0, batch_size=128),
         run=RunConfig(checkpoint_every=500, log_every=20),
     )
@@ -117,7 +136,9 @@ def paper_finetune_tiny(info: SourceInfo) -> TrainConfig:
     """
     config = paper_finetune(info)
     return dataclasses.replace(
-        config, recipe="paper-finetune-tiny", model=tiny_vit(info, img_size=32, patch_size=8),
+        config,
+        recipe="paper-finetune-tiny",
+        model=tiny_vit(info, img_size=32, patch_size=8),
         data=dataclasses.replace(config.data, batch_size=64, micro_batch_size=32, steps=16, workers=0),
         optim=dataclasses.replace(config.optim, lr=0.01, warmup_steps=2),
         run=RunConfig(checkpoint_every=8, log_every=4),
@@ -133,13 +154,25 @@ def small_8px(info: SourceInfo) -> TrainConfig:
     Expected: 98.3-99.2% test top-1 over seeds 0-3 on the 359 held-out digits (98.61% at seed 0), in
     about half a minute on a 2-core CPU (rows: benchmarks/results/train_budget.jsonl, data "digits").
     """
-    model = ViTConfig(img_size=8, patch_size=4, in_chans=info.channels, num_classes=info.num_classes,
-                      hidden_size=64, depth=4, num_heads=4, mlp_dim=128, pool="gap")
+    model = ViTConfig(
+        img_size=8,
+        patch_size=4,
+        in_chans=info.channels,
+        num_classes=info.num_classes,
+        hidden_size=64,
+        depth=4,
+        num_heads=4,
+        mlp_dim=128,
+        pool="gap",
+    )
     return TrainConfig(
-        recipe="small-8px", model=model,
+        recipe="small-8px",
+        model=model,
         data=data_config(info, batch_size=128, epochs=60, workers=0),
         augment=AugmentConfig(crop="pad", pad=1, flip=flip(info), label_smoothing=0.1),
-        optim=OptimConfig(name="adamw", lr=4e-3, weight_decay=0.05, schedule="cosine", warmup_fraction=0.05, clip_norm=1.0),
+        optim=OptimConfig(
+            name="adamw", lr=4e-3, weight_decay=0.05, schedule="cosine", warmup_fraction=0.05, clip_norm=1.0
+        ),
         eval=EvalConfig(every_epochs=0, batch_size=512),
         # Tiny matmuls: more threads only spin (10x slower on a loaded CPU), and bf16 autocast costs more
         # in casts than it saves (measured: 0.97 vs 0.77 min, 98.6% vs 98.9% with fp32).
@@ -167,15 +200,32 @@ def small_28px(info: SourceInfo) -> TrainConfig:
                             of two thirds its speed)
     Rows: benchmarks/results/train_budget.jsonl; how the recipe got here: docs/experiments/fashion-mnist-recipe.md.
     """
-    model = ViTConfig(img_size=28, patch_size=4, in_chans=info.channels, num_classes=info.num_classes,
-                      hidden_size=64, depth=4, num_heads=4, mlp_dim=256, pool="gap", gelu="exact", patch_dropout=0.75,
-                      patch_dropout_keep="content", patch_dropout_until=0.7)
+    model = ViTConfig(
+        img_size=28,
+        patch_size=4,
+        in_chans=info.channels,
+        num_classes=info.num_classes,
+        hidden_size=64,
+        depth=4,
+        num_heads=4,
+        mlp_dim=256,
+        pool="gap",
+        gelu="exact",
+        patch_dropout=0.75,
+        patch_dropout_keep="content",
+        patch_dropout_until=0.7,
+    )
     return TrainConfig(
-        recipe="small-28px", model=model,
+        recipe="small-28px",
+        model=model,
         data=data_config(info, batch_size=128, epochs=30, workers=0),
         augment=AugmentConfig(crop="pad", pad=1, flip=flip(info), label_smoothing=0.1),
-        optim=OptimConfig(name="muon", lr=2e-3, weight_decay=0.05, schedule="linear", warmup_fraction=0.03, clip_norm=1.0),
-        eval=EvalConfig(every_epochs=0, batch_size=1000),  # every training image trains; --set eval.every_epochs=5 holds out a val part
+        optim=OptimConfig(
+            name="muon", lr=2e-3, weight_decay=0.05, schedule="linear", warmup_fraction=0.03, clip_norm=1.0
+        ),
+        eval=EvalConfig(
+            every_epochs=0, batch_size=1000
+        ),  # every training image trains; --set eval.every_epochs=5 holds out a val part
         run=RunConfig(checkpoint_every=500, log_every=50),
     )
 
@@ -195,16 +245,38 @@ def small_32px(info: SourceInfo) -> TrainConfig:
       AVX512-BF16 (AMD EPYC, Zen 4): 79.82-80.36% (41-43 epochs)
     Rows: benchmarks/results/train_budget.jsonl; how the recipe got here: docs/experiments/cifar10-recipe.md.
     """
-    model = ViTConfig(img_size=32, patch_size=4, in_chans=info.channels, num_classes=info.num_classes,
-                      hidden_size=192, depth=6, num_heads=3, mlp_dim=384, pool="gap", drop_path=0.1,
-                      patch_dropout=0.75, patch_dropout_until=0.8, init="mimetic")
+    model = ViTConfig(
+        img_size=32,
+        patch_size=4,
+        in_chans=info.channels,
+        num_classes=info.num_classes,
+        hidden_size=192,
+        depth=6,
+        num_heads=3,
+        mlp_dim=384,
+        pool="gap",
+        drop_path=0.1,
+        patch_dropout=0.75,
+        patch_dropout_until=0.8,
+        init="mimetic",
+    )
     return TrainConfig(
-        recipe="small-32px", model=model,
+        recipe="small-32px",
+        model=model,
         data=data_config(info, batch_size=256, epochs=100, workers=2),
         augment=AugmentConfig(crop="pad", pad=4, flip=flip(info), label_smoothing=0.1),
-        optim=OptimConfig(name="muon", lr=4e-3, muon_lr_scale=0.5, weight_decay=0.05, schedule="linear",  # Muon's
-                          warmup_fraction=0.05, clip_norm=1.0),  # matrices at 2e-3, AdamW's at 4e-3
-        eval=EvalConfig(every_epochs=0, batch_size=500),  # every training image trains; --set eval.every_epochs=5 holds out a val part
+        optim=OptimConfig(
+            name="muon",
+            lr=4e-3,
+            muon_lr_scale=0.5,
+            weight_decay=0.05,
+            schedule="linear",  # Muon's
+            warmup_fraction=0.05,
+            clip_norm=1.0,
+        ),  # matrices at 2e-3, AdamW's at 4e-3
+        eval=EvalConfig(
+            every_epochs=0, batch_size=500
+        ),  # every training image trains; --set eval.every_epochs=5 holds out a val part
         run=RunConfig(checkpoint_every=1000, log_every=50),
     )
 
@@ -216,32 +288,53 @@ def small_64px(info: SourceInfo) -> TrainConfig:
     Expected: a few thousand images train in minutes on a CPU; expect well below a CNN's accuracy
     from scratch (Sec. 4.2) -- fine-tune a pre-trained checkpoint for real accuracy.
     """
-    model = ViTConfig(img_size=64, patch_size=8, in_chans=info.channels, num_classes=info.num_classes,
-                      hidden_size=192, depth=6, num_heads=3, mlp_dim=384, pool="gap", drop_path=0.1)
+    model = ViTConfig(
+        img_size=64,
+        patch_size=8,
+        in_chans=info.channels,
+        num_classes=info.num_classes,
+        hidden_size=192,
+        depth=6,
+        num_heads=3,
+        mlp_dim=384,
+        pool="gap",
+        drop_path=0.1,
+    )
     epochs = 100 if info.num_train < 20_000 else 30
     return TrainConfig(
-        recipe="small-64px", model=model,
+        recipe="small-64px",
+        model=model,
         data=data_config(info, batch_size=128, epochs=epochs, workers=2),
-        augment=AugmentConfig(crop="inception", crop_scale=(0.25, 1.0), flip=flip(info), randaugment=(2, 9),
-                              label_smoothing=0.1),
-        optim=OptimConfig(name="adamw", lr=1e-3, weight_decay=0.05, schedule="cosine", warmup_fraction=0.05, clip_norm=1.0),
+        augment=AugmentConfig(
+            crop="inception", crop_scale=(0.25, 1.0), flip=flip(info), randaugment=(2, 9), label_smoothing=0.1
+        ),
+        optim=OptimConfig(
+            name="adamw", lr=1e-3, weight_decay=0.05, schedule="cosine", warmup_fraction=0.05, clip_norm=1.0
+        ),
         eval=EvalConfig(every_epochs=5, batch_size=256),
         run=RunConfig(checkpoint_every=500, log_every=20),
     )
 
 
-def _tiny(recipe: Callable[[SourceInfo], TrainConfig], name: str, img_size: int, patch_size: int
-          ) -> Callable[[SourceInfo], TrainConfig]:
+def _tiny(
+    recipe: Callable[[SourceInfo], TrainConfig], name: str, img_size: int, patch_size: int
+) -> Callable[[SourceInfo], TrainConfig]:
     def tiny(info: SourceInfo) -> TrainConfig:
         config = recipe(info)
         return dataclasses.replace(
-            config, recipe=name, model=tiny_vit(info, img_size=img_size, patch_size=patch_size, pool="gap"),
+            config,
+            recipe=name,
+            model=tiny_vit(info, img_size=img_size, patch_size=patch_size, pool="gap"),
             data=dataclasses.replace(config.data, batch_size=32, epochs=0, steps=10, workers=0),
             augment=dataclasses.replace(config.augment, randaugment=None),
-            eval=EvalConfig(every_epochs=0, batch_size=256), run=RunConfig(checkpoint_every=5, log_every=5))
+            eval=EvalConfig(every_epochs=0, batch_size=256),
+            run=RunConfig(checkpoint_every=5, log_every=5),
+        )
 
-    tiny.__doc__ = (f"{recipe.__name__} at toy scale (D=32, L=2, k=2, 10 steps of 32).\n\n"
-                    f"    Command:  vitkit train --data digits --recipe {name}\n    Expected: a few seconds on a CPU.\n")
+    tiny.__doc__ = (
+        f"{recipe.__name__} at toy scale (D=32, L=2, k=2, 10 steps of 32).\n\n"
+        f"    Command:  vitkit train --data digits --recipe {name}\n    Expected: a few seconds on a CPU.\n"
+    )
     return tiny
 
 
@@ -289,7 +382,9 @@ def large_model_warning(params: int, num_train: int, from_scratch: bool) -> str 
     # ViT-L/B trained on ImageNet-1k alone (1.3M images) already trail smaller models (Fig. 3); a
     # preset-sized model (> 5M) with far more parameters than images (> 1000x) is a red flag too.
     if (params > 20_000_000 and num_train < 1_000_000) or (params > 5_000_000 and params > 1000 * num_train):
-        return (f"training a {params / 1e6:.1f}M-parameter ViT from scratch on {num_train:,} images: the paper "
-                "(Sec. 4.2, Fig. 3) needs ImageNet-21k/JFT-scale data for large ViTs to beat smaller ones; "
-                "expect overfitting. Consider a smaller --model or `vitkit finetune` from a pre-trained checkpoint.")
+        return (
+            f"training a {params / 1e6:.1f}M-parameter ViT from scratch on {num_train:,} images: the paper "
+            "(Sec. 4.2, Fig. 3) needs ImageNet-21k/JFT-scale data for large ViTs to beat smaller ones; "
+            "expect overfitting. Consider a smaller --model or `vitkit finetune` from a pre-trained checkpoint."
+        )
     return None

@@ -80,9 +80,14 @@ def resolve(request: Request, *, source_model: ModelConfig | None = None) -> Res
     plans its fine-tuning arms before their pre-training arm has run); otherwise it is read from the checkpoint.
     """
     parse_uri(request.data)  # a clear error for a bad URI before anything else
-    columns = dict(o.split("=", 1) for o in request.overrides if o.startswith(("data.image_column=", "data.label_column=")))
-    info = describe(request.data, image_column=columns.get("data.image_column", ""),
-                    label_column=columns.get("data.label_column", ""))  # hf: columns, needed to count classes
+    columns = dict(
+        o.split("=", 1) for o in request.overrides if o.startswith(("data.image_column=", "data.label_column="))
+    )
+    info = describe(
+        request.data,
+        image_column=columns.get("data.image_column", ""),
+        label_column=columns.get("data.label_column", ""),
+    )  # hf: columns, needed to count classes
     chose = request.recipe is None
     source = source_model
     if request.init_from and source is None:
@@ -103,8 +108,9 @@ def resolve(request: Request, *, source_model: ModelConfig | None = None) -> Res
     return _describe(config, info, name, chose, source)
 
 
-def _apply_model(config: TrainConfig, request: Request, info: SourceInfo, source: ModelConfig | None,
-                 auto_recipe: bool = False) -> TrainConfig:
+def _apply_model(
+    config: TrainConfig, request: Request, info: SourceInfo, source: ModelConfig | None, auto_recipe: bool = False
+) -> TrainConfig:
     model = config.model
     if source is not None:
         model = _finetune_model(source, config, info, auto_recipe)
@@ -196,7 +202,9 @@ def _apply_flags(config: TrainConfig, request: Request) -> TrainConfig:
     if request.epochs is not None:
         data = dataclasses.replace(data, epochs=request.epochs, steps=0)
     if request.batch_size is not None:
-        micro = data.micro_batch_size if data.micro_batch_size and request.batch_size % data.micro_batch_size == 0 else 0
+        micro = (
+            data.micro_batch_size if data.micro_batch_size and request.batch_size % data.micro_batch_size == 0 else 0
+        )
         data = dataclasses.replace(data, batch_size=request.batch_size, micro_batch_size=min(micro, request.batch_size))
     if request.strict:
         data = dataclasses.replace(data, strict=True)
@@ -209,8 +217,12 @@ def _apply_flags(config: TrainConfig, request: Request) -> TrainConfig:
         optim = dataclasses.replace(optim, lr=request.lr, base_batch_size=0)
     if request.lr_sweep:
         optim = dataclasses.replace(optim, lr_sweep=PAPER_LR_GRID)
-    updates = {"max_minutes": request.max_minutes, "seed": request.seed, "out": request.out,
-               "init_from": request.init_from}
+    updates = {
+        "max_minutes": request.max_minutes,
+        "seed": request.seed,
+        "out": request.out,
+        "init_from": request.init_from,
+    }
     run = dataclasses.replace(run, **{k: v for k, v in updates.items() if v is not None})
     if request.compile:
         run = dataclasses.replace(run, compile="on")
@@ -241,8 +253,10 @@ def _describe(config: TrainConfig, info: SourceInfo, name: str, chose: bool, sou
     """The lines printed before the run's plan: the recipe and why, warnings about the model's size."""
     how = f"chosen for {info.image_size}px images, {info.num_train:,} training images" if chose else "as requested"
     if chose and source is not None:
-        how = (f"chosen for a checkpoint pre-trained at {image_size(source)} px; fine-tuned at "
-               f"{image_size(config.model)} px")
+        how = (
+            f"chosen for a checkpoint pre-trained at {image_size(source)} px; fine-tuned at "
+            f"{image_size(config.model)} px"
+        )
     notes = [f"recipe: {name} ({how})"]
     warnings = []
     warning = large_model_warning(count_params(config.model), info.num_train, from_scratch=not config.run.init_from)

@@ -15,8 +15,9 @@ from typing import Literal
 ScheduleKind = Literal["cosine", "linear", "constant"]
 
 
-def lr_multiplier(step: float, total_steps: int, warmup_steps: int = 0, kind: ScheduleKind = "cosine",
-                  end_fraction: float = 0.0) -> float:
+def lr_multiplier(
+    step: float, total_steps: int, warmup_steps: int = 0, kind: ScheduleKind = "cosine", end_fraction: float = 0.0
+) -> float:
     """Factor applied to the peak learning rate for optimiser step `step` (0-based).
 
     Warmup ramps linearly as (step + 1) / warmup_steps, so the first update is not wasted at lr 0;
@@ -88,8 +89,9 @@ class Schedule:
 
     def at(self, position: float) -> Phase:
         lr = self.peak_lr * lr_multiplier(position, self.total_steps, self.warmup_steps, self.kind, self.end_fraction)
-        return Phase(lr=lr, patch_dropout=self.rate_at(position / self.total_steps), side=self.side,
-                     ema_decay=self.ema_decay)
+        return Phase(
+            lr=lr, patch_dropout=self.rate_at(position / self.total_steps), side=self.side, ema_decay=self.ema_decay
+        )
 
     def spans(self) -> list[tuple[float, float, float]]:
         """(begin, end, PatchDropout rate) fractions of the schedule between phase changes."""

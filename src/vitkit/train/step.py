@@ -9,8 +9,9 @@ accounts for the skip; the trainer (train/trainer.py) composes the two.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -49,10 +50,12 @@ def loss_fn(logits: Tensor, targets: Tensor, kind: str) -> Tensor:
 
 def classification_loss(spec: StepSpec) -> LossOf:
     """Cross-entropy of `model(images)` against soft targets, for a (images, targets) micro-batch."""
+
     def loss_of(model: nn.Module, micro: tuple[Tensor, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         images, targets = micro
         logits = model(images) if spec.patch_dropout is None else model(images, patch_dropout=spec.patch_dropout)
         return loss_fn(logits, targets, spec.loss), {}
+
     return loss_of
 
 
@@ -93,8 +96,11 @@ def train_step(state: TrainState, batch: list[Any], spec: StepSpec, loss_of: Los
 
 def _clip(model: nn.Module, clip_norm: float) -> Tensor:
     params = [p for p in model.parameters() if p.grad is not None]
-    norm = (torch.nn.utils.clip_grad_norm_(params, clip_norm) if clip_norm > 0
-            else torch.nn.utils.get_total_norm([p.grad for p in params]))
+    norm = (
+        torch.nn.utils.clip_grad_norm_(params, clip_norm)
+        if clip_norm > 0
+        else torch.nn.utils.get_total_norm([p.grad for p in params])
+    )
     return norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2: a DTensor
 
 

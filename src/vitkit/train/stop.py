@@ -13,7 +13,8 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -49,9 +50,16 @@ class StopPolicy:
     schedule, which the budget clock ends instead).  `agree` marks the steps where processes agree.
     """
 
-    def __init__(self, *, started: float, deadline_s: float | None, world: int = 1,
-                 device: torch.device = torch.device("cpu"), signals: SignalFlag | None = None,
-                 now: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        *,
+        started: float,
+        deadline_s: float | None,
+        world: int = 1,
+        device: torch.device = torch.device("cpu"),
+        signals: SignalFlag | None = None,
+        now: Callable[[], float] = time.monotonic,
+    ):
         self.started, self.deadline_s, self.world, self.device = started, deadline_s, world, device
         self.signals = signals if signals is not None else SignalFlag()
         self.now = now

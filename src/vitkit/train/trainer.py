@@ -19,7 +19,8 @@ import dataclasses
 import logging
 import math
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -34,12 +35,22 @@ from vitkit.train.budget import Budget
 from vitkit.train.checkpointer import Checkpointer
 from vitkit.train.config import TrainConfig, from_dict, to_dict
 from vitkit.train.ema import ModelEMA, averaged
+from vitkit.train.finish import EvaluationError  # noqa: F401 (re-exported: the CLI catches it)
 from vitkit.train.guard import NonFiniteGuard, NonFiniteLossError  # noqa: F401 (re-exported)
 from vitkit.train.objectives import EvalContext, build_objective
 from vitkit.train.optim import build_optimizer
-from vitkit.train.plan import (HostChoices, Plan, augment_seed, init_seed, make_plan, micro_batch_size,
-                               patch_dropout_of, resumed_seed, schedule_of, total_steps)
-from vitkit.train.finish import EvaluationError  # noqa: F401 (re-exported: the CLI catches it)
+from vitkit.train.plan import (
+    HostChoices,
+    Plan,
+    augment_seed,
+    init_seed,
+    make_plan,
+    micro_batch_size,
+    patch_dropout_of,
+    resumed_seed,
+    schedule_of,
+    total_steps,
+)
 from vitkit.train.progress import TrainRecords, progress_bar
 from vitkit.train.schedule import Phase, scaled_lr
 from vitkit.train.state import TrainState
@@ -57,13 +68,21 @@ def reconcile(config: TrainConfig) -> TrainConfig:
     run = RunDir(config.run.out)
     merged, changed = run.reconcile(to_dict(config))
     if changed:
-        log.warning("%s already holds a run with a different config (%s); resuming it with its own config",
-                    run.path, ", ".join(changed[:8]))
+        log.warning(
+            "%s already holds a run with a different config (%s); resuming it with its own config",
+            run.path,
+            ", ".join(changed[:8]),
+        )
     return from_dict(merged) if changed or run.latest() is not None else config
 
 
-def train(config: TrainConfig, *, data: Splits | None = None, progress_stream: Any = None,
-          on_plan: Callable[[Plan], None] | None = None) -> dict[str, Any]:
+def train(
+    config: TrainConfig,
+    *,
+    data: Splits | None = None,
+    progress_stream: Any = None,
+    on_plan: Callable[[Plan], None] | None = None,
+) -> dict[str, Any]:
     """Run (or resume) the training described by `config` in `config.run.out`; returns the final metrics.
 
     `data` replaces loading `config.data.uri` (tests, studies).  `on_plan(plan)` is called on rank 0 once
@@ -98,8 +117,16 @@ def train(config: TrainConfig, *, data: Splits | None = None, progress_stream: A
 class Trainer:
     """A run assembled from its parts; `fit` trains it (see the module docstring)."""
 
-    def __init__(self, config: TrainConfig, info: distributed.DistInfo, device: torch.device, started: float, *,
-                 data: Splits | None = None, progress_stream: Any = None):
+    def __init__(
+        self,
+        config: TrainConfig,
+        info: distributed.DistInfo,
+        device: torch.device,
+        started: float,
+        *,
+        data: Splits | None = None,
+        progress_stream: Any = None,
+    ):
         self.info, self.device, self.started, self.progress_stream = info, device, started, progress_stream
         self.run = RunDir(config.run.out)
         if info.main:
@@ -119,20 +146,35 @@ class Trainer:
         self.stored_precision: str | None = None  # the precision an earlier invocation chose (kept on resume)
         self._build_model()
         batches = ShardBatches if isinstance(self.data.train, ShardSet) else IndexBatches  # both TrainBatches
-        self.batches = batches(self.data.train, seed=config.run.seed, global_batch=config.data.batch_size,
-                               micro_batch=self.micro, rank=info.rank, world=info.world, device=device,
-                               total_steps=self.length or UNBOUNDED, workers=config.data.workers,
-                               strict=config.data.strict)
-        self.checkpointer = Checkpointer(self.run, every=config.run.checkpoint_every, meta=self._meta(), main=info.main,
-                                         sharded=self.sharded, extra=self._extra_state)
+        self.batches = batches(
+            self.data.train,
+            seed=config.run.seed,
+            global_batch=config.data.batch_size,
+            micro_batch=self.micro,
+            rank=info.rank,
+            world=info.world,
+            device=device,
+            total_steps=self.length or UNBOUNDED,
+            workers=config.data.workers,
+            strict=config.data.strict,
+        )
+        self.checkpointer = Checkpointer(
+            self.run,
+            every=config.run.checkpoint_every,
+            meta=self._meta(),
+            main=info.main,
+            sharded=self.sharded,
+            extra=self._extra_state,
+        )
         self._resume()
         self.choices = self._choose()
         self.metrics = self.run.metrics(enabled=info.main, tensorboard=config.run.tensorboard)
         if info.main:
             self.metrics.truncate_after(self.state.step)
             self.run.write_config(to_dict(config))
-        self.guard = NonFiniteGuard(self.state, config.run.nan_patience, report=self._report_skip,
-                                    last_good=self.run.latest)
+        self.guard = NonFiniteGuard(
+            self.state, config.run.nan_patience, report=self._report_skip, last_good=self.run.latest
+        )
 
     # ------------------------------------------------------------------------------- assembly
     def _build_model(self) -> None:
@@ -143,11 +185,18 @@ class Trainer:
         model = distributed.wrap(network, info, device, config.run.parallel)
         self.eager = model
         self.deferred = config.run.nan_check == "deferred" or (  # Muon has no fused kernel to skip a step
-            config.run.nan_check == "auto" and device.type == "cuda" and config.run.parallel != "fsdp"
-            and config.optim.name != "muon")
+            config.run.nan_check == "auto"
+            and device.type == "cuda"
+            and config.run.parallel != "fsdp"
+            and config.optim.name != "muon"
+        )
         # Fused kernels on the CPU too: one pass over the parameters (AdamW's step 2.2 -> 0.7 ms at small-28px).
-        optimizer = build_optimizer(model if config.run.parallel == "fsdp" else network, config.optim,
-                                    self._peak_lr(), fused=self.deferred or device.type == "cpu")
+        optimizer = build_optimizer(
+            model if config.run.parallel == "fsdp" else network,
+            config.optim,
+            self._peak_lr(),
+            fused=self.deferred or device.type == "cpu",
+        )
         generator = torch.Generator(device=device).manual_seed(augment_seed(config.run.seed, info.rank))
         ema = ModelEMA(module, config.optim.ema_decay) if config.optim.ema_decay > 0 else None
         self.state = TrainState(model=model, module=module, optimizer=optimizer, generator=generator, ema=ema)
@@ -162,25 +211,44 @@ class Trainer:
         config = self.config
         phases = schedule_of(config, self.length or 1, 1.0).phases(start=self.state.step / (self.length or math.inf))
         budget = config.run.max_minutes * 60 if config.run.max_minutes > 0 else None
-        picked = choices.choose(config, self.state.module, self.device, micro_batch=self.micro,
-                                accumulation=config.data.batch_size // self.info.world // self.micro,
-                                graphs=len(phases), steps=None if self.length is None else self.length - self.state.step,
-                                budget_s=budget, stored_precision=self.stored_precision)
+        picked = choices.choose(
+            config,
+            self.state.module,
+            self.device,
+            micro_batch=self.micro,
+            accumulation=config.data.batch_size // self.info.world // self.micro,
+            graphs=len(phases),
+            steps=None if self.length is None else self.length - self.state.step,
+            budget_s=budget,
+            stored_precision=self.stored_precision,
+        )
         self.autocast_dtype = torch.bfloat16 if picked.precision == "bf16" else None
         if picked.compiled:
             self.state.model = compiled.compile_for_training(self.eager, self.device)
         return picked
 
     def _meta(self) -> dict[str, Any]:
-        provenance = {"recipe": self.config.recipe, "data": self.config.data.uri, "run_dir": str(self.run.path),
-                      **self.objective.provenance()}
+        provenance = {
+            "recipe": self.config.recipe,
+            "data": self.config.data.uri,
+            "run_dir": str(self.run.path),
+            **self.objective.provenance(),
+        }
         names = self.data.train.class_names if self.config.mpp is None else None
-        return {"class_names": names, "mean": self.config.data.mean, "std": self.config.data.std,
-                "provenance": provenance}
+        return {
+            "class_names": names,
+            "mean": self.config.data.mean,
+            "std": self.config.data.std,
+            "provenance": provenance,
+        }
 
     def _extra_state(self) -> dict[str, Any]:
-        return {"data": self.batches.state_dict(), "skipped_samples": self.skipped_total,
-                "precision": self.choices.precision, **self.objective.state_dict()}
+        return {
+            "data": self.batches.state_dict(),
+            "skipped_samples": self.skipped_total,
+            "precision": self.choices.precision,
+            **self.objective.state_dict(),
+        }
 
     def _resume(self) -> None:
         def load_extra(payload: dict[str, Any]) -> None:
@@ -208,9 +276,15 @@ class Trainer:
     # ------------------------------------------------------------------------- warm-up and plan
     def step_spec(self, phase: Phase) -> StepSpec:
         """What one optimiser step of `phase` does: its learning rate, PatchDropout rate, precision and EMA."""
-        return StepSpec(lr=phase.lr, clip_norm=self.config.optim.clip_norm, loss=self.config.optim.loss,
-                        autocast_dtype=self.autocast_dtype, deferred=self.deferred,
-                        patch_dropout=phase.patch_dropout if self._has_rate else None, ema_decay=phase.ema_decay or None)
+        return StepSpec(
+            lr=phase.lr,
+            clip_norm=self.config.optim.clip_norm,
+            loss=self.config.optim.loss,
+            autocast_dtype=self.autocast_dtype,
+            deferred=self.deferred,
+            patch_dropout=phase.patch_dropout if self._has_rate else None,
+            ema_decay=phase.ema_decay or None,
+        )
 
     @property
     def _has_rate(self) -> bool:
@@ -229,10 +303,17 @@ class Trainer:
     def _warm_up(self) -> dict:
         """Compile (when chosen) and time every phase still ahead, before the clock starts; a compiler that
         fails leaves the run eager."""
-        needed = schedule_of(self.config, self.length or 1, 1.0).phases(start=self.state.step / (self.length or math.inf))
-        timings, failed = compiled.warm_up_compiled(self.state.module, needed, self._run_once, self.device,
-                                                    compiling=self.state.model is not self.eager,
-                                                    to_eager=lambda: setattr(self.state, "model", self.eager))
+        needed = schedule_of(self.config, self.length or 1, 1.0).phases(
+            start=self.state.step / (self.length or math.inf)
+        )
+        timings, failed = compiled.warm_up_compiled(
+            self.state.module,
+            needed,
+            self._run_once,
+            self.device,
+            compiling=self.state.model is not self.eager,
+            to_eager=lambda: setattr(self.state, "model", self.eager),
+        )
         if failed:
             self.choices = dataclasses.replace(self.choices, compiled=False, compile_reason=failed)
         # One plan on every process: the slowest process's passes set the estimate.
@@ -251,8 +332,16 @@ class Trainer:
         fitted = config.run.max_minutes > 0 and config.run.budget_schedule == "fit"
         evals = sum(len(s) for s in self.data.evals.values()) if config.eval.every_epochs > 0 else 0
         eval_images = evals + (len(self.data.test) if self.data.test is not None else 0)
-        plan = make_plan(config, self.num_train, self.info.world, device=self.device, choices=self.choices,
-                         timings=timings, budget_s=self._usable_s() if fitted else None, eval_images=eval_images)
+        plan = make_plan(
+            config,
+            self.num_train,
+            self.info.world,
+            device=self.device,
+            choices=self.choices,
+            timings=timings,
+            budget_s=self._usable_s() if fitted else None,
+            eval_images=eval_images,
+        )
         if not plan.steps_given:  # every process must read the same schedule length
             plan = dataclasses.replace(plan, steps=int(distributed.min_across(plan.steps, self.device)))
         return dataclasses.replace(plan, data_path=self.batches.path, splits=self._split_sizes())
@@ -271,8 +360,9 @@ class Trainer:
         state.startup += time.monotonic() - self.started
         self.budget.observe(state.step, state.elapsed)
         deadline = config.run.max_minutes * 60 if config.run.max_minutes > 0 and not plan.fitted else None
-        stop = StopPolicy(started=self.started, deadline_s=deadline, world=self.info.world, device=self.device,
-                          now=time.monotonic)
+        stop = StopPolicy(
+            started=self.started, deadline_s=deadline, world=self.info.world, device=self.device, now=time.monotonic
+        )
         records = TrainRecords(state.step, config.data.batch_size)
         bar = progress_bar(config.run.progress and self.info.main, plan.steps, state.step, self.progress_stream)
         self.loop_start, self.saved_step, status = time.monotonic(), -1, "finished"
@@ -282,8 +372,12 @@ class Trainer:
                 position = self.budget.position(state.step)
                 phase = self.schedule.at(position)
                 spec = self.step_spec(phase)
-                out = train_step(state, self.objective.batch(raw, phase, state.generator), spec,
-                                 self.objective.loss_of(spec, state.generator))
+                out = train_step(
+                    state,
+                    self.objective.batch(raw, phase, state.generator),
+                    spec,
+                    self.objective.loss_of(spec, state.generator),
+                )
                 self.guard.observe(state.step, out["skipped"])
                 records.add(out)
                 bar.update(1)
@@ -318,8 +412,12 @@ class Trainer:
 
     def _log(self, records: TrainRecords, phase: Phase, bar: Any) -> None:
         skipped = self._count_skipped()
-        record = records.record(self.state.step, self._epoch(self.state.step), img_size=phase.side,
-                                **({"skipped_samples": skipped} if skipped else {}))
+        record = records.record(
+            self.state.step,
+            self._epoch(self.state.step),
+            img_size=phase.side,
+            **({"skipped_samples": skipped} if skipped else {}),
+        )
         if record:
             self.metrics.write(record)
             bar.set_postfix(loss=f"{record['loss']:.3f}", img_s=f"{record['images_per_s']:.0f}")
@@ -357,26 +455,47 @@ class Trainer:
     def _evaluate(self, split: str, data: Any) -> dict[str, Any]:
         """The objective's evaluation of `split` (of the Polyak average when enabled, Sec. 4.1)."""
         config, state = self.config, self.state
-        context = EvalContext(size=image_size(config.model), mean=config.data.mean, std=config.data.std,
-                              channels=in_channels(config.model), batch_size=config.eval.batch_size, device=self.device,
-                              autocast_dtype=self.autocast_dtype, rank=self.info.rank, world=self.info.world,
-                              workers=config.data.workers)
+        context = EvalContext(
+            size=image_size(config.model),
+            mean=config.data.mean,
+            std=config.data.std,
+            channels=in_channels(config.model),
+            batch_size=config.eval.batch_size,
+            device=self.device,
+            autocast_dtype=self.autocast_dtype,
+            rank=self.info.rank,
+            world=self.info.world,
+            workers=config.data.workers,
+        )
         model = state.model if self.sharded else state.module
         with averaged(state.ema, state.module):
             result = self.objective.evaluate(model, data, context)
         record = {"step": state.step, "epoch": self._epoch(state.step), "split": split, **result}
         if self.info.main and result.get("top1") is not None:
-            log.info("step %d %s: loss %.4f top-1 %.2f%% top-5 %.2f%%%s", state.step, split, result["loss"],
-                     100 * result["top1"], 100 * result["top5"], one_view_note(result))
+            log.info(
+                "step %d %s: loss %.4f top-1 %.2f%% top-5 %.2f%%%s",
+                state.step,
+                split,
+                result["loss"],
+                100 * result["top1"],
+                100 * result["top5"],
+                one_view_note(result),
+            )
         return record
 
     def _finish(self, status: str, signum: int) -> dict[str, Any]:
         """Save, export the final model, then evaluate it: a failing evaluation loses nothing."""
         state, config = self.state, self.config
         state.elapsed += time.monotonic() - self.loop_start
-        result: dict[str, Any] = {"status": status, "run_dir": str(self.run.path), "rank": self.info.rank,
-                                  "step": state.step, "steps": self.plan.steps, "skipped_steps": state.skipped_steps,
-                                  "plan": self.plan.to_dict()}
+        result: dict[str, Any] = {
+            "status": status,
+            "run_dir": str(self.run.path),
+            "rank": self.info.rank,
+            "step": state.step,
+            "steps": self.plan.steps,
+            "skipped_steps": state.skipped_steps,
+            "plan": self.plan.to_dict(),
+        }
         if status == "interrupted":
             self.metrics.close()
             return {**result, "signal": signum, "checkpoint": str(self.run.latest())}
@@ -393,5 +512,9 @@ class Trainer:
         if final is not None:
             result[config.eval.final_split] = {k: v for k, v in final.items() if k not in ("step", "epoch", "split")}
             result["epoch"] = final["epoch"]
-        return {**result, "minutes": state.elapsed / 60, "wall_minutes": (time.monotonic() - self.started) / 60,
-                "checkpoint": checkpoint}
+        return {
+            **result,
+            "minutes": state.elapsed / 60,
+            "wall_minutes": (time.monotonic() - self.started) / 60,
+            "checkpoint": checkpoint,
+        }

@@ -42,15 +42,36 @@ def small_64px_pretrain(info: SourceInfo) -> TrainConfig:
     target >= 35% on a native-bf16 host (AVX512-BF16, AMX) and >= 25% without, being measured
     (benchmarks/transfer.py pretrain; rows: benchmarks/results/transfer.jsonl).
     """
-    model = ViTConfig(img_size=64, patch_size=8, in_chans=info.channels, num_classes=info.num_classes,
-                      hidden_size=192, depth=6, num_heads=3, mlp_dim=384, pool="gap", representation_size=192,
-                      drop_path=0.1, patch_dropout=0.75, patch_dropout_until=0.8, init="mimetic")
+    model = ViTConfig(
+        img_size=64,
+        patch_size=8,
+        in_chans=info.channels,
+        num_classes=info.num_classes,
+        hidden_size=192,
+        depth=6,
+        num_heads=3,
+        mlp_dim=384,
+        pool="gap",
+        representation_size=192,
+        drop_path=0.1,
+        patch_dropout=0.75,
+        patch_dropout_until=0.8,
+        init="mimetic",
+    )
     return TrainConfig(
-        recipe="small-64px-pretrain", model=model,
+        recipe="small-64px-pretrain",
+        model=model,
         data=data_config(info, batch_size=256, epochs=60, workers=2),
         augment=AugmentConfig(crop="pad", pad=8, flip=flip(info), label_smoothing=0.1),
-        optim=OptimConfig(name="muon", lr=4e-3, muon_lr_scale=0.5, weight_decay=0.05, schedule="linear",
-                          warmup_fraction=0.05, clip_norm=1.0),
+        optim=OptimConfig(
+            name="muon",
+            lr=4e-3,
+            muon_lr_scale=0.5,
+            weight_decay=0.05,
+            schedule="linear",
+            warmup_fraction=0.05,
+            clip_norm=1.0,
+        ),
         eval=EvalConfig(every_epochs=0, batch_size=500),  # every training image trains
         run=RunConfig(checkpoint_every=1000, log_every=50),
     )
@@ -64,11 +85,14 @@ def small_64px_pretrain_tiny(info: SourceInfo) -> TrainConfig:
     """
     config = small_64px_pretrain(info)
     return dataclasses.replace(
-        config, recipe="small-64px-pretrain-tiny",
+        config,
+        recipe="small-64px-pretrain-tiny",
         model=tiny_vit(info, img_size=16, patch_size=4, pool="gap", representation_size=32, patch_dropout=0.5),
         data=dataclasses.replace(config.data, batch_size=32, epochs=0, steps=10, workers=0),
         augment=dataclasses.replace(config.augment, pad=2),
-        eval=EvalConfig(every_epochs=0, batch_size=256), run=RunConfig(checkpoint_every=5, log_every=5))
+        eval=EvalConfig(every_epochs=0, batch_size=256),
+        run=RunConfig(checkpoint_every=5, log_every=5),
+    )
 
 
 def finetune_small(info: SourceInfo) -> TrainConfig:
@@ -91,14 +115,33 @@ def finetune_small(info: SourceInfo) -> TrainConfig:
     native-bf16 host, >= 70% without), and >= 15 points over from-scratch in the same 15 minutes at
     --labels-per-class 100; being measured (benchmarks/transfer.py; rows: benchmarks/results/transfer.jsonl).
     """
-    model = ViTConfig(img_size=64, patch_size=8, in_chans=info.channels, num_classes=info.num_classes,
-                      hidden_size=192, depth=6, num_heads=3, mlp_dim=384, pool="gap", drop_path=0.1)
+    model = ViTConfig(
+        img_size=64,
+        patch_size=8,
+        in_chans=info.channels,
+        num_classes=info.num_classes,
+        hidden_size=192,
+        depth=6,
+        num_heads=3,
+        mlp_dim=384,
+        pool="gap",
+        drop_path=0.1,
+    )
     return TrainConfig(
-        recipe="finetune-small", model=model,  # the checkpoint's architecture replaces this model (resolve.py)
+        recipe="finetune-small",
+        model=model,  # the checkpoint's architecture replaces this model (resolve.py)
         data=data_config(info, batch_size=128, epochs=10, workers=2),
         augment=AugmentConfig(crop="pad", pad=8, flip=flip(info)),  # pad: an eighth of the side, rescaled with it
-        optim=OptimConfig(name="sgd", lr=FINETUNE_LR, momentum=0.9, weight_decay=0.0, schedule="cosine",
-                          warmup_fraction=0.05, clip_norm=1.0, ema_decay=0.0),
+        optim=OptimConfig(
+            name="sgd",
+            lr=FINETUNE_LR,
+            momentum=0.9,
+            weight_decay=0.0,
+            schedule="cosine",
+            warmup_fraction=0.05,
+            clip_norm=1.0,
+            ema_decay=0.0,
+        ),
         eval=EvalConfig(every_epochs=0, batch_size=500),
         run=RunConfig(checkpoint_every=500, log_every=20),
     )
@@ -112,10 +155,14 @@ def finetune_small_tiny(info: SourceInfo) -> TrainConfig:
     """
     config = finetune_small(info)
     return dataclasses.replace(
-        config, recipe="finetune-small-tiny", model=tiny_vit(info, img_size=16, patch_size=4, pool="gap"),
+        config,
+        recipe="finetune-small-tiny",
+        model=tiny_vit(info, img_size=16, patch_size=4, pool="gap"),
         data=dataclasses.replace(config.data, batch_size=32, epochs=0, steps=10, workers=0),
         augment=dataclasses.replace(config.augment, pad=2),
-        eval=EvalConfig(every_epochs=0, batch_size=256), run=RunConfig(checkpoint_every=5, log_every=5))
+        eval=EvalConfig(every_epochs=0, batch_size=256),
+        run=RunConfig(checkpoint_every=5, log_every=5),
+    )
 
 
 def pretrains_at_64px(info: SourceInfo) -> bool:
