@@ -348,7 +348,8 @@ def main(argv: list[str] | None = None) -> int:
     with num_threads(args.threads):
         out["threads"] = torch.get_num_threads()
         print(
-            f"torch {torch.__version__}, CPU, {out['threads']} threads; vitkit default precision here: {default_precision}"
+            f"torch {torch.__version__}, CPU, {out['threads']} threads; "
+            f"vitkit default precision here: {default_precision}"
         )
         for name in names:
             spec = SPECS[name]

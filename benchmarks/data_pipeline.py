@@ -1,9 +1,9 @@
 """Data pipeline throughput: the same JPEGs as a folder, as tar shards (wds:) and as an Arrow dataset (hf:),
 per DataLoader worker, at 64 and 224 px; and how many workers a GPU training ViT-B/16 at 3,900 img/s needs.
 
-    .venv/bin/python benchmarks/data_pipeline.py                                  # both data sets, 64 + 224 px, 1-2 workers
+    .venv/bin/python benchmarks/data_pipeline.py                    # both data sets, 64 + 224 px, 1-2 workers
     .venv/bin/python benchmarks/data_pipeline.py --data caltech --sizes 224 --workers 1,2,4,8 --rounds 5
-    .venv/bin/python benchmarks/data_pipeline.py --listing /tmp/bigfolder      # listing a folder of many files
+    .venv/bin/python benchmarks/data_pipeline.py --listing /tmp/bigfolder   # listing a folder of many files
 
 The images: caltech101-10's 776 training JPEGs (full size, about 263x233) and --cifar-count of the
 50,000 cifar10-jpg JPEGs (32x32; every k-th file), from ../shared/data.  They are prepared once under

@@ -57,7 +57,8 @@ def bench_decode(folder: Path, sizes: list[int], threads: list[int]) -> None:
             list(pool.map(_decode_one, [(f, size) for f in files], chunksize=16))
         seconds = time.perf_counter() - start
         print(
-            f"  size {size:4d}  processes {workers}: {len(files) / seconds:7.0f} images/s  ({seconds:.2f} s, incl. pool start)"
+            f"  size {size:4d}  processes {workers}: {len(files) / seconds:7.0f} images/s  "
+            f"({seconds:.2f} s, incl. pool start)"
         )
 
 

@@ -68,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"final: fp32 top1 {fa['top1']:.4f} loss {fa['loss']:.4f} ({t32:.0f} s) | "
         f"bf16 top1 {fb['top1']:.4f} loss {fb['loss']:.4f} ({t16:.0f} s) | "
-        f"difference {fb['top1'] - fa['top1']:+.4f} = {round((fb['top1'] - fa['top1']) * fa['count'])} of {fa['count']} images"
+        f"difference {fb['top1'] - fa['top1']:+.4f} = "
+        f"{round((fb['top1'] - fa['top1']) * fa['count'])} of {fa['count']} images"
     )
     if args.json:
         print(

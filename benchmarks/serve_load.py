@@ -267,11 +267,13 @@ def main() -> None:
             )
             rounds.append(served)
             print(
-                f"round {number}: served {served['requests_per_s']:.0f} requests/s = {served['images_per_s']:.0f} images/s "
-                f"({args.images_per_request} per request), latency p50 {served['p50_ms']:.1f} / p95 {served['p95_ms']:.1f} / "
+                f"round {number}: served {served['requests_per_s']:.0f} requests/s = "
+                f"{served['images_per_s']:.0f} images/s ({args.images_per_request} per request), "
+                f"latency p50 {served['p50_ms']:.1f} / p95 {served['p95_ms']:.1f} / "
                 f"p99 {served['p99_ms']:.1f} ms, errors {served['errors']} of {served['requests']}; offline "
                 f"{reference:.0f} images/s; ratio {served['ratio']:.2f}x; mean batch {served['mean_batch']:.1f}, "
-                f"batches by size {dict(sorted(batches.items()))}; CPU ms per image: server {served['server_cpu_ms']:.2f} + "
+                f"batches by size {dict(sorted(batches.items()))}; "
+                f"CPU ms per image: server {served['server_cpu_ms']:.2f} + "
                 f"load generator {served['client_cpu_ms']:.2f}, offline {served['offline_cpu_ms']:.2f}"
             )
     finally:
@@ -302,10 +304,13 @@ def main() -> None:
         rounds=args.rounds,
     )
     print(
-        f"median of {args.rounds} rounds: {summary['images_per_s']:.0f} images/s served vs {summary['offline_images_per_s']:.0f} "
-        f"offline = {summary['ratio']:.2f}x; p50/p95/p99 {summary['p50_ms']:.1f}/{summary['p95_ms']:.1f}/{summary['p99_ms']:.1f} ms; "
-        f"{summary['errors']} errors in {summary['requests']} requests; CPU ms per image: server {summary['server_cpu_ms']:.2f}, "
-        f"load generator {summary['client_cpu_ms']:.2f}, offline {summary['offline_cpu_ms']:.2f}; server exit status {code} after SIGTERM"
+        f"median of {args.rounds} rounds: {summary['images_per_s']:.0f} images/s served vs "
+        f"{summary['offline_images_per_s']:.0f} offline = {summary['ratio']:.2f}x; "
+        f"p50/p95/p99 {summary['p50_ms']:.1f}/{summary['p95_ms']:.1f}/{summary['p99_ms']:.1f} ms; "
+        f"{summary['errors']} errors in {summary['requests']} requests; "
+        f"CPU ms per image: server {summary['server_cpu_ms']:.2f}, "
+        f"load generator {summary['client_cpu_ms']:.2f}, offline {summary['offline_cpu_ms']:.2f}; "
+        f"server exit status {code} after SIGTERM"
     )
     print(json.dumps(summary))
 

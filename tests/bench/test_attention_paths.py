@@ -1,12 +1,12 @@
 """The fast attention paths compute what the reference computes, values and gradients.
 
-The reference is fp32 with torch's SDPA kernel.  The explicit path (Eq. 5-7 spelt out) must equal it
-to 1e-5 in fp32 (logits absolutely, gradients relative to each tensor's largest entry).  Under bf16 autocast ("auto" on CPU picks the explicit path there) the stated
-tolerances against the fp32 reference are: logits within 3e-2 of their largest magnitude; each
-parameter gradient within 6e-2 of its largest entry and at cosine >= 0.999.  bf16 keeps 8 significand
-bits (relative step 2^-8 ~ 4e-3 per rounding); measured on this 2-block model: logits 1.3e-2,
-gradients 3.4e-2 / cosine 0.9998 -- no worse than torch's own SDPA kernel under the same autocast
-(1.0e-2, 4.4e-2 / 0.9997), which the last check asserts.
+The reference is fp32 with torch's SDPA kernel.  The explicit path (Eq. 5-7 spelt out) must equal it to
+1e-5 in fp32 (logits absolutely, gradients relative to each tensor's largest entry).  Under bf16 autocast
+("auto" on CPU picks the explicit path there) the stated tolerances against the fp32 reference are:
+logits within 3e-2 of their largest magnitude; each parameter gradient within 6e-2 of its largest entry
+and at cosine >= 0.999.  bf16 keeps 8 significand bits (relative step 2^-8 ~ 4e-3 per rounding); measured
+on this 2-block model: logits 1.3e-2, gradients 3.4e-2 / cosine 0.9998 -- no worse than torch's own SDPA
+kernel under the same autocast (1.0e-2, 4.4e-2 / 0.9997), which the last check asserts.
 """
 
 from __future__ import annotations

@@ -90,7 +90,8 @@ def vit_closed_form(c: ViTConfig) -> int:
 
 
 def bottleneck_closed_form(cin: int, cout: int, projection: bool, norm_out: bool) -> int:
-    """A bottleneck unit: three bias-free convs and GroupNorms, plus the projection (with a GN for the ViT code's unit)."""
+    """A bottleneck unit: three bias-free convs and GroupNorms, plus the projection (with a GN for the ViT code's
+    unit)."""
     mid = cout // 4
     convs = cin * mid + 9 * mid * mid + mid * cout + (cin * cout if projection else 0)
     if norm_out:  # post-activation (hybrid): GN after conv1, conv2, conv3 and the projection

@@ -82,7 +82,8 @@ def _traced(fn, x: torch.Tensor) -> tuple[torch.Tensor, list]:
 
 
 def test_tanh_gelu_compiled_for_the_cpu_is_the_sigmoid_form() -> None:
-    """Under torch.compile on the CPU the traced graph holds x sigmoid(2u), not torch's gelu, with its values and gradients."""
+    """Under torch.compile on the CPU the traced graph holds x sigmoid(2u), not torch's gelu, with its values and
+    gradients."""
     x = torch.cat([torch.linspace(-20, 20, 40_001), 3 * torch.randn(10_000)]).requires_grad_()
     out, targets = _traced(_vitkit_tanh, x)
     assert torch.sigmoid in targets and F.gelu not in targets

@@ -328,8 +328,8 @@ def format_table(result: dict[str, Any]) -> str:
         mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "-"
         mem = f"{r['peak_memory_bytes'] / 2**20:.0f}" if r["peak_memory_bytes"] is not None else "-"
         lines.append(
-            f"{mode:<10}{r['images_per_s']:>10.1f}{1e3 * r['seconds_per_step']:>10.1f}{r['flops_per_image'] / 1e9:>11.3f}"
-            f"{r['achieved_flops'] / 1e12:>9.3f}{mfu:>8}{mem:>10}"
+            f"{mode:<10}{r['images_per_s']:>10.1f}{1e3 * r['seconds_per_step']:>10.1f}"
+            f"{r['flops_per_image'] / 1e9:>11.3f}{r['achieved_flops'] / 1e12:>9.3f}{mfu:>8}{mem:>10}"
         )
     return "\n".join(lines)
 

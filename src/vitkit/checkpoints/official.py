@@ -197,7 +197,8 @@ def infer_config(arrays: Mapping[str, torch.Tensor], source: str) -> ViTConfig |
     if "Transformer/posembed_input/pos_embedding" not in arrays:
         raise ValueError(
             "no position embedding (Transformer/posembed_input/pos_embedding) in the checkpoint: a big_vision "
-            "sincos2d model; pass config=ViTConfig(..., posemb='sincos_2d', img_size=...) since its size cannot be inferred"
+            "sincos2d model; pass config=ViTConfig(..., posemb='sincos_2d', img_size=...) "
+            "since its size cannot be inferred"
         )
     tokens = keymap.shape_of(arrays, "Transformer/posembed_input/pos_embedding", 3, source)[1] - (pool == "token")
     grid = math.isqrt(max(tokens, 0))
@@ -280,7 +281,8 @@ def from_vitkit(checkpoint: Checkpoint) -> dict[str, np.ndarray]:
     vit = config.vit if isinstance(config, HybridConfig) else config
     if vit.posemb != "learned_1d" or vit.posemb_where != "input":
         raise ValueError(
-            f"the official layout has learned 1D position embeddings at the input only, not {vit.posemb}/{vit.posemb_where}"
+            "the official layout has learned 1D position embeddings at the input only, "
+            f"not {vit.posemb}/{vit.posemb_where}"
         )
     if vit.gelu != "tanh" or vit.layer_norm_eps != 1e-6:
         log.warning(

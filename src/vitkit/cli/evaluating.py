@@ -1,4 +1,7 @@
-"""`vitkit eval`, `fewshot`, `predict`, `embed` and `inspect`: a checkpoint or run directory in, numbers and files out."""
+"""`vitkit eval`, `fewshot`, `predict`, `embed` and `inspect`.
+
+Each takes a checkpoint or run directory in and gives numbers and files out.
+"""
 
 from __future__ import annotations
 

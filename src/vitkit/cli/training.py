@@ -130,7 +130,10 @@ def _final_line(result: dict[str, Any], config: Any) -> str:
         )
     split = config.eval.final_split
     note = " (time budget spent)" if result["status"] == "time_budget" else ""
-    done = f"after {result['step']}/{result['steps']} steps, {result['wall_minutes']:.2f} min{note}; run: {result['run_dir']}"
+    done = (
+        f"after {result['step']}/{result['steps']} steps, {result['wall_minutes']:.2f} min{note}; "
+        f"run: {result['run_dir']}"
+    )
     final = result.get(split)
     if config.mpp is not None:
         held = (

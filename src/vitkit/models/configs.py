@@ -100,16 +100,16 @@ class ViTConfig:
     drop_path: float = 0.0  # stochastic depth, maximal rate at the last block (not in the paper; an option)
     patch_dropout: float = 0.0  # training drops this fraction of each image's patch tokens (Liu et al. 2023; an option)
     patch_dropout_keep: PatchKeep = "random"  # PatchDropout keeps random tokens, or "content": varying pixels first
-    patch_dropout_until: float = (
-        1.0  # PatchDropout lasts until this fraction of the training schedule, then every patch
-    )
+    # PatchDropout lasts until this fraction of the training schedule, then every patch
+    patch_dropout_until: float = 1.0
     layer_norm_eps: float = 1e-6  # official code (Flax default); timm 1e-6, HF 1e-12
     gelu: Gelu = "tanh"  # Flax's nn.gelu is the tanh approximation; timm and HF use exact erf
     qkv_bias: bool = True  # official code has biases on q, k, v and out
-    attn_impl: AttnImpl = "auto"  # how Eq. 5-7 are computed (same numbers): fused SDPA kernel, softmax spelt out, or auto = explicit for bf16 on CPU (measured faster there, benchmarks/compare.py), SDPA elsewhere
-    init: Init = (
-        "official"  # "mimetic": attention weights as trained ViTs show them (Trockman & Kolter 2023; an option)
-    )
+    # how Eq. 5-7 are computed (same numbers): fused SDPA kernel, softmax spelt out, or auto = explicit for bf16
+    # on CPU (measured faster there, benchmarks/compare.py), SDPA elsewhere
+    attn_impl: AttnImpl = "auto"
+    # "mimetic": attention weights as trained ViTs show them (Trockman & Kolter 2023; an option)
+    init: Init = "official"
 
     def __post_init__(self) -> None:
         self._check_fields()

@@ -18,9 +18,8 @@ class ServeConfig:
     max_batch: int = 32  # images per model forward at most
     max_wait_ms: float = 5.0  # how long the first image of a batch waits for company
     max_body_mb: float = 8.0  # request body limit (MiB), enforced while the body streams in
-    max_bodies_mb: float | None = (
-        None  # request bodies held at once, all requests (MiB; None: max(256, 4 x max_body_mb)); more: 503
-    )
+    # request bodies held at once, all requests (MiB; None: max(256, 4 x max_body_mb)); more: 503
+    max_bodies_mb: float | None = None
     token: str | None = None  # when set, every route but the page needs "Authorization: Bearer TOKEN"
     max_queue: int = 256  # requests admitted at once (reading, decoding, waiting, running); more get 503 + Retry-After
     max_files: int = 32  # images in one multipart request

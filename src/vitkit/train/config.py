@@ -36,12 +36,12 @@ class DataConfig:
     uri: str = "digits"  # vitkit.data source URI (DESIGN.md "Data sources")
     batch_size: int = 128  # effective global batch: images per optimiser step over all processes
     micro_batch_size: int = 0  # images per forward pass per process; 0 = batch_size / world (no accumulation)
-    epochs: float = 10.0  # passes over the training split (ignored when steps > 0); 0 and 0 steps under a fitted time budget: as many as fit
+    # passes over the training split (ignored when steps > 0); 0 and 0 steps under a fitted time budget: as many as fit
+    epochs: float = 10.0
     steps: int = 0  # optimiser steps; 0 = derived from epochs
     val_fraction: float = 0.0  # held-out part of train for model selection / the LR sweep (App. B.1.1)
-    train_fraction: float = (
-        1.0  # train on a fixed class-stratified part of the training split (data-size studies, Sec. 4.3)
-    )
+    # train on a fixed class-stratified part of the training split (data-size studies, Sec. 4.3)
+    train_fraction: float = 1.0
     labels_per_class: int = 0  # train on a fixed N images of each class (10 inside 100); 0 = all (--labels-per-class)
     mean: tuple[float, ...] = (0.5, 0.5, 0.5)  # x = (pixel/255 - mean)/std; 0.5/0.5 = the official [-1, 1]
     std: tuple[float, ...] = (0.5, 0.5, 0.5)
@@ -82,9 +82,8 @@ class DataConfig:
 class OptimConfig:
     """Optimiser, schedule and loss (Sec. 4.1 "Training & Fine-tuning", App. B.1, Tables 3-4)."""
 
-    name: Literal["adamw", "sgd", "muon"] = (
-        "adamw"  # pre-training: Adam; fine-tuning: SGD with momentum; muon: train/optim.py
-    )
+    # pre-training: Adam; fine-tuning: SGD with momentum; muon: train/optim.py
+    name: Literal["adamw", "sgd", "muon"] = "adamw"
     lr: float = 1e-3  # peak learning rate after warmup, for `base_batch_size` images per step
     base_batch_size: int = 0  # batch the lr was tuned for; 0 = data.batch_size (no rescaling)
     lr_scaling: Literal["none", "linear", "sqrt"] = "none"  # lr *= (batch/base) or its sqrt when they differ
@@ -136,17 +135,19 @@ class RunConfig:
     out: str = ""  # run directory; "" = runs/<data>-<model>-<timestamp> (chosen by the CLI)
     seed: int = 0  # seeds init, data order, augmentation and dropout
     max_minutes: float = 0.0  # stop cleanly when spent, then evaluate and save; 0 = no budget
-    budget_schedule: Literal["fit", "cut"] = (
-        "fit"  # with max_minutes: fit = the schedule runs by the clock and ends annealed when the budget (whole run) is spent (train/budget.py); cut = stop this invocation when spent
-    )
+    # with max_minutes: fit = the schedule runs by the clock and ends annealed when the budget (whole run) is spent
+    # (train/budget.py); cut = stop this invocation when spent
+    budget_schedule: Literal["fit", "cut"] = "fit"
     checkpoint_every: int = 500  # optimiser steps between checkpoints (also at the end and on SIGTERM/SIGINT)
     log_every: int = 20  # optimiser steps between train records in metrics.jsonl
     nan_patience: int = 5  # consecutive non-finite losses (each skipped) before the run stops
-    nan_check: Literal["auto", "sync", "deferred"] = (
-        "auto"  # deferred: skip on the device (fused optimiser), read at log steps; auto = deferred on CUDA
-    )
-    precision: Precision = "auto"  # "auto" = bf16 autocast where the device has native bf16 and it measures faster for the model (vitkit.device), else fp32
-    compile: Compile = "auto"  # torch.compile the model: "auto" = where the run saves more time than compiling costs (train/compiled.py)
+    # deferred: skip on the device (fused optimiser), read at log steps; auto = deferred on CUDA
+    nan_check: Literal["auto", "sync", "deferred"] = "auto"
+    # "auto" = bf16 autocast where the device has native bf16 and it measures faster for the model (vitkit.device),
+    # else fp32
+    precision: Precision = "auto"
+    # torch.compile the model: "auto" = where the run saves more time than compiling costs (train/compiled.py)
+    compile: Compile = "auto"
     parallel: Parallel = "ddp"  # with several processes: replicate (DDP) or shard (FSDP2, CUDA only)
     device: str = "auto"  # "auto" = cuda when available (this process's local rank), else cpu
     threads: int = 0  # torch intra-op CPU threads for this run; 0 = torch's default (small models: 1 is fastest)

@@ -66,7 +66,8 @@ class NonFiniteGuard:
                 self.unchecked.clear()
                 raise NonFiniteLossError(
                     f"loss/gradient was NaN or Inf for {self.counters.nan_streak} consecutive steps, the last at step "
-                    f"{step}; stopped without saving. Last good checkpoint: {self.last_good() or 'none (no checkpoint yet)'}. "
+                    f"{step}; stopped without saving. "
+                    f"Last good checkpoint: {self.last_good() or 'none (no checkpoint yet)'}. "
                     "Lower optim.lr, raise optim.warmup_steps or use run.precision=fp32"
                 )
         self.unchecked.clear()

@@ -11,7 +11,8 @@ small-28px's 64-wide matrices fp32 is the faster type on this CPU (~3 ms a step,
 small-32px's 192-576-wide ones bf16 is (per shape, 6 matrices: 9.1 against 17.7 ms at 576x192, 5.0 against
 8.7 ms at 192x192), so matrices whose smaller side is >= 128 run in bf16, as torch's own loop does, and so does
 everything on CUDA -- but only where bf16 is native: a CPU without it (AVX2) emulates bf16 matmuls 10-20x slower
-than fp32 (a 2-core AVX2 host spent ~3 s a step in them), so there every iteration runs in fp32.  `benchmarks/muon_step.py` times both optimisers on a recipe's matrices;
+than fp32 (a 2-core AVX2 host spent ~3 s a step in them), so there every iteration runs in fp32.
+`benchmarks/muon_step.py` times both optimisers on a recipe's matrices;
 `benchmarks/step_phases.py SOURCE --set optim.name=muon` times the whole training step.
 """
 

@@ -1,15 +1,24 @@
 """Recipes: functions returning complete TrainConfigs (STYLE.md section 3).
 
-| recipe              | when                                   | what                                                        |
-| ------------------- | -------------------------------------- | ----------------------------------------------------------- |
-| paper-pretrain      | Sec. 4.1, App. B.1, Table 3            | Adam (0.9, 0.999), wd 0.1, warmup 10k + linear decay, clip 1, dropout 0.1, batch 4096 (accumulated), pre-logits head |
-| paper-finetune      | App. B.1.1, Table 4                    | SGD momentum 0.9, cosine, no wd, clip 1, batch 512 (accumulated), zero-init head, 384 px, optional EMA 0.9999, LR sweep |
-| small-8px           | auto: sides <= 12 px (digits)          | ViT D=64 L=4 on 4x4 patches, pad-crop shift, AdamW          |
-| small-28px          | auto: sides <= 30 px (MNIST, Fashion)  | ViT D=64 L=4 on 4x4 patches (7x7 tokens), content-first PatchDropout, Muon, linear decay, pad-crop 1 px + flip |
-| small-32px          | auto: sides <= 40 px (CIFAR)           | ViT D=192 L=6 on 4x4 patches (8x8 tokens), PatchDropout, mimetic init, Muon, linear decay, pad-crop + flip |
-| small-64px          | auto: larger images, < 20,000 of them  | resize to 64, ViT D=192 L=6 on 8x8 patches, inception crop + flip + RandAugment |
-| small-64px-pretrain | auto: larger images, >= 20,000         | train/transfer_recipes.py: pre-training for `vitkit finetune` (Tiny-ImageNet) |
-| finetune-small      | `vitkit finetune` of a small checkpoint | train/transfer_recipes.py: SGD momentum + cosine at the checkpoint's resolution |
+recipe               when                                     what
+-------------------  ---------------------------------------  ----------------------------------------------------------
+paper-pretrain       Sec. 4.1, App. B.1, Table 3              Adam (0.9, 0.999), wd 0.1, warmup 10k + linear decay,
+                                                              clip 1, dropout 0.1, batch 4096 (accumulated),
+                                                              pre-logits head
+paper-finetune       App. B.1.1, Table 4                      SGD momentum 0.9, cosine, no wd, clip 1, batch 512
+                                                              (accumulated), zero-init head, 384 px,
+                                                              optional EMA 0.9999, LR sweep
+small-8px            auto: sides <= 12 px (digits)            ViT D=64 L=4 on 4x4 patches, pad-crop shift, AdamW
+small-28px           auto: sides <= 30 px (MNIST, Fashion)    ViT D=64 L=4 on 4x4 patches (7x7 tokens), content-first
+                                                              PatchDropout, Muon, linear decay, pad-crop 1 px + flip
+small-32px           auto: sides <= 40 px (CIFAR)             ViT D=192 L=6 on 4x4 patches (8x8 tokens), PatchDropout,
+                                                              mimetic init, Muon, linear decay, pad-crop + flip
+small-64px           auto: larger images, < 20,000 of them    resize to 64, ViT D=192 L=6 on 8x8 patches,
+                                                              inception crop + flip + RandAugment
+small-64px-pretrain  auto: larger images, >= 20,000           train/transfer_recipes.py: pre-training for
+                                                              `vitkit finetune` (Tiny-ImageNet)
+finetune-small       `vitkit finetune` of a small checkpoint  train/transfer_recipes.py: SGD momentum + cosine at
+                                                              the checkpoint's resolution
 
 Every recipe has a "-tiny" variant (D=32, L=2, k=2) that runs in seconds on a CPU, used by tests.
 The small-data recipes exist because a plain ViT trained from scratch on a small set needs smaller
@@ -131,7 +140,8 @@ def paper_finetune(info: SourceInfo, model: str = "vit_b16") -> TrainConfig:
 def paper_finetune_tiny(info: SourceInfo) -> TrainConfig:
     """paper-finetune at toy scale (32 px, 16 steps of 64 accumulated from 32s).
 
-    Command:  vitkit finetune runs/<pretrain-tiny-run>/checkpoints/step_0000020 --data digits --recipe paper-finetune-tiny
+    Command:
+        vitkit finetune runs/<pretrain-tiny-run>/checkpoints/step_0000020 --data digits --recipe paper-finetune-tiny
     Expected: seconds on a CPU.
     """
     config = paper_finetune(info)
