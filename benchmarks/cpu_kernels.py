@@ -186,10 +186,27 @@ def _gelu_deviation(way: Callable[[Tensor], Tensor], x: Tensor, grad: Tensor) ->
     return ((value - ref_value).abs() / scale).max().item(), ((grad_in - ref_grad).abs() / scale).max().item()
 
 
+def _forward_backward(
+    fn: Callable[[Tensor], Tensor], x: Tensor, grad: Tensor, autocast: contextlib.AbstractContextManager
+) -> Callable[[], None]:
+    """A call that runs `fn` on `x` forward (under `autocast`) and backward with `grad`."""
+
+    def once() -> None:
+        x.grad = None
+        with autocast:
+            out = fn(x)
+        out.backward(grad)
+
+    return once
+
+
 def gelu_table(
     rounds: int, repeat: int, ways: dict[str, Callable[[Tensor], Tensor]], shapes: dict[str, tuple[int, int, int]]
 ) -> dict[str, Any]:
-    """Median forward + backward ms of every way per shape and dtype, order rotated each round; the first is the base."""
+    """Median forward + backward ms of every way per shape and dtype, order rotated each round.
+
+    The first way is the base that speeds are relative to.
+    """
     table: dict[str, Any] = {}
     names = list(ways)
     for shape_name, shape in shapes.items():
@@ -199,17 +216,7 @@ def gelu_table(
             autocast = (
                 torch.autocast("cpu", dtype=torch.bfloat16) if dtype == torch.bfloat16 else contextlib.nullcontext()
             )
-
-            def run(fn: Callable[[Tensor], Tensor]) -> Callable[[], None]:
-                def once() -> None:
-                    x.grad = None
-                    with autocast:
-                        out = fn(x)
-                    out.backward(grad)
-
-                return once
-
-            runs = {name: run(ways[name]) for name in names}
+            runs = {name: _forward_backward(ways[name], x, grad, autocast) for name in names}
             for once in runs.values():  # warm-up
                 once()
             times: dict[str, list[float]] = {name: [] for name in names}
@@ -234,7 +241,8 @@ def gelu_table(
 def print_gelu_table(result: dict[str, Any]) -> None:
     compiled = ", compiled" if result["compiled"] else ""
     print(
-        f"{result['threads']} threads; tanh GELU forward + backward{compiled}, median of {result['rounds']} rotated rounds; "
+        f"{result['threads']} threads; tanh GELU forward + backward{compiled}, "
+        f"median of {result['rounds']} rotated rounds; "
         "deviation from F.gelu(approximate='tanh') relative to max(|x|, 1)"
     )
     for case, rows in result["gelu"].items():

@@ -100,12 +100,12 @@ def test_pretrain_mpp_sigterm_saves_exits_and_resumes_bit_identically(tmp_path: 
         ]
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
-    run = lambda stop_at, out: subprocess.run(
-        [sys.executable, "-c", MPP_KILLER, str(stop_at), *command(out)],  # noqa: E731
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+
+    def run(stop_at: int, out: Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-c", MPP_KILLER, str(stop_at), *command(out)], env=env, capture_output=True, text=True
+        )
+
     straight = run(0, tmp_path / "straight")
     assert straight.returncode == 0, straight.stderr[-2000:]
     stopped = run(5, tmp_path / "resumed")

@@ -268,7 +268,7 @@ def _scan(path: str, stamp: tuple[int, int]) -> tuple[int, int, str]:
     count, top, problem = 0, -1, ""
     with open(path, "rb") as handle:
         try:
-            for key, members in _groups(handle):
+            for _key, members in _groups(handle):
                 count += 1
                 label = next(((e, m) for e, m in members if e.rsplit(".", 1)[-1] in ("cls", "json")), None)
                 if label is not None:

@@ -89,7 +89,7 @@ class LocalEngine:
         )
         drawn = {i: (self._attention(output.relevance), png) for (i, output), png in zip(explained, overlays)}
         probabilities = torch.stack([output.probabilities for output in outputs]).float().cpu().numpy()
-        for row, (i, output) in enumerate(zip(ready, outputs)):
+        for row, (i, _output) in enumerate(zip(ready, outputs)):
             attention, png = drawn.get(i, (None, None))
             results[i] = Answer(probabilities[row], attention, png)
         return results

@@ -20,6 +20,8 @@ import torch
 
 from vitkit.train import distributed
 
+CPU = torch.device("cpu")  # default device of the flag tensor the processes agree over
+
 
 class SignalFlag:
     """Set by SIGTERM/SIGINT while installed (handlers only in the main thread); `signum` is the last one."""
@@ -56,7 +58,7 @@ class StopPolicy:
         started: float,
         deadline_s: float | None,
         world: int = 1,
-        device: torch.device = torch.device("cpu"),
+        device: torch.device = CPU,
         signals: SignalFlag | None = None,
         now: Callable[[], float] = time.monotonic,
     ):
