@@ -19,7 +19,6 @@ that fails later falls back for good.  Either way the fallback is logged once an
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import time
@@ -87,10 +86,17 @@ def disable(name: str, dtype: torch.dtype, err: Exception) -> None:
     _probes[(name, dtype)] = False
 
 
-@functools.cache
+def _reads_native_bf16() -> bool:
+    return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+# Read once, at import: torch.compile cannot trace the reading (each call inside a traced model broke its graph).
+_NATIVE_BF16 = _reads_native_bf16()
+
+
 def cpu_native_bf16() -> bool:
     """Whether oneDNN multiplies bf16 natively on this CPU (AVX512-BF16 / AMX)."""
-    return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return _NATIVE_BF16
 
 
 # ----------------------------------------------------------------------------------- attention
