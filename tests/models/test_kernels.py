@@ -176,9 +176,21 @@ def test_the_model_traces_as_one_graph(dtype, rate) -> None:
     """torch.compile sees the whole forward as one graph: no host check of a kernel choice breaks it (reading
     oneDNN's bf16 support inside the attention broke a small-28px forward into 10 graphs, 35% slower steps)."""
     torch._dynamo.reset()
-    model = create_model("vit_ti16", img_size=28, patch_size=4, in_chans=1, num_classes=10, hidden_size=64, depth=2,
-                         num_heads=4, mlp_dim=128, pool="gap", gelu="exact", patch_dropout=0.75,
-                         patch_dropout_keep="content")
+    model = create_model(
+        "vit_ti16",
+        img_size=28,
+        patch_size=4,
+        in_chans=1,
+        num_classes=10,
+        hidden_size=64,
+        depth=2,
+        num_heads=4,
+        mlp_dim=128,
+        pool="gap",
+        gelu="exact",
+        patch_dropout=0.75,
+        patch_dropout_keep="content",
+    )
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype is not None):
         explained = torch._dynamo.explain(model)(torch.randn(4, 1, 28, 28), patch_dropout=rate)
     assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons[:1]
