@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from vitkit.data.imageset import ImageSet
 from vitkit.data.stream import Reader, Sample, ShardSet, Unit
 
 FIXED_TEST_SEED = 0  # seed of the fixed test hold-out
@@ -47,6 +48,15 @@ def stratified_split(labels: torch.Tensor, fraction: float, seed: int) -> tuple[
     mask = torch.zeros(len(labels), dtype=torch.bool)
     mask[torch.cat(held) if held else torch.empty(0, dtype=torch.int64)] = True
     return torch.nonzero(~mask).flatten(), torch.nonzero(mask).flatten()
+
+
+def fixed_test_split(whole: ImageSet, part: str, where: str) -> ImageSet:
+    """The fixed class-stratified test hold-out of a source without a test split (or the rest, for train)."""
+    fraction = fixed_test_fraction(len(whole))
+    keep, held = stratified_split(whole.labels, fraction, FIXED_TEST_SEED)
+    if part == "test":
+        return replace(whole.subset(held), origin=f"a fixed {fraction:.0%} class-stratified hold-out of {where}")
+    return replace(whole.subset(keep), origin=f"{where} minus the fixed {fraction:.0%} test hold-out")
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@
     fashion-mnist:DIR the same layout as mnist
     cifar10:DIR       official binary version: data_batch_1..5.bin, test_batch.bin (+ batches.meta.txt)
     cifar100:DIR      official binary version: train.bin, test.bin (<coarse><fine> labels; fine is the class)
-    folder:DIR        ImageFolder layout DIR/<class>/*.jpg, or DIR/train/<class>/ + DIR/val/<class>/
+    folder:DIR        ImageFolder layout DIR/<class>/*.jpg or DIR/train/<class>/ + DIR/val/<class>/ (vitkit.data.folder)
     npz:FILE          arrays x_train, y_train, x_test, y_test (or images, labels); NHWC or NCHW uint8
     wds:DIR|PATTERN   webdataset tar shards (vitkit.data.tarshards: splits by index or name prefix)
     hf:DIR            a Hugging Face dataset on disk: save_to_disk Arrow files or Parquet (vitkit.data.hf)
@@ -43,26 +43,16 @@ from typing import Literal
 import numpy as np
 import torch
 
-from vitkit.data import large, readers
+from vitkit.data import folder, large, readers
 from vitkit.data.holdout import (
     FIXED_TEST_FRACTION,
     FIXED_TEST_MAX,
     FIXED_TEST_SEED,
-    fixed_test_fraction,
+    fixed_test_split,
     stratified_split,
 )
-from vitkit.data.images import (
-    MAX_PIXELS,
-    BadImageError,
-    DecompressionBombError,
-    class_folders,
-    decode_image,
-    scan_folder,
-)
-from vitkit.data.images import (
-    image_size as _header_size,
-)
-from vitkit.data.imageset import MAX_FILES_IN_MEMORY, EmptySplitError, ImageSet, SourceInfo, fits_in_memory
+from vitkit.data.images import MAX_PIXELS, BadImageError, DecompressionBombError, decode_image
+from vitkit.data.imageset import MAX_FILES_IN_MEMORY, EmptySplitError, ImageSet, SourceInfo
 from vitkit.data.inmemory import check_usable, materialise
 from vitkit.data.readers import DataFormatError
 from vitkit.data.stream import ShardSet
@@ -141,15 +131,6 @@ def _in_memory(images: np.ndarray, labels: np.ndarray, class_names: list[str]) -
     )
 
 
-def _fixed_test_split(whole: ImageSet, part: str, where: str) -> ImageSet:
-    """The fixed class-stratified test hold-out of a source without a test split (or the rest, for train)."""
-    fraction = fixed_test_fraction(len(whole))
-    keep, held = stratified_split(whole.labels, fraction, FIXED_TEST_SEED)
-    if part == "test":
-        return replace(whole.subset(held), origin=f"a fixed {fraction:.0%} class-stratified hold-out of {where}")
-    return replace(whole.subset(keep), origin=f"{where} minus the fixed {fraction:.0%} test hold-out")
-
-
 @functools.lru_cache(maxsize=1)
 def _digits() -> ImageSet:
     """scikit-learn's bundled `digits.csv.gz` (64 pixels 0..16 + label per row), read without importing sklearn."""
@@ -163,7 +144,7 @@ def _digits() -> ImageSet:
 
 
 def _read_digits(part: str) -> ImageSet:
-    return _fixed_test_split(_digits(), part, "digits")
+    return fixed_test_split(_digits(), part, "digits")
 
 
 def _read_idx(kind: str, root: Path, part: str) -> ImageSet:
@@ -222,50 +203,7 @@ def _read_npz(path: Path, part: str) -> ImageSet:
     whole = _in_memory(images, labels, names)
     if "x_train" in arrays:
         return replace(whole, origin=f"{path} {'x_test' if part == 'test' else 'x_train'}")
-    return _fixed_test_split(whole, part, str(path))
-
-
-def _folder_roots(root: Path) -> dict[str, Path]:
-    """Which directory holds each part of a folder source."""
-    if not root.is_dir():
-        raise FileNotFoundError(f"{root}: data directory does not exist")
-    if not (root / "train").is_dir():
-        return {"train": root}
-    roots = {"train": root / "train"}
-    if (root / "val").is_dir():
-        roots["val"] = roots["test"] = root / "val"
-    if (root / "test").is_dir():
-        roots["test"] = root / "test"
-    return roots
-
-
-def _read_folder(root: Path, part: str, size: int, channels: int) -> ImageSet:
-    """A file-based ImageSet (nothing decoded yet); `_materialise` decodes it if it is small.
-
-    Without DIR/test and DIR/val, "test" is a fixed class-stratified hold-out of the training files and
-    "train" the rest, so every folder layout trains and reports a test accuracy.
-    """
-    roots = _folder_roots(root)
-    class_names = class_folders(roots["train"])
-    if part == "val" and part not in roots:
-        raise ValueError(
-            f"folder:{root} has no val split (no {root}/val directory); set data.val_fraction > 0 to "
-            "hold out part of the training data (training does so itself when it evaluates as it goes)"
-        )
-    source = roots[part] if part in roots else roots["train"]
-    files, labels = scan_folder(source, class_names)
-    if not files:
-        raise ValueError(f"{source}: no image files (.jpg, .png, ...) in its class folders")
-    found = ImageSet(
-        images=None,
-        files=files,
-        labels=torch.tensor(labels, dtype=torch.int64),
-        class_names=class_names,
-        load_size=size,
-        channels=channels,
-        origin=str(source),
-    )
-    return found if "test" in roots else _fixed_test_split(found, part, str(source))
+    return fixed_test_split(whole, part, str(path))
 
 
 def separate_val(uri: str) -> bool:
@@ -274,7 +212,7 @@ def separate_val(uri: str) -> bool:
     kind, path = parse_uri(uri)
     if kind in ("wds", "hf"):
         return {"val", "test"} <= set(large.split_names(kind, path))
-    roots = _folder_roots(Path(path)) if kind == "folder" else {}
+    roots = folder.folder_roots(Path(path)) if kind == "folder" else {}
     return "val" in roots and roots["val"] != roots.get("test")
 
 
@@ -284,7 +222,7 @@ def _read(
     if kind == "digits":
         return _read_digits(part)
     if kind == "folder":
-        return _read_folder(Path(path), part, size, channels or 3)
+        return folder.read_folder(Path(path), part, size, channels or 3)
     if kind == "wds":
         return large.read_wds(path, part, size, channels)
     if kind == "hf":
@@ -299,11 +237,20 @@ def _read(
 
 
 def _hold_out(whole: ImageSet | ShardSet, split: str, fraction: float, seed: int) -> ImageSet | ShardSet:
-    """The train or val part of a training split: class-stratified, or whole shards of a stream."""
+    """The train or val part of a training split: class-stratified, or whole shards of a stream; its origin
+    says which."""
     if isinstance(whole, ShardSet):
-        return whole.hold_out(fraction, seed)[split == "val"]
-    keep, held = stratified_split(whole.labels, fraction, seed)
-    return whole.subset(keep if split == "train" else held)
+        subset = whole.hold_out(fraction, seed)[split == "val"]
+    else:
+        keep, held = stratified_split(whole.labels, fraction, seed)
+        subset = whole.subset(keep if split == "train" else held)
+    how = "whole-shard" if isinstance(whole, ShardSet) else "class-stratified"
+    subset.origin = (
+        f"{whole.origin} minus a {fraction:.1%} validation hold-out (seed {seed})"
+        if split == "train"
+        else f"a {fraction:.1%} {how} hold-out of {whole.origin} (seed {seed})"
+    )
+    return subset
 
 
 def load_split(
@@ -345,14 +292,7 @@ def load_split(
     if split == "test" or val_fraction == 0.0:
         subset = _read(kind, path, split, size, channels, columns)
     else:
-        whole = _read(kind, path, "train", size, channels, columns)
-        subset = _hold_out(whole, split, val_fraction, seed)
-        how = "whole-shard" if isinstance(whole, ShardSet) else "class-stratified"
-        subset.origin = (
-            f"{whole.origin} minus a {val_fraction:.1%} validation hold-out (seed {seed})"
-            if split == "train"
-            else f"a {val_fraction:.1%} {how} hold-out of {whole.origin} (seed {seed})"
-        )
+        subset = _hold_out(_read(kind, path, "train", size, channels, columns), split, val_fraction, seed)
     if isinstance(subset, ShardSet):
         subset.max_pixels = max_pixels  # checked by the workers that decode it
     result, reasons = materialise(
@@ -415,20 +355,7 @@ def describe(
         return large.describe_wds(uri, path, size, max_in_memory_bytes)
     if kind == "hf":
         return large.describe_hf(uri, path, size, max_in_memory_bytes, image_column, label_column)
-    part = _read_folder(root, "train", size, 3)
-    sample = part.files[:: max(1, len(part.files) // 32)]  # about 32 headers spread over the classes
-    sides = sorted(min(s) for s in map(_header_size, sample) if s)
-    typical = sides[len(sides) // 2] if sides else 0
-    fits = fits_in_memory(len(part), 3, size, max_in_memory_bytes)
-    return SourceInfo(
-        uri=uri,
-        num_train=len(part),
-        num_classes=part.num_classes,
-        image_size=typical,
-        channels=3,
-        in_memory=fits,
-        access="memory" if fits else "files",
-    )
+    return folder.describe_folder(uri, root, size, max_in_memory_bytes)
 
 
 def _describe_npz(uri: str, path: Path) -> SourceInfo:

@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from vitkit.data.braces import expand_braces
 from vitkit.data.images import IMAGE_EXTENSIONS
 from vitkit.data.stream import Sample, Unit
 from vitkit.data.tarformat import BLOCK, Member, TarFormatError, read_member, tar_members
@@ -43,57 +44,12 @@ INDEX_FORMAT = "vitkit-wds/1"
 SPLIT_PREFIX = re.compile(r"^(train|val|valid|validation|test)[-_.]")
 _SPLIT_NAMES = {"train": "train", "val": "val", "valid": "val", "validation": "val", "test": "test"}
 _IMAGE_EXTS = frozenset(ext.lstrip(".") for ext in IMAGE_EXTENSIONS)
-_RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
 MAX_CLASSES = 1_000_000  # a label at or above this is corrupt (ImageNet-21k has 21,843 classes)
 MAX_LABEL_BYTES = 1 << 16  # a label member larger than this is corrupt
 MAX_IMAGE_BYTES = 1 << 29  # an image member larger than this (512 MiB) is corrupt, and not read
 MAX_MISSING = 100_000  # samples an index may count beyond what its shard's size can hold (the shard was cut)
-MAX_SHARDS = 1_000_000  # names a brace range may expand to
 MAX_INDEX_BYTES = 64 << 20  # dataset.json larger than this is refused (a million shards take about 50 MB)
 _named: set[str] = set()  # shards already named in this process's log: a damaged shard is named once
-
-
-def expand_braces(pattern: str) -> list[str]:
-    """Bash-style brace expansion: "a-{00..02}.tar" -> a-00.tar a-01.tar a-02.tar; "{x,y}" -> x, y."""
-    start = pattern.find("{")
-    if start < 0:
-        return [pattern]
-    depth = 0
-    for end in range(start, len(pattern)):
-        depth += {"{": 1, "}": -1}.get(pattern[end], 0)
-        if depth == 0:
-            break
-    else:
-        raise ValueError(f"unbalanced braces in shard pattern {pattern!r}")
-    body, rest = pattern[start + 1 : end], pattern[end + 1 :]
-    ranged = _RANGE.match(body)
-    if ranged:
-        first, last = int(ranged[1]), int(ranged[2])
-        width = len(ranged[1]) if ranged[1].lstrip("-").startswith("0") else 0
-        step = 1 if last >= first else -1
-        if abs(last - first) >= MAX_SHARDS:
-            raise ValueError(f"shard pattern {pattern!r}: the range {{{body}}} names more than {MAX_SHARDS:,} shards")
-        options = [f"{n:0{width}d}" for n in range(first, last + step, step)]
-    else:
-        options = _top_level_split(body)
-    return [
-        head + tail
-        for option in options
-        for head in expand_braces(pattern[:start] + option)
-        for tail in expand_braces(rest)
-    ]
-
-
-def _top_level_split(body: str) -> list[str]:
-    parts, depth, current = [], 0, ""
-    for char in body:
-        depth += {"{": 1, "}": -1}.get(char, 0)
-        if char == "," and depth == 0:
-            parts.append(current)
-            current = ""
-        else:
-            current += char
-    return [*parts, current]
 
 
 def _split_name(name: str) -> tuple[str, str] | None:

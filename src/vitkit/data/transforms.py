@@ -11,8 +11,8 @@ RandAugment: the same distribution, since every RandAugment op is mirror-symmetr
 passes cheaper), and labels -> one-hot -> label smoothing -> Mixup or CutMix.  The inception crop is the
 random resized crop of Szegedy et al. (2015) that the ViT paper's pipeline uses: area fraction
 U(crop_scale), aspect ratio log-uniform in [3/4, 4/3], falling back to a centre crop; all crops of a
-batch are sampled with one `grid_sample` call.  Between ops the pixels stay float in 0..255 and are
-rounded after each resampling, as a uint8 pipeline would.
+batch are sampled with one `grid_sample` call (data/inception_crop.py).  Between ops the pixels stay float
+in 0..255 and are rounded after each resampling, as a uint8 pipeline would.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from vitkit.data.inception_crop import inception_crop
 from vitkit.data.randaugment import rand_augment
 
 __all__ = [
@@ -48,7 +49,6 @@ __all__ = [
 
 MEAN = (0.5, 0.5, 0.5)  # official ViT normalisation: x / 127.5 - 1
 STD = (0.5, 0.5, 0.5)
-_ATTEMPTS = 10  # inception-crop candidates per image before the centre-crop fallback (as torchvision)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -196,95 +196,6 @@ def eval_transform(
 
 def _uniform(shape: tuple[int, ...], generator: torch.Generator, device: torch.device) -> Tensor:
     return torch.rand(shape, generator=generator, device=device)
-
-
-def inception_crop(
-    images: Tensor,
-    size: int,
-    generator: torch.Generator,
-    *,
-    scale: tuple[float, float] = (0.08, 1.0),
-    ratio: tuple[float, float] = (3 / 4, 4 / 3),
-    flip: float = 0.0,
-) -> Tensor:
-    """Random resized ("inception") crop of every image to (size, size), float 0..255 out.
-
-    For each image, up to 10 candidate boxes with area fraction ~ U(scale) and aspect ratio w/h ~
-    log-U(ratio) are drawn at once; the first that fits inside the image is used.  If none fits, the
-    centre crop with the aspect ratio clamped to `ratio` is used (torchvision's rule).  The boxes are
-    turned into per-image affine maps and all crops are resampled by one bilinear `grid_sample`.
-
-    Bilinear sampling aliases when a box is shrunk by more than 2x (e.g. 224-px images trained at 32 px),
-    so such boxes are sampled from an antialiased 2x / 4x / ... pyramid of the batch instead: one
-    `grid_sample` per pyramid level in use.  The affine maps are in normalised coordinates, so they
-    apply unchanged to every level.  With `flip` > 0 each crop is mirrored with that probability by
-    negating its map's x scale (no extra pass over the pixels).
-    """
-    batch, _, height, width = images.shape
-    device = images.device
-    draws = _uniform((batch, _ATTEMPTS, 2), generator, device)
-    area = (scale[0] + (scale[1] - scale[0]) * draws[..., 0]) * (height * width)
-    log_low, log_high = math.log(ratio[0]), math.log(ratio[1])
-    aspect = torch.exp(log_low + (log_high - log_low) * draws[..., 1])
-    crop_w, crop_h = torch.sqrt(area * aspect), torch.sqrt(area / aspect)  # (B, attempts)
-    fits = (crop_w <= width) & (crop_h <= height)
-    first = fits.to(torch.uint8).argmax(dim=1, keepdim=True)  # index of the first candidate that fits
-    any_fit = fits.any(dim=1)
-    crop_w, crop_h = crop_w.gather(1, first)[:, 0], crop_h.gather(1, first)[:, 0]
-    # Fallback: centre crop of the whole image with its aspect ratio clamped into `ratio`.
-    image_ratio = width / height
-    fallback_w = (
-        width if ratio[0] <= image_ratio <= ratio[1] else (height * ratio[1] if image_ratio > ratio[1] else width)
-    )
-    fallback_h = (
-        height if ratio[0] <= image_ratio <= ratio[1] else (height if image_ratio > ratio[1] else width / ratio[0])
-    )
-    crop_w = torch.where(any_fit, crop_w, torch.full_like(crop_w, fallback_w))
-    crop_h = torch.where(any_fit, crop_h, torch.full_like(crop_h, fallback_h))
-    offsets = _uniform((batch, 2), generator, device)
-    x0 = torch.where(any_fit, offsets[:, 0] * (width - crop_w), (width - crop_w) / 2)
-    y0 = torch.where(any_fit, offsets[:, 1] * (height - crop_h), (height - crop_h) / 2)
-    # Output coordinate u in (-1, 1) (align_corners=False) maps to source x = x0 + (u + 1) / 2 * crop_w,
-    # i.e. normalised source coordinate (crop_w / W) * u + (2 x0 + crop_w) / W - 1.
-    theta = torch.zeros(batch, 2, 3, device=device)
-    mirror = torch.where(_uniform((batch,), generator, device) < flip, -1.0, 1.0) if flip > 0 else 1.0
-    theta[:, 0, 0] = mirror * crop_w / width
-    theta[:, 0, 2] = (2 * x0 + crop_w) / width - 1
-    theta[:, 1, 1] = crop_h / height
-    theta[:, 1, 2] = (2 * y0 + crop_h) / height - 1
-    grid = F.affine_grid(theta, [batch, images.shape[1], size, size], align_corners=False)
-    # Pyramid level k halves the image k times; pick the level where the box shrinks by less than 2x.
-    shrink = torch.minimum(crop_w, crop_h) / size
-    levels = torch.floor(torch.log2(shrink.clamp_min(1.0))).long().clamp_(0, _max_level(height, width, size))
-    source = images.float()
-    if int(levels.max()) == 0:
-        # A bilinear blend of pixels in 0..255 stays in 0..255: rounding is all a uint8 pipeline would add.
-        return F.grid_sample(source, grid, mode="bilinear", padding_mode="border", align_corners=False).round_()
-    out = torch.empty(batch, images.shape[1], size, size, device=device)
-    for level in range(int(levels.max()) + 1):
-        index = torch.nonzero(levels == level).flatten()
-        if index.numel():
-            scaled = (
-                source[index]
-                if level == 0
-                else F.interpolate(
-                    source[index],
-                    size=(height >> level, width >> level),
-                    mode="bilinear",
-                    align_corners=False,
-                    antialias=True,
-                )
-            )
-            out[index] = F.grid_sample(scaled, grid[index], mode="bilinear", padding_mode="border", align_corners=False)
-    return out.round_()
-
-
-def _max_level(height: int, width: int, size: int) -> int:
-    """Deepest pyramid level that still keeps the shorter side >= size (never below 1/8)."""
-    level = 0
-    while level < 3 and min(height, width) >> (level + 1) >= size:
-        level += 1
-    return level
 
 
 def pad_crop(images: Tensor, pad: int, generator: torch.Generator) -> Tensor:

@@ -1,0 +1,75 @@
+"""The `folder:` source: one split as vitkit.data.sources wants it (files listed, nothing decoded yet), and
+its description from the listing and a few image headers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from vitkit.data.holdout import fixed_test_split
+from vitkit.data.images import class_folders, scan_folder
+from vitkit.data.images import image_size as _header_size
+from vitkit.data.imageset import ImageSet, SourceInfo, fits_in_memory
+
+
+def folder_roots(root: Path) -> dict[str, Path]:
+    """Which directory holds each part of a folder source."""
+    if not root.is_dir():
+        raise FileNotFoundError(f"{root}: data directory does not exist")
+    if not (root / "train").is_dir():
+        return {"train": root}
+    roots = {"train": root / "train"}
+    if (root / "val").is_dir():
+        roots["val"] = roots["test"] = root / "val"
+    if (root / "test").is_dir():
+        roots["test"] = root / "test"
+    return roots
+
+
+def read_folder(root: Path, part: str, size: int, channels: int) -> ImageSet:
+    """A file-based ImageSet (nothing decoded yet); `_materialise` decodes it if it is small.
+
+    Without DIR/test and DIR/val, "test" is a fixed class-stratified hold-out of the training files and
+    "train" the rest, so every folder layout trains and reports a test accuracy.
+    """
+    roots = folder_roots(root)
+    class_names = class_folders(roots["train"])
+    if part == "val" and part not in roots:
+        raise ValueError(
+            f"folder:{root} has no val split (no {root}/val directory); set data.val_fraction > 0 to "
+            "hold out part of the training data (training does so itself when it evaluates as it goes)"
+        )
+    source = roots[part] if part in roots else roots["train"]
+    files, labels = scan_folder(source, class_names)
+    if not files:
+        raise ValueError(f"{source}: no image files (.jpg, .png, ...) in its class folders")
+    found = ImageSet(
+        images=None,
+        files=files,
+        labels=torch.tensor(labels, dtype=torch.int64),
+        class_names=class_names,
+        load_size=size,
+        channels=channels,
+        origin=str(source),
+    )
+    return found if "test" in roots else fixed_test_split(found, part, str(source))
+
+
+def describe_folder(uri: str, root: Path, size: int, max_in_memory_bytes: int) -> SourceInfo:
+    """The training part's counts from its listing, its typical side from about 32 image headers (no pixels)."""
+    part = read_folder(root, "train", size, 3)
+    sample = part.files[:: max(1, len(part.files) // 32)]  # about 32 headers spread over the classes
+    sides = sorted(min(s) for s in map(_header_size, sample) if s)
+    typical = sides[len(sides) // 2] if sides else 0
+    fits = fits_in_memory(len(part), 3, size, max_in_memory_bytes)
+    return SourceInfo(
+        uri=uri,
+        num_train=len(part),
+        num_classes=part.num_classes,
+        image_size=typical,
+        channels=3,
+        in_memory=fits,
+        access="memory" if fits else "files",
+    )
