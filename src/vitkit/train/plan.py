@@ -227,11 +227,7 @@ def make_plan(
         decay=decay_name(config.optim.schedule, config.optim.end_lr_fraction),
         device=str(device or "cpu"),
         seed=config.run.seed,
-        precision=choices.precision,
-        precision_reason=choices.precision_reason,
-        host=choices.host,
-        compiled=choices.compiled,
-        compile_reason=choices.compile_reason,
+        **dataclasses.asdict(choices),  # host, precision and compilation, each with its reason
         eval_every=max(1, round(config.eval.every_epochs * per_epoch)) if config.eval.every_epochs > 0 else 0,
         budget_minutes=config.run.max_minutes,
         budget_schedule=config.run.budget_schedule,

@@ -1,5 +1,6 @@
 """The Trainer: one loop for every objective, made of small parts (STYLE.md section 5, DESIGN.md "train/").
 
+    parts (train/parts.py)          what the loop runs, assembled from the config before the first step
     host choices (train/choices.py)  precision and torch.compile for this host and model, with their reasons
     warm-up + budget (train/budget.py) every phase compiled and timed before the clock starts; the one model
                                     of time: the schedule position from the steps and the time budget
@@ -24,56 +25,25 @@ from typing import Any
 
 import torch
 
-from vitkit.data.stream import ShardBatches, ShardSet
 from vitkit.device import pick_device
 from vitkit.eval.evaluator import one_view_note
 from vitkit.models.configs import image_size, in_channels
-from vitkit.runs import RunDir
-from vitkit.train import choices, compiled, distributed, finish
-from vitkit.train.assemble import IndexBatches, Splits, blank_batch, check_classes, initial_model, load_splits
+from vitkit.train import compiled, distributed, finish
+from vitkit.train.assemble import Splits, blank_batch
 from vitkit.train.budget import Budget
-from vitkit.train.checkpointer import Checkpointer
-from vitkit.train.config import TrainConfig, from_dict, to_dict
-from vitkit.train.ema import ModelEMA, averaged
+from vitkit.train.config import TrainConfig
+from vitkit.train.ema import averaged
 from vitkit.train.finish import EvaluationError  # noqa: F401 (re-exported: the CLI catches it)
-from vitkit.train.guard import NonFiniteGuard, NonFiniteLossError  # noqa: F401 (re-exported)
-from vitkit.train.objectives import EvalContext, build_objective
-from vitkit.train.optim import build_optimizer
-from vitkit.train.plan import (
-    HostChoices,
-    Plan,
-    augment_seed,
-    init_seed,
-    make_plan,
-    micro_batch_size,
-    patch_dropout_of,
-    resumed_seed,
-    schedule_of,
-    total_steps,
-)
+from vitkit.train.guard import NonFiniteLossError  # noqa: F401 (re-exported)
+from vitkit.train.objectives import EvalContext
+from vitkit.train.parts import RunParts, reconcile  # noqa: F401 (reconcile re-exported: the CLI calls it)
+from vitkit.train.plan import Plan, make_plan, patch_dropout_of, schedule_of
 from vitkit.train.progress import TrainRecords, progress_bar
-from vitkit.train.schedule import Phase, scaled_lr
-from vitkit.train.state import TrainState
+from vitkit.train.schedule import Phase
 from vitkit.train.step import StepSpec, train_step
 from vitkit.train.stop import StopPolicy
 
 log = logging.getLogger(__name__)
-
-UNBOUNDED = 2**62  # the batch streams' bound for a run whose time budget alone decides its length
-
-
-def reconcile(config: TrainConfig) -> TrainConfig:
-    """The config a run in `config.run.out` continues with: the stored one when the directory holds a run
-    (vitkit.runs' one resume policy), with a warning naming what the request changed."""
-    run = RunDir(config.run.out)
-    merged, changed = run.reconcile(to_dict(config))
-    if changed:
-        log.warning(
-            "%s already holds a run with a different config (%s); resuming it with its own config",
-            run.path,
-            ", ".join(changed[:8]),
-        )
-    return from_dict(merged) if changed or run.latest() is not None else config
 
 
 def train(
@@ -114,164 +84,8 @@ def train(
             distributed.teardown()
 
 
-class Trainer:
-    """A run assembled from its parts; `fit` trains it (see the module docstring)."""
-
-    def __init__(
-        self,
-        config: TrainConfig,
-        info: distributed.DistInfo,
-        device: torch.device,
-        started: float,
-        *,
-        data: Splits | None = None,
-        progress_stream: Any = None,
-    ):
-        self.info, self.device, self.started, self.progress_stream = info, device, started, progress_stream
-        self.run = RunDir(config.run.out)
-        if info.main:
-            self.run.create()
-        distributed.barrier()
-        self.config = config = reconcile(config)
-        torch.manual_seed(init_seed(config.run.seed, info.rank))  # init (DDP broadcasts rank 0's) and dropout
-        wants_test = config.mpp is None or config.mpp.eval_images > 0
-        self.data = data or load_splits(config, need_test=wants_test)
-        if not wants_test:
-            self.data = dataclasses.replace(self.data, test=None, evals={})
-        check_classes(config, self.data.train)
-        self.num_train, self.micro = len(self.data.train), micro_batch_size(config, info.world)
-        self.length = total_steps(config, self.num_train)  # None: the time budget alone decides
-        self.objective = build_objective(config, self.data.train.num_classes, in_channels(config.model))
-        self.skipped_before = self.skipped_total = 0  # batches' corrupt samples of earlier invocations / in all
-        self.stored_precision: str | None = None  # the precision an earlier invocation chose (kept on resume)
-        self._build_model()
-        batches = ShardBatches if isinstance(self.data.train, ShardSet) else IndexBatches  # both TrainBatches
-        self.batches = batches(
-            self.data.train,
-            seed=config.run.seed,
-            global_batch=config.data.batch_size,
-            micro_batch=self.micro,
-            rank=info.rank,
-            world=info.world,
-            device=device,
-            total_steps=self.length or UNBOUNDED,
-            workers=config.data.workers,
-            strict=config.data.strict,
-        )
-        self.checkpointer = Checkpointer(
-            self.run,
-            every=config.run.checkpoint_every,
-            meta=self._meta(),
-            main=info.main,
-            sharded=self.sharded,
-            extra=self._extra_state,
-        )
-        self._resume()
-        self.choices = self._choose()
-        self.metrics = self.run.metrics(enabled=info.main, tensorboard=config.run.tensorboard)
-        if info.main:
-            self.metrics.truncate_after(self.state.step)
-            self.run.write_config(to_dict(config))
-        self.guard = NonFiniteGuard(
-            self.state, config.run.nan_patience, report=self._report_skip, last_good=self.run.latest
-        )
-
-    # ------------------------------------------------------------------------------- assembly
-    def _build_model(self) -> None:
-        config, info, device = self.config, self.info, self.device
-        module = initial_model(config).to(device)
-        network = self.objective.network(module)  # what the optimiser trains (MPP: a wrapper around the encoder)
-        self.sharded = config.run.parallel == "fsdp" and info.world > 1
-        model = distributed.wrap(network, info, device, config.run.parallel)
-        self.eager = model
-        self.deferred = config.run.nan_check == "deferred" or (  # Muon has no fused kernel to skip a step
-            config.run.nan_check == "auto"
-            and device.type == "cuda"
-            and config.run.parallel != "fsdp"
-            and config.optim.name != "muon"
-        )
-        # Fused kernels on the CPU too: one pass over the parameters (AdamW's step 2.2 -> 0.7 ms at small-28px).
-        optimizer = build_optimizer(
-            model if config.run.parallel == "fsdp" else network,
-            config.optim,
-            self._peak_lr(),
-            fused=self.deferred or device.type == "cpu",
-        )
-        generator = torch.Generator(device=device).manual_seed(augment_seed(config.run.seed, info.rank))
-        ema = ModelEMA(module, config.optim.ema_decay) if config.optim.ema_decay > 0 else None
-        self.state = TrainState(model=model, module=module, optimizer=optimizer, generator=generator, ema=ema)
-
-    def _peak_lr(self) -> float:
-        """The peak learning rate after the batch-size scaling rule (the plan's `lr`)."""
-        optim, batch = self.config.optim, self.config.data.batch_size
-        return scaled_lr(optim.lr, batch, optim.base_batch_size or batch, optim.lr_scaling)
-
-    def _choose(self) -> HostChoices:
-        """Precision and compilation for this host and model (train/choices.py); compiles when chosen."""
-        config = self.config
-        phases = schedule_of(config, self.length or 1, 1.0).phases(start=self.state.step / (self.length or math.inf))
-        budget = config.run.max_minutes * 60 if config.run.max_minutes > 0 else None
-        picked = choices.choose(
-            config,
-            self.state.module,
-            self.device,
-            micro_batch=self.micro,
-            accumulation=config.data.batch_size // self.info.world // self.micro,
-            graphs=len(phases),
-            steps=None if self.length is None else self.length - self.state.step,
-            budget_s=budget,
-            stored_precision=self.stored_precision,
-        )
-        self.autocast_dtype = torch.bfloat16 if picked.precision == "bf16" else None
-        if picked.compiled:
-            self.state.model = compiled.compile_for_training(self.eager, self.device)
-        return picked
-
-    def _meta(self) -> dict[str, Any]:
-        provenance = {
-            "recipe": self.config.recipe,
-            "data": self.config.data.uri,
-            "run_dir": str(self.run.path),
-            **self.objective.provenance(),
-        }
-        names = self.data.train.class_names if self.config.mpp is None else None
-        return {
-            "class_names": names,
-            "mean": self.config.data.mean,
-            "std": self.config.data.std,
-            "provenance": provenance,
-        }
-
-    def _extra_state(self) -> dict[str, Any]:
-        return {
-            "data": self.batches.state_dict(),
-            "skipped_samples": self.skipped_total,
-            "precision": self.choices.precision,
-            **self.objective.state_dict(),
-        }
-
-    def _resume(self) -> None:
-        def load_extra(payload: dict[str, Any]) -> None:
-            self.objective.load_state_dict(payload)
-            self.batches.load_state_dict(payload.get("data") or {"step": self.state.step})
-            self.skipped_before = int(payload.get("skipped_samples", 0))  # streamed by the earlier invocations
-            self.stored_precision = payload.get("precision")
-
-        resumed = self.checkpointer.restore(self.state, load_extra=load_extra)
-        if resumed is None:
-            return
-        if self.info.rank:  # only rank 0's RNG states were saved: the others continue from a (seed, rank, step) stream
-            seed = resumed_seed(self.config.run.seed, self.info.rank, self.state.step)
-            torch.manual_seed(seed)
-            self.state.generator.manual_seed(seed)
-        log.info("resuming %s at step %d", resumed, self.state.step)
-
-    def _split_sizes(self) -> dict[str, Any]:
-        """Images per part and where each came from (the plan prints them)."""
-        parts = {"train": self.data.train, **self.data.evals}
-        if self.data.test is not None:
-            parts[self.config.eval.final_split] = self.data.test
-        return {name: {"images": len(part), "from": part.origin} for name, part in parts.items()}
+class Trainer(RunParts):
+    """A run assembled from its parts (train/parts.py); `fit` trains it (see the module docstring)."""
 
     # ------------------------------------------------------------------------- warm-up and plan
     def step_spec(self, phase: Phase) -> StepSpec:
@@ -444,12 +258,6 @@ class Trainer:
         self.loop_start = now
         self.checkpointer.save(self.state)
         self.saved_step = self.state.step
-
-    def _epoch(self, step: int) -> float:
-        return round(step * self.config.data.batch_size / self.num_train, 4)
-
-    def _report_skip(self, record: dict[str, Any]) -> None:
-        self.metrics.write({**record, "epoch": self._epoch(record["step"])})
 
     # ------------------------------------------------------------------------------ evaluation
     def _evaluate(self, split: str, data: Any) -> dict[str, Any]:
