@@ -98,12 +98,7 @@ def evaluate(
     k = 1
     for images, labels in batches.eval_batches(data, batch_size, device, rank=rank, world=world, workers=workers):
         inputs = eval_transform(images, size, mean, std, channels)
-        with autocast(device, autocast_dtype):
-            logits = model(inputs).float()
-            mirrored = model(inputs.flip(-1)).float() if flip_views else None
-        one_view_hits = (logits.argmax(1) == labels).sum().double()
-        if mirrored is not None:
-            logits = (logits + mirrored) / 2
+        logits, one_view_hits = _view_logits(model, inputs, labels, device, autocast_dtype, flip_views)
         if logits.shape[1] != num_classes:
             raise ValueError(f"the model predicts {logits.shape[1]} classes but the data set has {num_classes}")
         k = min(top_k, logits.shape[1])
@@ -133,6 +128,25 @@ def evaluate(
         count=int(count),
         one_view_hits=one_view if flip_views else None,
     )
+
+
+def _view_logits(
+    model: nn.Module,
+    inputs: Tensor,
+    labels: Tensor,
+    device: torch.device,
+    autocast_dtype: torch.dtype | None,
+    flip_views: bool,
+) -> tuple[Tensor, Tensor]:
+    """(fp32 logits (B, K), top-1 hits of the image alone): with `flip_views`, the logits are averaged with the
+    mirror image's."""
+    with autocast(device, autocast_dtype):
+        logits = model(inputs).float()
+        mirrored = model(inputs.flip(-1)).float() if flip_views else None
+    one_view_hits = (logits.argmax(1) == labels).sum().double()
+    if mirrored is not None:
+        logits = (logits + mirrored) / 2
+    return logits, one_view_hits
 
 
 def _losses(logits: Tensor, labels: Tensor, kind: str) -> Tensor:

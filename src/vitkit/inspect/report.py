@@ -188,11 +188,21 @@ def inspect_model(
         reason = "no images given (--images FILE... or --data URI): attention needs inputs"
         report["notes"].update(attention_distance=reason, attention_rollout=reason)
     else:
-        distances, maps, grid, patch = _attention(checkpoint, images, size, config)
-        if config.draw:
-            plots.plot_attention_distance(distances, out / "attention_distance.png", size)
-            plots.plot_rollout(list(images[: len(maps)]), maps, out / "attention_rollout.png")
-        report["attention_distance"] = {
+        report.update(_attention_report(checkpoint, images, size, out, config))
+    atomic_write_text(out / "inspect.json", json.dumps(report, indent=1) + "\n")
+    return report
+
+
+def _attention_report(
+    checkpoint, images: Sequence[Tensor], size: int, out: Path, config: InspectConfig
+) -> dict[str, Any]:
+    """Figure 7 right and Figure 6 for `images`: "attention_distance" and "attention_rollout", drawn when asked."""
+    distances, maps, grid, patch = _attention(checkpoint, images, size, config)
+    if config.draw:
+        plots.plot_attention_distance(distances, out / "attention_distance.png", size)
+        plots.plot_rollout(list(images[: len(maps)]), maps, out / "attention_rollout.png")
+    return {
+        "attention_distance": {
             "figure": "attention_distance.png",
             "pixels_per_patch": patch,
             "uniform_reference": float(patch_distances(grid, patch).mean()),  # what uniform attention would give
@@ -200,15 +210,14 @@ def inspect_model(
             "per_layer_mean": distances.mean(dim=1).tolist(),
             "per_layer_min": distances.min(dim=1).values.tolist(),
             "per_layer_max": distances.max(dim=1).values.tolist(),
-        }
-        report["attention_rollout"] = {
+        },
+        "attention_rollout": {
             "figure": "attention_rollout.png",
             "grid": list(grid),
             "maps": plots.relevance_maps(maps),
             "centre_mass": _centre_mass(maps),
-        }
-    atomic_write_text(out / "inspect.json", json.dumps(report, indent=1) + "\n")
-    return report
+        },
+    }
 
 
 def _grid(model: torch.nn.Module, size: int) -> tuple[int, int]:
