@@ -8,20 +8,8 @@ the MPP encoder, the supervised model and from scratch, each arm a run directory
 and writes report.md / results.json / mpp.png beside the paper's numbers (src/vitkit/reproduce/mpp.py).
 This script runs that study with the same flags.
 
-History: before it became a study, this script ran its own setting and measured:
-
-    Measured (the defaults above, Fashion-MNIST, small-28px pinned as: ViT D=128 L=4 k=4 P=7, GAP,
-    bf16 autocast; MPP 2 epochs = 938 steps x 128 at Adam lr 1e-3, ~5.5 min; fine-tuning on 100 labels
-    per class, 60 epochs, ~2.5 min per arm; 1 thread of a shared 2-core CPU; seed 0; test = 10,000 images):
-
-        target       fine-tune top-1 (MPP / scratch)   few-shot k=1/5/10/25, MPP encoder vs random init
-        mean_color   76.31% / 72.44%  (+3.87)          .328/.561/.638/.691  vs  .294/.426/.477/.567
-        downsampled  76.34% / 72.44%  (+3.90)          .333/.517/.646/.689  vs  the same
-        pixels (L2)  75.86% / 72.44%  (+3.42)          .349/.596/.649/.699  vs  the same
-        mean_color at 15% corruption (BERT rate, --corrupt-rate 0.15):
-                     75.79% / 72.44%  (+3.35)          .342/.529/.606/.663  vs  the same
-    Single seed; an earlier standalone version (D=96, own fine-tuning loop) gave +4.29 / +4.67 points at
-    seeds 0 / 1, so differences of ~1 point between rows are within noise.
+What the earlier standalone setting of this script measured is in docs/experiments/masked-patch-prediction.md
+(rows in results/mpp_transfer.jsonl).
 """
 
 from __future__ import annotations
