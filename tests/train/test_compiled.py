@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -81,19 +82,36 @@ def test_warm_up_runs_each_phase_and_leaves_no_trace() -> None:
 
 def test_compiling_pays_for_itself_or_the_run_trains_eagerly() -> None:
     cpu = torch.device("cpu")
-    short = compiled.decide("auto", cpu, graphs=2, eager_step_s=0.5, steps=3, budget_s=None)  # ~1.5 s of steps
+    at = {"graph_s": (30.0, "estimated")}  # 30 s a graph
+    short = compiled.decide("auto", cpu, graphs=2, eager_step_s=0.5, steps=3, budget_s=None, **at)  # ~1.5 s
     assert short[0] is False and "compiling 2 graph(s) costs ~60 s" in short[1] and "run.compile=on forces" in short[1]
     # eager time t saves t (1 - 1/1.3) compiled: it pays from t > 60 / 0.2308 = 260 s
-    assert compiled.decide("auto", cpu, graphs=2, eager_step_s=1.0, steps=250, budget_s=None)[0] is False
-    assert compiled.decide("auto", cpu, graphs=2, eager_step_s=1.0, steps=270, budget_s=None)[0] is True
-    budgeted = compiled.decide("auto", cpu, graphs=2, eager_step_s=1.0, steps=None, budget_s=600.0)  # a 10-min budget
+    assert compiled.decide("auto", cpu, graphs=2, eager_step_s=1.0, steps=250, budget_s=None, **at)[0] is False
+    assert compiled.decide("auto", cpu, graphs=2, eager_step_s=1.0, steps=270, budget_s=None, **at)[0] is True
+    budgeted = compiled.decide("auto", cpu, graphs=2, eager_step_s=1.0, steps=None, budget_s=600.0, **at)  # 10 min
     assert budgeted[0] is True and "saves ~2.3 min" in budgeted[1]
-    assert compiled.decide("auto", cpu, graphs=2, eager_step_s=1.0, steps=10_000, budget_s=60.0)[0] is False
+    assert compiled.decide("auto", cpu, graphs=2, eager_step_s=1.0, steps=10_000, budget_s=60.0, **at)[0] is False
+    # a host that compiles at 71 s a graph: 3 minutes of eager training save ~42 s, less than one graph costs
+    slow = compiled.decide("auto", cpu, graphs=1, eager_step_s=1.0, steps=None, budget_s=180.0, graph_s=(71.0, "m"))
+    assert slow[0] is False and "costs ~71 s into a cold cache (m)" in slow[1]
     assert compiled.decide("off", cpu, graphs=1, eager_step_s=9.0, steps=10**6, budget_s=None) == (
         False,
         "run.compile=off",
     )
     assert compiled.decide("on", cpu, graphs=9, eager_step_s=0.0, steps=1, budget_s=None) == (True, "run.compile=on")
+
+
+def test_the_compile_time_measured_on_this_host_class_is_remembered(tmp_path, monkeypatch) -> None:
+    cpu = torch.device("cpu")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    assert compiled.graph_seconds(cpu) == (compiled.COMPILE_SECONDS, "estimated")
+    compiled.remember_graph_seconds(cpu, 71.04)
+    compiled.remember_graph_seconds(cpu, 12.0)  # a warm cache's compile: the slowest one is kept
+    assert compiled.graph_seconds(cpu) == (71.0, "measured on this host class")
+    (tmp_path / compiled.MEASURED_FILE).write_text('{"per_graph_s": "nonsense"}')
+    assert compiled.graph_seconds(cpu) == (compiled.COMPILE_SECONDS, "estimated")
+    (tmp_path / compiled.MEASURED_FILE).write_text('{"per_graph_s": -3}')
+    assert compiled.graph_seconds(cpu) == (compiled.COMPILE_SECONDS, "estimated")
 
 
 def test_unsupported_python_keeps_the_eager_model(monkeypatch) -> None:
@@ -132,7 +150,10 @@ def test_a_short_run_decides_not_to_compile_and_says_why(tmp_path: Path) -> None
     result = trainer.train(tiny_config(tmp_path / "run", "data.steps=3", "run.compile=auto"))
     plan = result["plan"]
     assert result["status"] == "finished" and plan["compiled"] is False
-    assert plan["compile_reason"].startswith("auto: ~") and "costs ~30 s" in plan["compile_reason"]
+    assert re.match(
+        r"auto: ~\d+ s of eager training.* costs ~\d+ s into a cold cache \((estimated|measured on this host class)\)",
+        plan["compile_reason"],
+    ), plan["compile_reason"]
 
 
 @pytest.mark.skipif(compiled.cpp_compiler() is None, reason="torch.compile on the CPU needs a C++ compiler")

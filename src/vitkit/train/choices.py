@@ -87,7 +87,13 @@ def choose(
     wants_timing = config.run.compile == "auto" and (steps is not None or budget_s is not None)
     eager_step_s = eager(None) * micro_batch / images * accumulation if wants_timing else 0.0
     on, why = compiled.decide(
-        config.run.compile, device, graphs=graphs, eager_step_s=eager_step_s, steps=steps, budget_s=budget_s
+        config.run.compile,
+        device,
+        graphs=graphs,
+        eager_step_s=eager_step_s,
+        steps=steps,
+        budget_s=budget_s,
+        graph_s=compiled.graph_seconds(device),
     )
     if stored_precision in ("fp32", "bf16") and config.run.precision == "auto":
         precision = PrecisionChoice(stored_precision, "auto: as this run's first invocation chose")

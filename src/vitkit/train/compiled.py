@@ -13,22 +13,28 @@ or $CXX); without one, or on a Python that torch.compile does not support, the m
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
 import shutil
 from collections.abc import Callable
+from pathlib import Path
 from typing import Literal
 
 import torch
 from torch import nn
 
 from vitkit import host as hosts
+from vitkit.atomic import atomic_write_text
 from vitkit.train.budget import GraphKey, warm_up
 
 log = logging.getLogger("vitkit.train")
 
-COMPILE_SECONDS = 30.0  # compiling one training graph into a cold cache on a 2-core CPU (20-40 s measured)
+# compiling one training graph into a cold cache on a 2-core CPU, until this host class has measured its own:
+# 20-40 s measured with AVX-512 and native bf16, 71 s on an AVX2 CPU (AMD EPYC, Zen 3)
+COMPILE_SECONDS = 45.0
+MEASURED_FILE = "vitkit-compile-seconds.json"  # in the host class's cache dir: the slowest compile seen, per graph
 COMPILED_SPEEDUP = 1.3  # eager step time / compiled step time, the least measured for the small recipes
 
 
@@ -49,10 +55,12 @@ def decide(
     eager_step_s: float,
     steps: int | None,
     budget_s: float | None,
+    graph_s: tuple[float, str] = (COMPILE_SECONDS, "estimated"),
 ) -> tuple[bool, str]:
     """Whether to compile, and why: "auto" compiles where the run's eager time, cut by COMPILED_SPEEDUP, saves
-    more than compiling its `graphs` costs.  The run's eager time is `steps` x `eager_step_s`, at most the
-    usable `budget_s`; under a budget alone, the budget."""
+    more than compiling its `graphs` costs at `graph_s` = (seconds a graph, where that figure comes from).
+    The run's eager time is `steps` x `eager_step_s`, at most the usable `budget_s`; under a budget alone, the
+    budget."""
     if requested == "off":
         return False, "run.compile=off"
     unavailable = _unavailable(device)
@@ -61,10 +69,11 @@ def decide(
     if requested == "on":
         return True, "run.compile=on"
     run_s = min((x for x in (None if steps is None else steps * eager_step_s, budget_s) if x is not None), default=0.0)
-    saved_s, cost_s = run_s * (1 - 1 / COMPILED_SPEEDUP), graphs * COMPILE_SECONDS
+    saved_s, cost_s = run_s * (1 - 1 / COMPILED_SPEEDUP), graphs * graph_s[0]
     numbers = (
         f"~{_duration(run_s)} of eager training, {COMPILED_SPEEDUP:g}x faster compiled, saves "
-        f"~{_duration(saved_s)}; compiling {graphs} graph(s) costs ~{_duration(cost_s)} into a cold cache"
+        f"~{_duration(saved_s)}; compiling {graphs} graph(s) costs ~{_duration(cost_s)} into a cold cache "
+        f"({graph_s[1]})"
     )
     if saved_s > cost_s:
         return True, f"auto: {numbers}"
@@ -98,6 +107,28 @@ def use_host_cache(device: torch.device) -> str:
     path = os.path.join(default_cache_dir(), name)
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = path
     return path
+
+
+def graph_seconds(device: torch.device) -> tuple[float, str]:
+    """Seconds compiling one training graph costs here, and where the figure comes from: the slowest compile
+    measured on this host class (kept in its cache dir), else COMPILE_SECONDS."""
+    try:
+        measured = float(json.loads(Path(use_host_cache(device), MEASURED_FILE).read_text())["per_graph_s"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return COMPILE_SECONDS, "estimated"
+    if not 0 < measured < 86_400:
+        return COMPILE_SECONDS, "estimated"
+    return measured, "measured on this host class"
+
+
+def remember_graph_seconds(device: torch.device, per_graph_s: float) -> None:
+    """Keep the slowest compile seen on this host class for the next run's decision (best effort)."""
+    known, where = graph_seconds(device)
+    slowest = per_graph_s if where == "estimated" else max(per_graph_s, known)
+    try:
+        atomic_write_text(Path(use_host_cache(device), MEASURED_FILE), json.dumps({"per_graph_s": round(slowest, 1)}))
+    except OSError as err:
+        log.debug("could not keep the compile time (%s)", err)
 
 
 def compile_for_training(model: nn.Module, device: torch.device) -> nn.Module:
@@ -138,4 +169,5 @@ def warm_up_compiled(
         log.info(
             "torch.compile: %d graph(s) (PatchDropout rate, side) %s compiled in %.0f s", len(phases), phases, seconds
         )
+        remember_graph_seconds(device, seconds / max(len(phases), 1))
     return timings, ""
