@@ -169,3 +169,16 @@ def test_automatic_finetune_keeps_a_small_checkpoints_resolution(pretrained: Pat
     assert resolved.config.model.img_size == read(pretrained).model.config.img_size == 16
     explicit = resolve(Request(data=f"npz:{data}", init_from=str(pretrained), img_size=32, out=str(tmp_path / "x")))
     assert explicit.config.model.img_size == 32
+
+
+def test_the_final_line_says_when_the_step_count_was_an_estimate() -> None:
+    from types import SimpleNamespace
+
+    from vitkit.cli.training import _final_line
+
+    config = SimpleNamespace(eval=SimpleNamespace(final_split="test"), mpp=None)
+    final = {"top1": 0.5, "top5": 0.9, "count": 10}
+    result = {"status": "time_budget", "step": 427, "steps": 294, "wall_minutes": 2.87, "run_dir": "r", "test": final}
+    budget_alone = _final_line({**result, "plan": {"steps_given": False}}, config)
+    assert "after 427 (~294 estimated) steps, 2.87 min (time budget spent); run: r" in budget_alone
+    assert "after 427/294 steps" in _final_line({**result, "plan": {"steps_given": True}}, config)

@@ -130,10 +130,9 @@ def _final_line(result: dict[str, Any], config: Any) -> str:
         )
     split = config.eval.final_split
     note = " (time budget spent)" if result["status"] == "time_budget" else ""
-    done = (
-        f"after {result['step']}/{result['steps']} steps, {result['wall_minutes']:.2f} min{note}; "
-        f"run: {result['run_dir']}"
-    )
+    given = result.get("plan", {}).get("steps_given", True)
+    steps = f"{result['step']}/{result['steps']}" if given else f"{result['step']} (~{result['steps']} estimated)"
+    done = f"after {steps} steps, {result['wall_minutes']:.2f} min{note}; run: {result['run_dir']}"
     final = result.get(split)
     if config.mpp is not None:
         held = (
