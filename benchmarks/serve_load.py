@@ -213,7 +213,8 @@ def start_server(checkpoint: str, args: argparse.Namespace) -> tuple[subprocess.
     raise SystemExit("the server did not become ready in 90 s")
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
+    """The command line, with the bounds that keep the load on a shared machine in check."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "checkpoint", help="checkpoint or run directory (the Fashion-MNIST small-28px model for the target)"
@@ -234,51 +235,66 @@ def main() -> None:
         raise SystemExit("--clients 1..256, --seconds up to 120 and --rounds 1..10 keep the load bounded")
     if not 1 <= args.images_per_request <= 32:
         raise SystemExit("--images-per-request must be 1..32 (the server's multipart limit)")
-    torch.set_num_threads(args.threads)
-    images = encoded_images(args.data, args.images)
-    checkpoint = open_checkpoint(args.checkpoint)
-    print(
-        f"{len(images)} PNG images from {args.data}; {args.clients} clients; max batch {args.max_batch}, "
-        f"max wait {args.max_wait_ms} ms; torch threads {args.threads}; {torch.get_num_threads()} here, cpu count "
-        f"{len(__import__('os').sched_getaffinity(0))}"
+    return args
+
+
+def measure_round(
+    checkpoint, images: list[bytes], process: subprocess.Popen, url: str, args: argparse.Namespace
+) -> dict:
+    """One round: offline for `--seconds`, then served for `--seconds`, with the CPU time of each side
+    and the batches the server formed."""
+    cpu = cpu_seconds()
+    reference = offline(checkpoint, images, args.max_batch, args.seconds)
+    offline_cpu = cpu_seconds() - cpu
+    before, cpu, server_cpu = batch_histogram(url), cpu_seconds(), cpu_seconds(process.pid)
+    served = asyncio.run(load(url, images, args.clients, args.seconds, args.images_per_request))
+    count = served["images_per_s"] * served["seconds"]
+    cpu, server_cpu = cpu_seconds() - cpu, cpu_seconds(process.pid) - server_cpu
+    batches = formed(before, batch_histogram(url))
+    served.update(
+        offline_images_per_s=reference,
+        ratio=served["images_per_s"] / reference,
+        batches=batches,
+        offline_cpu_ms=1000 * offline_cpu / (reference * args.seconds),
+        server_cpu_ms=1000 * server_cpu / count,
+        client_cpu_ms=1000 * cpu / count,
+        mean_batch=sum(k * v for k, v in batches.items()) / max(1, sum(batches.values())),
     )
+    return served
+
+
+def print_round(number: int, served: dict, args: argparse.Namespace) -> None:
+    print(
+        f"round {number}: served {served['requests_per_s']:.0f} requests/s = "
+        f"{served['images_per_s']:.0f} images/s ({args.images_per_request} per request), "
+        f"latency p50 {served['p50_ms']:.1f} / p95 {served['p95_ms']:.1f} / "
+        f"p99 {served['p99_ms']:.1f} ms, errors {served['errors']} of {served['requests']}; offline "
+        f"{served['offline_images_per_s']:.0f} images/s; ratio {served['ratio']:.2f}x; "
+        f"mean batch {served['mean_batch']:.1f}, batches by size {dict(sorted(served['batches'].items()))}; "
+        f"CPU ms per image: server {served['server_cpu_ms']:.2f} + "
+        f"load generator {served['client_cpu_ms']:.2f}, offline {served['offline_cpu_ms']:.2f}"
+    )
+
+
+def run_rounds(checkpoint, images: list[bytes], args: argparse.Namespace) -> tuple[list[dict], int]:
+    """Start the server, warm both sides up, run `--rounds` rounds (each printed), stop the server with
+    SIGTERM; the rounds and the server's exit status."""
     process, url = start_server(args.checkpoint, args)
     rounds = []
     try:
         offline(checkpoint, images, args.max_batch, 1.0)  # warm-up of both sides
         asyncio.run(load(url, images, args.clients, 1.0, args.images_per_request))
         for number in range(1, args.rounds + 1):
-            cpu = cpu_seconds()
-            reference = offline(checkpoint, images, args.max_batch, args.seconds)
-            offline_cpu = cpu_seconds() - cpu
-            before, cpu, server_cpu = batch_histogram(url), cpu_seconds(), cpu_seconds(process.pid)
-            served = asyncio.run(load(url, images, args.clients, args.seconds, args.images_per_request))
-            count = served["images_per_s"] * served["seconds"]
-            cpu, server_cpu = cpu_seconds() - cpu, cpu_seconds(process.pid) - server_cpu
-            batches = formed(before, batch_histogram(url))
-            served.update(
-                offline_images_per_s=reference,
-                ratio=served["images_per_s"] / reference,
-                batches=batches,
-                offline_cpu_ms=1000 * offline_cpu / (reference * args.seconds),
-                server_cpu_ms=1000 * server_cpu / count,
-                client_cpu_ms=1000 * cpu / count,
-                mean_batch=sum(k * v for k, v in batches.items()) / max(1, sum(batches.values())),
-            )
-            rounds.append(served)
-            print(
-                f"round {number}: served {served['requests_per_s']:.0f} requests/s = "
-                f"{served['images_per_s']:.0f} images/s ({args.images_per_request} per request), "
-                f"latency p50 {served['p50_ms']:.1f} / p95 {served['p95_ms']:.1f} / "
-                f"p99 {served['p99_ms']:.1f} ms, errors {served['errors']} of {served['requests']}; offline "
-                f"{reference:.0f} images/s; ratio {served['ratio']:.2f}x; mean batch {served['mean_batch']:.1f}, "
-                f"batches by size {dict(sorted(batches.items()))}; "
-                f"CPU ms per image: server {served['server_cpu_ms']:.2f} + "
-                f"load generator {served['client_cpu_ms']:.2f}, offline {served['offline_cpu_ms']:.2f}"
-            )
+            rounds.append(measure_round(checkpoint, images, process, url, args))
+            print_round(number, rounds[-1], args)
     finally:
         process.send_signal(signal.SIGTERM)
         code = process.wait(timeout=60)
+    return rounds, code
+
+
+def summarise(rounds: list[dict], code: int, args: argparse.Namespace) -> dict:
+    """Medians over the rounds of the rates, latencies and CPU costs; totals of requests and errors."""
     summary = {
         key: statistics.median(r[key] for r in rounds)
         for key in (
@@ -303,16 +319,34 @@ def main() -> None:
         server_exit=code,
         rounds=args.rounds,
     )
+    return summary
+
+
+def print_summary(summary: dict) -> None:
     print(
-        f"median of {args.rounds} rounds: {summary['images_per_s']:.0f} images/s served vs "
+        f"median of {summary['rounds']} rounds: {summary['images_per_s']:.0f} images/s served vs "
         f"{summary['offline_images_per_s']:.0f} offline = {summary['ratio']:.2f}x; "
         f"p50/p95/p99 {summary['p50_ms']:.1f}/{summary['p95_ms']:.1f}/{summary['p99_ms']:.1f} ms; "
         f"{summary['errors']} errors in {summary['requests']} requests; "
         f"CPU ms per image: server {summary['server_cpu_ms']:.2f}, "
         f"load generator {summary['client_cpu_ms']:.2f}, offline {summary['offline_cpu_ms']:.2f}; "
-        f"server exit status {code} after SIGTERM"
+        f"server exit status {summary['server_exit']} after SIGTERM"
     )
     print(json.dumps(summary))
+
+
+def main() -> None:
+    args = parse_args()
+    torch.set_num_threads(args.threads)
+    images = encoded_images(args.data, args.images)
+    checkpoint = open_checkpoint(args.checkpoint)
+    print(
+        f"{len(images)} PNG images from {args.data}; {args.clients} clients; max batch {args.max_batch}, "
+        f"max wait {args.max_wait_ms} ms; torch threads {args.threads}; {torch.get_num_threads()} here, cpu count "
+        f"{len(__import__('os').sched_getaffinity(0))}"
+    )
+    rounds, code = run_rounds(checkpoint, images, args)
+    print_summary(summarise(rounds, code, args))
 
 
 if __name__ == "__main__":
