@@ -1,19 +1,18 @@
 """Fuzz target of `vitkit serve`: mutated HTTP requests sent as raw bytes to a live server.
 
 The server is the real one (vitkit.serve.server.uvicorn_config: our protocol, the Starlette app, the
-in-process engine with a tiny ViT) running in a thread of this process, with short clocks so a
-stalled request is answered within a second.  A request is built from a seed (predict, explain,
-multipart, health, ...) by changing its parts (method, path, query, headers, content type and length,
-body, multipart parts) or its bytes; now and then it is sent slowly, abandoned half-way, or sent as a
-burst of concurrent requests.  Every answer must be a proper HTTP response, every error JSON `{"error"}`
-with a 4xx or 503 status; a 500, a non-JSON error, a hang, a connection closed without an answer, or an ERROR in the
-server's log is unhandled.
+in-process engine with a tiny ViT) running in a thread of this process, with short clocks so a stalled
+request is answered within a second.  A request is built from a seed (predict, explain, multipart,
+health, ...) by changing its parts (method, path, query, headers, content type and length, body,
+multipart parts) or its bytes (request_mutations.py); now and then it is sent slowly, abandoned
+half-way, or sent as a burst of concurrent requests.  Every answer must be a proper HTTP response, every
+error JSON `{"error"}` with a 4xx or 503 status; a 500, a non-JSON error, a hang, a connection closed
+without an answer, or an ERROR in the server's log is unhandled.
 """
 
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 import logging
 import random
@@ -26,8 +25,7 @@ from pathlib import Path
 
 import numpy as np
 from data_targets import Unhandled
-from mutations import mutate_bytes, mutate_png
-from PIL import Image
+from request_mutations import encoded_image, multipart_form, mutate_request, serialise
 
 TOKEN = "fuzz-token"
 CLOCK_S = 0.5  # the server's header and body clocks
@@ -36,24 +34,6 @@ SEEDS = ("predict_png", "predict_jpeg", "explain", "explain_png", "multipart", "
 
 
 # ------------------------------------------------------------------------------ seeds
-def _image(fmt: str, side: int, seed: int) -> bytes:
-    buffer = io.BytesIO()
-    pixels = np.random.default_rng(seed).integers(0, 256, (side, side, 3), dtype=np.uint8)
-    Image.fromarray(pixels).save(buffer, format=fmt)
-    return buffer.getvalue()
-
-
-def _multipart(files: list[tuple[str, str, bytes]], boundary: str = "fuzzBoundary") -> bytes:
-    parts = [
-        f'--{boundary}\r\nContent-Disposition: form-data; name="{field}"; filename="{name}"\r\n'
-        f"Content-Type: image/png\r\n\r\n".encode()
-        + data
-        + b"\r\n"
-        for field, name, data in files
-    ]
-    return b"".join(parts) + f"--{boundary}--\r\n".encode()
-
-
 def _request(method: str, target: str, headers: list[tuple[str, str]], body: bytes = b"") -> dict:
     return {
         "method": method,
@@ -74,8 +54,8 @@ def make_request_seed(workdir: Path) -> Path:
         "vit_ti16", num_classes=3, hidden_size=32, depth=2, num_heads=2, mlp_dim=64, patch_size=8, img_size=32
     )
     vitkit.save(model, workdir / "checkpoint", class_names=["cat", "dog", "bird"])
-    png, jpeg = _image("PNG", 40, 0), _image("JPEG", 33, 1)
-    form = _multipart([("file", "a.png", png), ("file", "b.png", _image("PNG", 20, 2))])
+    png, jpeg = encoded_image("PNG", 40, 0), encoded_image("JPEG", 33, 1)
+    form = multipart_form([("file", "a.png", png), ("file", "b.png", encoded_image("PNG", 20, 2))])
     seeds = {
         "predict_png": _request("POST", "/v1/predict?top_k=2", [("Content-Type", "image/png")], png),
         "predict_jpeg": _request("POST", "/v1/predict", [("Content-Type", "image/jpeg")], jpeg),
@@ -175,16 +155,7 @@ def close() -> None:
         _servers.popitem()[1].stop()
 
 
-# ------------------------------------------------------------------------------ requests as bytes
-def serialise(request: dict, length: int | None = None) -> bytes:
-    head = [f"{request['method']} {request['target']} HTTP/1.1"]
-    head += [f"{name}: {value}" for name, value in request["headers"]]
-    body = request["body"]
-    if request["method"] in ("POST", "PUT", "PATCH") or body:
-        head.append(f"Content-Length: {len(body) if length is None else length}")
-    return "\r\n".join(head).encode("latin-1", "replace") + b"\r\n\r\n" + body
-
-
+# ------------------------------------------------------------------------------ the wire
 def exchange(port: int, data: bytes, pauses: list[float]) -> tuple[int, dict, bytes] | None:
     """Send `data` (split at len(pauses) places, pausing between), read the first final answer; None if the
     connection closed without one; raises Unhandled when none came within DEADLINE_S."""
@@ -229,138 +200,6 @@ def _read_answer(sock: socket.socket, deadline: float, head: bool = False) -> tu
                 raise Unhandled(f"the connection closed inside an answer: {received[:200]!r}")
             return None
         received += chunk
-
-
-# ------------------------------------------------------------------------------ mutations
-METHODS = ["GET", "POST", "PUT", "HEAD", "OPTIONS", "DELETE", "PATCH", "TRACE", "CONNECT", "G\x00T", "POSTPOST"]
-PATHS = [
-    "/",
-    "/health",
-    "/metrics",
-    "/v1/predict",
-    "/v1/explain",
-    "/v1/predict/",
-    "//v1/predict",
-    "/v1/%70redict",
-    "/v1/predict/../explain",
-    "*",
-    "/" + "a" * 5000,
-    "/%ff%fe",
-    "/v1/pr\u00e9dict",
-    "http://fuzz/v1/predict",
-]
-QUERIES = [
-    "",
-    "?top_k=1",
-    "?top_k=0",
-    "?top_k=-3",
-    "?top_k=99999999999999999999",
-    "?top_k=x",
-    "?format=png",
-    "?format=gif",
-    "?top_k=1&top_k=2",
-    "?" + "q=1&" * 2000,
-    "?%zz",
-    "?format=png&top_k=3",
-]
-CONTENT_TYPES = [
-    "image/png",
-    "image/jpeg",
-    "image/",
-    "IMAGE/PNG",
-    "multipart/form-data",
-    "text/plain",
-    "application/json",
-    "multipart/form-data; boundary=",
-    "multipart/form-data; boundary=fuzzBoundary",
-    "multipart/form-data; boundary=" + "b" * 300,
-    "multipart/mixed; boundary=fuzzBoundary",
-    "",
-    ";;;",
-    "image/png; charset=\xff",
-]
-
-
-def _many_parts(rng: random.Random, body: bytes) -> bytes:
-    count = rng.choice([0, 1, 9, 50, 500])
-    name = rng.choice(["file", "file", "other", "", 'fi"le', "x" * 300])
-    filename = rng.choice(["a.png", "", "../../etc/passwd", "é.png", "x" * 2000, "a\r\nb.png"])
-    files = [(name, filename, body if k % 2 == 0 else mutate_bytes(body, rng)) for k in range(count)]
-    form = _multipart(files)
-    if rng.random() < 0.3:  # a text field among the files, or a damaged form
-        form = b'--fuzzBoundary\r\nContent-Disposition: form-data; name="file"\r\n\r\ntext\r\n' + form
-    return mutate_bytes(form, rng, 1) if rng.random() < 0.3 else form
-
-
-def _mutate_body(rng: random.Random, request: dict) -> None:
-    body, choice = request["body"], rng.randrange(6)
-    if choice == 0 and body.startswith(b"\x89PNG"):
-        request["body"] = mutate_png(body, rng)
-    elif choice == 1:
-        request["body"] = mutate_bytes(body, rng)
-    elif choice == 2:
-        image = body if body.startswith((b"\x89PNG", b"\xff\xd8")) else _image("PNG", 16, 3)
-        request["body"] = _many_parts(rng, image)
-        request["headers"].append(("Content-Type", "multipart/form-data; boundary=fuzzBoundary"))
-    elif choice == 3:
-        request["body"] = rng.choice([b"", rng.randbytes(rng.randint(1, 3000)), b"\0" * (600 << 10)])
-    elif choice == 4:  # a PNG claiming a huge image (a decompression bomb header)
-        request["body"] = mutate_png(_image("PNG", 8, 4), random.Random(rng.getrandbits(32)))
-
-
-def _mutate_headers(rng: random.Random, request: dict) -> None:
-    headers, choice = request["headers"], rng.randrange(7)
-    if choice == 0:
-        headers.append(("Content-Type", rng.choice(CONTENT_TYPES)))
-    elif choice == 1 and headers:
-        del headers[rng.randrange(len(headers))]
-    elif choice == 2:
-        headers.append(
-            rng.choice(
-                [
-                    ("Authorization", "Bearer wrong"),
-                    ("Authorization", ""),
-                    ("Expect", "100-continue"),
-                    ("Transfer-Encoding", "chunked"),
-                    ("Connection", "close"),
-                    ("Connection", "upgrade"),
-                    ("Upgrade", "websocket"),
-                    ("Content-Encoding", "gzip"),
-                    ("X-Big", "v" * 70_000),
-                    ("Content-Length", "12"),
-                    ("Content-Length", "-1"),
-                    ("Content-Length", "x"),
-                ]
-            )
-        )
-    elif choice == 3:
-        headers.extend([("X-Many", "y")] * rng.choice([100, 3000]))
-    elif choice == 4:
-        headers.append((rng.choice(["X", "Bad Name", "\x7fH", ""]), rng.choice(["\x01", "v", "é", "a\rb"])))
-    elif choice == 5:
-        headers[:] = [
-            ("Authorization", value) if name == "Authorization" else (name, value)
-            for name, value in headers
-            for value in [mutate_bytes(value.encode(), rng, 1).decode("latin-1")]
-        ]
-
-
-def mutate_request(seed: dict, rng: random.Random) -> tuple[bytes, str]:
-    """The bytes of one mutated request, and its method as sent."""
-    request = {**seed, "headers": list(seed["headers"])}
-    for _ in range(rng.randint(1, 3)):
-        part = rng.randrange(4)
-        if part == 0:
-            request["method"] = rng.choice(METHODS)
-        elif part == 1:
-            request["target"] = rng.choice(PATHS) + rng.choice(QUERIES)
-        elif part == 2:
-            _mutate_headers(rng, request)
-        else:
-            _mutate_body(rng, request)
-    length = None if rng.random() < 0.85 else rng.choice([0, 1, len(request["body"]) + rng.randint(-20, 20), 1 << 40])
-    data = serialise(request, length)
-    return (mutate_bytes(data, rng) if rng.random() < 0.15 else data), request["method"]
 
 
 # ------------------------------------------------------------------------------ judging an answer
