@@ -30,7 +30,9 @@ TINY = {"hidden_size": 32, "depth": 2, "num_heads": 2, "mlp_dim": 64}
 
 
 def tiny_config(out, epochs: float = 2, **run) -> TrainConfig:
-    """A supervised tiny config (as a recipe would give), turned into an MPP one."""
+    """A supervised tiny config (as a recipe would give), turned into an MPP one.  Precision and compilation are
+    pinned (fp32, eager): "auto" measures the host, and two runs compared for bit-identity must not differ there."""
+    run = {"precision": "fp32", "compile": "off", **run}
     base = TrainConfig(
         model=ViTConfig(img_size=32, patch_size=8, num_classes=10, representation_size=32, **TINY),
         data=DataConfig(uri="npz:unused", batch_size=8, epochs=epochs, workers=0),
