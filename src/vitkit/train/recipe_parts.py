@@ -1,10 +1,10 @@
-"""What every recipe module builds its configs from: the data group, the tiny test model, the flip rule."""
+"""What every recipe module builds its configs from: the data group, the small and tiny models, Muon, the flip rule."""
 
 from __future__ import annotations
 
 from vitkit.data.sources import SourceInfo, mirror_keeps_label
 from vitkit.models.configs import ViTConfig
-from vitkit.train.config import DataConfig
+from vitkit.train.config import DataConfig, OptimConfig
 
 
 def data_config(info: SourceInfo, **fields) -> DataConfig:
@@ -25,6 +25,37 @@ def tiny_vit(info: SourceInfo, img_size: int = 32, patch_size: int = 8, **fields
         num_heads=2,
         mlp_dim=64,
         **fields,
+    )
+
+
+def small_vit(info: SourceInfo, img_size: int, patch_size: int, **fields) -> ViTConfig:
+    """The small recipes' model: ViT D=192 L=6 k=3 with a 384-wide MLP, GAP, stochastic depth 0.1."""
+    return ViTConfig(
+        img_size=img_size,
+        patch_size=patch_size,
+        in_chans=info.channels,
+        num_classes=info.num_classes,
+        hidden_size=192,
+        depth=6,
+        num_heads=3,
+        mlp_dim=384,
+        pool="gap",
+        drop_path=0.1,
+        **fields,
+    )
+
+
+def small_muon() -> OptimConfig:
+    """The small recipes' optimiser: Muon for the encoder's matrices at half AdamW's 4e-3 for the rest, weight
+    decay 0.05, gradients clipped at norm 1, 5% warm-up, then a linear decay (Muon's)."""
+    return OptimConfig(
+        name="muon",
+        lr=4e-3,
+        muon_lr_scale=0.5,
+        weight_decay=0.05,
+        schedule="linear",
+        warmup_fraction=0.05,
+        clip_norm=1.0,
     )
 
 

@@ -37,7 +37,7 @@ from vitkit.models import preset_config
 from vitkit.models.configs import ViTConfig, with_overrides
 from vitkit.train import transfer_recipes
 from vitkit.train.config import EvalConfig, OptimConfig, RunConfig, TrainConfig
-from vitkit.train.recipe_parts import data_config, flip, tiny_vit
+from vitkit.train.recipe_parts import data_config, flip, small_muon, small_vit, tiny_vit
 
 PAPER_LR_GRID = (0.001, 0.003, 0.01, 0.03)  # Table 4 fine-tuning learning rates (ImageNet adds 0.06 for ResNets)
 
@@ -255,38 +255,15 @@ def small_32px(info: SourceInfo) -> TrainConfig:
       AVX512-BF16 (AMD EPYC, Zen 4): 79.82-80.36% (41-43 epochs)
     Rows: benchmarks/results/train_budget.jsonl; how the recipe got here: docs/experiments/cifar10-recipe.md.
     """
-    model = ViTConfig(
-        img_size=32,
-        patch_size=4,
-        in_chans=info.channels,
-        num_classes=info.num_classes,
-        hidden_size=192,
-        depth=6,
-        num_heads=3,
-        mlp_dim=384,
-        pool="gap",
-        drop_path=0.1,
-        patch_dropout=0.75,
-        patch_dropout_until=0.8,
-        init="mimetic",
-    )
+    model = small_vit(info, 32, 4, patch_dropout=0.75, patch_dropout_until=0.8, init="mimetic")
     return TrainConfig(
         recipe="small-32px",
         model=model,
         data=data_config(info, batch_size=256, epochs=100, workers=2),
         augment=AugmentConfig(crop="pad", pad=4, flip=flip(info), label_smoothing=0.1),
-        optim=OptimConfig(
-            name="muon",
-            lr=4e-3,
-            muon_lr_scale=0.5,
-            weight_decay=0.05,
-            schedule="linear",  # Muon's
-            warmup_fraction=0.05,
-            clip_norm=1.0,
-        ),  # matrices at 2e-3, AdamW's at 4e-3
-        eval=EvalConfig(
-            every_epochs=0, batch_size=500
-        ),  # every training image trains; --set eval.every_epochs=5 holds out a val part
+        optim=small_muon(),  # matrices at 2e-3, AdamW's at 4e-3
+        # every training image trains; --set eval.every_epochs=5 holds out a val part
+        eval=EvalConfig(every_epochs=0, batch_size=500),
         run=RunConfig(checkpoint_every=1000, log_every=50),
     )
 
@@ -298,18 +275,7 @@ def small_64px(info: SourceInfo) -> TrainConfig:
     Expected: a few thousand images train in minutes on a CPU; expect well below a CNN's accuracy
     from scratch (Sec. 4.2) -- fine-tune a pre-trained checkpoint for real accuracy.
     """
-    model = ViTConfig(
-        img_size=64,
-        patch_size=8,
-        in_chans=info.channels,
-        num_classes=info.num_classes,
-        hidden_size=192,
-        depth=6,
-        num_heads=3,
-        mlp_dim=384,
-        pool="gap",
-        drop_path=0.1,
-    )
+    model = small_vit(info, 64, 8)
     epochs = 100 if info.num_train < 20_000 else 30
     return TrainConfig(
         recipe="small-64px",

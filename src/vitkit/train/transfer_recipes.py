@@ -15,9 +15,8 @@ import dataclasses
 
 from vitkit.data.sources import SourceInfo
 from vitkit.data.transforms import AugmentConfig
-from vitkit.models.configs import ViTConfig
 from vitkit.train.config import EvalConfig, OptimConfig, RunConfig, TrainConfig
-from vitkit.train.recipe_parts import data_config, flip, tiny_vit
+from vitkit.train.recipe_parts import data_config, flip, small_muon, small_vit, tiny_vit
 
 PRETRAIN_MIN_IMAGES = 20_000  # "tens of thousands of images": below this a 64-px source trains small-64px
 FINETUNE_LR = 0.01  # SGD at batch 128: the middle of the paper's grid {0.001, 0.003, 0.01, 0.03} (Table 4)
@@ -42,36 +41,13 @@ def small_64px_pretrain(info: SourceInfo) -> TrainConfig:
     target >= 35% on a native-bf16 host (AVX512-BF16, AMX) and >= 25% without, being measured
     (benchmarks/transfer.py pretrain; rows: benchmarks/results/transfer.jsonl).
     """
-    model = ViTConfig(
-        img_size=64,
-        patch_size=8,
-        in_chans=info.channels,
-        num_classes=info.num_classes,
-        hidden_size=192,
-        depth=6,
-        num_heads=3,
-        mlp_dim=384,
-        pool="gap",
-        representation_size=192,
-        drop_path=0.1,
-        patch_dropout=0.75,
-        patch_dropout_until=0.8,
-        init="mimetic",
-    )
+    model = small_vit(info, 64, 8, representation_size=192, patch_dropout=0.75, patch_dropout_until=0.8, init="mimetic")
     return TrainConfig(
         recipe="small-64px-pretrain",
         model=model,
         data=data_config(info, batch_size=256, epochs=60, workers=2),
         augment=AugmentConfig(crop="pad", pad=8, flip=flip(info), label_smoothing=0.1),
-        optim=OptimConfig(
-            name="muon",
-            lr=4e-3,
-            muon_lr_scale=0.5,
-            weight_decay=0.05,
-            schedule="linear",
-            warmup_fraction=0.05,
-            clip_norm=1.0,
-        ),
+        optim=small_muon(),
         eval=EvalConfig(every_epochs=0, batch_size=500),  # every training image trains
         run=RunConfig(checkpoint_every=1000, log_every=50),
     )
@@ -115,18 +91,7 @@ def finetune_small(info: SourceInfo) -> TrainConfig:
     native-bf16 host, >= 70% without), and >= 15 points over from-scratch in the same 15 minutes at
     --labels-per-class 100; being measured (benchmarks/transfer.py; rows: benchmarks/results/transfer.jsonl).
     """
-    model = ViTConfig(
-        img_size=64,
-        patch_size=8,
-        in_chans=info.channels,
-        num_classes=info.num_classes,
-        hidden_size=192,
-        depth=6,
-        num_heads=3,
-        mlp_dim=384,
-        pool="gap",
-        drop_path=0.1,
-    )
+    model = small_vit(info, 64, 8)
     return TrainConfig(
         recipe="finetune-small",
         model=model,  # the checkpoint's architecture replaces this model (resolve.py)
