@@ -57,6 +57,24 @@ class Objective(Protocol):
     def provenance(self) -> dict[str, Any]: ...
 
 
+def augmented(
+    config: TrainConfig,
+    num_classes: int,
+    channels: int,
+    raw: list[tuple[Tensor, Tensor]],
+    phase: Phase,
+    generator: torch.Generator,
+) -> list[tuple[Tensor, Tensor]]:
+    """Each micro-batch of `raw` through the training transform at the phase's side: (images, soft targets)."""
+    data = config.data
+    return [
+        train_transform(
+            images, labels, num_classes, phase.side, data.mean, data.std, channels, config.augment, generator
+        )
+        for images, labels in raw
+    ]
+
+
 class Classification:
     """Cross-entropy (softmax, or big_vision's summed sigmoid) on augmented images with soft targets."""
 
@@ -69,21 +87,7 @@ class Classification:
         return module
 
     def batch(self, raw: list[tuple[Tensor, Tensor]], phase: Phase, generator: torch.Generator) -> list[Any]:
-        data = self.config.data
-        return [
-            train_transform(
-                images,
-                labels,
-                self.num_classes,
-                phase.side,
-                data.mean,
-                data.std,
-                self.channels,
-                self.config.augment,
-                generator,
-            )
-            for images, labels in raw
-        ]
+        return augmented(self.config, self.num_classes, self.channels, raw, phase, generator)
 
     def loss_of(self, spec: StepSpec, generator: torch.Generator) -> LossOf:
         return classification_loss(spec)
@@ -199,21 +203,7 @@ class MaskedPatchObjective:
         return self.wrapper
 
     def batch(self, raw: list[tuple[Tensor, Tensor]], phase: Phase, generator: torch.Generator) -> list[Any]:
-        data = self.config.data
-        return [
-            train_transform(
-                images,
-                labels,
-                self.num_classes,
-                phase.side,
-                data.mean,
-                data.std,
-                self.channels,
-                self.config.augment,
-                generator,
-            )[0]
-            for images, labels in raw
-        ]
+        return [images for images, _ in augmented(self.config, self.num_classes, self.channels, raw, phase, generator)]
 
     def loss_of(self, spec: StepSpec, generator: torch.Generator) -> LossOf:
         def loss_of(model: nn.Module, images: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
