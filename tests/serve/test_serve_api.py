@@ -202,7 +202,7 @@ def test_a_checkpoint_that_cannot_load_is_reported(tmp_path: Path) -> None:
     async def scenario():
         app = create_app(tmp_path / "junk", load=load_model, on_load_failure=failures.append)
         async with serving(app, wait_ready=False) as client:
-            for _ in range(200):
+            for _ in range(2400):  # up to a minute: loading may be slow on a loaded CI host
                 if failures:
                     break
                 await asyncio.sleep(0.025)
