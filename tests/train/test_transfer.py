@@ -72,7 +72,7 @@ def test_finetune_of_a_small_checkpoint_picks_finetune_small_at_its_resolution(
     assert config.recipe == "finetune-small" and config.run.init_from == str(pretrained)
     assert config.model.img_size == 16 == source.config.img_size and config.augment.pad == 2  # 8 x 16 / 64
     assert config.model.representation_size is None and config.model.num_classes == 4
-    assert source.config.patch_dropout == 0.5 and config.model.patch_dropout == 0.0  # pre-training's, not carried
+    assert config.model.patch_dropout_until == 0.8 != source.config.patch_dropout_until  # the recipe's, not carried
     model = initial_model(config)
     assert torch.count_nonzero(model.head.weight) == 0 and model.head.weight.shape == (4, 32)  # Sec. 3.2 zero init
     assert isinstance(model.pre_logits, torch.nn.Identity)
@@ -82,6 +82,16 @@ def test_finetune_of_a_small_checkpoint_picks_finetune_small_at_its_resolution(
     grown = initial_model(larger).pos_embed
     assert grown.shape == (1, 8 * 8, 32) and source.pos_embed.shape == (1, 4 * 4, 32)  # GAP: no [class] row
     assert torch.equal(grown[0, 0], source.pos_embed[0, 0])  # 2D interpolation: corners map onto corners
+
+
+def test_finetune_small_drops_half_the_patches_for_most_of_its_schedule(pretrained: Path, tmp_path: Path) -> None:
+    """The CPU fine-tuning recipe's PatchDropout (0.5 until 80%) replaces the checkpoint's (tiny: 0.5 throughout)."""
+    source = read(pretrained / "checkpoints" / "final").model.config
+    data = f"npz:{_npz(tmp_path / 'four.npz')}"
+    request = Request(data=data, init_from=str(pretrained), recipe="finetune-small", out=str(tmp_path / "ft"))
+    model = resolve(request).config.model
+    assert (source.patch_dropout, source.patch_dropout_until) == (0.5, 1.0)
+    assert (model.patch_dropout, model.patch_dropout_until) == (0.5, 0.8) and model.img_size == source.img_size
 
 
 def test_a_swept_run_shares_its_time_budget_between_trials_and_the_final_run(

@@ -35,7 +35,14 @@ from vitkit.train.recipes import PAPER_LR_GRID, auto_recipe_name, finetune_val_f
 from vitkit.train.transfer_recipes import AT_CHECKPOINT_RESOLUTION
 
 PAPER_RESOLUTION = 224  # checkpoints pre-trained below it are small-data models: fine-tuned by finetune-small
-REGULARISATION = ("dropout", "attention_dropout", "drop_path", "patch_dropout", "patch_dropout_keep")  # the recipe's
+REGULARISATION = (  # the recipe's, not the checkpoint's
+    "dropout",
+    "attention_dropout",
+    "drop_path",
+    "patch_dropout",
+    "patch_dropout_keep",
+    "patch_dropout_until",
+)
 
 log = logging.getLogger(__name__)
 
