@@ -76,3 +76,15 @@ def test_the_transfer_options_are_recorded_and_a_changed_one_is_refused(
         prepare_directory(STUDY, make_context(STUDY, other))
     assert main(["reproduce", "head", "--families", "--out", str(tmp_path / "h")]) == 2
     assert "only the transfer study takes these flags" in capsys.readouterr().err
+
+
+def test_the_report_names_time_budget_arms_as_budgets_not_steps() -> None:
+    """A study whose arms are time budgets (transfer, above the tiny scale) has no steps per unit arm: the
+    report's scale line says the arms are budgets, not that they are the -tiny recipe's steps."""
+    from vitkit.reproduce.report import unit_text
+
+    small = {"name": "small", "unit_steps": 0, "unit_minutes": 1.66, "images_per_s": 0.0}
+    assert unit_text(small) == "arms are time budgets in minutes (below)"
+    assert unit_text({**small, "name": "tiny"}) == "a unit arm is the -tiny recipe's steps"
+    stepped = {**small, "unit_steps": 277, "unit_minutes": 0.47, "images_per_s": 1266.4}
+    assert unit_text(stepped).startswith("a unit arm is 277 steps, 0.47 min at the 1266.4 images/s")

@@ -102,12 +102,7 @@ def write_report(
 def markdown(results: dict[str, Any], analysis: Analysis) -> str:
     lines = [f"# {results['title']}", "", f"`{results['command']}`", ""]
     scale = results["scale"]
-    unit = (
-        f"a unit arm is {scale['unit_steps']} steps, {scale['unit_minutes']:.2f} min at the {scale['images_per_s']:g} "
-        "images/s the base model trained at when the study started"
-        if scale["unit_steps"]
-        else "a unit arm is the -tiny recipe's steps"
-    )
+    unit = unit_text(scale)
     lines += [
         f"- data: `{results['data']}`; scale **{scale['name']}** ({unit}); {results['seeds']} seed(s)",
         f"- machine: {results['machine']}; {len(results['arms'])} arms, {results['arm_minutes']:.1f} arm-minutes "
@@ -127,6 +122,19 @@ def markdown(results: dict[str, Any], analysis: Analysis) -> str:
     lines += table_lines(arms_table(results["arms"]))
     lines += ["## How the verdicts are made", "", VERDICT_RULES, ""]
     return "\n".join(lines)
+
+
+def unit_text(scale: dict[str, Any]) -> str:
+    """What one unit arm is: steps fitted when the study started, the -tiny recipe's steps, or (a study whose
+    arms are time budgets, such as transfer) minutes, which the study's notes give."""
+    if scale["unit_steps"]:
+        return (
+            f"a unit arm is {scale['unit_steps']} steps, {scale['unit_minutes']:.2f} min at the "
+            f"{scale['images_per_s']:g} images/s the base model trained at when the study started"
+        )
+    if scale["name"] == "tiny":
+        return "a unit arm is the -tiny recipe's steps"
+    return "arms are time budgets in minutes (below)"
 
 
 def claim_section(claim: Claim) -> list[str]:

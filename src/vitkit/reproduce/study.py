@@ -24,7 +24,7 @@ from vitkit.atomic import atomic_write_text
 from vitkit.bench.throughput import num_threads
 from vitkit.data.sources import describe
 from vitkit.reproduce.arms import FEWSHOT_DRAWS, FEWSHOT_SHOTS, Probes, run_train_arm
-from vitkit.reproduce.report import write_report
+from vitkit.reproduce.report import unit_text, write_report
 from vitkit.reproduce.scale import Scale, base_config, calibrated, scale_for
 from vitkit.reproduce.spec import Context, Study, StudyRequest
 
@@ -89,12 +89,11 @@ def run_study(study: Study, request: StudyRequest) -> dict[str, Any]:
         shared = sorted({k for k in keys if keys.count(k) > 1})
         raise ValueError(f"study {study.name} planned arms with the same directory: {shared}")
     log.info(
-        "study %s: %d arms (%s scale, unit arm %.2f min = %d steps) on %s into %s",
+        "study %s: %d arms (%s scale; %s) on %s into %s",
         study.name,
         len(arms),
         context.scale.name,
-        context.scale.unit_minutes,
-        context.scale.unit_steps,
+        unit_text(asdict(context.scale)),
         request.data,
         context.out,
     )
