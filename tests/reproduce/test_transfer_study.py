@@ -84,7 +84,7 @@ def test_the_report_names_time_budget_arms_as_budgets_not_steps() -> None:
     from vitkit.reproduce.report import unit_text
 
     small = {"name": "small", "unit_steps": 0, "unit_minutes": 1.66, "images_per_s": 0.0}
-    assert unit_text(small) == "arms are time budgets in minutes (below)"
+    assert unit_text(small) == "arms are time budgets in minutes, given below"
     assert unit_text({**small, "name": "tiny"}) == "a unit arm is the -tiny recipe's steps"
     stepped = {**small, "unit_steps": 277, "unit_minutes": 0.47, "images_per_s": 1266.4}
     assert unit_text(stepped).startswith("a unit arm is 277 steps, 0.47 min at the 1266.4 images/s")

@@ -134,7 +134,7 @@ def unit_text(scale: dict[str, Any]) -> str:
         )
     if scale["name"] == "tiny":
         return "a unit arm is the -tiny recipe's steps"
-    return "arms are time budgets in minutes (below)"
+    return "arms are time budgets in minutes, given below"
 
 
 def claim_section(claim: Claim) -> list[str]:
