@@ -208,7 +208,7 @@ def small_28px(info: SourceInfo) -> TrainConfig:
       AMX:                  Fashion-MNIST 94.00-94.15% (~73 epochs); MNIST 99.56-99.60% (37-51 epochs)
       ~50 epochs in 15 min: Fashion-MNIST 93.59-93.98% (an AMX host in 10.5 min, standing in for one
                             of two thirds its speed)
-      AVX2, no native bf16: Fashion-MNIST 92.30% (18.1 epochs; one run); MNIST 99.39, 99.42% (11-12 epochs); fp32
+      AVX2, no native bf16: Fashion-MNIST 92.30, 92.81% (18-24 epochs); MNIST 99.39, 99.42% (11-12 epochs); fp32
     Rows: benchmarks/results/train_budget.jsonl; how the recipe got here: docs/experiments/fashion-mnist-recipe.md.
     """
     model = ViTConfig(
