@@ -6,7 +6,9 @@ evaluation, serving and bench.
   AVX512-BF16 / AMX) and, where a caller can time its model (`choose_precision(measure=...)`), only where
   bf16 measures at least BF16_MIN_SPEEDUP times as fast as fp32 for that model on this host; fp32 elsewhere.
   Without native bf16 a bf16 matmul runs 10-20x slower than fp32 (AVX2: 2.5 against 58 GFLOP/s, one
-  thread), so an explicit "bf16" there is kept but warned about once, with the slowdown measured.
+  thread), so an explicit "bf16" there is kept but warned about once, with the slowdown measured;
+- timing on this host is measured here: `time_pass` (one pass) and `first_is_faster` (two paths against each
+  other, as the kernels' choice of the fused dense + GELU uses).
 """
 
 from __future__ import annotations
@@ -133,6 +135,26 @@ def time_pass(run: Callable[[], object], device: torch.device, repeats: int = 3)
         synchronize(device)
         best = min(best, time.perf_counter() - began)
     return best
+
+
+TIMING_WARMUP = 3  # untimed calls of each path: a process's first calls pay for its thread pool and allocator
+TIMING_ROUNDS = 5  # then the two paths alternate, so a passing disturbance falls on both
+
+
+def first_is_faster(first: Callable[[], object], second: Callable[[], object]) -> bool:
+    """Whether `first` runs faster than `second` on this host: the fastest of TIMING_ROUNDS alternated calls
+    each, after TIMING_WARMUP untimed calls of each (timed one after the other, with one warm-up call, the
+    path timed first could still be cold and lose where it is faster)."""
+    for _ in range(TIMING_WARMUP):
+        first()
+        second()
+    best = [float("inf"), float("inf")]
+    for _ in range(TIMING_ROUNDS):
+        for index, run in enumerate((first, second)):
+            began = time.perf_counter()
+            run()
+            best[index] = min(best[index], time.perf_counter() - began)
+    return best[0] < best[1]
 
 
 def _warn_once(key: str, message: str) -> None:

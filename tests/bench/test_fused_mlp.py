@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from vitkit import device
 from vitkit.models import create_model, kernels
 
 TINY = dict(num_classes=5, img_size=32, patch_size=8, hidden_size=32, depth=2, num_heads=2, mlp_dim=64)
@@ -130,7 +131,7 @@ def test_the_fused_kernel_runs_only_where_it_measures_faster(monkeypatch: pytest
     monkeypatch.setattr(kernels, "_probes", {})
     monkeypatch.setattr(kernels, "_faster", {})
     ticks = iter(range(1000))
-    monkeypatch.setattr(kernels.time, "perf_counter", lambda: next(ticks))
+    monkeypatch.setattr(device.time, "perf_counter", lambda: next(ticks))
     calls = []
     real = kernels._linear_pointwise
 
@@ -147,14 +148,14 @@ def test_the_fused_kernel_runs_only_where_it_measures_faster(monkeypatch: pytest
         out = kernels.linear_gelu(x, fc, "tanh")
     assert list(kernels._faster.values()) == [False] and len(kernels._faster) == 1  # timed once: (f32, tanh, 8, 40, 24)
     assert torch.equal(out, kernels.gelu(torch.nn.functional.linear(x, fc.weight, fc.bias), "tanh"))
-    assert len(calls) == 2 + kernels.TIMING_WARMUP + kernels.TIMING_ROUNDS  # correctness probe, then the timing
+    assert len(calls) == 2 + device.TIMING_WARMUP + device.TIMING_ROUNDS  # correctness probe, then the timing
 
 
 def test_a_plain_path_slow_only_while_cold_is_timed_at_its_steady_speed(monkeypatch: pytest.MonkeyPatch) -> None:
     """The first calls of a process can be slow (thread pool, allocator); the choice alternates the two paths
     after warming both, so a plain path that is cold for its first three calls still wins where it is faster."""
     now = [0.0]
-    monkeypatch.setattr(kernels.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(device.time, "perf_counter", lambda: now[0])
 
     def costing(costs):
         seq = iter(costs)
@@ -166,5 +167,5 @@ def test_a_plain_path_slow_only_while_cold_is_timed_at_its_steady_speed(monkeypa
 
     fused = costing([22.0] * 20)  # oneDNN's dense + GELU on an AVX2 host: steady
     plain = costing([250.0, 30.0, 30.0] + [16.0] * 17)  # BLAS dense + GELU: cold for three calls, then faster
-    assert not kernels.first_is_faster(fused, plain)
-    assert kernels.first_is_faster(costing([15.0] * 20), costing([250.0, 30.0, 30.0] + [16.0] * 17))
+    assert not device.first_is_faster(fused, plain)
+    assert device.first_is_faster(costing([15.0] * 20), costing([250.0, 30.0, 30.0] + [16.0] * 17))

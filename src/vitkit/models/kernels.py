@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from collections.abc import Callable
 from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from vitkit.device import first_is_faster
 
 log = logging.getLogger(__name__)
 
@@ -264,26 +265,6 @@ def _fused_is_faster(x: Tensor, weight: Tensor, bias: Tensor | None, approximate
             lambda: gelu(F.linear(x, weight, bias), approximate),
         )
     return _faster[key]
-
-
-TIMING_WARMUP = 3  # untimed calls of each path: a process's first calls pay for its thread pool and allocator
-TIMING_ROUNDS = 5  # then the two paths alternate, so a passing disturbance falls on both
-
-
-def first_is_faster(first: Callable[[], Any], second: Callable[[], Any]) -> bool:
-    """Whether `first` runs faster than `second` on this host: the fastest of TIMING_ROUNDS alternated calls
-    each, after TIMING_WARMUP untimed calls of each (timed one after the other, with one warm-up call, the
-    path timed first could still be cold and lose where it is faster)."""
-    for _ in range(TIMING_WARMUP):
-        first()
-        second()
-    best = [math.inf, math.inf]
-    for _ in range(TIMING_ROUNDS):
-        for index, run in enumerate((first, second)):
-            began = time.perf_counter()
-            run()
-            best[index] = min(best[index], time.perf_counter() - began)
-    return best[0] < best[1]
 
 
 def _linear_pointwise(x: Tensor, weight: Tensor, bias: Tensor | None, approximate: Approximate) -> Tensor:
