@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/short_commands.py epoch --data folder:DIR    # ~600 small images, one epoch
     .venv/bin/python benchmarks/short_commands.py mpp --runs 3               # Fashion-MNIST, 3 minutes
+    .venv/bin/python benchmarks/short_commands.py mpp -- --batch-size 512    # flags after -- go to vitkit
 
 Targets (a 2-core CPU, any host class):
 
@@ -38,10 +39,10 @@ TARGETS = {  # name -> (argv after `vitkit`, default data, what is compared with
 }
 
 
-def run_once(name: str, data: str) -> tuple[dict, list[str]]:
+def run_once(name: str, data: str, extra: list[str]) -> tuple[dict, list[str]]:
     argv, _, figure, goal = TARGETS[name]
     out = time.strftime(f"runs/short-{name}-%Y%m%d-%H%M%S")
-    command = [VITKIT, *argv, "--data", data, "--out", out]
+    command = [VITKIT, *argv, "--data", data, *extra, "--out", out]
     with tempfile.TemporaryDirectory(prefix="vitkit-inductor-") as cache:
         start = time.monotonic()
         done = subprocess.run(command, env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}, check=False)
@@ -61,7 +62,7 @@ def run_once(name: str, data: str) -> tuple[dict, list[str]]:
         and row[figure] is not None
         and (row[figure] < goal if figure == "minutes" else row[figure] >= goal)
     )
-    return row, ["vitkit", *argv, "--data", data]
+    return row, ["vitkit", *argv, "--data", data, *extra]
 
 
 def main() -> int:
@@ -70,14 +71,16 @@ def main() -> int:
     parser.add_argument("--data", default=None, help="the source URI (epoch has no default)")
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--no-record", action="store_true", help="do not append rows to " + RESULTS.name)
-    args = parser.parse_args()
+    argv = sys.argv[1:]
+    cut = argv.index("--") if "--" in argv else len(argv)  # after --: more flags for the vitkit command
+    args, extra = parser.parse_args(argv[:cut]), argv[cut + 1 :]
     data = args.data or TARGETS[args.target][1]
     if data is None:
         parser.error(f"{args.target} needs --data (for example folder:DIR with ~600 small images)")
     for _ in range(args.runs):
-        row, command = run_once(args.target, data)
+        row, command = run_once(args.target, data, extra)
         if not args.no_record:
-            row = append_row(RESULTS, row, command=command)
+            row = append_row(RESULTS, row, command=command, config_changes=extra)
         print(json.dumps(row), flush=True)
     return 0
 
