@@ -208,7 +208,7 @@ def small_28px(info: SourceInfo) -> TrainConfig:
       AMX:                  Fashion-MNIST 94.00-94.15% (~73 epochs); MNIST 99.56-99.60% (37-51 epochs)
       ~50 epochs in 15 min: Fashion-MNIST 93.59-93.98% (an AMX host in 10.5 min, standing in for one
                             of two thirds its speed)
-      AVX2, no native bf16: Fashion-MNIST 92.30, 92.81% (18-24 epochs); MNIST 99.39, 99.42% (11-12 epochs); fp32
+      AVX2, no native bf16: Fashion-MNIST 92.30-92.81% (18-24 epochs); MNIST 99.37-99.42% (11-14 epochs); fp32
     Rows: benchmarks/results/train_budget.jsonl; how the recipe got here: docs/experiments/fashion-mnist-recipe.md.
     """
     model = ViTConfig(
@@ -254,7 +254,7 @@ def small_32px(info: SourceInfo) -> TrainConfig:
     cold compile included):
       AMX:                           79.99-81.42% (76-86 epochs)
       AVX512-BF16 (AMD EPYC, Zen 4): 79.82-80.36% (41-43 epochs)
-      AVX2, no native bf16:          72.56% (10.9 epochs; one run, fp32)
+      AVX2, no native bf16:          72.56%, 72.57% (10.6-10.9 epochs; two runs, fp32)
     Rows: benchmarks/results/train_budget.jsonl; how the recipe got here: docs/experiments/cifar10-recipe.md.
     """
     model = small_vit(info, 32, 4, patch_dropout=0.75, patch_dropout_until=0.8, init="mimetic")

@@ -94,7 +94,7 @@ def finetune_small(info: SourceInfo) -> TrainConfig:
     Tiny-ImageNet checkpoint; target: at least what small-32px reaches from scratch in 30 minutes (81% on a
     native-bf16 host, >= 70% without), and >= 15 points over from-scratch in the same 15 minutes at
     --labels-per-class 100.  Measured on an AVX2 host without native bf16 (benchmarks/transfer.py finetune;
-    rows: benchmarks/results/transfer.jsonl): 66.52% (2.69 epochs at 64 px; one run); without PatchDropout
+    rows: benchmarks/results/transfer.jsonl): 66.32-67.05% (2.6-2.9 epochs at 64 px; 3 runs); without PatchDropout
     64.86% (1.76 epochs).
     """
     model = small_vit(info, 64, 8, patch_dropout=0.5, patch_dropout_until=0.8)
