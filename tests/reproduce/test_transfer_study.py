@@ -12,7 +12,9 @@ from tests.train.helpers import tiny_config
 from vitkit.cli import main
 from vitkit.reproduce import StudyRequest, get_study, reproduce
 from vitkit.reproduce.study import make_context, prepare_directory
+from vitkit.reproduce.transfer_arms import _with_model
 from vitkit.train import trainer
+from vitkit.train.resolve import Request, resolve
 
 STUDY = get_study("transfer")
 
@@ -41,6 +43,13 @@ def test_families_add_the_bit_resnet_and_the_hybrid(tmp_path: Path) -> None:
     families = _plan(tmp_path, pretrain_data="digits", budget_minutes=675, families=True)  # 45 units of 15
     assert len(families) == 30 and families["finetune-resnet_all-s0"].config.run.max_minutes == 15
     assert type(families["pretrain-hybrid-s0"].config.model).__name__ == "HybridConfig"
+
+
+def test_a_bit_resnet_arm_trains_a_muon_recipe_with_its_adamw_part() -> None:
+    muon = resolve(Request(recipe="small-28px", out="x")).config  # the recipes above 8 px train with Muon
+    resnet, hybrid = _with_model(muon, "resnet").optim, _with_model(muon, "hybrid").optim
+    assert muon.optim.name == "muon" and hybrid == muon.optim  # the hybrid's encoder has matrices for Muon
+    assert resnet.name == "adamw" and (resnet.lr, resnet.weight_decay) == (muon.optim.lr, muon.optim.weight_decay)
 
 
 def test_a_given_checkpoint_replaces_the_vit_pre_training(tmp_path: Path) -> None:

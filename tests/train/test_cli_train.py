@@ -97,6 +97,20 @@ def test_default_request_picks_the_digits_recipe_and_names_the_run() -> None:
     assert any("from scratch" in w for w in big.warnings)
 
 
+def test_a_muon_recipe_trains_a_bit_resnet_with_its_adamw_part() -> None:
+    recipe = resolve(Request(recipe="small-28px", out="x")).config.optim  # Muon for the encoder's matrices
+    resnet = resolve(Request(recipe="small-28px", model="bit_r50x1", out="x")).config.optim
+    hybrid = resolve(Request(recipe="small-28px", model="r26_vit_s32", out="x")).config.optim
+    assert recipe.name == "muon" and hybrid == recipe  # a hybrid has encoder matrices
+    assert resnet.name == "adamw" and (resnet.lr, resnet.weight_decay, resnet.schedule) == (
+        recipe.lr,
+        recipe.weight_decay,
+        recipe.schedule,
+    )
+    asked = resolve(Request(recipe="small-28px", model="bit_r50x1", overrides=("optim.name=muon",), out="x"))
+    assert asked.config.optim.name == "muon"  # an explicit request is the user's (the optimiser refuses it, saying why)
+
+
 def _npz(path: Path, classes: int = 4, n: int = 80) -> Path:
     rng = np.random.default_rng(0)
     labels = np.arange(n) % classes

@@ -38,7 +38,7 @@ from vitkit.reproduce.arms import Probes, reuse, run_train_arm, write_record
 from vitkit.reproduce.scale import hybrid_for, matched_resnet
 from vitkit.reproduce.spec import Arm, Context
 from vitkit.runs import find_checkpoint, open_checkpoint
-from vitkit.train.config import TrainConfig, to_dict
+from vitkit.train.config import TrainConfig, optim_for, to_dict
 from vitkit.train.plan import count_params
 from vitkit.train.recipes import auto_recipe_name
 from vitkit.train.resolve import Request, resolve
@@ -127,7 +127,8 @@ def _family_model(model: ModelConfig, family: str) -> ModelConfig:
 
 
 def _with_model(config: TrainConfig, family: str) -> TrainConfig:
-    return dataclasses.replace(config, model=_family_model(config.model, family))
+    model = _family_model(config.model, family)
+    return dataclasses.replace(config, model=model, optim=optim_for(config.optim, model))
 
 
 def pretrain_arm(context: Context, g: Grid, family: str, seed: int) -> Arm:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from vitkit.data.transforms import AugmentConfig
-from vitkit.models.configs import ModelConfig, ViTConfig, config_from_dict, config_to_dict
+from vitkit.models.configs import HybridConfig, ModelConfig, ViTConfig, config_from_dict, config_to_dict
 from vitkit.overrides import apply_fields, split_item
 from vitkit.ssl.masked_patch import MPPConfig
 
@@ -116,6 +116,16 @@ class OptimConfig:
             raise ValueError("warmup_fraction must be in [0, 1), warmup_steps and warmup_max_steps >= 0")
         if any(lr <= 0 for lr in self.lr_sweep):
             raise ValueError(f"every lr_sweep value must be > 0, got {self.lr_sweep}")
+
+
+def optim_for(optim: OptimConfig, model: ModelConfig) -> OptimConfig:
+    """A recipe's optimiser for `model`: Muon trains a Transformer encoder's matrices and AdamW the rest, so a
+    model without an encoder (a BiT ResNet) trains every parameter with Muon's AdamW part (the same lr, decay and
+    schedule).  Recipes and studies that swap in such a model go through here; an explicit `--set optim.name=muon`
+    does not, and the optimiser refuses it, saying why."""
+    if optim.name != "muon" or isinstance(model, (ViTConfig, HybridConfig)):
+        return optim
+    return dataclasses.replace(optim, name="adamw")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -29,7 +29,7 @@ from vitkit.models.configs import (
     with_overrides,
 )
 from vitkit.runs import find_checkpoint
-from vitkit.train.config import TrainConfig, apply_overrides
+from vitkit.train.config import TrainConfig, apply_overrides, optim_for
 from vitkit.train.plan import count_params
 from vitkit.train.recipes import PAPER_LR_GRID, auto_recipe_name, finetune_val_fraction, get_recipe, large_model_warning
 from vitkit.train.transfer_recipes import AT_CHECKPOINT_RESOLUTION
@@ -136,7 +136,7 @@ def _apply_model(
     if request.img_size:
         model = with_overrides(model, img_size=request.img_size)
     augment = _rescaled_pad(config, image_size(model)) if source is not None else config.augment
-    return dataclasses.replace(config, model=model, augment=augment)
+    return dataclasses.replace(config, model=model, augment=augment, optim=optim_for(config.optim, model))
 
 
 def _rescaled_pad(config: TrainConfig, side: int) -> AugmentConfig:
