@@ -40,13 +40,14 @@ from torch import Tensor
 from compare_models import SPECS, Spec, build
 from vitkit.bench.records import append_row
 from vitkit.bench.throughput import (
+    device_name,
     inference_step,
     make_optimizer,
     num_threads,
     time_steps,
     training_step,
 )
-from vitkit.device import resolve_precision
+from vitkit.device import pick_device, resolve_precision
 
 LIBRARIES = ("vitkit", "timm", "hf")
 RESULTS = Path(__file__).resolve().parent / "results" / "compare.jsonl"
@@ -64,18 +65,21 @@ def compare(
     precisions: tuple[str, ...],
     modes: tuple[str, ...],
     libraries: tuple[str, ...] = LIBRARIES,
+    device: torch.device | None = None,
+    compile: bool = False,
 ) -> dict[str, Any]:
-    device = torch.device("cpu")
+    device = device or torch.device("cpu")
     gen = torch.Generator().manual_seed(0)
-    images = torch.randn(spec.batch_size, 3, spec.img_size, spec.img_size, generator=gen)
-    labels = torch.randint(0, spec.num_classes, (spec.batch_size,), generator=gen)
+    images = torch.randn(spec.batch_size, 3, spec.img_size, spec.img_size, generator=gen).to(device)
+    labels = torch.randint(0, spec.num_classes, (spec.batch_size,), generator=gen).to(device)
     torch.manual_seed(0)
-    models = {lib: build(lib, spec) for lib in libraries}
+    models = {lib: build(lib, spec).to(device) for lib in libraries}
     params = {lib: sum(p.numel() for p in m.parameters()) for lib, m in models.items()}
     assert len(set(params.values())) == 1, f"parameter counts differ: {params}"
     optimizers = {lib: make_optimizer(m, device) for lib, m in models.items()}
+    runners = {lib: torch.compile(m) if compile else m for lib, m in models.items()}  # compiled in the warm-up
     steps_of: dict[tuple[str, str, str], Callable[[], Tensor]] = {}
-    for lib, model in models.items():
+    for lib, model in runners.items():
         for precision in precisions:
             steps_of[lib, precision, "inference"] = inference_step(model, images, device, precision)
             steps_of[lib, precision, "training"] = training_step(
@@ -114,32 +118,37 @@ def report(
     """Table and ratios by wall-clock ("images_per_s") or per CPU-second ("images_per_cpu_s")."""
     rates = result[clock]
     unit = "images/s" if clock == "images_per_s" else "images per CPU-second"
+    peers = [lib for lib in ("timm", "hf") if f"{lib}/{precisions[0]}/{modes[0]}" in rates]
     lines = [
         f"-- {name}, {unit}",
-        f"{'mode':<10}{'precision':<10}{'vitkit':>9}{'timm':>9}{'hf':>9}{'vitkit/timm':>13}{'vitkit/hf':>11}",
+        f"{'mode':<10}{'precision':<10}{'vitkit':>9}"
+        + "".join(f"{lib:>9}" for lib in peers)
+        + "".join(f"{'vitkit/' + lib:>13}" for lib in peers),
     ]
     ratios: dict[str, float] = {}
     for mode in modes:
         for precision in precisions:
-            v, t, h = (rates[f"{lib}/{precision}/{mode}"] for lib in LIBRARIES)
-            ratios[f"{mode}/{precision}/vs_timm"] = v / t
-            ratios[f"{mode}/{precision}/vs_hf"] = v / h
-            lines.append(f"{mode:<10}{precision:<10}{v:>9.1f}{t:>9.1f}{h:>9.1f}{v / t:>13.2f}{v / h:>11.2f}")
+            v = rates[f"vitkit/{precision}/{mode}"]
+            others = [rates[f"{lib}/{precision}/{mode}"] for lib in peers]
+            for lib, other in zip(peers, others):
+                ratios[f"{mode}/{precision}/vs_{lib}"] = v / other
+            lines.append(
+                f"{mode:<10}{precision:<10}{v:>9.1f}"
+                + "".join(f"{o:>9.1f}" for o in others)
+                + "".join(f"{v / o:>13.2f}" for o in others)
+            )
     for mode in modes:
         ours = rates[f"vitkit/{default_precision}/{mode}"]
-        timm_default = rates[f"timm/fp32/{mode}"] if "fp32" in precisions else None
-        timm_best = max(rates[f"timm/{p}/{mode}"] for p in precisions)
-        hf_best = max(rates[f"hf/{p}/{mode}"] for p in precisions)
-        if timm_default:
-            ratios[f"{mode}/default_vs_timm_default"] = ours / timm_default
-        ratios[f"{mode}/default_vs_timm_best"] = ours / timm_best
-        ratios[f"{mode}/default_vs_hf_best"] = ours / hf_best
-        lines.append(
-            f"{mode}: vitkit default ({default_precision}) {ours:.1f} = "
-            + (f"{ours / timm_default:.2f}x timm default (fp32), " if timm_default else "")
-            + f"{ours / timm_best:.2f}x timm's best precision, {ours / hf_best:.2f}x HF's best precision"
-        )
-    if "vitkit_erf/fp32/training" in rates:  # same numerics as timm and HF: isolates the GELU's cost
+        said = [f"{mode}: vitkit default ({default_precision}) {ours:.1f}"]
+        if "timm" in peers and "fp32" in precisions:
+            ratios[f"{mode}/default_vs_timm_default"] = ours / rates[f"timm/fp32/{mode}"]
+            said.append(f"{ours / rates[f'timm/fp32/{mode}']:.2f}x timm default (fp32)")
+        for lib in peers:
+            best = max(rates[f"{lib}/{p}/{mode}"] for p in precisions)
+            ratios[f"{mode}/default_vs_{lib}_best"] = ours / best
+            said.append(f"{ours / best:.2f}x {lib}'s best precision")
+        lines.append(" = ".join(said[:1]) + (" = " + ", ".join(said[1:]) if said[1:] else ""))
+    if "timm" in peers and f"vitkit_erf/{precisions[0]}/{modes[0]}" in rates:  # timm's numerics: the GELU's cost
         lines.append(
             "vitkit with exact GELU (timm's and HF's numerics) / timm: "
             + ", ".join(
@@ -170,24 +179,37 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also time vitkit with gelu=exact (timm's and HF's GELU) to isolate that cost",
     )
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (CUDA when present)")
+    parser.add_argument("--compile", action="store_true", help="torch.compile every library's model (in the warm-up)")
+    parser.add_argument("--libraries", default=",".join(LIBRARIES), help="comma-separated: vitkit and any of timm, hf")
     parser.add_argument("--json", action="store_true", help="also print one JSON object as the last line")
     parser.add_argument("--no-record", action="store_true", help="do not append rows to results/compare.jsonl")
     args = parser.parse_args(argv)
-    libraries = LIBRARIES + (("vitkit_erf",) if args.with_exact_gelu else ())
+    libraries = tuple(lib for lib in args.libraries.split(",") if lib)
+    if "vitkit" not in libraries or not set(libraries) <= set(LIBRARIES) or len(libraries) < 2:
+        parser.error(f"--libraries: vitkit and at least one of timm, hf (got {args.libraries!r})")
+    libraries += ("vitkit_erf",) if args.with_exact_gelu else ()
+    device = pick_device(args.device)
     names = [n for n in args.configs.split(",") if n]
     unknown = sorted(set(names) - set(SPECS))
     if unknown:
         parser.error(f"unknown config(s) {unknown}; choose from {sorted(SPECS)}")
     precisions = tuple(p for p in args.precisions.split(",") if p)
     modes = tuple(m for m in args.modes.split(",") if m)
-    default_precision = resolve_precision("auto", torch.device("cpu"))
+    default_precision = resolve_precision("auto", device)
     if default_precision not in precisions:
         parser.error(f"vitkit's default precision here is {default_precision}; include it in --precisions")
-    out: dict[str, Any] = {"torch": torch.__version__, "default_precision": default_precision, "configs": {}}
+    out: dict[str, Any] = {
+        "torch": torch.__version__,
+        "device": device_name(device),
+        "compile": args.compile,
+        "default_precision": default_precision,
+        "configs": {},
+    }
     with num_threads(args.threads):
         out["threads"] = torch.get_num_threads()
         print(
-            f"torch {torch.__version__}, CPU, {out['threads']} threads; "
+            f"torch {torch.__version__}, {out['device']}, {out['threads']} CPU threads, compile {args.compile}; "
             f"vitkit default precision here: {default_precision}"
         )
         for name in names:
@@ -195,7 +217,9 @@ def main(argv: list[str] | None = None) -> int:
             if args.batch_size:
                 spec = Spec(**{**spec.__dict__, "batch_size": args.batch_size})
             start = time.perf_counter()
-            result = compare(spec, args.rounds, args.steps, args.warmup, precisions, modes, libraries)
+            result = compare(
+                spec, args.rounds, args.steps, args.warmup, precisions, modes, libraries, device, args.compile
+            )
             head = (
                 f"== {name}: {spec.img_size}px, P={spec.patch_size}, D={spec.hidden_size}, L={spec.depth}, "
                 f"k={spec.num_heads}, MLP {spec.mlp_dim}, K={spec.num_classes}, batch {spec.batch_size}; "
@@ -208,20 +232,29 @@ def main(argv: list[str] | None = None) -> int:
             out["configs"][name] = result
             print("\n".join(lines) + f"\n({result['wall_s']:.0f} s)", flush=True)
             if not args.no_record:
-                record(name, spec, result, precisions, modes, default_precision, args)
+                record(name, spec, result, precisions, modes, default_precision, args, libraries, device)
     if args.json:
         print(json.dumps(out))
     return 0
 
 
 def record(
-    name: str, spec: Spec, result: dict[str, Any], precisions, modes, default_precision: str, args: argparse.Namespace
+    name: str,
+    spec: Spec,
+    result: dict[str, Any],
+    precisions,
+    modes,
+    default_precision: str,
+    args: argparse.Namespace,
+    libraries: tuple[str, ...],
+    device: torch.device,
 ) -> None:
     """One row per (mode, precision) in results/compare.jsonl: each library's images/s and vitkit's ratios."""
     rates = result["images_per_s"]
+    peers = [lib for lib in ("timm", "hf") if lib in libraries]
     for mode in modes:
         for precision in precisions:
-            figures = {f"{lib}_img_s": round(rates[f"{lib}/{precision}/{mode}"], 2) for lib in LIBRARIES}
+            figures = {f"{lib}_img_s": round(rates[f"{lib}/{precision}/{mode}"], 2) for lib in ("vitkit", *peers)}
             append_row(
                 RESULTS,
                 {
@@ -229,13 +262,14 @@ def record(
                     "spec": spec.__dict__,
                     "mode": mode,
                     "precision": precision,
+                    "compile": args.compile,
                     "vitkit_default_precision": default_precision,
                     **figures,
-                    "vs_timm": round(figures["vitkit_img_s"] / figures["timm_img_s"], 3),
-                    "vs_hf": round(figures["vitkit_img_s"] / figures["hf_img_s"], 3),
+                    **{f"vs_{lib}": round(figures["vitkit_img_s"] / figures[f"{lib}_img_s"], 3) for lib in peers},
                     "rounds": args.rounds,
                     "steps": args.steps,
                 },
+                device=str(device),
             )
 
 

@@ -53,6 +53,17 @@ SPECS = {
         num_classes=1000,
         batch_size=32,
     ),
+    # ViT-B/16 at 224 px, 1000 classes: the GPU comparison (compare.py --device cuda --compile).
+    "b16": Spec(
+        img_size=224,
+        patch_size=16,
+        hidden_size=768,
+        depth=12,
+        num_heads=12,
+        mlp_dim=3072,
+        num_classes=1000,
+        batch_size=128,
+    ),
 }
 
 

@@ -39,6 +39,7 @@ from pathlib import Path
 
 from vitkit import host as hosts
 from vitkit.bench.records import append_row
+from vitkit.device import pick_device
 from vitkit.eval.evaluator import one_view_note
 from vitkit.train.plan_text import plan_lines
 from vitkit.train.resolve import Request, resolve
@@ -82,6 +83,7 @@ def run_once(uri: str, minutes: float | None, overrides: list[str], warm_cache: 
         "fit_epochs_estimate": plan.get("measured", {}).get("fit_epochs"),
         "cold_compile_cache": not warm_cache,
         "load_average": round(os.getloadavg()[0], 2),
+        "device": str(pick_device(config.run.device)),
         "run_dir": result["run_dir"],
     }
 
@@ -111,12 +113,14 @@ def main() -> int:
             r = pool.submit(run_once, uri, minutes, args.overrides, args.warm_cache).result()
         results.append(r)
         if not args.no_record:
-            append_row(RESULTS, {"target": args.target, **r, "goal": goal}, config_changes=args.overrides)
+            append_row(
+                RESULTS, {"target": args.target, **r, "goal": goal}, config_changes=args.overrides, device=r["device"]
+            )
         print(
             f"run {index + 1}: {uri} recipe {r['recipe']}: test top-1 {100 * r['top1']:.2f}%{one_view_note(r)} "
             f"(target {100 * goal:.1f}%: {'met' if r['top1'] >= goal else 'missed'}), {r['epochs']:.1f} epochs "
             f"in {r['minutes']:.1f} min, {r['status']}, {r['precision']}, compiled {r['compiled']}; "
-            f"load average {r['load_average']:.1f}; {hosts.current().label}"
+            f"load average {r['load_average']:.1f}; {hosts.current(r['device']).label}"
         )
         print(json.dumps(r))
     if args.runs > 1:

@@ -123,3 +123,56 @@ def tiny_start() -> dict[str, torch.Tensor]:
     config = tiny_config(Path("unused"), *ARGS)
     torch.manual_seed(config.run.seed * 1000)
     return build_model(config.model).state_dict()
+
+
+def _plain_and_under_torchrun(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *extra: str):
+    """Train the same tiny run plainly and under one process's torchrun variables: the wrapper types the second
+    run's model got, and both runs' final weights."""
+    plain = tmp_path / "plain"
+    trainer.train(tiny_config(plain, *ARGS, *extra))
+    wrapped: list[str] = []
+    real_wrap = trainer.distributed.wrap
+
+    def spy(model, info, device, parallel):
+        out = real_wrap(model, info, device, parallel)
+        wrapped.append(type(out).__name__)
+        return out
+
+    monkeypatch.setattr(trainer.distributed, "wrap", spy)
+    env = dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    launched = tmp_path / "torchrun"
+    trainer.train(tiny_config(launched, *ARGS, *extra))
+    assert not torch.distributed.is_initialized()  # the run left the group it joined
+    ours = load_file(str(launched / "checkpoints" / "step_0000004" / "model.safetensors"))
+    theirs = load_file(str(plain / "checkpoints" / "step_0000004" / "model.safetensors"))
+    assert ours.keys() == theirs.keys()  # no "module." prefix from the wrapper
+    return wrapped, ours, theirs
+
+
+@pytest.mark.dist
+def test_torchrun_with_one_process_trains_through_ddp_and_equals_a_plain_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `torchrun --nproc_per_node 1` is how a multi-GPU setup is tried on one device: it must join a process group
+    # and wrap the model (DDP here; FSDP2 on CUDA), not silently run as a plain process.
+    wrapped, ours, theirs = _plain_and_under_torchrun(tmp_path, monkeypatch)
+    assert wrapped == ["DistributedDataParallel"]
+    for key in theirs:
+        torch.testing.assert_close(ours[key], theirs[key], rtol=0, atol=0, msg=key)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_torchrun_with_one_cuda_process_wraps_with_nccl_and_equals_a_plain_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, parallel: str
+) -> None:  # pragma: no cover - only where a GPU exists
+    wrapped, ours, theirs = _plain_and_under_torchrun(
+        tmp_path, monkeypatch, "run.device=cuda", f"run.parallel={parallel}", "optim.ema_decay=0"
+    )
+    assert len(wrapped) == 1  # FSDP2 makes the model's class FSDP<its class>
+    assert wrapped[0] == "DistributedDataParallel" if parallel == "ddp" else wrapped[0].startswith("FSDP")
+    for key in theirs:  # one process: the reductions are identities, up to the order of fp32 sums
+        torch.testing.assert_close(ours[key], theirs[key], rtol=0, atol=1e-6, msg=key)

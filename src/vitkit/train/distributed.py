@@ -2,8 +2,10 @@
 
 `torchrun --nproc_per_node N -m vitkit train ...` sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and
 MASTER_PORT; `setup()` reads them (the one place below cli.py that reads the environment, as
-STYLE.md section 5 asks) and joins the process group: gloo on CPU, NCCL on CUDA.  Without them the
-run is a single process and every collective here is a no-op.  Only rank 0 writes or logs.
+STYLE.md section 5 asks) and joins the process group: gloo on CPU, NCCL on CUDA.  Under torchrun even one
+process joins a group and wraps its model (DDP, or FSDP2 on CUDA), so `--nproc_per_node 1` tries the
+multi-device path on one device.  Without the variables the run is a plain process and every collective
+here is a no-op.  Only rank 0 writes or logs.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ class DistInfo:
     rank: int = 0  # this process among all
     world: int = 1  # number of processes
     local_rank: int = 0  # this process on its machine (picks the GPU)
+    launched: bool = False  # torchrun's variables were set, or a group was joined: a group and a wrapped model
 
     @property
     def main(self) -> bool:
@@ -33,10 +36,10 @@ class DistInfo:
 def from_env(environ: Mapping[str, str] | None = None) -> DistInfo:
     """The torchrun variables (RANK, WORLD_SIZE, LOCAL_RANK); a single process without them."""
     env = os.environ if environ is None else environ
-    world = int(env.get("WORLD_SIZE", "1"))
-    if world <= 1:
+    if "WORLD_SIZE" not in env or "RANK" not in env:
         return DistInfo()
-    return DistInfo(rank=int(env["RANK"]), world=world, local_rank=int(env.get("LOCAL_RANK", "0")))
+    world = int(env["WORLD_SIZE"])
+    return DistInfo(rank=int(env["RANK"]), world=world, local_rank=int(env.get("LOCAL_RANK", "0")), launched=True)
 
 
 def current(environ: Mapping[str, str] | None = None) -> DistInfo:
@@ -46,16 +49,16 @@ def current(environ: Mapping[str, str] | None = None) -> DistInfo:
         local = int(
             (os.environ if environ is None else environ).get("LOCAL_RANK", rank % max(1, torch.cuda.device_count()))
         )
-        return DistInfo(rank=rank, world=world, local_rank=local)
+        return DistInfo(rank=rank, world=world, local_rank=local, launched=True)
     return from_env(environ)
 
 
 def setup(info: DistInfo, device: torch.device) -> bool:
-    """Join the process group (gloo on CPU, NCCL on CUDA) unless single-process or already joined.
+    """Join the process group (gloo on CPU, NCCL on CUDA) unless not launched by torchrun or already joined.
 
     Returns whether this call joined it (and `teardown` should leave it).
     """
-    if info.world == 1 or dist.is_initialized():
+    if not info.launched or dist.is_initialized():
         return False
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -70,8 +73,8 @@ def teardown() -> None:
 
 
 def wrap(model: nn.Module, info: DistInfo, device: torch.device, parallel: Literal["ddp", "fsdp"]) -> nn.Module:
-    """Replicate (DDP) or shard (FSDP2 `fully_shard`, CUDA only) `model` across the processes."""
-    if info.world == 1:
+    """Replicate (DDP) or shard (FSDP2 `fully_shard`, CUDA only) `model` across the processes of the group."""
+    if not info.launched:
         return model
     if parallel == "fsdp":
         if device.type != "cuda":

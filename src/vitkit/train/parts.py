@@ -124,7 +124,7 @@ class RunParts:
         config, info, device = self.config, self.info, self.device
         module = initial_model(config).to(device)
         network = self.objective.network(module)  # what the optimiser trains (MPP: a wrapper around the encoder)
-        self.sharded = config.run.parallel == "fsdp" and info.world > 1
+        self.sharded = config.run.parallel == "fsdp" and info.launched
         model = distributed.wrap(network, info, device, config.run.parallel)
         self.eager = model
         self.deferred = config.run.nan_check == "deferred" or (  # Muon has no fused kernel to skip a step
