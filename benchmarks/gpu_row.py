@@ -1,6 +1,6 @@
 """One row of benchmarks/results/gpu.jsonl from a `vitkit bench --json` and a `compare.py --json` run on a GPU.
 
-    python3 benchmarks/gpu_row.py BENCH_LOG COMPARE_LOG    # each: a log whose last JSON line is the result
+    python3 benchmarks/gpu_row.py BENCH_LOG [COMPARE_LOG]    # each: a log whose last JSON line is the result
 
 The row carries the GPU (its name, as the host class), ViT-B/16's training and inference images/s and MFU
 against the measured bf16 matmul peak (from `vitkit bench`), and vitkit's speed over timm's from the
@@ -28,14 +28,12 @@ def last_json(path: str) -> dict[str, Any]:
     raise SystemExit(f"{path}: no JSON result line (the run failed or was cut short)")
 
 
-def figures(bench: dict[str, Any], compare: dict[str, Any]) -> dict[str, Any]:
-    """The row's figures: bench's speeds and MFU, compare's ratios for the b16 configuration."""
+def figures(bench: dict[str, Any], compare: dict[str, Any] | None) -> dict[str, Any]:
+    """The row's figures: bench's speeds and MFU, and compare's ratios for the b16 configuration (if given)."""
     train, infer = bench["training"], bench["inference"]
-    config = compare["configs"]["b16"]
-    ratios, precision = config["ratios_images_per_s"], bench["precision"]
-    return {
+    mine = {
         "model": bench["model"],
-        "precision": precision,
+        "precision": bench["precision"],
         "batch_size": bench["batch_size"],
         "compile": bench["compile"],
         "peak_tflops": round(bench["peak_flops"] / 1e12, 1),
@@ -45,18 +43,26 @@ def figures(bench: dict[str, Any], compare: dict[str, Any]) -> dict[str, Any]:
         "infer_img_s": round(infer["images_per_s"], 1),
         "infer_mfu": round(infer["mfu"], 4),
         "train_peak_memory_gib": round(train["peak_memory_bytes"] / 2**30, 2),
+    }
+    if compare is None:
+        return mine
+    config, precision = compare["configs"]["b16"], bench["precision"]
+    ratios = config["ratios_images_per_s"]
+    return {
+        **mine,
         "vs_timm_train": round(ratios[f"training/{precision}/vs_timm"], 3),
         "vs_timm_infer": round(ratios[f"inference/{precision}/vs_timm"], 3),
+        "compare_batch_size": config["spec"]["batch_size"],
         "compare_img_s": {key: round(value, 1) for key, value in config["images_per_s"].items()},
     }
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 2:
+    if len(argv) not in (1, 2):
         raise SystemExit(__doc__.split("\n\n")[1])
     bench = last_json(argv[0])
     device = bench["device"].split()[0]  # "cuda:0 (NVIDIA H100 80GB HBM3)": the row's host is that GPU
-    row = append_row(RESULTS, figures(bench, last_json(argv[1])), device=device)
+    row = append_row(RESULTS, figures(bench, last_json(argv[1]) if len(argv) == 2 else None), device=device)
     print(json.dumps(row))
     return 0
 

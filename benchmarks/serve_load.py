@@ -67,7 +67,8 @@ def encoded_images(uri: str, count: int) -> list[bytes]:
 
 def offline(checkpoint, images: list[bytes], batch: int, seconds: float) -> float:
     """Images/s of predict's path in batches of `batch`, looping over `images` for about `seconds`."""
-    model, device, size = checkpoint.model, pick_device("auto"), resolution(checkpoint)
+    device, size = pick_device("auto"), resolution(checkpoint)
+    model = checkpoint.model.to(device).eval()  # where the server puts it (CUDA when present), as predict does
     done, start = 0, time.perf_counter()
     with torch.inference_mode():
         while time.perf_counter() - start < seconds:

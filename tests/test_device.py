@@ -87,3 +87,15 @@ def test_the_emulated_host_is_a_cpu_without_native_bf16() -> None:
     host = hosts.current()
     assert not host.native_bf16 and host.label.endswith("no native bf16")
     assert policy.choose_precision("auto", CPU).precision == "fp32"
+
+
+@pytest.mark.parametrize("requested", ["auto", "cuda"])
+def test_a_process_beyond_the_machines_gpus_is_told_what_to_do(monkeypatch, requested) -> None:
+    # `torchrun --nproc_per_node 2` on a one-GPU machine: rank 1 must not die on "invalid device ordinal"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert policy.pick_device(requested, local_rank=0) == torch.device("cuda", 0)
+    with pytest.raises(ValueError, match=r"GPU 1 .* 1 CUDA device.*--nproc_per_node 1.*run\.device=cpu"):
+        policy.pick_device(requested, local_rank=1)
+    with pytest.raises(ValueError, match=r"GPU 3 .* 1 CUDA device"):
+        policy.pick_device("cuda:3")

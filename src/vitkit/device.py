@@ -30,17 +30,27 @@ Precision = Literal["auto", "fp32", "bf16"]
 
 
 def pick_device(requested: str = "auto", local_rank: int = 0) -> torch.device:
-    """ "auto" = GPU `local_rank` when CUDA is available, else the CPU; any torch device string otherwise."""
+    """ "auto" = GPU `local_rank` when CUDA is available, else the CPU; any torch device string otherwise.
+
+    A GPU the machine does not have (more processes than GPUs under torchrun, or cuda:N past the last) is a
+    ValueError that says what to run instead."""
     if requested == "auto":
-        return torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
-    try:
-        device = torch.device(requested)
-    except RuntimeError as err:
-        raise ValueError(f"unknown device {requested!r}: use auto, cpu, cuda or cuda:N") from err
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {requested!r} asks for CUDA but torch.cuda.is_available() is False")
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", local_rank)
+        device = torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
+    else:
+        try:
+            device = torch.device(requested)
+        except RuntimeError as err:
+            raise ValueError(f"unknown device {requested!r}: use auto, cpu, cuda or cuda:N") from err
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device {requested!r} asks for CUDA but torch.cuda.is_available() is False")
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", local_rank)
+    if device.type == "cuda" and device.index >= (count := torch.cuda.device_count()):
+        raise ValueError(
+            f"this process (local rank {local_rank}) asks for GPU {device.index} but the machine has {count} CUDA "
+            f"device(s): start at most one process per GPU (torchrun --nproc_per_node {count}), or train on the "
+            "CPU with --set run.device=cpu"
+        )
     return device
 
 

@@ -13,6 +13,7 @@ import pytest
 
 from vitkit.cli import main
 from vitkit.cli import studies as studies_cli
+from vitkit.device import pick_device
 from vitkit.reproduce import STUDIES, StudyRequest, arms, get_study, reproduce
 from vitkit.reproduce.arms import StudyInterrupted
 from vitkit.reproduce.study import make_context
@@ -79,7 +80,10 @@ def test_tiny_study_reports_every_arm_and_claim(tmp_path: Path, name: str) -> No
         assert (tmp_path / figure["file"]).stat().st_size > 2000 and f"]({figure['file']})" in report
     if name != "speed":  # arms that train (the transfer study's few-shot arms probe a checkpoint: 0 units)
         trained = [r for r in results["arms"] if r["units"] > 0]
-        assert trained and all(r["device"] == "cpu" and r["train_flops"] > 0 and r["step"] > 0 for r in trained)
+        device = pick_device("auto").type  # the arms train where `vitkit train` would: CUDA where present
+        assert trained and all(
+            r["device"].split(":")[0] == device and r["train_flops"] > 0 and r["step"] > 0 for r in trained
+        )
 
 
 def test_killed_study_resumes_and_reuses_finished_arms(

@@ -54,12 +54,12 @@ async def serving(app, *, wait_ready: bool = True, headers: dict[str, str] | Non
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://serve.test", headers=headers) as client:
             if wait_ready:
-                for _ in range(400):
+                for _ in range(2400):  # a minute: loading onto a GPU of a busy machine took over 10 s
                     if (await client.get("/health")).status_code == 200:
                         break
                     await asyncio.sleep(0.025)
                 else:
-                    raise AssertionError("the model did not become ready within 10 s")
+                    raise AssertionError("the model did not become ready within 60 s")
             yield client
 
 

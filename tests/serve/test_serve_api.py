@@ -67,7 +67,8 @@ def test_concurrent_requests_share_one_forward_and_keep_their_answers(
     expected = _predict_cli(capsys, vit_checkpoint, images, top_k=3)  # all five files in one forward
 
     async def scenario() -> tuple[list[list[dict]], str]:
-        config = ServeConfig(max_batch=8, max_wait_ms=500, model_process=False)
+        # the batch closes when all five are in (max_batch), not when a wait a loaded machine can outlast ends
+        config = ServeConfig(max_batch=len(images), max_wait_ms=10_000, model_process=False)
         async with serving(create_app(vit_checkpoint, config)) as client:
             requests = [
                 client.post(

@@ -57,12 +57,12 @@ def test_the_page_shows_the_top_class_bars_and_overlay(
     vit_checkpoint: Path, images: list[Path], tmp_path: Path, monkeypatch
 ) -> None:
     monkeypatch.setenv("SE_OFFLINE", "true")  # Selenium Manager must never try to download a driver
+    image = images[0]
+    expected = predict_files(open_checkpoint(vit_checkpoint), [image], PredictConfig(top_k=5))[0]["predictions"]
+    browser = chromium_driver(tmp_path / "profile")  # skips here when there is no browser or no selenium
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    image = images[0]
-    expected = predict_files(open_checkpoint(vit_checkpoint), [image], PredictConfig(top_k=5))[0]["predictions"]
-    browser = chromium_driver(tmp_path / "profile")  # skips here when there is no browser
     process, url = start_server(vit_checkpoint, tmp_path / "server.log", "--token", "s3cret", token="s3cret")
     try:
         browser.get(f"{url}/")

@@ -80,8 +80,11 @@ def _free_port() -> int:
 
 @pytest.mark.dist
 def test_two_process_run_writes_one_checkpoint(tmp_path):
-    # fork: the children inherit the imported modules (spawn would re-import torch in each, ~10 s on 2 cores)
-    mp.start_processes(_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=True, start_method="fork")
+    # fork: the children inherit the imported modules (spawn would re-import torch in each, ~10 s on 2 cores);
+    # where CUDA is present an earlier test's backward may have started autograd's device threads, which fork
+    # cannot carry (torch refuses), so spawn
+    method = "spawn" if torch.cuda.is_available() else "fork"
+    mp.start_processes(_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=True, start_method=method)
     final = load_file(str(tmp_path / "checkpoints" / "final" / "model.safetensors"))
     assert "patch_embed.proj.weight" in final and "mask_token" not in final
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()

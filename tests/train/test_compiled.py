@@ -206,8 +206,9 @@ def test_failed_compilation_trains_eagerly(tmp_path: Path, caplog, monkeypatch) 
 
 
 def test_a_runs_precision_follows_the_host(tmp_path) -> None:
-    """precision auto in a real (tiny) run: fp32 without native bf16; with it, what the model measured."""
-    plan = trainer.train(tiny_config(tmp_path / "run", "run.precision=auto", "data.steps=2"))["plan"]
+    """precision auto in a real (tiny) run on the CPU: fp32 without native bf16; with it, what the model measured."""
+    config = tiny_config(tmp_path / "run", "run.precision=auto", "data.steps=2", "run.device=cpu")
+    plan = trainer.train(config)["plan"]
     if compiled.hosts.current().native_bf16:
         assert plan["precision_reason"].startswith("auto: native bf16")
     else:

@@ -22,6 +22,7 @@ from vitkit.train import trainer
 # (the key bias's) into steps of size lr, so it compares replicas, not the method.
 # fp32: the comparison is of the method; bf16 rounds weight gradients per micro-batch shape.
 ARGS = (
+    "run.device=cpu",  # gloo processes, also on a machine with a GPU (the CUDA variant below overrides it)
     "run.precision=fp32",
     "optim.name=sgd",
     "optim.lr=0.05",

@@ -30,7 +30,8 @@ def _weights(checkpoint: Path) -> dict[str, torch.Tensor]:
 
 
 def test_tiny_recipe_first_losses_match_golden(tmp_path: Path) -> None:
-    config = tiny_config(tmp_path / "run", "run.log_every=1", "data.steps=5")
+    # the golden losses are the CPU's: CUDA's kernels sum in another order (1e-3 apart after 5 steps)
+    config = tiny_config(tmp_path / "run", "run.log_every=1", "data.steps=5", "run.device=cpu")
     result = trainer.train(config)
     losses = [r["loss"] for r in _records(tmp_path / "run") if r["split"] == "train"][:5]
     golden = json.loads(GOLDEN.read_text())

@@ -81,7 +81,7 @@ def _worker(rank: int, world: int, port: int, out: str, args: tuple[str, ...]) -
         return real(images, *rest, **kwargs)
 
     objectives.train_transform = recording
-    result = trainer.train(tiny_config(Path(out), *args))
+    result = trainer.train(tiny_config(Path(out), *args, "run.device=cpu"))  # gloo, also where a GPU is
     Path(out, f"seen-{rank}.json").write_text(
         json.dumps({"seen": seen, "status": result["status"], "step": result["step"]})
     )

@@ -128,7 +128,7 @@ def test_polyak_ema_follows_its_formula_and_is_what_gets_saved(tmp_path) -> None
     trainer.train(tiny_config(run, "data.steps=3", "optim.ema_decay=0.5"))
     raw = read(run / "checkpoints" / "step_0000003").model.state_dict()
     final = read(run / "checkpoints" / "final").model.state_dict()
-    payload = torch.load(run / "checkpoints" / "step_0000003" / "train_state.pt", weights_only=True)
+    payload = torch.load(run / "checkpoints" / "step_0000003" / "train_state.pt", map_location="cpu", weights_only=True)
     assert all(torch.equal(final[k], payload["ema"][k]) for k in payload["ema"])  # final = the average
     assert any(not torch.equal(final[k], raw[k]) for k in raw)  # the raw weights are kept for resuming
     from vitkit.runs import find_checkpoint
