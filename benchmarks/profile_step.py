@@ -6,7 +6,8 @@
 It times the same step `vitkit bench` does (bench/throughput.py: forward, fp32 cross-entropy, backward,
 AdamW), warmed up first (compiled, when asked, before profiling), then prints the kernels by total device
 time and the share of the step's device time in each kind: matrix products (GEMM), attention, optimiser and
-the rest (elementwise, normalisation, copies).  On the CPU the "device" time is CPU time.
+the rest (elementwise, normalisation, copies).  On the CPU the "device" time is CPU time.  Each run appends
+a row to benchmarks/results/profile_step.jsonl.
 """
 
 from __future__ import annotations
@@ -15,13 +16,16 @@ import argparse
 import json
 import sys
 from collections import defaultdict
+from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from vitkit.bench.records import append_row
 from vitkit.bench.throughput import BenchConfig, _bench_model, make_optimizer, synchronize, training_step
 from vitkit.device import pick_device, resolve_precision
 
+RESULTS = Path(__file__).resolve().parent / "results" / "profile_step.jsonl"
 KINDS = (  # (kind, substrings of a kernel's name), first match wins
     ("attention", ("flash", "fmha", "attention", "sdpa", "efficient_attention")),
     ("gemm", ("gemm", "matmul", "mm", "cutlass", "sm90_xmma", "nvjet", "addmm", "linear")),
@@ -37,7 +41,7 @@ def kind_of(name: str) -> str:
     return "other"
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="vit_b16")
     parser.add_argument("--img-size", type=int, default=None)
@@ -48,14 +52,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=5, help="profiled steps (after 3 warm-up steps)")
     parser.add_argument("--top", type=int, default=20, help="kernels listed")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="model field=value")
-    args = parser.parse_args(argv)
+    parser.add_argument("--no-record", action="store_true", help="do not append a row to results/profile_step.jsonl")
+    return parser.parse_args(argv)
+
+
+def profiled_kernels(args: argparse.Namespace, device: torch.device, precision: str) -> tuple[list, str]:
+    """The kernels (CUDA) or aten ops (CPU) of `args.steps` warmed-up training steps, and the time field to read."""
     overrides = dict(item.split("=", 1) for item in args.overrides)
     overrides = {k: int(v) if v.isdigit() else v for k, v in overrides.items()}
     config = BenchConfig(
         model=args.model, img_size=args.img_size, batch_size=args.batch_size, device=args.device, overrides=overrides
     )
-    device = pick_device(args.device)
-    precision = resolve_precision(args.precision, device)
     model, model_config = _bench_model(config)
     model = model.to(device).train()
     runner = torch.compile(model) if args.compile else model
@@ -71,37 +78,44 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.steps):
             step()
         synchronize(device)
-    events = prof.key_averages()
     timed = "device_time_total" if device.type == "cuda" else "self_cpu_time_total"
-    kernels = [e for e in events if (e.device_type.name == "CUDA") == (device.type == "cuda") and getattr(e, timed) > 0]
-    if device.type == "cpu":  # CPU: the aten ops' own time
+    on_device = device.type == "cuda"
+    kernels = [e for e in prof.key_averages() if (e.device_type.name == "CUDA") == on_device and getattr(e, timed) > 0]
+    if not on_device:  # CPU: the aten ops' own time
         kernels = [e for e in kernels if e.key.startswith("aten::")]
-    total = sum(getattr(e, timed) for e in kernels) or 1.0
+    return sorted(kernels, key=lambda e: -getattr(e, timed)), timed
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    device = pick_device(args.device)
+    precision = resolve_precision(args.precision, device)
+    ranked, timed = profiled_kernels(args, device, precision)
+    total = sum(getattr(e, timed) for e in ranked) or 1.0
     shares: dict[str, float] = defaultdict(float)
-    for event in kernels:
+    for event in ranked:
         shares[kind_of(event.key)] += getattr(event, timed) / total
     per_step_ms = total / 1000 / args.steps
     print(
         f"{args.model} batch {args.batch_size} {precision} compile {args.compile} on {device}: "
         f"{per_step_ms:.2f} ms of {'device' if device.type == 'cuda' else 'CPU'} time a step"
     )
-    for event in sorted(kernels, key=lambda e: -getattr(e, timed))[: args.top]:
+    for event in ranked[: args.top]:
         print(f"{getattr(event, timed) / total:7.1%} {event.count // args.steps:4d}x  {event.key[:110]}")
     summary = {k: round(v, 4) for k, v in sorted(shares.items(), key=lambda kv: -kv[1])}
     print("shares:", ", ".join(f"{k} {v:.1%}" for k, v in summary.items()))
-    print(
-        json.dumps(
-            {
-                "model": args.model,
-                "batch_size": args.batch_size,
-                "precision": precision,
-                "compile": args.compile,
-                "device": str(device),
-                "device_ms_per_step": per_step_ms,
-                "shares": summary,
-            }
-        )
-    )
+    figures = {
+        "model": args.model,
+        "batch_size": args.batch_size,
+        "precision": precision,
+        "compile": args.compile,
+        "device_ms_per_step": round(per_step_ms, 3),
+        "shares": summary,
+        "top": [[event.key[:80], round(getattr(event, timed) / total, 4)] for event in ranked[:10]],
+    }
+    if not args.no_record:
+        append_row(RESULTS, figures, device=str(device))
+    print(json.dumps(figures))
     return 0
 
 

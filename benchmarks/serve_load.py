@@ -43,6 +43,7 @@ import httpx
 import torch
 from PIL import Image
 
+from vitkit.bench.records import append_row
 from vitkit.data.sources import load_split
 from vitkit.device import pick_device
 from vitkit.eval.features import resolution
@@ -50,6 +51,7 @@ from vitkit.eval.predict import class_probabilities, decode_input, model_input, 
 from vitkit.runs import open_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results" / "serve_load.jsonl"
 DEFAULT_DATA = f"fashion-mnist:{ROOT.parent / 'shared' / 'data' / 'fashion-mnist'}"
 
 
@@ -231,6 +233,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--max-batch", type=int, default=32, help="server --max-batch and the offline batch")
     parser.add_argument("--max-wait-ms", type=float, default=5.0, help="server --max-wait-ms")
     parser.add_argument("--threads", type=int, default=1, help="torch threads, of the server's model and offline")
+    parser.add_argument("--no-record", action="store_true", help="do not append a row to results/serve_load.jsonl")
     args = parser.parse_args()
     if not 1 <= args.clients <= 256 or not 0 < args.seconds <= 120 or not 1 <= args.rounds <= 10:
         raise SystemExit("--clients 1..256, --seconds up to 120 and --rounds 1..10 keep the load bounded")
@@ -347,7 +350,11 @@ def main() -> None:
         f"{len(__import__('os').sched_getaffinity(0))}"
     )
     rounds, code = run_rounds(checkpoint, images, args)
-    print_summary(summarise(rounds, code, args))
+    summary = summarise(rounds, code, args)
+    print_summary(summary)
+    if not args.no_record:
+        figures = {"checkpoint": args.checkpoint, "data": args.data, "max_batch": args.max_batch, **summary}
+        append_row(RESULTS, figures, device=str(pick_device("auto")))
 
 
 if __name__ == "__main__":
