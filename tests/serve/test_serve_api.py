@@ -61,7 +61,7 @@ def test_lone_requests_answer_exactly_what_vitkit_predict_prints(
     assert len({answer[0]["index"] for answer in answers}) > 1  # the images really get different answers
 
 
-def test_concurrent_requests_share_one_forward_and_keep_their_answers(
+def test_concurrent_requests_share_forwards_and_keep_their_answers(
     capsys, vit_checkpoint: Path, images: list[Path]
 ) -> None:
     expected = _predict_cli(capsys, vit_checkpoint, images, top_k=3)  # all five files in one forward
@@ -81,7 +81,9 @@ def test_concurrent_requests_share_one_forward_and_keep_their_answers(
             return [r.json()["predictions"] for r in responses], (await client.get("/metrics")).text
 
     answers, metrics = asyncio.run(scenario())
-    assert metric(metrics, "vitkit_batch_size_count") == 1 and metric(metrics, "vitkit_batch_size_sum") == 5
+    # one forward where all five are admitted before the first reaches the batcher (a 2-core CPU, always); on a
+    # busy machine the first can find nobody else admitted yet and run alone (seen on a 16-core GPU host)
+    assert metric(metrics, "vitkit_batch_size_count") in (1, 2) and metric(metrics, "vitkit_batch_size_sum") == 5
     for got, want in zip(answers, expected):
         assert [(p["class"], p["index"]) for p in got] == [(p["class"], p["index"]) for p in want]
         np.testing.assert_allclose([p["probability"] for p in got], [p["probability"] for p in want], rtol=0, atol=1e-6)
