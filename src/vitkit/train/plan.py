@@ -189,11 +189,13 @@ def make_plan(
     timings: dict[GraphKey, float] | None = None,
     budget_s: float | None = None,
     eval_images: int = 0,
+    eval_image_s: float | None = None,
 ) -> Plan:
     """The plan of `config` on `num_train` training images with `world` processes.
 
     `timings` (the warm-up's seconds per micro-batch pass and phase) give the estimate; `budget_s` (the usable
-    seconds of a fitted budget) the steps that fit, which are the schedule's length when the run has none.
+    seconds of a fitted budget) the steps that fit, which are the schedule's length when the run has none;
+    `eval_image_s` (a timed evaluation forward, seconds per image) what the `eval_images` evaluations take.
     """
     choices = choices or HostChoices()
     micro, batch = micro_batch_size(config, world), config.data.batch_size
@@ -237,7 +239,8 @@ def make_plan(
         patch_dropout=(rate, until),
         patch_dropout_keep=str(getattr(vit_config(config.model), "patch_dropout_keep", "random")),
     )
-    return dataclasses.replace(plan, measured=_estimate(plan, spans, timings or {}, fit, eval_images))
+    measured = _estimate(plan, spans, timings or {}, fit, eval_images, eval_image_s)
+    return dataclasses.replace(plan, measured=measured)
 
 
 def _step_spans(
@@ -257,20 +260,23 @@ def _estimate(
     timings: dict[GraphKey, float],
     fit: int | None,
     eval_images: int,
+    eval_image_s: float | None,
 ) -> dict[str, Any]:
     """Images/s, minutes and (fitted budget) epochs that fit, as the warm-up's forward + backward passes give them
-    (the batch and the optimiser step are not in them: a real step is slower)."""
+    (the batch and the optimiser step are not in them: a real step is slower), and the evaluations' seconds."""
     if not spans:
         return {}
     step_s = sum((end - begin) * seconds for begin, end, seconds in spans)  # the phases weighed by their share
     per_image_s = timings.get((0.0, plan.img_size), max(timings.values())) / plan.micro_batch
     evals = (plan.steps // plan.eval_every if plan.eval_every else 0) + 1
-    eval_s = evals * eval_images * per_image_s / 3  # forward only: a third of a training pass
+    eval_image_s = eval_image_s or per_image_s / 3  # unmeasured: forward only, a third of a training pass
+    eval_s = evals * eval_images * eval_image_s * (2 if plan.flip_views else 1)  # flip views: two forwards
     out = {
         "images_per_s": round(plan.global_batch / step_s, 1),
         "step_seconds": round(step_s, 4),
         "eta_minutes": round((plan.steps * step_s + eval_s) / 60, 2),
         "eval_seconds": round(eval_s, 1),
+        "eval_image_ms": round(eval_image_s * 1000, 4),
     }
     if fit is not None:
         out["fit_epochs"] = round(fit * plan.global_batch / plan.num_train, 1)

@@ -63,11 +63,16 @@ def estimate_lines(plan: Plan) -> list[str]:
         "(a real step adds the batch and the optimiser)"
     )
     if plan.fitted:
-        return [
-            speed,
+        fitted = (
             f"time budget {plan.budget_minutes:g} min, schedule fitted to it (ends annealed): about "
-            f"{measured.get('fit_epochs', 0):g} epochs fit by the warm-up's estimate",
-        ]
+            f"{measured.get('fit_epochs', 0):g} epochs fit by the warm-up's estimate"
+        )
+        if plan.eval_every == 0 and measured.get("eval_seconds"):  # the Budget keeps this back (trainer.fit)
+            fitted += (
+                f", {measured['eval_seconds']:g} s kept for the final evaluation "
+                f"({measured['eval_image_ms']:.2f} ms an image, timed)"
+            )
+        return [speed, fitted]
     lines = [speed, f"estimated time: at least {minutes(measured['eta_minutes'])} for {plan.steps:,} steps"]
     if not plan.budget_minutes and measured["eta_minutes"] > LONG_RUN_MINUTES:
         lines.append(

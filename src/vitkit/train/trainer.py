@@ -25,7 +25,8 @@ from typing import Any
 
 import torch
 
-from vitkit.device import pick_device
+from vitkit.data.imageset import ImageSet
+from vitkit.device import pick_device, synchronize
 from vitkit.eval.evaluator import one_view_note
 from vitkit.models.configs import image_size, in_channels
 from vitkit.train import compiled, distributed, finish
@@ -114,6 +115,26 @@ class Trainer(RunParts):
             loss, _ = self.objective.loss_of(self.step_spec(phase), generator)(self.state.model, inputs)
         loss.float().backward()
 
+    def _eval_image_seconds(self, count: int) -> float:
+        """Seconds per image of the final evaluation, timed through the evaluation itself (transform, forward at
+        the evaluation's batch size, metrics) on up to one batch of blank images, after an untimed micro-batch.
+        A third of a training pass underestimated it twice over for a BiT ResNet on a CPU: evaluation runs
+        eagerly and without PatchDropout, and its larger batch is slower per image there."""
+        n = max(1, min(count, self.config.eval.batch_size))
+        blank = blank_batch(self.data.train, n, image_size(self.config.model), torch.device("cpu"))[0][0]
+        names = self.data.train.class_names
+        sets = [ImageSet(blank[:k], torch.zeros(k, dtype=torch.long), names) for k in (min(n, self.micro), n)]
+        model, context = (self.state.model if self.sharded else self.state.module), self._eval_context()
+        was_training = model.training
+        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+            self.objective.evaluate(model, sets[0], context)
+            synchronize(self.device)
+            began = time.perf_counter()
+            self.objective.evaluate(model, sets[1], context)
+            synchronize(self.device)
+        model.train(was_training)
+        return distributed.max_across((time.perf_counter() - began) / n, self.device)
+
     def _warm_up(self) -> dict:
         """Compile (when chosen) and time every phase still ahead, before the clock starts; a compiler that
         fails leaves the run eager."""
@@ -144,6 +165,7 @@ class Trainer(RunParts):
         """The plan, once: numbers, host choices and the warm-up's estimate."""
         config = self.config
         fitted = config.run.max_minutes > 0 and config.run.budget_schedule == "fit"
+        reserve = fitted and config.eval.every_epochs <= 0  # the budget keeps the final evaluation's time: time it
         evals = sum(len(s) for s in self.data.evals.values()) if config.eval.every_epochs > 0 else 0
         eval_images = evals + (len(self.data.test) if self.data.test is not None else 0)
         plan = make_plan(
@@ -155,6 +177,7 @@ class Trainer(RunParts):
             timings=timings,
             budget_s=self._usable_s() if fitted else None,
             eval_images=eval_images,
+            eval_image_s=self._eval_image_seconds(eval_images) if reserve and eval_images else None,
         )
         if not plan.steps_given:  # every process must read the same schedule length
             plan = dataclasses.replace(plan, steps=int(distributed.min_across(plan.steps, self.device)))
@@ -260,10 +283,9 @@ class Trainer(RunParts):
         self.saved_step = self.state.step
 
     # ------------------------------------------------------------------------------ evaluation
-    def _evaluate(self, split: str, data: Any) -> dict[str, Any]:
-        """The objective's evaluation of `split` (of the Polyak average when enabled, Sec. 4.1)."""
-        config, state = self.config, self.state
-        context = EvalContext(
+    def _eval_context(self) -> EvalContext:
+        config = self.config
+        return EvalContext(
             size=image_size(config.model),
             mean=config.data.mean,
             std=config.data.std,
@@ -275,9 +297,13 @@ class Trainer(RunParts):
             world=self.info.world,
             workers=config.data.workers,
         )
+
+    def _evaluate(self, split: str, data: Any) -> dict[str, Any]:
+        """The objective's evaluation of `split` (of the Polyak average when enabled, Sec. 4.1)."""
+        state = self.state
         model = state.model if self.sharded else state.module
         with averaged(state.ema, state.module):
-            result = self.objective.evaluate(model, data, context)
+            result = self.objective.evaluate(model, data, self._eval_context())
         record = {"step": state.step, "epoch": self._epoch(state.step), "split": split, **result}
         if self.info.main and result.get("top1") is not None:
             log.info(
