@@ -2,14 +2,17 @@
 # Every CUDA path of vitkit checked in one prepared run on a GPU machine, inside a fixed time (default 570 s):
 # the test suite (CUDA tests included: tests pick CUDA where present), NCCL + FSDP2 and DDP under torchrun,
 # `vitkit bench --model vit_b16` and compare.py against timm (bf16, torch.compile, one process), a row for
-# benchmarks/results/gpu.jsonl, CIFAR-10 training on CUDA with the GPU's utilisation sampled, and
-# `vitkit serve` on CUDA under the load benchmark.  Each step has its own time limit and a log;
+# benchmarks/results/gpu.jsonl, a profile of the step, CIFAR-10 training on CUDA with the GPU's utilisation
+# sampled, pre-training then fine-tuning (when the data is carried), and `vitkit serve` on CUDA under load.
+# Steps run in that order; one the deadline leaves no time for is skipped and says so.  Each step has its own time limit and a log;
 # a step that fails or runs out of time does not stop the next.
 #
 #   OUT=DIR bash benchmarks/gpu_checklist.sh          # from the repository root, with CUDA torch on python3
 #
 # Optional, beside the repository (both git-ignored): .whl/ holds wheels of the packages the machine lacks
-# (installed into /tmp/site), .gpudata/cifar.tgz the CIFAR-10 JPEG folder.  Results land in $OUT:
+# (installed into /tmp/site); .gpudata/cifar.tgz the CIFAR-10 JPEG folder (`tar czf .gpudata/cifar.tgz -C
+# ../shared/data cifar10-jpg`, 16 MB) and .gpudata/tiny/ two Tiny-ImageNet shards with classes.txt and
+# class_names.txt (37 MB: what fits beside them in a device call's 64 MiB).  Results land in $OUT:
 # summary.txt (one line per step), logs.tgz (every step's log, GPU utilisation samples, the suite's junit XML)
 # and results.tgz (benchmarks/results/*.jsonl with the rows this run appended).
 set -u
@@ -73,6 +76,7 @@ step bench 100 python3 -m vitkit bench --model vit_b16 --precision bf16 --compil
 step compare 130 python3 benchmarks/compare.py --device cuda --compile --configs b16 --precisions bf16 \
     --libraries vitkit,timm --rounds 5 --steps 10 --warmup 3 --json
 step gpu_row 15 python3 benchmarks/gpu_row.py "$OUT/logs/bench.log" "$OUT/logs/compare.log"
+step profile 80 python3 benchmarks/profile_step.py --model vit_b16 --batch-size 128 --precision bf16 --compile
 
 # 3. CIFAR-10 from scratch on CUDA: a short budget, the GPU's utilisation sampled
 if [ -d "$WORK/cifar10-jpg" ]; then
@@ -81,9 +85,18 @@ if [ -d "$WORK/cifar10-jpg" ]; then
     kill "$sampler" 2>/dev/null
 fi
 
+# 3b. the transfer path at GPU scale: pre-train on the carried Tiny-ImageNet shards, fine-tune on CIFAR-10
+if [ -d .gpudata/tiny ] && [ -d "$WORK/cifar10-jpg" ]; then
+    step transfer_pretrain 150 python3 benchmarks/transfer.py pretrain --data wds:.gpudata/tiny --minutes 2
+    run=$(python3 -c "import json,sys; print(json.loads(open(sys.argv[1]).read().splitlines()[-1])['run_dir'])" \
+        "$OUT/logs/transfer_pretrain.log" 2>/dev/null)
+    [ -n "$run" ] && step transfer_finetune 100 python3 benchmarks/transfer.py finetune --init "$run" \
+        --data "folder:$WORK/cifar10-jpg" --minutes 1
+fi
+
 # 4. the served model on CUDA under load
 sampler=$(sample_gpu serve)
-step serve_load 45 python3 benchmarks/serve_load.py "$WORK/runs/ddp" --data digits --seconds 4 --rounds 2 \
+step serve_load 60 python3 benchmarks/serve_load.py "$WORK/runs/ddp" --data digits --seconds 4 --rounds 2 \
     --clients 16 --threads 4
 kill "$sampler" 2>/dev/null
 
