@@ -164,7 +164,9 @@ def report(
     return lines
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command line, checked; `libraries`, `configs`, `precisions` and `modes` become tuples, `device` a
+    torch.device, and `default_precision` is what vitkit's "auto" resolves to there."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--configs", default="cifar,ti224", help=f"comma-separated, from {sorted(SPECS)}")
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds (medians are reported)")
@@ -188,17 +190,23 @@ def main(argv: list[str] | None = None) -> int:
     libraries = tuple(lib for lib in args.libraries.split(",") if lib)
     if "vitkit" not in libraries or not set(libraries) <= set(LIBRARIES) or len(libraries) < 2:
         parser.error(f"--libraries: vitkit and at least one of timm, hf (got {args.libraries!r})")
-    libraries += ("vitkit_erf",) if args.with_exact_gelu else ()
-    device = pick_device(args.device)
-    names = [n for n in args.configs.split(",") if n]
-    unknown = sorted(set(names) - set(SPECS))
+    args.libraries = libraries + (("vitkit_erf",) if args.with_exact_gelu else ())
+    args.device = pick_device(args.device)
+    args.configs = tuple(n for n in args.configs.split(",") if n)
+    unknown = sorted(set(args.configs) - set(SPECS))
     if unknown:
         parser.error(f"unknown config(s) {unknown}; choose from {sorted(SPECS)}")
-    precisions = tuple(p for p in args.precisions.split(",") if p)
-    modes = tuple(m for m in args.modes.split(",") if m)
-    default_precision = resolve_precision("auto", device)
-    if default_precision not in precisions:
-        parser.error(f"vitkit's default precision here is {default_precision}; include it in --precisions")
+    args.precisions = tuple(p for p in args.precisions.split(",") if p)
+    args.modes = tuple(m for m in args.modes.split(",") if m)
+    args.default_precision = resolve_precision("auto", args.device)
+    if args.default_precision not in args.precisions:
+        parser.error(f"vitkit's default precision here is {args.default_precision}; include it in --precisions")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    device, precisions, modes, default_precision = args.device, args.precisions, args.modes, args.default_precision
     out: dict[str, Any] = {
         "torch": torch.__version__,
         "device": device_name(device),
@@ -212,13 +220,13 @@ def main(argv: list[str] | None = None) -> int:
             f"torch {torch.__version__}, {out['device']}, {out['threads']} CPU threads, compile {args.compile}; "
             f"vitkit default precision here: {default_precision}"
         )
-        for name in names:
+        for name in args.configs:
             spec = SPECS[name]
             if args.batch_size:
                 spec = Spec(**{**spec.__dict__, "batch_size": args.batch_size})
             start = time.perf_counter()
             result = compare(
-                spec, args.rounds, args.steps, args.warmup, precisions, modes, libraries, device, args.compile
+                spec, args.rounds, args.steps, args.warmup, precisions, modes, args.libraries, device, args.compile
             )
             head = (
                 f"== {name}: {spec.img_size}px, P={spec.patch_size}, D={spec.hidden_size}, L={spec.depth}, "
@@ -232,28 +240,18 @@ def main(argv: list[str] | None = None) -> int:
             out["configs"][name] = result
             print("\n".join(lines) + f"\n({result['wall_s']:.0f} s)", flush=True)
             if not args.no_record:
-                record(name, spec, result, precisions, modes, default_precision, args, libraries, device)
+                record(name, spec, result, args)
     if args.json:
         print(json.dumps(out))
     return 0
 
 
-def record(
-    name: str,
-    spec: Spec,
-    result: dict[str, Any],
-    precisions,
-    modes,
-    default_precision: str,
-    args: argparse.Namespace,
-    libraries: tuple[str, ...],
-    device: torch.device,
-) -> None:
+def record(name: str, spec: Spec, result: dict[str, Any], args: argparse.Namespace) -> None:
     """One row per (mode, precision) in results/compare.jsonl: each library's images/s and vitkit's ratios."""
     rates = result["images_per_s"]
-    peers = [lib for lib in ("timm", "hf") if lib in libraries]
-    for mode in modes:
-        for precision in precisions:
+    peers = [lib for lib in ("timm", "hf") if lib in args.libraries]
+    for mode in args.modes:
+        for precision in args.precisions:
             figures = {f"{lib}_img_s": round(rates[f"{lib}/{precision}/{mode}"], 2) for lib in ("vitkit", *peers)}
             append_row(
                 RESULTS,
@@ -263,13 +261,13 @@ def record(
                     "mode": mode,
                     "precision": precision,
                     "compile": args.compile,
-                    "vitkit_default_precision": default_precision,
+                    "vitkit_default_precision": args.default_precision,
                     **figures,
                     **{f"vs_{lib}": round(figures["vitkit_img_s"] / figures[f"{lib}_img_s"], 3) for lib in peers},
                     "rounds": args.rounds,
                     "steps": args.steps,
                 },
-                device=str(device),
+                device=str(args.device),
             )
 
 

@@ -239,8 +239,7 @@ def make_plan(
         patch_dropout=(rate, until),
         patch_dropout_keep=str(getattr(vit_config(config.model), "patch_dropout_keep", "random")),
     )
-    measured = _estimate(plan, spans, timings or {}, fit, eval_images, eval_image_s)
-    return dataclasses.replace(plan, measured=measured)
+    return dataclasses.replace(plan, measured=_estimate(plan, spans, timings or {}, fit, eval_images, eval_image_s))
 
 
 def _step_spans(
