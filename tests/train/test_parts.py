@@ -224,3 +224,21 @@ def test_a_budget_alone_gives_each_phase_its_share_of_the_time() -> None:
     assert steps_that_fit([(0.0, 0.6, 0.2), (0.6, 1.0, 0.4)], 10.0) == round(fit) == 40
     assert not plan.steps_given and plan.steps == 40 and plan.measured["fit_epochs"] == pytest.approx(4.0)
     assert plan.warmup == round(0.05 * 40) and plan.epochs == pytest.approx(4.0)  # the recipe's warmup fraction
+
+
+def test_a_budget_too_small_for_its_final_evaluation_is_warned_about() -> None:
+    from vitkit.train.plan_text import plan_lines
+
+    config = tiny_config(Path("/unused"), "data.steps=0", "data.epochs=0", "run.max_minutes=1")
+    timings = {(0.0, 8): 0.2}
+
+    def plan_with(eval_s: float):
+        return make_plan(
+            config, num_train=1000, timings=timings, budget_s=50.0, eval_images=1000, eval_image_s=eval_s / 1000
+        )
+
+    tight, ample = plan_with(45.0), plan_with(5.0)  # 50 s left after start-up, 45 or 5 of them evaluating
+    assert tight.measured["train_seconds"] == pytest.approx(5.0) and ample.measured["train_seconds"] == 45.0
+    warned = [line for line in plan_lines(tight) if line.startswith("warning:")]
+    assert warned and "5 s" in warned[0] and "45 s" in warned[0] and "--max-minutes" in warned[0]
+    assert not any(line.startswith("warning:") for line in plan_lines(ample))

@@ -205,8 +205,6 @@ def make_plan(
     fit = steps_that_fit(spans, budget_s) if spans and budget_s else None
     steps = given or fit or max(1, math.ceil(num_train / batch))
     base = config.optim.base_batch_size or batch
-    per_epoch = num_train / batch
-    rate, until = patch_dropout_of(config)
     plan = Plan(
         recipe=config.recipe,
         data=config.data.uri,
@@ -230,16 +228,17 @@ def make_plan(
         device=str(device or "cpu"),
         seed=config.run.seed,
         **dataclasses.asdict(choices),  # host, precision and compilation, each with its reason
-        eval_every=max(1, round(config.eval.every_epochs * per_epoch)) if config.eval.every_epochs > 0 else 0,
+        eval_every=max(1, round(config.eval.every_epochs * num_train / batch)) if config.eval.every_epochs > 0 else 0,
         budget_minutes=config.run.max_minutes,
         budget_schedule=config.run.budget_schedule,
         steps_given=given is not None,
         augment=tuple(describe_augment(config.augment)),
         flip_views=config.eval.flip_views,
-        patch_dropout=(rate, until),
+        patch_dropout=patch_dropout_of(config),
         patch_dropout_keep=str(getattr(vit_config(config.model), "patch_dropout_keep", "random")),
     )
-    return dataclasses.replace(plan, measured=_estimate(plan, spans, timings or {}, fit, eval_images, eval_image_s))
+    evaluation = (eval_images, eval_image_s)
+    return dataclasses.replace(plan, measured=_estimate(plan, spans, timings or {}, fit, budget_s, evaluation))
 
 
 def _step_spans(
@@ -258,11 +257,13 @@ def _estimate(
     spans: list[tuple[float, float, float]],
     timings: dict[GraphKey, float],
     fit: int | None,
-    eval_images: int,
-    eval_image_s: float | None,
+    budget_s: float | None,
+    evaluation: tuple[int, float | None],
 ) -> dict[str, Any]:
     """Images/s, minutes and (fitted budget) epochs that fit, as the warm-up's forward + backward passes give them
-    (the batch and the optimiser step are not in them: a real step is slower), and the evaluations' seconds."""
+    (the batch and the optimiser step are not in them: a real step is slower), the evaluations' seconds and,
+    with a fitted budget, the seconds left to train once they are kept back."""
+    eval_images, eval_image_s = evaluation
     if not spans:
         return {}
     step_s = sum((end - begin) * seconds for begin, end, seconds in spans)  # the phases weighed by their share
@@ -280,4 +281,5 @@ def _estimate(
     if fit is not None:
         out["fit_epochs"] = round(fit * plan.global_batch / plan.num_train, 1)
         out["eta_minutes"] = round(plan.budget_minutes, 2)
+        out["train_seconds"] = round(max((budget_s or 0.0) - eval_s, 0.0), 1)
     return out

@@ -6,6 +6,7 @@ from vitkit.data.sources import mirror_keeps_label
 from vitkit.train.plan import Plan
 
 LONG_RUN_MINUTES = 60.0  # an unbudgeted plan longer than this says so and names --max-minutes
+TIGHT_BUDGET = 0.25  # below this share of a budget left to train, the plan warns
 
 
 def plan_lines(plan: Plan) -> list[str]:
@@ -72,7 +73,14 @@ def estimate_lines(plan: Plan) -> list[str]:
                 f", {measured['eval_seconds']:g} s kept for the final evaluation "
                 f"({measured['eval_image_ms']:.2f} ms an image, timed)"
             )
-        return [speed, fitted]
+        lines = [speed, fitted]
+        left, whole = measured.get("train_seconds"), plan.budget_minutes * 60
+        if left is not None and left < TIGHT_BUDGET * whole:
+            lines.append(
+                f"warning: of the {plan.budget_minutes:g}-min budget, {left:g} s are left to train after start-up "
+                f"and the final evaluation ({measured['eval_seconds']:g} s); a larger --max-minutes trains more"
+            )
+        return lines
     lines = [speed, f"estimated time: at least {minutes(measured['eta_minutes'])} for {plan.steps:,} steps"]
     if not plan.budget_minutes and measured["eta_minutes"] > LONG_RUN_MINUTES:
         lines.append(
