@@ -177,3 +177,18 @@ def test_torchrun_with_one_cuda_process_wraps_with_nccl_and_equals_a_plain_run(
     assert wrapped[0] == "DistributedDataParallel" if parallel == "ddp" else wrapped[0].startswith("FSDP")
     for key in theirs:  # one process: the reductions are identities, up to the order of fp32 sums
         torch.testing.assert_close(ours[key], theirs[key], rtol=0, atol=1e-6, msg=key)
+
+
+def test_torchruns_variables_decide_the_process_group() -> None:
+    from vitkit.train.distributed import DistInfo, from_env
+
+    assert from_env({}) == DistInfo()  # a plain process
+    assert from_env({"RANK": "0", "WORLD_SIZE": "1"}) == DistInfo()  # a scheduler's single task, no rendezvous
+    launched = from_env({"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "LOCAL_RANK": "0"})
+    assert launched.launched and launched.world == 1  # torchrun --nproc_per_node 1
+    two = from_env({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"})
+    assert two.launched and (two.rank, two.world, two.local_rank) == (1, 2, 1)
+    with pytest.raises(ValueError, match="WORLD_SIZE is set but RANK is not"):
+        from_env({"WORLD_SIZE": "2"})
+    with pytest.raises(ValueError, match="RANK is set but WORLD_SIZE is not"):
+        from_env({"RANK": "0"})

@@ -36,9 +36,14 @@ class DistInfo:
 def from_env(environ: Mapping[str, str] | None = None) -> DistInfo:
     """The torchrun variables (RANK, WORLD_SIZE, LOCAL_RANK); a single process without them."""
     env = os.environ if environ is None else environ
-    if "WORLD_SIZE" not in env or "RANK" not in env:
+    if ("WORLD_SIZE" in env) != ("RANK" in env):
+        given, missing = ("WORLD_SIZE", "RANK") if "WORLD_SIZE" in env else ("RANK", "WORLD_SIZE")
+        raise ValueError(f"{given} is set but {missing} is not: launch with torchrun, which sets both")
+    if "WORLD_SIZE" not in env:
         return DistInfo()
     world = int(env["WORLD_SIZE"])
+    if world <= 1 and "MASTER_ADDR" not in env:  # a scheduler's RANK=0 WORLD_SIZE=1, not torchrun: a plain process
+        return DistInfo()
     return DistInfo(rank=int(env["RANK"]), world=world, local_rank=int(env.get("LOCAL_RANK", "0")), launched=True)
 
 

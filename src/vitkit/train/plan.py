@@ -269,8 +269,9 @@ def _estimate(
     step_s = sum((end - begin) * seconds for begin, end, seconds in spans)  # the phases weighed by their share
     per_image_s = timings.get((0.0, plan.img_size), max(timings.values())) / plan.micro_batch
     evals = (plan.steps // plan.eval_every if plan.eval_every else 0) + 1
-    eval_image_s = eval_image_s or per_image_s / 3  # unmeasured: forward only, a third of a training pass
-    eval_s = evals * eval_images * eval_image_s * (2 if plan.flip_views else 1)  # flip views: two forwards
+    views = 2 if plan.flip_views else 1  # the measured figure has them; the guess: forward only, a third of a pass
+    eval_image_s = eval_image_s or views * per_image_s / 3
+    eval_s = evals * eval_images * eval_image_s
     out = {
         "images_per_s": round(plan.global_batch / step_s, 1),
         "step_seconds": round(step_s, 4),

@@ -123,17 +123,18 @@ class Trainer(RunParts):
         n = max(1, min(count, self.config.eval.batch_size))
         blank = blank_batch(self.data.train, n, image_size(self.config.model), torch.device("cpu"))[0][0]
         names = self.data.train.class_names
-        sets = [ImageSet(blank[:k], torch.zeros(k, dtype=torch.long), names) for k in (min(n, self.micro), n)]
+        warm = min(n, max(self.micro, self.info.world))  # a batch for every process (FSDP's forward is collective)
+        sets = [ImageSet(blank[:k], torch.zeros(k, dtype=torch.long), names) for k in (warm, n)]
         model, context = (self.state.model if self.sharded else self.state.module), self._eval_context()
         was_training = model.training
         with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
             self.objective.evaluate(model, sets[0], context)
             synchronize(self.device)
             began = time.perf_counter()
-            self.objective.evaluate(model, sets[1], context)
+            evaluated = self.objective.evaluate(model, sets[1], context).get("count") or n  # MPP: its eval_images
             synchronize(self.device)
         model.train(was_training)
-        return distributed.max_across((time.perf_counter() - began) / n, self.device)
+        return distributed.max_across((time.perf_counter() - began) / evaluated, self.device)
 
     def _warm_up(self) -> dict:
         """Compile (when chosen) and time every phase still ahead, before the clock starts; a compiler that
@@ -168,6 +169,8 @@ class Trainer(RunParts):
         reserve = fitted and config.eval.every_epochs <= 0  # the budget keeps the final evaluation's time: time it
         evals = sum(len(s) for s in self.data.evals.values()) if config.eval.every_epochs > 0 else 0
         eval_images = evals + (len(self.data.test) if self.data.test is not None else 0)
+        if config.mpp is not None:  # masked patch prediction evaluates its first mpp.eval_images only
+            eval_images = min(eval_images, config.mpp.eval_images)
         plan = make_plan(
             config,
             self.num_train,
@@ -272,7 +275,8 @@ class Trainer(RunParts):
     def _observe_budget(self, agree: bool) -> None:
         if self.plan.fitted and (self.info.world == 1 or agree):  # all processes: one position
             elapsed = self.state.elapsed + time.monotonic() - self.loop_start
-            self.budget.observe(self.state.step, distributed.max_across(elapsed, self.device))
+            agreed = distributed.max_across(elapsed, self.device) if self.info.world > 1 else elapsed  # no sync alone
+            self.budget.observe(self.state.step, agreed)
 
     def _save(self) -> None:
         self._count_skipped()  # the total goes into the checkpoint (every process calls _save)
