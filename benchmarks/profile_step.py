@@ -22,8 +22,10 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from vitkit.bench.records import append_row
-from vitkit.bench.throughput import BenchConfig, _bench_model, make_optimizer, synchronize, training_step
+from vitkit.bench.throughput import BenchConfig, bench_model, make_optimizer, synchronize, training_step
 from vitkit.device import pick_device, resolve_precision
+from vitkit.models import preset_config
+from vitkit.overrides import parse_fields, split_item
 
 RESULTS = Path(__file__).resolve().parent / "results" / "profile_step.jsonl"
 KINDS = (  # (kind, substrings of a kernel's name), first match wins
@@ -58,12 +60,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def profiled_kernels(args: argparse.Namespace, device: torch.device, precision: str) -> tuple[list, str]:
     """The kernels (CUDA) or aten ops (CPU) of `args.steps` warmed-up training steps, and the time field to read."""
-    overrides = dict(item.split("=", 1) for item in args.overrides)
-    overrides = {k: int(v) if v.isdigit() else v for k, v in overrides.items()}
+    items = dict(split_item(pair, "field=value", "patch_size=4") for pair in args.overrides)
+    overrides = parse_fields(preset_config(args.model), items, "model")  # type-checked, as `vitkit bench --set`
     config = BenchConfig(
         model=args.model, img_size=args.img_size, batch_size=args.batch_size, device=args.device, overrides=overrides
     )
-    model, model_config = _bench_model(config)
+    model, model_config = bench_model(config)
     model = model.to(device).train()
     runner = torch.compile(model) if args.compile else model
     size = model_config.img_size

@@ -67,7 +67,7 @@ def test_benchmark_fields_are_consistent() -> None:
     forward = model_flops(preset_config("vit_ti16", num_classes=10, img_size=32, **TINY))
     assert result["forward_flops_per_image"] == forward
     assert result["peak_flops"] == 0.5e12 and result["peak_source"] == "given"
-    assert result["params"] == sum(p.numel() for p in tp._bench_model(config)[0].parameters())
+    assert result["params"] == sum(p.numel() for p in tp.bench_model(config)[0].parameters())
     assert result["precision"] == "fp32" and result["attn_impl"] == "auto" and result["batch_size"] == 4
     _check_mode(result, "inference", forward, 4, 0.5e12)
     _check_mode(result, "training", tp.TRAIN_FLOPS_FACTOR * forward, 4, 0.5e12)
@@ -206,7 +206,7 @@ def test_peak_memory_sees_a_large_cpu_allocation() -> None:
 
 def test_training_step_updates_weights_and_returns_loss() -> None:
     config = _tiny_bench()
-    model, _ = tp._bench_model(config)
+    model, _ = tp.bench_model(config)
     torch.nn.init.normal_(model.head.weight)
     before = model.blocks[0].attn.qkv.weight.detach().clone()
     images, labels = torch.randn(4, 3, 32, 32), torch.tensor([0, 1, 2, 3])

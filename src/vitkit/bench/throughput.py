@@ -241,7 +241,7 @@ def summarize(
 # The benchmark
 
 
-def _bench_model(config: BenchConfig) -> tuple[nn.Module, Any]:
+def bench_model(config: BenchConfig) -> tuple[nn.Module, Any]:
     overrides = dict(config.overrides)
     if config.attn_impl is not None:
         overrides["attn_impl"] = config.attn_impl
@@ -259,7 +259,7 @@ def run_benchmark(config: BenchConfig) -> dict[str, Any]:
 def _run_benchmark(config: BenchConfig) -> dict[str, Any]:
     device = pick_device(config.device)
     precision = resolve_precision(config.precision, device)
-    model, model_config = _bench_model(config)
+    model, model_config = bench_model(config)
     model = model.to(device)
     params = sum(p.numel() for p in model.parameters())
     flops = model_flops(model_config)

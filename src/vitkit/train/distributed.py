@@ -105,8 +105,9 @@ def any_true(flag: bool, device: torch.device) -> bool:
 
 
 def max_across(value: float, device: torch.device) -> float:
-    """The largest of each process's `value`, on every process (the value itself with one process)."""
-    if not dist.is_initialized():
+    """The largest of each process's `value`, on every process (the value itself with one process, without a
+    collective: one process under torchrun syncs nothing)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
         return value
     tensor = torch.tensor([value], dtype=torch.float64, device=device)
     dist.all_reduce(tensor, op=dist.ReduceOp.MAX)

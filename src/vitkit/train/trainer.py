@@ -125,7 +125,7 @@ class Trainer(RunParts):
         names = self.data.train.class_names
         warm = min(n, max(self.micro, self.info.world))  # a batch for every process (FSDP's forward is collective)
         sets = [ImageSet(blank[:k], torch.zeros(k, dtype=torch.long), names) for k in (warm, n)]
-        model, context = (self.state.model if self.sharded else self.state.module), self._eval_context()
+        model, context = self._eval_model, self._eval_context()
         was_training = model.training
         with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
             self.objective.evaluate(model, sets[0], context)
@@ -275,8 +275,7 @@ class Trainer(RunParts):
     def _observe_budget(self, agree: bool) -> None:
         if self.plan.fitted and (self.info.world == 1 or agree):  # all processes: one position
             elapsed = self.state.elapsed + time.monotonic() - self.loop_start
-            agreed = distributed.max_across(elapsed, self.device) if self.info.world > 1 else elapsed  # no sync alone
-            self.budget.observe(self.state.step, agreed)
+            self.budget.observe(self.state.step, distributed.max_across(elapsed, self.device))
 
     def _save(self) -> None:
         self._count_skipped()  # the total goes into the checkpoint (every process calls _save)
@@ -287,6 +286,11 @@ class Trainer(RunParts):
         self.saved_step = self.state.step
 
     # ------------------------------------------------------------------------------ evaluation
+    @property
+    def _eval_model(self) -> torch.nn.Module:
+        """What an evaluation runs: the sharded model under FSDP (its forward is collective), else the plain one."""
+        return self.state.model if self.sharded else self.state.module
+
     def _eval_context(self) -> EvalContext:
         config = self.config
         return EvalContext(
@@ -305,9 +309,8 @@ class Trainer(RunParts):
     def _evaluate(self, split: str, data: Any) -> dict[str, Any]:
         """The objective's evaluation of `split` (of the Polyak average when enabled, Sec. 4.1)."""
         state = self.state
-        model = state.model if self.sharded else state.module
         with averaged(state.ema, state.module):
-            result = self.objective.evaluate(model, data, self._eval_context())
+            result = self.objective.evaluate(self._eval_model, data, self._eval_context())
         record = {"step": state.step, "epoch": self._epoch(state.step), "split": split, **result}
         if self.info.main and result.get("top1") is not None:
             log.info(
