@@ -52,7 +52,8 @@ def test_config_option_initialises_mimetically_and_round_trips(tmp_path) -> None
             init=init,
         )
         dim = 32
-        return [float(torch.trace(b.attn.qkv.weight[2 * dim :].T @ b.attn.proj.weight.T)) for b in model.blocks]
+        with torch.no_grad():
+            return [float(torch.trace(b.attn.qkv.weight[2 * dim :].T @ b.attn.proj.weight.T)) for b in model.blocks]
 
     mimetic, official = value_out_traces("mimetic"), value_out_traces("official")
     assert all(t < -0.2 * 32 for t in mimetic)  # ~ -beta2 D = -12.8 (plus alpha2 tr(Z), sd ~0.4)
