@@ -141,21 +141,22 @@ def read_names(path: Path) -> list[str] | None:
 NPZ_KEYS = (("x_train", "y_train", "x_test", "y_test"), ("images", "labels"))
 
 
+def _npy_header(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> tuple[tuple[int, ...], np.dtype]:
+    """(shape, dtype) of one `.npy` member, from its header alone."""
+    with archive.open(info) as handle:
+        version = np.lib.format.read_magic(handle)
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, _, dtype = read_header(handle)
+    return shape, dtype
+
+
 def npz_shapes(path: Path) -> dict[str, tuple[int, ...]]:
     """Array shapes in an `.npz`, read from the `.npy` headers without decompressing the data."""
     shapes = {}
     try:
         with zipfile.ZipFile(path) as archive:
-            for name in archive.namelist():
-                with archive.open(name) as handle:
-                    version = np.lib.format.read_magic(handle)
-                    read_header = (
-                        np.lib.format.read_array_header_1_0
-                        if version == (1, 0)
-                        else np.lib.format.read_array_header_2_0
-                    )
-                    shape, _, _ = read_header(handle)
-                shapes[name.removesuffix(".npy")] = shape
+            for info in archive.infolist():
+                shapes[info.filename.removesuffix(".npy")] = _npy_header(archive, info)[0]
     except (OSError, zipfile.BadZipFile, ValueError) as error:
         raise DataFormatError(f"{path}: not a readable .npz archive ({error})") from error
     return shapes
@@ -182,14 +183,7 @@ def _check_npz_sizes(path: Path) -> None:
     try:
         with zipfile.ZipFile(path) as archive:
             for info in archive.infolist():
-                with archive.open(info) as handle:
-                    version = np.lib.format.read_magic(handle)
-                    read_header = (
-                        np.lib.format.read_array_header_1_0
-                        if version == (1, 0)
-                        else np.lib.format.read_array_header_2_0
-                    )
-                    shape, _, dtype = read_header(handle)
+                shape, dtype = _npy_header(archive, info)
                 claimed = int(np.prod(shape, dtype=object)) * dtype.itemsize
                 if claimed > info.file_size:
                     raise DataFormatError(
