@@ -64,3 +64,34 @@ def test_convert_refuses_a_model_above_max_model_gb(tmp_path, make_vit, capsys):
     assert "above the limit of 0.0 GB (max_bytes=50000)" in err and "--max-model-gb" in err
     assert not (tmp_path / "dst").exists()
     assert main(["convert", str(tmp_path / "src"), str(tmp_path / "dst"), "--max-model-gb", "0.01"]) == 0
+
+
+def test_convert_refuses_to_overwrite_unless_forced(tmp_path, make_vit, images, capsys):
+    """A destination that holds anything (a trained model, a run's config) is not replaced without --force."""
+    first, second = make_vit(), make_vit(num_classes=3)
+    vitkit.save(first, tmp_path / "first")
+    vitkit.save(second, tmp_path / "second")
+    assert main(["convert", str(tmp_path / "second"), str(tmp_path / "first")]) == 2
+    assert "--force" in capsys.readouterr().err
+    with torch.no_grad():
+        assert torch.equal(read(tmp_path / "first").model.eval()(images), first.eval()(images))
+    assert main(["convert", str(tmp_path / "second"), str(tmp_path / "first"), "--force"]) == 0
+    assert read(tmp_path / "first").config.num_classes == 3
+    (tmp_path / "empty").mkdir()  # an empty directory is no one's work
+    assert main(["convert", str(tmp_path / "second"), str(tmp_path / "empty")]) == 0
+
+
+def test_a_failed_convert_leaves_no_directory_behind(tmp_path, make_vit, capsys):
+    vitkit.save(make_vit(pool="gap"), tmp_path / "gap")
+    assert main(["convert", str(tmp_path / "gap"), str(tmp_path / "hf"), "--to", "hf"]) == 2
+    assert not (tmp_path / "hf").exists()
+
+
+def test_convert_and_export_take_a_run_directory(tmp_path, make_vit, images, capsys):
+    """As eval, predict and serve do: a run directory names its final model."""
+    model = make_vit(gelu="exact")
+    vitkit.save(model, tmp_path / "run" / "checkpoints" / "final")
+    (tmp_path / "run" / "config.json").write_text("{}")
+    assert main(["convert", str(tmp_path / "run"), str(tmp_path / "timm"), "--to", "timm"]) == 0
+    with torch.no_grad():
+        assert torch.equal(read(tmp_path / "timm").model.eval()(images), model.eval()(images))

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import shutil
+from pathlib import Path
 from typing import Any
 
 from vitkit.cli.flags import add_surgery_flags, emit
@@ -72,16 +74,18 @@ def add_convert(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("src", help="checkpoint directory or file, any supported format (detected)")
     parser.add_argument("dst", help="output directory (an .npz file for --to official)")
     parser.add_argument("--to", choices=("vitkit", "timm", "hf", "official"), default="vitkit", help="target format")
+    parser.add_argument("--force", action="store_true", help="replace what dst already holds")
     add_surgery_flags(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(handler=run_convert)
 
 
 def _read_checkpoint(args: argparse.Namespace) -> Any:
-    from vitkit.checkpoints import read
+    """The checkpoint `args.src` names, a run directory included (its final model), with the surgery flags."""
+    from vitkit.runs import open_checkpoint
 
     max_bytes = None if args.max_model_gb is None else int(args.max_model_gb * 1e9)
-    return read(
+    return open_checkpoint(
         args.src,
         img_size=args.img_size,
         num_classes=args.num_classes,
@@ -94,8 +98,17 @@ def _read_checkpoint(args: argparse.Namespace) -> Any:
 def run_convert(args: argparse.Namespace) -> int:
     from vitkit.checkpoints import write
 
+    dst = Path(args.dst)
+    if dst.exists() and (not dst.is_dir() or any(dst.iterdir())) and not args.force:
+        raise ValueError(f"{dst} already exists and is not empty; choose another destination or pass --force")
     checkpoint = _read_checkpoint(args)
-    out = write(checkpoint, args.dst, to=args.to)
+    created = not dst.exists()
+    try:
+        out = write(checkpoint, dst, to=args.to)
+    except BaseException:
+        if created and dst.exists():  # a failed write leaves nothing it made
+            shutil.rmtree(dst) if dst.is_dir() else dst.unlink()
+        raise
     params = sum(p.numel() for p in checkpoint.model.parameters())
     summary = {
         "src": args.src,
