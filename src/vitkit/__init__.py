@@ -21,6 +21,7 @@ __version__ = "0.1.0"
 
 def load(path: str | os.PathLike[str], **options: Any) -> nn.Module:
     """The model stored at `path`: any checkpoint format vitkit reads (detected), or a run directory, which
-    stands for the checkpoint every verb reads from it (vitkit.runs.find_checkpoint).  `options` are
-    `vitkit.checkpoints.read`'s (img_size, num_classes, pre_logits, resample, config)."""
-    return load_checkpoint(find_checkpoint(path), **options)
+    stands for the checkpoint every verb reads from it (vitkit.runs.find_checkpoint).  The model is in eval
+    mode (PatchDropout, dropout and stochastic depth off), ready for inference; call `.train()` to fine-tune
+    it.  `options` are `vitkit.checkpoints.read`'s (img_size, num_classes, pre_logits, resample, config)."""
+    return load_checkpoint(find_checkpoint(path), **options).eval()

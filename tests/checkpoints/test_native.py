@@ -27,6 +27,15 @@ def test_save_load_identical_state_and_logits(tmp_path, make_vit, images):
         assert torch.equal(vitkit.load(tmp_path / "c")(images), model(images))
 
 
+def test_load_returns_a_model_ready_for_inference(tmp_path, make_vit, images):
+    """vitkit.load gives eval mode: PatchDropout and stochastic depth off, the same logits every call."""
+    vitkit.save(make_vit(patch_dropout=0.5, drop_path=0.1), tmp_path / "c")
+    model = vitkit.load(tmp_path / "c")
+    assert not any(module.training for module in model.modules())
+    with torch.no_grad():
+        assert torch.equal(model(images), model(images))
+
+
 def test_truncated_weights_are_refused(tmp_path, make_vit):
     vitkit.save(make_vit(), tmp_path / "c")
     weights = tmp_path / "c" / "model.safetensors"
