@@ -5,22 +5,36 @@ file or the new one, never a torn one.  The lowest layer: it imports nothing els
 from __future__ import annotations
 
 import os
-import tempfile
+import secrets
 from collections.abc import Callable
 from pathlib import Path
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[Path], object]) -> None:
-    """Call `write(tmp_path)`, then rename the temporary file onto `path` (same directory, so atomic)."""
+    """Call `write(tmp_path)`, then rename the temporary file onto `path` (same directory, so atomic).
+
+    The file gets the permissions `open()` would give it (0o666 less the umask), not mkstemp's private 0o600.
+    """
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    tmp = _create_temporary(path)
     try:
         write(Path(tmp))
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _create_temporary(path: Path) -> str:
+    """A new empty file beside `path`, created exclusively with mode 0o666 (the kernel applies the umask)."""
+    for _ in range(100):
+        tmp = str(path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp")
+        try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        except FileExistsError:
+            continue
+        return tmp
+    raise FileExistsError(f"no free temporary name beside {path}")
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:

@@ -1,0 +1,35 @@
+"""Atomic writes: the file appears whole under its name, with the permissions the user's umask gives."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+
+from vitkit.atomic import atomic_write, atomic_write_text
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
+def test_written_files_get_the_umasks_permissions(tmp_path, umask):
+    """As open() would create them (0o666 & ~umask): colleagues in a shared directory can read a checkpoint."""
+    old = os.umask(umask)
+    try:
+        atomic_write_text(tmp_path / "a.json", "{}")
+        atomic_write(tmp_path / "b.bin", lambda tmp: tmp.write_bytes(b"x"))
+    finally:
+        os.umask(old)
+    for name in ("a.json", "b.bin"):
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o666 & ~umask
+
+
+def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path):
+    atomic_write_text(tmp_path / "a.json", "old")
+
+    def fail(tmp):
+        tmp.write_text("half")
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError):
+        atomic_write(tmp_path / "a.json", fail)
+    assert (tmp_path / "a.json").read_text() == "old" and os.listdir(tmp_path) == ["a.json"]
