@@ -175,6 +175,23 @@ def test_finetune_cli_with_lr_sweep(pretrained: Path, tmp_path: Path, capsys: py
     assert final["optim"]["lr"] == sweep["best_lr"] and result["test"]["count"] == 16  # the fixed 20% test split
 
 
+def test_an_interrupted_sweep_names_the_command_that_resumes_it(
+    pretrained: Path, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sweep's own --out resumes it (finished trials are skipped), not the interrupted trial's directory."""
+    import vitkit.train.sweep as sweep
+
+    def interrupted(config, **kwargs):
+        return {"status": "interrupted", "step": 1, "steps": 2, "run_dir": config.run.out, "signal": 2}
+
+    monkeypatch.setattr(sweep, "train", interrupted)
+    out = tmp_path / "ft"
+    args = ["finetune", str(pretrained), "--data", f"npz:{_npz(tmp_path / 'four.npz')}", "--recipe"]
+    code = main([*args, "paper-finetune-tiny", "--lr-sweep", "--out", str(out), "--set", "data.steps=2"])
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert code == 130 and f"--out {out} to resume" in line and "sweep" in line
+
+
 def test_automatic_finetune_keeps_a_small_checkpoints_resolution(pretrained: Path, tmp_path: Path) -> None:
     # paper-finetune's 384 px is a step up from 224 px; a 16 px small-data checkpoint must not become 96x96 tokens.
     data = _npz(tmp_path / "four.npz")

@@ -124,9 +124,11 @@ def run_train(args: argparse.Namespace) -> int:
 
 def _final_line(result: dict[str, Any], config: Any) -> str:
     if result["status"] == "interrupted":
+        resume = result.get("resume_out")
+        where = f"{result['run_dir']}, a trial of the sweep in {resume}" if resume else result["run_dir"]
         return (
-            f"interrupted at step {result['step']}/{result['steps']}; checkpoint saved in {result['run_dir']} "
-            f"(re-run with --out {result['run_dir']} to resume)"
+            f"interrupted at step {result['step']}/{result['steps']}; checkpoint saved in {where} "
+            f"(re-run with --out {resume or result['run_dir']} to resume)"
         )
     split = config.eval.final_split
     note = " (time budget spent)" if result["status"] == "time_budget" else ""

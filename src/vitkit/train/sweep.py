@@ -70,12 +70,17 @@ def train_with_sweep(config: TrainConfig, **train_kwargs: Any) -> dict[str, Any]
     scores: dict[str, float] = {}
     for lr in config.optim.lr_sweep:
         result = train(trial_config(config, lr), **train_kwargs)
-        if result["status"] != "finished":
-            return {**result, "sweep": scores, "status": result["status"]}
+        if result["status"] != "finished":  # the sweep's own directory resumes it: finished trials are skipped
+            return {**result, "sweep": scores, "status": result["status"], "resume_out": str(config.run.out)}
         scores[f"{lr:g}"] = result["val"]["top1"]
         log.info("sweep lr %g: val top-1 %.2f%%", lr, 100 * scores[f"{lr:g}"])
     best = max(config.optim.lr_sweep, key=lambda lr: scores[f"{lr:g}"])  # ties: the first (smallest) lr
     log.info("sweep: best lr %g (val top-1 %.2f%%); training on all of train", best, 100 * scores[f"{best:g}"])
+    grid = sorted(config.optim.lr_sweep)
+    if len(grid) > 2 and best in (grid[0], grid[-1]):
+        log.warning(
+            "sweep: the best lr %g is at the edge of the grid; a wider optim.lr_sweep may find a better one", best
+        )
     Path(config.run.out).mkdir(parents=True, exist_ok=True)
     trial_minutes, final_minutes = budget_split(config)
     record = {"val_top1": scores, "best_lr": best, "trial_minutes": trial_minutes, "final_minutes": final_minutes}
