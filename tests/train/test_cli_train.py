@@ -213,3 +213,14 @@ def test_the_final_line_says_when_the_step_count_was_an_estimate() -> None:
     budget_alone = _final_line({**result, "plan": {"steps_given": False}}, config)
     assert "after 427 (~294 estimated) steps, 2.87 min (time budget spent); run: r" in budget_alone
     assert "after 427/294 steps" in _final_line({**result, "plan": {"steps_given": True}}, config)
+
+
+def test_data_a_classifier_cannot_learn_from_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """One class (nothing to tell apart) and --labels-per-class 0 (no labels) stop before training, one line."""
+    one = _npz(tmp_path / "one.npz", classes=1)
+    out = tmp_path / "run"
+    assert main(["train", "--data", f"npz:{one}", "--recipe", "small-8px-tiny", "--out", str(out)]) == 2
+    assert "1 class" in capsys.readouterr().err and not out.exists()
+    four = _npz(tmp_path / "four.npz")
+    assert main(["train", "--data", f"npz:{four}", "--labels-per-class", "0", "--out", str(out)]) == 2
+    assert "--labels-per-class" in capsys.readouterr().err and not out.exists()

@@ -108,6 +108,11 @@ def resolve(request: Request, *, source_model: ModelConfig | None = None) -> Res
     config = apply_overrides(config, request.overrides)
     config = _sweep_hold_out(config, info)
     config = _budget_length(config, request)
+    if config.mpp is None and info.num_classes < 2:
+        raise ValueError(
+            f"{request.data} has {info.num_classes} class(es); a classifier needs at least 2 "
+            "(a folder of unlabelled images trains with vitkit pretrain-mpp)"
+        )
     if not config.run.out:
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         out = Path(request.runs_root) / f"{_data_name(request.data)}-{_model_name(request, config)}-{stamp}"
@@ -216,6 +221,8 @@ def _apply_flags(config: TrainConfig, request: Request) -> TrainConfig:
     if request.strict:
         data = dataclasses.replace(data, strict=True)
     if request.labels_per_class is not None:
+        if request.labels_per_class < 1:
+            raise ValueError(f"--labels-per-class must be >= 1, got {request.labels_per_class} (leave it out for all)")
         data = dataclasses.replace(data, labels_per_class=request.labels_per_class)
     if in_channels(config.model) != len(data.mean):
         norm = (0.5,) * in_channels(config.model)
