@@ -165,12 +165,26 @@ class RunDir:
             group, name = key.split(".")
             if group in requested and name in requested[group]:
                 merged.setdefault(group, {})[name] = requested[group][name]
+        if _budget_is_length(stored) and not merged["run"].get("max_minutes"):  # its budget is its length
+            merged["run"]["max_minutes"] = stored["run"]["max_minutes"]
         changed = sorted(_diff(merged, json.loads(json.dumps(requested))))
+        foreign = [key for key in changed if key == "data.uri" or key.startswith("model.")]
+        if foreign:
+            raise ValueError(
+                f"{self.path} holds a run with another {', '.join(foreign[:4])}; choose another --out for a new "
+                "run (or re-run the command that made it to resume it)"
+            )
         return merged, changed
 
     # ------------------------------------------------------------------------------- metrics
     def metrics(self, *, enabled: bool, tensorboard: bool) -> MetricsLog:
         return MetricsLog(self.path, enabled=enabled, tensorboard=tensorboard)
+
+
+def _budget_is_length(config: dict[str, Any]) -> bool:
+    """A run whose length is its fitted time budget: no epochs, no steps, a positive run.max_minutes."""
+    data, run = config.get("data", {}), config.get("run", {})
+    return not data.get("epochs") and not data.get("steps") and (run.get("max_minutes") or 0) > 0
 
 
 def _diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:

@@ -48,6 +48,41 @@ def test_resuming_prints_and_runs_the_stored_config(tmp_path: Path, capsys, capl
     assert json.loads((out / "config.json").read_text())["optim"]["lr"] == 0.002
 
 
+def test_a_run_directory_of_other_data_or_another_model_is_not_continued(tmp_path: Path, capsys) -> None:
+    """Another data set or model in the same --out would train the stored ones under the new name: refused."""
+    out = tmp_path / "run"
+    args = ["train", "--recipe", "small-8px-tiny", "--out", str(out), "--set", "run.threads=1"]
+    assert main(args) == 0
+    stored = (out / "config.json").read_text()
+    capsys.readouterr()
+    assert main([*args, "--data", f"npz:{_two_class_npz(tmp_path)}"]) == 2
+    err = capsys.readouterr().err
+    assert "data.uri" in err and "another --out" in err
+    assert main([*args, "--set", "model.depth=3"]) == 2
+    assert "model.depth" in capsys.readouterr().err
+    assert (out / "config.json").read_text() == stored
+
+
+def test_a_finished_budgeted_run_is_re_run_without_its_budget(tmp_path: Path, capsys) -> None:
+    """A run whose length was its --max-minutes keeps that length when re-run without the flag."""
+    out = tmp_path / "run"
+    args = ["train", "--recipe", "small-8px", "--out", str(out), "--set", "run.threads=1", "--json"]
+    assert main([*args, "--max-minutes", "0.05"]) == 0
+    first = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert main(args) == 0, capsys.readouterr().err[-1500:]
+    again = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert again["step"] == first["step"] and again["test"]["top1"] == first["test"]["top1"]
+
+
+def _two_class_npz(tmp_path: Path) -> Path:
+    import numpy as np
+
+    labels = np.arange(40) % 2
+    images = (np.random.default_rng(0).integers(0, 60, (40, 8, 8)) + labels[:, None, None] * 90).astype(np.uint8)
+    np.savez(tmp_path / "two.npz", images=images, labels=labels)
+    return tmp_path / "two.npz"
+
+
 MPP_KILLER = """
 import os, signal, sys
 from vitkit.cli import main

@@ -110,8 +110,11 @@ def run_train(args: argparse.Namespace) -> int:
         for line in lines if main_process else ():
             print(prefix + line, file=sys.stderr)
 
-    say(resolved.notes)
-    say(resolved.warnings, "warning: ")
+    if config.recipe == resolved.config.recipe:
+        say(resolved.notes)
+        say(resolved.warnings, "warning: ")
+    else:  # the notes describe the request; the stored run is what continues
+        say([f"recipe: {config.recipe} (the stored config of the run in {config.run.out}, which this resumes)"])
     try:
         result = train_with_sweep(config, progress_stream=sys.stderr, on_plan=lambda plan: say(plan_lines(plan)))
     except EvaluationError as err:  # the model is saved: say where, and how to evaluate it again
