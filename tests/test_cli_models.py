@@ -80,3 +80,15 @@ def test_img_size_flag(capsys, fast_flops):
     row = pick(run_json(capsys, "--filter", "vit_b16", "--img-size", "384"), "vit_b16")
     assert row["img_size"] == 384 and row["params"] == 86_567_656 + (577 - 197) * 768  # E_pos for 24x24 + 1 tokens
     assert row["gflops"] == round(flops.vit_flops(PRESETS["vit_b16"], 384) / 1e9, 2)
+
+
+def test_flags_are_matched_whole_and_the_version_is_the_packages(capsys) -> None:
+    """`--e 1` is an unknown flag (argparse would take it for --epochs), and --version says the installed release."""
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", "--e", "1"])
+    assert exit_.value.code == 2 and "unrecognized arguments: --e" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0 and capsys.readouterr().out.strip() == f"vitkit {version('vitkit')}"

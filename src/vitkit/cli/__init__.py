@@ -36,12 +36,27 @@ VERBS: list[Callable[[argparse._SubParsersAction], None]] = [
 ]
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse without prefix matching: `--e 1` or `--max-minute 5` is an unknown flag, not a guess."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vitkit", description="Vision Transformer (Dosovitskiy et al. 2021) toolkit")
-    sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
+    parser = _Parser(prog="vitkit", description="Vision Transformer (Dosovitskiy et al. 2021) toolkit")
+    parser.add_argument("--version", action="version", version=f"vitkit {_version()}")
+    sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB", parser_class=_Parser)
     for add in VERBS:
         add(sub)
     return parser
+
+
+def _version() -> str:
+    from vitkit import __version__
+
+    return __version__
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -45,7 +45,7 @@ def run_eval(args: argparse.Namespace) -> int:
     k = next(key for key in report if key.startswith("top") and key[3:].isdigit() and key != "top1")
     lines = [
         f"{args.data} {args.split}: {report['num_images']} images at {report['img_size']} px",
-        f"top-1 {100 * report['top1']:.2f}%   {k} {100 * report[k]:.2f}%{one_view_note(report)}",
+        f"top-1 {100 * report['top1']:.2f}%   top-{k[3:]} {100 * report[k]:.2f}%{one_view_note(report)}",
         *(
             f"  {name:<24} {'-' if value is None else f'{100 * value:.1f}%'}"
             for name, value in report["per_class"].items()
