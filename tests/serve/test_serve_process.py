@@ -138,3 +138,12 @@ def _children(pid: int) -> list[int]:
 def test_serve_on_a_missing_checkpoint_is_a_clean_error(tmp_path: Path, capsys) -> None:
     assert main(["serve", str(tmp_path / "nowhere"), "--port", str(free_port())]) == 2
     assert "nowhere" in capsys.readouterr().err
+
+
+def test_serve_on_a_folder_that_is_no_checkpoint_stops_before_binding(tmp_path: Path, capsys, caplog) -> None:
+    """A folder of images (a common slip) is named as no checkpoint before the server reports it runs."""
+    (tmp_path / "photos" / "cat").mkdir(parents=True)
+    (tmp_path / "photos" / "cat" / "a.jpg").write_bytes(b"\xff\xd8\xff")
+    assert main(["serve", str(tmp_path / "photos"), "--port", str(free_port())]) == 2
+    assert "not a checkpoint directory" in capsys.readouterr().err
+    assert "Uvicorn running" not in caplog.text

@@ -34,7 +34,11 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    from vitkit.checkpoints import detect_format
+    from vitkit.runs import find_checkpoint
     from vitkit.serve.config import ServeConfig
+
+    detect_format(find_checkpoint(args.checkpoint))  # a path that names no checkpoint stops before the port is bound
 
     try:
         from vitkit.serve.server import run_server
