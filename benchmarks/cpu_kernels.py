@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/cpu_kernels.py --tokens 49 --threads 1 --json
     .venv/bin/python benchmarks/cpu_kernels.py --gelu --rounds 9   # the tanh-GELU alternatives, ~1 min
     .venv/bin/python benchmarks/cpu_kernels.py --gelu --compiled   # the same under torch.compile, ~1 min
+    (--gelu appends its table as a row to benchmarks/results/cpu_kernels.jsonl; --no-record does not)
 
 Three choices, each against the alternative it replaced, at the shapes of a small-28px step (batch
 128, D=64, k=4 heads, MLP 256; 24 tokens with PatchDropout 0.5, 49 without):
@@ -31,18 +32,23 @@ import argparse
 import contextlib
 import json
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from vitkit.bench.records import append_row
 from vitkit.models import kernels
 from vitkit.models.configs import ViTConfig
 from vitkit.models.kernels import BF16_SOFTMAX_MIN_TOKENS, GELU_BETA, GELU_CUBIC, softmax
 from vitkit.models.vit import VisionTransformer
+
+RESULTS = Path(__file__).resolve().parent / "results" / "cpu_kernels.jsonl"
 
 
 def _time(fn: Callable[[], None], repeat: int) -> float:
@@ -263,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gelu", action="store_true", help="time the tanh-GELU alternatives instead")
     parser.add_argument("--compiled", action="store_true", help="with --gelu: the ways under torch.compile")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--no-record", action="store_true", help="with --gelu: append no row to results/")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -279,6 +286,8 @@ def main(argv: list[str] | None = None) -> int:
             "compiled": args.compiled,
             "gelu": gelu_table(args.rounds, 3, ways, shapes),
         }
+        if not args.no_record:
+            append_row(RESULTS, gelu, command=["cpu_kernels.py", *(argv if argv is not None else sys.argv[1:])])
         print(json.dumps(gelu)) if args.json else print_gelu_table(gelu)
         return 0
     batch, tokens, bf16 = args.batch, args.tokens, torch.bfloat16
