@@ -107,7 +107,10 @@ def run_convert(args: argparse.Namespace) -> int:
         out = write(checkpoint, dst, to=args.to)
     except BaseException:
         if created and dst.exists():  # a failed write leaves nothing it made
-            shutil.rmtree(dst) if dst.is_dir() else dst.unlink()
+            if dst.is_dir():
+                shutil.rmtree(dst)
+            else:
+                dst.unlink()
         raise
     params = sum(p.numel() for p in checkpoint.model.parameters())
     summary = {
