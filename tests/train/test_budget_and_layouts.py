@@ -4,6 +4,8 @@ every folder layout trains and reports a test accuracy, evaluation during traini
 from __future__ import annotations
 
 import json
+import os
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -158,3 +160,51 @@ def test_a_budget_without_a_given_length_runs_by_the_clock_alone(flags: dict, ex
     recipe = resolve(Request(data="digits", out="unused")).config.data.epochs
     epochs = resolve(Request(data="digits", out="unused", **flags)).config.data.epochs
     assert epochs == ({"1x": recipe}.get(expected, expected)) and recipe == 60
+
+
+def test_a_budgeted_run_resumed_after_a_long_start_up_trains_the_rest_and_ends_annealed(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """An interruption costs its restart on top of the budget: the resumed run's start-up is not charged, so
+    it trains the rest of its schedule and its last step runs at the schedule's end value."""
+    clock, real_step, real_warm_up = FakeTime(), trainer.train_step, trainer.Trainer._warm_up
+    monkeypatch.setattr(trainer, "time", clock)
+    overrides = ("data.steps=0", "data.epochs=0", "run.max_minutes=0.05", "run.log_every=1")
+    overrides += ("optim.end_lr_fraction=0.1",)
+
+    def interrupt_at_150(state, batch, spec, loss_of=None):
+        out = real_step(state, batch, spec, loss_of)
+        if state.step == 150:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return out
+
+    monkeypatch.setattr(trainer, "train_step", interrupt_at_150)
+    run = tmp_path / "run"
+    first = trainer.train(tiny_config(run, *overrides))
+    assert first["status"] == "interrupted" and first["step"] == 150
+
+    def slow_warm_up(self):  # the restart loads, builds and compiles for longer than the budget had left
+        clock.now += 10.0
+        return real_warm_up(self)
+
+    monkeypatch.setattr(trainer, "train_step", real_step)
+    monkeypatch.setattr(trainer.Trainer, "_warm_up", slow_warm_up)
+    resumed = trainer.train(tiny_config(run, *overrides))
+    lrs = [r["lr"] for r in _records(run) if r["split"] == "train"]
+    assert resumed["status"] == "finished" and resumed["step"] > 150 and len(lrs) == resumed["step"]
+    assert lrs[-1] == pytest.approx(0.1 * resumed["plan"]["lr"])  # ended at the schedule's end value
+
+
+def test_a_finished_budgeted_run_re_run_takes_no_more_steps(tmp_path: Path, monkeypatch) -> None:
+    """The last step ran at the schedule's end value: a re-run finds the run ended, however its clock reads
+    (here its final evaluation is timed faster, so less of the budget is kept back for it)."""
+    monkeypatch.setattr(trainer, "time", FakeTime())
+    run, overrides = tmp_path / "run", ("data.steps=0", "data.epochs=0", "run.max_minutes=0.05", "run.log_every=1")
+    monkeypatch.setattr(trainer.Trainer, "_eval_image_seconds", lambda self, count: 0.5 / count)
+    first = trainer.train(tiny_config(run, *overrides))
+    before = [r for r in _records(run) if r["split"] == "train"]
+    monkeypatch.setattr(trainer.Trainer, "_eval_image_seconds", lambda self, count: 0.0)
+    again = trainer.train(tiny_config(run, *overrides))
+    assert first["status"] == again["status"] == "finished" and again["step"] == first["step"] == len(before)
+    assert [r for r in _records(run) if r["split"] == "train"] == before
+    assert again["test"]["top1"] == first["test"]["top1"]

@@ -6,8 +6,10 @@ With `--max-minutes M` (run.budget_schedule="fit") the position is the larger of
 a length of its own: --epochs or data.steps) and L x the fraction of the usable budget spent training; a
 budgeted run without a length of its own goes by the clock alone, its L the steps the warm-up estimates will
 fit.  The run takes its last step, at the schedule's end value, when the next position would reach L, so it
-ends annealed whichever runs out first.  The usable budget is M minutes less every start-up (loading data,
-building and compiling the model; of resumed invocations too) and a reserve for the final evaluation.
+ends annealed whichever runs out first.  The usable budget is M minutes less the start-up (loading data,
+building and compiling the model) and a reserve for the final evaluation.  A budget is what an uninterrupted
+run takes: a resumed invocation's start-up is not charged, so an interrupted run trains the rest of its
+schedule in the training time it had left and still ends annealed; each restart costs its start-up on top.
 Processes agree on the time spent at log and checkpoint steps and extrapolate it between them at the last
 pace, so no collective runs on every step.
 

@@ -87,6 +87,7 @@ class RunParts:
         self.objective = build_objective(config, self.data.train.num_classes, in_channels(config.model))
         self.skipped_before = self.skipped_total = 0  # batches' corrupt samples of earlier invocations / in all
         self.stored_precision: str | None = None  # the precision an earlier invocation chose (kept on resume)
+        self.resumed = False  # this invocation continues a checkpoint of an earlier one
         self._build_model()
         batches = ShardBatches if isinstance(self.data.train, ShardSet) else IndexBatches  # both TrainBatches
         self.batches = batches(
@@ -203,6 +204,7 @@ class RunParts:
         resumed = self.checkpointer.restore(self.state, load_extra=load_extra)
         if resumed is None:
             return
+        self.resumed = True
         if self.info.rank:  # only rank 0's RNG states were saved: the others continue from a (seed, rank, step) stream
             seed = resumed_seed(self.config.run.seed, self.info.rank, self.state.step)
             torch.manual_seed(seed)

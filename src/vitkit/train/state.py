@@ -29,7 +29,8 @@ class TrainState:
     skipped_steps: int = 0  # non-finite steps skipped in total
     nan_streak: int = 0  # consecutive non-finite steps
     elapsed: float = 0.0  # seconds in the training loop, over all invocations
-    startup: float = 0.0  # seconds of start-up (data, model, compilation), over all invocations
+    startup: float = 0.0  # seconds of the first invocation's start-up (data, model, compilation)
+    ended: bool = False  # the schedule's last step, at its end value, has run: a re-run takes no more
 
     def state_dict(self, *, optimizer: bool = True) -> dict[str, Any]:
         rng: dict[str, Any] = {"torch": torch.get_rng_state(), "augment": self.generator.get_state()}
@@ -41,6 +42,7 @@ class TrainState:
             "nan_streak": self.nan_streak,
             "elapsed": self.elapsed,
             "startup": self.startup,
+            "ended": self.ended,
             "optimizer": self.optimizer.state_dict() if optimizer else None,
             "ema": self.ema.state_dict() if self.ema is not None else None,
             "rng": rng,
@@ -52,6 +54,7 @@ class TrainState:
         self.nan_streak = int(state["nan_streak"])
         self.elapsed = float(state["elapsed"])
         self.startup = float(state.get("startup", 0.0))  # absent in checkpoints of earlier versions
+        self.ended = bool(state.get("ended", False))
         if optimizer:
             self.optimizer.load_state_dict(state["optimizer"])
         if (state["ema"] is None) != (self.ema is None):

@@ -156,10 +156,11 @@ class Trainer(RunParts):
         return {key: distributed.max_across(seconds, self.device) for key, seconds in sorted(timings.items())}
 
     def _usable_s(self) -> float:
-        """Seconds for the training loop of a fitted run: the whole run's budget minus every start-up (the
-        earlier invocations' and this one's so far).  A collective: the smallest over the processes, since each
-        measured its own start-up and all must read the same schedule position and stop at the same step."""
-        startup = self.state.startup + time.monotonic() - self.started
+        """Seconds for the training loop of a fitted run: the whole run's budget minus its first invocation's
+        start-up.  A resumed invocation's start-up is not charged (train/budget.py).  A collective: the smallest
+        over the processes, since each measured its own start-up and all must read the same schedule position
+        and stop at the same step."""
+        startup = self.state.startup if self.resumed else time.monotonic() - self.started
         return distributed.min_across(max(self.config.run.max_minutes * 60 - startup, 1.0), self.device)
 
     def _make_plan(self, timings: dict) -> Plan:
@@ -197,7 +198,8 @@ class Trainer(RunParts):
         self.budget = Budget(plan.steps, self._usable_s() if plan.fitted else None, steps_count=plan.steps_given)
         if plan.eval_every == 0:  # keep back what the final evaluation is estimated to take
             self.budget.reserve_s = plan.measured.get("eval_seconds", 0.0)
-        state.startup += time.monotonic() - self.started
+        if not self.resumed:
+            state.startup = time.monotonic() - self.started
         self.budget.observe(state.step, state.elapsed)
         deadline = config.run.max_minutes * 60 if config.run.max_minutes > 0 and not plan.fitted else None
         stop = StopPolicy(
@@ -208,8 +210,9 @@ class Trainer(RunParts):
         self.loop_start, self.saved_step, status = time.monotonic(), -1, "finished"
         batches = iter(self.batches)
         with stop:
-            while not self.budget.done(state.step) and (raw := next(batches, None)) is not None:
+            while not state.ended and not self.budget.done(state.step) and (raw := next(batches, None)) is not None:
                 position = self.budget.position(state.step)
+                state.ended = position >= plan.steps - 1
                 phase = self.schedule.at(position)
                 spec = self.step_spec(phase)
                 out = train_step(
@@ -234,7 +237,7 @@ class Trainer(RunParts):
                     self.guard.flush()  # deferred flags: account for them before saving
                 if reason or (self.checkpointer.due(state.step) and state.nan_streak == 0):  # keep the last good one
                     self._save()
-                if reason or position >= plan.steps - 1:  # the last step ran at the schedule's end value
+                if reason or state.ended:  # the last step ran at the schedule's end value
                     status = reason or status
                     break
         bar.close()
