@@ -23,6 +23,7 @@ from vitkit.train.config import OptimConfig, apply_overrides
 from vitkit.train.guard import NonFiniteGuard, NonFiniteLossError
 from vitkit.train.optim import build_optimizer
 from vitkit.train.plan import make_plan
+from vitkit.train.plan_text import plan_lines
 from vitkit.train.schedule import Schedule
 from vitkit.train.state import TrainState
 from vitkit.train.stop import SignalFlag, StopPolicy
@@ -184,6 +185,18 @@ def test_the_warm_up_estimate_weighs_each_phase_by_its_share() -> None:
     eval_s = 300 * (0.2 / 50) / 3  # one final evaluation, forward only
     assert plan.measured["eta_minutes"] == pytest.approx((100 * step_s + eval_s) / 60, abs=0.01)
     assert plan.steps_given and plan.steps == 100
+
+
+def test_a_resumed_run_estimates_the_steps_it_has_left() -> None:
+    config = tiny_config(Path("/unused"), "data.steps=100", "data.batch_size=100")
+    timings = {(0.0, 8): 0.2}  # seconds a step (one micro-batch)
+    whole = make_plan(config, num_train=1000, timings=timings, eval_images=300)
+    resumed = make_plan(config, num_train=1000, timings=timings, eval_images=300, start_step=75)
+    eval_s = whole.measured["eval_seconds"]
+    assert resumed.start_step == 75 and resumed.steps == whole.steps == 100
+    assert resumed.measured["eta_minutes"] == pytest.approx((25 * 0.2 + eval_s) / 60, abs=0.01)
+    assert "the remaining 25 of 100 steps (resuming at step 75)" in "\n".join(plan_lines(resumed))
+    assert "for 100 steps" in "\n".join(plan_lines(whole))
 
 
 @pytest.mark.parametrize("flip_views", [False, True])

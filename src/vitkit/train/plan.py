@@ -85,6 +85,7 @@ class Plan:
     budget_schedule: str  # "fit" (the schedule runs by the clock) or "cut"
     augment: tuple[str, ...]
     steps_given: bool = True  # the run has a length of its own (else the budget alone decides it)
+    start_step: int = 0  # the step a resumed run continues from (0: a new run)
     flip_views: bool = False  # evaluations average each image's logits with its mirror image's
     patch_dropout: tuple[float, float] = (0.0, 1.0)  # (rate, until fraction); every patch after it
     patch_dropout_keep: str = "random"  # which patches PatchDropout keeps: random, or content before flat ones
@@ -190,12 +191,14 @@ def make_plan(
     budget_s: float | None = None,
     eval_images: int = 0,
     eval_image_s: float | None = None,
+    start_step: int = 0,
 ) -> Plan:
     """The plan of `config` on `num_train` training images with `world` processes.
 
     `timings` (the warm-up's seconds per micro-batch pass and phase) give the estimate; `budget_s` (the usable
     seconds of a fitted budget) the steps that fit, which are the schedule's length when the run has none;
-    `eval_image_s` (a timed evaluation forward, seconds per image) what the `eval_images` evaluations take.
+    `eval_image_s` (a timed evaluation forward, seconds per image) what the `eval_images` evaluations take;
+    `start_step` where a resumed run continues (the estimate is of the steps left).
     """
     choices = choices or HostChoices()
     micro, batch = micro_batch_size(config, world), config.data.batch_size
@@ -232,6 +235,7 @@ def make_plan(
         budget_minutes=config.run.max_minutes,
         budget_schedule=config.run.budget_schedule,
         steps_given=given is not None,
+        start_step=start_step,
         augment=tuple(describe_augment(config.augment)),
         flip_views=config.eval.flip_views,
         patch_dropout=patch_dropout_of(config),
@@ -268,14 +272,15 @@ def _estimate(
         return {}
     step_s = sum((end - begin) * seconds for begin, end, seconds in spans)  # the phases weighed by their share
     per_image_s = timings.get((0.0, plan.img_size), max(timings.values())) / plan.micro_batch
-    evals = (plan.steps // plan.eval_every if plan.eval_every else 0) + 1
+    left = max(plan.steps - plan.start_step, 0)
+    evals = ((plan.steps // plan.eval_every - plan.start_step // plan.eval_every) if plan.eval_every else 0) + 1
     views = 2 if plan.flip_views else 1  # the measured figure has them; the guess: forward only, a third of a pass
     eval_image_s = eval_image_s or views * per_image_s / 3
     eval_s = evals * eval_images * eval_image_s
     out = {
         "images_per_s": round(plan.global_batch / step_s, 1),
         "step_seconds": round(step_s, 4),
-        "eta_minutes": round((plan.steps * step_s + eval_s) / 60, 2),
+        "eta_minutes": round((left * step_s + eval_s) / 60, 2),
         "eval_seconds": round(eval_s, 1),
         "eval_image_ms": round(eval_image_s * 1000, 4),
     }

@@ -73,6 +73,8 @@ def estimate_lines(plan: Plan) -> list[str]:
                 f", {measured['eval_seconds']:g} s kept for the final evaluation "
                 f"({measured['eval_image_ms']:.2f} ms an image, timed)"
             )
+        if plan.start_step:
+            fitted += f"; resuming at step {plan.start_step:,}, the rest of the schedule in the training time left"
         lines = [speed, fitted]
         left, whole = measured.get("train_seconds"), plan.budget_minutes * 60
         if left is not None and left < TIGHT_BUDGET * whole:
@@ -81,7 +83,12 @@ def estimate_lines(plan: Plan) -> list[str]:
                 f"and the final evaluation ({measured['eval_seconds']:g} s); a larger --max-minutes trains more"
             )
         return lines
-    lines = [speed, f"estimated time: at least {minutes(measured['eta_minutes'])} for {plan.steps:,} steps"]
+    steps = (
+        f"the remaining {plan.steps - plan.start_step:,} of {plan.steps:,} steps (resuming at step {plan.start_step:,})"
+        if plan.start_step
+        else f"{plan.steps:,} steps"
+    )
+    lines = [speed, f"estimated time: at least {minutes(measured['eta_minutes'])} for {steps}"]
     if not plan.budget_minutes and measured["eta_minutes"] > LONG_RUN_MINUTES:
         lines.append(
             f"warning: this run is planned for {minutes(measured['eta_minutes'])}; "

@@ -182,6 +182,7 @@ class Trainer(RunParts):
             budget_s=self._usable_s() if fitted else None,
             eval_images=eval_images,
             eval_image_s=self._eval_image_seconds(eval_images) if reserve and eval_images else None,
+            start_step=self.state.step,
         )
         if not plan.steps_given:  # every process must read the same schedule length
             plan = dataclasses.replace(plan, steps=int(distributed.min_across(plan.steps, self.device)))
