@@ -260,36 +260,26 @@ def print_gelu_table(result: dict[str, Any]) -> None:
             )
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--tokens", type=int, default=24, help="tokens per image for the kernel shapes")
-    parser.add_argument("--batch", type=int, default=128)
-    parser.add_argument("--threads", type=int, default=0, help="0 = torch's default")
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--gelu", action="store_true", help="time the tanh-GELU alternatives instead")
-    parser.add_argument("--compiled", action="store_true", help="with --gelu: the ways under torch.compile")
-    parser.add_argument("--json", action="store_true")
-    parser.add_argument("--no-record", action="store_true", help="with --gelu: append no row to results/")
-    args = parser.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    if args.gelu:
-        ways, shapes = (
-            (compiled_gelu_ways(), {"small-32px": (256, 16, 384), **GELU_SHAPES})
-            if args.compiled
-            else (GELU_WAYS, GELU_SHAPES)
-        )
-        gelu = {
-            "threads": torch.get_num_threads(),
-            "rounds": args.rounds,
-            "compiled": args.compiled,
-            "gelu": gelu_table(args.rounds, 3, ways, shapes),
-        }
-        if not args.no_record:
-            append_row(RESULTS, gelu, command=["cpu_kernels.py", *(argv if argv is not None else sys.argv[1:])])
-        print(json.dumps(gelu)) if args.json else print_gelu_table(gelu)
-        return 0
+def run_gelu(args: argparse.Namespace, argv: list[str]) -> None:
+    """--gelu: time the tanh-GELU ways and (unless --no-record) append the row."""
+    ways, shapes = (
+        (compiled_gelu_ways(), {"small-32px": (256, 16, 384), **GELU_SHAPES})
+        if args.compiled
+        else (GELU_WAYS, GELU_SHAPES)
+    )
+    gelu = {
+        "threads": torch.get_num_threads(),
+        "rounds": args.rounds,
+        "compiled": args.compiled,
+        "gelu": gelu_table(args.rounds, 3, ways, shapes),
+    }
+    if not args.no_record:
+        append_row(RESULTS, gelu, command=["cpu_kernels.py", *argv])
+    print(json.dumps(gelu)) if args.json else print_gelu_table(gelu)
+
+
+def run_kernels(args: argparse.Namespace) -> None:
+    """The default table: vitkit's softmax, GELU and PatchDropout choices beside the alternatives."""
     batch, tokens, bf16 = args.batch, args.tokens, torch.bfloat16
     logits = torch.randn(batch, 4, tokens, tokens, dtype=bf16, requires_grad=True)
     fp32_rows = tokens < BF16_SOFTMAX_MIN_TOKENS  # what vitkit's kernels.softmax does at this length
@@ -324,10 +314,30 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.json:
         print(json.dumps(result))
-        return 0
+        return
     print(f"{result['threads']} threads, batch {batch}, {tokens} tokens (fwd + bwd, median of {args.rounds} rounds)")
     for name, row in result["rows"].items():
         print(f"  {name:42s} {row['chosen_ms']:8.3f} ms vs {row['other_ms']:8.3f} ms   x{row['ratio']:.2f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tokens", type=int, default=24, help="tokens per image for the kernel shapes")
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=0, help="0 = torch's default")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--gelu", action="store_true", help="time the tanh-GELU alternatives instead")
+    parser.add_argument("--compiled", action="store_true", help="with --gelu: the ways under torch.compile")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--no-record", action="store_true", help="with --gelu: append no row to results/")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    if args.gelu:
+        run_gelu(args, argv if argv is not None else sys.argv[1:])
+    else:
+        run_kernels(args)
     return 0
 
 
