@@ -6,6 +6,8 @@ import os
 import stat
 
 import pytest
+import torch
+from safetensors.torch import save_file
 
 from vitkit.atomic import atomic_write, atomic_write_text
 
@@ -17,9 +19,11 @@ def test_written_files_get_the_umasks_permissions(tmp_path, umask):
     try:
         atomic_write_text(tmp_path / "a.json", "{}")
         atomic_write(tmp_path / "b.bin", lambda tmp: tmp.write_bytes(b"x"))
+        # safetensors re-creates the file it writes with mode 0o600: the permissions are set after the write
+        atomic_write(tmp_path / "c.safetensors", lambda tmp: save_file({"w": torch.zeros(2)}, str(tmp)))
     finally:
         os.umask(old)
-    for name in ("a.json", "b.bin"):
+    for name in ("a.json", "b.bin", "c.safetensors"):
         assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o666 & ~umask
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import stat
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,12 +14,15 @@ from pathlib import Path
 def atomic_write(path: str | os.PathLike, write: Callable[[Path], object]) -> None:
     """Call `write(tmp_path)`, then rename the temporary file onto `path` (same directory, so atomic).
 
-    The file gets the permissions `open()` would give it (0o666 less the umask), not mkstemp's private 0o600.
+    The file gets the permissions `open()` would give it (0o666 less the umask), not mkstemp's private 0o600,
+    also where `write` re-creates the file with its own (safetensors writes 0o600).
     """
     path = Path(path)
     tmp = _create_temporary(path)
     try:
+        mode = stat.S_IMODE(os.stat(tmp).st_mode)
         write(Path(tmp))
+        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
