@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +11,7 @@ import pytest
 import torch
 
 from shardkit import image_ids, numbered_images, png
+from vitkit.data.images import BadImageError, decode_image
 from vitkit.data.loader import FileBatches, IndexStream, eval_batches
 from vitkit.data.shard import write_shards
 from vitkit.data.sources import describe, load_split
@@ -114,6 +116,19 @@ def test_columns_by_type_or_by_name_and_integer_labels(tmp_path: Path) -> None:
     _dataset(12, int_labels=True).save_to_disk(str(tmp_path / "ints"))  # a single Dataset: the train split
     plain = load_split(f"hf:{tmp_path / 'ints'}", "train", image_size=8)
     assert plain.class_names == ["0", "1", "2", "3"] and torch.equal(plain.labels, _truth(12)[1])
+
+
+def test_a_column_of_the_wrong_kind_is_refused_before_any_row_is_read(tmp_path: Path) -> None:
+    """Labels named as the image column were decoded as file descriptors: `open(2)` read and closed stderr."""
+    _dataset(12).save_to_disk(str(tmp_path / "ds"))
+    with pytest.raises(ValueError, match=r"data.image_column='target' holds class labels, not images.*picture"):
+        load_split(f"hf:{tmp_path / 'ds'}", "train", image_column="target")
+    with pytest.raises(ValueError, match=r"data.label_column='weight' holds float values, not class ids.*target"):
+        load_split(f"hf:{tmp_path / 'ds'}", "train", label_column="weight")
+    for value in (2, 1.5, None):  # never a file descriptor, whatever a reader hands over
+        with pytest.raises(BadImageError, match="not an image"):
+            decode_image(value)
+    os.fstat(2)  # stderr is still open
 
 
 def test_unlabelled_rows_are_dropped_and_hf_shards_round_trip(tmp_path: Path) -> None:

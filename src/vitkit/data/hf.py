@@ -118,11 +118,27 @@ def choose_columns(
         return "int" if pa.types.is_integer(field.type) else "other"
 
     kinds = {column: kind(column) for column in names}
-    image = _pick(image_column, [c for c in names if kinds[c] == "Image"], "image", names, where)
+    images = [c for c in names if kinds[c] == "Image"]
+    image = _pick(image_column, images, "image", names, where)
     labels = [c for c in names if kinds[c] == "ClassLabel"] or [c for c in names if kinds[c] == "int"]
     label = _pick(label_column, labels, "label", names, where)
+    field = arrow_schema.field(image)
+    if kinds[image] != "Image" and not (pa.types.is_binary(field.type) or pa.types.is_large_binary(field.type)):
+        what = "class labels" if kinds[image] in ("ClassLabel", "int") else f"{field.type} values"
+        raise ValueError(
+            f"{where}: data.image_column={image!r} holds {what}, not images; image columns: {_listed(images)}"
+        )
+    if kinds[label] not in ("ClassLabel", "int"):
+        raise ValueError(
+            f"{where}: data.label_column={label!r} holds {arrow_schema.field(label).type} values, not class ids; "
+            f"label columns: {_listed(labels)}"
+        )
     class_names = features.get(label, {}).get("names") if kinds[label] == "ClassLabel" else None
     return image, label, class_names
+
+
+def _listed(columns: list[str]) -> str:
+    return ", ".join(columns) or "none"
 
 
 def _pick(chosen: str, candidates: list[str], what: str, names: list[str], where: str) -> str:

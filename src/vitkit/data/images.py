@@ -158,6 +158,8 @@ def _decode(
     source: str | os.PathLike | bytes, channels: int, size: int | None, max_pixels: int, name: str | None = None
 ) -> np.ndarray:
     """(H, W, C) uint8 array; with `size`: shorter side resized to `size`, then centre-cropped square."""
+    if not isinstance(source, (str, os.PathLike, bytes, bytearray, memoryview)):  # an int would be a file descriptor
+        raise BadImageError(f"{name or '<value>'}: not an image (a {type(source).__name__} value)")
     if channels not in (1, 3):
         raise ValueError(f"channels must be 1 or 3, got {channels}")
     name = name or _source_name(source)
