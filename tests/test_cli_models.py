@@ -92,3 +92,13 @@ def test_flags_are_matched_whole_and_the_version_is_the_packages(capsys) -> None
     with pytest.raises(SystemExit) as exit_:
         main(["--version"])
     assert exit_.value.code == 0 and capsys.readouterr().out.strip() == f"vitkit {version('vitkit')}"
+
+
+@pytest.mark.parametrize(
+    "argv", [["train", "--max-minutes", "nan"], ["train", "--lr", "inf"], ["pretrain-mpp", "--corrupt-rate", "nan"]]
+)
+def test_a_number_flag_takes_only_finite_numbers(argv: list[str], capsys) -> None:
+    """argparse's float takes "nan" and "inf"; `--max-minutes nan` then trained with no budget at all."""
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2 and "expected a finite number" in capsys.readouterr().err

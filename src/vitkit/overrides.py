@@ -9,6 +9,7 @@ name the field and what it accepts.  A HybridConfig exposes its own fields and i
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from typing import Any, Literal
@@ -92,9 +93,12 @@ def parse_value(text: str, hint: Any, key: str) -> Any:
         raise ValueError(f"--set {key}={text}: expected true or false")
     if hint in (int, float):
         try:
-            return hint(text)
+            value = hint(text)
         except ValueError:
             raise ValueError(f"--set {key}={text}: expected {hint.__name__}") from None
+        if not math.isfinite(value):
+            raise ValueError(f"--set {key}={text}: expected a finite number")
+        return value
     if hint is str:
         return text
     raise ValueError(f"--set {key}: fields of type {hint} cannot be set from the command line")

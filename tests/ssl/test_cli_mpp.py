@@ -53,7 +53,9 @@ def test_pretrain_mpp_verb_writes_a_loadable_encoder(tmp_path, capsys):
         ]
     )
     assert code == 0
-    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    printed = capsys.readouterr()
+    assert "resumes" not in printed.err  # a new run directory: nothing is resumed
+    summary = json.loads(printed.out.strip().splitlines()[-1])
     assert summary["status"] == "finished" and summary["step"] == 2 and summary["steps"] == 2
     model = vitkit.load(summary["checkpoint"])
     assert model.config.patch_size == 4 and model.config.num_classes == 0 and model.config.img_size == 16

@@ -51,6 +51,8 @@ def test_overrides_parse_each_type() -> None:
         ("optim.lr", "expected group.field=value"),
         ("model.hidden_size=33", "not divisible"),  # the dataclass's own validation still runs
         ("optim.lr=-1", "lr > 0"),
+        ("optim.lr=nan", "expected a finite number"),
+        ("run.max_minutes=inf", "expected a finite number"),
     ],
 )
 def test_bad_overrides_are_clear_errors(item: str, message: str) -> None:
@@ -65,6 +67,15 @@ def test_fields_of_one_group_change_together() -> None:
     assert from_dict(json.loads(json.dumps(to_dict(config)))) == config
     with pytest.raises(ValueError, match="not a multiple"):
         apply_overrides(base, ["data.batch_size=64", "data.micro_batch_size=24"])
+
+
+def test_fields_of_several_groups_are_checked_together_in_any_order() -> None:
+    """A check across groups sees every --set, whatever order they were given in."""
+    base = get_recipe("small-32px-tiny", INFO)  # a Muon recipe, and FSDP refuses Muon
+    assert base.optim.name == "muon"
+    for order in (["run.parallel=fsdp", "optim.name=adamw"], ["optim.name=adamw", "run.parallel=fsdp"]):
+        config = apply_overrides(base, order)
+        assert (config.run.parallel, config.optim.name) == ("fsdp", "adamw")
 
 
 def test_removed_fields_of_a_stored_run_are_read_where_neutral() -> None:

@@ -4,8 +4,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from collections.abc import Iterable
 from typing import Any
+
+
+def finite_float(text: str) -> float:
+    """A float flag's value: a finite number (argparse's `float` takes "nan" and "inf")."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
 
 
 def add_surgery_flags(parser: argparse.ArgumentParser) -> None:
@@ -23,7 +32,7 @@ def add_surgery_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--max-model-gb",
-        type=float,
+        type=finite_float,
         default=None,
         help="refuse a model with more GB of weights (default: the memory available now)",
     )
@@ -59,13 +68,13 @@ def add_train_flags(
         help="recipe name (paper-pretrain, paper-finetune, small-8px, ...; "
         "each has a -tiny variant); default: chosen from the data set's size and resolution",
     )
-    parser.add_argument("--epochs", type=float, default=None, help="passes over the training split")
+    parser.add_argument("--epochs", type=finite_float, default=None, help="passes over the training split")
     parser.add_argument("--batch-size", type=int, default=None, help="effective global batch (accumulated as needed)")
-    parser.add_argument("--lr", type=float, default=None, help=lr_help)
+    parser.add_argument("--lr", type=finite_float, default=None, help=lr_help)
     parser.add_argument("--img-size", type=int, default=None, help="training resolution in pixels")
     parser.add_argument(
         "--max-minutes",
-        type=float,
+        type=finite_float,
         default=None,
         help="time budget of the whole run: every schedule is fitted to it and the run ends annealed "
         "(--set run.budget_schedule=cut stops this invocation instead)",

@@ -6,6 +6,8 @@ import argparse
 import logging
 import sys
 
+from vitkit.cli.flags import finite_float
+
 
 def add_serve(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("serve", help="HTTP inference server: /v1/predict, /v1/explain, /metrics and a web page")
@@ -14,11 +16,11 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--port", type=int, default=8000, help="TCP port")
     parser.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda, cuda:1, ...")
     parser.add_argument("--max-batch", type=int, default=32, help="images per model forward at most")
-    parser.add_argument("--max-wait-ms", type=float, default=5.0, help="how long a batch waits to fill up")
-    parser.add_argument("--max-body-mb", type=float, default=8.0, help="request body limit in MiB")
+    parser.add_argument("--max-wait-ms", type=finite_float, default=5.0, help="how long a batch waits to fill up")
+    parser.add_argument("--max-body-mb", type=finite_float, default=8.0, help="request body limit in MiB")
     parser.add_argument(
         "--max-bodies-mb",
-        type=float,
+        type=finite_float,
         default=None,
         help="request bodies held in memory at once, all requests (MiB; default max(256, 4 x body limit))",
     )

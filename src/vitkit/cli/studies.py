@@ -6,7 +6,7 @@ import argparse
 import logging
 import sys
 
-from vitkit.cli.flags import emit
+from vitkit.cli.flags import emit, finite_float
 
 STUDIES = ("data-size", "compute", "posemb", "head", "shape", "mpp", "attention", "speed", "transfer")
 TRANSFER_ONLY = ("pretrain_data", "init", "families")  # flags of the transfer study alone
@@ -28,7 +28,7 @@ def add_reproduce(sub: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--budget-minutes",
-        type=float,
+        type=finite_float,
         default=30.0,
         help="wall-clock budget of the whole study; model sizes and arm lengths scale to it",
     )

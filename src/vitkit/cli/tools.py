@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from vitkit.cli.flags import add_surgery_flags, emit
+from vitkit.cli.flags import add_surgery_flags, emit, finite_float
 
 
 def add_models(sub: argparse._SubParsersAction) -> None:
@@ -177,7 +177,7 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--steps", type=int, default=5, help="steps per timed repeat")
     parser.add_argument("--repeats", type=int, default=3, help="timed repeats (the median is reported)")
     parser.add_argument(
-        "--peak-tflops", type=float, default=None, help="peak for MFU (default: measure a large matmul)"
+        "--peak-tflops", type=finite_float, default=None, help="peak for MFU (default: measure a large matmul)"
     )
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's)")

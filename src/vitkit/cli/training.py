@@ -9,7 +9,7 @@ import os
 import sys
 from typing import Any
 
-from vitkit.cli.flags import add_train_flags
+from vitkit.cli.flags import add_train_flags, finite_float
 
 
 def add_train(sub: argparse._SubParsersAction) -> None:
@@ -42,10 +42,12 @@ def add_pretrain_mpp(sub: argparse._SubParsersAction) -> None:
         choices=["mean_color", "downsampled", "pixels"],
         help="3-bit mean colour (512 classes, the paper's), 4x4 downsized 3-bit patch, or L2 on pixels",
     )
-    parser.add_argument("--corrupt-rate", type=float, default=0.5, help="fraction of patches corrupted (BERT: 0.15)")
+    parser.add_argument(
+        "--corrupt-rate", type=finite_float, default=0.5, help="fraction of patches corrupted (BERT: 0.15)"
+    )
     parser.add_argument(
         "--replace",
-        type=float,
+        type=finite_float,
         nargs=3,
         default=(0.8, 0.1, 0.1),
         metavar=("MASK", "RANDOM", "KEEP"),
@@ -95,6 +97,7 @@ def _config(args: argparse.Namespace) -> Any:
 
 
 def run_train(args: argparse.Namespace) -> int:
+    from vitkit.runs import RunDir
     from vitkit.train.plan_text import plan_lines
     from vitkit.train.sweep import train_with_sweep
     from vitkit.train.trainer import EvaluationError, reconcile
@@ -104,13 +107,14 @@ def run_train(args: argparse.Namespace) -> int:
     if not main_process:
         logging.getLogger("vitkit").setLevel(logging.WARNING)
     resolved, config = _config(args)
+    resuming = RunDir(config.run.out).latest() is not None
     config = reconcile(config)  # resuming: the run's own config, before anything is printed
 
     def say(lines: list[str], prefix: str = "") -> None:
         for line in lines if main_process else ():
             print(prefix + line, file=sys.stderr)
 
-    if config.recipe == resolved.config.recipe:
+    if not resuming or config.recipe == resolved.config.recipe:
         say(resolved.notes)
         say(resolved.warnings, "warning: ")
     else:  # the notes describe the request; the stored run is what continues

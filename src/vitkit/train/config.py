@@ -309,8 +309,8 @@ def _is_tuple(hint: Any) -> bool:
 def apply_overrides(config: TrainConfig, overrides: list[str] | tuple[str, ...]) -> TrainConfig:
     """Apply `group.field=value` strings, each parsed and checked against the field's type.
 
-    The fields of one group change together, so that fields checked against each other (such as
-    data.batch_size and data.micro_batch_size) can be set by separate strings.  Unknown groups or
+    All fields change together, so that fields checked against each other (such as data.batch_size and
+    data.micro_batch_size, or optim.name and run.parallel) can be set by separate strings in any order.  Unknown groups or
     fields, removed fields and values of the wrong type raise a ValueError naming them.
     """
     changes: dict[str, dict[str, str]] = {}
@@ -329,6 +329,5 @@ def apply_overrides(config: TrainConfig, overrides: list[str] | tuple[str, ...])
         if group == "mpp" and config.mpp is None:
             raise ValueError(f"--set {key}: mpp.* fields configure masked patch prediction (vitkit pretrain-mpp)")
         changes.setdefault(group, {})[name] = text
-    for group, items in changes.items():
-        config = dataclasses.replace(config, **{group: apply_fields(getattr(config, group), items, group)})
-    return config
+    groups = {group: apply_fields(getattr(config, group), items, group) for group, items in changes.items()}
+    return dataclasses.replace(config, **groups) if groups else config  # one check across the groups
