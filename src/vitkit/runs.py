@@ -113,9 +113,9 @@ class RunDir:
     def model_checkpoint(self) -> Path:
         """The checkpoint this run stands for, as every verb reads it.
 
-        The `ema` export when it is at least as new as LATEST's target (the run's own evaluations use
-        those weights), else LATEST's target (`final` holds the same weights at the end of a run without
-        EMA).  Without LATEST: `final`, then the newest complete checkpoint by time and step number.
+        The `final` export, else the `ema` one, when it is at least as new as LATEST's target (a finished
+        run's model, the Polyak average when enabled; `ema` is what the run's own evaluations use), else
+        LATEST's target.  Without LATEST: `final`, then the newest complete checkpoint by time and step number.
         """
         candidates = (
             [p for p in self.checkpoints.iterdir() if p.is_dir() and not p.name.startswith(".") and native.is_native(p)]
@@ -129,8 +129,8 @@ class RunDir:
             )
         latest = self.latest(with_state=False)
         if latest is not None:
-            ema = self.checkpoints / EMA
-            return ema if native.is_native(ema) and _mtime(ema) >= _mtime(latest) else latest
+            exports = (self.checkpoints / name for name in (FINAL, EMA))
+            return next((p for p in exports if native.is_native(p) and _mtime(p) >= _mtime(latest)), latest)
         by_name = {p.name: p for p in candidates}
         for name in (FINAL, "last", "latest"):
             if name in by_name:

@@ -77,9 +77,11 @@ def test_run_directory_resolves_to_final_or_newest_checkpoint(tmp_path: Path, ma
     final = make_checkpoint(run / "checkpoints" / "final", in_chans=1, img_size=16)
     assert find_checkpoint(run) == final
     assert find_checkpoint(final) == final
-    # vitkit train's layout: LATEST names the newest step; a newer ema/ export (Polyak average) wins
+    # vitkit train's layout: LATEST names the newest step; a newer final/ or ema/ export (Polyak average) wins
     (run / "checkpoints" / "LATEST").write_text("step_000010\n")
-    assert find_checkpoint(run) == old
+    assert find_checkpoint(run) == final  # the finished run's model, as docs/evaluation.md says
+    os.utime(final / "config.json", (past - 20, past - 20))
+    assert find_checkpoint(run) == old  # the run went on after that final export
     ema = make_checkpoint(run / "checkpoints" / "ema", in_chans=1, img_size=16)
     assert find_checkpoint(run) == ema
     os.utime(ema / "config.json", (past - 10, past - 10))

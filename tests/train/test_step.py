@@ -133,7 +133,7 @@ def test_polyak_ema_follows_its_formula_and_is_what_gets_saved(tmp_path) -> None
     assert any(not torch.equal(final[k], raw[k]) for k in raw)  # the raw weights are kept for resuming
     from vitkit.runs import find_checkpoint
 
-    assert find_checkpoint(run) == run / "checkpoints" / "ema"  # what `vitkit eval RUN` evaluates
+    assert find_checkpoint(run) == run / "checkpoints" / "final"  # what `vitkit eval RUN` evaluates: the average
 
 
 def test_deferred_skip_happens_on_the_device_without_reading_the_flag() -> None:

@@ -310,8 +310,8 @@ def apply_overrides(config: TrainConfig, overrides: list[str] | tuple[str, ...])
     """Apply `group.field=value` strings, each parsed and checked against the field's type.
 
     All fields change together, so that fields checked against each other (such as data.batch_size and
-    data.micro_batch_size, or optim.name and run.parallel) can be set by separate strings in any order.  Unknown groups or
-    fields, removed fields and values of the wrong type raise a ValueError naming them.
+    data.micro_batch_size, or optim.name and run.parallel) can be set by separate strings in any order.
+    Unknown groups or fields, removed fields and values of the wrong type raise a ValueError naming them.
     """
     changes: dict[str, dict[str, str]] = {}
     for item in overrides:
