@@ -218,6 +218,18 @@ def is_run_dir(path: str | os.PathLike) -> bool:
     )
 
 
+def data_columns(path: str | os.PathLike, uri: str) -> dict[str, str]:
+    """The `image_column`/`label_column` the run that `path` names (RUN or RUN/checkpoints/NAME) read `uri`
+    with, where it was trained on `uri`; else none, and the columns are found by their types."""
+    path = Path(path)
+    for run in (path, path.parent.parent):
+        stored = RunDir(run).stored_config() if is_run_dir(run) else None
+        data = (stored or {}).get("data", {})
+        if data.get("uri") == uri:
+            return {key: data[key] for key in ("image_column", "label_column") if data.get(key)}
+    return {}
+
+
 def find_checkpoint(path: str | os.PathLike) -> Path:
     """The checkpoint a path names: a run directory's (see `RunDir.model_checkpoint`), else the path itself
     (any checkpoint format; `vitkit.checkpoints.read` detects it)."""

@@ -173,3 +173,8 @@ def test_train_cli_threads_the_column_choice(tmp_path: Path, capsys: pytest.Capt
     assert main([*command, "--set", "data.image_column=thumb"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["step"] == 2 and result["val"]["count"] == 8  # round(0.25 x 6) = 2 of each class held out
+    # the verbs that read the run's own data read it with the run's columns
+    run, uri = str(tmp_path / "run"), f"hf:{tmp_path / 'two'}"
+    assert main(["eval", run, "--data", uri, "--split", "train", "--json"]) == 0, capsys.readouterr().err
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["num_images"] == 24
+    assert main(["embed", run, "--data", uri, "--split", "train", "--out", str(tmp_path / "e.npy")]) == 0

@@ -19,14 +19,19 @@ from vitkit.eval.embed import output_paths, save_embeddings
 from vitkit.eval.features import channels, compute, resolution
 from vitkit.eval.fewshot import FewShotConfig, run_fewshot
 from vitkit.eval.predict import PredictConfig, predict_files
-from vitkit.runs import find_checkpoint, is_run_dir, open_checkpoint
+from vitkit.runs import data_columns, find_checkpoint, is_run_dir, open_checkpoint
 
 log = logging.getLogger(__name__)
 
 
-def _load(uri: str, split: str, checkpoint, img_size: int | None, max_images: int | None = None):
+def _load(path, uri: str, split: str, checkpoint, img_size: int | None, max_images: int | None = None):
+    """A split of `uri` as the checkpoint reads it (its resolution and channels; a run's own hf columns)."""
     images = load_split(
-        uri, split, image_size=resolution(checkpoint, img_size), channels=1 if channels(checkpoint) == 1 else 3
+        uri,
+        split,
+        image_size=resolution(checkpoint, img_size),
+        channels=1 if channels(checkpoint) == 1 else 3,
+        **data_columns(path, uri),
     )
     if max_images is not None and max_images < len(images) and images.access == "stream":
         raise ValueError("--max-images needs a random-access split; this one is streamed from shards")
@@ -56,7 +61,7 @@ def eval_command(
     from vitkit.eval.plots import plot_confusion
 
     checkpoint = open_checkpoint(path)
-    images = _load(data, split, checkpoint, config.img_size, max_images)
+    images = _load(path, data, split, checkpoint, config.img_size, max_images)
     result = evaluate(checkpoint, images, config)
     report = {"checkpoint": str(find_checkpoint(path)), "data": data, "split": split, **result.to_dict()}
     out = Path(out) if out is not None else default_out(path, "eval")
@@ -73,8 +78,8 @@ def fewshot_command(
 ) -> dict[str, Any]:
     """Few-shot linear accuracy (Sec. 4.1) of a checkpoint's frozen representation on a data set."""
     checkpoint = open_checkpoint(path)
-    train = _load(data, "train", checkpoint, config.img_size)
-    test = _load(data, "test", checkpoint, config.img_size)
+    train = _load(path, data, "train", checkpoint, config.img_size)
+    test = _load(path, data, "test", checkpoint, config.img_size)
     result = run_fewshot(checkpoint, train, test, config)
     report = {"checkpoint": str(find_checkpoint(path)), "data": data, **result.to_dict()}
     if out is not None:
@@ -103,7 +108,7 @@ def embed_command(
     """Representations (`layer`) of every image of a split, saved as .npy or .safetensors with labels."""
     output_paths(out)  # refuse a bad suffix before any work
     checkpoint = open_checkpoint(path)
-    images = _load(data, split, checkpoint, img_size)
+    images = _load(path, data, split, checkpoint, img_size)
     embeddings, labels = compute(checkpoint, images, layer, img_size=img_size, batch_size=batch_size, device=device)
     meta = {
         "checkpoint": str(find_checkpoint(path)),

@@ -32,7 +32,7 @@ from vitkit.inspect import plots
 from vitkit.inspect.attention import attention_rollout, mean_attention_distance, patch_distances, rollout_map
 from vitkit.inspect.embeddings import filter_pca, position_similarity
 from vitkit.models.vit import PatchEmbed
-from vitkit.runs import find_checkpoint, open_checkpoint
+from vitkit.runs import data_columns, find_checkpoint, open_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -242,9 +242,11 @@ def load_images(paths: Sequence[str | os.PathLike], channels: int, size: int) ->
     return [decode_image(path, channels=1 if channels == 1 else 3, size=size) for path in paths]
 
 
-def sample_images(uri: str, split: str, count: int, channels: int, size: int, seed: int = 0) -> list[Tensor]:
-    """`count` images of a data split in a seeded random order, uint8 (C, H, W)."""
-    images = load_split(uri, split, image_size=size, channels=1 if channels == 1 else 3)
+def sample_images(
+    uri: str, split: str, count: int, channels: int, size: int, seed: int = 0, columns: dict[str, str] | None = None
+) -> list[Tensor]:
+    """`count` images of a data split in a seeded random order, uint8 (C, H, W); `columns`: hf columns."""
+    images = load_split(uri, split, image_size=size, channels=1 if channels == 1 else 3, **(columns or {}))
     order = torch.randperm(len(images), generator=torch.Generator().manual_seed(seed))[:count]
     return [images.read(int(i)) for i in order]
 
@@ -264,7 +266,7 @@ def inspect_command(
     size, chans = resolution(checkpoint, config.img_size), channels(checkpoint)
     images = load_images(image_files, chans, size)
     if data:
-        images += sample_images(data, split, num_images, chans, size)
+        images += sample_images(data, split, num_images, chans, size, columns=data_columns(path, data))
     report = inspect_model(checkpoint, images, out, config)
     return {"checkpoint": str(find_checkpoint(path)), "out": str(out), **report}
 
