@@ -1,10 +1,14 @@
-"""Two gloo processes with B/2 each end with the same weights as one process with B (DDP + sharding), and a
-budget fitted on two processes ends annealed on both at the same step."""
+"""Two gloo processes with B/2 each end with the same weights as one process with B (DDP + sharding), a
+budget fitted on two processes ends annealed on both at the same step, and two processes stopped and resumed
+end with the weights of an uninterrupted run (every rank's RNG resumes)."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import shutil
+import signal
 import socket
 import time
 from pathlib import Path
@@ -16,6 +20,7 @@ from helpers import FakeTime, tiny_config
 from safetensors.torch import load_file
 
 from vitkit.data.loader import IndexStream, micro_batches
+from vitkit.runs import RunDir
 from vitkit.train import trainer
 
 # SGD: Adam would turn ~1e-10 all-reduce rounding in gradients that are zero in exact arithmetic
@@ -60,11 +65,30 @@ def _worker(rank: int, world: int, port: int, out: str, *extra: str) -> None:
     (Path(out).parent / f"result_{rank}.json").write_text(json.dumps(result, default=str))
 
 
-def _spawn(world: int, out: Path, *extra: str, timeout_s: float = 240.0) -> None:
-    """Run `_worker` on `world` gloo processes; a process that waits on a collective its peer never reaches
+def _stopped_worker(rank: int, world: int, port: int, out: str, stop_at: int, *extra: str) -> None:
+    """Train as `_worker` does (without a fake clock), sending SIGTERM to this process after step `stop_at` (0:
+    never), as a user's Ctrl-C or a scheduler's preemption would."""
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
+    real_step = trainer.train_step
+
+    def step(state, batch, spec, loss_of):
+        out = real_step(state, batch, spec, loss_of)
+        if state.step == stop_at:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return out
+
+    trainer.train_step = step
+    result = trainer.train(tiny_config(Path(out), *ARGS, *extra))
+    (Path(out).parent / f"result_{rank}.json").write_text(json.dumps(result, default=str))
+
+
+def _spawn(world: int, out: Path, *extra: str | int, timeout_s: float = 240.0, worker=_worker) -> None:
+    """Run `worker` on `world` gloo processes; a process that waits on a collective its peer never reaches
     (ranks disagreeing on when to stop) fails the test at the timeout instead of hanging it."""
     context = mp.start_processes(
-        _worker, args=(world, _free_port(), str(out), *extra), nprocs=world, join=False, start_method="spawn"
+        worker, args=(world, _free_port(), str(out), *extra), nprocs=world, join=False, start_method="spawn"
     )
     deadline = time.monotonic() + timeout_s
     while not context.join(timeout=1.0):
@@ -116,6 +140,33 @@ def test_two_processes_fit_a_budget_and_end_annealed_at_the_same_step(tmp_path: 
     assert results[0]["step"] == results[1]["step"] and 10 < results[0]["step"] < 1_000_000
     assert results[0]["lrs"] == results[1]["lrs"]  # every step at the same schedule position on both
     assert results[0]["lrs"][-1] == pytest.approx(0.1 * results[0]["plan"]["lr"])  # the end value: annealed, not cut
+
+
+@pytest.mark.dist
+def test_two_processes_stopped_and_resumed_equal_an_uninterrupted_run(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # dropout and flips draw on every rank, so rank 1's RNG streams must continue across the stop as well
+    random = ("model.dropout=0.1", "augment.flip=true", "data.steps=8", "run.log_every=1")
+    _spawn(2, tmp_path / "reference" / "run", 0, *random, worker=_stopped_worker)
+    stopped = tmp_path / "stopped" / "run"
+    _spawn(2, stopped, 3, *random, worker=_stopped_worker)
+    results = [json.loads((stopped.parent / f"result_{rank}.json").read_text()) for rank in range(2)]
+    assert [(r["status"], r["step"]) for r in results] == [("interrupted", 3)] * 2
+    payload = RunDir.read_state(stopped / "checkpoints" / "step_0000003")  # torch.load(weights_only=True)
+    assert len(payload["rng_ranks"]) == 2  # every rank's streams, rank 0's also under "rng"
+    assert torch.equal(payload["rng_ranks"][0]["augment"], payload["rng"]["augment"])
+    assert not torch.equal(payload["rng_ranks"][1]["augment"], payload["rng"]["augment"])
+    shutil.copytree(stopped, tmp_path / "one" / "run")
+    _spawn(2, stopped, 0, *random, worker=_stopped_worker)
+    ours = load_file(str(stopped / "checkpoints" / "step_0000008" / "model.safetensors"))
+    theirs = load_file(str(tmp_path / "reference" / "run" / "checkpoints" / "step_0000008" / "model.safetensors"))
+    assert ours.keys() == theirs.keys()
+    for key in theirs:
+        assert torch.equal(ours[key], theirs[key]), key
+    with caplog.at_level(logging.WARNING, logger="vitkit.train"):  # another world size: resumes, and says it differs
+        assert trainer.train(tiny_config(tmp_path / "one" / "run", *ARGS, *random))["step"] == 8
+    assert "holds the random streams of 2 process(es) and this run has 1" in caplog.text
 
 
 def tiny_start() -> dict[str, torch.Tensor]:

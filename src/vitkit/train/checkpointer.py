@@ -1,9 +1,10 @@
 """The checkpointer: when and what the training engine saves into the run directory, and resuming from it.
 
-A step checkpoint is the bare model in vitkit's format plus `train_state.pt`: the TrainState, the
-data position (`"data"`) and the objective's own state (e.g. MPP's [mask] embedding and head under
-`"mpp"`).  Under FSDP2 the full state is gathered first (a collective of every process); only rank 0
-writes; every process waits for the write.  The layout itself is `vitkit.runs.RunDir`'s.
+A step checkpoint is the bare model in vitkit's format plus `train_state.pt`: the TrainState, every
+process's random streams (`"rng_ranks"`, indexed by rank), the data position (`"data"`) and the objective's
+own state (e.g. MPP's [mask] embedding and head under `"mpp"`).  The random streams, and under FSDP2 the
+full state, are gathered first (collectives of every process); only rank 0 writes; every process waits
+for the write.  The layout itself is `vitkit.runs.RunDir`'s.
 """
 
 from __future__ import annotations
@@ -47,12 +48,13 @@ class Checkpointer:
     def save(self, state: TrainState) -> Path | None:
         """Write checkpoints/step_<step>/ (all processes call this; rank 0 writes)."""
         full = _gather_sharded(state) if self.sharded else None  # a collective: all processes
+        rng_ranks = distributed.all_gather_bytes(state.rng_state())  # a collective: every process's streams
         path = None
         if self.main:
             payload = (
                 state.state_dict() if full is None else {**state.state_dict(optimizer=False), "optimizer": full[1]}
             )
-            payload.update(self.extra())
+            payload.update(self.extra(), rng_ranks=rng_ranks)
             module = state.module if full is None else _plain_copy(state.module, full[0])
             path = self.run.save_step(state.step, lambda tmp: native.save(module, tmp, **self.meta), payload)
         distributed.barrier()
@@ -60,7 +62,8 @@ class Checkpointer:
 
     def restore(self, state: TrainState, *, load_extra: Callable[[dict[str, Any]], None]) -> Path | None:
         """Resume order step (1): the newest checkpoint of the run directory, if any (weights, optimiser,
-        step, RNG, then `load_extra` with the whole payload for the data position and the objective)."""
+        step, rank 0's RNG, then `load_extra` with the whole payload for the data position, the objective and
+        the other processes' random streams)."""
         path = self.run.latest()
         if path is None:
             return None

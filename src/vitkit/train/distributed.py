@@ -129,3 +129,34 @@ def sum_across(value: int, device: torch.device) -> int:
 def barrier() -> None:
     if dist.is_initialized():
         dist.barrier()
+
+
+def _collective_device() -> torch.device:
+    """Where a collective's tensors live: this process's CUDA device under NCCL, the CPU under gloo."""
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
+def all_gather_bytes(parts: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+    """Every process's `parts` (uint8 tensors, flattened; the same names on every process, any lengths), indexed
+    by rank, on the CPU of every process: a collective every process calls.  `[parts]` without a group.
+
+    Tensors only (no pickling): the lengths travel first, then the bytes, padded to the longest process's.
+    """
+    if not dist.is_initialized():
+        return [{name: part.reshape(-1).cpu() for name, part in parts.items()}]
+    device, world, names = _collective_device(), dist.get_world_size(), list(parts)
+    if not names:  # the same names on every process: all return here, or none
+        return [{} for _ in range(world)]
+    lengths = torch.tensor([parts[name].numel() for name in names], dtype=torch.int64, device=device)
+    every_lengths = [torch.empty_like(lengths) for _ in range(world)]
+    dist.all_gather(every_lengths, lengths)
+    counts = [[int(n) for n in each.tolist()] for each in every_lengths]
+    local = torch.zeros(max(sum(each) for each in counts), dtype=torch.uint8, device=device)
+    flat = torch.cat([parts[name].reshape(-1).to(torch.uint8) for name in names])
+    local[: flat.numel()] = flat.to(device)
+    gathered = [torch.empty_like(local) for _ in range(world)]
+    dist.all_gather(gathered, local)
+    return [
+        dict(zip(names, (piece.clone() for piece in torch.split(data.cpu()[: sum(each)], each))))
+        for data, each in zip(gathered, counts)
+    ]

@@ -200,16 +200,36 @@ class RunParts:
             self.batches.load_state_dict(payload.get("data") or {"step": self.state.step})
             self.skipped_before = int(payload.get("skipped_samples", 0))  # streamed by the earlier invocations
             self.stored_precision = payload.get("precision")
+            self._resume_rng(payload.get("rng_ranks"))
 
         resumed = self.checkpointer.restore(self.state, load_extra=load_extra)
         if resumed is None:
             return
         self.resumed = True
-        if self.info.rank:  # only rank 0's RNG states were saved: the others continue from a (seed, rank, step) stream
-            seed = resumed_seed(self.config.run.seed, self.info.rank, self.state.step)
+        log.info("resuming %s at step %d", resumed, self.state.step)
+
+    def _resume_rng(self, stored: list[dict[str, torch.Tensor]] | None) -> None:
+        """Every process continues its own random streams (dropout, stochastic depth, augmentation) from the
+        checkpoint's per-rank states when it was written by as many processes.  Otherwise (another number of
+        processes, or a checkpoint that kept rank 0's alone) rank 0 continues its own and the others a
+        (seed, rank, step) stream: the run goes on, but not as an uninterrupted one would have."""
+        info = self.info
+        if stored is not None and len(stored) == info.world:
+            self.state.set_rng_state(stored[info.rank])
+            return
+        if info.main and (stored is not None or info.world > 1):
+            kept = "rank 0's random streams alone" if stored is None else f"the random streams of {len(stored)}"
+            log.warning(
+                "the checkpoint holds %s process(es) and this run has %d: ranks > 0 continue "
+                "from a (seed, rank, step) stream, so the weights will differ from an uninterrupted run's "
+                "(resume with the same number of processes to continue exactly)",
+                kept,
+                info.world,
+            )
+        if info.rank:
+            seed = resumed_seed(self.config.run.seed, info.rank, self.state.step)
             torch.manual_seed(seed)
             self.state.generator.manual_seed(seed)
-        log.info("resuming %s at step %d", resumed, self.state.step)
 
     def _split_sizes(self) -> dict[str, Any]:
         """Images per part and where each came from (the plan prints them)."""

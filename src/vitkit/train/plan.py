@@ -46,7 +46,8 @@ def init_seed(seed: int, rank: int) -> int:
 
 
 def resumed_seed(seed: int, rank: int, step: int) -> int:
-    """Ranks > 0 resume from a (seed, rank, step) stream: only rank 0's RNG state is saved."""
+    """Ranks > 0 resume from a (seed, rank, step) stream where the checkpoint lacks their own RNG states (written
+    by another number of processes, or keeping rank 0's alone)."""
     return seed * 1000 + rank + 7 * step
 
 

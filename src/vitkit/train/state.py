@@ -32,10 +32,28 @@ class TrainState:
     startup: float = 0.0  # seconds of the first invocation's start-up (data, model, compilation)
     ended: bool = False  # the schedule's last step, at its end value, has run: a re-run takes no more
 
+    def rng_state(self) -> dict[str, torch.Tensor]:
+        """This process's random streams, as uint8 tensors: torch's global CPU one (initialisation, dropout,
+        stochastic depth), the augmentation generator's and, training on a GPU, that GPU's (its dropout).
+        Only the training device is read: reading every GPU's would start a CUDA context on each."""
+        rng = {"torch": torch.get_rng_state(), "augment": self.generator.get_state()}
+        if self.generator.device.type == "cuda":
+            rng["cuda"] = torch.cuda.get_rng_state(self.generator.device)
+        return rng
+
+    def set_rng_state(self, rng: dict[str, Any]) -> None:
+        """Continue the random streams of `rng_state()` (also the list of every GPU's states that earlier
+        checkpoints kept: the training device's is taken)."""
+        torch.set_rng_state(rng["torch"])
+        self.generator.set_state(rng["augment"].to(torch.uint8))
+        device = self.generator.device
+        if "cuda" in rng and device.type == "cuda":
+            cuda = rng["cuda"]
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            torch.cuda.set_rng_state(cuda[index] if isinstance(cuda, list) else cuda, device)
+
     def state_dict(self, *, optimizer: bool = True) -> dict[str, Any]:
-        rng: dict[str, Any] = {"torch": torch.get_rng_state(), "augment": self.generator.get_state()}
-        if torch.cuda.is_available():
-            rng["cuda"] = torch.cuda.get_rng_state_all()
+        """The state to resume from (the random streams are this process's: `Checkpointer` adds every one's)."""
         return {
             "step": self.step,
             "skipped_steps": self.skipped_steps,
@@ -45,7 +63,7 @@ class TrainState:
             "ended": self.ended,
             "optimizer": self.optimizer.state_dict() if optimizer else None,
             "ema": self.ema.state_dict() if self.ema is not None else None,
-            "rng": rng,
+            "rng": self.rng_state(),
         }
 
     def load_state_dict(self, state: dict[str, Any], *, optimizer: bool = True) -> None:
@@ -61,7 +79,4 @@ class TrainState:
             raise ValueError("the checkpoint's EMA setting differs from the config's optim.ema_decay")
         if self.ema is not None:
             self.ema.load_state_dict(state["ema"])
-        torch.set_rng_state(state["rng"]["torch"])
-        self.generator.set_state(state["rng"]["augment"].to(torch.uint8))
-        if "cuda" in state["rng"] and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+        self.set_rng_state(state["rng"])
