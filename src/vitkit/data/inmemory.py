@@ -71,7 +71,7 @@ def materialise(
         labels=labels[good],
         class_names=subset.class_names,
         load_size=size,
-        skipped=len(subset) - len(good),
+        skipped=(len(sources) + len(reasons) if isinstance(subset, ShardSet) else len(subset)) - len(good),
         channels=channels,
         origin=subset.origin,
     ), reasons + errors

@@ -16,10 +16,10 @@ import torch
 from vitkit.data import hf, holdout, tarshards
 from vitkit.data.images import probe_images
 from vitkit.data.imageset import ImageSet, SourceInfo, fits_in_memory
+from vitkit.data.shardscan import CLASS_FILE, top_label
 from vitkit.data.stream import ShardSet, Unit
 
 PROBED = 16  # images whose headers give the typical side and the channels when no index says
-CLASS_FILE = "classes.txt"  # beside wds: shards without an index naming the classes: one name a line
 MAX_CLASS_FILE_BYTES = 64 << 20
 
 
@@ -124,9 +124,12 @@ def class_file_names(path: str, scanned: list[Unit] | None) -> list[str] | None:
         if name in seen:
             raise ValueError(f"{file}: the class name {name[:80]!r} appears twice")
         seen.add(name)
-    top = max((tarshards.scan_shard(Path(unit.path))[1] for unit in scanned or []), default=-1)
+    top, holder = top_label(scanned or [])
     if top >= len(names):
-        raise ValueError(f"{file} names {len(names)} classes, but the shards hold label {top}")
+        raise ValueError(
+            f"{file} names {len(names)} classes, but {holder} holds label {top}: fix that sample's label, "
+            f"or name every class in {file} (line i = class i)"
+        )
     return names
 
 

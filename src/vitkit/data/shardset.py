@@ -36,6 +36,7 @@ class Sample(NamedTuple):
     image: bytes | str | None
     label: int | None
     problem: str = ""  # non-empty: corrupt (skipped and counted)
+    absent: bool = False  # an ordinal the index counts but a whole shard does not hold: dropped, not counted
 
 
 class Reader(Protocol):
@@ -107,8 +108,10 @@ def name_once(key: str, problem: str) -> None:
 
 
 def decode_samples(samples: list[Sample], data: ShardSet, strict: bool) -> tuple[Tensor, Tensor, int]:
-    """uint8 (B, C, S, S) images and int64 (B,) labels of the good samples, and how many were bad."""
+    """uint8 (B, C, S, S) images and int64 (B,) labels of the good samples, and how many were bad (absent
+    samples are neither)."""
     images, labels = [], []
+    samples = [sample for sample in samples if not sample.absent]
     for sample in samples:
         problem = sample_problem(sample, data.num_classes)
         if not problem:
@@ -131,5 +134,6 @@ def decode_samples(samples: list[Sample], data: ShardSet, strict: bool) -> tuple
 
 
 def read_all(data: ShardSet) -> list[Sample]:
-    """Every sample of the split in unit order (for small splits that are decoded into memory)."""
-    return [sample for unit in data.units for _, sample in data.reader.samples(unit)]
+    """Every sample of the split in unit order (for small splits that are decoded into memory), absent ones
+    (counted by an index out of date) left out."""
+    return [sample for unit in data.units for _, sample in data.reader.samples(unit) if not sample.absent]

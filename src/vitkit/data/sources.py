@@ -299,14 +299,16 @@ def load_split(
         subset, strict=strict, max_in_memory_bytes=max_in_memory_bytes, num_workers=num_workers, max_pixels=max_pixels
     )
     check_usable(result, uri, split, reasons, getattr(subset, "problems", []))
+    damaged = len(getattr(subset, "problems", []))
     log.info(
-        "%s %s: %d images, %d classes, %s%s",
+        "%s %s: %d images, %d classes, %s%s%s",
         uri,
         split,
         len(result),
         result.num_classes,
         ACCESS[result.access],
         f", {result.skipped} bad files skipped" if result.skipped else "",
+        f", {damaged} damaged shard(s) (named above: their samples after the damage are lost)" if damaged else "",
     )
     return result
 

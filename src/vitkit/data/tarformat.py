@@ -5,7 +5,10 @@ the bytes left after its header (a forged 8 GiB size is an error at once, nothin
 it), numbers must be non-negative octal or GNU base-256, long names (GNU 'L' records) and pax headers
 are at most MAX_EXTENDED bytes, pax records must each move forward, and member types other than
 regular files are passed over by their (bounded) size.  Any violation is a `TarFormatError` naming the
-byte where it was found; the reader never goes backwards, so a damaged file ends, it never loops.
+byte where it was found; the reader never goes backwards, so a damaged file ends, it never loops.  A file
+that stops before tar's end-of-archive zero block (inside a header, a member's data or its padding, or
+at a header boundary) is a `TarTruncatedError`: every tar writer ends an archive with zero blocks, and a
+copy cut short at a member boundary would otherwise read as a smaller, whole shard.
 
 A small reader of our own rather than the standard library's `tarfile`: listing members is header
 reads and seeks only, about 3.5 times cheaper per member (benchmarks/data_pipeline.py), and a
@@ -27,6 +30,10 @@ EXTENDED = (b"L", b"x")  # the next member's long name (GNU) or pax records
 
 class TarFormatError(ValueError):
     """A shard whose tar structure does not parse: a damaged or forged header, or the file ends inside a member."""
+
+
+class TarTruncatedError(TarFormatError):
+    """A shard that ends before its end-of-archive block: the file was cut short (a copy or write interrupted)."""
 
 
 @dataclass(frozen=True)
@@ -82,26 +89,38 @@ def _header_name(header: bytes, long_name: bytes | None) -> bytes:
     return long_name or (prefix + b"/" + name if prefix else name)
 
 
+def _cut_after(position: int, end: int, name: bytes) -> str:
+    """What a file that stops where the header at `position` should be, after member `name`, lost."""
+    where = "inside the padding of" if position > end else "right after"
+    return (
+        f"truncated: the file ends at byte {end:,}, {where} member {name.decode('utf-8', 'replace')!r}, "
+        "without tar's end-of-archive block"
+    )
+
+
 def tar_members(handle: BinaryIO) -> Iterator[Member]:
     """The regular files of an uncompressed tar, front to back: header reads and seeks, no data read.
 
     Reads ustar, GNU (long names in 'L' records, base-256 sizes) and pax ('path' records) headers.
-    Raises TarFormatError at the first header whose checksum fails or whose fields do not fit the file.
+    Raises TarFormatError at the first header whose checksum fails or whose fields do not fit the file,
+    TarTruncatedError where the file stops before the end-of-archive block.
     """
-    end, position, long_name = file_size(handle), 0, None
+    end, position, long_name, name = file_size(handle), 0, None, b""
     while True:
         handle.seek(position)
         header = handle.read(BLOCK)
-        if not header.strip(b"\0"):  # the end-of-archive zero blocks, or the end of the file
+        if not header and position:  # no end-of-archive block: the file was cut at or after a member
+            raise TarTruncatedError(_cut_after(position, end, name))
+        if not header.strip(b"\0"):  # the end-of-archive zero blocks (an empty file holds nothing)
             return
         if len(header) < BLOCK:
-            raise TarFormatError(f"the file ends inside a header at byte {position}")
+            raise TarTruncatedError(f"the file ends inside a header at byte {position}")
         if _number(header[148:156], position) != sum(header[:148]) + 256 + sum(header[156:]):
             raise TarFormatError(f"header checksum mismatch at byte {position}")
         size, kind = _number(header[124:136], position), header[156:157]
         name, data = _header_name(header, long_name), position + BLOCK
         if size > end - data:
-            raise TarFormatError(
+            raise TarTruncatedError(
                 f"member {name.decode('utf-8', 'replace')!r} (type {kind!r}) at byte {position} "
                 f"claims {size:,} bytes, but the file has {end - data:,} bytes after its header"
             )
@@ -124,5 +143,5 @@ def read_member(handle: BinaryIO, member: Member) -> bytes:
     handle.seek(member.offset)
     data = handle.read(member.size)
     if len(data) != member.size:
-        raise TarFormatError(f"the file ends inside member {member.name!r}")
+        raise TarTruncatedError(f"the file ends inside member {member.name!r}")
     return data

@@ -21,21 +21,32 @@ images are compressed already).
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import re
-from array import array
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from vitkit.data.braces import expand_braces
-from vitkit.data.images import IMAGE_EXTENSIONS
+from vitkit.data.shardscan import class_names_by_scan, damage, scan_shard, shard_labels
 from vitkit.data.stream import Sample, Unit
-from vitkit.data.tarformat import BLOCK, Member, TarFormatError, read_member, tar_members
+from vitkit.data.tarformat import BLOCK, TarFormatError, tar_members
+from vitkit.data.tarsamples import MAX_CLASSES, _assemble, _groups, _name_once, damage_message
 
-__all__ = ["TarReader", "TarFormatError", "tar_members", "split_units", "read_index", "scan_shard", "expand_braces"]
+__all__ = [
+    "MAX_CLASSES",
+    "TarReader",
+    "TarFormatError",
+    "tar_members",
+    "split_units",
+    "read_index",
+    "scan_shard",
+    "shard_labels",
+    "class_names_by_scan",
+    "damage",
+    "expand_braces",
+]
 
 log = logging.getLogger(__name__)
 
@@ -43,89 +54,16 @@ INDEX = "dataset.json"
 INDEX_FORMAT = "vitkit-wds/1"
 SPLIT_PREFIX = re.compile(r"^(train|val|valid|validation|test)[-_.]")
 _SPLIT_NAMES = {"train": "train", "val": "val", "valid": "val", "validation": "val", "test": "test"}
-_IMAGE_EXTS = frozenset(ext.lstrip(".") for ext in IMAGE_EXTENSIONS)
-MAX_CLASSES = 1_000_000  # a label at or above this is corrupt (ImageNet-21k has 21,843 classes)
-MAX_LABEL_BYTES = 1 << 16  # a label member larger than this is corrupt
-MAX_IMAGE_BYTES = 1 << 29  # an image member larger than this (512 MiB) is corrupt, and not read
 MAX_MISSING = 100_000  # samples an index may count beyond what its shard's size can hold (the shard was cut)
 MAX_INDEX_BYTES = 64 << 20  # dataset.json larger than this is refused (a million shards take about 50 MB)
-_named: set[str] = set()  # shards already named in this process's log: a damaged shard is named once
 
 
-def _split_name(name: str) -> tuple[str, str] | None:
-    """ "dir/abc.input.jpg" -> ("dir/abc", "input.jpg"); a name without an extension is no sample member."""
-    folder, _, base = name.rpartition("/")
-    stem, dot, ext = base.partition(".")
-    if not dot or not stem:
-        return None
-    return (f"{folder}/{stem}" if folder else stem), ext.lower()
-
-
-def _parse_label(ext: str, data: bytes) -> int:
-    """The class index of a .cls (text) or .json label member; ValueError when it holds none in 0..MAX_CLASSES-1."""
-    if len(data) > MAX_LABEL_BYTES:
-        raise ValueError(f"{len(data):,} bytes, more than a label holds")
-    if ext.rsplit(".", 1)[-1] == "cls":
-        value = int(data.decode("utf-8").strip())
-    else:
-        try:
-            record = json.loads(data)
-        except RecursionError as error:  # nesting deeper than the parser's stack: not a label record
-            raise ValueError("JSON nested too deeply") from error
-        value = record.get("label", record.get("cls")) if isinstance(record, dict) else None
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError('no integer "label" or "cls" field')
-    if not 0 <= value < MAX_CLASSES:
-        raise ValueError(f"label {value} is outside 0..{MAX_CLASSES - 1}")
-    return value
-
-
-def _assemble(key: str, members: list[tuple[str, Member]], handle: BinaryIO) -> Sample:
-    """Image bytes and label of one group of members (or what is wrong with it)."""
-    image = next((m for ext, m in members if ext.rsplit(".", 1)[-1] in _IMAGE_EXTS), None)
-    label = next(((ext, m) for ext, m in members if ext.rsplit(".", 1)[-1] == "cls"), None) or next(
-        ((ext, m) for ext, m in members if ext.rsplit(".", 1)[-1] == "json"), None
+def stale_count_message(path: str, count: int, held: int) -> str:
+    """The index counts `count` samples in a whole shard that holds `held` (fewer): the index is out of date."""
+    return (
+        f"{INDEX} says {path} holds {count} samples, but the file holds {held} (it ends cleanly): the index "
+        f"is out of date; re-run `vitkit shard` or fix {INDEX}. Reading the {held} it holds"
     )
-    if image is None or label is None:
-        return Sample(key, None, None, f"no {'image' if image is None else 'label (.cls or .json)'} member")
-    if label[1].size > MAX_LABEL_BYTES or image.size > MAX_IMAGE_BYTES:
-        big = label[1] if label[1].size > MAX_LABEL_BYTES else image
-        return Sample(key, None, None, f"member {big.name!r} of {big.size:,} bytes is too large to be read")
-    try:
-        value = _parse_label(label[0], read_member(handle, label[1]))
-    except TarFormatError:
-        raise
-    except (ValueError, UnicodeDecodeError) as error:
-        return Sample(key, None, None, f"unreadable label .{label[0]} ({error})")
-    return Sample(key, read_member(handle, image), value)
-
-
-def _groups(handle: BinaryIO) -> Iterator[tuple[str, list[tuple[str, Member]]]]:
-    """(key, [(extension, member), ...]) for each run of consecutive regular files sharing a key."""
-    key, group = None, []
-    try:
-        for member in tar_members(handle):
-            parts = _split_name(member.name)
-            if parts is None:
-                continue
-            if parts[0] != key and group:
-                yield key, group
-                group = []
-            key = parts[0]
-            group.append((parts[1], member))
-    except TarFormatError:
-        if group:  # the members before the damage still make a sample (or a visibly incomplete one)
-            yield key, group
-        raise
-    if group:
-        yield key, group
-
-
-def _name_once(path: str, message: str) -> None:
-    """Log `message` about shard `path` the first time only (a damaged shard is read again every epoch)."""
-    if path not in _named:
-        _named.add(path)
-        log.warning("%s", message)
 
 
 class TarReader:
@@ -138,10 +76,11 @@ class TarReader:
     def samples(self, unit: Unit, start: int = 0, wanted: frozenset[int] | None = None) -> Iterator[tuple[int, Sample]]:
         """(ordinal, sample) for ordinals start .. unit.count-1 (those in `wanted` only, when given).
 
-        Exactly `unit.count` ordinals exist: a shard that ends early (truncated, unreadable) yields
-        the missing ones as corrupt samples, and members past the count are ignored, so a stream's
-        order depends on the index alone.  Skipped samples cost a header read and a seek.  Each call
-        opens the shard afresh: nothing read from one shard outlives it.
+        Exactly `unit.count` ordinals exist: a shard that breaks early (truncated, damaged, unreadable)
+        yields the missing ones as corrupt samples, one that ends cleanly before its count (an index out
+        of date, named once) as absent ones (neither used nor counted as corrupt), and members past the
+        count are ignored, so a stream's order depends on the index alone.  Skipped samples cost a header
+        read and a seek.  Each call opens the shard afresh: nothing read from one shard outlives it.
         """
         seen, problem = 0, ""  # groups dealt with (yielded or skipped)
         try:
@@ -158,13 +97,13 @@ class TarReader:
                     seen = index + 1
         except (TarFormatError, OSError) as error:
             problem = f"unreadable shard ({type(error).__name__}: {error})"
-            _name_once(unit.path, f"{unit.path}: {problem}; its remaining samples count as corrupt")
+            described = damage_message(unit.path, seen, error) if isinstance(error, TarFormatError) else problem
+            _name_once(unit.path, f"{described}; its remaining samples count as corrupt")
+        if not problem and seen < unit.count:
+            _name_once(unit.path, stale_count_message(unit.path, unit.count, seen))
         for index in range(max(seen, start), unit.count):  # the shard ended (or broke) before its count
             if wanted is None or index in wanted:
-                yield (
-                    index,
-                    Sample(f"{unit.path}#{index}", None, None, problem or f"the shard ends before sample {index}"),
-                )
+                yield index, Sample(f"{unit.path}#{index}", None, None, problem, absent=not problem)
 
 
 # --------------------------------------------------------------------------- discovery and splits
@@ -215,66 +154,6 @@ def read_index(directory: Path) -> dict[str, Any] | None:
     if side is not None and (isinstance(side, bool) or not isinstance(side, int) or side < 0):
         raise ValueError(f"{path}: 'image_size' must be a side length in pixels, got {side!r:.40}")
     return index
-
-
-@functools.lru_cache(maxsize=4096)
-def _scan(path: str, stamp: tuple[int, int]) -> tuple[int, int, str]:
-    """(samples, largest label, the damage found or "") of a shard without an index entry: reads headers and
-    label members only; a damaged shard counts the samples before the damage and is named in the log once."""
-    count, top, problem = 0, -1, ""
-    with open(path, "rb") as handle:
-        try:
-            for _key, members in _groups(handle):
-                count += 1
-                label = next(((e, m) for e, m in members if e.rsplit(".", 1)[-1] in ("cls", "json")), None)
-                if label is not None:
-                    try:
-                        top = max(top, _parse_label(label[0], read_member(handle, label[1])))
-                    except TarFormatError:
-                        raise
-                    except (ValueError, UnicodeDecodeError):
-                        pass
-        except TarFormatError as error:  # what could be read counts; the reader stops at the same place
-            problem = f"{path}: damaged after {count} samples ({error})"
-            _name_once(path, problem)
-    return count, top, problem
-
-
-def scan_shard(path: Path) -> tuple[int, int, str]:
-    """(samples, largest label, damage or "") of the shard at `path` (cached while its size and mtime hold)."""
-    stat = path.stat()
-    return _scan(str(path), (stat.st_size, stat.st_mtime_ns))
-
-
-@functools.lru_cache(maxsize=1024)
-def _labels(path: str, stamp: tuple[int, int]) -> array:
-    """The label of every sample of a shard in order, -1 where it has none readable (.cls before .json, as the
-    reader); the samples before any damage only (`_scan` names the damage).  8 bytes a sample in the cache."""
-    labels = array("q")
-    with open(path, "rb") as handle:
-        try:
-            for _, members in _groups(handle):
-                found = [(e, m) for e, m in members if e.rsplit(".", 1)[-1] in ("cls", "json")]
-                label = min(found, key=lambda em: em[0].rsplit(".", 1)[-1] != "cls", default=None)
-                value = -1
-                if label is not None and label[1].size <= MAX_LABEL_BYTES:
-                    try:
-                        value = _parse_label(label[0], read_member(handle, label[1]))
-                    except TarFormatError:
-                        raise
-                    except (ValueError, UnicodeDecodeError):
-                        pass
-                labels.append(value)
-        except TarFormatError:
-            pass
-    return labels
-
-
-def shard_labels(path: Path) -> array:
-    """The class index of every sample of the shard at `path` (-1: none readable); reads label members only
-    (do not modify the array: it is cached while the shard's size and mtime hold)."""
-    stat = path.stat()
-    return _labels(str(path), (stat.st_size, stat.st_mtime_ns))
 
 
 def _by_prefix(files: list[Path]) -> dict[str, list[Path]]:
@@ -347,15 +226,3 @@ def split_units(spec: str) -> tuple[dict[str, list[Unit]], list[str] | None, dic
     splits = {name: [_unit(spec, name, p, c) for p, c in entries] for name, entries in counted.items() if entries}
     classes = index.get("classes") if index else None
     return splits, classes, index or {}
-
-
-def class_names_by_scan(units: list[Unit]) -> list[str]:
-    """Class names "0" .. "K-1" from the largest label in the shards (no index to name them): pass every
-    split's units, so a test label above the training split's largest still names a class."""
-    top = max((scan_shard(Path(unit.path))[1] for unit in units), default=-1)
-    return [str(i) for i in range(top + 1)]
-
-
-def damage(units: list[Unit]) -> list[str]:
-    """What the scans of these shards found damaged ("" entries left out): the reason a split came up short."""
-    return [problem for unit in units if (problem := scan_shard(Path(unit.path))[2])]

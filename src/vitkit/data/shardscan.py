@@ -1,0 +1,133 @@
+"""Scans of shards without an index entry: their sample counts, labels and damage, read from headers and
+label members only and cached per file (size and mtime), and the class names that labels alone imply.
+"""
+
+from __future__ import annotations
+
+import functools
+from array import array
+from pathlib import Path
+from typing import NamedTuple
+
+from vitkit.data.stream import Unit
+from vitkit.data.tarformat import TarFormatError, read_member
+from vitkit.data.tarsamples import MAX_LABEL_BYTES, _groups, _name_once, _parse_label, damage_message
+
+CLASS_FILE = "classes.txt"  # beside wds: shards without an index naming the classes: one name a line
+
+
+class ShardScan(NamedTuple):
+    """What a scan found in one shard."""
+
+    count: int  # samples (the one the damage cut short included)
+    top: int  # the largest label, -1 without one
+    problem: str  # the damage found, or ""
+    top_key: str  # the key of the first sample holding `top`
+    present: bytes  # bit i of byte i // 8 (least significant first) set: some sample has label i
+
+
+@functools.lru_cache(maxsize=4096)
+def _scan(path: str, stamp: tuple[int, int]) -> ShardScan:
+    """A shard without an index entry, read from its headers and label members only; a damaged shard counts
+    the samples before the damage and is named in the log once."""
+    count, top, problem, top_key, present = 0, -1, "", "", bytearray()
+    with open(path, "rb") as handle:
+        try:
+            for key, members in _groups(handle):
+                count += 1
+                label = next(((e, m) for e, m in members if e.rsplit(".", 1)[-1] in ("cls", "json")), None)
+                if label is None:
+                    continue
+                try:
+                    value = _parse_label(label[0], read_member(handle, label[1]))
+                except TarFormatError:
+                    raise
+                except (ValueError, UnicodeDecodeError):
+                    continue
+                if value > top:
+                    top, top_key = value, key
+                if value >> 3 >= len(present):
+                    present.extend(bytes((value >> 3) + 1 - len(present)))
+                present[value >> 3] |= 1 << (value & 7)
+        except TarFormatError as error:  # what could be read counts; the reader stops at the same place
+            problem = damage_message(path, count, error)
+            _name_once(path, problem)
+    return ShardScan(count, top, problem, top_key, bytes(present))
+
+
+def scan_shard(path: Path) -> tuple[int, int, str]:
+    """(samples, largest label, damage or "") of the shard at `path` (cached while its size and mtime hold)."""
+    found = _scanned(path)
+    return found.count, found.top, found.problem
+
+
+def _scanned(path: Path) -> ShardScan:
+    stat = path.stat()
+    return _scan(str(path), (stat.st_size, stat.st_mtime_ns))
+
+
+def top_label(units: list[Unit]) -> tuple[int, str]:
+    """(the largest label in these shards, "SHARD:KEY" of the first sample holding it), or (-1, "")."""
+    found = []
+    for path in dict.fromkeys(unit.path for unit in units):
+        scan = _scanned(Path(path))
+        if scan.top >= 0:
+            found.append((scan.top, f"{path}:{scan.top_key}"))
+    return max(found, key=lambda item: item[0], default=(-1, ""))
+
+
+@functools.lru_cache(maxsize=1024)
+def _labels(path: str, stamp: tuple[int, int]) -> array:
+    """The label of every sample of a shard in order, -1 where it has none readable (.cls before .json, as the
+    reader); the samples before any damage only (`_scan` names the damage).  8 bytes a sample in the cache."""
+    labels = array("q")
+    with open(path, "rb") as handle:
+        try:
+            for _, members in _groups(handle):
+                found = [(e, m) for e, m in members if e.rsplit(".", 1)[-1] in ("cls", "json")]
+                label = min(found, key=lambda em: em[0].rsplit(".", 1)[-1] != "cls", default=None)
+                value = -1
+                if label is not None and label[1].size <= MAX_LABEL_BYTES:
+                    try:
+                        value = _parse_label(label[0], read_member(handle, label[1]))
+                    except TarFormatError:
+                        raise
+                    except (ValueError, UnicodeDecodeError):
+                        pass
+                labels.append(value)
+        except TarFormatError:
+            pass
+    return labels
+
+
+def shard_labels(path: Path) -> array:
+    """The class index of every sample of the shard at `path` (-1: none readable); reads label members only
+    (do not modify the array: it is cached while the shard's size and mtime hold)."""
+    stat = path.stat()
+    return _labels(str(path), (stat.st_size, stat.st_mtime_ns))
+
+
+def class_names_by_scan(units: list[Unit]) -> list[str]:
+    """Class names "0" .. "K-1" from the largest label in the shards (no index to name them): pass every
+    split's units, so a test label above the training split's largest still names a class.  Class ids no
+    sample holds are a warning (once): a stray label would otherwise silently widen the model."""
+    top, holder = top_label(units)
+    present = 0
+    for path in dict.fromkeys(unit.path for unit in units):
+        present |= int.from_bytes(_scanned(Path(path)).present, "little")
+    missing = top + 1 - present.bit_count()
+    if missing > 0:
+        absent = [str(i) for i in range(top + 1) if not present >> i & 1][:5]
+        _name_once(
+            f"{holder}#class-ids",
+            f"{missing} of the {top + 1} class ids 0..{top} have no image in the shards (e.g. "
+            f"{', '.join(absent)}): the labels are class indices and no {CLASS_FILE} or dataset.json names "
+            f"the classes, so the model gets {top + 1} outputs; the largest label, {top}, is {holder}'s. "
+            f"If it is a stray label, fix that sample; else put a {CLASS_FILE} beside the shards",
+        )
+    return [str(i) for i in range(top + 1)]
+
+
+def damage(units: list[Unit]) -> list[str]:
+    """What the scans of these shards found damaged ("" entries left out): the reason a split came up short."""
+    return [problem for unit in units if (problem := scan_shard(Path(unit.path))[2])]

@@ -1,0 +1,108 @@
+"""The samples of a tar shard: members grouped by key into (image, label), labels parsed as untrusted
+input, and a damaged shard's message, named once per process.  The layout is vitkit.data.tarshards'.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from typing import BinaryIO
+
+from vitkit.data.images import IMAGE_EXTENSIONS
+from vitkit.data.stream import Sample
+from vitkit.data.tarformat import Member, TarFormatError, TarTruncatedError, read_member, tar_members
+
+log = logging.getLogger("vitkit.data.tarshards")  # the shard reader's messages, wherever they are said
+
+_IMAGE_EXTS = frozenset(ext.lstrip(".") for ext in IMAGE_EXTENSIONS)
+MAX_CLASSES = 1_000_000  # a label at or above this is corrupt (ImageNet-21k has 21,843 classes)
+MAX_LABEL_BYTES = 1 << 16  # a label member larger than this is corrupt
+MAX_IMAGE_BYTES = 1 << 29  # an image member larger than this (512 MiB) is corrupt, and not read
+_named: set[str] = set()  # shards already named in this process's log: a damaged shard is named once
+
+
+def _split_name(name: str) -> tuple[str, str] | None:
+    """ "dir/abc.input.jpg" -> ("dir/abc", "input.jpg"); a name without an extension is no sample member."""
+    folder, _, base = name.rpartition("/")
+    stem, dot, ext = base.partition(".")
+    if not dot or not stem:
+        return None
+    return (f"{folder}/{stem}" if folder else stem), ext.lower()
+
+
+def _parse_label(ext: str, data: bytes) -> int:
+    """The class index of a .cls (text) or .json label member; ValueError when it holds none in 0..MAX_CLASSES-1."""
+    if len(data) > MAX_LABEL_BYTES:
+        raise ValueError(f"{len(data):,} bytes, more than a label holds")
+    if ext.rsplit(".", 1)[-1] == "cls":
+        value = int(data.decode("utf-8").strip())
+    else:
+        try:
+            record = json.loads(data)
+        except RecursionError as error:  # nesting deeper than the parser's stack: not a label record
+            raise ValueError("JSON nested too deeply") from error
+        value = record.get("label", record.get("cls")) if isinstance(record, dict) else None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError('no integer "label" or "cls" field')
+    if not 0 <= value < MAX_CLASSES:
+        raise ValueError(f"label {value} is outside 0..{MAX_CLASSES - 1}")
+    return value
+
+
+def _assemble(key: str, members: list[tuple[str, Member]], handle: BinaryIO) -> Sample:
+    """Image bytes and label of one group of members (or what is wrong with it)."""
+    image = next((m for ext, m in members if ext.rsplit(".", 1)[-1] in _IMAGE_EXTS), None)
+    label = next(((ext, m) for ext, m in members if ext.rsplit(".", 1)[-1] == "cls"), None) or next(
+        ((ext, m) for ext, m in members if ext.rsplit(".", 1)[-1] == "json"), None
+    )
+    if image is None or label is None:
+        return Sample(key, None, None, f"no {'image' if image is None else 'label (.cls or .json)'} member")
+    if label[1].size > MAX_LABEL_BYTES or image.size > MAX_IMAGE_BYTES:
+        big = label[1] if label[1].size > MAX_LABEL_BYTES else image
+        return Sample(key, None, None, f"member {big.name!r} of {big.size:,} bytes is too large to be read")
+    try:
+        value = _parse_label(label[0], read_member(handle, label[1]))
+    except TarFormatError:
+        raise
+    except (ValueError, UnicodeDecodeError) as error:
+        return Sample(key, None, None, f"unreadable label .{label[0]} ({error})")
+    return Sample(key, read_member(handle, image), value)
+
+
+def _groups(handle: BinaryIO) -> Iterator[tuple[str, list[tuple[str, Member]]]]:
+    """(key, [(extension, member), ...]) for each run of consecutive regular files sharing a key."""
+    key, group = None, []
+    try:
+        for member in tar_members(handle):
+            parts = _split_name(member.name)
+            if parts is None:
+                continue
+            if parts[0] != key and group:
+                yield key, group
+                group = []
+            key = parts[0]
+            group.append((parts[1], member))
+    except TarFormatError:
+        if group:  # the members before the damage still make a sample (or a visibly incomplete one)
+            yield key, group
+        raise
+    if group:
+        yield key, group
+
+
+def damage_message(path: str, count: int, error: Exception) -> str:
+    """What is wrong with a shard whose tar structure broke after `count` samples, and what to do."""
+    if isinstance(error, TarTruncatedError):
+        return (
+            f"{path} is truncated after {count} samples ({error}); the samples after the cut are lost: "
+            "copy or write the shard again"
+        )
+    return f"{path}: damaged after {count} samples ({error})"
+
+
+def _name_once(path: str, message: str) -> None:
+    """Log `message` about shard `path` the first time only (a damaged shard is read again every epoch)."""
+    if path not in _named:
+        _named.add(path)
+        log.warning("%s", message)

@@ -1,0 +1,158 @@
+"""What a wds: split says about shards that do not hold what they should: a truncated shard is named as
+truncated, labels that leave class ids without an image are pointed out, and an index that miscounts
+a shard is one warning, not a corrupt sample per missing entry."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from shardkit import image_ids, numbered_images, numbered_shards, png, write_tar
+from vitkit.data.sources import load_split
+from vitkit.data.stream import ShardBatches, read_all
+from vitkit.data.tarshards import TarFormatError, scan_shard, tar_members
+
+
+def label_first_shards(directory: Path, labels: list[list[int]]) -> list[Path]:
+    """Shards train-00000k.tar as webdataset's ShardWriter writes them (members sorted: .cls before the
+    image), sample i of all holding numbered image i and label labels[k][j]."""
+    images, _ = numbered_images(sum(map(len, labels)))
+    paths, i = [], 0
+    for k, shard in enumerate(labels):
+        members = []
+        for label in shard:
+            members += [(f"s{i:06d}.cls", str(label).encode()), (f"s{i:06d}.png", png(images[i]))]
+            i += 1
+        paths.append(write_tar(directory / f"train-{k:06d}.tar", members))
+    return paths
+
+
+def header_offsets(path: Path) -> dict[str, int]:
+    """Where each member's header starts in the tar."""
+    with open(path, "rb") as handle:
+        return {member.name: member.offset - 512 for member in tar_members(handle)}
+
+
+def _cut(path: Path, where: str) -> None:
+    """Truncate the shard as a copy cut short does: inside the padding after sample 5's label, or at the
+    start of its image's header (a 512-byte boundary).  Neither leaves the tar's end-of-archive blocks."""
+    offsets = header_offsets(path)
+    end = offsets["s000015.png"] - (100 if where == "padding" else 0)
+    path.write_bytes(path.read_bytes()[:end])
+
+
+@pytest.mark.parametrize("where", ["padding", "header"])
+def test_a_truncated_shard_is_named_as_truncated(tmp_path: Path, caplog: pytest.LogCaptureFixture, where: str) -> None:
+    caplog.set_level(logging.INFO)
+    paths = label_first_shards(tmp_path, [[k % 3 for k in range(10)], [k % 3 for k in range(10)]])
+    numbered_shards(tmp_path, [6], prefix="test", classes=3)
+    _cut(paths[1], where)
+    with open(paths[1], "rb") as handle, pytest.raises(TarFormatError, match="truncated"):
+        list(tar_members(handle))
+    count, _top, problem = scan_shard(paths[1])
+    assert count == 6 and f"{paths[1]} is truncated after 6 samples" in problem
+    data = load_split(f"wds:{tmp_path}", "train", image_size=8)
+    assert len(data) == 15 and data.skipped == 1  # sample 15: its label only
+    assert caplog.text.count(f"{paths[1]} is truncated after 6 samples") == 1
+    assert "1 damaged shard(s)" in caplog.text  # the split's summary line counts the shard
+
+
+def test_a_truncated_indexed_shard_counts_what_it_lost(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    paths = label_first_shards(tmp_path, [[k % 3 for k in range(10)], [k % 3 for k in range(10)]])
+    numbered_shards(tmp_path, [6], prefix="test", classes=3)
+    _cut(paths[1], "header")
+    test = [{"shard": "test-000000.tar", "count": 6}]
+    splits = {"train": [{"shard": p.name, "count": 10} for p in paths], "test": test}
+    index = {"splits": splits, "classes": ["a", "b", "c"]}
+    (tmp_path / "dataset.json").write_text(json.dumps(index))
+    data = load_split(f"wds:{tmp_path}", "train", image_size=8, max_in_memory_bytes=0)
+    samples = read_all(data)
+    assert [bool(s.problem) for s in samples] == [False] * 15 + [True] * 5
+    assert f"{paths[1]} is truncated after 6 samples" in caplog.text
+
+
+def test_labels_that_leave_class_ids_without_an_image_are_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    labels = [[k % 3 for k in range(10)], [k % 3 for k in range(10)]]
+    labels[1][4] = 97  # one stray label: sample s000014
+    paths = label_first_shards(tmp_path, labels)
+    numbered_shards(tmp_path, [6], prefix="test", classes=3)
+    data = load_split(f"wds:{tmp_path}", "train", image_size=8)
+    assert data.num_classes == 98  # still trains (the stray label is a class), but says so
+    assert "94 of the 98 class ids 0..97 have no image" in caplog.text
+    assert f"{paths[1]}:s000014" in caplog.text and "classes.txt" in caplog.text
+    caplog.clear()
+    load_split(f"wds:{tmp_path}", "test", image_size=8)
+    assert "have no image" not in caplog.text  # said once
+
+
+def test_contiguous_labels_say_nothing(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    label_first_shards(tmp_path, [[k % 3 for k in range(10)]])
+    numbered_shards(tmp_path, [6], prefix="test", classes=3)
+    assert load_split(f"wds:{tmp_path}", "train", image_size=8).num_classes == 3
+    assert "have no image" not in caplog.text
+
+
+def test_a_label_beyond_classes_txt_names_its_shard_and_sample(tmp_path: Path) -> None:
+    labels = [[k % 3 for k in range(10)], [k % 3 for k in range(10)]]
+    labels[1][4] = 97
+    paths = label_first_shards(tmp_path, labels)
+    (tmp_path / "classes.txt").write_text("a\nb\nc\n")
+    with pytest.raises(ValueError, match="classes.txt names 3 classes") as caught:
+        load_split(f"wds:{tmp_path}", "train", image_size=8)
+    assert f"{paths[1]}:s000014 holds label 97" in str(caught.value)
+
+
+def _stale_index(tmp_path: Path) -> Path:
+    """Two train shards of 8 and a test shard, with dataset.json counting 20 in the first."""
+    numbered_shards(tmp_path, [8, 8])
+    numbered_shards(tmp_path, [4], prefix="test", start=16)
+    index = {
+        "splits": {
+            "train": [{"shard": "train-000000.tar", "count": 20}, {"shard": "train-000001.tar", "count": 8}],
+            "test": [{"shard": "test-000000.tar", "count": 4}],
+        },
+        "classes": [str(k) for k in range(10)],
+        "channels": 1,
+    }
+    (tmp_path / "dataset.json").write_text(json.dumps(index))
+    return tmp_path / "train-000000.tar"
+
+
+def test_an_index_counting_more_than_a_shard_holds_is_one_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    shard = _stale_index(tmp_path)
+    data = load_split(f"wds:{tmp_path}", "train", image_size=8)
+    assert len(data) == 16 and data.skipped == 0  # the shard's true count; nothing is corrupt
+    assert "skipping corrupt sample" not in caplog.text
+    stale = f"dataset.json says {shard} holds 20 samples, but the file holds 8"
+    assert caplog.text.count(stale) == 1 and "re-run `vitkit shard`" in caplog.text
+
+
+def test_a_stream_over_a_stale_index_skips_nothing_as_corrupt(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    _stale_index(tmp_path)
+    data = load_split(f"wds:{tmp_path}", "train", image_size=8, max_in_memory_bytes=0)
+    batches = ShardBatches(
+        data,
+        seed=0,
+        global_batch=28,
+        rank=0,
+        world=1,
+        micro_batch=28,
+        device=torch.device("cpu"),
+        workers=0,
+        strict=False,
+        window=4,
+    )
+    step = next(iter(batches))
+    ids = [i for images, _ in step for i in image_ids(images)]
+    assert sorted(ids) == list(range(16)) and batches.skipped == 0
+    assert "skipping corrupt sample" not in caplog.text and caplog.text.count("holds 20 samples") == 1
+    assert np.array_equal(np.sort(ids), np.arange(16))
