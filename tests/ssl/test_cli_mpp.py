@@ -73,3 +73,16 @@ def test_pretrain_mpp_bad_values_exit_2_with_one_line(tmp_path, capsys):
     assert code == 2 and "missing.npz" in capsys.readouterr().err
     code = main(["pretrain-mpp", "--data", f"npz:{data}", "--set", "optim.nope=1", "--out", str(tmp_path / "r")])
     assert code == 2 and "optim.nope" in capsys.readouterr().err
+
+
+def test_pretrain_mpp_takes_images_of_one_class(tmp_path, capsys):
+    """Masked patch prediction uses no labels: a set of one class (unlabelled images in one folder) trains."""
+    data = write_npz(tmp_path / "one.npz")
+    with np.load(data) as arrays:
+        np.savez(tmp_path / "one.npz", **{**arrays, "y_train": 0 * arrays["y_train"], "y_test": 0 * arrays["y_test"]})
+    argv = ["--data", f"npz:{tmp_path / 'one.npz'}", "--recipe", "small-32px-tiny", "--img-size", "16", "--epochs", "1"]
+    argv += ["--batch-size", "8", "--set", "model.patch_size=4", "--set", "run.tensorboard=false", "--json"]
+    assert main(["pretrain-mpp", *argv, "--out", str(tmp_path / "run")]) == 0, capsys.readouterr().err
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["status"] == "finished"
+    assert main(["train", *argv, "--out", str(tmp_path / "classifier")]) == 2  # a classifier still needs two
+    assert "at least 2" in capsys.readouterr().err

@@ -83,6 +83,7 @@ def _config(args: argparse.Namespace) -> Any:
         lr_sweep=args.lr_sweep,
         world=int(os.environ.get("WORLD_SIZE", "1")),
         runs_root=args.runs_root,
+        labelled=not mpp,
     )
     resolved = resolve(request)
     config = resolved.config

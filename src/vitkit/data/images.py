@@ -258,7 +258,10 @@ def class_folders(root: Path) -> list[str]:
         raise FileNotFoundError(f"{root}: not a directory")
     names = sorted(entry.name for entry in os.scandir(root) if entry.is_dir() and not entry.name.startswith("."))
     if not names:
-        raise ValueError(f"{root}: no class sub-folders (expected {root}/<class>/<image>.jpg)")
+        raise ValueError(
+            f"{root}: no class sub-folders (expected {root}/<class>/<image>.jpg; for vitkit pretrain-mpp, which "
+            "uses no labels, one sub-folder holding every image will do)"
+        )
     return names
 
 

@@ -70,6 +70,7 @@ class Request:
     lr_sweep: bool = False  # fine-tuning: sweep PAPER_LR_GRID on a held-out split first
     runs_root: str = "runs"  # parent of the default run directory
     world: int = 1  # processes the run will use (torchrun's WORLD_SIZE), for the printed plan
+    labelled: bool = True  # the objective learns from labels (classification); masked patch prediction does not
 
 
 @dataclass
@@ -108,7 +109,7 @@ def resolve(request: Request, *, source_model: ModelConfig | None = None) -> Res
     config = apply_overrides(config, request.overrides)
     config = _sweep_hold_out(config, info)
     config = _budget_length(config, request)
-    if config.mpp is None and info.num_classes < 2:
+    if request.labelled and info.num_classes < 2:
         raise ValueError(
             f"{request.data} has {info.num_classes} class(es); a classifier needs at least 2 "
             "(a folder of unlabelled images trains with vitkit pretrain-mpp)"
