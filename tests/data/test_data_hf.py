@@ -6,7 +6,6 @@ import json
 import os
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
@@ -110,12 +109,24 @@ def test_columns_by_type_or_by_name_and_integer_labels(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"several \(picture, thumb\) image columns.*data.image_column"):
         load_split(f"hf:{tmp_path / 'two'}", "train")
     data = load_split(f"hf:{tmp_path / 'two'}", "train", image_size=8, image_column="thumb")
-    assert torch.equal(data.images, _truth(12)[0])
+    assert torch.equal(data.images, _truth(12)[0][image_ids(data.images)])  # one split: less the fixed hold-out
     with pytest.raises(ValueError, match="not a column"):
         load_split(f"hf:{tmp_path / 'two'}", "train", image_column="nope")
     _dataset(12, int_labels=True).save_to_disk(str(tmp_path / "ints"))  # a single Dataset: the train split
     plain = load_split(f"hf:{tmp_path / 'ints'}", "train", image_size=8)
-    assert plain.class_names == ["0", "1", "2", "3"] and torch.equal(plain.labels, _truth(12)[1])
+    assert plain.class_names == ["0", "1", "2", "3"]
+    assert torch.equal(plain.labels, _truth(12)[1][image_ids(plain.images)])
+
+
+def test_a_dataset_of_one_split_holds_out_the_fixed_test_split(tmp_path: Path) -> None:
+    """A `Dataset.save_to_disk` (train alone) holds out 20% of every class, as every source without a test split."""
+    _dataset(40).save_to_disk(str(tmp_path / "one"))
+    uri = f"hf:{tmp_path / 'one'}"
+    train, test = (load_split(uri, part, image_size=8) for part in ("train", "test"))
+    assert len(test) == 8 and len(train) == 32 and "hold-out" in test.origin
+    assert sorted(image_ids(train.images) + image_ids(test.images)) == list(range(40))
+    assert torch.bincount(test.labels).tolist() == [2, 2, 2, 2]
+    assert describe(uri, image_size=8).num_train == 32
 
 
 def test_a_column_of_the_wrong_kind_is_refused_before_any_row_is_read(tmp_path: Path) -> None:
@@ -135,16 +146,16 @@ def test_unlabelled_rows_are_dropped_and_hf_shards_round_trip(tmp_path: Path) ->
     rows = _dataset(10).to_dict()
     rows["target"][3] = -1
     datasets.Dataset.from_dict(rows, features=_dataset(1).features).save_to_disk(str(tmp_path / "ds"))
-    data = load_split(f"hf:{tmp_path / 'ds'}", "train", image_size=8)
-    assert image_ids(data.images) == [0, 1, 2, 4, 5, 6, 7, 8, 9]
-    write_shards(f"hf:{tmp_path / 'ds'}", tmp_path / "wds", 4)
-    # train-only shards hold out a fixed test split: the two parts together are the rows written
-    train, test = (load_split(f"wds:{tmp_path / 'wds'}", part, image_size=8) for part in ("train", "test"))
-    assert train.class_names == test.class_names == CLASSES and len(test) >= 1
-    ids = image_ids(train.images) + image_ids(test.images)
-    assert sorted(ids) == image_ids(data.images) and not set(image_ids(train.images)) & set(image_ids(test.images))
-    order = torch.from_numpy(np.argsort(ids))
-    assert torch.equal(torch.cat([train.labels, test.labels])[order], data.labels)
+    uri = f"hf:{tmp_path / 'ds'}"
+    source = {part: load_split(uri, part, image_size=8) for part in ("train", "test")}  # one split: a hold-out
+    assert sorted(image_ids(source["train"].images) + image_ids(source["test"].images)) == [0, 1, 2, 4, 5, 6, 7, 8, 9]
+    write_shards(uri, tmp_path / "wds", 4)
+    # the source's fixed hold-out is written as the test shards: each side holds the same rows and labels
+    for part in ("train", "test"):
+        shards = load_split(f"wds:{tmp_path / 'wds'}", part, image_size=8)
+        assert shards.class_names == CLASSES and len(shards) >= 1
+        want = dict(zip(image_ids(source[part].images), source[part].labels.tolist()))
+        assert dict(zip(image_ids(shards.images), shards.labels.tolist())) == want
 
 
 def test_train_cli_threads_the_column_choice(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -172,9 +183,10 @@ def test_train_cli_threads_the_column_choice(tmp_path: Path, capsys: pytest.Capt
     assert main(command) == 2 and "data.image_column" in capsys.readouterr().err
     assert main([*command, "--set", "data.image_column=thumb"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert result["step"] == 2 and result["val"]["count"] == 8  # round(0.25 x 6) = 2 of each class held out
+    # 24 rows of one split: 20 train after the fixed test hold-out, then round(0.25 x 5) = 1 of each class for val
+    assert result["step"] == 2 and result["val"]["count"] == 4
     # the verbs that read the run's own data read it with the run's columns
     run, uri = str(tmp_path / "run"), f"hf:{tmp_path / 'two'}"
     assert main(["eval", run, "--data", uri, "--split", "train", "--json"]) == 0, capsys.readouterr().err
-    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["num_images"] == 24
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["num_images"] == 20
     assert main(["embed", run, "--data", uri, "--split", "train", "--out", str(tmp_path / "e.npy")]) == 0

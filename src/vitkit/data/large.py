@@ -33,6 +33,8 @@ def _part(splits: dict[str, Any], part: str, where: str) -> Any:
             + (
                 "use val_fraction > 0 to hold out part of the training data"
                 if part == "val"
+                else "save a DatasetDict with a test (or validation) split"
+                if where.startswith("hf:")
                 else "name shards train-*/val-*/test-* or list the splits in dataset.json"
             )
         )
@@ -172,7 +174,8 @@ def read_hf(
     splits = hf.find_splits(Path(path))
     if "train" not in splits:
         raise ValueError(f"{where} has no train split (found: {', '.join(sorted(splits))})")
-    split = _part(splits, part, where)
+    held_out = splits.keys() == {"train"}  # one split alone: the fixed test hold-out of every source without one
+    split = splits["train"] if held_out and part == "test" else _part(splits, part, where)
     image, label, names = hf.choose_columns(hf.schema(splits["train"]), image_column, label_column, where)
     class_names = _hf_classes(splits["train"], label, names)
     if split.kind == "parquet":
@@ -189,7 +192,7 @@ def read_hf(
         )
     images, labels = hf.arrow_rows(split, image, label, f"{where} ({part})")
     channels = channels or probe_images([images[i] for i in range(min(PROBED, len(images)))])[1]
-    return ImageSet(
+    rows = ImageSet(
         images=None,
         files=images,
         labels=torch.from_numpy(labels),
@@ -198,6 +201,7 @@ def read_hf(
         channels=channels,
         origin=f"{where} {'train' if split is splits['train'] else part} Arrow rows",
     )
+    return holdout.fixed_test_split(rows, part, where) if held_out and part in ("train", "test") else rows
 
 
 def describe_hf(

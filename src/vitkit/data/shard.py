@@ -199,7 +199,10 @@ def _source_splits(uri: str) -> list[str]:
     if kind in ("wds", "hf"):
         from vitkit.data.large import split_names
 
-        return [s for s in ("train", "val", "test") if s in split_names(kind, path)]
+        names = split_names(kind, path)
+        if kind == "hf" and set(names) == {"train"}:  # one split: its fixed hold-out is written as test
+            return ["train", "test"]
+        return [s for s in ("train", "val", "test") if s in names]
     return ["train", "test"]
 
 
