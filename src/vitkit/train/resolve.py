@@ -109,6 +109,12 @@ def resolve(request: Request, *, source_model: ModelConfig | None = None) -> Res
     config = apply_overrides(config, request.overrides)
     config = _sweep_hold_out(config, info)
     config = _budget_length(config, request)
+    if request.batch_size is not None and request.batch_size > info.num_train:
+        raise ValueError(
+            f"--batch-size {request.batch_size:,} is larger than the {info.num_train:,} training images of "
+            f"{request.data}: one step would be {request.batch_size / info.num_train:.1f} epochs; use at most "
+            f"{info.num_train:,}"
+        )
     if request.labelled and info.num_classes < 2:
         raise ValueError(
             f"{request.data} has {info.num_classes} class(es); a classifier needs at least 2 "
