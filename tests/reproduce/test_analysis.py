@@ -144,3 +144,11 @@ def test_attention_claims(tmp_path: Path) -> None:
         "attention.local-heads-low": REPRODUCED,
         "attention.hybrid-less-local": REPRODUCED,
     }
+    study = get_study("attention")
+    assert not any("not specialised" in note for note in study.analyse(context("attention", tmp_path), records).notes)
+    # every head near uniform attention (an undertrained model): the global verdict holds trivially, and says so
+    flat = [{**r, "attention": attention([8.8, 9.6], [9.0, 9.8])} for r in records]
+    analysis = study.analyse(context("attention", tmp_path), flat)
+    verdict = {c.key: c.verdict.status for c in analysis.claims}
+    assert verdict["attention.global-heads-low"] == REPRODUCED and verdict["attention.local-heads-low"] == NOT_REPRODUCED
+    assert any("not specialised" in note and "0.88" in note for note in analysis.notes)

@@ -108,6 +108,13 @@ def analyse(context: Context, records: list) -> Analysis:
         f"uniform attention on this grid gives {records[0]['attention']['uniform']:.2f} px (ViT)",
         "Figure 7 (right) shows ViT-L/16 at 224 px (16 heads, 24 layers); here the base ViT of the study",
     ]
+    closest = min(LOCAL - gap for gap in stats["local"])  # the ViT's most local first-layer head, over seeds
+    if closest > LOCAL:
+        notes.append(
+            f"no first-layer head of the ViT is local (the most local is at {closest:.2f} of uniform attention): "
+            "its heads have not specialised in this budget, so the global-heads verdict says no more than "
+            "uniform attention would; a longer --budget-minutes trains them further"
+        )
     return Analysis(
         claims,
         [table(records)],
