@@ -4,4 +4,4 @@ import sys
 
 from vitkit.cli import main
 
-sys.exit(main())
+sys.exit(main(since_process_start=True))

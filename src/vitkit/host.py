@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import platform
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,3 +86,15 @@ def current(device: torch.device | str = "cpu") -> Host:
         )
     cpu, isa, native, amx = _cpu_facts()
     return Host(cpu=cpu, isa=isa, native_bf16=native, amx=amx, threads=torch.get_num_threads(), torch=torch.__version__)
+
+
+def process_seconds() -> float:
+    """Seconds since this process started, its interpreter and imports included, where the OS says (Linux's
+    /proc); else 0.  A time budget counts from there: importing torch alone takes seconds."""
+    try:
+        with open("/proc/self/stat", encoding="ascii") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22: start time, clock ticks since boot
+        return max(time.clock_gettime(time.CLOCK_BOOTTIME) - started, 0.0)
+    except (OSError, ValueError, IndexError, AttributeError):
+        return 0.0

@@ -208,3 +208,16 @@ def test_a_finished_budgeted_run_re_run_takes_no_more_steps(tmp_path: Path, monk
     assert first["status"] == again["status"] == "finished" and again["step"] == first["step"] == len(before)
     assert [r for r in _records(run) if r["split"] == "train"] == before
     assert again["test"]["top1"] == first["test"]["top1"]
+
+
+def test_what_the_command_spent_before_training_is_charged_to_the_budget(tmp_path: Path, monkeypatch) -> None:
+    """Importing torch and reading the data take seconds of a --max-minutes budget before train() is called."""
+    from vitkit.host import process_seconds
+
+    assert 0.0 < process_seconds() < 86_400  # this test process's age, from the OS
+    monkeypatch.setattr(trainer, "time", FakeTime())
+    overrides = ("data.steps=0", "data.epochs=0", "run.max_minutes=0.05")
+    fresh = trainer.train(tiny_config(tmp_path / "fresh", *overrides))
+    late = trainer.train(tiny_config(tmp_path / "late", *overrides), spent_s=1.5)
+    left = fresh["plan"]["measured"]["train_seconds"] - late["plan"]["measured"]["train_seconds"]
+    assert left == pytest.approx(1.5, abs=0.1) and late["step"] < fresh["step"]

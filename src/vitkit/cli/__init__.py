@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -59,8 +60,16 @@ def _version() -> str:
     return __version__
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, since_process_start: bool = False) -> int:
+    """Run one verb; exit status 2 for an error a user can fix.  `since_process_start`: the command is the
+    process (the console script, `python -m vitkit`), so a time budget counts from its start."""
+    started = time.monotonic()
+    if since_process_start:
+        from vitkit.host import process_seconds
+
+        started -= process_seconds()
     args = build_parser().parse_args(argv)
+    args.started = started
     try:
         return args.handler(args)
     except (ValueError, FileNotFoundError, NotADirectoryError, PermissionError) as err:
@@ -72,4 +81,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _entry(argv: Sequence[str] | None = None) -> Any:  # pragma: no cover - console script shim
-    sys.exit(main(argv))
+    sys.exit(main(argv, since_process_start=True))

@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import sys
+import time
 from typing import Any
 
 from vitkit.cli.flags import add_train_flags, finite_float
@@ -121,7 +122,12 @@ def run_train(args: argparse.Namespace) -> int:
     else:  # the notes describe the request; the stored run is what continues
         say([f"recipe: {config.recipe} (the stored config of the run in {config.run.out}, which this resumes)"])
     try:
-        result = train_with_sweep(config, progress_stream=sys.stderr, on_plan=lambda plan: say(plan_lines(plan)))
+        result = train_with_sweep(
+            config,
+            progress_stream=sys.stderr,
+            on_plan=lambda plan: say(plan_lines(plan)),
+            spent_s=time.monotonic() - args.started,  # the command's own start-up: imports, reading the data
+        )
     except EvaluationError as err:  # the model is saved: say where, and how to evaluate it again
         print(f"vitkit {args.verb}: error: {err}", file=sys.stderr)
         return 1

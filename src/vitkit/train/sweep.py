@@ -61,15 +61,16 @@ def final_config(config: TrainConfig, lr: float) -> TrainConfig:
     )
 
 
-def train_with_sweep(config: TrainConfig, **train_kwargs: Any) -> dict[str, Any]:
-    """`train(config)`, preceded by the LR sweep when `config.optim.lr_sweep` is non-empty."""
+def train_with_sweep(config: TrainConfig, *, spent_s: float = 0.0, **train_kwargs: Any) -> dict[str, Any]:
+    """`train(config)`, preceded by the LR sweep when `config.optim.lr_sweep` is non-empty; `spent_s`, the
+    caller's start-up, is charged to the first run's budget."""
     if not config.optim.lr_sweep:
-        return train(config, **train_kwargs)
+        return train(config, spent_s=spent_s, **train_kwargs)
     if config.data.val_fraction <= 0:
         raise ValueError("optim.lr_sweep needs data.val_fraction > 0 (the held-out split the trials are scored on)")
     scores: dict[str, float] = {}
-    for lr in config.optim.lr_sweep:
-        result = train(trial_config(config, lr), **train_kwargs)
+    for index, lr in enumerate(config.optim.lr_sweep):
+        result = train(trial_config(config, lr), spent_s=0.0 if index else spent_s, **train_kwargs)
         if result["status"] != "finished":  # the sweep's own directory resumes it: finished trials are skipped
             return {**result, "sweep": scores, "status": result["status"], "resume_out": str(config.run.out)}
         scores[f"{lr:g}"] = result["val"]["top1"]

@@ -53,17 +53,19 @@ def train(
     data: Splits | None = None,
     progress_stream: Any = None,
     on_plan: Callable[[Plan], None] | None = None,
+    spent_s: float = 0.0,
 ) -> dict[str, Any]:
     """Run (or resume) the training described by `config` in `config.run.out`; returns the final metrics.
 
     `data` replaces loading `config.data.uri` (tests, studies).  `on_plan(plan)` is called on rank 0 once
-    the plan and its measured speed are known, before the first step.  Returns a dict with "status"
-    ("finished", "time_budget" or "interrupted"), "run_dir", "step", "steps", "plan", the final
-    evaluation under the split's name (absent when interrupted), "minutes" and "checkpoint".
+    the plan and its measured speed are known, before the first step.  `spent_s`: seconds the caller spent
+    before (the command's imports and data description), charged to a time budget's start-up.  Returns a
+    dict with "status" ("finished", "time_budget" or "interrupted"), "run_dir", "step", "steps", "plan",
+    the final evaluation under the split's name (absent when interrupted), "minutes" and "checkpoint".
     """
     if not config.run.out:
         raise ValueError("run.out (the run directory) must be set")
-    started = time.monotonic()
+    started = time.monotonic() - spent_s
     info = distributed.current()
     device = pick_device(config.run.device, info.local_rank)
     if config.run.parallel == "fsdp" and device.type != "cuda":
