@@ -244,7 +244,8 @@ class Trainer(RunParts):
                     status = reason or status
                     break
         bar.close()
-        finish.log_end(status, stop.signum, state.step, plan.steps, config.run.max_minutes)
+        if self.info.main:  # every process stops at the same step: one says so
+            finish.log_end(status, stop.signum, state.step, plan.steps, config.run.max_minutes)
         return self._finish(status, stop.signum)
 
     def _count_skipped(self) -> int:
