@@ -1,21 +1,23 @@
 """vitkit: the Vision Transformer of "An Image is Worth 16x16 Words" (Dosovitskiy et al., ICLR 2021).
 
-Public API: `create_model`, `list_models`, `load`, `save`.
+Public API: `create_model`, `list_models`, `load`, `save`, `predict`.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any
 
 from torch import nn
 
 from vitkit.checkpoints import load as load_checkpoint
 from vitkit.checkpoints import save
+from vitkit.eval.predict import PredictConfig, predict_files
 from vitkit.models import create_model, list_models
-from vitkit.runs import find_checkpoint
+from vitkit.runs import find_checkpoint, open_checkpoint
 
-__all__ = ["create_model", "list_models", "load", "save"]
+__all__ = ["create_model", "list_models", "load", "predict", "save"]
 __version__ = "0.1.0"
 
 
@@ -25,3 +27,14 @@ def load(path: str | os.PathLike[str], **options: Any) -> nn.Module:
     mode (PatchDropout, dropout and stochastic depth off), ready for inference; call `.train()` to fine-tune
     it.  `options` are `vitkit.checkpoints.read`'s (img_size, num_classes, pre_logits, resample, config)."""
     return load_checkpoint(find_checkpoint(path), **options).eval()
+
+
+def predict(
+    path: str | os.PathLike[str], images: Sequence[str | os.PathLike[str]], *, top_k: int = 5, **options: Any
+) -> list[dict[str, Any]]:
+    """The `top_k` classes of image files (and folders of them), as `vitkit predict` gives them: each image is
+    decoded (any mode Pillow reads, converted to the model's channels), its shorter side resized bilinearly
+    to the model's input and centre-cropped, normalised with the checkpoint's mean and std, and run in eval
+    mode.  One dict per file, in order: {"file", "predictions": [{"class", "index", "probability"}]}, or
+    {"file", "error"}.  `path`: as for `load`; `options`: `img_size`, `batch_size`, `device`."""
+    return predict_files(open_checkpoint(path), images, PredictConfig(top_k=top_k, **options))

@@ -73,6 +73,16 @@ def test_predict_probabilities_match_an_independent_forward_pass(tmp_path: Path,
     assert top[0]["index"] == int(expected.argmax())
 
 
+def test_the_python_predict_is_the_verbs(tmp_path: Path, rgb_checkpoint: Path, capsys) -> None:
+    """`vitkit.predict` decodes, resizes and normalises as `vitkit predict` does: the same numbers."""
+    files = _write_images(tmp_path / "images")
+    paths = [str(files[name]) for name in ("rgba", "gray", "cmyk")]
+    assert main(["predict", str(rgb_checkpoint), *paths, "--top-k", "3", "--json"]) == 0
+    verb = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["results"]
+    assert vitkit.predict(rgb_checkpoint, paths, top_k=3) == verb
+    assert vitkit.predict(rgb_checkpoint, [tmp_path / "missing.png"])[0]["error"].endswith("no such file")
+
+
 def test_predict_missing_file_and_human_output(tmp_path: Path, rgb_checkpoint: Path, capsys) -> None:
     files = _write_images(tmp_path / "images")
     code = main(["predict", str(rgb_checkpoint), str(files["tiny"]), str(tmp_path / "nope.png")])
