@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -42,6 +43,19 @@ class FakeTime:
 
     def perf_counter(self) -> float:
         return self.monotonic()
+
+
+def sigterm_after(step: int, real_step):
+    """A `trainer.train_step` that sends this process SIGTERM right after optimiser step `step`, as a scheduler's
+    `kill PID` would (the trainer saves at the step boundary and returns "interrupted")."""
+
+    def stepped(state, batch, spec, loss_of=None):
+        out = real_step(state, batch, spec, loss_of)
+        if state.step == step:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return out
+
+    return stepped
 
 
 # `python -c _KILLER CONFIG_JSON STEP`: train the config and die by SIGKILL right after STEP (0: never), as `kill -9`

@@ -4,13 +4,11 @@ every folder layout trains and reports a test accuracy, evaluation during traini
 from __future__ import annotations
 
 import json
-import os
-import signal
 from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import FakeTime, tiny_config
+from helpers import FakeTime, sigterm_after, tiny_config
 from PIL import Image
 
 from vitkit.cli import main
@@ -172,13 +170,7 @@ def test_a_budgeted_run_resumed_after_a_long_start_up_trains_the_rest_and_ends_a
     overrides = ("data.steps=0", "data.epochs=0", "run.max_minutes=0.05", "run.log_every=1")
     overrides += ("optim.end_lr_fraction=0.1",)
 
-    def interrupt_at_150(state, batch, spec, loss_of=None):
-        out = real_step(state, batch, spec, loss_of)
-        if state.step == 150:
-            os.kill(os.getpid(), signal.SIGTERM)
-        return out
-
-    monkeypatch.setattr(trainer, "train_step", interrupt_at_150)
+    monkeypatch.setattr(trainer, "train_step", sigterm_after(150, real_step))
     run = tmp_path / "run"
     first = trainer.train(tiny_config(run, *overrides))
     assert first["status"] == "interrupted" and first["step"] == 150

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import time
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import tiny_config, train_in_subprocess
+from helpers import sigterm_after, tiny_config, train_in_subprocess
 from safetensors.torch import load_file
 
 from vitkit.runs import LATEST, STATE_FILE
@@ -141,15 +140,7 @@ def test_nan_losses_skip_then_stop_with_last_good_checkpoint(
 
 
 def test_sigterm_saves_at_step_boundary_and_returns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = trainer.train_step
-
-    def step(state, batch, spec, loss_of=None):
-        out = real(state, batch, spec, loss_of)
-        if state.step == 3:
-            os.kill(os.getpid(), signal.SIGTERM)
-        return out
-
-    monkeypatch.setattr(trainer, "train_step", step)
+    monkeypatch.setattr(trainer, "train_step", sigterm_after(3, trainer.train_step))
     run = tmp_path / "run"
     result = trainer.train(tiny_config(run, "data.steps=10", "run.checkpoint_every=100"))
     assert result["status"] == "interrupted" and result["step"] == 3 and result["signal"] == signal.SIGTERM

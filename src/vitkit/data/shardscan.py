@@ -7,10 +7,10 @@ from __future__ import annotations
 import functools
 from array import array
 from pathlib import Path
-from typing import NamedTuple
+from typing import BinaryIO, NamedTuple
 
 from vitkit.data.stream import Unit
-from vitkit.data.tarformat import TarFormatError, read_member
+from vitkit.data.tarformat import Member, TarFormatError, read_member
 from vitkit.data.tarsamples import MAX_LABEL_BYTES, _groups, _name_once, _parse_label, damage_message
 
 CLASS_FILE = "classes.txt"  # beside wds: shards without an index naming the classes: one name a line
@@ -38,11 +38,8 @@ def _scan(path: str, stamp: tuple[int, int]) -> ShardScan:
                 label = next(((e, m) for e, m in members if e.rsplit(".", 1)[-1] in ("cls", "json")), None)
                 if label is None:
                     continue
-                try:
-                    value = _parse_label(label[0], read_member(handle, label[1]))
-                except TarFormatError:
-                    raise
-                except (ValueError, UnicodeDecodeError):
+                value = _read_label(handle, *label)
+                if value is None:
                     continue
                 if value > top:
                     top, top_key = value, key
@@ -53,6 +50,16 @@ def _scan(path: str, stamp: tuple[int, int]) -> ShardScan:
             problem = damage_message(path, count, error)
             _name_once(path, problem)
     return ShardScan(count, top, problem, top_key, bytes(present))
+
+
+def _read_label(handle: BinaryIO, name: str, member: Member) -> int | None:
+    """The class a .cls or .json member holds, or None where it does not parse (a damaged file raises)."""
+    try:
+        return _parse_label(name, read_member(handle, member))
+    except TarFormatError:  # a ValueError too: damage ends the scan, a bad label only skips the sample
+        raise
+    except (ValueError, UnicodeDecodeError):
+        return None
 
 
 def scan_shard(path: Path) -> tuple[int, int, str]:
@@ -86,15 +93,8 @@ def _labels(path: str, stamp: tuple[int, int]) -> array:
             for _, members in _groups(handle):
                 found = [(e, m) for e, m in members if e.rsplit(".", 1)[-1] in ("cls", "json")]
                 label = min(found, key=lambda em: em[0].rsplit(".", 1)[-1] != "cls", default=None)
-                value = -1
-                if label is not None and label[1].size <= MAX_LABEL_BYTES:
-                    try:
-                        value = _parse_label(label[0], read_member(handle, label[1]))
-                    except TarFormatError:
-                        raise
-                    except (ValueError, UnicodeDecodeError):
-                        pass
-                labels.append(value)
+                value = _read_label(handle, *label) if label is not None and label[1].size <= MAX_LABEL_BYTES else None
+                labels.append(-1 if value is None else value)
         except TarFormatError:
             pass
     return labels
