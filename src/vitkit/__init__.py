@@ -30,11 +30,16 @@ def load(path: str | os.PathLike[str], **options: Any) -> nn.Module:
 
 
 def predict(
-    path: str | os.PathLike[str], images: Sequence[str | os.PathLike[str]], *, top_k: int = 5, **options: Any
+    path: str | os.PathLike[str],
+    images: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    *,
+    top_k: int = 5,
+    **options: Any,
 ) -> list[dict[str, Any]]:
     """The `top_k` classes of image files (and folders of them), as `vitkit predict` gives them: each image is
     decoded (any mode Pillow reads, converted to the model's channels), its shorter side resized bilinearly
     to the model's input and centre-cropped, normalised with the checkpoint's mean and std, and run in eval
     mode.  One dict per file, in order: {"file", "predictions": [{"class", "index", "probability"}]}, or
     {"file", "error"}.  `path`: as for `load`; `options`: `img_size`, `batch_size`, `device`."""
-    return predict_files(open_checkpoint(path), images, PredictConfig(top_k=top_k, **options))
+    files = [images] if isinstance(images, (str, os.PathLike)) else images  # one path, not its characters
+    return predict_files(open_checkpoint(path), files, PredictConfig(top_k=top_k, **options))

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from PIL import Image
 
@@ -81,6 +82,10 @@ def test_the_python_predict_is_the_verbs(tmp_path: Path, rgb_checkpoint: Path, c
     verb = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["results"]
     assert vitkit.predict(rgb_checkpoint, paths, top_k=3) == verb
     assert vitkit.predict(rgb_checkpoint, [tmp_path / "missing.png"])[0]["error"].endswith("no such file")
+    (alone,) = vitkit.predict(rgb_checkpoint, paths[0], top_k=3)  # one path, not a sequence of characters
+    assert [p["index"] for p in alone["predictions"]] == [p["index"] for p in verb[0]["predictions"]]
+    for ours, theirs in zip(alone["predictions"], verb[0]["predictions"]):  # a batch of one: float rounding only
+        assert ours["probability"] == pytest.approx(theirs["probability"], abs=1e-6)
 
 
 def test_predict_missing_file_and_human_output(tmp_path: Path, rgb_checkpoint: Path, capsys) -> None:

@@ -229,7 +229,7 @@ def test_data_a_classifier_cannot_learn_from_is_refused(tmp_path: Path, capsys: 
 def test_a_batch_larger_than_the_training_split_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """--batch-size 5000 on 1,438 images made one step of 3.5 epochs; 10**8 died allocating 78 GB in a traceback."""
     out = tmp_path / "run"
-    for size in ("5000", "100000000"):
-        assert main(["train", "--batch-size", size, "--epochs", "1", "--out", str(out)]) == 2
+    for flags in (["--batch-size", "5000"], ["--batch-size", "100000000"], ["--set", "data.batch_size=5000"]):
+        assert main(["train", *flags, "--epochs", "1", "--out", str(out)]) == 2
         err = capsys.readouterr().err
         assert "larger than the 1,438 training images" in err and "Traceback" not in err and not out.exists()

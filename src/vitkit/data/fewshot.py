@@ -24,7 +24,10 @@ def k_per_class(labels: Tensor, k: int, seed: int) -> Tensor:
     for cls in torch.unique(labels).tolist():
         members = torch.nonzero(labels == cls).flatten()
         if len(members) < k:
-            raise ValueError(f"class {cls} has only {len(members)} samples; cannot take {k} per class")
+            raise ValueError(
+                f"class {cls} has only {len(members)} samples; cannot take {k} per class (ask for at most "
+                f"{len(members)}: --shots of vitkit fewshot, --labels-per-class of vitkit train)"
+            )
         chosen.append(members[torch.randperm(len(members), generator=generator)[:k]])
     return torch.cat(chosen).sort().values
 

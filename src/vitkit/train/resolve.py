@@ -104,16 +104,17 @@ def resolve(request: Request, *, source_model: ModelConfig | None = None) -> Res
     if source is not None and chose:  # a small-data checkpoint is fine-tuned as one, on a CPU
         name = "finetune-small" if image_size(source) < PAPER_RESOLUTION else "paper-finetune"
     config = get_recipe(name, info)
+    recipe_batch = config.data.batch_size  # a recipe's own may exceed a small set; a user's is checked below
     config = _apply_model(config, request, info, source, auto_recipe=chose)
     config = _apply_flags(config, request)
     config = apply_overrides(config, request.overrides)
     config = _sweep_hold_out(config, info)
     config = _budget_length(config, request)
-    if request.batch_size is not None and request.batch_size > info.num_train:
+    batch = config.data.batch_size
+    if batch != recipe_batch and batch > info.num_train:  # set by --batch-size or --set data.batch_size
         raise ValueError(
-            f"--batch-size {request.batch_size:,} is larger than the {info.num_train:,} training images of "
-            f"{request.data}: one step would be {request.batch_size / info.num_train:.1f} epochs; use at most "
-            f"{info.num_train:,}"
+            f"a batch of {batch:,} is larger than the {info.num_train:,} training images of {request.data}: "
+            f"one step would be {batch / info.num_train:.2f} epochs; use --batch-size {info.num_train:,} or less"
         )
     if request.labelled and info.num_classes < 2:
         raise ValueError(
