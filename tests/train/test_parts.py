@@ -270,3 +270,15 @@ def test_a_budget_too_small_for_its_final_evaluation_is_warned_about() -> None:
     warned = [line for line in plan_lines(tight) if line.startswith("warning:")]
     assert warned and "5 s" in warned[0] and "45 s" in warned[0] and "--max-minutes" in warned[0]
     assert not any(line.startswith("warning:") for line in plan_lines(ample))
+
+
+def test_a_budget_longer_than_the_runs_own_length_says_the_steps_end_it() -> None:
+    """10 steps of its own in a 1-minute budget: the plan said "about 550.9 epochs fit", which never happen."""
+    config = tiny_config(Path("/unused"), "data.steps=10", "data.batch_size=100", "run.max_minutes=1")
+    timings = {(0.0, 8): 0.2}
+    short = make_plan(config, num_train=1000, timings=timings, budget_s=50.0)
+    lines = "\n".join(plan_lines(short))
+    assert short.steps_given and short.measured["fit_epochs"] == pytest.approx(25.0)  # 250 steps of 0.2 s fit
+    assert "its own 10 steps (1.0 epochs) end it first" in lines
+    long = make_plan(apply_overrides(config, ["data.steps=1000"]), num_train=1000, timings=timings, budget_s=50.0)
+    assert "end it first" not in "\n".join(plan_lines(long))  # the budget ends a 1,000-step run

@@ -68,6 +68,8 @@ def estimate_lines(plan: Plan) -> list[str]:
             f"time budget {plan.budget_minutes:g} min, schedule fitted to it (ends annealed): about "
             f"{measured.get('fit_epochs', 0):g} epochs fit by the warm-up's estimate"
         )
+        if plan.steps_given and measured.get("fit_epochs", 0) > plan.epochs:  # the steps run out before the time
+            fitted += f"; its own {plan.steps:,} steps ({plan.epochs:.1f} epochs) end it first"
         if plan.eval_every == 0 and measured.get("eval_seconds"):  # the Budget keeps this back (trainer.fit)
             fitted += (
                 f", {measured['eval_seconds']:g} s kept for the final evaluation "
