@@ -102,3 +102,8 @@ def test_a_number_flag_takes_only_finite_numbers(argv: list[str], capsys) -> Non
     with pytest.raises(SystemExit) as exit_:
         main(argv)
     assert exit_.value.code == 2 and "expected a finite number" in capsys.readouterr().err
+
+
+def test_a_negative_budget_says_what_zero_means(tmp_path, capsys) -> None:
+    assert main(["train", "--max-minutes", "-1", "--out", str(tmp_path / "run")]) == 2
+    assert "--max-minutes (run.max_minutes) must be >= 0 (0: no budget), got -1" in capsys.readouterr().err

@@ -77,7 +77,7 @@ def add_train_flags(
         type=finite_float,
         default=None,
         help="time budget of the whole run: every schedule is fitted to it and the run ends annealed "
-        "(--set run.budget_schedule=cut stops this invocation instead)",
+        "(--set run.budget_schedule=cut stops this invocation instead; 0: no budget)",
     )
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument(

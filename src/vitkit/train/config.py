@@ -173,7 +173,7 @@ class RunConfig:
         if self.checkpoint_every < 1 or self.log_every < 1 or self.nan_patience < 1:
             raise ValueError("checkpoint_every, log_every and nan_patience must be >= 1")
         if self.max_minutes < 0:
-            raise ValueError(f"max_minutes must be >= 0, got {self.max_minutes}")
+            raise ValueError(f"--max-minutes (run.max_minutes) must be >= 0 (0: no budget), got {self.max_minutes:g}")
 
 
 @dataclass(frozen=True, kw_only=True)
