@@ -204,10 +204,7 @@ def make_plan(
     choices = choices or HostChoices()
     micro, batch = micro_batch_size(config, world), config.data.batch_size
     accumulation = batch // world // micro
-    given = total_steps(config, num_train)
-    spans = _step_spans(config, accumulation, timings or {})
-    fit = steps_that_fit(spans, budget_s) if spans and budget_s else None
-    steps = given or fit or max(1, math.ceil(num_train / batch))
+    given, spans, fit, steps = _length(config, num_train, accumulation, timings or {}, budget_s)
     base = config.optim.base_batch_size or batch
     plan = Plan(
         recipe=config.recipe,
@@ -244,6 +241,20 @@ def make_plan(
     )
     evaluation = (eval_images, eval_image_s)
     return dataclasses.replace(plan, measured=_estimate(plan, spans, timings or {}, fit, budget_s, evaluation))
+
+
+def _length(
+    config: TrainConfig,
+    num_train: int,
+    accumulation: int,
+    timings: dict[GraphKey, float],
+    budget_s: float | None,
+) -> tuple[int | None, list[tuple[float, float, float]], int | None, int]:
+    """(the run's own steps or None, the phases' spans, the steps a fitted budget holds or None, the length)."""
+    given = total_steps(config, num_train)
+    spans = _step_spans(config, accumulation, timings)
+    fit = steps_that_fit(spans, budget_s) if spans and budget_s else None
+    return given, spans, fit, given or fit or max(1, math.ceil(num_train / config.data.batch_size))
 
 
 def _step_spans(
