@@ -118,15 +118,24 @@ def test_columns_by_type_or_by_name_and_integer_labels(tmp_path: Path) -> None:
     assert torch.equal(plain.labels, _truth(12)[1][image_ids(plain.images)])
 
 
-def test_a_dataset_of_one_split_holds_out_the_fixed_test_split(tmp_path: Path) -> None:
-    """A `Dataset.save_to_disk` (train alone) holds out 20% of every class, as every source without a test split."""
-    _dataset(40).save_to_disk(str(tmp_path / "one"))
+@pytest.mark.parametrize("stored", ["arrow", "parquet"])
+def test_a_dataset_of_one_split_holds_out_the_fixed_test_split(tmp_path: Path, stored: str) -> None:
+    """A `Dataset.save_to_disk` or Parquet files of train alone hold out 20% of every class, as every source
+    without a test split does (Parquet's "test" was its whole training split)."""
+    if stored == "arrow":
+        _dataset(40).save_to_disk(str(tmp_path / "one"))
+    else:
+        (tmp_path / "one" / "data").mkdir(parents=True)
+        _dataset(40).to_parquet(str(tmp_path / "one" / "data" / "train-00000-of-00001.parquet"), batch_size=8)
     uri = f"hf:{tmp_path / 'one'}"
     train, test = (load_split(uri, part, image_size=8) for part in ("train", "test"))
     assert len(test) == 8 and len(train) == 32 and "hold-out" in test.origin
     assert sorted(image_ids(train.images) + image_ids(test.images)) == list(range(40))
     assert torch.bincount(test.labels).tolist() == [2, 2, 2, 2]
     assert describe(uri, image_size=8).num_train == 32
+    if stored == "parquet":  # streamed, the same hold-out
+        streamed = load_split(uri, "test", image_size=8, max_in_memory_bytes=0)
+        assert sorted(s.label for s in read_all(streamed)) == sorted(test.labels.tolist())
 
 
 def test_a_column_of_the_wrong_kind_is_refused_before_any_row_is_read(tmp_path: Path) -> None:

@@ -9,9 +9,9 @@ from pathlib import Path
 import torch
 
 from vitkit.data.holdout import fixed_test_split
-from vitkit.data.images import class_folders, scan_folder
+from vitkit.data.images import class_folders, has_sub_folders, scan_flat, scan_folder
 from vitkit.data.images import image_size as _header_size
-from vitkit.data.imageset import ImageSet, SourceInfo, fits_in_memory
+from vitkit.data.imageset import UNLABELLED, ImageSet, SourceInfo, fits_in_memory
 
 
 def folder_roots(root: Path) -> dict[str, Path]:
@@ -28,23 +28,25 @@ def folder_roots(root: Path) -> dict[str, Path]:
     return roots
 
 
-def read_folder(root: Path, part: str, size: int, channels: int) -> ImageSet:
+def read_folder(root: Path, part: str, size: int, channels: int, labelled: bool = True) -> ImageSet:
     """A file-based ImageSet (nothing decoded yet); `_materialise` decodes it if it is small.
 
     Without DIR/test and DIR/val, "test" is a fixed class-stratified hold-out of the training files and
-    "train" the rest, so every folder layout trains and reports a test accuracy.
+    "train" the rest, so every folder layout trains and reports a test accuracy.  Read without labels
+    (`labelled=False`), a folder without class sub-folders is one class of every image file under it.
     """
     roots = folder_roots(root)
-    class_names = class_folders(roots["train"])
+    flat = not labelled and not has_sub_folders(roots["train"])
+    class_names = [UNLABELLED] if flat else class_folders(roots["train"])
     if part == "val" and part not in roots:
         raise ValueError(
             f"folder:{root} has no val split (no {root}/val directory); set data.val_fraction > 0 to "
             "hold out part of the training data (training does so itself when it evaluates as it goes)"
         )
     source = roots[part] if part in roots else roots["train"]
-    files, labels = scan_folder(source, class_names)
+    files, labels = scan_flat(source) if flat else scan_folder(source, class_names)
     if not files:
-        raise ValueError(f"{source}: no image files (.jpg, .png, ...) in its class folders")
+        raise ValueError(f"{source}: no image files (.jpg, .png, ...){'' if flat else ' in its class folders'}")
     found = ImageSet(
         images=None,
         files=files,
@@ -57,9 +59,9 @@ def read_folder(root: Path, part: str, size: int, channels: int) -> ImageSet:
     return found if "test" in roots else fixed_test_split(found, part, str(source))
 
 
-def describe_folder(uri: str, root: Path, size: int, max_in_memory_bytes: int) -> SourceInfo:
+def describe_folder(uri: str, root: Path, size: int, max_in_memory_bytes: int, labelled: bool = True) -> SourceInfo:
     """The training part's counts from its listing, its typical side from about 32 image headers (no pixels)."""
-    part = read_folder(root, "train", size, 3)
+    part = read_folder(root, "train", size, 3, labelled)
     sample = part.files[:: max(1, len(part.files) // 32)]  # about 32 headers spread over the classes
     sides = sorted(min(s) for s in map(_header_size, sample) if s)
     typical = sides[len(sides) // 2] if sides else 0

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from vitkit.data.imageset import NO_LABELS_HINT
 from vitkit.data.stream import Sample, Unit
 
 log = logging.getLogger(__name__)
@@ -101,9 +102,10 @@ def schema(split: HFSplit) -> Any:
 
 
 def choose_columns(
-    arrow_schema: Any, image_column: str = "", label_column: str = "", where: str = ""
+    arrow_schema: Any, image_column: str = "", label_column: str = "", where: str = "", labelled: bool = True
 ) -> tuple[str, str, list[str] | None]:
-    """(image column, label column, ClassLabel names or None), by feature type unless named."""
+    """(image column, label column, ClassLabel names or None), by feature type unless named.  Read without
+    labels (`labelled=False`), a dataset with no label column gives "" for it: every row is class 0."""
     pa = _pyarrow()
     raw = (arrow_schema.metadata or {}).get(b"huggingface")
     features = json.loads(raw).get("info", {}).get("features", {}) if raw else {}
@@ -120,14 +122,21 @@ def choose_columns(
     kinds = {column: kind(column) for column in names}
     images = [c for c in names if kinds[c] == "Image"]
     image = _pick(image_column, images, "image", names, where)
-    labels = [c for c in names if kinds[c] == "ClassLabel"] or [c for c in names if kinds[c] == "int"]
-    label = _pick(label_column, labels, "label", names, where)
     field = arrow_schema.field(image)
     if kinds[image] != "Image" and not (pa.types.is_binary(field.type) or pa.types.is_large_binary(field.type)):
         what = "class labels" if kinds[image] in ("ClassLabel", "int") else f"{field.type} values"
         raise ValueError(
             f"{where}: data.image_column={image!r} holds {what}, not images; image columns: {_listed(images)}"
         )
+    labels = [c for c in names if kinds[c] == "ClassLabel"] or [c for c in names if kinds[c] == "int"]
+    if not labels and not label_column:
+        if labelled:
+            raise ValueError(
+                f"{where}: no label column (ClassLabel or integer) among {', '.join(names)}; choose one with "
+                f"--set data.label_column=NAME, or train without labels: {NO_LABELS_HINT}"
+            )
+        return image, "", None
+    label = _pick(label_column, labels, "label", names, where)
     if kinds[label] not in ("ClassLabel", "int"):
         raise ValueError(
             f"{where}: data.label_column={label!r} holds {arrow_schema.field(label).type} values, not class ids; "
@@ -208,8 +217,11 @@ class ArrowImages:
 
 
 def arrow_rows(split: HFSplit, image: str, label: str, where: str) -> tuple[ArrowImages, np.ndarray]:
-    """The split's images (lazily read) and int64 labels; unlabelled (-1) rows dropped."""
+    """The split's images (lazily read) and int64 labels; unlabelled (-1) rows dropped.  Without a label
+    column (`label` ""), every row, each of class 0."""
     table = open_arrow_table(split.files)
+    if not label:
+        return ArrowImages(split.files, image, None, count=table.num_rows), np.zeros(table.num_rows, np.int64)
     labels = table.column(label).to_numpy(zero_copy_only=False)
     if labels.dtype.kind not in "iu":
         raise ValueError(f"{where}: label column {label!r} is {labels.dtype}, not integer class indices")
@@ -232,6 +244,19 @@ def parquet_units(split: HFSplit) -> list[Unit]:
     return units
 
 
+def row_group_labels(units: list[Unit], label: str) -> list[list[int]]:
+    """The label of every row of each row group (`Unit.part`), -1 where it has none; all 0 without a label
+    column (`label` "").  One column read: what a fixed hold-out is drawn from."""
+    if not label:
+        return [[0] * unit.count for unit in units]
+    pq = _pyarrow().parquet
+    found = []
+    for unit in units:
+        values = pq.ParquetFile(unit.path).read_row_group(unit.part, columns=[label]).column(label).to_pylist()
+        found.append([-1 if value is None else int(value) for value in values])
+    return found
+
+
 def parquet_labels(split: HFSplit, label: str) -> np.ndarray:
     """Every label of the split (one column: cheap), to count the classes when they have no names."""
     pq = _pyarrow().parquet
@@ -245,14 +270,15 @@ class ParquetReader:
     """Reads one row group (`Unit.part`) of a Parquet file at a time; picklable."""
 
     image_column: str
-    label_column: str
+    label_column: str  # "": a dataset without labels, every row of class 0
 
     def samples(self, unit: Unit, start: int = 0, wanted: frozenset[int] | None = None) -> Iterator[tuple[int, Sample]]:
         pq = _pyarrow().parquet
         try:
-            table = pq.ParquetFile(unit.path).read_row_group(unit.part, columns=[self.image_column, self.label_column])
+            columns = [self.image_column, self.label_column] if self.label_column else [self.image_column]
+            table = pq.ParquetFile(unit.path).read_row_group(unit.part, columns=columns)
             images = table.column(self.image_column).to_pylist()
-            labels = table.column(self.label_column).to_pylist()
+            labels = table.column(self.label_column).to_pylist() if self.label_column else [0] * len(images)
         except (OSError, ValueError) as error:  # ArrowInvalid/ArrowIOError are ValueError/OSError subclasses
             images, labels = [], []
             log.warning("%s row group %d is unreadable (%s); its samples count as corrupt", unit.path, unit.part, error)

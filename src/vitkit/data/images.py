@@ -259,10 +259,22 @@ def class_folders(root: Path) -> list[str]:
     names = sorted(entry.name for entry in os.scandir(root) if entry.is_dir() and not entry.name.startswith("."))
     if not names:
         raise ValueError(
-            f"{root}: no class sub-folders (expected {root}/<class>/<image>.jpg; for vitkit pretrain-mpp, which "
-            "uses no labels, one sub-folder holding every image will do)"
+            f"{root}: no class sub-folders (expected {root}/<class>/<image>.jpg); vitkit pretrain-mpp reads a "
+            "folder of images without labels"
         )
     return names
+
+
+def has_sub_folders(root: Path) -> bool:
+    """Whether `root` holds a directory other than a hidden one (a class folder, read with labels)."""
+    with os.scandir(root) as entries:
+        return any(entry.is_dir() and not entry.name.startswith(".") for entry in entries)
+
+
+def scan_flat(root: Path) -> tuple[FileList, list[int]]:
+    """Every image file under `root` (recursive, sorted), all of class 0: a folder read without labels."""
+    files = _image_files(str(root))
+    return FileList.of(files), [0] * len(files)
 
 
 class FileList(Sequence[Path]):

@@ -12,6 +12,8 @@ import torch
 from vitkit.data.images import decode_image
 
 MAX_FILES_IN_MEMORY = 100_000  # above this many images a set is never decoded up front (start-up time)
+UNLABELLED = "unlabelled"  # the one class of a source read without labels (masked patch prediction)
+NO_LABELS_HINT = "vitkit pretrain-mpp reads images without labels"  # the end of a labelled reading's refusal
 
 
 class EmptySplitError(ValueError):

@@ -15,7 +15,7 @@ import torch
 
 from vitkit.data import hf, holdout, tarshards
 from vitkit.data.images import probe_images
-from vitkit.data.imageset import ImageSet, SourceInfo, fits_in_memory
+from vitkit.data.imageset import NO_LABELS_HINT, UNLABELLED, ImageSet, SourceInfo, fits_in_memory
 from vitkit.data.shardscan import CLASS_FILE, top_label
 from vitkit.data.stream import ShardSet, Unit
 
@@ -59,12 +59,14 @@ def split_names(kind: str, path: str) -> list[str]:
 
 
 # ------------------------------------------------------------------------------ wds:
-def read_wds(path: str, part: str, size: int, channels: int | None) -> ShardSet:
+def read_wds(path: str, part: str, size: int, channels: int | None, labelled: bool = True) -> ShardSet:
     """One split of `wds:path` as a ShardSet (nothing read but the index, or the shards' headers without one).
 
     Shards with neither test-* nor val-* shards (nor such splits in dataset.json) hold out a fixed
     class-stratified test split as a folder does (vitkit.data.holdout): "test" is that hold-out, "train"
-    the rest; drawing it reads every training shard's label members once per process.
+    the rest; drawing it reads every training shard's label members once per process.  Read without labels
+    (`labelled=False`), a sample without a label member is class 0, and shards with no label at all are
+    one class, UNLABELLED.
     """
     splits, classes, index = tarshards.split_units(path)
     where = f"wds:{path}"
@@ -72,11 +74,11 @@ def read_wds(path: str, part: str, size: int, channels: int | None) -> ShardSet:
         raise ValueError(f"{where} has no train split (no train-* shards and none listed in dataset.json)")
     fixed = part in ("train", "test") and not {"val", "test"} & set(splits)  # no held-out split of its own
     units = splits["train"] if fixed else _part(splits, part, where)
-    reader = tarshards.TarReader()
+    reader = tarshards.TarReader(labelled)
     if not channels:
         channels = index.get("channels") or _probe_stream(units, reader)[1]
     every = [unit for found in splits.values() for unit in found]
-    names = classes or class_file_names(path, None if index else every) or tarshards.class_names_by_scan(every)
+    names = classes or class_file_names(path, None if index else every) or _names_by_scan(every, labelled, where)
     data = ShardSet(
         units=units,
         reader=reader,
@@ -87,14 +89,28 @@ def read_wds(path: str, part: str, size: int, channels: int | None) -> ShardSet:
         problems=[] if index else tarshards.damage(units),
     )
     if fixed:
-        labels = [_unit_labels(unit) for unit in units]
+        labels = [_unit_labels(unit, labelled) for unit in units]
         data = holdout.hold_out_shards(data, labels, part, f"{len(units)} train shard(s) of {where}")
     return data
 
 
-def _unit_labels(unit: Unit) -> list[int]:
-    """The label of each of the unit's `count` samples (-1 where none is readable or the shard ends early)."""
+def _names_by_scan(units: list[Unit], labelled: bool, where: str) -> list[str]:
+    """Class names from the labels the shards hold; shards without any are one class read without labels,
+    and an error read with them."""
+    if top_label(units)[0] >= 0:
+        return tarshards.class_names_by_scan(units)
+    if not labelled:
+        return [UNLABELLED]
+    raise ValueError(
+        f"{where}: no sample has a label (a .cls or .json member) to train a classifier on; {NO_LABELS_HINT}"
+    )
+
+
+def _unit_labels(unit: Unit, labelled: bool = True) -> list[int]:
+    """The label of each of the unit's `count` samples (-1 where none is readable or the shard ends early;
+    read without labels, 0 where a sample has none)."""
     labels = list(tarshards.shard_labels(Path(unit.path))[: unit.count])
+    labels = labels if labelled else [max(label, 0) for label in labels]
     return labels + [-1] * (unit.count - len(labels))
 
 
@@ -135,9 +151,9 @@ def class_file_names(path: str, scanned: list[Unit] | None) -> list[str] | None:
     return names
 
 
-def describe_wds(uri: str, path: str, size: int, max_in_memory_bytes: int) -> SourceInfo:
+def describe_wds(uri: str, path: str, size: int, max_in_memory_bytes: int, labelled: bool = True) -> SourceInfo:
     index = tarshards.split_units(path)[2]
-    data = read_wds(path, "train", size, index.get("channels"))
+    data = read_wds(path, "train", size, index.get("channels"), labelled)
     side = index.get("image_size") or _probe_stream(data.units, data.reader)[0]
     fits = fits_in_memory(len(data), data.channels, size, max_in_memory_bytes)
     return SourceInfo(
@@ -155,6 +171,8 @@ def describe_wds(uri: str, path: str, size: int, max_in_memory_bytes: int) -> So
 def _hf_classes(train: hf.HFSplit, label: str, names: list[str] | None) -> list[str]:
     if names:
         return list(names)
+    if not label:  # read without labels
+        return [UNLABELLED]
     labels = (
         hf.parquet_labels(train, label)
         if train.kind == "parquet"
@@ -167,22 +185,29 @@ def _hf_classes(train: hf.HFSplit, label: str, names: list[str] | None) -> list[
 
 
 def read_hf(
-    path: str, part: str, size: int, channels: int | None, image_column: str = "", label_column: str = ""
+    path: str,
+    part: str,
+    size: int,
+    channels: int | None,
+    image_column: str = "",
+    label_column: str = "",
+    labelled: bool = True,
 ) -> ImageSet | ShardSet:
-    """One split of `hf:path`: an Arrow split as a random-access ImageSet, a Parquet split as a ShardSet."""
+    """One split of `hf:path`: an Arrow split as a random-access ImageSet, a Parquet split as a ShardSet.
+    Read without labels (`labelled=False`), a dataset without a label column is one class, UNLABELLED."""
     where = f"hf:{path}"
     splits = hf.find_splits(Path(path))
     if "train" not in splits:
         raise ValueError(f"{where} has no train split (found: {', '.join(sorted(splits))})")
     held_out = splits.keys() == {"train"}  # one split alone: the fixed test hold-out of every source without one
     split = splits["train"] if held_out and part == "test" else _part(splits, part, where)
-    image, label, names = hf.choose_columns(hf.schema(splits["train"]), image_column, label_column, where)
+    image, label, names = hf.choose_columns(hf.schema(splits["train"]), image_column, label_column, where, labelled)
     class_names = _hf_classes(splits["train"], label, names)
     if split.kind == "parquet":
         units = hf.parquet_units(split)
         reader = hf.ParquetReader(image, label)
         channels = channels or _probe_stream(units, reader)[1]
-        return ShardSet(
+        data = ShardSet(
             units=units,
             reader=reader,
             class_names=class_names,
@@ -190,6 +215,9 @@ def read_hf(
             channels=channels,
             origin=f"{len(split.files)} Parquet file(s) of {where} ({len(units)} row groups)",
         )
+        if held_out and part in ("train", "test"):
+            data = holdout.hold_out_shards(data, hf.row_group_labels(units, label), part, data.origin)
+        return data
     images, labels = hf.arrow_rows(split, image, label, f"{where} ({part})")
     channels = channels or probe_images([images[i] for i in range(min(PROBED, len(images)))])[1]
     rows = ImageSet(
@@ -205,9 +233,15 @@ def read_hf(
 
 
 def describe_hf(
-    uri: str, path: str, size: int, max_in_memory_bytes: int, image_column: str = "", label_column: str = ""
+    uri: str,
+    path: str,
+    size: int,
+    max_in_memory_bytes: int,
+    image_column: str = "",
+    label_column: str = "",
+    labelled: bool = True,
 ) -> SourceInfo:
-    data = read_hf(path, "train", size, None, image_column, label_column)
+    data = read_hf(path, "train", size, None, image_column, label_column, labelled)
     if isinstance(data, ShardSet):
         side = _probe_stream(data.units, data.reader)[0]
     else:

@@ -29,6 +29,11 @@ How training reads a split is its `access` ("memory", "files" or "stream"):
   stream  larger tar shards and Parquet files: a `vitkit.data.stream.ShardSet`, read front to back by
           every process and worker.
 Fixed-size sources are returned at native size; resizing is the transforms' job.
+
+Labels.  `labelled=False` reads for an objective that uses none (masked patch prediction): a folder without
+class sub-folders, shards whose samples have no .cls/.json member and an hf dataset without a label column
+are then one class, `UNLABELLED`, and every image is kept; labels that exist are read as ever.  A labelled
+reading refuses such a source and says which command takes it.
 """
 
 from __future__ import annotations
@@ -217,16 +222,16 @@ def separate_val(uri: str) -> bool:
 
 
 def _read(
-    kind: str, path: str, part: str, size: int, channels: int | None, columns: tuple[str, str]
+    kind: str, path: str, part: str, size: int, channels: int | None, columns: tuple[str, str], labelled: bool
 ) -> ImageSet | ShardSet:
     if kind == "digits":
         return _read_digits(part)
     if kind == "folder":
-        return folder.read_folder(Path(path), part, size, channels or 3)
+        return folder.read_folder(Path(path), part, size, channels or 3, labelled=labelled)
     if kind == "wds":
-        return large.read_wds(path, part, size, channels)
+        return large.read_wds(path, part, size, channels, labelled=labelled)
     if kind == "hf":
-        return large.read_hf(path, part, size, channels, *columns)
+        return large.read_hf(path, part, size, channels, *columns, labelled=labelled)
     if part == "val":
         raise ValueError(f"{kind} has no separate val split; pass val_fraction > 0 to hold out part of train")
     if kind in ("mnist", "fashion-mnist"):
@@ -267,6 +272,7 @@ def load_split(
     max_pixels: int = MAX_PIXELS,
     image_column: str = "",
     label_column: str = "",
+    labelled: bool = True,
 ) -> ImageSet | ShardSet:
     """One split of the source named by `uri` (see the module docstring for the URIs, splits and `access`).
 
@@ -284,15 +290,16 @@ def load_split(
         num_workers: decoding threads for sets decoded up front (default min(8, CPUs)).
         max_pixels: decompression-bomb limit per image.
         image_column, label_column: hf: columns, when the types do not single them out.
+        labelled: False for an objective without labels (see "Labels" in the module docstring).
     """
     kind, path = parse_uri(uri)
     if split not in ("train", "val", "test"):
         raise ValueError(f"split must be 'train', 'val' or 'test', got {split!r}")
     size, columns = image_size or DEFAULT_FOLDER_SIZE, (image_column, label_column)
     if split == "test" or val_fraction == 0.0:
-        subset = _read(kind, path, split, size, channels, columns)
+        subset = _read(kind, path, split, size, channels, columns, labelled)
     else:
-        subset = _hold_out(_read(kind, path, "train", size, channels, columns), split, val_fraction, seed)
+        subset = _hold_out(_read(kind, path, "train", size, channels, columns, labelled), split, val_fraction, seed)
     if isinstance(subset, ShardSet):
         subset.max_pixels = max_pixels  # checked by the workers that decode it
     result, reasons = materialise(
@@ -327,6 +334,7 @@ def describe(
     max_in_memory_bytes: int = 2 << 30,
     image_column: str = "",
     label_column: str = "",
+    labelled: bool = True,
 ) -> SourceInfo:
     """Counts and sizes of a source from headers, listings and indexes (decodes no pixels, except digits' 100 KB)."""
     kind, path = parse_uri(uri)
@@ -354,10 +362,10 @@ def describe(
     if kind == "npz":
         return _describe_npz(uri, root)
     if kind == "wds":
-        return large.describe_wds(uri, path, size, max_in_memory_bytes)
+        return large.describe_wds(uri, path, size, max_in_memory_bytes, labelled=labelled)
     if kind == "hf":
-        return large.describe_hf(uri, path, size, max_in_memory_bytes, image_column, label_column)
-    return folder.describe_folder(uri, root, size, max_in_memory_bytes)
+        return large.describe_hf(uri, path, size, max_in_memory_bytes, image_column, label_column, labelled=labelled)
+    return folder.describe_folder(uri, root, size, max_in_memory_bytes, labelled=labelled)
 
 
 def _describe_npz(uri: str, path: Path) -> SourceInfo:

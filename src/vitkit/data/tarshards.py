@@ -70,8 +70,12 @@ class TarReader:
     """Reads the samples of tar shards (`Unit.path`); picklable, so DataLoader workers get their own.
 
     A sample's key is "SHARD:KEY" (the shard's path and its members' common name), so every message
-    about a sample names its file.
+    about a sample names its file.  Made with `labelled=False`, a sample without a label member is class 0
+    (an objective that uses no labels); otherwise it is corrupt.
     """
+
+    def __init__(self, labelled: bool = True) -> None:
+        self.labelled = labelled
 
     def samples(self, unit: Unit, start: int = 0, wanted: frozenset[int] | None = None) -> Iterator[tuple[int, Sample]]:
         """(ordinal, sample) for ordinals start .. unit.count-1 (those in `wanted` only, when given).
@@ -93,7 +97,7 @@ class TarReader:
                         )
                         return
                     if index >= start and (wanted is None or index in wanted):
-                        yield index, _assemble(f"{unit.path}:{key}", members, handle)
+                        yield index, _assemble(f"{unit.path}:{key}", members, handle, self.labelled)
                     seen = index + 1
         except (TarFormatError, OSError) as error:
             problem = f"unreadable shard ({type(error).__name__}: {error})"

@@ -53,7 +53,8 @@ def load_splits(config: TrainConfig, *, need_test: bool = True) -> Splits:
     `data.labels_per_class` that hold-out comes out of the N images per class.
     """
     uri, data = config.data.uri, config.data
-    columns = dict(image_column=data.image_column, label_column=data.label_column)  # hf: sources
+    # hf: columns; masked patch prediction reads sources without labels too (data/sources.py, "Labels")
+    columns = dict(image_column=data.image_column, label_column=data.label_column, labelled=config.mpp is None)
     common = dict(
         image_size=image_size(config.model),
         seed=config.run.seed,

@@ -95,6 +95,7 @@ def resolve(request: Request, *, source_model: ModelConfig | None = None) -> Res
         request.data,
         image_column=columns.get("data.image_column", ""),
         label_column=columns.get("data.label_column", ""),
+        labelled=request.labelled,
     )  # hf: columns, needed to count classes
     chose = request.recipe is None
     source = source_model
