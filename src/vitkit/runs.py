@@ -218,15 +218,17 @@ def is_run_dir(path: str | os.PathLike) -> bool:
     )
 
 
-def data_columns(path: str | os.PathLike, uri: str) -> dict[str, str]:
-    """The `image_column`/`label_column` the run that `path` names (RUN or RUN/checkpoints/NAME) read `uri`
-    with, where it was trained on `uri`; else none, and the columns are found by their types."""
+def data_reading(path: str | os.PathLike, uri: str) -> dict[str, Any]:
+    """How the run that `path` names (RUN or RUN/checkpoints/NAME) read `uri`, where it was trained on it: its
+    `image_column`/`label_column`, and `labelled=False` for masked patch prediction (a source without labels
+    reads as it trained).  Else nothing: columns are found by their types and labels are read."""
     path = Path(path)
     for run in (path, path.parent.parent):
         stored = RunDir(run).stored_config() if is_run_dir(run) else None
         data = (stored or {}).get("data", {})
         if data.get("uri") == uri:
-            return {key: data[key] for key in ("image_column", "label_column") if data.get(key)}
+            found: dict[str, Any] = {key: data[key] for key in ("image_column", "label_column") if data.get(key)}
+            return {**found, "labelled": False} if (stored or {}).get("mpp") else found
     return {}
 
 

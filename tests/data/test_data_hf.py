@@ -134,8 +134,29 @@ def test_a_dataset_of_one_split_holds_out_the_fixed_test_split(tmp_path: Path, s
     assert torch.bincount(test.labels).tolist() == [2, 2, 2, 2]
     assert describe(uri, image_size=8).num_train == 32
     if stored == "parquet":  # streamed, the same hold-out
-        streamed = load_split(uri, "test", image_size=8, max_in_memory_bytes=0)
-        assert sorted(s.label for s in read_all(streamed)) == sorted(test.labels.tolist())
+        streamed = read_all(load_split(uri, "test", image_size=8, max_in_memory_bytes=0))
+        pixels = torch.stack([decode_image(s.image, 1, size=8) for s in streamed])
+        assert sorted(image_ids(pixels)) == sorted(image_ids(test.images))
+
+
+def test_a_damaged_row_group_of_a_one_split_parquet_dataset_is_skipped_not_fatal(tmp_path: Path) -> None:
+    """Drawing the hold-out reads each row group's labels: a damaged one keeps its rows on the train side, where
+    they are skipped as corrupt, as reading the row group itself does."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    path = tmp_path / "data" / "train-00000-of-00001.parquet"
+    path.parent.mkdir()
+    _dataset(20).to_parquet(str(path), batch_size=10)
+    group = pq.ParquetFile(str(path)).metadata.row_group(1)
+    chunk = next(group.column(c) for c in range(group.num_columns) if group.column(c).path_in_schema == "target")
+    damaged = bytearray(path.read_bytes())
+    damaged[chunk.data_page_offset : chunk.data_page_offset + chunk.total_compressed_size] = b"\xff" * (
+        chunk.total_compressed_size
+    )
+    path.write_bytes(bytes(damaged))
+    train = load_split(f"hf:{tmp_path}", "train", image_size=8)
+    test = load_split(f"hf:{tmp_path}", "test", image_size=8)
+    assert set(image_ids(test.images)) <= set(range(10))  # drawn from the readable row group
+    assert len(test) == 4 and len(train) == 6 and train.skipped == 10  # one a class held out; 10 lost
 
 
 def test_a_column_of_the_wrong_kind_is_refused_before_any_row_is_read(tmp_path: Path) -> None:

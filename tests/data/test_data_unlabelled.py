@@ -1,6 +1,6 @@
-"""Sources without labels (a flat folder of images, shards without .cls members, an hf dataset without a label
-column): masked patch prediction reads them as one class, every image kept; a classifier's reading refuses
-them and names the command that takes them."""
+"""Sources read without labels (a folder of images, shards without .cls members, an hf dataset without a label
+column): masked patch prediction reads every image as class 0 of one class and reads no label; a classifier's
+reading refuses a source without labels and names the command that takes it."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from PIL import Image
 
 from shardkit import image_ids, numbered_images, png, write_tar
 from vitkit.cli import main
+from vitkit.data.images import decode_image
 from vitkit.data.imageset import UNLABELLED
 from vitkit.data.sources import describe, load_split
 from vitkit.data.stream import ShardSet, read_all
@@ -71,31 +72,70 @@ def test_a_source_without_labels_reads_as_one_class_for_masked_patch_prediction(
 
 
 @pytest.mark.parametrize("kind", ["wds", "hf-parquet"])
-def test_a_streamed_source_without_labels_yields_class_zero(tmp_path: Path, kind: str) -> None:
+def test_a_streamed_source_without_labels_holds_what_the_in_memory_one_does(tmp_path: Path, kind: str) -> None:
     uri = SOURCES[kind](tmp_path / "data")
-    stream = load_split(uri, "train", image_size=8, labelled=False, max_in_memory_bytes=0)
-    assert isinstance(stream, ShardSet) and stream.class_names == [UNLABELLED]
-    samples = read_all(stream)
-    assert len(samples) == COUNT - 8 and {s.label for s in samples} == {0}
+    for part in ("train", "test"):
+        stream = load_split(uri, part, image_size=8, labelled=False, max_in_memory_bytes=0)
+        assert isinstance(stream, ShardSet) and stream.class_names == [UNLABELLED]
+        samples = read_all(stream)
+        assert {s.label for s in samples} == {0}
+        streamed = image_ids(torch.stack([decode_image(s.image, 1, size=8) for s in samples]))
+        assert sorted(streamed) == sorted(image_ids(load_split(uri, part, image_size=8, labelled=False).images))
 
 
-def test_labelled_shards_keep_their_labels_when_read_without_labels(tmp_path: Path) -> None:
-    """Labels where they exist are kept: the same shards read either way give the same classes."""
-    from shardkit import numbered_shards
+def test_a_folder_read_without_labels_is_every_image_below_it_but_hidden_ones(tmp_path: Path) -> None:
+    """Photos beside sub-folders (a year's folder) are all read; a hidden copy (.ipynb_checkpoints) is not."""
+    root = tmp_path / "photos"
+    images = numbered_images(COUNT)[0]
+    for i, pixels in enumerate(images):
+        folder = root if i < 20 else root / "2019" / ("deep" if i % 2 else "")
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(pixels).save(folder / f"img{i:03d}.png")
+    (root / ".ipynb_checkpoints").mkdir()
+    Image.fromarray(images[0]).save(root / ".ipynb_checkpoints" / "img000-checkpoint.png")
+    train, test = (load_split(f"folder:{root}", part, image_size=8, labelled=False) for part in ("train", "test"))
+    assert sorted(image_ids(train.images) + image_ids(test.images)) == list(range(COUNT))
 
-    numbered_shards(tmp_path / "data", [20, 20], classes=4)
-    uri = f"wds:{tmp_path / 'data'}"
-    plain, bare = load_split(uri, "train", image_size=8), load_split(uri, "train", image_size=8, labelled=False)
-    assert plain.class_names == bare.class_names == ["0", "1", "2", "3"]
-    assert torch.equal(plain.labels, bare.labels) and torch.equal(plain.images, bare.images)
+
+def test_labels_are_not_read_without_labels(tmp_path: Path) -> None:
+    """Shards where some samples have a label (one unreadable) and some none, and an hf dataset whose label
+    column marks rows -1 beside an integer id column: every image is read, as class 0."""
+    datasets = pytest.importorskip("datasets")
+    images = numbered_images(COUNT)[0]
+    members = []
+    for i in range(COUNT):
+        members.append((f"s{i:06d}.png", png(images[i])))
+        if i % 3 == 0:
+            members.append((f"s{i:06d}.cls", b"7" if i else b"not a label"))
+    (tmp_path / "wds").mkdir()
+    write_tar(tmp_path / "wds" / "train-000000.tar", members)
+    rows = {
+        "picture": [{"bytes": png(pixels), "path": None} for pixels in images],
+        "label": [-1 if i % 2 else i % 4 for i in range(COUNT)],
+        "id": list(range(COUNT)),
+    }
+    features = {
+        "picture": datasets.Image(),
+        "label": datasets.ClassLabel(names=list("abcd")),
+        "id": datasets.Value("int64"),
+    }
+    datasets.Dataset.from_dict(rows, features=datasets.Features(features)).save_to_disk(str(tmp_path / "hf"))
+    for uri in (f"wds:{tmp_path / 'wds'}", f"hf:{tmp_path / 'hf'}"):
+        train, test = (load_split(uri, part, image_size=8, labelled=False) for part in ("train", "test"))
+        assert train.class_names == [UNLABELLED] and not train.labels.any() and not test.labels.any()
+        assert sorted(image_ids(train.images) + image_ids(test.images)) == list(range(COUNT)), uri
 
 
 def test_pretrain_mpp_trains_on_a_flat_folder_that_train_refuses(tmp_path: Path, capsys) -> None:
+    """The encoder it writes embeds the same folder: a run's own data is read as the run read it."""
     uri = _flat_folder(tmp_path / "photos")
     argv = ["--data", uri, "--recipe", "small-32px-tiny", "--img-size", "8", "--epochs", "1", "--batch-size", "8"]
     argv += ["--set", "model.patch_size=4", "--set", "run.tensorboard=false", "--json"]
     assert main(["pretrain-mpp", *argv, "--out", str(tmp_path / "run")]) == 0, capsys.readouterr().err
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["status"] == "finished" and result["steps"] == (COUNT - 8) // 8
+    embed = ["embed", str(tmp_path / "run"), "--data", uri, "--split", "train", "--out", str(tmp_path / "e.npy")]
+    assert main([*embed, "--json"]) == 0, capsys.readouterr().err
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["shape"][0] == COUNT - 8
     assert main(["train", *argv, "--out", str(tmp_path / "classifier")]) == 2
     assert "pretrain-mpp" in capsys.readouterr().err

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from vitkit.data.holdout import fixed_test_split
-from vitkit.data.images import class_folders, has_sub_folders, scan_flat, scan_folder
+from vitkit.data.images import class_folders, scan_flat, scan_folder
 from vitkit.data.images import image_size as _header_size
 from vitkit.data.imageset import UNLABELLED, ImageSet, SourceInfo, fits_in_memory
 
@@ -33,20 +33,19 @@ def read_folder(root: Path, part: str, size: int, channels: int, labelled: bool 
 
     Without DIR/test and DIR/val, "test" is a fixed class-stratified hold-out of the training files and
     "train" the rest, so every folder layout trains and reports a test accuracy.  Read without labels
-    (`labelled=False`), a folder without class sub-folders is one class of every image file under it.
+    (`labelled=False`), every image file under the directory (hidden ones aside) is class 0 of one class.
     """
     roots = folder_roots(root)
-    flat = not labelled and not has_sub_folders(roots["train"])
-    class_names = [UNLABELLED] if flat else class_folders(roots["train"])
+    class_names = class_folders(roots["train"]) if labelled else [UNLABELLED]
     if part == "val" and part not in roots:
         raise ValueError(
             f"folder:{root} has no val split (no {root}/val directory); set data.val_fraction > 0 to "
             "hold out part of the training data (training does so itself when it evaluates as it goes)"
         )
     source = roots[part] if part in roots else roots["train"]
-    files, labels = scan_flat(source) if flat else scan_folder(source, class_names)
+    files, labels = scan_folder(source, class_names) if labelled else scan_flat(source)
     if not files:
-        raise ValueError(f"{source}: no image files (.jpg, .png, ...){'' if flat else ' in its class folders'}")
+        raise ValueError(f"{source}: no image files (.jpg, .png, ...){' in its class folders' if labelled else ''}")
     found = ImageSet(
         images=None,
         files=files,

@@ -105,7 +105,7 @@ def choose_columns(
     arrow_schema: Any, image_column: str = "", label_column: str = "", where: str = "", labelled: bool = True
 ) -> tuple[str, str, list[str] | None]:
     """(image column, label column, ClassLabel names or None), by feature type unless named.  Read without
-    labels (`labelled=False`), a dataset with no label column gives "" for it: every row is class 0."""
+    labels (`labelled=False`), the label column is "": none is read, and every row is class 0."""
     pa = _pyarrow()
     raw = (arrow_schema.metadata or {}).get(b"huggingface")
     features = json.loads(raw).get("info", {}).get("features", {}) if raw else {}
@@ -128,14 +128,14 @@ def choose_columns(
         raise ValueError(
             f"{where}: data.image_column={image!r} holds {what}, not images; image columns: {_listed(images)}"
         )
+    if not labelled:
+        return image, "", None
     labels = [c for c in names if kinds[c] == "ClassLabel"] or [c for c in names if kinds[c] == "int"]
     if not labels and not label_column:
-        if labelled:
-            raise ValueError(
-                f"{where}: no label column (ClassLabel or integer) among {', '.join(names)}; choose one with "
-                f"--set data.label_column=NAME, or train without labels: {NO_LABELS_HINT}"
-            )
-        return image, "", None
+        raise ValueError(
+            f"{where}: no label column (ClassLabel or integer) among {', '.join(names)}; choose one with "
+            f"--set data.label_column=NAME, or train without labels: {NO_LABELS_HINT}"
+        )
     label = _pick(label_column, labels, "label", names, where)
     if kinds[label] not in ("ClassLabel", "int"):
         raise ValueError(
@@ -245,15 +245,20 @@ def parquet_units(split: HFSplit) -> list[Unit]:
 
 
 def row_group_labels(units: list[Unit], label: str) -> list[list[int]]:
-    """The label of every row of each row group (`Unit.part`), -1 where it has none; all 0 without a label
-    column (`label` "").  One column read: what a fixed hold-out is drawn from."""
+    """The label of every row of each row group (`Unit.part`), -1 where it has none or the row group is
+    unreadable; all 0 without a label column (`label` "").  One column read: what a fixed hold-out is drawn
+    from."""
     if not label:
         return [[0] * unit.count for unit in units]
     pq = _pyarrow().parquet
     found = []
     for unit in units:
-        values = pq.ParquetFile(unit.path).read_row_group(unit.part, columns=[label]).column(label).to_pylist()
-        found.append([-1 if value is None else int(value) for value in values])
+        try:
+            values = pq.ParquetFile(unit.path).read_row_group(unit.part, columns=[label]).column(label).to_pylist()
+        except (OSError, ValueError):  # a damaged row group: its rows stay on the train side, read as corrupt
+            values = []
+        values += [None] * (unit.count - len(values))
+        found.append([-1 if value is None else int(value) for value in values[: unit.count]])
     return found
 
 

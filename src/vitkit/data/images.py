@@ -265,12 +265,6 @@ def class_folders(root: Path) -> list[str]:
     return names
 
 
-def has_sub_folders(root: Path) -> bool:
-    """Whether `root` holds a directory other than a hidden one (a class folder, read with labels)."""
-    with os.scandir(root) as entries:
-        return any(entry.is_dir() and not entry.name.startswith(".") for entry in entries)
-
-
 def scan_flat(root: Path) -> tuple[FileList, list[int]]:
     """Every image file under `root` (recursive, sorted), all of class 0: a folder read without labels."""
     files = _image_files(str(root))
@@ -318,13 +312,15 @@ class FileList(Sequence[Path]):
 
 
 def _image_files(folder: str) -> list[str]:
-    """Image files under `folder`, recursively, sorted; os.scandir's file types avoid one stat per file."""
+    """Image files under `folder`, recursively (hidden directories aside, as for class folders), sorted;
+    os.scandir's file types avoid one stat per file."""
     found, pending = [], [folder]
     while pending:
         with os.scandir(pending.pop()) as entries:
             for entry in entries:
                 if entry.is_dir(follow_symlinks=False):  # as pathlib's rglob: no symlinked directories
-                    pending.append(entry.path)
+                    if not entry.name.startswith("."):  # .ipynb_checkpoints, .git: copies or no data
+                        pending.append(entry.path)
                 elif entry.name.lower().endswith(IMAGE_EXTENSIONS) and entry.is_file():
                     found.append(entry.path)
     return sorted(found, key=lambda path: path.split(os.sep))  # the order of sorted Path objects

@@ -65,8 +65,7 @@ def read_wds(path: str, part: str, size: int, channels: int | None, labelled: bo
     Shards with neither test-* nor val-* shards (nor such splits in dataset.json) hold out a fixed
     class-stratified test split as a folder does (vitkit.data.holdout): "test" is that hold-out, "train"
     the rest; drawing it reads every training shard's label members once per process.  Read without labels
-    (`labelled=False`), a sample without a label member is class 0, and shards with no label at all are
-    one class, UNLABELLED.
+    (`labelled=False`), every image is class 0 of one class, UNLABELLED, and no label is read.
     """
     splits, classes, index = tarshards.split_units(path)
     where = f"wds:{path}"
@@ -78,7 +77,10 @@ def read_wds(path: str, part: str, size: int, channels: int | None, labelled: bo
     if not channels:
         channels = index.get("channels") or _probe_stream(units, reader)[1]
     every = [unit for found in splits.values() for unit in found]
-    names = classes or class_file_names(path, None if index else every) or _names_by_scan(every, labelled, where)
+    if labelled:
+        names = classes or class_file_names(path, None if index else every) or _names_by_scan(every, where)
+    else:
+        names = [UNLABELLED]
     data = ShardSet(
         units=units,
         reader=reader,
@@ -94,13 +96,10 @@ def read_wds(path: str, part: str, size: int, channels: int | None, labelled: bo
     return data
 
 
-def _names_by_scan(units: list[Unit], labelled: bool, where: str) -> list[str]:
-    """Class names from the labels the shards hold; shards without any are one class read without labels,
-    and an error read with them."""
+def _names_by_scan(units: list[Unit], where: str) -> list[str]:
+    """Class names from the labels the shards hold; shards without any label are an error."""
     if top_label(units)[0] >= 0:
         return tarshards.class_names_by_scan(units)
-    if not labelled:
-        return [UNLABELLED]
     raise ValueError(
         f"{where}: no sample has a label (a .cls or .json member) to train a classifier on; {NO_LABELS_HINT}"
     )
@@ -108,9 +107,9 @@ def _names_by_scan(units: list[Unit], labelled: bool, where: str) -> list[str]:
 
 def _unit_labels(unit: Unit, labelled: bool = True) -> list[int]:
     """The label of each of the unit's `count` samples (-1 where none is readable or the shard ends early;
-    read without labels, 0 where a sample has none)."""
+    read without labels, 0 for every sample the shard holds)."""
     labels = list(tarshards.shard_labels(Path(unit.path))[: unit.count])
-    labels = labels if labelled else [max(label, 0) for label in labels]
+    labels = labels if labelled else [0] * len(labels)
     return labels + [-1] * (unit.count - len(labels))
 
 
@@ -194,7 +193,8 @@ def read_hf(
     labelled: bool = True,
 ) -> ImageSet | ShardSet:
     """One split of `hf:path`: an Arrow split as a random-access ImageSet, a Parquet split as a ShardSet.
-    Read without labels (`labelled=False`), a dataset without a label column is one class, UNLABELLED."""
+    Read without labels (`labelled=False`), no label column is read: every row is class 0 of one class,
+    UNLABELLED."""
     where = f"hf:{path}"
     splits = hf.find_splits(Path(path))
     if "train" not in splits:

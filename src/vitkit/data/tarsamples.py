@@ -51,13 +51,13 @@ def _parse_label(ext: str, data: bytes) -> int:
 
 
 def _assemble(key: str, members: list[tuple[str, Member]], handle: BinaryIO, labelled: bool = True) -> Sample:
-    """Image bytes and label of one group of members (or what is wrong with it); without `labelled`, a group
-    with no label member is class 0."""
+    """Image bytes and label of one group of members (or what is wrong with it); without `labelled`, no label
+    member is read and every image is class 0."""
     image = next((m for ext, m in members if ext.rsplit(".", 1)[-1] in _IMAGE_EXTS), None)
     label = next(((ext, m) for ext, m in members if ext.rsplit(".", 1)[-1] == "cls"), None) or next(
         ((ext, m) for ext, m in members if ext.rsplit(".", 1)[-1] == "json"), None
     )
-    if image is not None and label is None and not labelled:
+    if image is not None and not labelled:
         if image.size > MAX_IMAGE_BYTES:
             return Sample(key, None, None, f"member {image.name!r} of {image.size:,} bytes is too large to be read")
         return Sample(key, read_member(handle, image), 0)

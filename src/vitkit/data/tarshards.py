@@ -70,8 +70,8 @@ class TarReader:
     """Reads the samples of tar shards (`Unit.path`); picklable, so DataLoader workers get their own.
 
     A sample's key is "SHARD:KEY" (the shard's path and its members' common name), so every message
-    about a sample names its file.  Made with `labelled=False`, a sample without a label member is class 0
-    (an objective that uses no labels); otherwise it is corrupt.
+    about a sample names its file.  Made with `labelled=False` (an objective that uses no labels), no label
+    member is read and every image is class 0; otherwise a sample without a label is corrupt.
     """
 
     def __init__(self, labelled: bool = True) -> None:

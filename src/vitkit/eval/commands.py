@@ -19,7 +19,7 @@ from vitkit.eval.embed import output_paths, save_embeddings
 from vitkit.eval.features import channels, compute, resolution
 from vitkit.eval.fewshot import FewShotConfig, run_fewshot
 from vitkit.eval.predict import PredictConfig, predict_files
-from vitkit.runs import data_columns, find_checkpoint, is_run_dir, open_checkpoint
+from vitkit.runs import data_reading, find_checkpoint, is_run_dir, open_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ def _load(path, uri: str, split: str, checkpoint, img_size: int | None, max_imag
         split,
         image_size=resolution(checkpoint, img_size),
         channels=1 if channels(checkpoint) == 1 else 3,
-        **data_columns(path, uri),
+        **data_reading(path, uri),
     )
     if max_images is not None and max_images < len(images) and images.access == "stream":
         raise ValueError("--max-images needs a random-access split; this one is streamed from shards")

@@ -32,7 +32,7 @@ from vitkit.inspect import plots
 from vitkit.inspect.attention import attention_rollout, mean_attention_distance, patch_distances, rollout_map
 from vitkit.inspect.embeddings import filter_pca, position_similarity
 from vitkit.models.vit import PatchEmbed
-from vitkit.runs import data_columns, find_checkpoint, open_checkpoint
+from vitkit.runs import data_reading, find_checkpoint, open_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -243,10 +243,11 @@ def load_images(paths: Sequence[str | os.PathLike], channels: int, size: int) ->
 
 
 def sample_images(
-    uri: str, split: str, count: int, channels: int, size: int, seed: int = 0, columns: dict[str, str] | None = None
+    uri: str, split: str, count: int, channels: int, size: int, seed: int = 0, reading: dict[str, Any] | None = None
 ) -> list[Tensor]:
-    """`count` images of a data split in a seeded random order, uint8 (C, H, W); `columns`: hf columns."""
-    images = load_split(uri, split, image_size=size, channels=1 if channels == 1 else 3, **(columns or {}))
+    """`count` images of a data split in a seeded random order, uint8 (C, H, W); `reading`: how the run read its
+    data (`vitkit.runs.data_reading`)."""
+    images = load_split(uri, split, image_size=size, channels=1 if channels == 1 else 3, **(reading or {}))
     order = torch.randperm(len(images), generator=torch.Generator().manual_seed(seed))[:count]
     return [images.read(int(i)) for i in order]
 
@@ -266,7 +267,7 @@ def inspect_command(
     size, chans = resolution(checkpoint, config.img_size), channels(checkpoint)
     images = load_images(image_files, chans, size)
     if data:
-        images += sample_images(data, split, num_images, chans, size, columns=data_columns(path, data))
+        images += sample_images(data, split, num_images, chans, size, reading=data_reading(path, data))
     report = inspect_model(checkpoint, images, out, config)
     return {"checkpoint": str(find_checkpoint(path)), "out": str(out), **report}
 
