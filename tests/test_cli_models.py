@@ -107,3 +107,11 @@ def test_a_number_flag_takes_only_finite_numbers(argv: list[str], capsys) -> Non
 def test_a_negative_budget_says_what_zero_means(tmp_path, capsys) -> None:
     assert main(["train", "--max-minutes", "-1", "--out", str(tmp_path / "run")]) == 2
     assert "--max-minutes (run.max_minutes) must be >= 0 (0: no budget), got -1" in capsys.readouterr().err
+
+
+def test_an_error_under_torchrun_names_the_process_that_hit_it(tmp_path, monkeypatch, capsys) -> None:
+    """Every process of a torchrun job prints its own error (one may hit it alone); each line says which."""
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert main(["train", "--max-minutes", "-1", "--out", str(tmp_path / "run")]) == 2
+    assert capsys.readouterr().err.startswith("vitkit train: error (process 1 of 2): --max-minutes")

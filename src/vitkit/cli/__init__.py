@@ -11,6 +11,7 @@ flags.py holds the flag groups they share.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -73,11 +74,17 @@ def main(argv: Sequence[str] | None = None, *, since_process_start: bool = False
     try:
         return args.handler(args)
     except (ValueError, FileNotFoundError, NotADirectoryError, PermissionError) as err:
-        print(f"vitkit {args.verb}: error: {err}", file=sys.stderr)
+        print(f"vitkit {args.verb}: error{_process()}: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"vitkit {args.verb}: interrupted", file=sys.stderr)
         return 130
+
+
+def _process() -> str:
+    """The error's " (process R of W)" under torchrun: every process prints its own, as one may hit it alone."""
+    world = os.environ.get("WORLD_SIZE", "1")
+    return f" (process {os.environ.get('RANK', '?')} of {world})" if world not in ("", "1") else ""
 
 
 def _entry(argv: Sequence[str] | None = None) -> Any:  # pragma: no cover - console script shim
