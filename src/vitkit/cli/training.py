@@ -27,7 +27,7 @@ def add_finetune(sub: argparse._SubParsersAction) -> None:
         "--lr-sweep",
         action="store_true",
         help="sweep lr {0.001, 0.003, 0.01, 0.03} on a held-out "
-        "10%% (2%% for large sets) of train, then train the best on all of it",
+        "10%% of train (2%% from 20,000 images, 1%% from 500,000), then train the best on all of it",
     )
     parser.set_defaults(handler=run_train, objective="classification")
 
