@@ -15,7 +15,7 @@ from PIL import Image
 from shardkit import image_ids, numbered_npz, numbered_shards, png, write_tar
 from vitkit.data.images import BadImageError
 from vitkit.data.shard import write_shards
-from vitkit.data.sources import describe, load_split
+from vitkit.data.sources import describe, load_split, mirror_keeps_label
 from vitkit.data.stream import ShardBatches, ShardSet, lane_samples, read_all
 from vitkit.data.tarshards import expand_braces
 
@@ -254,6 +254,9 @@ def test_cli_shards_then_trains_on_the_shards(
     captured = capsys.readouterr()
     result = json.loads(captured.out.strip().splitlines()[-1])
     assert code == 0 and result["step"] == 2 and result["test"]["count"] == 359
+    # the index keeps the source's flip rule (a mirrored digit is no digit): shards of digits train without flips
+    assert json.loads((tmp_path / "wds" / "dataset.json").read_text())["mirror_keeps_label"] is False
+    assert mirror_keeps_label(f"wds:{tmp_path / 'wds'}") is False and mirror_keeps_label("digits") is False
     assert "train: 1438 images, 10 classes, streamed from shards by every process and worker" in caplog.text
 
 

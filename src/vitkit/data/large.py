@@ -53,6 +53,13 @@ def _probe_stream(units: list[Unit], reader: Any) -> tuple[int, int]:
     return probe_images(images)
 
 
+def index_mirror_rule(path: str) -> bool | None:
+    """Whether a mirror keeps the label, as the shards' dataset.json says (`vitkit shard` writes its source's
+    rule), or None."""
+    rule = tarshards.split_units(path)[2].get("mirror_keeps_label")
+    return rule if isinstance(rule, bool) else None
+
+
 def split_names(kind: str, path: str) -> list[str]:
     """The splits a wds: or hf: source holds of its own."""
     return list(tarshards.split_units(path)[0] if kind == "wds" else hf.find_splits(Path(path)))

@@ -34,7 +34,7 @@ from PIL import Image
 from vitkit.data import stream
 from vitkit.data.images import probe_images
 from vitkit.data.imageset import ImageSet
-from vitkit.data.sources import load_split, parse_uri
+from vitkit.data.sources import load_split, mirror_keeps_label, parse_uri
 from vitkit.data.tarshards import INDEX, INDEX_FORMAT
 
 log = logging.getLogger(__name__)
@@ -236,6 +236,7 @@ def write_shards(
         "format": INDEX_FORMAT,
         "source": uri,
         "classes": classes,
+        "mirror_keeps_label": mirror_keeps_label(uri),  # the source's flip rule (None: it cannot tell)
         "channels": int(channels),
         "image_size": probe_images(probe)[0],
         "samples_per_shard": samples_per_shard,

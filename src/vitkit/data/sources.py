@@ -122,8 +122,12 @@ def parse_uri(uri: str) -> tuple[str, str]:
 
 
 def mirror_keeps_label(uri: str) -> bool | None:
-    """True / False where the source's kind tells whether flips preserve labels, None where it cannot."""
-    return MIRROR_KEEPS_LABEL.get(parse_uri(uri)[0])
+    """True / False where the source's kind (or the dataset.json that `vitkit shard` wrote from it) tells
+    whether flips preserve labels, None where it cannot."""
+    kind, path = parse_uri(uri)
+    if kind == "wds":
+        return large.index_mirror_rule(path)
+    return MIRROR_KEEPS_LABEL.get(kind)
 
 
 # --------------------------------------------------------------------------- one reader per kind
