@@ -72,6 +72,15 @@ def test_the_host_reads_what_torch_will_use() -> None:
     assert host.to_dict()["host_class"] == host.label and host.describe().startswith(f"host: {host.cpu} ({host.isa}")
 
 
+def test_the_cpu_id_tells_generations_apart_where_the_model_name_does_not() -> None:
+    """A virtual machine's model name may be the brand alone ("AMD EPYC"): Zen 3, 4 and 5 then read the same."""
+    zen5 = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\nmodel name\t: AMD EPYC\n\n"
+    second = "processor\t: 1\ncpu family\t: 25\nmodel\t\t: 17\n"
+    assert hosts.cpu_id(zen5 + second) == "family 26 model 2"
+    assert hosts.cpu_id("processor\t: 0\nHardware\t: BCM2835\n") == ""  # no x86 family: ARM
+    assert hosts.cpu_id("") == "" and hosts.current().to_dict()["cpu_id"] == hosts.cpu_id(hosts._cpuinfo())
+
+
 def test_time_pass_takes_the_fastest_of_its_repeats(monkeypatch) -> None:
     readings = iter([0.0, 5.0, 10.0, 12.0, 20.0, 21.5])  # repeats of 5, 2 and 1.5 s after an untimed call
     monkeypatch.setattr(policy.time, "perf_counter", lambda: next(readings))

@@ -29,6 +29,7 @@ class Host:
     amx: bool  # Intel AMX tiles usable for bf16 (implies native_bf16)
     threads: int  # torch intra-op threads
     torch: str  # torch version
+    cpu_id: str = ""  # the x86 "family F model M" (/proc/cpuinfo), which tells CPU generations apart; "" elsewhere
 
     @property
     def label(self) -> str:
@@ -62,13 +63,34 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown CPU"
 
 
+def cpu_id(cpuinfo: str) -> str:
+    """ "family F model M" of an x86 /proc/cpuinfo text: a virtual machine's model name is often just the brand
+    ("AMD EPYC"), and these two tell the generations apart (AMD family 25 is Zen 3 and 4, 26 is Zen 5)."""
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip().lower(), value.strip())
+        if not key.strip():  # the first processor's block ends
+            break
+    family, model = fields.get("cpu family", ""), fields.get("model", "")
+    return f"family {family} model {model}" if family.isdigit() and model.isdigit() else ""
+
+
+def _cpuinfo() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
+            return info.read(1 << 16)
+    except OSError:
+        return ""
+
+
 @functools.cache
-def _cpu_facts() -> tuple[str, str, bool, bool]:
+def _cpu_facts() -> tuple[str, str, bool, bool, str]:
     isa = str(torch.backends.cpu.get_cpu_capability())
     native = bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
     amx_check = getattr(torch._C._cpu, "_is_amx_tile_supported", None)
     amx = native and isa.startswith("AVX512") and bool(amx_check and amx_check())
-    return cpu_model(), isa, native, amx
+    return cpu_model(), isa, native, amx, cpu_id(_cpuinfo())
 
 
 def current(device: torch.device | str = "cpu") -> Host:
@@ -84,8 +106,16 @@ def current(device: torch.device | str = "cpu") -> Host:
             threads=torch.get_num_threads(),
             torch=torch.__version__,
         )
-    cpu, isa, native, amx = _cpu_facts()
-    return Host(cpu=cpu, isa=isa, native_bf16=native, amx=amx, threads=torch.get_num_threads(), torch=torch.__version__)
+    cpu, isa, native, amx, family = _cpu_facts()
+    return Host(
+        cpu=cpu,
+        isa=isa,
+        native_bf16=native,
+        amx=amx,
+        threads=torch.get_num_threads(),
+        torch=torch.__version__,
+        cpu_id=family,
+    )
 
 
 def process_seconds() -> float:
