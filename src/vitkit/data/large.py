@@ -56,7 +56,10 @@ def _probe_stream(units: list[Unit], reader: Any) -> tuple[int, int]:
 def index_mirror_rule(path: str) -> bool | None:
     """Whether a mirror keeps the label, as the shards' dataset.json says (`vitkit shard` writes its source's
     rule), or None."""
-    rule = tarshards.split_units(path)[2].get("mirror_keeps_label")
+    try:
+        rule = tarshards.split_units(path)[2].get("mirror_keeps_label")
+    except (OSError, ValueError):  # no shards (yet) or no readable index: nothing says
+        return None
     return rule if isinstance(rule, bool) else None
 
 
