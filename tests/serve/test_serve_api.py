@@ -40,9 +40,17 @@ def _content_type(path: Path) -> str:
     return {"png": "image/png", "jpg": "image/jpeg", "bmp": "image/bmp"}[path.suffix[1:]]
 
 
-def test_lone_requests_answer_exactly_what_vitkit_predict_prints(
-    capsys, vit_checkpoint: Path, images: list[Path]
-) -> None:
+def _assert_alike(answers: list[list[dict]], expected: list[list[dict]]) -> None:
+    """Classes and indices exactly, probabilities to float32 rounding: each process times the fused dense + GELU
+    kernel against the plain ops once and keeps the faster (models/kernels.py); where the two run about as
+    fast, a loaded machine can tip two processes apart (measured: 3e-7 apart on a native-bf16 CPU)."""
+    assert len(answers) == len(expected)
+    for got, want in zip(answers, expected):
+        assert [(p["class"], p["index"]) for p in got] == [(p["class"], p["index"]) for p in want]
+        np.testing.assert_allclose([p["probability"] for p in got], [p["probability"] for p in want], rtol=0, atol=1e-6)
+
+
+def test_lone_requests_answer_what_vitkit_predict_prints(capsys, vit_checkpoint: Path, images: list[Path]) -> None:
     expected = [_predict_cli(capsys, vit_checkpoint, [path], top_k=3)[0] for path in images]  # one file per run
 
     async def scenario() -> list[list[dict]]:
@@ -57,7 +65,7 @@ def test_lone_requests_answer_exactly_what_vitkit_predict_prints(
             return answers
 
     answers = asyncio.run(scenario())
-    assert answers == expected  # classes, indices and every probability bit for bit
+    _assert_alike(answers, expected)
     assert len({answer[0]["index"] for answer in answers}) > 1  # the images really get different answers
 
 
@@ -84,9 +92,7 @@ def test_concurrent_requests_share_forwards_and_keep_their_answers(
     # one forward where all five are admitted before the first reaches the batcher (a 2-core CPU, always); on a
     # busy machine the first can find nobody else admitted yet and run alone (seen on a 16-core GPU host)
     assert metric(metrics, "vitkit_batch_size_count") in (1, 2) and metric(metrics, "vitkit_batch_size_sum") == 5
-    for got, want in zip(answers, expected):
-        assert [(p["class"], p["index"]) for p in got] == [(p["class"], p["index"]) for p in want]
-        np.testing.assert_allclose([p["probability"] for p in got], [p["probability"] for p in want], rtol=0, atol=1e-6)
+    _assert_alike(answers, expected)
 
 
 @pytest.mark.parametrize("inline_bytes", [0, 1 << 30], ids=["decoded-in-the-pool", "decoded-in-the-model-thread"])

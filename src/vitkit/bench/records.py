@@ -1,9 +1,10 @@
 """Run records as data: one JSON object per measured run, appended to a `.jsonl` file (STYLE.md section 8).
 
 A row says when and where it was measured (UTC date, the git commit, the command, the host class: CPU
-model and x86 family/model (`cpu_id`), ISA level, native bf16, threads, torch version, and any torch/oneDNN setting that restricts the
-host, as an emulated class) beside the caller's figures.  The benchmark scripts append their rows to
-`benchmarks/results/<name>.jsonl`; prose cites rows, it never is the only copy.
+model and x86 family/model (`cpu_id`), ISA level, native bf16, threads, torch version, and any
+torch/oneDNN setting that restricts the host, as an emulated class) beside the caller's figures.  The
+benchmark scripts append their rows to `benchmarks/results/<name>.jsonl`; prose cites rows, it never is the
+only copy.
 """
 
 from __future__ import annotations
