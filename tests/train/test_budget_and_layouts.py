@@ -160,6 +160,21 @@ def test_a_budget_without_a_given_length_runs_by_the_clock_alone(flags: dict, ex
     assert epochs == ({"1x": recipe}.get(expected, expected)) and recipe == 60
 
 
+def test_the_pretraining_recipes_own_epochs_bound_a_budgeted_run() -> None:
+    """small-64px-pretrain overfits past its 60 epochs (140 fit an hour with native bf16): under --max-minutes
+    its length stays, so the run ends at whichever comes first; --epochs still replaces it."""
+    from vitkit.train.resolve import Request, resolve
+
+    def length(**flags) -> tuple[float, int]:
+        data = resolve(Request(data="digits", out="unused", recipe="small-64px-pretrain", **flags)).config.data
+        return data.epochs, data.steps
+
+    assert length() == length(max_minutes=60.0) == (60.0, 0)
+    assert length(max_minutes=60.0, epochs=20.0) == (20.0, 0)
+    plain = resolve(Request(data="digits", out="unused", recipe="small-32px", max_minutes=60.0)).config.data
+    assert (plain.epochs, plain.steps) == (0.0, 0)  # another recipe: the budget alone decides
+
+
 def test_a_budgeted_run_resumed_after_a_long_start_up_trains_the_rest_and_ends_annealed(
     tmp_path: Path, monkeypatch
 ) -> None:

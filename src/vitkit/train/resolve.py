@@ -32,7 +32,7 @@ from vitkit.runs import find_checkpoint
 from vitkit.train.config import TrainConfig, apply_overrides, optim_for
 from vitkit.train.plan import count_params
 from vitkit.train.recipes import PAPER_LR_GRID, auto_recipe_name, finetune_val_fraction, get_recipe, large_model_warning
-from vitkit.train.transfer_recipes import AT_CHECKPOINT_RESOLUTION
+from vitkit.train.transfer_recipes import AT_CHECKPOINT_RESOLUTION, LENGTH_BOUNDS_BUDGET
 
 PAPER_RESOLUTION = 224  # checkpoints pre-trained below it are small-data models: fine-tuned by finetune-small
 REGULARISATION = (  # the recipe's, not the checkpoint's
@@ -210,10 +210,12 @@ def _sweep_hold_out(config: TrainConfig, info: SourceInfo) -> TrainConfig:
 
 def _budget_length(config: TrainConfig, request: Request) -> TrainConfig:
     """With a fitted --max-minutes and no length of the user's (--epochs, data.epochs, data.steps), the budget
-    alone decides the run's length (train/budget.py): the recipe's epochs are dropped."""
+    alone decides the run's length (train/budget.py): the recipe's epochs are dropped, except a recipe's in
+    LENGTH_BOUNDS_BUDGET, which end the run where they come before the budget."""
     given = request.epochs is not None or any(o.startswith(("data.epochs=", "data.steps=")) for o in request.overrides)
+    given = given or config.data.steps > 0 or config.recipe in LENGTH_BOUNDS_BUDGET
     run = config.run
-    if given or config.data.steps > 0 or run.max_minutes <= 0 or run.budget_schedule != "fit":
+    if given or run.max_minutes <= 0 or run.budget_schedule != "fit":
         return config
     return dataclasses.replace(config, data=dataclasses.replace(config.data, epochs=0.0, steps=0))
 

@@ -23,6 +23,8 @@ PRETRAIN_MIN_IMAGES = 20_000  # "tens of thousands of images": below this a 64-p
 FINETUNE_LR = 0.01  # SGD at batch 128: the middle of the paper's grid {0.001, 0.003, 0.01, 0.03} (Table 4)
 # Recipes that fine-tune at the checkpoint's own resolution (--img-size asks for another): train/resolve.py.
 AT_CHECKPOINT_RESOLUTION = frozenset({"finetune-small", "finetune-small-tiny"})
+# Recipes whose own length also bounds a --max-minutes run (train/resolve.py): more epochs than that overfit.
+LENGTH_BOUNDS_BUDGET = frozenset({"small-64px-pretrain"})
 
 
 def small_64px_pretrain(info: SourceInfo) -> TrainConfig:
@@ -36,13 +38,15 @@ def small_64px_pretrain(info: SourceInfo) -> TrainConfig:
     patch; mimetic attention init; Muon on the encoder's matrices at lr 2e-3 and AdamW on the rest at 4e-3,
     decayed linearly.  Regularised for ~200 images a class: stochastic depth 0.1, a pad-crop of 8 px (an
     eighth of the side, as small-32px's 4 of 32) and flips, label smoothing 0.1.  Chosen automatically for
-    images above 40 px with at least 20,000 training images; without a budget it runs 60 epochs.
+    images above 40 px with at least 20,000 training images.  It runs 60 epochs, under --max-minutes too: the
+    run ends at its 60th epoch or at the budget, whichever comes first, annealed either way.
     Command:  vitkit train --data wds:../shared/data/tiny-imagenet --max-minutes 60
     Expected: test top-1 on the shards' fixed 10,100-image hold-out (202 classes, 40,400 training images);
-    35.02% and 35.10% (22.1 and 23.4 epochs) on an AVX2 host without native bf16 (AMD EPYC, Zen 3; two runs);
-    32.27% (140.7 epochs, one run) on an AVX512-BF16 host (AMD EPYC, Zen 5), where the budget holds more
-    epochs than this regularisation suits: train loss 1.2 against a test loss of 3.3.  Target >= 35% with
-    native bf16, >= 25% without (benchmarks/transfer.py pretrain; rows: benchmarks/results/transfer.jsonl).
+    35.02% and 35.10% (22.1 and 23.4 epochs: the budget ends it) on an AVX2 host without native bf16 (AMD
+    EPYC, Zen 3; two runs); 35.23% (60 epochs in 34 minutes: its length ends it) on an AVX512-BF16 host (AMD
+    EPYC, Zen 5), where the hour would hold 140 epochs and gave 32.27%, overfitting (train loss 1.2 against a
+    test loss of 3.3).  Target >= 35% with native bf16, >= 25% without (benchmarks/transfer.py pretrain;
+    rows: benchmarks/results/transfer.jsonl).
     """
     model = small_vit(info, 64, 8, representation_size=192, patch_dropout=0.75, patch_dropout_until=0.8, init="mimetic")
     return TrainConfig(
