@@ -10,6 +10,8 @@ import os
 import shutil
 import signal
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -21,7 +23,7 @@ from safetensors.torch import load_file
 
 from vitkit.data.loader import IndexStream, micro_batches
 from vitkit.runs import RunDir
-from vitkit.train import trainer
+from vitkit.train import distributed, trainer
 
 # SGD: Adam would turn ~1e-10 all-reduce rounding in gradients that are zero in exact arithmetic
 # (the key bias's) into steps of size lr, so it compares replicas, not the method.
@@ -63,6 +65,7 @@ def _worker(rank: int, world: int, port: int, out: str, *extra: str) -> None:
         trainer.train_step = step
     result = {**trainer.train(tiny_config(Path(out), *ARGS, *extra)), "lrs": lrs}
     (Path(out).parent / f"result_{rank}.json").write_text(json.dumps(result, default=str))
+    distributed.leave(0)  # as the command line ends a torchrun process (a finalizing interpreter can abort)
 
 
 def _stopped_worker(rank: int, world: int, port: int, out: str, stop_at: int, *extra: str) -> None:
@@ -82,6 +85,7 @@ def _stopped_worker(rank: int, world: int, port: int, out: str, stop_at: int, *e
     trainer.train_step = step
     result = trainer.train(tiny_config(Path(out), *ARGS, *extra))
     (Path(out).parent / f"result_{rank}.json").write_text(json.dumps(result, default=str))
+    distributed.leave(0)
 
 
 def _spawn(world: int, out: Path, *extra: str | int, timeout_s: float = 240.0, worker=_worker) -> None:
@@ -243,3 +247,22 @@ def test_torchruns_variables_decide_the_process_group() -> None:
         from_env({"WORLD_SIZE": "2"})
     with pytest.raises(ValueError, match="RANK is set but WORLD_SIZE is not"):
         from_env({"RANK": "0"})
+
+
+def test_leave_runs_the_exit_handlers_flushes_and_exits_with_the_code(tmp_path: Path) -> None:
+    """distributed.leave skips only the interpreter's finalization: atexit handlers run, buffered output
+    arrives, and the status is the one given."""
+    marker = tmp_path / "atexit-ran"
+    script = (
+        "import atexit, sys, pathlib\n"
+        "from vitkit.train import distributed\n"
+        f"atexit.register(pathlib.Path({str(marker)!r}).write_text, 'yes')\n"
+        "print('buffered, no newline', end='')\n"
+        "sys.stderr.write('to stderr')\n"
+        "distributed.leave(3)\n"
+        "print('never')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 3, done.stderr[-2000:]
+    assert done.stdout == "buffered, no newline" and done.stderr == "to stderr"
+    assert marker.read_text() == "yes"

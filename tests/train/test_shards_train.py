@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 
 from shardkit import image_ids, numbered_shards, write_tar
 from vitkit.runs import LATEST, STATE_FILE
-from vitkit.train import objectives, trainer
+from vitkit.train import distributed, objectives, trainer
 
 ROOT = Path(__file__).resolve().parents[2]
 STREAM = ("data.max_in_memory_mb=0", "data.batch_size=16", "data.micro_batch_size=8", "run.log_every=1")
@@ -85,6 +85,7 @@ def _worker(rank: int, world: int, port: int, out: str, args: tuple[str, ...]) -
     Path(out, f"seen-{rank}.json").write_text(
         json.dumps({"seen": seen, "status": result["status"], "step": result["step"]})
     )
+    distributed.leave(0)  # as the command line ends a torchrun process (a finalizing interpreter can abort)
 
 
 def _two_processes(out: Path, args: tuple[str, ...], timeout: float = 240.0) -> list[dict]:

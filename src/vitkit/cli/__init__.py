@@ -87,5 +87,10 @@ def _process() -> str:
     return f" (process {os.environ.get('RANK', '?')} of {world})" if world not in ("", "1") else ""
 
 
-def _entry(argv: Sequence[str] | None = None) -> Any:  # pragma: no cover - console script shim
-    sys.exit(main(argv, since_process_start=True))
+def _entry(argv: Sequence[str] | None = None) -> Any:  # pragma: no cover - the console script and __main__
+    code = main(argv, since_process_start=True)
+    if "WORLD_SIZE" in os.environ:  # under torchrun, perhaps with DDP's process group: see distributed.leave
+        from vitkit.train import distributed
+
+        distributed.leave(code)
+    sys.exit(code)

@@ -77,8 +77,8 @@ def train(
     try:
         trainer = Trainer(config, info, device, started, data=data, progress_stream=progress_stream)
         result = trainer.fit(on_plan)
-        # Leave together: a rank that tears its process group down while another still works in its own
-        # can abort at exit (gloo: "terminate called without an active exception"; seen once in CI).
+        # Leave together, so no rank tears the group down while another still works in it.  (What the
+        # process must do after that to exit cleanly: distributed.leave.)
         distributed.barrier()
         return result
     finally:
