@@ -23,16 +23,19 @@ from vitkit.atomic import atomic_write_text
 
 # torch's and oneDNN's own settings that make this machine behave as a lesser host class
 EMULATION_VARS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")
+RESULTS = "benchmarks/results"  # where the scripts' rows go, from the repository's root
 
 
 def git_commit(cwd: str | os.PathLike | None = None) -> str:
-    """The checked-out commit (short), "+dirty" when tracked files differ from it; "" outside a git tree."""
+    """The checked-out commit (short), "+dirty" when tracked files differ from it; "" outside a git tree.
+
+    Rows appended to benchmarks/results/ do not count: a queue of benchmarks writes one row after another."""
     try:
         head = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10, check=True
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", ":(top)", f":(top,exclude){RESULTS}"],
             cwd=cwd,
             capture_output=True,
             text=True,
