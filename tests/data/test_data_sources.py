@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from vitkit.data import sources
+from vitkit.data import arrays, sources
 from vitkit.data.readers import DataFormatError
 from vitkit.data.sources import describe, load_split, parse_uri, stratified_split
 
@@ -56,7 +56,7 @@ def test_digits_counts_scaling_and_fixed_split():
 def test_digits_pixels_golden():
     # The first row of sklearn's digits.csv.gz: a "0" whose top rows are 0 0 5 13 9 1 0 0 / 0 0 13 15 10 15 5 0
     # (0..16); scaled by 255 / 16 and rounded.  (Not via sklearn.load_digits: importing it takes seconds.)
-    whole = sources._digits()
+    whole = arrays.digits()
     assert len(whole) == 1797 and int(whole.labels[0]) == 0
     assert whole.images[0, 0, 0].tolist() == [0, 0, 80, 207, 143, 16, 0, 0]
     assert whole.images[0, 0, 1].tolist() == [0, 0, 207, 239, 159, 239, 80, 0]
