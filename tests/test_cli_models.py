@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -115,3 +118,22 @@ def test_an_error_under_torchrun_names_the_process_that_hit_it(tmp_path, monkeyp
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert main(["train", "--max-minutes", "-1", "--out", str(tmp_path / "run")]) == 2
     assert capsys.readouterr().err.startswith("vitkit train: error (process 1 of 2): --max-minutes")
+
+
+def test_python_m_vitkit_under_torchruns_variables_exits_with_the_commands_status(tmp_path) -> None:
+    """Under torchrun the command ends through distributed.leave (os._exit after the exit handlers): the
+    output still arrives whole and the status is the command's."""
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1"}  # a one-process launch: no process group to join
+    listed = subprocess.run(
+        [sys.executable, "-m", "vitkit", "models"], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    assert listed.stdout.splitlines()[0].split()[0] == "name" and "vit_h14" in listed.stdout
+    refused = subprocess.run(
+        [sys.executable, "-m", "vitkit", "train", "--max-minutes", "-1", "--out", str(tmp_path / "run")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert refused.returncode == 2 and "--max-minutes (run.max_minutes) must be >= 0" in refused.stderr
