@@ -5,6 +5,7 @@ reading refuses a source without labels and names the command that takes it."""
 from __future__ import annotations
 
 import json
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from PIL import Image
 
 from shardkit import image_ids, numbered_images, png, write_tar
 from vitkit.cli import main
-from vitkit.data.images import decode_image
+from vitkit.data.images import NoLabelsError, decode_image
 from vitkit.data.imageset import UNLABELLED
 from vitkit.data.sources import describe, load_split
 from vitkit.data.stream import ShardSet, read_all
@@ -139,3 +140,24 @@ def test_pretrain_mpp_trains_on_a_flat_folder_that_train_refuses(tmp_path: Path,
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["shape"][0] == COUNT - 8
     assert main(["train", *argv, "--out", str(tmp_path / "classifier")]) == 2
     assert "pretrain-mpp" in capsys.readouterr().err
+
+
+def test_vitkit_shard_writes_a_folder_without_labels_as_shards_that_pretrain_mpp_reads(tmp_path: Path, capsys) -> None:
+    """A large unlabelled collection goes to shards as a labelled one does: --no-labels writes images alone (no
+    .cls, no classes), the fixed hold-out as the test shards; without the flag the refusal names it."""
+    uri, out = _flat_folder(tmp_path / "photos"), tmp_path / "wds"
+    assert main(["shard", uri, "--out", str(out), "--samples-per-shard", "10"]) == 2
+    assert "vitkit shard --no-labels" in capsys.readouterr().err
+    assert main(["shard", uri, "--out", str(out), "--samples-per-shard", "10", "--no-labels", "--json"]) == 0
+    written = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["splits"]
+    assert {s: c["samples"] for s, c in written.items()} == {"train": COUNT - 8, "test": 8}
+    index = json.loads((out / "dataset.json").read_text())
+    assert index["classes"] is None
+    members = [name for tar in sorted(out.glob("*.tar")) for name in tarfile.open(tar).getnames()]
+    assert len(members) == COUNT and all(name.endswith(".png") for name in members)
+    shards = {split: load_split(f"wds:{out}", split, image_size=8, labelled=False) for split in ("train", "test")}
+    folder = {split: load_split(uri, split, image_size=8, labelled=False) for split in ("train", "test")}
+    for split in ("train", "test"):  # the same images on the same side of the hold-out
+        assert sorted(image_ids(shards[split].images)) == sorted(image_ids(folder[split].images))
+    with pytest.raises(NoLabelsError, match="pretrain-mpp"):
+        load_split(f"wds:{out}", "train", image_size=8)

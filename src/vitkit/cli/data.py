@@ -26,27 +26,39 @@ def add_shard(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--workers", type=int, default=None, help="encoding threads (default: min(8, CPUs))")
     parser.add_argument("--image-column", default="", help="hf: sources: the image column, if several")
     parser.add_argument("--label-column", default="", help="hf: sources: the label column, if several")
+    parser.add_argument(
+        "--no-labels",
+        action="store_true",
+        help="write the images alone, without labels: a source such as a folder of photos without class "
+        "sub-folders, for vitkit pretrain-mpp",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(handler=run_shard)
 
 
 def run_shard(args: argparse.Namespace) -> int:
+    from vitkit.data.images import NoLabelsError
     from vitkit.data.shard import write_shards
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
-    result = write_shards(
-        args.source,
-        args.out,
-        args.samples_per_shard,
-        max_side=args.max_side,
-        seed=args.seed,
-        workers=args.workers,
-        image_column=args.image_column,
-        label_column=args.label_column,
-    )
+    try:
+        result = write_shards(
+            args.source,
+            args.out,
+            args.samples_per_shard,
+            max_side=args.max_side,
+            seed=args.seed,
+            workers=args.workers,
+            image_column=args.image_column,
+            label_column=args.label_column,
+            labelled=not args.no_labels,
+        )
+    except NoLabelsError as error:
+        raise ValueError(f"{error}; vitkit shard --no-labels writes it as shards without labels") from error
     lines = [
         f"{split}: {counts['samples']} samples in {counts['shards']} shards"
         + (f", {counts['skipped']} unreadable left out" if counts["skipped"] else "")
         for split, counts in result["splits"].items()
     ]
-    return emit(args, result, [*lines, f"train with: vitkit train --data wds:{result['out']}"])
+    verb = "pretrain-mpp" if args.no_labels else "train"
+    return emit(args, result, [*lines, f"train with: vitkit {verb} --data wds:{result['out']}"])

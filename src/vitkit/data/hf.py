@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from vitkit.data.images import NoLabelsError
 from vitkit.data.imageset import NO_LABELS_HINT
 from vitkit.data.stream import Sample, Unit
 
@@ -132,7 +133,7 @@ def choose_columns(
         return image, "", None
     labels = [c for c in names if kinds[c] == "ClassLabel"] or [c for c in names if kinds[c] == "int"]
     if not labels and not label_column:
-        raise ValueError(
+        raise NoLabelsError(
             f"{where}: no label column (ClassLabel or integer) among {', '.join(names)}; choose one with "
             f"--set data.label_column=NAME, or train without labels: {NO_LABELS_HINT}"
         )

@@ -51,6 +51,10 @@ class DecompressionBombError(BadImageError):
     """An image whose header claims more pixels than the configured limit."""
 
 
+class NoLabelsError(ValueError):
+    """A labelled reading of a source that holds no labels (it reads without them: `labelled=False`)."""
+
+
 def _source_name(source: str | os.PathLike | bytes) -> str:
     return "<bytes>" if isinstance(source, (bytes, bytearray, memoryview)) else str(source)
 
@@ -258,7 +262,7 @@ def class_folders(root: Path) -> list[str]:
         raise FileNotFoundError(f"{root}: not a directory")
     names = sorted(entry.name for entry in os.scandir(root) if entry.is_dir() and not entry.name.startswith("."))
     if not names:
-        raise ValueError(
+        raise NoLabelsError(
             f"{root}: no class sub-folders (expected {root}/<class>/<image>.jpg); vitkit pretrain-mpp reads a "
             "folder of images without labels"
         )

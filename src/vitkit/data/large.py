@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from vitkit.data import hf, holdout, tarshards
-from vitkit.data.images import probe_images
+from vitkit.data.images import NoLabelsError, probe_images
 from vitkit.data.imageset import NO_LABELS_HINT, UNLABELLED, ImageSet, SourceInfo, fits_in_memory
 from vitkit.data.shardscan import CLASS_FILE, top_label
 from vitkit.data.stream import ShardSet, Unit
@@ -110,7 +110,7 @@ def _names_by_scan(units: list[Unit], where: str) -> list[str]:
     """Class names from the labels the shards hold; shards without any label are an error."""
     if top_label(units)[0] >= 0:
         return tarshards.class_names_by_scan(units)
-    raise ValueError(
+    raise NoLabelsError(
         f"{where}: no sample has a label (a .cls or .json member) to train a classifier on; {NO_LABELS_HINT}"
     )
 

@@ -119,8 +119,8 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
 class _Shards:
     """Writes one split's shards one sample at a time: each under a temporary name, fsynced, then renamed."""
 
-    def __init__(self, out: Path, split: str, per_shard: int):
-        self.out, self.split, self.per_shard = out, split, per_shard
+    def __init__(self, out: Path, split: str, per_shard: int, labelled: bool = True):
+        self.out, self.split, self.per_shard, self.labelled = out, split, per_shard, labelled
         self.written: list[dict[str, Any]] = []
         self.first: list[bytes] = []  # a few stored images, for the index's typical size
         self._handle: Any = None
@@ -133,7 +133,8 @@ class _Shards:
             self._handle = open(self._temporary(), "wb")
             self._tar = tarfile.open(fileobj=self._handle, mode="w", format=tarfile.USTAR_FORMAT)
         _add(self._tar, f"{index:09d}.{ext}", data)
-        _add(self._tar, f"{index:09d}.cls", str(label).encode())
+        if self.labelled:
+            _add(self._tar, f"{index:09d}.cls", str(label).encode())
         self._count += 1
         if len(self.first) < 16:
             self.first.append(data)
@@ -164,8 +165,9 @@ def _write_split(
     max_side: int | None,
     seed: int,
     workers: int,
+    labelled: bool = True,
 ) -> _Shards:
-    shards, skipped = _Shards(out, split, per_shard), 0
+    shards, skipped = _Shards(out, split, per_shard, labelled), 0
     items = _records(data, seed)
     with ThreadPoolExecutor(workers) as pool:  # Pillow releases the GIL while it decodes and encodes
         while batch := [item for _, item in zip(range(256), items)]:
@@ -216,8 +218,13 @@ def write_shards(
     workers: int | None = None,
     image_column: str = "",
     label_column: str = "",
+    labelled: bool = True,
 ) -> dict[str, Any]:
-    """Write every split of `uri` as tar shards in `out` plus dataset.json; returns what was written."""
+    """Write every split of `uri` as tar shards in `out` plus dataset.json; returns what was written.
+
+    `labelled=False` writes the images alone (no .cls members, no classes in dataset.json): a source without
+    labels (a folder of photos) for masked patch prediction, which reads it as `wds:OUT`.
+    """
     if samples_per_shard < 1 or (max_side is not None and max_side < 1):
         raise ValueError(f"samples_per_shard and max_side must be >= 1, got {samples_per_shard} and {max_side}")
     out = Path(out)
@@ -227,15 +234,17 @@ def write_shards(
     workers = workers or min(8, os.cpu_count() or 1)
     splits, classes, channels, probe = {}, None, 3, []
     for split in _source_splits(uri):
-        data = load_split(uri, split, max_in_memory_bytes=0, image_column=image_column, label_column=label_column)
-        classes = classes or data.class_names
+        data = load_split(
+            uri, split, max_in_memory_bytes=0, image_column=image_column, label_column=label_column, labelled=labelled
+        )
+        classes = classes or (data.class_names if labelled else None)
         channels = data.images.shape[1] if data.images is not None else data.channels
-        splits[split] = _write_split(data, split, out, samples_per_shard, max_side, seed, workers)
+        splits[split] = _write_split(data, split, out, samples_per_shard, max_side, seed, workers, labelled)
         probe = probe or splits[split].first
     index = {
         "format": INDEX_FORMAT,
         "source": uri,
-        "classes": classes,
+        "classes": classes,  # null for images without labels
         "mirror_keeps_label": mirror_keeps_label(uri),  # the source's flip rule (None: it cannot tell)
         "channels": int(channels),
         "image_size": probe_images(probe)[0],
