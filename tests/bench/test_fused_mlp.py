@@ -12,6 +12,9 @@ from vitkit.models import create_model, kernels
 TINY = dict(num_classes=5, img_size=32, patch_size=8, hidden_size=32, depth=2, num_heads=2, mlp_dim=64)
 
 
+REAL_FUSED_IS_FASTER = kernels._fused_is_faster
+
+
 @pytest.fixture(autouse=True)
 def fresh_probes(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each test probes the kernels afresh (the probes are once per process), and the fused kernel counts as the
@@ -169,3 +172,34 @@ def test_a_plain_path_slow_only_while_cold_is_timed_at_its_steady_speed(monkeypa
     plain = costing([250.0, 30.0, 30.0] + [16.0] * 17)  # BLAS dense + GELU: cold for three calls, then faster
     assert not device.first_is_faster(fused, plain)
     assert device.first_is_faster(costing([15.0] * 20), costing([250.0, 30.0, 30.0] + [16.0] * 17))
+
+
+def test_the_fused_kernel_must_win_by_its_margin_so_processes_agree(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the two paths run about as fast, load could tip two processes different ways and their numbers
+    would differ in the last bits: the fused kernel is kept only when it is FUSED_MARGIN faster."""
+    now = [0.0]
+    monkeypatch.setattr(device.time, "perf_counter", lambda: now[0])
+
+    def costing(cost):
+        def run():
+            now[0] += cost
+
+        return run
+
+    margin = kernels.FUSED_MARGIN
+    assert margin > 1 and device.first_is_faster(costing(10.0), costing(10.1))  # no margin: the faster wins
+    assert not device.first_is_faster(costing(10.0), costing(10.0 * margin - 0.01), margin=margin)
+    assert device.first_is_faster(costing(10.0), costing(10.0 * margin + 0.01), margin=margin)
+    asked: list[float] = []
+
+    def timing(first, second, margin=1.0):
+        asked.append(margin)
+        return False
+
+    monkeypatch.setattr(kernels, "_fused_is_faster", REAL_FUSED_IS_FASTER)  # the fixture's stand-in out
+    monkeypatch.setattr(kernels, "first_is_faster", timing)
+    fc, x = torch.nn.Linear(24, 40), torch.randn(5, 24)
+    with torch.inference_mode():
+        assert kernels.fused_linear_gelu(x, fc, "tanh") is None  # the timing (or the probe) says plain
+    runs_here = kernels._probes[(kernels.FUSED_LINEAR_GELU, torch.float32)]  # the correctness probe's verdict
+    assert asked == ([margin] if runs_here else [])

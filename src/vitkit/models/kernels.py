@@ -250,19 +250,23 @@ def fused_linear_gelu(x: Tensor, fc: nn.Linear, approximate: Approximate) -> Ten
 
 FUSED_LINEAR_GELU = "oneDNN fused dense + GELU"
 _faster: dict[tuple, bool] = {}  # (dtype, approximate, rows class, in, out) -> the fused kernel measured faster
+# How much faster the fused kernel must be: where the two paths run about as fast, every process keeps the
+# plain ops, so two processes on one host (a server and `vitkit predict`) give the same numbers.
+FUSED_MARGIN = 1.05
 
 
 def _fused_is_faster(x: Tensor, weight: Tensor, bias: Tensor | None, approximate: Approximate) -> bool:
-    """Whether the fused kernel beats the dense layer + GELU at this shape class on this host: timed once per
-    (dtype, rows rounded up to a power of two, in, out) by `first_is_faster` (oneDNN's AVX2 dense layer can
-    be slower than the BLAS one the plain path calls, by more than the pass it saves: on a 2-core AVX2 EPYC,
-    4,160 x 192 -> 768 in fp32, 22 ms fused against 16 ms plain)."""
+    """Whether the fused kernel beats the dense layer + GELU by FUSED_MARGIN at this shape class on this host:
+    timed once per (dtype, rows rounded up to a power of two, in, out) by `first_is_faster`.  oneDNN's AVX2
+    dense layer can be slower than the BLAS one the plain path calls, by more than the pass it saves: on a
+    2-core AVX2 EPYC, 4,160 x 192 -> 768 in fp32, 22 ms fused against 16 ms plain."""
     rows = x.numel() // x.shape[-1]
     key = (x.dtype, approximate, 1 << max(rows - 1, 0).bit_length(), *weight.shape)
     if key not in _faster:
         _faster[key] = first_is_faster(
             lambda: _linear_pointwise(x, weight, bias, approximate),
             lambda: gelu(F.linear(x, weight, bias), approximate),
+            margin=FUSED_MARGIN,
         )
     return _faster[key]
 
