@@ -42,3 +42,12 @@ def test_rows_append_in_order_with_their_context(tmp_path: Path) -> None:
     assert rows == [{"first": True}, row] and rows[1]["top1"] == 0.5
     assert rows[1]["command"] == "bench --x" and rows[1]["config_changes"] == ["a.b=1"]
     assert {"date", "commit", "cpu", "isa", "native_bf16", "threads", "torch"} <= rows[1].keys()
+
+
+def test_a_row_names_the_commit_its_process_started_from(tmp_path: Path, monkeypatch) -> None:
+    """A benchmark may write its row an hour after it started; the checkout may have moved on by then."""
+    from vitkit.bench import records
+
+    monkeypatch.setattr(records, "git_commit", lambda cwd=None: "moved-on")
+    row = append_row(tmp_path / "r.jsonl", {}, command=["bench"])
+    assert row["commit"] == records.COMMIT != "moved-on"

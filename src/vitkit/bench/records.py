@@ -47,14 +47,19 @@ def git_commit(cwd: str | os.PathLike | None = None) -> str:
     return head + ("+dirty" if dirty else "")
 
 
+# The commit of the code this process runs, read when it started (imported this module): a benchmark that
+# writes its row an hour later names that code, not whatever was checked out by then.
+COMMIT = git_commit(Path(__file__).resolve().parent)
+
+
 def context(
     command: Iterable[str] | None = None, config_changes: Iterable[str] = (), device: str = "cpu"
 ) -> dict[str, Any]:
-    """The fields every row carries: date, commit, command, config changes and the host."""
+    """The fields every row carries: date, commit (COMMIT), command, config changes and the host."""
     emulated = {name: os.environ[name] for name in EMULATION_VARS if os.environ.get(name)}
     return {
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "commit": git_commit(Path(__file__).resolve().parent),
+        "commit": COMMIT,
         "command": " ".join(command if command is not None else [Path(sys.argv[0]).name, *sys.argv[1:]]),
         "config_changes": list(config_changes),
         **hosts.current(device).to_dict(),
