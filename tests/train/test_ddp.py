@@ -250,13 +250,16 @@ def test_torchruns_variables_decide_the_process_group() -> None:
 
 
 def test_leave_runs_the_exit_handlers_flushes_and_exits_with_the_code(tmp_path: Path) -> None:
-    """distributed.leave skips only the interpreter's finalization: atexit handlers run, buffered output
-    arrives, and the status is the one given."""
+    """distributed.leave skips only the interpreter's finalization: running threads are waited for, atexit
+    handlers run, buffered output arrives, and the status is the one given."""
     marker = tmp_path / "atexit-ran"
     script = (
         "import atexit, sys, pathlib\n"
         "from vitkit.train import distributed\n"
         f"atexit.register(pathlib.Path({str(marker)!r}).write_text, 'yes')\n"
+        "import threading, time\n"  # a thread still writing, as an exit waits for it
+        f"threading.Thread(target=lambda: (time.sleep(0.5), pathlib.Path({str(marker)!r} + '-thread')"
+        ".write_text('done'))).start()\n"
         "print('buffered, no newline', end='')\n"
         "sys.stderr.write('to stderr')\n"
         "distributed.leave(3)\n"
@@ -265,4 +268,4 @@ def test_leave_runs_the_exit_handlers_flushes_and_exits_with_the_code(tmp_path: 
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 3, done.stderr[-2000:]
     assert done.stdout == "buffered, no newline" and done.stderr == "to stderr"
-    assert marker.read_text() == "yes"
+    assert marker.read_text() == "yes" and Path(f"{marker}-thread").read_text() == "done"

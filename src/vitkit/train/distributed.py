@@ -14,6 +14,7 @@ import atexit
 import datetime
 import os
 import sys
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal, NoReturn
@@ -87,8 +88,11 @@ def leave(code: int) -> NoReturn:
     interpreter is finalizing when it takes the GIL, the thread exits mid-destructor and the process aborts
     (SIGABRT, "terminate called without an active exception") after a finished run: about one exit in 50 on
     a loaded 2-core host.  So the exit handlers run and the streams are flushed while the interpreter is
-    whole, and the process ends with `os._exit`, which stops every thread at once.
+    whole, and the process ends with `os._exit`, which stops every thread at once.  Before that it does what
+    a normal exit does first: waits for the threads that are not daemons (`threading._shutdown`, which also
+    lets unfinished thread pools wind down), then runs the exit handlers.
     """
+    threading._shutdown()  # type: ignore[attr-defined]  # the interpreter's own first step of an exit
     atexit._run_exitfuncs()  # logging's flush, torch.compile's worker pool, ...: what a normal exit runs
     for stream in (sys.stdout, sys.stderr):
         try:
