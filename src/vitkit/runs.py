@@ -23,7 +23,7 @@ import logging
 import os
 import re
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -151,11 +151,15 @@ class RunDir:
         self.create()
         atomic_write_text(self.path / CONFIG, json.dumps(config, indent=2) + "\n")
 
-    def reconcile(self, requested: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    def reconcile(
+        self, requested: dict[str, Any], length_bounds_budget: Collection[str] = ()
+    ) -> tuple[dict[str, Any], list[str]]:
         """The config a run in this directory continues with, and the keys where the request differed.
 
         Only a directory with a checkpoint holds a run to continue; then its stored config wins, except
-        the VOLATILE keys (time budget, display, hardware, cadence), which come from the request.
+        the VOLATILE keys (time budget, display, hardware, cadence), which come from the request.  A request
+        without a budget keeps the stored one where it decided the run's length: no length of its own, or a
+        recipe of `length_bounds_budget` (whose epochs only cap a budgeted run).
         """
         stored = self.stored_config()
         if stored is None or self.latest() is None:
@@ -165,7 +169,8 @@ class RunDir:
             group, name = key.split(".")
             if group in requested and name in requested[group]:
                 merged.setdefault(group, {})[name] = requested[group][name]
-        if _budget_is_length(stored) and not merged["run"].get("max_minutes"):  # its budget is its length
+        bounded = _budget_is_length(stored) or stored.get("recipe") in length_bounds_budget
+        if bounded and not merged["run"].get("max_minutes"):  # its budget is (or caps) its length
             merged["run"]["max_minutes"] = stored["run"]["max_minutes"]
         changed = sorted(_diff(merged, json.loads(json.dumps(requested))))
         foreign = [key for key in changed if key == "data.uri" or key.startswith("model.")]

@@ -3,6 +3,7 @@ every folder layout trains and reports a test accuracy, evaluation during traini
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -173,6 +174,22 @@ def test_the_pretraining_recipes_own_epochs_bound_a_budgeted_run() -> None:
     assert length(max_minutes=60.0, epochs=20.0) == (20.0, 0)
     plain = resolve(Request(data="digits", out="unused", recipe="small-32px", max_minutes=60.0)).config.data
     assert (plain.epochs, plain.steps) == (0.0, 0)  # another recipe: the budget alone decides
+
+
+def test_a_pretraining_run_re_run_without_its_budget_keeps_it(tmp_path: Path) -> None:
+    """Killed and re-run without --max-minutes, a budgeted small-64px-pretrain run keeps its budget, as a run
+    whose length is its budget does: its 60 epochs are a cap, not a length the user asked for (on a host
+    where the hour holds 22 of them, the re-run would otherwise train 2.7 hours)."""
+    from vitkit.train.parts import reconcile
+
+    def unbudgeted(config):
+        return dataclasses.replace(config, run=dataclasses.replace(config.run, max_minutes=0.0))
+
+    for recipe, kept in (("small-64px-pretrain", 60.0), ("small-32px", 0.0)):  # small-32px: a length of its own
+        planned = tiny_config(tmp_path / recipe, "data.steps=2", "run.max_minutes=60")
+        planned = dataclasses.replace(planned, recipe=recipe)
+        trainer.train(planned)  # a checkpoint to resume from, and the stored config
+        assert reconcile(unbudgeted(planned)).run.max_minutes == kept, recipe
 
 
 def test_a_budgeted_run_resumed_after_a_long_start_up_trains_the_rest_and_ends_annealed(

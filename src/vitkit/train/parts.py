@@ -37,6 +37,7 @@ from vitkit.train.plan import (
 )
 from vitkit.train.schedule import scaled_lr
 from vitkit.train.state import TrainState
+from vitkit.train.transfer_recipes import LENGTH_BOUNDS_BUDGET
 
 log = logging.getLogger("vitkit.train.trainer")  # the trainer's messages, wherever they are said
 
@@ -47,7 +48,7 @@ def reconcile(config: TrainConfig) -> TrainConfig:
     """The config a run in `config.run.out` continues with: the stored one when the directory holds a run
     (vitkit.runs' one resume policy), with a warning naming what the request changed."""
     run = RunDir(config.run.out)
-    merged, changed = run.reconcile(to_dict(config))
+    merged, changed = run.reconcile(to_dict(config), LENGTH_BOUNDS_BUDGET)
     if changed:
         log.warning(
             "%s already holds a run with a different config (%s); resuming it with its own config",
