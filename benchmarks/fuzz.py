@@ -36,6 +36,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from vitkit.bench.records import append_row  # at start: a row names the commit the process began with
+
 ROOT = Path(__file__).resolve().parents[1]
 TARGETS = ROOT / "tests" / "fuzz"
 RESULTS = ROOT / "benchmarks" / "results" / "fuzz.jsonl"
@@ -199,8 +201,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"fuzz: {error}", file=sys.stderr)
             continue
         if not args.no_record:
-            from vitkit.bench.records import append_row
-
             append_row(RESULTS, row)
         print(json.dumps(row), flush=True)
     return 0

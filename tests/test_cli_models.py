@@ -137,3 +137,10 @@ def test_python_m_vitkit_under_torchruns_variables_exits_with_the_commands_statu
         timeout=120,
     )
     assert refused.returncode == 2 and "--max-minutes (run.max_minutes) must be >= 0" in refused.stderr
+    usage = subprocess.run(
+        [sys.executable, "-m", "vitkit", "train", "--bogus"], capture_output=True, text=True, env=env
+    )
+    assert usage.returncode == 2 and "unrecognized arguments: --bogus" in usage.stderr  # argparse's own exit
+    crash = "import vitkit.cli as cli; cli.main = lambda *a, **k: 1 / 0; cli._entry()"
+    crashed = subprocess.run([sys.executable, "-c", crash], capture_output=True, text=True, env=env, timeout=120)
+    assert crashed.returncode == 1 and "ZeroDivisionError" in crashed.stderr  # the traceback, then status 1

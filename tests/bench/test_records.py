@@ -13,7 +13,8 @@ def _git(repo: Path, *args: str) -> str:
     return subprocess.run(command, cwd=repo, capture_output=True, text=True, check=True).stdout.strip()
 
 
-def test_the_commit_is_dirty_for_changed_code_and_not_for_appended_rows(tmp_path: Path) -> None:
+def test_the_commit_is_dirty_for_changed_code_and_not_for_appended_rows(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))  # tmp_path is in no repository, wherever it is
     repo = tmp_path / "repo"
     (repo / RESULTS).mkdir(parents=True)
     (repo / "src").mkdir()

@@ -148,6 +148,10 @@ def test_vitkit_shard_writes_a_folder_without_labels_as_shards_that_pretrain_mpp
     uri, out = _flat_folder(tmp_path / "photos"), tmp_path / "wds"
     assert main(["shard", uri, "--out", str(out), "--samples-per-shard", "10"]) == 2
     assert "vitkit shard --no-labels" in capsys.readouterr().err
+    assert (
+        main(["shard", uri, "--out", str(out), "--samples-per-shard", "10", "--no-labels", "--label-column", "y"]) == 2
+    )
+    assert "writing without labels leaves out" in capsys.readouterr().err
     assert main(["shard", uri, "--out", str(out), "--samples-per-shard", "10", "--no-labels", "--json"]) == 0
     written = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["splits"]
     assert {s: c["samples"] for s, c in written.items()} == {"train": COUNT - 8, "test": 8}
@@ -161,3 +165,19 @@ def test_vitkit_shard_writes_a_folder_without_labels_as_shards_that_pretrain_mpp
         assert sorted(image_ids(shards[split].images)) == sorted(image_ids(folder[split].images))
     with pytest.raises(NoLabelsError, match="pretrain-mpp"):
         load_split(f"wds:{out}", "train", image_size=8)
+
+
+def test_a_source_labelled_in_train_only_is_refused_before_anything_is_written(tmp_path: Path, capsys) -> None:
+    """train/<class>/ beside a flat test/: the refusal names the unlabelled split and does not suggest dropping
+    train's labels, and nothing is left in --out (a corrected re-run needs no clean-up)."""
+    root = tmp_path / "src"
+    images = numbered_images(12)[0]
+    for i, pixels in enumerate(images):
+        folder = root / "train" / "ab"[i % 2] if i < 8 else root / "test"
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(pixels).save(folder / f"{i}.png")
+    out = tmp_path / "wds"
+    assert main(["shard", f"folder:{root}", "--out", str(out), "--samples-per-shard", "4"]) == 2
+    error = capsys.readouterr().err
+    assert "the train split has labels; give the test split its labels too" in error and "--no-labels" not in error
+    assert not out.exists()

@@ -14,6 +14,7 @@ import argparse
 import os
 import sys
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -88,9 +89,15 @@ def _process() -> str:
 
 
 def _entry(argv: Sequence[str] | None = None) -> Any:  # pragma: no cover - the console script and __main__
-    code = main(argv, since_process_start=True)
-    if "WORLD_SIZE" in os.environ:  # under torchrun, perhaps with DDP's process group: see distributed.leave
-        from vitkit.train import distributed
+    if "WORLD_SIZE" not in os.environ:
+        sys.exit(main(argv, since_process_start=True))
+    from vitkit.train import distributed  # under torchrun, perhaps with DDP's process group: see its leave
 
-        distributed.leave(code)
-    sys.exit(code)
+    try:
+        code = main(argv, since_process_start=True)
+    except SystemExit as stop:  # argparse's usage errors (2), --help and --version (0)
+        code = stop.code if isinstance(stop.code, int) else int(stop.code is not None)
+    except BaseException:  # a crash: its traceback, then the status Python gives an uncaught exception
+        traceback.print_exc()
+        code = 1
+    distributed.leave(code)

@@ -135,7 +135,8 @@ def choose_columns(
     if not labels and not label_column:
         raise NoLabelsError(
             f"{where}: no label column (ClassLabel or integer) among {', '.join(names)}; choose one with "
-            f"--set data.label_column=NAME, or train without labels: {NO_LABELS_HINT}"
+            f"--set data.label_column=NAME (vitkit shard: --label-column NAME), or train without labels: "
+            f"{NO_LABELS_HINT}"
         )
     label = _pick(label_column, labels, "label", names, where)
     if kinds[label] not in ("ClassLabel", "int"):

@@ -4,10 +4,11 @@
 
 Each split the source holds (train; val where it has its own; test) becomes {split}-000000.tar,
 {split}-000001.tar, ... of `samples_per_shard` samples (the last one fewer).  A sample is KEY.<ext>
-(the image) and KEY.cls (the class index as text), KEY being the sample's index in the source split
-(9 digits), so every shard can be traced back.  Samples are written in a fixed random order (by
-`seed`): a stream reads a few shards at a time and shuffles within a window, so each shard must hold
-a mix of classes already (a class-sorted folder would otherwise train class by class).
+(the image) and KEY.cls (the class index as text; none with `labelled=False`, for a source without
+labels), KEY being the sample's index in the source split (9 digits), so every shard can be traced
+back.  Samples are written in a fixed random order (by `seed`): a stream reads a few shards at a time
+and shuffles within a window, so each shard must hold a mix of classes already (a class-sorted folder
+would otherwise train class by class).
 
 Files keep their original bytes (no re-encoding loss) unless `max_side` asks for a smaller longer
 side: those are downscaled (aspect kept) and re-encoded, JPEG at quality 95 for JPEG sources, else
@@ -32,7 +33,7 @@ import torch
 from PIL import Image
 
 from vitkit.data import stream
-from vitkit.data.images import probe_images
+from vitkit.data.images import NoLabelsError, probe_images
 from vitkit.data.imageset import ImageSet
 from vitkit.data.sources import load_split, mirror_keeps_label, parse_uri
 from vitkit.data.tarshards import INDEX, INDEX_FORMAT
@@ -227,16 +228,30 @@ def write_shards(
     """
     if samples_per_shard < 1 or (max_side is not None and max_side < 1):
         raise ValueError(f"samples_per_shard and max_side must be >= 1, got {samples_per_shard} and {max_side}")
+    if label_column and not labelled:
+        raise ValueError(f"a label column ({label_column!r}) names labels, which writing without labels leaves out")
     out = Path(out)
     if out.exists() and (any(out.glob("*.tar")) or (out / INDEX).exists()):
         raise ValueError(f"{out} already holds shards or {INDEX}; choose an empty directory")
+    sources = {}
+    for split in _source_splits(uri):  # every split opened (nothing decoded) before anything is written
+        try:
+            sources[split] = load_split(
+                uri,
+                split,
+                max_in_memory_bytes=0,
+                image_column=image_column,
+                label_column=label_column,
+                labelled=labelled,
+            )
+        except NoLabelsError as error:
+            if not sources:  # the training split: the source has no labels
+                raise
+            raise ValueError(f"{error} (the train split has labels; give the {split} split its labels too)") from None
     out.mkdir(parents=True, exist_ok=True)
     workers = workers or min(8, os.cpu_count() or 1)
     splits, classes, channels, probe = {}, None, 3, []
-    for split in _source_splits(uri):
-        data = load_split(
-            uri, split, max_in_memory_bytes=0, image_column=image_column, label_column=label_column, labelled=labelled
-        )
+    for split, data in sources.items():
         classes = classes or (data.class_names if labelled else None)
         channels = data.images.shape[1] if data.images is not None else data.channels
         splits[split] = _write_split(data, split, out, samples_per_shard, max_side, seed, workers, labelled)

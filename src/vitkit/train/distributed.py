@@ -96,7 +96,8 @@ def leave(code: int) -> NoReturn:
     atexit._run_exitfuncs()  # logging's flush, torch.compile's worker pool, ...: what a normal exit runs
     for stream in (sys.stdout, sys.stderr):
         try:
-            stream.flush()
+            if stream is not None:  # None: the process has no such stream
+                stream.flush()
         except (OSError, ValueError):  # a closed pipe or stream: nothing more can reach it
             pass
     os._exit(code)
