@@ -394,11 +394,14 @@ def test_a_dead_model_process_fails_only_its_batch_and_is_restarted(vit_checkpoi
         with pytest.raises(ModelProcessError, match=r"died in this batch \(exit code 3\) and was restarted"):
             engine.run([_ExitOnArrival()])
         second = engine.pid
-        assert second != first and np.array_equal(engine.run([image])[0].probabilities, before)
+        # A new process times the fused dense + GELU kernel afresh (models/kernels.py): on a loaded host it may
+        # choose the other path, whose answers agree to float32 rounding (~3e-7), so equal to 1e-6, not bitwise.
+        assert second != first and np.allclose(engine.run([image])[0].probabilities, before, rtol=0, atol=1e-6)
         os.kill(second, signal.SIGKILL)  # killed between batches: the next batch gets a new process, no error
         while engine._process.is_alive():
             time.sleep(0.01)
-        assert np.array_equal(engine.run([image])[0].probabilities, before) and engine.pid not in (first, second)
+        again = engine.run([image])[0].probabilities
+        assert np.allclose(again, before, rtol=0, atol=1e-6) and engine.pid not in (first, second)
     finally:
         engine.close()
 
