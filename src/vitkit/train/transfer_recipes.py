@@ -45,8 +45,8 @@ def small_64px_pretrain(info: SourceInfo) -> TrainConfig:
     35.02% and 35.10% (22.1 and 23.4 epochs: the budget ends it) on an AVX2 host without native bf16 (AMD
     EPYC, Zen 3; two runs); 35.23%, 35.23% and 36.93% (3 runs; 60 epochs in 34 minutes, or 50.5 when the
     hour ran out on a loaded host) on an AVX512-BF16 host (AMD EPYC, Zen 5), where the hour would hold 140
-    epochs and gave 32.27%, overfitting (train loss 1.2 against a test loss of 3.3).  Target >= 35% with native bf16, >= 25% without (benchmarks/transfer.py pretrain;
-    rows: benchmarks/results/transfer.jsonl).
+    epochs and gave 32.27%, overfitting (train loss 1.2 against a test loss of 3.3).  Target >= 35% with
+    native bf16, >= 25% without (benchmarks/transfer.py pretrain; rows: benchmarks/results/transfer.jsonl).
     """
     model = small_vit(info, 64, 8, representation_size=192, patch_dropout=0.75, patch_dropout_until=0.8, init="mimetic")
     return TrainConfig(
