@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from PIL import Image
 
+from vitkit.atomic import atomic_write_text
 from vitkit.data import stream
 from vitkit.data.images import NoLabelsError, probe_images
 from vitkit.data.imageset import ImageSet
@@ -209,6 +210,27 @@ def _source_splits(uri: str) -> list[str]:
     return ["train", "test"]
 
 
+def _open_splits(uri: str, image_column: str, label_column: str, labelled: bool) -> dict[str, Any]:
+    """Every split of `uri` opened (nothing decoded) before anything is written; a split without labels beside
+    a labelled train split is named."""
+    sources: dict[str, Any] = {}
+    for split in _source_splits(uri):
+        try:
+            sources[split] = load_split(
+                uri,
+                split,
+                max_in_memory_bytes=0,
+                image_column=image_column,
+                label_column=label_column,
+                labelled=labelled,
+            )
+        except NoLabelsError as error:
+            if not sources:  # the training split: the source has no labels
+                raise
+            raise ValueError(f"{error} (the train split has labels; give the {split} split its labels too)") from None
+    return sources
+
+
 def write_shards(
     uri: str,
     out: str | Path,
@@ -233,21 +255,7 @@ def write_shards(
     out = Path(out)
     if out.exists() and (any(out.glob("*.tar")) or (out / INDEX).exists()):
         raise ValueError(f"{out} already holds shards or {INDEX}; choose an empty directory")
-    sources = {}
-    for split in _source_splits(uri):  # every split opened (nothing decoded) before anything is written
-        try:
-            sources[split] = load_split(
-                uri,
-                split,
-                max_in_memory_bytes=0,
-                image_column=image_column,
-                label_column=label_column,
-                labelled=labelled,
-            )
-        except NoLabelsError as error:
-            if not sources:  # the training split: the source has no labels
-                raise
-            raise ValueError(f"{error} (the train split has labels; give the {split} split its labels too)") from None
+    sources = _open_splits(uri, image_column, label_column, labelled)
     out.mkdir(parents=True, exist_ok=True)
     workers = workers or min(8, os.cpu_count() or 1)
     splits, classes, channels, probe = {}, None, 3, []
@@ -269,9 +277,7 @@ def write_shards(
         "splits": {s: w.written for s, w in splits.items()},
         "skipped": {s: w.skipped for s, w in splits.items()},
     }
-    temporary = out / f".{INDEX}.tmp"
-    temporary.write_text(json.dumps(index, indent=1) + "\n")
-    os.replace(temporary, out / INDEX)
+    atomic_write_text(out / INDEX, json.dumps(index, indent=1) + "\n")
     return {
         "out": str(out),
         "splits": {
