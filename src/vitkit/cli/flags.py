@@ -59,7 +59,7 @@ def add_train_flags(
         "--data",
         default="digits",
         help="data source URI: digits (default), fashion-mnist:DIR, "
-        "mnist:DIR, cifar10:DIR, cifar100:DIR, folder:DIR, npz:FILE",
+        "mnist:DIR, cifar10:DIR, cifar100:DIR, folder:DIR, npz:FILE, wds:DIR, hf:DIR",
     )
     parser.add_argument("--model", default=None, help="model preset (vitkit models); default: the recipe's")
     parser.add_argument(

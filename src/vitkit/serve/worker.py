@@ -2,9 +2,9 @@
 
 The HTTP process parses requests, keeps the queue and formats answers; a child process (started with
 "spawn") loads the checkpoint and runs a `LocalEngine`: decoding, the forward, rollouts and overlays.
-The two no longer share one interpreter lock, so the event loop keeps answering while a batch decodes
-and runs; with small models that lock, not the forward, was the limit (one image per request on the
-Fashion-MNIST model: see benchmarks/serve_load.py and the README).
+The two share no interpreter lock, so the event loop keeps answering while a batch decodes and runs;
+with small models one shared lock, not the forward, would be the limit (one image per request on the
+Fashion-MNIST model: benchmarks/serve_load.py, docs/serving.md).
 
 The pipe carries whole batches both ways: the encoded uploads in, one `Answer` or `HTTPError` per
 image out (numpy arrays, not tensors: no shared-memory hand-off per tensor).  The child ignores
