@@ -51,6 +51,9 @@ VOLATILE = frozenset(
         "data.workers",
     }
 )
+# Keys that make a request another run (other weights to start from, other images to train on): refused in
+# a directory that holds a run, as another model (model.*) is.
+FOREIGN = frozenset({"data.uri", "run.init_from", "data.labels_per_class", "data.train_fraction"})
 
 
 class RunDir:
@@ -172,8 +175,8 @@ class RunDir:
         bounded = _budget_is_length(stored) or stored.get("recipe") in length_bounds_budget
         if bounded and not merged["run"].get("max_minutes"):  # its budget is (or caps) its length
             merged["run"]["max_minutes"] = stored["run"]["max_minutes"]
-        changed = sorted(_diff(merged, json.loads(json.dumps(requested))))
-        foreign = [key for key in changed if key == "data.uri" or key.startswith("model.")]
+        changed = sorted(_diff(merged, _spelt_as_stored(json.loads(json.dumps(requested)), merged)))
+        foreign = [key for key in changed if key in FOREIGN or key.startswith("model.")]
         if foreign:
             raise ValueError(
                 f"{self.path} holds a run with another {', '.join(foreign[:4])}; choose another --out for a new "
@@ -190,6 +193,24 @@ def _budget_is_length(config: dict[str, Any]) -> bool:
     """A run whose length is its fitted time budget: no epochs, no steps, a positive run.max_minutes."""
     data, run = config.get("data", {}), config.get("run", {})
     return not data.get("epochs") and not data.get("steps") and (run.get("max_minutes") or 0) > 0
+
+
+def _spelt_as_stored(requested: dict[str, Any], stored: dict[str, Any]) -> dict[str, Any]:
+    """`requested` with its data source and starting checkpoint spelt as the stored run's where both name the
+    same file (a relative path against an absolute one, or through a link): that is not another run."""
+    for group, name in (("data", "uri"), ("run", "init_from")):
+        new, old = requested.get(group, {}).get(name), stored.get(group, {}).get(name)
+        if isinstance(new, str) and isinstance(old, str) and new != old and _place(new) == _place(old):
+            requested[group][name] = old
+    return requested
+
+
+def _place(spec: str) -> tuple[str, str]:
+    """A source URI or checkpoint path as (kind, real path): "folder:photos" and "folder:/home/me/photos" agree."""
+    kind, sep, path = spec.partition(":")
+    if not sep or len(kind) < 2:  # a plain path (or a Windows drive letter)
+        kind, path = "", spec
+    return kind, os.path.realpath(path) if path else ""
 
 
 def _diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:

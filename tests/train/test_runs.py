@@ -63,6 +63,30 @@ def test_a_run_directory_of_other_data_or_another_model_is_not_continued(tmp_pat
     assert (out / "config.json").read_text() == stored
 
 
+def test_another_start_or_other_labels_in_the_same_out_is_refused(tmp_path: Path, capsys, monkeypatch) -> None:
+    """Fine-tuning other weights, or a different subset of labels, into a directory that holds a run is another
+    run: refused, as other data is.  The same checkpoint spelt as a relative path is the same run."""
+    monkeypatch.chdir(tmp_path)
+    for name, seed in (("a", "0"), ("b", "1")):
+        args = ["train", "--recipe", "small-8px-tiny", "--out", name, "--seed", seed, "--set", "run.threads=1"]
+        assert main(args) == 0
+
+    def finetune(start: str, *extra: str) -> int:
+        args = ["finetune", start, "--data", "digits", "--out", "ft", "--set", "data.steps=2", "--set", "run.threads=1"]
+        return main([*args, *extra])
+
+    assert finetune(str(tmp_path / "a")) == 0
+    stored = (tmp_path / "ft" / "config.json").read_text()
+    capsys.readouterr()
+    assert finetune(str(tmp_path / "b")) == 2
+    assert "run.init_from" in capsys.readouterr().err
+    assert finetune(str(tmp_path / "a"), "--labels-per-class", "3") == 2
+    assert "data.labels_per_class" in capsys.readouterr().err
+    assert finetune("a") == 0  # the same checkpoint, relative: resumed (finished), nothing refused
+    assert "different config" not in capsys.readouterr().err
+    assert (tmp_path / "ft" / "config.json").read_text() == stored
+
+
 def test_a_finished_budgeted_run_is_re_run_without_its_budget(tmp_path: Path, capsys) -> None:
     """A run whose length was its --max-minutes keeps that length when re-run without the flag."""
     out = tmp_path / "run"

@@ -51,7 +51,8 @@ def reconcile(config: TrainConfig) -> TrainConfig:
     merged, changed = run.reconcile(to_dict(config), LENGTH_BOUNDS_BUDGET)
     if changed:
         log.warning(
-            "%s already holds a run with a different config (%s); resuming it with its own config",
+            "%s already holds a run with a different config (%s); resuming it with its own config "
+            "(choose another --out for a new run)",
             run.path,
             ", ".join(changed[:8]),
         )
