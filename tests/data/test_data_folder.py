@@ -154,6 +154,23 @@ def test_folder_splits_and_errors(tmp_path):
         load_split(uri, "val")
 
 
+def test_an_empty_training_class_folder_is_refused_and_an_empty_test_one_is_not(tmp_path, caplog):
+    """A class with no training images would be an output nothing teaches: an error naming the folder; in
+    val/ it is only a class not tested (warned), and the others are read."""
+    for split in ("train", "val"):
+        for cls in ("cat", "dog"):
+            (tmp_path / split / cls).mkdir(parents=True)
+        Image.new("RGB", (5, 5), RED).save(tmp_path / split / "cat" / "0.png")
+    Image.new("RGB", (5, 5), RED).save(tmp_path / "train" / "dog" / "0.png")
+    with caplog.at_level(logging.WARNING, logger="vitkit"):
+        val = load_split(f"folder:{tmp_path}", "val", image_size=4)
+    assert len(val) == 1 and val.class_names == ["cat", "dog"] and "not tested" in caplog.text
+    (tmp_path / "train" / "dog" / "0.png").unlink()
+    (tmp_path / "train" / "dog" / "notes.txt").write_text("not an image")
+    with pytest.raises(ValueError, match=r"train/dog: class folder has no image files.*cannot be learnt"):
+        describe(f"folder:{tmp_path}")
+
+
 def test_caltech101_10(shared_data):
     uri = f"folder:{shared_data / 'caltech101-10'}"
     train = load_split(uri, "train", image_size=16)

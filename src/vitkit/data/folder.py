@@ -43,7 +43,8 @@ def read_folder(root: Path, part: str, size: int, channels: int, labelled: bool 
             "hold out part of the training data (training does so itself when it evaluates as it goes)"
         )
     source = roots[part] if part in roots else roots["train"]
-    files, labels = scan_folder(source, class_names) if labelled else scan_flat(source)
+    training = source == roots["train"]
+    files, labels = scan_folder(source, class_names, training=training) if labelled else scan_flat(source)
     if not files:
         raise ValueError(f"{source}: no image files (.jpg, .png, ...){' in its class folders' if labelled else ''}")
     found = ImageSet(

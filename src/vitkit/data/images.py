@@ -330,8 +330,11 @@ def _image_files(folder: str) -> list[str]:
     return sorted(found, key=lambda path: path.split(os.sep))  # the order of sorted Path objects
 
 
-def scan_folder(root: Path, class_names: Sequence[str]) -> tuple[FileList, list[int]]:
+def scan_folder(root: Path, class_names: Sequence[str], *, training: bool = True) -> tuple[FileList, list[int]]:
     """Image files under `root/<class>/` (recursive, sorted) and their class indices in `class_names`.
+
+    In the training split (`training`) a class folder without image files is an error: the class would be one
+    of the model's outputs with nothing to learn it from.  In a val/ or test/ split it is a class not tested.
 
     os.scandir's file types spare a stat per file: 200,000 files list about 4x faster than with pathlib's
     rglob + is_file (benchmarks/data_pipeline.py --listing).
@@ -347,8 +350,13 @@ def scan_folder(root: Path, class_names: Sequence[str]) -> tuple[FileList, list[
         if not folder.is_dir():
             continue  # a class may be absent from a val/ split
         found = _image_files(str(folder))
+        if not found and training:
+            raise ValueError(
+                f"{folder}: class folder has no image files ({', '.join(IMAGE_EXTENSIONS)}); a class without "
+                "training images cannot be learnt: add its images or remove the folder"
+            )
         if not found:
-            log.warning("%s: class folder has no image files", folder)
+            log.warning("%s: class folder has no image files: that class is not tested", folder)
         files += found
         labels += [index[name]] * len(found)
     return FileList.of(files), labels
