@@ -182,3 +182,22 @@ def test_the_plan_names_the_learning_rates_decay() -> None:
         "learning rate: lr 0.002 at global batch 128 (tuned for this batch; no rescaling), "
         f"linear decay to 0; {linear.optimizer}"
     )
+
+
+def test_the_plan_names_polyak_averaging_and_warns_where_the_run_is_too_short_for_it() -> None:
+    """0.999 over 105 steps still weighs the starting weights 0.999^105 = 90%: warned, with a decay that fits."""
+
+    def lines(*overrides: str) -> list[str]:
+        return plan_lines(make_plan(apply_overrides(get_recipe("small-28px", INFO), list(overrides)), num_train=1000))
+
+    short = lines("optim.ema_decay=0.999", "data.steps=105")
+    named = "Polyak averaging: decay 0.999 (about the last 1,000 steps); the evaluations and the final model use"
+    assert named + " the average" in short
+    warning = [line for line in short if line.startswith("warning: after 105 steps")]
+    assert warning == [
+        "warning: after 105 steps the average still gives 90% of its weight to the starting weights; "
+        "a run this short wants optim.ema_decay <= 0.971 or none"
+    ]
+    long = lines("optim.ema_decay=0.999", "data.steps=5000")  # 0.999^5000 = 0.7%
+    assert any(line.startswith("Polyak averaging") for line in long) and not any("starting weights" in x for x in long)
+    assert not any("Polyak" in line for line in lines("data.steps=105"))

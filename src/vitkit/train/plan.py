@@ -98,6 +98,7 @@ class Plan:
     compile_reason: str = ""  # why it does or does not (train/compiled.py)
     measured: dict[str, Any] = field(default_factory=dict)  # the warm-up's estimate: images/s, ETA, epochs that fit
     decay: str = ""  # the learning rate's shape after warmup, in words ("linear decay to 0")
+    ema_decay: float = 0.0  # Polyak averaging of the weights (the final model is the average); 0 = none
 
     @property
     def fitted(self) -> bool:
@@ -238,6 +239,7 @@ def make_plan(
         flip_views=config.eval.flip_views,
         patch_dropout=patch_dropout_of(config),
         patch_dropout_keep=str(getattr(vit_config(config.model), "patch_dropout_keep", "random")),
+        ema_decay=config.optim.ema_decay,
     )
     evaluation = (eval_images, eval_image_s)
     return dataclasses.replace(plan, measured=_estimate(plan, spans, timings or {}, fit, budget_s, evaluation))

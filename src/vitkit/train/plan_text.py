@@ -7,6 +7,9 @@ from vitkit.train.plan import Plan
 
 LONG_RUN_MINUTES = 60.0  # an unbudgeted plan longer than this says so and names --max-minutes
 TIGHT_BUDGET = 0.25  # below this share of a budget left to train, the plan warns
+# A Polyak average that still gives more than this weight to the starting weights at the last step is warned
+# of: decay^steps (0.999 over 3,000 steps: 5%); a fine-tune's zero-initialised head is mostly still zero in it.
+EMA_START_WEIGHT = 0.05
 
 
 def plan_lines(plan: Plan) -> list[str]:
@@ -51,7 +54,25 @@ def plan_lines(plan: Plan) -> list[str]:
     if rate > 0:
         keep = " (patches with content kept first)" if plan.patch_dropout_keep == "content" else ""
         lines.append(f"PatchDropout{keep}: {rate:g} until {until:.0%}, then every patch")
-    return lines + estimate_lines(plan)
+    return lines + _average_lines(plan) + estimate_lines(plan)
+
+
+def _average_lines(plan: Plan) -> list[str]:
+    """Polyak averaging in words, with a warning where the run is too short for the average to forget its start."""
+    if plan.ema_decay <= 0:
+        return []
+    horizon = 1.0 / (1.0 - plan.ema_decay)
+    lines = [
+        f"Polyak averaging: decay {plan.ema_decay:g} (about the last {horizon:,.0f} steps); the evaluations and the "
+        "final model use the average"
+    ]
+    start = plan.ema_decay**plan.steps
+    if start > EMA_START_WEIGHT:
+        lines.append(
+            f"warning: after {plan.steps:,} steps the average still gives {start:.0%} of its weight to the starting "
+            f"weights; a run this short wants optim.ema_decay <= {1 - 3 / max(plan.steps, 3):.3g} or none"
+        )
+    return lines
 
 
 def estimate_lines(plan: Plan) -> list[str]:
