@@ -52,8 +52,21 @@ def test_to_float_endpoints_and_channels():
     assert per_channel[0, :, 0, 0].tolist() == [1.0, 0.5, 0.0]
     with pytest.raises(ValueError, match="mean has 2 values for 3 channels"):
         to_float(gray, mean=(0.1, 0.2), channels=3)
-    with pytest.raises(ValueError, match="only 1 -> C"):
-        to_float(torch.zeros(1, 3, 2, 2, dtype=torch.uint8), channels=1)
+    with pytest.raises(ValueError, match="RGB converts to grayscale; nothing else"):
+        to_float(torch.zeros(1, 3, 2, 2, dtype=torch.uint8), channels=2)
+
+
+def test_colour_images_for_a_grayscale_model_are_pillows_grayscale():
+    """RGB read for a 1-channel model (a grayscale checkpoint fine-tuned on photos) is Image.convert("L") of the
+    same pixels, bit for bit: the images `vitkit predict` would decode from the files."""
+    rgb = np.random.default_rng(0).integers(0, 256, (5, 7, 3), dtype=np.uint8)
+    rgb[0, :3] = [[255, 255, 255], [0, 0, 0], [255, 0, 0]]
+    pillow = np.asarray(Image.fromarray(rgb, "RGB").convert("L"))
+    batch = torch.from_numpy(rgb).permute(2, 0, 1).unsqueeze(0)
+    out = to_float(batch, mean=(0.0,), std=(1 / 255,), channels=1)  # x * 255: the uint8 values as floats
+    assert out.shape == (1, 1, 5, 7) and out[0, 0].round().to(torch.uint8).numpy().tolist() == pillow.tolist()
+    as_float = to_float(batch.float(), mean=(0.0,), std=(1 / 255,), channels=1)  # the training path's pixels
+    assert torch.equal(as_float, out)
 
 
 def test_resize_uint8_and_identity():

@@ -112,13 +112,27 @@ def describe_augment(config: AugmentConfig) -> list[str]:
 
 
 # ------------------------------------------------------------------------------- normalisation
+# ITU-R 601-2 luma in Pillow's fixed point (Image.convert("L")): colour images read for a grayscale model become
+# the grayscale images `vitkit predict` decodes from the same files.
+LUMA_WEIGHTS = (19595, 38470, 7471)  # / 2**16
+
+
 def expand_channels(images: Tensor, channels: int | None) -> Tensor:
-    """(B, 1, H, W) grayscale -> (B, channels, H, W) by repetition; other mismatches are errors."""
+    """(B, 1, H, W) grayscale -> (B, channels, H, W) by repetition; RGB pixels (0-255, uint8 or float) ->
+    grayscale as Pillow converts them (a grayscale model fine-tuned on colour images); other mismatches are
+    errors."""
     if channels is None or images.shape[1] == channels:
         return images
     if images.shape[1] == 1:
         return images.expand(-1, channels, -1, -1)
-    raise ValueError(f"images have {images.shape[1]} channels but the model takes {channels}; only 1 -> C expands")
+    if images.shape[1] == 3 and channels == 1:
+        pixels = images.to(torch.int64) if images.dtype == torch.uint8 else images.round().to(torch.int64)
+        weights = torch.tensor(LUMA_WEIGHTS, dtype=torch.int64, device=images.device).view(1, 3, 1, 1)
+        return (((pixels * weights).sum(1, keepdim=True) + (1 << 15)) >> 16).to(images.dtype)
+    raise ValueError(
+        f"images have {images.shape[1]} channels but the model takes {channels}: grayscale expands to any number "
+        "and RGB converts to grayscale; nothing else does"
+    )
 
 
 def _per_channel(values: Sequence[float], channels: int, what: str) -> list[float]:
