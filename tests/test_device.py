@@ -36,9 +36,18 @@ def test_auto_with_native_bf16_follows_the_measurement(monkeypatch, fp32, bf16, 
     calls: list = []
     choice = policy.choose_precision("auto", CPU, _timer(fp32, bf16, calls))
     assert choice.precision == expected and choice.speedup == pytest.approx(fp32 / bf16)
-    assert calls == [None, torch.bfloat16]
+    assert calls == [None, torch.bfloat16] * policy.PRECISION_ROUNDS  # alternated
     assert f"{fp32 / bf16:.2f}x" in choice.reason
     assert policy.choose_precision("auto", CPU).precision == "bf16"  # nothing to time: capability alone
+
+
+def test_a_burst_of_other_work_during_one_measurement_does_not_decide(monkeypatch) -> None:
+    """The bf16 pass timed 9x slow once (another process took the cores) and at its speed the next time:
+    the fastest of the alternated rounds decides, 2x, not 0.11x."""
+    monkeypatch.setattr(policy, "native_bf16", lambda device: True)
+    seconds = iter([1.0, 4.5, 1.0, 0.5])  # fp32, bf16 (disturbed), fp32, bf16
+    choice = policy.choose_precision("auto", CPU, lambda dtype: next(seconds))
+    assert choice.precision == "bf16" and choice.speedup == pytest.approx(2.0)
 
 
 def test_explicit_bf16_without_native_bf16_is_kept_and_warned_once(monkeypatch, caplog) -> None:

@@ -126,12 +126,18 @@ def choose_precision(
     return PrecisionChoice("bf16", f"auto: native bf16{measured}", speedup)
 
 
+PRECISION_ROUNDS = 2  # fp32 and bf16 timed alternately this often: a burst of other work falls on both
+
+
 def _speedup(measure: Callable[[torch.dtype | None], float] | None) -> float | None:
-    """fp32 seconds / bf16 seconds of the caller's pass, or None where it cannot be measured."""
+    """fp32 seconds / bf16 seconds of the caller's pass (the fastest of PRECISION_ROUNDS alternated measurements
+    each), or None where it cannot be measured."""
     if measure is None:
         return None
-    fp32, bf16 = measure(None), measure(torch.bfloat16)
-    return fp32 / bf16 if fp32 > 0 and bf16 > 0 else None
+    fp32 = bf16 = float("inf")
+    for _ in range(PRECISION_ROUNDS):
+        fp32, bf16 = min(fp32, measure(None)), min(bf16, measure(torch.bfloat16))
+    return fp32 / bf16 if 0 < fp32 < float("inf") and 0 < bf16 < float("inf") else None
 
 
 def time_pass(run: Callable[[], object], device: torch.device, repeats: int = 3) -> float:
