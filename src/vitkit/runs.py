@@ -23,7 +23,8 @@ import logging
 import os
 import re
 import shutil
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -232,6 +233,23 @@ def _mtime(path: Path) -> float:
 def _step_number(path: Path) -> int:
     digits = re.findall(r"\d+", path.name)
     return int(digits[-1]) if digits else -1
+
+
+@contextmanager
+def removed_if_left_empty(path: str | os.PathLike) -> Iterator[None]:
+    """Around work that creates the run directory `path`: when the work fails, the directories it created on
+    the way to `path` that are still empty are removed, so a run that wrote nothing leaves nothing behind.
+    Directories that existed before are left alone, empty or not."""
+    target = Path(path).absolute()
+    created = [folder for folder in (target, *target.parents) if not folder.exists()]  # deepest first
+    try:
+        yield
+    except BaseException:
+        for folder in created:
+            with suppress(OSError):  # written to meanwhile, or already gone: keep it, and raise the real error
+                if not any(folder.iterdir()):
+                    folder.rmdir()
+        raise
 
 
 def is_run_dir(path: str | os.PathLike) -> bool:

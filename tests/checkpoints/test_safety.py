@@ -57,3 +57,28 @@ def test_pickled_object_npz_is_refused_and_nothing_runs(tmp_path):
     with pytest.raises(ValueError, match="pickled Python objects; refusing"):
         read(path)
     assert not marker.exists()
+
+
+def test_random_bytes_are_refused_without_torchs_advice_to_unpickle(tmp_path):
+    """torch's weights-only error advises weights_only=False or an allowlist: a vitkit user must never follow it."""
+    path = tmp_path / "random.bin"
+    path.write_bytes(bytes(range(3, 256)) * 16)  # opcode 3 first: the weights-only unpickler stops at once
+    with pytest.raises(ValueError) as refused:
+        read(path)
+    assert str(refused.value) == (
+        f"refusing to load {path}: it is not a checkpoint vitkit can read safely (not safetensors, not .npz, not "
+        "a torch file of tensors only): it is damaged or holds pickled Python objects, and unpickling those could "
+        "run code (the weights-only unpickler stopped at: Unsupported operand 3)"
+    )
+
+
+def test_a_refused_pickle_names_the_object_and_not_torchs_advice(tmp_path):
+    marker = tmp_path / "pwned"
+    path = tmp_path / "evil.bin"
+    torch.save({"w": torch.zeros(1), "evil": _Shell(marker)}, path)
+    with pytest.raises(ValueError) as refused:
+        read(path)
+    message = str(refused.value)
+    assert message.startswith(f"refusing to load {path}: it is not a checkpoint vitkit can read safely")
+    assert "(the weights-only unpickler stopped at: " in message and "GLOBAL posix.system" in message
+    assert "weights_only" not in message and "safe_globals" not in message and not marker.exists()

@@ -15,8 +15,17 @@ def test_k_per_class_exact_and_deterministic():
     assert len(set(index.tolist())) == 20 and torch.equal(index, index.sort().values)
     assert torch.equal(index, k_per_class(labels, 5, seed=0))
     assert not torch.equal(index, k_per_class(labels, 5, seed=1))
-    with pytest.raises(ValueError, match="class 1 has only 7 samples"):
+    with pytest.raises(ValueError, match="^class 1 has only 7 training images; --shots 8 needs 8"):
         k_per_class(labels, 8, seed=0)
+
+
+def test_a_class_too_small_for_k_is_named_by_its_name():
+    labels = torch.tensor([0] * 30 + [1] * 12)
+    with pytest.raises(ValueError) as refused:
+        k_per_class(labels, 20, seed=0, class_names=["anchor", "bonsai"])
+    assert str(refused.value) == (
+        "class 'bonsai' (1) has only 12 training images; --shots 20 needs 20 of each (at most 12 here)"
+    )
 
 
 def test_vtab_subset_sizes_balance_and_disjoint():

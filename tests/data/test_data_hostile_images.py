@@ -5,13 +5,21 @@ from __future__ import annotations
 
 import io
 import struct
+import warnings
 import zlib
 
 import numpy as np
 import pytest
 from PIL import Image
 
-from vitkit.data.images import BadImageError, DecompressionBombError, decode_image
+from vitkit.data.images import (
+    BadImageError,
+    DecompressionBombError,
+    decode_files,
+    decode_image,
+    image_size,
+    probe_images,
+)
 
 
 def encoded(image: Image.Image, fmt: str, **options) -> bytes:
@@ -74,9 +82,26 @@ def test_bad_files_name_the_file_and_the_problem(data: bytes, problem: str) -> N
         decode_image(data, size=16, name="upload.png")
 
 
-@pytest.mark.filterwarnings("ignore::PIL.Image.DecompressionBombWarning")  # Pillow warns; vitkit refuses
 def test_a_header_claiming_huge_dimensions_is_refused_before_decoding() -> None:
     with pytest.raises(DecompressionBombError, match=r"^upload.png: refusing to decode a 10000x9000 image"):
         decode_image(png_claiming(10_000, 9_000), name="upload.png")
     with pytest.raises(DecompressionBombError, match=r"^upload.png: refusing .*10000000000 pixels"):
         decode_image(png_claiming(100_000, 100_000), name="upload.png")  # Pillow's own guard (2x its limit) fires first
+
+
+def test_between_one_and_two_of_pillows_limits_only_vitkits_message_speaks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pillow warns above its MAX_IMAGE_PIXELS without naming the file; vitkit's own limit decides instead."""
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)  # a 12x12 image is then 1.44x Pillow's limit
+    data = encoded(Image.new("L", (12, 12)), "PNG")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(DecompressionBombError) as refused:
+            decode_image(data, name="big.png", max_pixels=100)
+        assert decode_image(data, name="big.png", max_pixels=144).shape == (3, 12, 12)
+        assert image_size(data) == (12, 12) and probe_images([data]) == (12, 1)
+        _, good, errors = decode_files([data], 1, 12, max_pixels=100, names=["big.png"])
+    assert str(refused.value) == (
+        "big.png: refusing to decode a 12x12 image (144 pixels > limit 100); possible decompression bomb"
+    )
+    assert good == [] and errors == [str(refused.value)]
+    assert [str(w.message) for w in caught] == []

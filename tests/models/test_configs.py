@@ -197,6 +197,12 @@ def test_hybrid_presets_are_options_i_and_ii():
     assert PRESETS["r26_vit_b32"].resnet_layers == (2, 2, 2, 2)
 
 
+def test_an_img_size_below_the_patch_size_suggests_positive_multiples():
+    with pytest.raises(ValueError) as refused:
+        ViTConfig(img_size=4, patch_size=8)
+    assert str(refused.value) == "img_size 4 is not divisible by patch_size 8: use 8 or 16"
+
+
 def test_config_validation_messages():
     with pytest.raises(ValueError, match="not divisible by num_heads"):
         ViTConfig(hidden_size=30, num_heads=4)

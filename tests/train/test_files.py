@@ -48,3 +48,18 @@ def test_file_based_training_skips_corrupt_files(tmp_path: Path) -> None:
     assert result["status"] == "finished" and result["step"] == 8 and result["test"]["count"] == 8
     with pytest.raises(BadImageError, match="broken.png"):
         trainer.train(tiny_config(tmp_path / "strict", *args, "data.strict=true"))
+
+
+def test_a_run_that_fails_before_writing_leaves_no_directory_it_created(tmp_path: Path) -> None:
+    root = _folder(tmp_path / "images")
+    args = ("data.uri=folder:" + str(root), "model.img_size=16", "model.patch_size=4", "model.num_classes=2")
+    args += ("model.in_chans=3", "data.mean=0.5,0.5,0.5", "data.std=0.5,0.5,0.5", "data.strict=true")
+    out = tmp_path / "runs" / "strict"
+    with pytest.raises(BadImageError, match="broken.png"):  # read in memory: refused before anything is written
+        trainer.train(tiny_config(out, *args))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["images"]  # runs/strict and runs/ both gone
+    given = tmp_path / "given"
+    given.mkdir()
+    with pytest.raises(BadImageError, match="broken.png"):
+        trainer.train(tiny_config(given, *args))
+    assert given.is_dir()  # the caller's own empty directory stays

@@ -18,7 +18,7 @@ from vitkit.checkpoints import read
 from vitkit.cli import main
 from vitkit.data.sources import SourceInfo, load_split
 from vitkit.data.subsets import fraction_subset, labelled_parts, per_class_subset
-from vitkit.train import trainer
+from vitkit.train import sweep, trainer
 from vitkit.train.assemble import initial_model, load_splits
 from vitkit.train.recipes import auto_recipe_name, get_recipe
 from vitkit.train.resolve import Request, resolve
@@ -128,6 +128,21 @@ def test_a_swept_run_shares_its_time_budget_between_trials_and_the_final_run(
     assert (sweep["trial_minutes"], sweep["final_minutes"]) == (1.0, 4.0)
     assert json.loads((out / "sweep" / "lr_0.003" / "config.json").read_text())["run"]["max_minutes"] == 1.0
     assert json.loads((out / "config.json").read_text())["run"]["max_minutes"] == 4.0
+
+
+def test_a_sweep_over_one_label_per_class_is_refused_before_any_trial(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One image per class leaves the class-stratified hold-out empty: no trial could be scored."""
+    config = tiny_config(tmp_path / "s", "data.labels_per_class=1", "data.val_fraction=0.1", "optim.lr_sweep=0.01,0.1")
+    monkeypatch.setattr(sweep, "train", lambda *a, **k: pytest.fail("a trial trained"))
+    with pytest.raises(ValueError) as refused:
+        sweep.train_with_sweep(config)
+    assert str(refused.value) == (
+        "--lr-sweep scores each learning rate on a class-stratified hold-out of the labelled images, and with "
+        "1 label per class that hold-out is empty (every class keeps its one image for training): use "
+        "--labels-per-class 2 or more, or leave out --lr-sweep"
+    )
 
 
 def test_labels_per_class_are_exact_nested_and_fixed() -> None:

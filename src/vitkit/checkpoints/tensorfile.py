@@ -40,6 +40,8 @@ UNPICKLER_ERRORS = (
     OverflowError,
     struct.error,
 )
+# words of the advice around torch's weights-only error (load without it, allowlist the object, file an issue)
+_ADVICE = ("weights_only", "Weights only", "trust", "safe_globals", "torch.load", "Please")
 
 
 def unwrap(obj: Any) -> Tensors:
@@ -80,10 +82,11 @@ def read_torch(path: Path, max_bytes: int | None) -> Tensors:
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True, mmap=mapped)
     except pickle.UnpicklingError as err:
-        first = str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
+        stop = _unpickler_stop(err)
         raise CheckpointError(
-            f"refusing to load {path}: it holds pickled Python objects other than tensors, or is damaged, and "
-            f"unpickling objects could run code (weights_only=True refused: {first})"
+            f"refusing to load {path}: it is not a checkpoint vitkit can read safely (not safetensors, not .npz, "
+            "not a torch file of tensors only): it is damaged or holds pickled Python objects, and unpickling those "
+            "could run code" + (f" (the weights-only unpickler stopped at: {stop})" if stop else "")
         ) from None
     except UNPICKLER_ERRORS as err:
         raise CheckpointError(
@@ -98,6 +101,20 @@ def read_torch(path: Path, max_bytes: int | None) -> Tensors:
             f"{path}: tensors {short(odd)} are sparse, quantised or hold no data; expected dense weights"
         )
     return state
+
+
+def _unpickler_stop(err: pickle.UnpicklingError) -> str:
+    """What torch's weights-only unpickler stopped at ("Unsupported operand 3"), or "" when it does not say.
+
+    torch's message around it advises weights_only=False or an allowlist, which would unpickle an untrusted
+    file's objects, so only a line of the unpickler's own finding is kept, cut before any advice.
+    """
+    for line in str(err).splitlines():
+        finding = line.partition("WeightsUnpickler error:")[2] or line
+        finding = finding.split(" was not an allowed global")[0].split(". Please")[0].strip().rstrip(".")
+        if finding and not any(word in finding for word in _ADVICE):
+            return finding[:200]
+    return ""
 
 
 def _is_stored_zip(path: Path) -> bool:

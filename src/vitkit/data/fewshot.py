@@ -6,12 +6,15 @@ Both are deterministic functions of (labels, seed) and return sorted int64 indic
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
 
 
-def k_per_class(labels: Tensor, k: int, seed: int) -> Tensor:
-    """Indices of exactly `k` random samples of every class present in `labels` (sorted).
+def k_per_class(labels: Tensor, k: int, seed: int, class_names: Sequence[str] | None = None) -> Tensor:
+    """Indices of exactly `k` random samples of every class present in `labels` (sorted); `class_names`
+    (by class index) name a class that is too small in the error.
 
     Raises:
         ValueError: a class has fewer than `k` samples, or k < 1.
@@ -24,9 +27,10 @@ def k_per_class(labels: Tensor, k: int, seed: int) -> Tensor:
     for cls in torch.unique(labels).tolist():
         members = torch.nonzero(labels == cls).flatten()
         if len(members) < k:
+            name = f"class {class_names[cls]!r} ({cls})" if class_names is not None else f"class {cls}"
             raise ValueError(
-                f"class {cls} has only {len(members)} samples; cannot take {k} per class (ask for at most "
-                f"{len(members)}: --shots of vitkit fewshot, --labels-per-class of vitkit train)"
+                f"{name} has only {len(members)} training images; --shots {k} needs {k} of each "
+                f"(at most {len(members)} here)"
             )
         chosen.append(members[torch.randperm(len(members), generator=generator)[:k]])
     return torch.cat(chosen).sort().values

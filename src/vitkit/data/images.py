@@ -21,6 +21,7 @@ import io
 import logging
 import math
 import os
+import warnings
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -84,6 +85,11 @@ def _to_mode(image: Image.Image, channels: int) -> Image.Image:
         return image.convert(target)
     except ValueError:  # no direct conversion (LAB -> L): through RGB
         return image.convert("RGB").convert(target)
+
+
+def _pillow_bomb_warning_off() -> warnings.catch_warnings:
+    """Pillow's DecompressionBombWarning off: `max_pixels` decides, and vitkit's refusal names the file."""
+    return warnings.catch_warnings(action="ignore", category=Image.DecompressionBombWarning)
 
 
 def _bomb(name: str, width: int, height: int, max_pixels: int) -> DecompressionBombError:
@@ -227,14 +233,18 @@ def decode_image(
         BadImageError: the data is not a decodable image; the message names the file.
         DecompressionBombError: the image is larger than `max_pixels`.
     """
-    array = _decode(source, channels, size, max_pixels, name)
+    with _pillow_bomb_warning_off():
+        array = _decode(source, channels, size, max_pixels, name)
     return torch.from_numpy(np.ascontiguousarray(array.transpose(2, 0, 1)))  # (H, W, C) -> (C, H, W)
 
 
 def image_size(path: Path | bytes) -> tuple[int, int] | None:
     """(width, height) from the header alone, or None if the file (or bytes) does not open."""
     try:
-        with Image.open(io.BytesIO(path) if isinstance(path, (bytes, bytearray)) else path) as image:
+        with (
+            _pillow_bomb_warning_off(),
+            Image.open(io.BytesIO(path) if isinstance(path, (bytes, bytearray)) else path) as image,
+        ):
             return image.size
     except Exception:  # noqa: BLE001 - any unreadable file just has no size
         return None
@@ -246,7 +256,10 @@ def probe_images(sources: Sequence[Path | bytes | str]) -> tuple[int, int]:
     sides, gray = [], True
     for source in sources:
         try:
-            with Image.open(io.BytesIO(source) if isinstance(source, (bytes, bytearray)) else source) as image:
+            with (
+                _pillow_bomb_warning_off(),
+                Image.open(io.BytesIO(source) if isinstance(source, (bytes, bytearray)) else source) as image,
+            ):
                 sides.append(min(image.size))
                 gray = gray and image.mode in ("1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "I;16N", "F")
         except Exception:  # noqa: BLE001 - an unreadable sample says nothing about the others
@@ -393,7 +406,7 @@ def decode_files(
             return str(error)
         return None
 
-    with ThreadPoolExecutor(workers) as pool:
+    with _pillow_bomb_warning_off(), ThreadPoolExecutor(workers) as pool:  # once: warning filters are process-wide
         errors = list(pool.map(work, range(len(files))))
     bad = [i for i, error in enumerate(errors) if error is not None]
     for i in bad[:_MAX_LOGGED]:

@@ -172,7 +172,8 @@ def run_fewshot(checkpoint, train_set, test_set, config: FewShotConfig) -> FewSh
     """
     if train_set.num_classes != test_set.num_classes:
         raise ValueError(f"train has {train_set.num_classes} classes but test has {test_set.num_classes}")
-    needed = torch.cat([k_per_class(train_set.labels, k, seed) for k in config.shots for seed in range(config.seeds)])
+    draws = [(k, seed) for k in config.shots for seed in range(config.seeds)]
+    needed = torch.cat([k_per_class(train_set.labels, k, seed, train_set.class_names) for k, seed in draws])
     pool = needed.unique()  # sorted indices of every image any draw uses
     if config.max_test is not None and config.max_test < len(test_set):
         keep = torch.randperm(len(test_set), generator=torch.Generator().manual_seed(0))[: config.max_test]

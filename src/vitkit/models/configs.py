@@ -120,10 +120,10 @@ class ViTConfig:
         if self.posemb == "sincos_2d" and self.hidden_size % 4:
             raise ValueError("sincos_2d position embeddings need hidden_size divisible by 4")
         if self.img_size % self.patch_size:
+            below = max(self.img_size // self.patch_size, 1) * self.patch_size  # at least one patch (N >= 1)
             raise ValueError(
                 f"img_size {self.img_size} is not divisible by patch_size {self.patch_size}: "
-                f"use {self.img_size // self.patch_size * self.patch_size} or "
-                f"{(self.img_size // self.patch_size + 1) * self.patch_size}"
+                f"use {below} or {below + self.patch_size}"
             )
         if self.patch_dropout and (self.posemb == "relative" or self.posemb_where != "input"):
             raise ValueError(

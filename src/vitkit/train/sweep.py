@@ -61,13 +61,24 @@ def final_config(config: TrainConfig, lr: float) -> TrainConfig:
     )
 
 
+def check_hold_out(config: TrainConfig) -> None:
+    """Refuse a sweep whose held-out split would be empty, before any trial trains on it."""
+    if config.data.val_fraction <= 0:
+        raise ValueError("optim.lr_sweep needs data.val_fraction > 0 (the held-out split the trials are scored on)")
+    if config.data.labels_per_class == 1:  # stratified_split keeps a class's only image on the training side
+        raise ValueError(
+            "--lr-sweep scores each learning rate on a class-stratified hold-out of the labelled images, and with "
+            "1 label per class that hold-out is empty (every class keeps its one image for training): use "
+            "--labels-per-class 2 or more, or leave out --lr-sweep"
+        )
+
+
 def train_with_sweep(config: TrainConfig, *, spent_s: float = 0.0, **train_kwargs: Any) -> dict[str, Any]:
     """`train(config)`, preceded by the LR sweep when `config.optim.lr_sweep` is non-empty; `spent_s`, the
     caller's start-up, is charged to the first run's budget."""
     if not config.optim.lr_sweep:
         return train(config, spent_s=spent_s, **train_kwargs)
-    if config.data.val_fraction <= 0:
-        raise ValueError("optim.lr_sweep needs data.val_fraction > 0 (the held-out split the trials are scored on)")
+    check_hold_out(config)
     scores: dict[str, float] = {}
     for index, lr in enumerate(config.optim.lr_sweep):
         result = train(trial_config(config, lr), spent_s=0.0 if index else spent_s, **train_kwargs)
