@@ -239,6 +239,17 @@ def test_checkpoints_by_the_clock_resume_exactly(tmp_path: Path, monkeypatch, ca
     assert strip(_records(run)) == strip(_records(reference))
 
 
+def test_a_run_killed_before_its_first_checkpoint_says_it_starts_over(tmp_path: Path, monkeypatch, caplog) -> None:
+    run = tmp_path / "run"
+    with caplog.at_level(logging.WARNING, logger="vitkit"):
+        assert _clocked_run(monkeypatch, run, 1.0, die_after=4) == []  # 4 s: no checkpoint yet
+        assert "no checkpoint" not in caplog.text  # a new run directory: nothing to say
+        assert (run / "config.json").is_file() and max(r["step"] for r in _records(run)) == 3  # step 4 unlogged
+        assert _clocked_run(monkeypatch, run, 1.0) == [10]
+    assert f"no checkpoint in {run}: starting from step 0" in caplog.text
+    assert [r["step"] for r in _records(run) if r["split"] == "train"] == list(range(1, 11))
+
+
 def test_a_failing_final_evaluation_keeps_the_trained_model(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
