@@ -49,6 +49,7 @@ VOLATILE = frozenset(
         "run.tensorboard",
         "run.log_every",
         "run.checkpoint_every",
+        "run.checkpoint_minutes",
         "data.workers",
     }
 )

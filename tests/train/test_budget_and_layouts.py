@@ -200,7 +200,8 @@ def test_a_budgeted_run_resumed_after_a_long_start_up_trains_the_rest_and_ends_a
     clock, real_step, real_warm_up = FakeTime(), trainer.train_step, trainer.Trainer._warm_up
     monkeypatch.setattr(trainer, "time", clock)
     overrides = ("data.steps=0", "data.epochs=0", "run.max_minutes=0.05", "run.log_every=1")
-    overrides += ("optim.end_lr_fraction=0.1",)
+    # FakeTime ticks at every reading: checkpoints by the clock, read every step here, would halve the steps that fit
+    overrides += ("optim.end_lr_fraction=0.1", "run.checkpoint_minutes=0")
 
     monkeypatch.setattr(trainer, "train_step", sigterm_after(150, real_step))
     run = tmp_path / "run"

@@ -147,6 +147,18 @@ def test_two_processes_fit_a_budget_and_end_annealed_at_the_same_step(tmp_path: 
 
 
 @pytest.mark.dist
+def test_two_processes_save_by_the_clock_at_the_same_steps(tmp_path: Path) -> None:
+    # Each process's fake clock runs at its own pace, so each would pass run.checkpoint_minutes at its own step;
+    # a save is collective (every rank's random streams are gathered), so a process saving alone would hang both.
+    run = tmp_path / "run"
+    _spawn(2, run, "data.steps=8", "run.log_every=2", "run.checkpoint_minutes=0.0005", timeout_s=90.0)
+    results = [json.loads((tmp_path / f"result_{rank}.json").read_text()) for rank in range(2)]
+    assert [(r["status"], r["step"]) for r in results] == [("finished", 8)] * 2
+    saved = sorted(int(p.name.split("_")[1]) for p in (run / "checkpoints").glob("step_*"))
+    assert len(saved) > 1 and saved[-1] == 8 and all(step % 2 == 0 for step in saved)  # by the clock, at log steps
+
+
+@pytest.mark.dist
 def test_two_processes_stopped_and_resumed_equal_an_uninterrupted_run(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import signal
 import time
 from pathlib import Path
@@ -14,6 +15,7 @@ from safetensors.torch import load_file
 
 from vitkit.runs import LATEST, STATE_FILE
 from vitkit.train import trainer
+from vitkit.train.checkpointer import Checkpointer
 from vitkit.train.config import to_dict
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "train_tiny_losses.json"
@@ -166,6 +168,86 @@ def test_kill_9_then_resume_equals_uninterrupted_bit_exact(tmp_path: Path) -> No
         assert torch.equal(ours[key], theirs[key]), key
     strip = lambda rs: [{k: v for k, v in r.items() if k != "images_per_s"} for r in rs]  # noqa: E731
     assert strip(_records(run)) == strip(_records(reference))  # the log was rewound to the checkpoint too
+
+
+class _Killed(BaseException):
+    """A process's death in the middle of training, raised in place of `kill -9`: nothing is saved on the way out."""
+
+
+class _StepClock:
+    """The trainer's clock, standing still but for `step_s` seconds per optimiser step taken: checkpoints by the
+    clock fall on known steps, however fast the host."""
+
+    def __init__(self, step_s: float) -> None:
+        self.now, self.step_s = 0.0, step_s
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def __getattr__(self, name: str):
+        return getattr(time, name)
+
+
+def _clocked_run(monkeypatch, run: Path, step_s: float, *overrides: str, die_after: int = 0) -> list[int]:
+    """Train the tiny run under a `_StepClock`, dying right after step `die_after` (0: never); the steps saved."""
+    clock, real_step, real_save = _StepClock(step_s), trainer.train_step, Checkpointer.save
+    saved: list[int] = []
+
+    def step(state, batch, spec, loss_of=None):
+        out = real_step(state, batch, spec, loss_of)
+        clock.now += clock.step_s
+        if state.step == die_after:
+            raise _Killed
+        return out
+
+    def save(self, state):
+        saved.append(state.step)
+        return real_save(self, state)
+
+    monkeypatch.setattr(trainer, "time", clock)
+    monkeypatch.setattr(trainer, "train_step", step)
+    monkeypatch.setattr(Checkpointer, "save", save)
+    args = ("data.steps=10", "run.checkpoint_every=1000", "run.log_every=1", *overrides)
+    try:
+        trainer.train(tiny_config(run, *args))
+    except _Killed:
+        pass
+    monkeypatch.undo()
+    return saved
+
+
+def test_checkpoints_by_the_clock_resume_exactly(tmp_path: Path, monkeypatch, caplog) -> None:
+    """20 s a step and a checkpoint a minute: saved after steps 3, 6 and 9 (and the end), though checkpoint_every
+    is 1000.  Killed after step 5, the run resumes from step 3 and ends with the uninterrupted run's weights."""
+    reference = tmp_path / "reference"
+    assert _clocked_run(monkeypatch, reference, 20.0, "run.checkpoint_minutes=0") == [10]  # 0: steps alone
+    assert _clocked_run(monkeypatch, tmp_path / "timed", 20.0, "run.checkpoint_minutes=1") == [3, 6, 9, 10]
+    assert sorted(p.name for p in (tmp_path / "timed" / "checkpoints").glob("step_*")) == [
+        "step_0000006",  # pruned as step checkpoints are: the newest and two before it
+        "step_0000009",
+        "step_0000010",
+    ]
+    run = tmp_path / "killed"
+    assert _clocked_run(monkeypatch, run, 20.0, "run.checkpoint_minutes=1", die_after=5) == [3]
+    assert (run / "checkpoints" / LATEST).read_text().strip() == "step_0000003"
+    with caplog.at_level(logging.INFO, logger="vitkit"):  # resumed with another cadence: a volatile key
+        assert _clocked_run(monkeypatch, run, 20.0, "run.checkpoint_minutes=0.5") == [5, 7, 9, 10]
+    assert "resuming" in caplog.text and "different config" not in caplog.text
+    ours, theirs = _weights(run / "checkpoints" / "step_0000010"), _weights(reference / "checkpoints" / "step_0000010")
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    strip = lambda rs: [{k: v for k, v in r.items() if k != "images_per_s"} for r in rs]  # noqa: E731
+    assert strip(_records(run)) == strip(_records(reference))
+
+
+def test_a_run_killed_before_its_first_checkpoint_says_it_starts_over(tmp_path: Path, monkeypatch, caplog) -> None:
+    run = tmp_path / "run"
+    with caplog.at_level(logging.WARNING, logger="vitkit"):
+        assert _clocked_run(monkeypatch, run, 1.0, die_after=4) == []  # 4 s: no checkpoint yet
+        assert "no checkpoint" not in caplog.text  # a new run directory: nothing to say
+        assert (run / "config.json").is_file() and max(r["step"] for r in _records(run)) == 3  # step 4 unlogged
+        assert _clocked_run(monkeypatch, run, 1.0) == [10]
+    assert f"no checkpoint in {run}: starting from step 0" in caplog.text
+    assert [r["step"] for r in _records(run) if r["split"] == "train"] == list(range(1, 11))
 
 
 def test_a_failing_final_evaluation_keeps_the_trained_model(

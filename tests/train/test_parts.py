@@ -26,7 +26,7 @@ from vitkit.train.plan import make_plan
 from vitkit.train.plan_text import plan_lines
 from vitkit.train.schedule import Schedule
 from vitkit.train.state import TrainState
-from vitkit.train.stop import SignalFlag, StopPolicy
+from vitkit.train.stop import SignalFlag, StopPolicy, Verdict
 
 TINY = ViTConfig(img_size=8, patch_size=4, in_chans=1, num_classes=3, hidden_size=8, depth=1, num_heads=2, mlp_dim=16)
 
@@ -137,37 +137,49 @@ class FakeClock:
 def test_stop_policy_with_a_fake_clock_and_fake_signals() -> None:
     clock, signals = FakeClock(), SignalFlag()
     policy = StopPolicy(started=100.0, deadline_s=10.0, signals=signals, now=clock)
-    assert policy.check() is None
+    assert policy.check() == Verdict(None, False)
     clock.now = 110.0
-    assert policy.check() == "time_budget"
+    assert policy.check() == Verdict("time_budget")
     signals.signum = signal.SIGTERM  # a signal wins over the budget
-    assert policy.check() == "interrupted" and policy.signum == signal.SIGTERM
-    assert StopPolicy(started=0.0, deadline_s=None, now=lambda: 1e9).check() is None  # no budget: never
+    assert policy.check().stop == "interrupted" and policy.signum == signal.SIGTERM
+    assert StopPolicy(started=0.0, deadline_s=None, now=lambda: 1e9).check().stop is None  # no budget: never
 
 
-def test_processes_agree_only_at_agreement_steps(monkeypatch) -> None:
-    peer = {"signalled": False, "out_of_time": False}  # what the other process reports
-    asked: list[bool] = []
-
-    def any_true(flag: bool, device: torch.device) -> bool:  # check() asks about the signal, then the time
-        asked.append(flag)
-        return flag or peer["signalled" if len(asked) % 2 else "out_of_time"]
-
-    monkeypatch.setattr(stop_module.distributed, "any_true", any_true)
+def test_a_checkpoint_is_due_when_its_minutes_have_passed_since_the_last_one() -> None:
     clock = FakeClock()
-    policy = StopPolicy(started=100.0, deadline_s=10.0, world=2, now=clock)
+    policy = StopPolicy(started=0.0, deadline_s=None, checkpoint_s=60.0, now=clock)
+    assert policy.check(saved_at=41.0) == Verdict(None, False)  # 59 s since the last checkpoint
+    assert policy.check(saved_at=40.0) == Verdict(None, True)  # 60 s
+    assert policy.check(agree=False, saved_at=0.0) == Verdict(None, False)  # read at agreement steps alone
+    assert not StopPolicy(started=0.0, deadline_s=None, now=clock).check(saved_at=0.0).save  # 0 minutes: off
+
+
+def test_processes_agree_only_at_agreement_steps_in_one_collective(monkeypatch) -> None:
+    peer = {"signalled": False, "out_of_time": False, "save": False}  # what the other process reports
+    asked: list[list[bool]] = []
+
+    def any_each(flags: list[bool], device: torch.device) -> list[bool]:  # signal, time, checkpoint by the clock
+        asked.append(list(flags))
+        return [mine or theirs for mine, theirs in zip(flags, peer.values())]
+
+    monkeypatch.setattr(stop_module.distributed, "any_each", any_each)
+    clock = FakeClock()
+    policy = StopPolicy(started=100.0, deadline_s=10.0, checkpoint_s=60.0, world=2, now=clock)
     peer["out_of_time"] = True  # the peer is out of time; this process is not
-    assert policy.check(agree=False) is None and not asked  # between agreement steps: no collective, no stop
-    assert policy.check(agree=True) == "time_budget"  # at one, every process stops together
-    peer.update(out_of_time=False, signalled=True)
-    assert policy.check(agree=True) == "interrupted"
+    assert policy.check(agree=False, saved_at=0.0) == Verdict() and not asked  # between agreement steps: nothing
+    assert policy.check(agree=True, saved_at=100.0) == Verdict("time_budget")  # at one, every process stops
+    peer.update(out_of_time=False, save=True)  # the peer's clock has passed the checkpoint minutes; this one's not
+    assert policy.check(agree=True, saved_at=100.0) == Verdict(None, True)  # both save at this step
+    peer.update(signalled=True)
+    assert policy.check(agree=True, saved_at=100.0).stop == "interrupted"
+    assert len(asked) == 3 and all(len(flags) == 3 for flags in asked)  # one collective per agreement step
 
 
 def test_real_sigterm_is_caught_while_installed_and_handlers_restored() -> None:
     before = signal.getsignal(signal.SIGTERM)
     with StopPolicy(started=0.0, deadline_s=None) as policy:
         os.kill(os.getpid(), signal.SIGTERM)
-        assert policy.check() == "interrupted"
+        assert policy.check().stop == "interrupted"
     assert signal.getsignal(signal.SIGTERM) == before
 
 

@@ -149,6 +149,8 @@ class RunConfig:
     # (train/budget.py); cut = stop this invocation when spent
     budget_schedule: Literal["fit", "cut"] = "fit"
     checkpoint_every: int = 500  # optimiser steps between checkpoints (also at the end and on SIGTERM/SIGINT)
+    # training minutes between checkpoints besides checkpoint_every, read at log steps (train/stop.py); 0 = off
+    checkpoint_minutes: float = 5.0
     log_every: int = 20  # optimiser steps between train records in metrics.jsonl
     nan_patience: int = 5  # consecutive non-finite losses (each skipped) before the run stops
     # deferred: skip on the device (fused optimiser), read at log steps; auto = deferred on CUDA
@@ -172,6 +174,8 @@ class RunConfig:
             raise ValueError(f"run.compile must be auto, on or off, got {self.compile!r}")
         if self.checkpoint_every < 1 or self.log_every < 1 or self.nan_patience < 1:
             raise ValueError("checkpoint_every, log_every and nan_patience must be >= 1")
+        if not self.checkpoint_minutes >= 0:  # NaN too
+            raise ValueError(f"run.checkpoint_minutes must be >= 0 (0: off), got {self.checkpoint_minutes:g}")
         if self.max_minutes < 0:
             raise ValueError(f"--max-minutes (run.max_minutes) must be >= 0 (0: no budget), got {self.max_minutes:g}")
 

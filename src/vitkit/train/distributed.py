@@ -15,7 +15,7 @@ import datetime
 import os
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, NoReturn
 
@@ -127,17 +127,27 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
 
 def any_true(flag: bool, device: torch.device) -> bool:
     """True on every process when `flag` is true on any (so all stop at the same step)."""
-    return bool(max_across(1.0 if flag else 0.0, device))
+    return any_each([flag], device)[0]
+
+
+def any_each(flags: Sequence[bool], device: torch.device) -> list[bool]:
+    """`any_true` of each flag, in one collective (the stop policy agrees on all of its flags at once)."""
+    return [bool(value) for value in max_each([1.0 if flag else 0.0 for flag in flags], device)]
 
 
 def max_across(value: float, device: torch.device) -> float:
     """The largest of each process's `value`, on every process (the value itself with one process, without a
     collective: one process under torchrun syncs nothing)."""
+    return max_each([value], device)[0]
+
+
+def max_each(values: Sequence[float], device: torch.device) -> list[float]:
+    """`max_across` of each value, in one collective."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
-        return value
-    tensor = torch.tensor([value], dtype=torch.float64, device=device)
+        return list(values)
+    tensor = torch.tensor(list(values), dtype=torch.float64, device=device)
     dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return float(tensor.item())
+    return [float(value) for value in tensor.tolist()]
 
 
 def min_across(value: float, device: torch.device) -> float:

@@ -206,6 +206,8 @@ class RunParts:
 
         resumed = self.checkpointer.restore(self.state, load_extra=load_extra)
         if resumed is None:
+            if self.info.main and self.run.stored_config() is not None:  # an earlier invocation died before saving
+                log.warning("no checkpoint in %s: starting from step 0", self.run.path)
             return
         self.resumed = True
         log.info("resuming %s at step %d", resumed, self.state.step)

@@ -1,11 +1,15 @@
-"""The stop policy: when a run stops early, and that every process stops at the same step.
+"""The stop policy: when a run stops early or saves between its step checkpoints, the same on every process.
 
-Three reasons, checked at step boundaries: a signal (SIGTERM/SIGINT: save and exit, re-running resumes),
-the time budget (`run.max_minutes` with `budget_schedule="cut"`: stop cleanly, evaluate and save), and,
-for a budget-fitted schedule, nothing: the budget clock ends the schedule itself, annealed.  With
-several processes the decision is taken jointly (any process's reason stops all) at agreement steps
-only (log and checkpoint steps), so no collective runs on every step.  Clock and signals can be
-replaced in tests.
+Three reasons to stop, checked at step boundaries: a signal (SIGTERM/SIGINT: save and exit, re-running
+resumes), the time budget (`run.max_minutes` with `budget_schedule="cut"`: stop cleanly, evaluate and save),
+and, for a budget-fitted schedule, nothing: the budget clock ends the schedule itself, annealed.  One reason
+to save and go on: `run.checkpoint_minutes` of the engine's clock since the last checkpoint (or since this
+invocation's loop began), so a `kill -9` loses at most that much training whatever `run.checkpoint_every`
+is; it is read at agreement steps only, with any number of processes, so a run saves at the same steps on
+one process as on N under the same clock.  With several processes every flag is agreed in one collective
+(any process's reason holds for all) at agreement steps only (log and checkpoint steps), so no collective
+runs on every step and every process enters the collective save at the same step.  Clock and signals can
+be replaced in tests.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -45,11 +49,19 @@ class SignalFlag:
         self._previous.clear()
 
 
+class Verdict(NamedTuple):
+    """What every process does after a step: stop (None: go on; "interrupted" or "time_budget") and save."""
+
+    stop: str | None = None
+    save: bool = False  # run.checkpoint_minutes have passed since the last checkpoint
+
+
 class StopPolicy:
-    """`check(step, agree)` -> None, "interrupted" or "time_budget".
+    """`check(agree, saved_at)` -> the `Verdict` after the step just taken.
 
     `deadline_s` is the invocation's time budget in seconds from `started` (None = none, or a fitted
-    schedule, which the budget clock ends instead).  `agree` marks the steps where processes agree.
+    schedule, which the budget clock ends instead); `checkpoint_s` the seconds between checkpoints by the
+    clock (None = none).  `agree` marks the steps where processes agree.
     """
 
     def __init__(
@@ -57,12 +69,14 @@ class StopPolicy:
         *,
         started: float,
         deadline_s: float | None,
+        checkpoint_s: float | None = None,
         world: int = 1,
         device: torch.device = CPU,
         signals: SignalFlag | None = None,
         now: Callable[[], float] = time.monotonic,
     ):
-        self.started, self.deadline_s, self.world, self.device = started, deadline_s, world, device
+        self.started, self.deadline_s, self.checkpoint_s = started, deadline_s, checkpoint_s
+        self.world, self.device = world, device
         self.signals = signals if signals is not None else SignalFlag()
         self.now = now
 
@@ -77,13 +91,20 @@ class StopPolicy:
     def signum(self) -> int:
         return self.signals.signum
 
-    def check(self, agree: bool = True) -> str | None:
-        """The reason to stop after the step just taken, the same on every process."""
+    def check(self, agree: bool = True, *, saved_at: float | None = None) -> Verdict:
+        """What to do after the step just taken, the same on every process.  `saved_at`: the clock's reading at
+        the last checkpoint, or when this invocation's loop began (None: no checkpoint by the clock)."""
         signalled = self.signals.signum != 0
         out_of_time = self.deadline_s is not None and self.now() - self.started >= self.deadline_s
-        if self.world > 1:  # all processes must stop at the same step: agree at agreement steps only
-            signalled = agree and distributed.any_true(signalled, self.device)
-            out_of_time = agree and distributed.any_true(out_of_time, self.device)
+        save = (
+            agree  # at agreement steps alone, so every process may join in: the same steps for 1 process or N
+            and self.checkpoint_s is not None
+            and saved_at is not None
+            and self.now() - saved_at >= self.checkpoint_s
+        )
+        if self.world > 1:  # all processes must stop (and save) at the same step: agree at agreement steps only
+            flags = [signalled, out_of_time, save]
+            signalled, out_of_time, save = distributed.any_each(flags, self.device) if agree else [False] * 3
         if signalled:
-            return "interrupted"
-        return "time_budget" if out_of_time else None
+            return Verdict("interrupted")
+        return Verdict("time_budget" if out_of_time else None, save)

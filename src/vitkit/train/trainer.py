@@ -9,7 +9,7 @@
     objective (train/objectives.py) the loss of a micro-batch and what an evaluation measures
     guard (train/guard.py)          non-finite steps skipped and counted; too many in a row stop the run
     checkpointer (train/checkpointer.py) + run directory (vitkit/runs.py)   saving, resuming, exports
-    stop policy (train/stop.py)     signals and the time budget, agreed by every process
+    stop policy (train/stop.py)     signals, the time budget and checkpoints by the clock, agreed by every process
 
 One code path for CPU and CUDA and for 1 or N processes (torchrun; train/distributed.py).
 """
@@ -207,10 +207,7 @@ class Trainer(RunParts):
         if not self.resumed:
             state.startup = time.monotonic() - self.started
         self.budget.observe(state.step, state.elapsed)
-        deadline = config.run.max_minutes * 60 if config.run.max_minutes > 0 and not plan.fitted else None
-        stop = StopPolicy(
-            started=self.started, deadline_s=deadline, world=self.info.world, device=self.device, now=time.monotonic
-        )
+        stop = self._stop_policy(plan)
         records = TrainRecords(state.step, config.data.batch_size)
         bar = progress_bar(config.run.progress and self.info.main, plan.steps, state.step, self.progress_stream)
         self.loop_start, self.saved_step, status = time.monotonic(), -1, "finished"
@@ -238,10 +235,11 @@ class Trainer(RunParts):
                     self._log(records, phase, bar)
                 self._evaluate_if_due()
                 self._observe_budget(agree)
-                reason = stop.check(agree)
+                reason, by_clock = stop.check(agree, saved_at=self.loop_start)  # _save restarts the loop's clock
                 if reason and self.guard.pending:
                     self.guard.flush()  # deferred flags: account for them before saving
-                if reason or (self.checkpointer.due(state.step) and state.nan_streak == 0):  # keep the last good one
+                due = self.checkpointer.due(state.step) or by_clock
+                if reason or (due and state.nan_streak == 0):  # keep the last good one
                     self._save()
                 if reason or state.ended:  # the last step ran at the schedule's end value
                     status = reason or status
@@ -250,6 +248,18 @@ class Trainer(RunParts):
         if self.info.main:  # every process stops at the same step: one says so
             finish.log_end(status, stop.signum, state.step, plan.steps, config.run.max_minutes)
         return self._finish(status, stop.signum)
+
+    def _stop_policy(self, plan: Plan) -> StopPolicy:
+        """Signals, a cut budget's deadline and checkpoints every run.checkpoint_minutes, on the engine's clock."""
+        run = self.config.run
+        return StopPolicy(
+            started=self.started,
+            deadline_s=run.max_minutes * 60 if run.max_minutes > 0 and not plan.fitted else None,
+            checkpoint_s=run.checkpoint_minutes * 60 or None,
+            world=self.info.world,
+            device=self.device,
+            now=time.monotonic,
+        )
 
     def _count_skipped(self) -> int:
         """Corrupt samples skipped: the training split's (the same on every process) plus what every process's
