@@ -228,7 +228,8 @@ def augment_rate(size: int, batch: int, repeats: int) -> float:
 def listing(folder: Path, rounds: int) -> dict[str, float]:
     """Seconds to list a large folder (vitkit's os.scandir scan vs the pathlib rglob + is_file scan it
     replaced, alternating), and to describe it and open its training split (nothing decoded)."""
-    from vitkit.data.images import IMAGE_EXTENSIONS, class_folders, scan_folder
+    from vitkit.data.images import IMAGE_EXTENSIONS
+    from vitkit.data.listing import class_folders, scan_folder
     from vitkit.data.sources import describe
 
     root = folder / "train" if (folder / "train").is_dir() else folder

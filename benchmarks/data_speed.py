@@ -19,7 +19,8 @@ from pathlib import Path
 
 import torch
 
-from vitkit.data.images import class_folders, decode_files, decode_image, scan_folder
+from vitkit.data.images import decode_files, decode_image
+from vitkit.data.listing import class_folders, scan_folder
 from vitkit.data.transforms import AugmentConfig, train_transform
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -13,7 +13,8 @@ import torch
 from PIL import Image
 
 from vitkit.data import images, imageset
-from vitkit.data.images import FileList, decode_image, scan_folder
+from vitkit.data.images import decode_image
+from vitkit.data.listing import FileList, scan_folder
 from vitkit.data.sources import describe, load_split
 
 

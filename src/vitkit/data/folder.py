@@ -9,9 +9,9 @@ from pathlib import Path
 import torch
 
 from vitkit.data.holdout import fixed_test_split
-from vitkit.data.images import class_folders, scan_flat, scan_folder
 from vitkit.data.images import image_size as _header_size
 from vitkit.data.imageset import UNLABELLED, ImageSet, SourceInfo, fits_in_memory
+from vitkit.data.listing import class_folders, scan_flat, scan_folder
 
 
 def folder_roots(root: Path) -> dict[str, Path]:

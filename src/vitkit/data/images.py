@@ -1,4 +1,4 @@
-"""Image files: decoding with Pillow, class-folder scanning, and pooled decoding of small folders.
+"""Image files: decoding with Pillow, and pooled decoding of small folders (their listing: data/listing.py).
 
 Every image, whatever its Pillow mode (1, L, P, RGB, RGBA, CMYK, I;16, ...), becomes uint8 RGB or L.
 Alpha is dropped as torchvision's ImageFolder does (`convert("RGB")`); 16-bit grayscale is scaled
@@ -25,7 +25,6 @@ import warnings
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import overload
 
 import numpy as np
 import torch
@@ -269,112 +268,6 @@ def probe_images(sources: Sequence[Path | bytes | str]) -> tuple[int, int]:
 
 
 # ------------------------------------------------------------------------------------- folders
-def class_folders(root: Path) -> list[str]:
-    """Class names of an ImageFolder-style `root`: its sub-directories, in sorted order (capitals first)."""
-    if not root.is_dir():
-        raise FileNotFoundError(f"{root}: not a directory")
-    names = sorted(entry.name for entry in os.scandir(root) if entry.is_dir() and not entry.name.startswith("."))
-    if not names:
-        raise NoLabelsError(
-            f"{root}: no class sub-folders (expected {root}/<class>/<image>.jpg); vitkit pretrain-mpp reads a "
-            "folder of images without labels"
-        )
-    return names
-
-
-def scan_flat(root: Path) -> tuple[FileList, list[int]]:
-    """Every image file under `root` (recursive, sorted), all of class 0: a folder read without labels."""
-    files = _image_files(str(root))
-    return FileList.of(files), [0] * len(files)
-
-
-class FileList(Sequence[Path]):
-    """File paths stored as one numpy byte-string array (about N x path-length bytes).
-
-    A million `Path` objects take seconds to build and, being a million refcounted Python objects,
-    are copied page by page into every forked DataLoader worker; one array is neither.
-    """
-
-    def __init__(self, paths: np.ndarray):
-        self._paths = paths  # dtype S<n>: os.fsencode'd paths
-
-    @classmethod
-    def of(cls, paths: Sequence[str | os.PathLike]) -> FileList:
-        return cls(np.array([os.fsencode(p) for p in paths], dtype=bytes) if len(paths) else np.empty(0, "S1"))
-
-    def __len__(self) -> int:
-        return len(self._paths)
-
-    @overload
-    def __getitem__(self, i: int) -> Path: ...
-    @overload
-    def __getitem__(self, i: slice) -> FileList: ...
-
-    def __getitem__(self, i: int | slice) -> Path | FileList:
-        if isinstance(i, slice):
-            return FileList(self._paths[i])
-        return Path(os.fsdecode(self._paths[i]))
-
-    def take(self, index: torch.Tensor | Sequence[int]) -> FileList:
-        """The paths at `index`, in that order."""
-        return FileList(self._paths[np.asarray(index, dtype=np.int64)])
-
-    def name(self, i: int) -> str:
-        return os.fsdecode(self._paths[i])
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Sequence) and len(other) == len(self) and all(a == b for a, b in zip(self, other))
-
-    __hash__ = None  # type: ignore[assignment]
-
-
-def _image_files(folder: str) -> list[str]:
-    """Image files under `folder`, recursively (hidden directories aside, as for class folders), sorted;
-    os.scandir's file types avoid one stat per file."""
-    found, pending = [], [folder]
-    while pending:
-        with os.scandir(pending.pop()) as entries:
-            for entry in entries:
-                if entry.is_dir(follow_symlinks=False):  # as pathlib's rglob: no symlinked directories
-                    if not entry.name.startswith("."):  # .ipynb_checkpoints, .git: copies or no data
-                        pending.append(entry.path)
-                elif entry.name.lower().endswith(IMAGE_EXTENSIONS) and entry.is_file():
-                    found.append(entry.path)
-    return sorted(found, key=lambda path: path.split(os.sep))  # the order of sorted Path objects
-
-
-def scan_folder(root: Path, class_names: Sequence[str], *, training: bool = True) -> tuple[FileList, list[int]]:
-    """Image files under `root/<class>/` (recursive, sorted) and their class indices in `class_names`.
-
-    In the training split (`training`) a class folder without image files is an error: the class would be one
-    of the model's outputs with nothing to learn it from.  In a val/ or test/ split it is a class not tested.
-
-    os.scandir's file types spare a stat per file: 200,000 files list about 4x faster than with pathlib's
-    rglob + is_file (benchmarks/data_pipeline.py --listing).
-    """
-    index = {name: i for i, name in enumerate(class_names)}
-    extra = [name for name in class_folders(root) if name not in index]
-    if extra:
-        raise ValueError(f"{root}: class folders {extra} do not exist in the training split")
-    files: list[str] = []
-    labels: list[int] = []
-    for name in class_names:
-        folder = root / name
-        if not folder.is_dir():
-            continue  # a class may be absent from a val/ split
-        found = _image_files(str(folder))
-        if not found and training:
-            raise ValueError(
-                f"{folder}: class folder has no image files ({', '.join(IMAGE_EXTENSIONS)}); a class without "
-                "training images cannot be learnt: add its images or remove the folder"
-            )
-        if not found:
-            log.warning("%s: class folder has no image files: that class is not tested", folder)
-        files += found
-        labels += [index[name]] * len(found)
-    return FileList.of(files), labels
-
-
 def decode_files(
     files: Sequence[Path | bytes],
     channels: int,
