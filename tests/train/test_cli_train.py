@@ -233,3 +233,14 @@ def test_a_batch_larger_than_the_training_split_is_refused(tmp_path: Path, capsy
         assert main(["train", *flags, "--epochs", "1", "--out", str(out)]) == 2
         err = capsys.readouterr().err
         assert "larger than the 1,438 training images" in err and "Traceback" not in err and not out.exists()
+
+
+def test_a_sweep_tie_goes_to_the_lower_val_loss_then_to_the_first_rate() -> None:
+    """20 held-out images give few distinct top-1 values: 0.01 and 0.03 both at 65%, 0.03 with the lower loss."""
+    from vitkit.train.sweep import best_lr
+
+    grid = (0.001, 0.003, 0.01, 0.03)
+    scores = {"0.001": 0.40, "0.003": 0.55, "0.01": 0.65, "0.03": 0.65}
+    assert best_lr(grid, scores, {"0.001": 2.0, "0.003": 1.9, "0.01": 1.72, "0.03": 1.05}) == 0.03
+    assert best_lr(grid, scores, {"0.001": 2.0, "0.003": 1.9, "0.01": 1.0, "0.03": 1.0}) == 0.01  # a full tie
+    assert best_lr(grid, {**scores, "0.001": 0.7}, {"0.001": 9.0, "0.003": 1, "0.01": 1, "0.03": 1}) == 0.001

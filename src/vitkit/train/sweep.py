@@ -61,6 +61,12 @@ def final_config(config: TrainConfig, lr: float) -> TrainConfig:
     )
 
 
+def best_lr(grid: tuple[float, ...], scores: dict[str, float], losses: dict[str, float]) -> float:
+    """The learning rate of the highest val top-1; a tie (a small hold-out has few distinct scores) goes to the
+    lower val loss, then to the first in the grid."""
+    return max(grid, key=lambda lr: (scores[f"{lr:g}"], -losses[f"{lr:g}"]))
+
+
 def check_hold_out(config: TrainConfig) -> None:
     """Refuse a sweep whose held-out split would be empty, before any trial trains on it."""
     if config.data.val_fraction <= 0:
@@ -80,13 +86,14 @@ def train_with_sweep(config: TrainConfig, *, spent_s: float = 0.0, **train_kwarg
         return train(config, spent_s=spent_s, **train_kwargs)
     check_hold_out(config)
     scores: dict[str, float] = {}
+    losses: dict[str, float] = {}
     for index, lr in enumerate(config.optim.lr_sweep):
         result = train(trial_config(config, lr), spent_s=0.0 if index else spent_s, **train_kwargs)
         if result["status"] != "finished":  # the sweep's own directory resumes it: finished trials are skipped
             return {**result, "sweep": scores, "status": result["status"], "resume_out": str(config.run.out)}
-        scores[f"{lr:g}"] = result["val"]["top1"]
-        log.info("sweep lr %g: val top-1 %.2f%%", lr, 100 * scores[f"{lr:g}"])
-    best = max(config.optim.lr_sweep, key=lambda lr: scores[f"{lr:g}"])  # ties: the first (smallest) lr
+        scores[f"{lr:g}"], losses[f"{lr:g}"] = result["val"]["top1"], result["val"]["loss"]
+        log.info("sweep lr %g: val top-1 %.2f%%, loss %.4f", lr, 100 * scores[f"{lr:g}"], losses[f"{lr:g}"])
+    best = best_lr(config.optim.lr_sweep, scores, losses)
     log.info("sweep: best lr %g (val top-1 %.2f%%); training on all of train", best, 100 * scores[f"{best:g}"])
     grid = sorted(config.optim.lr_sweep)
     if len(grid) > 2 and best in (grid[0], grid[-1]):
@@ -95,7 +102,8 @@ def train_with_sweep(config: TrainConfig, *, spent_s: float = 0.0, **train_kwarg
         )
     Path(config.run.out).mkdir(parents=True, exist_ok=True)
     trial_minutes, final_minutes = budget_split(config)
-    record = {"val_top1": scores, "best_lr": best, "trial_minutes": trial_minutes, "final_minutes": final_minutes}
+    record = {"val_top1": scores, "val_loss": losses, "best_lr": best}
+    record.update(trial_minutes=trial_minutes, final_minutes=final_minutes)
     atomic_write_text(Path(config.run.out) / "sweep.json", json.dumps(record, indent=2) + "\n")
     result = train(final_config(config, best), **train_kwargs)
     return {**result, "sweep": scores, "best_lr": best}
