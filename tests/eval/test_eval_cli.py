@@ -145,3 +145,24 @@ def test_fewshot_works_for_a_resnet(tmp_path: Path, capsys) -> None:
     assert report["shots"]["5"]["mean"] > 0.4
     assert main(["inspect", str(checkpoint), "--out", str(tmp_path / "inspect"), "--json"]) == 0
     assert "not a Vision Transformer" in _last_json(capsys)["notes"]["attention_rollout"]
+
+
+def test_a_run_evaluated_on_other_data_keeps_its_own_figures(tmp_path: Path, capsys) -> None:
+    """RUN/eval/eval_test.json is the run's own data set; another one is written beside it under its name."""
+    from PIL import Image
+
+    run, photos = tmp_path / "run", tmp_path / "photos"
+    assert main(["train", "--recipe", "small-8px-tiny", "--out", str(run), "--set", "run.threads=1"]) == 0
+    for digit in range(10):  # ten classes of 8x8 grayscale images, named as the digits' classes are
+        (photos / str(digit)).mkdir(parents=True)
+        for i in range(5):
+            Image.new("L", (8, 8), 25 * digit + i).save(photos / str(digit) / f"{i}.png")
+    capsys.readouterr()
+    assert main(["eval", str(run), "--data", "digits", "--json"]) == 0
+    own = _last_json(capsys)
+    assert main(["eval", str(run), "--data", f"folder:{photos}", "--json"]) == 0
+    other = _last_json(capsys)
+    assert own["files"] == ["eval_test.json", "confusion_test.png"]
+    assert other["files"] == ["eval_folder-photos_test.json", "confusion_folder-photos_test.png"]
+    assert json.loads((run / "eval" / "eval_test.json").read_text())["top1"] == own["top1"]
+    assert json.loads((run / "eval" / "eval_folder-photos_test.json").read_text())["num_images"] == 10

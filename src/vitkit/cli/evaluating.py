@@ -52,7 +52,7 @@ def run_eval(args: argparse.Namespace) -> int:
         ),
     ]
     if "out" in report:
-        lines.append(f"wrote {report['out']}/eval_{args.split}.json and confusion_{args.split}.png")
+        lines.append(f"wrote {report['out']}/{report['files'][0]} and {report['files'][1]}")
     return emit(args, report, lines)
 
 

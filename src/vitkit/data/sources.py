@@ -40,6 +40,7 @@ reading refuses such a source and says which command takes it.
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -86,6 +87,15 @@ Split = Literal["train", "val", "test"]
 # Whether a left-right mirror keeps an image's label: not for digits; yes for clothes and natural images.
 # Sources not listed (folders, npz) cannot know: training follows the convention (flip) and says so.
 MIRROR_KEEPS_LABEL = {"digits": False, "mnist": False, "fashion-mnist": True, "cifar10": True, "cifar100": True}
+
+
+def data_name(uri: str) -> str:
+    """A source URI as a file-name part: "fashion-mnist:/x/fashion-mnist" -> "fashion-mnist", "folder:/x/photos"
+    -> "folder-photos"."""
+    kind, path = parse_uri(uri)
+    tail = Path(path).stem if path else ""
+    name = kind if not tail or tail == kind else f"{kind}-{tail}"
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
 
 
 def parse_uri(uri: str) -> tuple[str, str]:

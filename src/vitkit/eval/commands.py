@@ -13,13 +13,13 @@ from typing import Any
 import torch
 
 from vitkit.atomic import atomic_write_text
-from vitkit.data.sources import load_split
+from vitkit.data.sources import data_name, load_split
 from vitkit.eval.accuracy import AccuracyConfig, evaluate
 from vitkit.eval.embed import output_paths, save_embeddings
 from vitkit.eval.features import channels, compute, resolution
 from vitkit.eval.fewshot import FewShotConfig, run_fewshot
 from vitkit.eval.predict import PredictConfig, predict_files
-from vitkit.runs import data_reading, find_checkpoint, is_run_dir, open_checkpoint
+from vitkit.runs import RunDir, data_reading, find_checkpoint, is_run_dir, open_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -57,19 +57,23 @@ def eval_command(
     max_images: int | None = None,
 ) -> dict[str, Any]:
     """Accuracy of a checkpoint (or a run's final checkpoint) on a split; writes eval_SPLIT.json and
-    confusion_SPLIT.png to `out`."""
+    confusion_SPLIT.png to `out` (RUN/eval by default, where another data set than the run's own is
+    eval_DATA_SPLIT.json, so evaluating on it does not replace the run's own figures)."""
     from vitkit.eval.plots import plot_confusion
 
     checkpoint = open_checkpoint(path)
     images = _load(path, data, split, checkpoint, config.img_size, max_images)
     result = evaluate(checkpoint, images, config)
     report = {"checkpoint": str(find_checkpoint(path)), "data": data, "split": split, **result.to_dict()}
+    stem = split
+    if out is None and is_run_dir(path) and (RunDir(path).stored_config() or {}).get("data", {}).get("uri") != data:
+        stem = f"{data_name(data)}_{split}"  # not the run's own data: beside its own figures, not over them
     out = Path(out) if out is not None else default_out(path, "eval")
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(out / f"eval_{split}.json", json.dumps(report, indent=1) + "\n")
-        plot_confusion(result.confusion, result.class_names, out / f"confusion_{split}.png")
-        report["out"] = str(out)
+        atomic_write_text(out / f"eval_{stem}.json", json.dumps(report, indent=1) + "\n")
+        plot_confusion(result.confusion, result.class_names, out / f"confusion_{stem}.png")
+        report["out"], report["files"] = str(out), [f"eval_{stem}.json", f"confusion_{stem}.png"]
     return report
 
 

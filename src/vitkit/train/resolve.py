@@ -11,12 +11,11 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import logging
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from vitkit.checkpoints import read
-from vitkit.data.sources import SourceInfo, describe, parse_uri
+from vitkit.data.sources import SourceInfo, data_name, describe, parse_uri
 from vitkit.data.transforms import AugmentConfig
 from vitkit.models import preset_config
 from vitkit.models.configs import (
@@ -124,7 +123,7 @@ def resolve(request: Request, *, source_model: ModelConfig | None = None) -> Res
         )
     if not config.run.out:
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-        out = Path(request.runs_root) / f"{_data_name(request.data)}-{_model_name(request, config)}-{stamp}"
+        out = Path(request.runs_root) / f"{data_name(request.data)}-{_model_name(request, config)}-{stamp}"
         config = dataclasses.replace(config, run=dataclasses.replace(config.run, out=str(out)))
     return _describe(config, info, name, chose, source)
 
@@ -254,13 +253,6 @@ def _apply_flags(config: TrainConfig, request: Request) -> TrainConfig:
     if request.quiet:
         run = dataclasses.replace(run, progress=False)
     return dataclasses.replace(config, data=data, optim=optim, run=run)
-
-
-def _data_name(uri: str) -> str:
-    kind, path = parse_uri(uri)
-    tail = Path(path).stem if path else ""
-    name = kind if not tail or tail == kind else f"{kind}-{tail}"
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
 
 
 def _model_name(request: Request, config: TrainConfig) -> str:
