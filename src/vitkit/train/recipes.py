@@ -161,8 +161,8 @@ def small_8px(info: SourceInfo) -> TrainConfig:
 
     For the embedded default data set: a first run that finishes in well under a minute on a CPU.
     Command:  vitkit train            (the default data set is `digits`)
-    Expected: 98.3-99.2% test top-1 over seeds 0-3 on the 359 held-out digits (seed 0: 98.61% on an
-    AVX-512 host, 98.33% on AVX2), in about half a minute on a 2-core CPU (rows:
+    Expected: 98.3-99.2% test top-1 over seeds 0-3 on the 359 held-out digits (seed 0: 98.61% in 0.2 min on
+    an AVX512-BF16 host, 98.33% in 0.4 min on AVX2 without native bf16; 2-core CPUs) (rows:
     benchmarks/results/train_budget.jsonl, data "digits").
     """
     model = ViTConfig(
@@ -207,7 +207,8 @@ def small_28px(info: SourceInfo) -> TrainConfig:
               vitkit train --data mnist:../shared/data/mnist --max-minutes 10
     Expected: test top-1 of those commands (benchmarks/train_budget.py; 2 threads, cold compile included):
       AMX:                  Fashion-MNIST 94.00-94.15% (~73 epochs); MNIST 99.56-99.60% (37-51 epochs)
-      ~50 epochs in 15 min: Fashion-MNIST 93.59-93.98% (an AMX host in 10.5 min, standing in for one
+      AVX512-BF16:          Fashion-MNIST 93.99-94.19% (80-100 epochs, 3 runs)
+      ~50 epochs in 15 min: Fashion-MNIST 93.50-93.98% (an AMX host in 10.5 min, standing in for one
                             of two thirds its speed)
       AVX2, no native bf16: Fashion-MNIST 92.30-92.81% (18-24 epochs); MNIST 99.37-99.42% (11-14 epochs); fp32
     Rows: benchmarks/results/train_budget.jsonl; how the recipe got here: docs/experiments/fashion-mnist-recipe.md.
