@@ -176,6 +176,19 @@ def test_the_pretraining_recipes_own_epochs_bound_a_budgeted_run() -> None:
     assert (plain.epochs, plain.steps) == (0.0, 0)  # another recipe: the budget alone decides
 
 
+def test_fine_tuning_under_a_budget_is_bounded_by_its_named_epochs() -> None:
+    """finetune-small runs 10 epochs without a budget; under one, as many as fit up to FINETUNE_MAX_EPOCHS (a
+    fast host's 15 minutes held 843 epochs of 100 labels a class and overfit); --epochs still wins."""
+    from vitkit.train.resolve import Request, resolve
+    from vitkit.train.transfer_recipes import FINETUNE_MAX_EPOCHS
+
+    def epochs(**flags) -> float:
+        return resolve(Request(data="digits", out="unused", recipe="finetune-small", **flags)).config.data.epochs
+
+    assert FINETUNE_MAX_EPOCHS == 100.0
+    assert (epochs(), epochs(max_minutes=15.0), epochs(max_minutes=15.0, epochs=300.0)) == (10.0, 100.0, 300.0)
+
+
 def test_a_pretraining_run_re_run_without_its_budget_keeps_it(tmp_path: Path) -> None:
     """Killed and re-run without --max-minutes, a budgeted small-64px-pretrain run keeps its budget, as a run
     whose length is its budget does: its 60 epochs are a cap, not a length the user asked for (on a host

@@ -209,14 +209,19 @@ def _sweep_hold_out(config: TrainConfig, info: SourceInfo) -> TrainConfig:
 
 def _budget_length(config: TrainConfig, request: Request) -> TrainConfig:
     """With a fitted --max-minutes and no length of the user's (--epochs, data.epochs, data.steps), the budget
-    alone decides the run's length (train/budget.py): the recipe's epochs are dropped, except a recipe's in
-    LENGTH_BOUNDS_BUDGET, which end the run where they come before the budget."""
+    alone decides the run's length (train/budget.py): the recipe's epochs are dropped, except for a recipe of
+    LENGTH_BOUNDS_BUDGET, whose bound (its own epochs, or the one named there) ends the run where it comes
+    before the budget."""
     given = request.epochs is not None or any(o.startswith(("data.epochs=", "data.steps=")) for o in request.overrides)
-    given = given or config.data.steps > 0 or config.recipe in LENGTH_BOUNDS_BUDGET
     run = config.run
-    if given or run.max_minutes <= 0 or run.budget_schedule != "fit":
+    if given or config.data.steps > 0 or run.max_minutes <= 0 or run.budget_schedule != "fit":
         return config
-    return dataclasses.replace(config, data=dataclasses.replace(config.data, epochs=0.0, steps=0))
+    if config.recipe in LENGTH_BOUNDS_BUDGET:
+        bound = LENGTH_BOUNDS_BUDGET[config.recipe]
+        epochs = config.data.epochs if bound is None else bound
+    else:
+        epochs = 0.0
+    return dataclasses.replace(config, data=dataclasses.replace(config.data, epochs=epochs, steps=0))
 
 
 def _apply_flags(config: TrainConfig, request: Request) -> TrainConfig:
