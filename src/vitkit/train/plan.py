@@ -208,12 +208,8 @@ def make_plan(
     given, spans, fit, steps = _length(config, num_train, accumulation, timings or {}, budget_s)
     base = config.optim.base_batch_size or batch
     plan = Plan(
-        recipe=config.recipe,
-        data=config.data.uri,
-        objective="masked patch prediction" if config.mpp is not None else "classification",
+        **_from_config(config),
         num_train=num_train,
-        params=count_params(config.model),
-        img_size=image_size(config.model),
         processes=world,
         global_batch=batch,
         micro_batch=micro,
@@ -225,24 +221,35 @@ def make_plan(
         base_batch=base,
         lr_scaling=config.optim.lr_scaling,
         warmup=warmup_steps(config, steps),
-        optimizer=optimizer_name(config.optim),
-        decay=decay_name(config.optim.schedule, config.optim.end_lr_fraction),
         device=str(device or "cpu"),
-        seed=config.run.seed,
         **dataclasses.asdict(choices),  # host, precision and compilation, each with its reason
         eval_every=max(1, round(config.eval.every_epochs * num_train / batch)) if config.eval.every_epochs > 0 else 0,
-        budget_minutes=config.run.max_minutes,
-        budget_schedule=config.run.budget_schedule,
         steps_given=given is not None,
         start_step=start_step,
-        augment=tuple(describe_augment(config.augment)),
-        flip_views=config.eval.flip_views,
-        patch_dropout=patch_dropout_of(config),
-        patch_dropout_keep=str(getattr(vit_config(config.model), "patch_dropout_keep", "random")),
-        ema_decay=config.optim.ema_decay,
     )
     evaluation = (eval_images, eval_image_s)
     return dataclasses.replace(plan, measured=_estimate(plan, spans, timings or {}, fit, budget_s, evaluation))
+
+
+def _from_config(config: TrainConfig) -> dict[str, Any]:
+    """The plan's fields that the config alone decides: what trains, how, and with what regularisation."""
+    return {
+        "recipe": config.recipe,
+        "data": config.data.uri,
+        "objective": "masked patch prediction" if config.mpp is not None else "classification",
+        "params": count_params(config.model),
+        "img_size": image_size(config.model),
+        "optimizer": optimizer_name(config.optim),
+        "decay": decay_name(config.optim.schedule, config.optim.end_lr_fraction),
+        "seed": config.run.seed,
+        "budget_minutes": config.run.max_minutes,
+        "budget_schedule": config.run.budget_schedule,
+        "augment": tuple(describe_augment(config.augment)),
+        "flip_views": config.eval.flip_views,
+        "patch_dropout": patch_dropout_of(config),
+        "patch_dropout_keep": str(getattr(vit_config(config.model), "patch_dropout_keep", "random")),
+        "ema_decay": config.optim.ema_decay,
+    }
 
 
 def _length(
