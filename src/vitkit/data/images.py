@@ -17,12 +17,13 @@ only the time differs (benchmarks/data_pipeline.py: 1.5-4x on 32 px JPEGs); anyt
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import math
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -237,13 +238,18 @@ def decode_image(
     return torch.from_numpy(np.ascontiguousarray(array.transpose(2, 0, 1)))  # (H, W, C) -> (C, H, W)
 
 
+@contextlib.contextmanager
+def _header(source: Path | bytes | str) -> Iterator[Image.Image]:
+    """The image opened for its header (a path or encoded bytes), Pillow's bomb warning off."""
+    opened = io.BytesIO(source) if isinstance(source, (bytes, bytearray)) else source
+    with _pillow_bomb_warning_off(), Image.open(opened) as image:
+        yield image
+
+
 def image_size(path: Path | bytes) -> tuple[int, int] | None:
     """(width, height) from the header alone, or None if the file (or bytes) does not open."""
     try:
-        with (
-            _pillow_bomb_warning_off(),
-            Image.open(io.BytesIO(path) if isinstance(path, (bytes, bytearray)) else path) as image,
-        ):
+        with _header(path) as image:
             return image.size
     except Exception:  # noqa: BLE001 - any unreadable file just has no size
         return None
@@ -255,10 +261,7 @@ def probe_images(sources: Sequence[Path | bytes | str]) -> tuple[int, int]:
     sides, gray = [], True
     for source in sources:
         try:
-            with (
-                _pillow_bomb_warning_off(),
-                Image.open(io.BytesIO(source) if isinstance(source, (bytes, bytearray)) else source) as image,
-            ):
+            with _header(source) as image:
                 sides.append(min(image.size))
                 gray = gray and image.mode in ("1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "I;16N", "F")
         except Exception:  # noqa: BLE001 - an unreadable sample says nothing about the others

@@ -65,10 +65,10 @@ def eval_command(
     images = _load(path, data, split, checkpoint, config.img_size, max_images)
     result = evaluate(checkpoint, images, config)
     report = {"checkpoint": str(find_checkpoint(path)), "data": data, "split": split, **result.to_dict()}
-    stem = split
-    if out is None and is_run_dir(path) and (RunDir(path).stored_config() or {}).get("data", {}).get("uri") != data:
+    stem, default = split, default_out(path, "eval")
+    if out is None and default is not None and (RunDir(path).stored_config() or {}).get("data", {}).get("uri") != data:
         stem = f"{data_name(data)}_{split}"  # not the run's own data: beside its own figures, not over them
-    out = Path(out) if out is not None else default_out(path, "eval")
+    out = Path(out) if out is not None else default
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out / f"eval_{stem}.json", json.dumps(report, indent=1) + "\n")

@@ -125,13 +125,9 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
-def any_true(flag: bool, device: torch.device) -> bool:
-    """True on every process when `flag` is true on any (so all stop at the same step)."""
-    return any_each([flag], device)[0]
-
-
 def any_each(flags: Sequence[bool], device: torch.device) -> list[bool]:
-    """`any_true` of each flag, in one collective (the stop policy agrees on all of its flags at once)."""
+    """Each flag true on every process when it is true on any, in one collective (the stop policy agrees on all
+    of its flags at once, so every process stops or saves at the same step)."""
     return [bool(value) for value in max_each([1.0 if flag else 0.0 for flag in flags], device)]
 
 
