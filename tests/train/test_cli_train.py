@@ -244,3 +244,16 @@ def test_a_sweep_tie_goes_to_the_lower_val_loss_then_to_the_first_rate() -> None
     assert best_lr(grid, scores, {"0.001": 2.0, "0.003": 1.9, "0.01": 1.72, "0.03": 1.05}) == 0.03
     assert best_lr(grid, scores, {"0.001": 2.0, "0.003": 1.9, "0.01": 1.0, "0.03": 1.0}) == 0.01  # a full tie
     assert best_lr(grid, {**scores, "0.001": 0.7}, {"0.001": 9.0, "0.003": 1, "0.01": 1, "0.03": 1}) == 0.001
+
+
+def test_the_final_line_names_the_k_it_measured() -> None:
+    from types import SimpleNamespace
+
+    from vitkit.cli.training import _final_line
+
+    config = SimpleNamespace(eval=SimpleNamespace(final_split="test"), mpp=None)
+    result = {"status": "done", "step": 4, "steps": 4, "wall_minutes": 0.1, "run_dir": "r", "plan": {}}
+    three = _final_line({**result, "test": {"top1": 0.5, "top5": 1.0, "k": 3, "count": 10}}, config)
+    assert "top-1 50.00%, top-3 100.00% on 10 images" in three
+    stored = _final_line({**result, "test": {"top1": 0.5, "top5": 0.9, "count": 10}}, config)  # a record from before k
+    assert "top-5 90.00%" in stored

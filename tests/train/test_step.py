@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import torch
 import torch.nn.functional as F
@@ -152,3 +153,13 @@ def test_deferred_skip_happens_on_the_device_without_reading_the_flag() -> None:
     assert bool(out["skipped"]) and state.step == 2
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
     assert all(float(s["step"]) == 1.0 for s in optimizer.state_dict()["state"].values())
+
+
+def test_the_summary_names_the_k_of_its_top_k() -> None:
+    """With 3 classes the second figure is top-3 (every image a hit), and the record says so for the log lines."""
+    torch.manual_seed(0)
+    model = build_model(dataclasses.replace(CONFIG, num_classes=3)).eval()
+    images = torch.randint(0, 256, (7, 3, 32, 32), dtype=torch.uint8)
+    data = ImageSet(images=images, labels=torch.tensor([0, 1, 2, 0, 1, 2, 0]), class_names=list("abc"))
+    result = evaluate(model, data, size=32, mean=(0.5,) * 3, std=(0.5,) * 3, channels=3, batch_size=4).summary()
+    assert result["k"] == 3 and result["top5"] == 1.0

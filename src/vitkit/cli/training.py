@@ -161,6 +161,6 @@ def _final_line(result: dict[str, Any], config: Any) -> str:
         )
         return f"masked patch prediction: {held} {done}; encoder checkpoint (no MPP head): {result['checkpoint']}"
     return (
-        f"{split} accuracy: top-1 {100 * final['top1']:.2f}%, top-5 {100 * final['top5']:.2f}% on "
+        f"{split} accuracy: top-1 {100 * final['top1']:.2f}%, top-{final.get('k', 5)} {100 * final['top5']:.2f}% on "
         f"{final['count']} images {done}"
     )

@@ -54,9 +54,9 @@ class Counts:
         return None if self.one_view_hits is None else self.one_view_hits / self.count
 
     def summary(self) -> dict[str, Any]:
-        """loss, top1, top5 (the top-k asked, 5 by default, capped at K) and count: training's record fields;
+        """loss, top1, top5 (the top-k asked, 5 by default, capped at K), k and count: training's record fields;
         with flip_views also top1_one_view, the unmirrored view's top-1."""
-        out = {"loss": self.loss, "top1": self.top1, "top5": self.topk, "count": self.count}
+        out = {"loss": self.loss, "top1": self.top1, "top5": self.topk, "k": self.k, "count": self.count}
         if self.one_view_hits is not None:
             out["top1_one_view"] = self.one_view_top1
         return out

@@ -334,11 +334,12 @@ class Trainer(RunParts):
         record = {"step": state.step, "epoch": self._epoch(state.step), "split": split, **result}
         if self.info.main and result.get("top1") is not None:
             log.info(
-                "step %d %s: loss %.4f top-1 %.2f%% top-5 %.2f%%%s",
+                "step %d %s: loss %.4f top-1 %.2f%% top-%d %.2f%%%s",
                 state.step,
                 split,
                 result["loss"],
                 100 * result["top1"],
+                result.get("k", 5),
                 100 * result["top5"],
                 one_view_note(result),
             )
