@@ -167,8 +167,23 @@ def test_an_empty_training_class_folder_is_refused_and_an_empty_test_one_is_not(
     assert len(val) == 1 and val.class_names == ["cat", "dog"] and "not tested" in caplog.text
     (tmp_path / "train" / "dog" / "0.png").unlink()
     (tmp_path / "train" / "dog" / "notes.txt").write_text("not an image")
-    with pytest.raises(ValueError, match=r"train/dog: class folder has no image files.*cannot be learnt"):
+    with pytest.raises(ValueError, match=r"train/dog: class folder has no image files.*holds .txt 1.*cannot be learnt"):
         describe(f"folder:{tmp_path}")
+
+
+def test_files_left_out_by_their_extension_are_counted_by_kind(tmp_path, caplog):
+    """Photos from a phone (.heic) and notes beside the images are not read: one warning counts them by suffix
+    so a folder whose images vitkit cannot read does not shrink unnoticed; hidden files are not counted."""
+    for cls in ("cat", "dog"):
+        (tmp_path / "train" / cls).mkdir(parents=True)
+        Image.new("RGB", (5, 5), RED).save(tmp_path / "train" / cls / "0.png")
+    for name in ("a.heic", "b.HEIC", "c.heic", "notes.txt", ".DS_Store"):
+        (tmp_path / "train" / "cat" / name).write_bytes(b"x")
+    with caplog.at_level(logging.WARNING, logger="vitkit"):
+        train = load_split(f"folder:{tmp_path}", "train", image_size=4)
+    assert len(train) == 2
+    [record] = [r for r in caplog.records if "not read" in r.getMessage()]
+    assert "4 files not read by their extension (.heic 3, .txt 1)" in record.getMessage()
 
 
 def test_caltech101_10(shared_data):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import overload
@@ -33,7 +34,9 @@ def class_folders(root: Path) -> list[str]:
 
 def scan_flat(root: Path) -> tuple[FileList, list[int]]:
     """Every image file under `root` (recursive, sorted), all of class 0: a folder read without labels."""
-    files = _image_files(str(root))
+    skipped: Counter[str] = Counter()
+    files = _image_files(str(root), skipped)
+    _warn_skipped(root, skipped)
     return FileList.of(files), [0] * len(files)
 
 
@@ -77,9 +80,10 @@ class FileList(Sequence[Path]):
     __hash__ = None  # type: ignore[assignment]
 
 
-def _image_files(folder: str) -> list[str]:
+def _image_files(folder: str, skipped: Counter[str]) -> list[str]:
     """Image files under `folder`, recursively (hidden directories aside, as for class folders), sorted;
-    os.scandir's file types avoid one stat per file."""
+    other files that are not hidden are counted in `skipped` by lower-case suffix.  os.scandir's file types
+    avoid one stat per file."""
     found, pending = [], [folder]
     while pending:
         with os.scandir(pending.pop()) as entries:
@@ -89,7 +93,28 @@ def _image_files(folder: str) -> list[str]:
                         pending.append(entry.path)
                 elif entry.name.lower().endswith(IMAGE_EXTENSIONS) and entry.is_file():
                     found.append(entry.path)
+                elif not entry.name.startswith(".") and entry.is_file():  # .DS_Store and the like: not data
+                    skipped[os.path.splitext(entry.name)[1].lower() or "(no suffix)"] += 1
     return sorted(found, key=lambda path: path.split(os.sep))  # the order of sorted Path objects
+
+
+def _warn_skipped(root: Path, skipped: Counter[str]) -> None:
+    """One warning for the files under `root` that were not read because of their suffix, counted by kind
+    (a folder of phone photos in .heic would otherwise shrink unnoticed)."""
+    if skipped:
+        log.warning(
+            "%s: %d files not read by their extension (%s); vitkit reads %s",
+            root,
+            skipped.total(),
+            _kinds(skipped),
+            " ".join(IMAGE_EXTENSIONS),
+        )
+
+
+def _kinds(skipped: Counter[str]) -> str:
+    """'.heic 3, .txt 1': the commonest suffixes first, five at most."""
+    kinds = ", ".join(f"{suffix} {count}" for suffix, count in skipped.most_common(5))
+    return kinds + (", ..." if len(skipped) > 5 else "")
 
 
 def scan_folder(root: Path, class_names: Sequence[str], *, training: bool = True) -> tuple[FileList, list[int]]:
@@ -107,18 +132,23 @@ def scan_folder(root: Path, class_names: Sequence[str], *, training: bool = True
         raise ValueError(f"{root}: class folders {extra} do not exist in the training split")
     files: list[str] = []
     labels: list[int] = []
+    skipped: Counter[str] = Counter()
     for name in class_names:
         folder = root / name
         if not folder.is_dir():
             continue  # a class may be absent from a val/ split
-        found = _image_files(str(folder))
+        others: Counter[str] = Counter()
+        found = _image_files(str(folder), others)
+        skipped.update(others)
         if not found and training:
+            held = f" (it holds {_kinds(others)})" if others else ""
             raise ValueError(
-                f"{folder}: class folder has no image files ({', '.join(IMAGE_EXTENSIONS)}); a class without "
-                "training images cannot be learnt: add its images or remove the folder"
+                f"{folder}: class folder has no image files ({', '.join(IMAGE_EXTENSIONS)}){held}; a class "
+                "without training images cannot be learnt: add its images or remove the folder"
             )
         if not found:
             log.warning("%s: class folder has no image files: that class is not tested", folder)
         files += found
         labels += [index[name]] * len(found)
+    _warn_skipped(root, skipped)
     return FileList.of(files), labels
