@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from helpers import FakeTime, sigterm_after, tiny_config
 from PIL import Image
 
@@ -259,3 +260,23 @@ def test_what_the_command_spent_before_training_is_charged_to_the_budget(tmp_pat
     late = trainer.train(tiny_config(tmp_path / "late", *overrides), spent_s=1.5)
     left = fresh["plan"]["measured"]["train_seconds"] - late["plan"]["measured"]["train_seconds"]
     assert left == pytest.approx(1.5, abs=0.1) and late["step"] < fresh["step"]
+
+
+def test_a_grayscale_model_reads_a_colour_folder_as_eval_and_predict_do(tmp_path: Path) -> None:
+    """Each split is decoded to Pillow's L before resizing, as `vitkit eval` reads it, so the run's own test
+    figure and eval's agree (converting after resizing differed by one image in 392)."""
+    from vitkit.data.sources import load_split
+    from vitkit.train.assemble import load_splits
+
+    rng = np.random.default_rng(0)
+    for split in ("train", "test"):
+        for name in ("a", "b"):
+            (tmp_path / "data" / split / name).mkdir(parents=True)
+            for i in range(3):
+                pixels = rng.integers(0, 256, (13, 11, 3), dtype=np.uint8)
+                Image.fromarray(pixels).save(tmp_path / "data" / split / name / f"{i}.png")
+    uri = f"folder:{tmp_path / 'data'}"
+    splits = load_splits(tiny_config(tmp_path / "run", f"data.uri={uri}"))
+    as_eval = load_split(uri, "test", image_size=8, channels=1)
+    assert splits.test.images.shape == (6, 1, 8, 8)
+    assert torch.equal(splits.test.images, as_eval.images) and torch.equal(splits.test.labels, as_eval.labels)

@@ -25,7 +25,7 @@ from vitkit.data import loader
 from vitkit.data.sources import ImageSet, describe, load_split, separate_val
 from vitkit.data.subsets import fraction_subset, labelled_parts
 from vitkit.models import build_model
-from vitkit.models.configs import image_size, num_classes
+from vitkit.models.configs import image_size, in_channels, num_classes
 from vitkit.runs import open_checkpoint
 from vitkit.train.config import TrainConfig
 
@@ -57,6 +57,7 @@ def load_splits(config: TrainConfig, *, need_test: bool = True) -> Splits:
     columns = dict(image_column=data.image_column, label_column=data.label_column, labelled=config.mpp is None)
     common = dict(
         image_size=image_size(config.model),
+        channels=1 if in_channels(config.model) == 1 else None,  # L before resizing, as eval and predict read
         seed=config.run.seed,
         strict=data.strict,
         max_in_memory_bytes=data.max_in_memory_mb << 20,
