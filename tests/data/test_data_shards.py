@@ -5,12 +5,14 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
+from test_data_hostile_images import png_claiming
 
 from shardkit import image_ids, numbered_npz, numbered_shards, png, write_tar
 from vitkit.data.images import BadImageError
@@ -144,6 +146,26 @@ def test_webdataset_shardwriter_shards_are_read(tmp_path: Path) -> None:
     found = [int((stored == image.flatten()).all(1).nonzero()) for image in torch.cat([data.images, test.images])]
     assert sorted(found) == list(range(7))
     assert torch.cat([data.labels, test.labels]).tolist() == [i % 2 for i in found]
+
+
+def test_a_decompression_bomb_is_left_out_of_the_shards_before_decoding(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A header claiming more pixels than the readers accept is refused from the header, with vitkit's message
+    naming the file and without Pillow's warning, whether the bytes would be copied or shrunk."""
+    for cls in ("cat", "dog"):
+        (tmp_path / "photos" / cls).mkdir(parents=True)
+        for i in range(2):
+            Image.new("RGB", (30, 24), (40 * i, 90, 9)).save(tmp_path / "photos" / cls / f"{i}.png")
+    (tmp_path / "photos" / "dog" / "bomb.png").write_bytes(png_claiming(10_000, 9_000))
+    for out, max_side in (("copied", None), ("shrunk", 20)):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            summary = write_shards(f"folder:{tmp_path / 'photos'}", tmp_path / out, 8, max_side=max_side)
+        assert sum(split["samples"] for split in summary["splits"].values()) == 4
+        assert sum(split["skipped"] for split in summary["splits"].values()) == 1
+        assert not [w for w in caught if issubclass(w.category, Image.DecompressionBombWarning)]
+    assert caplog.text.count("bomb.png: refusing to decode a 10000x9000 image") == 2
 
 
 def test_corrupt_members_are_skipped_and_counted(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

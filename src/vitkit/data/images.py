@@ -120,6 +120,13 @@ def _open(source: str | os.PathLike | bytes, max_pixels: int, name: str) -> Imag
     return image
 
 
+def open_image(source: str | os.PathLike | bytes, max_pixels: int = MAX_PIXELS, name: str | None = None) -> Image.Image:
+    """The image opened lazily (header read, no pixel decoded), refused as `decode_image` refuses it: beyond
+    `max_pixels` (DecompressionBombError), unreadable or empty (BadImageError), the message naming `name`."""
+    with _pillow_bomb_warning_off():
+        return _open(source, max_pixels, name or _source_name(source))
+
+
 def _draft_scale(width: int, height: int, size: int) -> int:
     """The DCT-domain reduction (8, 4, 2 or 1) Pillow's JPEG `draft` picks so that the shorter side stays >= size."""
     short = min(width, height)

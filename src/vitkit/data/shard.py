@@ -34,7 +34,7 @@ from PIL import Image
 
 from vitkit.atomic import atomic_write_text
 from vitkit.data import stream
-from vitkit.data.images import NoLabelsError, probe_images
+from vitkit.data.images import BadImageError, NoLabelsError, open_image, probe_images
 from vitkit.data.imageset import ImageSet
 from vitkit.data.sources import load_split, mirror_keeps_label, parse_uri
 from vitkit.data.tarshards import INDEX, INDEX_FORMAT
@@ -53,10 +53,11 @@ def _png(pixels: torch.Tensor) -> bytes:
     return buffer.getvalue()
 
 
-def _shrink(data: bytes, max_side: int | None) -> tuple[bytes, str] | None:
-    """(bytes, extension), downscaled to `max_side` when larger; None when the header does not open."""
+def _shrink(data: bytes, max_side: int | None, name: str) -> tuple[bytes, str] | None:
+    """(bytes, extension), downscaled to `max_side` when larger; None when the header does not open or claims
+    more pixels than the readers accept (refused before any pixel is decoded)."""
     try:
-        with Image.open(io.BytesIO(data)) as image:
+        with open_image(data, name=name) as image:
             fmt = image.format
             if max_side is None or max(image.size) <= max_side:
                 return data, FORMAT_EXT.get(fmt, "png" if fmt is None else fmt.lower())
@@ -68,8 +69,11 @@ def _shrink(data: bytes, max_side: int | None) -> tuple[bytes, str] | None:
             buffer = io.BytesIO()
             image.save(buffer, format="JPEG" if fmt == "JPEG" else "PNG", **({"quality": 95} if fmt == "JPEG" else {}))
             return buffer.getvalue(), "jpg" if fmt == "JPEG" else "png"
-    except Exception as error:  # noqa: BLE001 - any undecodable file is left out and counted
+    except BadImageError as error:  # the message names the file
         log.warning("leaving out an image that does not open: %s", error)
+        return None
+    except Exception as error:  # noqa: BLE001 - any undecodable file is left out and counted
+        log.warning("leaving out an image that does not open: %s: %s", name, error)
         return None
 
 
@@ -108,7 +112,8 @@ def _encode(item: tuple[int, Callable[[], Any], int], max_side: int | None) -> t
             return _encode((index, lambda: _png(raw), label), max_side)
         return index, _png(raw), "png", label
     data = _read_bytes(raw)
-    shrunk = _shrink(data, max_side) if data and label >= 0 else None
+    name = f"sample {index}" if isinstance(raw, (bytes, bytearray)) else str(raw)
+    shrunk = _shrink(data, max_side, name) if data and label >= 0 else None
     return (index, *shrunk, label) if shrunk else None
 
 
