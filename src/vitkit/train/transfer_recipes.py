@@ -46,9 +46,9 @@ def small_64px_pretrain(info: SourceInfo) -> TrainConfig:
     Command:  vitkit train --data wds:../shared/data/tiny-imagenet --max-minutes 60
     Expected: test top-1 on the shards' fixed 10,100-image hold-out (202 classes, 40,400 training images);
     35.02% and 35.10% (22.1 and 23.4 epochs: the budget ends it) on an AVX2 host without native bf16 (AMD
-    EPYC, Zen 3; two runs); 35.23%, 35.23% and 36.93% (3 runs; 60 epochs in 34 minutes, or 50.5 when the
-    hour ran out on a loaded host) on an AVX512-BF16 host (AMD EPYC, Zen 5), where the hour would hold 140
-    epochs and gave 32.27%, overfitting (train loss 1.2 against a test loss of 3.3).  Target >= 35% with
+    EPYC, Zen 3; two runs); 35.23%, 34.79% and 35.35% (seeds 0-2, mean 35.12%; 60 epochs in 33 minutes
+    alone) on an AVX512-BF16 host (AMD EPYC, Zen 5), where the hour would hold 140 epochs and gave 32.27%,
+    overfitting (train loss 1.2 against a test loss of 3.3).  Target >= 35% with
     native bf16, >= 25% without (benchmarks/transfer.py pretrain; rows: benchmarks/results/transfer.jsonl).
     """
     model = small_vit(info, 64, 8, representation_size=192, patch_dropout=0.75, patch_dropout_until=0.8, init="mimetic")
@@ -104,7 +104,8 @@ def finetune_small(info: SourceInfo) -> TrainConfig:
     --labels-per-class 100.  Measured on an AVX2 host without native bf16 (benchmarks/transfer.py finetune;
     rows: benchmarks/results/transfer.jsonl): 66.32-67.05% (2.6-2.9 epochs at 64 px; 3 runs); without PatchDropout
     64.86% (1.76 epochs).  On an AVX512-BF16 host: 75.78% from the 60-epoch checkpoint (18.8 epochs; one run);
-    at 100 labels a class 56.77% and 56.68% (seeds 0, 1; 100 epochs) against 41.57% and 42.28% from scratch.
+    at 100 labels a class 56.77%, 56.68% and 56.55% (seeds 0-2; 100 epochs) against 41.57%, 42.28% and
+    41.04% from scratch (mean gain +15.04 points).
     """
     model = small_vit(info, 64, 8, patch_dropout=0.5, patch_dropout_until=0.8)
     return TrainConfig(
