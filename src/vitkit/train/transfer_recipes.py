@@ -103,9 +103,9 @@ def finetune_small(info: SourceInfo) -> TrainConfig:
     native-bf16 host, >= 70% without), and >= 15 points over from-scratch in the same 15 minutes at
     --labels-per-class 100.  Measured on an AVX2 host without native bf16 (benchmarks/transfer.py finetune;
     rows: benchmarks/results/transfer.jsonl): 66.32-67.05% (2.6-2.9 epochs at 64 px; 3 runs); without PatchDropout
-    64.86% (1.76 epochs).  On an AVX512-BF16 host: 75.78%, 76.19% and 76.40% from the three 60-epoch checkpoints (seeds 0-2; 18.8-21.8 epochs);
-    at 100 labels a class 56.77%, 56.68% and 56.55% (seeds 0-2; 100 epochs) against 41.57%, 42.28% and
-    41.04% from scratch (mean gain +15.04 points).
+    64.86% (1.76 epochs).  On an AVX512-BF16 host: 75.78%, 76.19% and 76.40% from the three 60-epoch
+    checkpoints (seeds 0-2; 18.8-21.8 epochs); at 100 labels a class 56.77%, 56.68% and 56.55% (seeds 0-2;
+    100 epochs) against 41.57%, 42.28% and 41.04% from scratch (mean gain +15.04 points).
     """
     model = small_vit(info, 64, 8, patch_dropout=0.5, patch_dropout_until=0.8)
     return TrainConfig(
