@@ -181,6 +181,7 @@ def test_files_left_out_by_their_extension_are_counted_by_kind(tmp_path, caplog)
         (tmp_path / "train" / "cat" / name).write_bytes(b"x")
     with caplog.at_level(logging.WARNING, logger="vitkit"):
         train = load_split(f"folder:{tmp_path}", "train", image_size=4)
+        load_split(f"folder:{tmp_path}", "train", image_size=4)  # listed again (each split lists it): no repeat
     assert len(train) == 2
     [record] = [r for r in caplog.records if "not read" in r.getMessage()]
     assert "4 files not read by their extension (.heic 3, .txt 1)" in record.getMessage()

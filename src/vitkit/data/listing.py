@@ -98,10 +98,16 @@ def _image_files(folder: str, skipped: Counter[str]) -> list[str]:
     return sorted(found, key=lambda path: path.split(os.sep))  # the order of sorted Path objects
 
 
+_WARNED: set[tuple[str, tuple[tuple[str, int], ...]]] = set()  # (root, counts) already warned in this process
+
+
 def _warn_skipped(root: Path, skipped: Counter[str]) -> None:
     """One warning for the files under `root` that were not read because of their suffix, counted by kind
-    (a folder of phone photos in .heic would otherwise shrink unnoticed)."""
-    if skipped:
+    (a folder of phone photos in .heic would otherwise shrink unnoticed); once a process, though a run lists
+    the folder for each split."""
+    key = (str(root), tuple(sorted(skipped.items())))
+    if skipped and key not in _WARNED:
+        _WARNED.add(key)
         log.warning(
             "%s: %d files not read by their extension (%s); vitkit reads %s",
             root,
