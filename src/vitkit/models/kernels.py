@@ -164,7 +164,17 @@ class _TanhGelu(torch.autograd.Function):
 
 def compiled_cpu(x: Tensor) -> bool:
     """Traced by torch.compile for the CPU (not by torch.export, whose graphs keep torch's plain ops)."""
-    return x.device.type == "cpu" and torch.compiler.is_compiling() and not torch.compiler.is_exporting()
+    return x.device.type == "cpu" and torch.compiler.is_compiling() and not _exporting()
+
+
+def _exporting() -> bool:
+    """Traced by torch.export.  The flag export sets is read itself: inside a torch.compile trace some torch
+    releases (2.11 among them) answer `torch.compiler.is_exporting()` with True, export or not."""
+    flag = getattr(torch.compiler, "_is_exporting_flag", None)
+    if flag is not None:
+        return bool(flag)
+    is_exporting = getattr(torch.compiler, "is_exporting", None)  # absent before torch 2.6
+    return bool(is_exporting()) if is_exporting is not None else False
 
 
 def gelu(x: Tensor, approximate: Approximate) -> Tensor:
