@@ -86,15 +86,22 @@ def test_img_size_flag(capsys, fast_flops):
 
 
 def test_flags_are_matched_whole_and_the_version_is_the_packages(capsys) -> None:
-    """`--e 1` is an unknown flag (argparse would take it for --epochs), and --version says the installed release."""
-    from importlib.metadata import version
+    """`--e 1` is an unknown flag (argparse would take it for --epochs), and --version says the package's release,
+    the installed one's where vitkit is installed (not where it runs from a source tree on PYTHONPATH)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    import vitkit
 
     with pytest.raises(SystemExit) as exit_:
         main(["train", "--e", "1"])
     assert exit_.value.code == 2 and "unrecognized arguments: --e" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_:
         main(["--version"])
-    assert exit_.value.code == 0 and capsys.readouterr().out.strip() == f"vitkit {version('vitkit')}"
+    assert exit_.value.code == 0 and capsys.readouterr().out.strip() == f"vitkit {vitkit.__version__}"
+    try:
+        assert version("vitkit") == vitkit.__version__
+    except PackageNotFoundError:
+        pass
 
 
 @pytest.mark.parametrize(
