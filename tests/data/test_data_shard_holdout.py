@@ -103,3 +103,33 @@ def test_shards_with_a_test_or_val_split_hold_nothing_out(shards: Path) -> None:
     numbered_shards(shards, [6], prefix="val", start=90, classes=4)
     assert len(load_split(f"wds:{shards}", "train", image_size=8)) == 90
     assert sorted(image_ids(load_split(f"wds:{shards}", "test", image_size=8).images)) == list(range(90, 96))
+
+
+@pytest.mark.parametrize("sizes", [[90], [45, 45]], ids=["one shard", "two shards"])
+def test_a_validation_hold_out_of_few_shards_is_the_asked_share_of_each_class(tmp_path: Path, sizes: list[int]) -> None:
+    """Where whole shards cannot hold the asked share (one shard; one of two is half), the val hold-out is drawn
+    class-stratified from the samples, as a folder's: the same in memory and streamed, disjoint from train and
+    test."""
+    numbered_shards(tmp_path, sizes, classes=3)
+    uri = f"wds:{tmp_path}"
+    test = image_ids(load_split(uri, "test", image_size=8).images)
+    train, val = (load_split(uri, split, image_size=8, val_fraction=0.1, seed=2) for split in ("train", "val"))
+    kept, held = image_ids(train.images), image_ids(val.images)
+    assert sorted(kept + held + test) == list(range(90)) and not set(kept) & set(held)
+    labels = numbered_images(90, classes=3)[1]
+    rest = sorted(set(range(90)) - set(test))  # 72 samples, 24 of each class
+    assert Counter(labels[held].tolist()) == {c: round(0.1 * 24) for c in range(3)}
+    assert sorted(rest[i] for i in stratified_split(torch.from_numpy(labels[rest]), 0.1, 2)[1]) == sorted(held)
+    assert "10.0% class-stratified hold-out" in val.origin
+    streamed = load_split(uri, "val", image_size=8, val_fraction=0.1, seed=2, max_in_memory_bytes=0)
+    assert streamed.access == "stream" and sorted(_stream_ids(streamed)) == sorted(held)
+    streamed_train = load_split(uri, "train", image_size=8, val_fraction=0.1, seed=2, max_in_memory_bytes=0)
+    assert sorted(_stream_ids(streamed_train)) == sorted(kept)
+
+
+def test_a_validation_hold_out_of_many_shards_holds_out_whole_shards(tmp_path: Path) -> None:
+    """Where a draw of whole shards holds about the asked share, those shards are the val split (a val pass
+    reads them alone)."""
+    numbered_shards(tmp_path, [10] * 10, classes=3)
+    val = load_split(f"wds:{tmp_path}", "val", image_size=8, val_fraction=0.1, seed=0, max_in_memory_bytes=0)
+    assert "10.0% whole-shard hold-out" in val.origin and len(val.units) == 1 and 7 <= len(val) <= 9  # of 80

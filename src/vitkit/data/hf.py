@@ -279,6 +279,9 @@ class ParquetReader:
     image_column: str
     label_column: str  # "": a dataset without labels, every row of class 0
 
+    def labels(self, units: list[Unit]) -> list[list[int]]:
+        return row_group_labels(units, self.label_column)
+
     def samples(self, unit: Unit, start: int = 0, wanted: frozenset[int] | None = None) -> Iterator[tuple[int, Sample]]:
         pq = _pyarrow().parquet
         try:

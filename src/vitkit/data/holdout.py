@@ -21,6 +21,7 @@ from vitkit.data.stream import Reader, Sample, ShardSet, Unit
 FIXED_TEST_SEED = 0  # seed of the fixed test hold-out
 FIXED_TEST_FRACTION = 0.2
 FIXED_TEST_MAX = 10_000  # a large source without a test part holds out at most this many images
+WHOLE_UNIT_TOLERANCE = 0.2  # a val hold-out of whole shards is used where it holds the asked share within 20% of it
 
 
 def fixed_test_fraction(count: int) -> float:
@@ -79,6 +80,11 @@ class PickedReader:
         out = set(held)
         return [i for i in range(count) if i not in out]
 
+    def labels(self, units: list[Unit]) -> list[list[int]]:
+        """The label of each sample this side reads of each unit (-1 where none is readable)."""
+        raw = self.inner.labels([Unit(u.path, self.held[(u.path, u.part)][0], u.part) for u in units])
+        return [[labels[i] for i in self.ordinals(unit)] for unit, labels in zip(units, raw)]
+
     def samples(self, unit: Unit, start: int = 0, wanted: frozenset[int] | None = None) -> Iterator[tuple[int, Sample]]:
         """(ordinal, sample) for ordinals start .. unit.count-1 of this side (those in `wanted`, when given)."""
         raw = self.ordinals(unit)
@@ -98,26 +104,48 @@ def hold_out_shards(data: ShardSet, labels: list[list[int]], part: str, where: s
     stay on the train side, where they are skipped as corrupt).  The draw is `stratified_split` over the
     readable labels, as for a folder.
     """
+    fraction = fixed_test_fraction(sum(label >= 0 for unit_labels in labels for label in unit_labels))
+    side = "held" if part == "test" else "kept"
+    origin = (
+        f"a fixed {fraction:.0%} class-stratified hold-out of {where}"
+        if side == "held"
+        else f"{where} minus the fixed {fraction:.0%} test hold-out"
+    )
+    return replace(_pick(data, labels, fraction, FIXED_TEST_SEED, side), origin=origin)
+
+
+def hold_out_val(data: ShardSet, fraction: float, seed: int, part: str) -> tuple[ShardSet, str]:
+    """The train or val side of a `fraction` validation hold-out of a streamed split, and how it was drawn.
+
+    Whole units (shards, row groups), chosen by `seed`, where such a draw holds the asked share within
+    WHOLE_UNIT_TOLERANCE of it: a validation pass then reads its own units alone.  Otherwise (a few large
+    units: one shard of two would be half the data) a class-stratified draw of samples by `seed`, as a
+    folder's, from the units' labels; a validation pass then reads every unit and decodes its own samples.
+    """
+    if len(data.units) > 1:
+        kept, held = data.hold_out(fraction, seed)
+        if abs(len(held) / max(len(data), 1) - fraction) <= WHOLE_UNIT_TOLERANCE * fraction:
+            return (held if part == "val" else kept), "whole-shard"
+    side = "held" if part == "val" else "kept"
+    return _pick(data, data.reader.labels(data.units), fraction, seed, side), "class-stratified"
+
+
+def _pick(data: ShardSet, labels: list[list[int]], fraction: float, seed: int, side: str) -> ShardSet:
+    """One side ("kept" or "held") of a class-stratified draw of `fraction` of the samples with a readable
+    label (`labels[k]`: those of `data.units[k]`, -1 unreadable, always kept)."""
     flat = [(k, i, label) for k, unit_labels in enumerate(labels) for i, label in enumerate(unit_labels) if label >= 0]
-    fraction = fixed_test_fraction(len(flat))
     if flat:
-        held_index = stratified_split(torch.tensor([label for _, _, label in flat]), fraction, FIXED_TEST_SEED)[1]
+        held_index = stratified_split(torch.tensor([label for _, _, label in flat]), fraction, seed)[1]
     else:
         held_index = torch.empty(0, dtype=torch.int64)
     held: dict[int, list[int]] = {}
     for index in held_index.tolist():
         held.setdefault(flat[index][0], []).append(flat[index][1])
     table = {(u.path, u.part): (u.count, tuple(sorted(held.get(k, [])))) for k, u in enumerate(data.units)}
-    side = "held" if part == "test" else "kept"
     units = []
     for unit in data.units:
         out = len(table[(unit.path, unit.part)][1])
         size = out if side == "held" else unit.count - out
         if size:
             units.append(Unit(unit.path, size, unit.part))
-    origin = (
-        f"a fixed {fraction:.0%} class-stratified hold-out of {where}"
-        if side == "held"
-        else f"{where} minus the fixed {fraction:.0%} test hold-out"
-    )
-    return replace(data, units=units, reader=PickedReader(data.reader, table, side), origin=origin)
+    return replace(data, units=units, reader=PickedReader(data.reader, table, side))

@@ -101,8 +101,7 @@ def read_wds(path: str, part: str, size: int, channels: int | None, labelled: bo
         problems=[] if index else tarshards.damage(units),
     )
     if fixed:
-        labels = [_unit_labels(unit, labelled) for unit in units]
-        data = holdout.hold_out_shards(data, labels, part, f"{len(units)} train shard(s) of {where}")
+        data = holdout.hold_out_shards(data, reader.labels(units), part, f"{len(units)} train shard(s) of {where}")
     return data
 
 
@@ -113,14 +112,6 @@ def _names_by_scan(units: list[Unit], where: str) -> list[str]:
     raise NoLabelsError(
         f"{where}: no sample has a label (a .cls or .json member) to train a classifier on; {NO_LABELS_HINT}"
     )
-
-
-def _unit_labels(unit: Unit, labelled: bool = True) -> list[int]:
-    """The label of each of the unit's `count` samples (-1 where none is readable or the shard ends early;
-    read without labels, 0 for every sample the shard holds)."""
-    labels = list(tarshards.shard_labels(Path(unit.path))[: unit.count])
-    labels = labels if labelled else [0] * len(labels)
-    return labels + [-1] * (unit.count - len(labels))
 
 
 def class_file_names(path: str, scanned: list[Unit] | None) -> list[str] | None:
@@ -226,7 +217,7 @@ def read_hf(
             origin=f"{len(split.files)} Parquet file(s) of {where} ({len(units)} row groups)",
         )
         if held_out and part in ("train", "test"):
-            data = holdout.hold_out_shards(data, hf.row_group_labels(units, label), part, data.origin)
+            data = holdout.hold_out_shards(data, reader.labels(units), part, data.origin)
         return data
     images, labels = hf.arrow_rows(split, image, label, f"{where} ({part})")
     channels = channels or probe_images([images[i] for i in range(min(PROBED, len(images)))])[1]

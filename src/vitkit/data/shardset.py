@@ -44,6 +44,11 @@ class Reader(Protocol):
         """(ordinal, sample) for ordinals start .. unit.count - 1 (only those in `wanted`, when given)."""
         ...
 
+    def labels(self, units: list[Unit]) -> list[list[int]]:
+        """The class index of each sample of each unit, -1 where none is readable (label members or the label
+        column alone are read: what a class-stratified hold-out is drawn from)."""
+        ...
+
 
 @dataclass
 class ShardSet:

@@ -49,6 +49,7 @@ from vitkit.data.holdout import (
     FIXED_TEST_FRACTION,
     FIXED_TEST_MAX,
     FIXED_TEST_SEED,
+    hold_out_val,
     stratified_split,
 )
 from vitkit.data.images import MAX_PIXELS, BadImageError, DecompressionBombError, decode_image
@@ -155,11 +156,10 @@ def _hold_out(whole: ImageSet | ShardSet, split: str, fraction: float, seed: int
     """The train or val part of a training split: class-stratified, or whole shards of a stream; its origin
     says which."""
     if isinstance(whole, ShardSet):
-        subset = whole.hold_out(fraction, seed)[split == "val"]
+        subset, how = hold_out_val(whole, fraction, seed, split)
     else:
         keep, held = stratified_split(whole.labels, fraction, seed)
-        subset = whole.subset(keep if split == "train" else held)
-    how = "whole-shard" if isinstance(whole, ShardSet) else "class-stratified"
+        subset, how = whole.subset(keep if split == "train" else held), "class-stratified"
     subset.origin = (
         f"{whole.origin} minus a {fraction:.1%} validation hold-out (seed {seed})"
         if split == "train"
@@ -190,7 +190,8 @@ def load_split(
         image_size: side that variable-size files are decoded to (shorter side resized, centre-cropped);
             default DEFAULT_FOLDER_SIZE.  Fixed-size sources ignore it.
         val_fraction: class-stratified fraction of the training data held out as "val" (by `seed`);
-            for a streamed split, that fraction of its shards.
+            for a streamed split, whole shards where they hold about that share, else its samples, drawn
+            class-stratified from their label members (vitkit.data.holdout.hold_out_val).
         strict: raise `BadImageError` on the first corrupt file instead of skipping and counting it.
         max_in_memory_bytes: a set larger than this after decoding is returned as `files` or a stream;
             its bad images surface later, as `BadImageError` in the loader's workers (skipped, counted).

@@ -77,6 +77,16 @@ class TarReader:
     def __init__(self, labelled: bool = True) -> None:
         self.labelled = labelled
 
+    def labels(self, units: list[Unit]) -> list[list[int]]:
+        """The label of each of a unit's `count` samples (-1 where none is readable or the shard ends early;
+        read without labels, 0 for every sample the shard holds)."""
+        found = []
+        for unit in units:
+            labels = list(shard_labels(Path(unit.path))[: unit.count])
+            labels = labels if self.labelled else [0] * len(labels)
+            found.append(labels + [-1] * (unit.count - len(labels)))
+        return found
+
     def samples(self, unit: Unit, start: int = 0, wanted: frozenset[int] | None = None) -> Iterator[tuple[int, Sample]]:
         """(ordinal, sample) for ordinals start .. unit.count-1 (those in `wanted` only, when given).
 
