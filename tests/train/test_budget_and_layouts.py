@@ -280,3 +280,22 @@ def test_a_grayscale_model_reads_a_colour_folder_as_eval_and_predict_do(tmp_path
     as_eval = load_split(uri, "test", image_size=8, channels=1)
     assert splits.test.images.shape == (6, 1, 8, 8)
     assert torch.equal(splits.test.images, as_eval.images) and torch.equal(splits.test.labels, as_eval.labels)
+
+
+@pytest.mark.parametrize(
+    "overrides, held_out",
+    [
+        (("data.steps=0", "data.epochs=10"), True),  # evaluations at epochs 5 and 10: a validation hold-out to read
+        (("data.steps=0", "data.epochs=1"), False),  # shorter than one evaluation period: every image trains
+        (("data.epochs=0", "data.steps=30"), True),  # its length in epochs is not known before the data is
+        (("data.steps=0", "data.epochs=1", "run.max_minutes=5"), True),  # a fitted budget decides the length later
+    ],
+)
+def test_a_run_shorter_than_its_evaluation_period_holds_nothing_out(tmp_path: Path, overrides, held_out) -> None:
+    from vitkit.train.assemble import load_splits
+
+    config = tiny_config(tmp_path, "eval.every_epochs=5", *overrides)
+    splits = load_splits(config)
+    whole = len(load_splits(tiny_config(tmp_path, "eval.every_epochs=0")).train)
+    assert ("val" in splits.evals) is held_out
+    assert len(splits.train) == (whole - len(splits.evals["val"]) if held_out else whole)

@@ -63,7 +63,7 @@ def load_splits(config: TrainConfig, *, need_test: bool = True) -> Splits:
         max_in_memory_bytes=data.max_in_memory_mb << 20,
         **columns,
     )
-    periodic = config.eval.every_epochs > 0
+    periodic = evaluates_as_it_goes(config)
     val_fraction = data.val_fraction
     if periodic and val_fraction == 0 and not separate_val(uri):
         val_fraction = min(AUTO_VAL_FRACTION, AUTO_VAL_MAX / max(describe(uri, **columns).num_train, 1))
@@ -81,6 +81,18 @@ def load_splits(config: TrainConfig, *, need_test: bool = True) -> Splits:
     test = (val_split() if final == "val" else load_split(uri, "test", **common)) if need_test else None
     evals = {"val": test if final == "val" and test is not None else val_split()} if periodic else {}
     return Splits(train=train, test=test, evals=evals)
+
+
+def evaluates_as_it_goes(config: TrainConfig) -> bool:
+    """Whether the run evaluates before its end: `eval.every_epochs` > 0, and a length in epochs longer than
+    that period where the length is set in epochs (a fitted budget or a step count is longer or shorter only
+    once the data is known; those runs are taken to evaluate)."""
+    every, data, run = config.eval.every_epochs, config.data, config.run
+    if every <= 0:
+        return False
+    if (run.max_minutes > 0 and run.budget_schedule == "fit") or data.steps > 0:
+        return True
+    return data.epochs > every
 
 
 def check_classes(config: TrainConfig, train: ImageSet) -> None:
