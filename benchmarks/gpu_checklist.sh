@@ -3,7 +3,7 @@
 # the test suite (CUDA tests included: tests pick CUDA where present), NCCL + FSDP2 and DDP under torchrun,
 # `vitkit bench --model vit_b16` and compare.py against timm (bf16, torch.compile, one process), a row for
 # benchmarks/results/gpu.jsonl, a profile of the step, CIFAR-10 training on CUDA with the GPU's utilisation
-# sampled, pre-training then fine-tuning (when the data is carried), and `vitkit serve` on CUDA under load.
+# sampled, `vitkit serve` on CUDA under load, and pre-training then fine-tuning (when the data is carried).
 # Steps run in that order; one the deadline leaves no time for is skipped and says so.  Each step has its own time limit and a log;
 # a step that fails or runs out of time does not stop the next.
 #
@@ -85,20 +85,20 @@ if [ -d "$WORK/cifar10-jpg" ]; then
     kill "$sampler" 2>/dev/null
 fi
 
+# 3a. the served model on CUDA under load
+sampler=$(sample_gpu serve)
+step serve_load 60 python3 benchmarks/serve_load.py "$WORK/runs/ddp" --data digits --seconds 4 --rounds 2 \
+    --clients 16 --threads 4
+kill "$sampler" 2>/dev/null
+
 # 3b. the transfer path at GPU scale: pre-train on the carried Tiny-ImageNet shards, fine-tune on CIFAR-10
 if [ -d .gpudata/tiny ] && [ -d "$WORK/cifar10-jpg" ]; then
-    step transfer_pretrain 150 python3 benchmarks/transfer.py pretrain --data wds:.gpudata/tiny --minutes 2
+    step transfer_pretrain 120 python3 benchmarks/transfer.py pretrain --data wds:.gpudata/tiny --minutes 1.5
     run=$(python3 -c "import json,sys; print(json.loads(open(sys.argv[1]).read().splitlines()[-1])['run_dir'])" \
         "$OUT/logs/transfer_pretrain.log" 2>/dev/null)
     [ -n "$run" ] && step transfer_finetune 100 python3 benchmarks/transfer.py finetune --init "$run" \
         --data "folder:$WORK/cifar10-jpg" --minutes 1
 fi
-
-# 4. the served model on CUDA under load
-sampler=$(sample_gpu serve)
-step serve_load 60 python3 benchmarks/serve_load.py "$WORK/runs/ddp" --data digits --seconds 4 --rounds 2 \
-    --clients 16 --threads 4
-kill "$sampler" 2>/dev/null
 
 tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
 tar czf "$OUT/results.tgz" benchmarks/results
