@@ -14,7 +14,7 @@ from vitkit.data.images import BadImageError, decode_image
 from vitkit.data.loader import FileBatches, IndexStream, eval_batches
 from vitkit.data.shard import write_shards
 from vitkit.data.sources import describe, load_split
-from vitkit.data.stream import ShardBatches, ShardSet, read_all
+from vitkit.data.stream import ShardBatches, ShardSet, Unit, read_all
 
 datasets = pytest.importorskip("datasets")
 CLASSES = ["ant", "bee", "cat", "dog"]
@@ -220,3 +220,24 @@ def test_train_cli_threads_the_column_choice(tmp_path: Path, capsys: pytest.Capt
     assert main(["eval", run, "--data", uri, "--split", "train", "--json"]) == 0, capsys.readouterr().err
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["num_images"] == 20
     assert main(["embed", run, "--data", uri, "--split", "train", "--out", str(tmp_path / "e.npy")]) == 0
+
+
+def test_row_group_labels_are_read_once_while_the_file_is_unchanged(tmp_path: Path, monkeypatch) -> None:
+    """Each load of a one-split Parquet dataset draws its fixed test hold-out from the label column; the column
+    is read once a process while the file's size and mtime hold, and again once it changes."""
+    import pyarrow.parquet as pq
+
+    from vitkit.data import hf
+
+    path = tmp_path / "train-00000-of-00001.parquet"
+    _dataset(24).to_parquet(str(path), batch_size=8)
+    units = [Unit(str(path), 8, part) for part in range(3)]
+    opened = []
+    real = pq.ParquetFile
+    monkeypatch.setattr(pq, "ParquetFile", lambda *args, **kwargs: opened.append(args[0]) or real(*args, **kwargs))
+    first = hf.row_group_labels(units, "target")
+    assert [label for labels in first for label in labels] == _truth(24)[1].tolist()
+    assert hf.row_group_labels(units, "target") == first and len(opened) == 3  # one read of each row group
+    stat = path.stat()
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
+    assert hf.row_group_labels(units, "target") == first and len(opened) == 6

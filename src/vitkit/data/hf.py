@@ -20,6 +20,7 @@ one, whose names are the classes (else the one integer column).  When there are 
 from __future__ import annotations
 
 import bisect
+import functools
 import json
 import logging
 from collections.abc import Iterator
@@ -248,15 +249,15 @@ def parquet_units(split: HFSplit) -> list[Unit]:
 
 def row_group_labels(units: list[Unit], label: str) -> list[list[int]]:
     """The label of every row of each row group (`Unit.part`), -1 where it has none or the row group is
-    unreadable; all 0 without a label column (`label` "").  One column read: what a fixed hold-out is drawn
-    from."""
+    unreadable; all 0 without a label column (`label` "").  One column read, once a process while the file's
+    size and mtime hold: what a fixed hold-out is drawn from."""
     if not label:
         return [[0] * unit.count for unit in units]
-    pq = _pyarrow().parquet
     found = []
     for unit in units:
         try:
-            values = pq.ParquetFile(unit.path).read_row_group(unit.part, columns=[label]).column(label).to_pylist()
+            stat = Path(unit.path).stat()
+            values = list(_label_column(unit.path, unit.part, label, (stat.st_size, stat.st_mtime_ns)))
         except (OSError, ValueError):  # a damaged row group: its rows stay on the train side, read as corrupt
             values = []
         values += [None] * (unit.count - len(values))
@@ -270,6 +271,13 @@ def parquet_labels(split: HFSplit, label: str) -> np.ndarray:
     return np.concatenate(
         [pq.read_table(path, columns=[label]).column(label).to_numpy(zero_copy_only=False) for path in split.files]
     )
+
+
+@functools.lru_cache(maxsize=4096)
+def _label_column(path: str, part: int, label: str, stamp: tuple[int, int]) -> tuple[Any, ...]:
+    """The `label` column of row group `part` of a Parquet file; `stamp` (size, mtime) keys the cache."""
+    table = _pyarrow().parquet.ParquetFile(path).read_row_group(part, columns=[label])
+    return tuple(table.column(label).to_pylist())
 
 
 @dataclass(frozen=True)
