@@ -299,3 +299,25 @@ def test_a_run_shorter_than_its_evaluation_period_holds_nothing_out(tmp_path: Pa
     whole = len(load_splits(tiny_config(tmp_path, "eval.every_epochs=0")).train)
     assert ("val" in splits.evals) is held_out
     assert len(splits.train) == (whole - len(splits.evals["val"]) if held_out else whole)
+
+
+def test_a_short_run_whose_final_split_is_val_still_holds_one_out(tmp_path: Path) -> None:
+    """eval.final_split=val reads the validation hold-out at the end, evaluating as it goes or not: never the
+    training images."""
+    from vitkit.train.assemble import load_splits
+
+    config = tiny_config(tmp_path, "eval.every_epochs=5", "data.steps=0", "data.epochs=1", "eval.final_split=val")
+    splits = load_splits(config)
+    train = {tuple(image.flatten().tolist()) for image in splits.train.images}
+    held = {tuple(image.flatten().tolist()) for image in splits.test.images}
+    assert held and not train & held and "hold-out" in splits.test.origin
+
+
+def test_a_run_that_holds_nothing_out_plans_its_evaluation_at_the_end(tmp_path: Path) -> None:
+    """One epoch of 22.5 batches with an evaluation every epoch: round(22.47) = 22 falls before the 23rd and
+    last step, but no validation split was held out, so the plan says "at the end only" and evaluates once."""
+    result = trainer.train(
+        tiny_config(tmp_path, "eval.every_epochs=1", "data.steps=0", "data.epochs=1", "data.batch_size=64")
+    )
+    assert result["plan"]["steps"] == 23 and result["plan"]["eval_every"] == 0
+    assert [r["split"] for r in _records(tmp_path) if r["split"] != "train"] == ["test"]

@@ -49,7 +49,7 @@ def load_splits(config: TrainConfig, *, need_test: bool = True) -> Splits:
 
     Evaluation during training never reads the final test images: it reads the source's own validation
     split where it has one apart from its test split, else a class-stratified hold-out of train
-    (`data.val_fraction`, or 10% capped at 5,000 images when the run evaluates as it goes).  With
+    (`data.val_fraction`, or 10% capped at 5,000 images when the run evaluates as it goes or ends on val).  With
     `data.labels_per_class` that hold-out comes out of the N images per class.
     """
     uri, data = config.data.uri, config.data
@@ -65,7 +65,8 @@ def load_splits(config: TrainConfig, *, need_test: bool = True) -> Splits:
     )
     periodic = evaluates_as_it_goes(config)
     val_fraction = data.val_fraction
-    if periodic and val_fraction == 0 and not separate_val(uri):
+    final = config.eval.final_split
+    if (periodic or final == "val") and val_fraction == 0 and not separate_val(uri):
         val_fraction = min(AUTO_VAL_FRACTION, AUTO_VAL_MAX / max(describe(uri, **columns).num_train, 1))
     val: ImageSet | None = None
     if data.labels_per_class:  # N per class, the validation hold-out taken out of the N (data/subsets.py)
@@ -77,7 +78,6 @@ def load_splits(config: TrainConfig, *, need_test: bool = True) -> Splits:
     def val_split() -> ImageSet:
         return val if val is not None else load_split(uri, "val", val_fraction=val_fraction, **common)
 
-    final = config.eval.final_split
     test = (val_split() if final == "val" else load_split(uri, "test", **common)) if need_test else None
     evals = {"val": test if final == "val" and test is not None else val_split()} if periodic else {}
     return Splits(train=train, test=test, evals=evals)
