@@ -169,8 +169,11 @@ class Trainer(RunParts):
         return distributed.min_across(max(self.config.run.max_minutes * 60 - startup, 1.0), self.device)
 
     def _make_plan(self, timings: dict) -> Plan:
-        """The plan, once: numbers, host choices and the warm-up's estimate."""
+        """The plan, once: numbers, host choices and the warm-up's estimate.  A run that held out nothing to
+        evaluate as it goes (assemble.evaluates_as_it_goes) plans its evaluation at the end only."""
         config = self.config
+        if config.eval.every_epochs > 0 and not self.data.evals:
+            config = dataclasses.replace(config, eval=dataclasses.replace(config.eval, every_epochs=0.0))
         fitted = config.run.max_minutes > 0 and config.run.budget_schedule == "fit"
         reserve = fitted and config.eval.every_epochs <= 0  # the budget keeps the final evaluation's time: time it
         evals = sum(len(s) for s in self.data.evals.values()) if config.eval.every_epochs > 0 else 0
