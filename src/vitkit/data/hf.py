@@ -257,11 +257,10 @@ def row_group_labels(units: list[Unit], label: str) -> list[list[int]]:
     for unit in units:
         try:
             stat = Path(unit.path).stat()
-            values = list(_label_column(unit.path, unit.part, label, (stat.st_size, stat.st_mtime_ns)))
+            values = _label_column(unit.path, unit.part, label, (stat.st_size, stat.st_mtime_ns)).tolist()
         except (OSError, ValueError):  # a damaged row group: its rows stay on the train side, read as corrupt
             values = []
-        values += [None] * (unit.count - len(values))
-        found.append([-1 if value is None else int(value) for value in values[: unit.count]])
+        found.append(values[: unit.count] + [-1] * (unit.count - len(values)))
     return found
 
 
@@ -274,10 +273,12 @@ def parquet_labels(split: HFSplit, label: str) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=4096)
-def _label_column(path: str, part: int, label: str, stamp: tuple[int, int]) -> tuple[Any, ...]:
-    """The `label` column of row group `part` of a Parquet file; `stamp` (size, mtime) keys the cache."""
+def _label_column(path: str, part: int, label: str, stamp: tuple[int, int]) -> np.ndarray:
+    """The `label` column of row group `part` of a Parquet file as int64, -1 where a row has none; `stamp`
+    (size, mtime) keys the cache, which holds 8 bytes a row."""
     table = _pyarrow().parquet.ParquetFile(path).read_row_group(part, columns=[label])
-    return tuple(table.column(label).to_pylist())
+    values = table.column(label).to_pylist()
+    return np.array([-1 if value is None else int(value) for value in values], dtype=np.int64)
 
 
 @dataclass(frozen=True)
