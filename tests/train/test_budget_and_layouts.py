@@ -301,12 +301,14 @@ def test_a_run_shorter_than_its_evaluation_period_holds_nothing_out(tmp_path: Pa
     assert len(splits.train) == (whole - len(splits.evals["val"]) if held_out else whole)
 
 
-def test_a_short_run_whose_final_split_is_val_still_holds_one_out(tmp_path: Path) -> None:
+@pytest.mark.parametrize("every", ["5", "0"])
+def test_a_run_whose_final_split_is_val_holds_one_out(tmp_path: Path, every: str) -> None:
     """eval.final_split=val reads the validation hold-out at the end, evaluating as it goes or not: never the
     training images."""
     from vitkit.train.assemble import load_splits
 
-    config = tiny_config(tmp_path, "eval.every_epochs=5", "data.steps=0", "data.epochs=1", "eval.final_split=val")
+    overrides = (f"eval.every_epochs={every}", "data.steps=0", "data.epochs=1", "eval.final_split=val")
+    config = tiny_config(tmp_path, *overrides)
     splits = load_splits(config)
     train = {tuple(image.flatten().tolist()) for image in splits.train.images}
     held = {tuple(image.flatten().tolist()) for image in splits.test.images}
