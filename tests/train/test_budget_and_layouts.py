@@ -288,7 +288,8 @@ def test_a_grayscale_model_reads_a_colour_folder_as_eval_and_predict_do(tmp_path
         (("data.steps=0", "data.epochs=10"), True),  # evaluations at epochs 5 and 10: a validation hold-out to read
         (("data.steps=0", "data.epochs=1"), False),  # shorter than one evaluation period: every image trains
         (("data.epochs=0", "data.steps=30"), True),  # its length in epochs is not known before the data is
-        (("data.steps=0", "data.epochs=1", "run.max_minutes=5"), True),  # a fitted budget decides the length later
+        (("data.steps=0", "data.epochs=0", "run.max_minutes=5"), True),  # a fitted budget decides the length later
+        (("data.steps=0", "data.epochs=1", "run.max_minutes=5"), False),  # ... bounded by one epoch
     ],
 )
 def test_a_run_shorter_than_its_evaluation_period_holds_nothing_out(tmp_path: Path, overrides, held_out) -> None:
@@ -323,3 +324,18 @@ def test_a_run_that_holds_nothing_out_plans_its_evaluation_at_the_end(tmp_path: 
     )
     assert result["plan"]["steps"] == 23 and result["plan"]["eval_every"] == 0
     assert [r["split"] for r in _records(tmp_path) if r["split"] != "train"] == ["test"]
+
+
+def test_one_label_a_class_evaluates_at_the_end_and_refuses_a_final_val_split(tmp_path: Path) -> None:
+    """A hold-out of one image a class is empty (each class keeps its only image): a run that would evaluate
+    as it goes trains on all ten images and evaluates at the end; one that must end on val is refused at the
+    start, not after training."""
+    from vitkit.train.assemble import load_splits
+
+    lengths = ("data.steps=0", "data.epochs=10", "eval.every_epochs=5", "data.labels_per_class=1")
+    splits = load_splits(tiny_config(tmp_path, *lengths))
+    assert splits.evals == {} and len(splits.train) == 10 and sorted(splits.train.labels.tolist()) == list(range(10))
+    with pytest.raises(ValueError, match="1 label per class"):
+        load_splits(tiny_config(tmp_path, *lengths, "eval.final_split=val"))
+    with pytest.raises(ValueError, match="1 label per class"):
+        load_splits(tiny_config(tmp_path, *lengths, "data.val_fraction=0.2"))

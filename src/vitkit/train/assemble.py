@@ -66,6 +66,13 @@ def load_splits(config: TrainConfig, *, need_test: bool = True) -> Splits:
     periodic = evaluates_as_it_goes(config)
     val_fraction = data.val_fraction
     final = config.eval.final_split
+    if data.labels_per_class == 1 and not separate_val(uri):  # a hold-out of one image a class is empty
+        if final == "val" or val_fraction > 0:
+            raise ValueError(
+                "a validation split held out of 1 label per class is empty (every class keeps its one image "
+                "for training): use --labels-per-class 2 or more, or eval.final_split=test and data.val_fraction=0"
+            )
+        periodic = False  # evaluated at the end only (the trainer's plan says so)
     if (periodic or final == "val") and val_fraction == 0 and not separate_val(uri):
         val_fraction = min(AUTO_VAL_FRACTION, AUTO_VAL_MAX / max(describe(uri, **columns).num_train, 1))
     val: ImageSet | None = None
@@ -84,13 +91,14 @@ def load_splits(config: TrainConfig, *, need_test: bool = True) -> Splits:
 
 
 def evaluates_as_it_goes(config: TrainConfig) -> bool:
-    """Whether the run evaluates before its end: `eval.every_epochs` > 0, and a length in epochs longer than
-    that period where the length is set in epochs (a fitted budget or a step count is longer or shorter only
-    once the data is known; those runs are taken to evaluate)."""
-    every, data, run = config.eval.every_epochs, config.data, config.run
+    """Whether the run evaluates before its end: `eval.every_epochs` > 0, and a length in epochs (or a bound on
+    it, under a time budget) longer than that period.  A length in steps, or a budget's alone, is known only
+    with the data: those runs are taken to evaluate.  The budget itself is not read, so a resume that changes
+    it trains on the same split."""
+    every, data = config.eval.every_epochs, config.data
     if every <= 0:
         return False
-    if (run.max_minutes > 0 and run.budget_schedule == "fit") or data.steps > 0:
+    if data.steps > 0 or data.epochs <= 0:
         return True
     return data.epochs > every
 
