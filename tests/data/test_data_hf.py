@@ -241,3 +241,27 @@ def test_row_group_labels_are_read_once_while_the_file_is_unchanged(tmp_path: Pa
     stat = path.stat()
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
     assert hf.row_group_labels(units, "target") == first and len(opened) == 6
+
+
+def test_a_row_group_unreadable_once_stays_unreadable_for_the_process(tmp_path: Path, monkeypatch) -> None:
+    """A row group whose label column failed to read answers the same way on the next split's load, so the
+    train and val draws of one process are made from the same labels and stay disjoint."""
+    import pyarrow.parquet as pq
+
+    from vitkit.data import hf
+
+    path = tmp_path / "train-00000-of-00001.parquet"
+    _dataset(16).to_parquet(str(path), batch_size=8)
+    units = [Unit(str(path), 8, part) for part in range(2)]
+    real, calls = pq.ParquetFile, []
+
+    def flaky(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError("transient read error")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pq, "ParquetFile", flaky)
+    first = hf.row_group_labels(units, "target")
+    assert first[0] == [-1] * 8 and first[1] == _truth(16)[1][8:].tolist()
+    assert hf.row_group_labels(units, "target") == first

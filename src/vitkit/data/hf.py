@@ -257,9 +257,10 @@ def row_group_labels(units: list[Unit], label: str) -> list[list[int]]:
     for unit in units:
         try:
             stat = Path(unit.path).stat()
-            values = _label_column(unit.path, unit.part, label, (stat.st_size, stat.st_mtime_ns)).tolist()
-        except (OSError, ValueError):  # a damaged row group: its rows stay on the train side, read as corrupt
+        except OSError:
             values = []
+        else:
+            values = _label_column(unit.path, unit.part, label, (stat.st_size, stat.st_mtime_ns)).tolist()
         found.append(values[: unit.count] + [-1] * (unit.count - len(values)))
     return found
 
@@ -274,10 +275,15 @@ def parquet_labels(split: HFSplit, label: str) -> np.ndarray:
 
 @functools.lru_cache(maxsize=4096)
 def _label_column(path: str, part: int, label: str, stamp: tuple[int, int]) -> np.ndarray:
-    """The `label` column of row group `part` of a Parquet file as int64, -1 where a row has none; `stamp`
-    (size, mtime) keys the cache, which holds 8 bytes a row."""
-    table = _pyarrow().parquet.ParquetFile(path).read_row_group(part, columns=[label])
-    values = table.column(label).to_pylist()
+    """The `label` column of row group `part` of a Parquet file as int64, -1 where a row has none, and empty
+    where the row group is unreadable (its rows stay on the train side, read as corrupt).  `stamp` (size,
+    mtime) keys the cache, which holds 8 bytes a row, and an unreadable row group's answer too: every split
+    of a process draws its hold-out from the same labels."""
+    try:
+        table = _pyarrow().parquet.ParquetFile(path).read_row_group(part, columns=[label])
+        values = table.column(label).to_pylist()
+    except (OSError, ValueError):  # ArrowInvalid/ArrowIOError are ValueError/OSError subclasses
+        values = []
     return np.array([-1 if value is None else int(value) for value in values], dtype=np.int64)
 
 
