@@ -154,6 +154,15 @@ def test_a_checkpoint_is_due_when_its_minutes_have_passed_since_the_last_one() -
     assert not StopPolicy(started=0.0, deadline_s=None, now=clock).check(saved_at=0.0).save  # 0 minutes: off
 
 
+def test_the_budget_and_the_checkpoint_minutes_are_judged_at_one_reading_of_the_clock() -> None:
+    """One check reads the clock once: a reading that puts the checkpoint minutes behind it also puts the
+    deadline behind it, so a step never saves for the clock yet trains on past the budget."""
+    readings = iter([109.0, 110.0])
+    policy = StopPolicy(started=100.0, deadline_s=10.0, checkpoint_s=10.0, now=lambda: next(readings))
+    assert policy.check(saved_at=100.0) == Verdict(None, False)  # 9 s of both at the one reading
+    assert policy.check(saved_at=100.0) == Verdict("time_budget", True)
+
+
 def test_processes_agree_only_at_agreement_steps_in_one_collective(monkeypatch) -> None:
     peer = {"signalled": False, "out_of_time": False, "save": False}  # what the other process reports
     asked: list[list[bool]] = []

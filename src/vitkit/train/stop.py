@@ -95,13 +95,13 @@ class StopPolicy:
         """What to do after the step just taken, the same on every process.  `saved_at`: the clock's reading at
         the last checkpoint, or when this invocation's loop began (None: no checkpoint by the clock)."""
         signalled = self.signals.signum != 0
-        out_of_time = self.deadline_s is not None and self.now() - self.started >= self.deadline_s
-        save = (
-            agree  # at agreement steps alone, so every process may join in: the same steps for 1 process or N
-            and self.checkpoint_s is not None
-            and saved_at is not None
-            and self.now() - saved_at >= self.checkpoint_s
-        )
+        # a checkpoint by the clock at agreement steps alone, so every process may join in: the same steps for 1
+        # process or N
+        due = agree and self.checkpoint_s is not None and saved_at is not None
+        # the clock is read once, where anything is judged by it: the budget and the checkpoint see one instant
+        now = self.now() if self.deadline_s is not None or due else 0.0
+        out_of_time = self.deadline_s is not None and now - self.started >= self.deadline_s
+        save = due and now - saved_at >= self.checkpoint_s
         if self.world > 1:  # all processes must stop (and save) at the same step: agree at agreement steps only
             flags = [signalled, out_of_time, save]
             signalled, out_of_time, save = distributed.any_each(flags, self.device) if agree else [False] * 3
