@@ -216,8 +216,14 @@ def load_split(
     result, reasons = materialise(
         subset, strict=strict, max_in_memory_bytes=max_in_memory_bytes, num_workers=num_workers, max_pixels=max_pixels
     )
-    check_usable(result, uri, split, reasons, getattr(subset, "problems", []))
-    damaged = len(getattr(subset, "problems", []))
+    problems = getattr(subset, "problems", [])
+    check_usable(result, uri, split, reasons, problems)
+    _log_loaded(uri, split, result, len(problems))
+    return result
+
+
+def _log_loaded(uri: str, split: str, result: ImageSet | ShardSet, damaged: int) -> None:
+    """One line for a split as loaded: its size, classes, how training reads it, and what was lost."""
     log.info(
         "%s %s: %d images, %d classes, %s%s%s",
         uri,
@@ -228,7 +234,6 @@ def load_split(
         f", {result.skipped} bad files skipped" if result.skipped else "",
         f", {damaged} damaged shard(s) (named above: their samples after the damage are lost)" if damaged else "",
     )
-    return result
 
 
 ACCESS = {
