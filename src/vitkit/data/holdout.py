@@ -80,9 +80,13 @@ class PickedReader:
         out = set(held)
         return [i for i in range(count) if i not in out]
 
+    def _whole(self, unit: Unit) -> Unit:
+        """`unit` as the inner reader counts it: every sample of both sides."""
+        return Unit(unit.path, self.held[(unit.path, unit.part)][0], unit.part)
+
     def labels(self, units: list[Unit]) -> list[list[int]]:
         """The label of each sample this side reads of each unit (-1 where none is readable)."""
-        raw = self.inner.labels([Unit(u.path, self.held[(u.path, u.part)][0], u.part) for u in units])
+        raw = self.inner.labels([self._whole(unit) for unit in units])
         return [[labels[i] for i in self.ordinals(unit)] for unit, labels in zip(units, raw)]
 
     def samples(self, unit: Unit, start: int = 0, wanted: frozenset[int] | None = None) -> Iterator[tuple[int, Sample]]:
@@ -92,8 +96,7 @@ class PickedReader:
         if not picked:
             return
         back = {raw[j]: j for j in picked}
-        whole = Unit(unit.path, self.held[(unit.path, unit.part)][0], unit.part)
-        for ordinal, sample in self.inner.samples(whole, start=raw[picked[0]], wanted=frozenset(back)):
+        for ordinal, sample in self.inner.samples(self._whole(unit), start=raw[picked[0]], wanted=frozenset(back)):
             yield back[ordinal], sample
 
 

@@ -83,13 +83,9 @@ class ShardSet:
         )
 
     def hold_out(self, fraction: float, seed: int) -> tuple[ShardSet, ShardSet]:
-        """(kept, held): round(fraction x units) whole units held out, chosen by `seed` (not class-stratified)."""
+        """(kept, held): round(fraction x units) whole units held out, at least one and never all (a split of two
+        units or more: vitkit.data.holdout.hold_out_val draws samples otherwise), chosen by `seed`."""
         count = len(self.units)
-        if count < 2:
-            raise ValueError(
-                f"val_fraction > 0 holds out whole shards, and this split has only {count}; "
-                "write more shards (vitkit shard --samples-per-shard) or a separate val split"
-            )
         held_count = min(max(round(fraction * count), 1), count - 1)
         order = torch.randperm(count, generator=torch.Generator().manual_seed(seed)).tolist()
         held, kept = sorted(order[:held_count]), sorted(order[held_count:])

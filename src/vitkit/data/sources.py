@@ -20,7 +20,8 @@ else DIR/val.  "train" is the training data minus a class-stratified `val_fracti
 0.  The same (uri, val_fraction, seed) always gives the same split; `ImageSet.origin` says where each
 part came from.
 
-A wds: or Parquet split with no val split of its own holds out whole shards (row groups) instead.
+A wds: or Parquet split with no val split of its own holds out whole shards (row groups) where they hold
+about the asked share, else a class-stratified draw of its samples (vitkit.data.holdout.hold_out_val).
 
 How training reads a split is its `access` ("memory", "files" or "stream"):
   memory  small sets live in memory as one uint8 tensor (fixed-size sources always; folders, hf: and

@@ -65,15 +65,15 @@ def load_splits(config: TrainConfig, *, need_test: bool = True) -> Splits:
     )
     periodic = evaluates_as_it_goes(config)
     val_fraction = data.val_fraction
-    final = config.eval.final_split
-    if data.labels_per_class == 1 and not separate_val(uri):  # a hold-out of one image a class is empty
+    final, own_val = config.eval.final_split, separate_val(uri)
+    if data.labels_per_class == 1 and not own_val:  # a hold-out of one image a class is empty
         if final == "val" or val_fraction > 0:
             raise ValueError(
                 "a validation split held out of 1 label per class is empty (every class keeps its one image "
                 "for training): use --labels-per-class 2 or more, or eval.final_split=test and data.val_fraction=0"
             )
         periodic = False  # evaluated at the end only (the trainer's plan says so)
-    if (periodic or final == "val") and val_fraction == 0 and not separate_val(uri):
+    if (periodic or final == "val") and val_fraction == 0 and not own_val:
         val_fraction = min(AUTO_VAL_FRACTION, AUTO_VAL_MAX / max(describe(uri, **columns).num_train, 1))
     val: ImageSet | None = None
     if data.labels_per_class:  # N per class, the validation hold-out taken out of the N (data/subsets.py)
