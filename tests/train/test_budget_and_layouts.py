@@ -287,7 +287,10 @@ def test_a_grayscale_model_reads_a_colour_folder_as_eval_and_predict_do(tmp_path
     [
         (("data.steps=0", "data.epochs=10"), True),  # evaluations at epochs 5 and 10: a validation hold-out to read
         (("data.steps=0", "data.epochs=1"), False),  # shorter than one evaluation period: every image trains
-        (("data.epochs=0", "data.steps=30"), True),  # its length in epochs is not known before the data is
+        (("data.epochs=0", "data.steps=300"), True),  # 5 epochs of 1,295 images at batch 32 are 202 steps
+        (("data.epochs=0", "data.steps=30"), False),  # ... so 30 steps never reach the first evaluation
+        (("eval.every_epochs=1.0125", "data.steps=0", "data.epochs=1.0126"), False),  # a period of 40.97 steps
+        # rounds to 41, the run's ceil(40.98) steps: longer than its period in epochs, not in steps
         (("data.steps=0", "data.epochs=0", "run.max_minutes=5"), True),  # a fitted budget decides the length later
         (("data.steps=0", "data.epochs=1", "run.max_minutes=5"), False),  # ... bounded by one epoch
     ],

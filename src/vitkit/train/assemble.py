@@ -28,6 +28,7 @@ from vitkit.models import build_model
 from vitkit.models.configs import image_size, in_channels, num_classes
 from vitkit.runs import open_checkpoint
 from vitkit.train.config import TrainConfig
+from vitkit.train.plan import eval_period, total_steps
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,9 @@ def load_splits(config: TrainConfig, *, need_test: bool = True) -> Splits:
     Evaluation during training never reads the final test images: it reads the source's own validation
     split where it has one apart from its test split, else a class-stratified hold-out of train
     (`data.val_fraction`, or 10% capped at 5,000 images when the run evaluates as it goes or ends on val).  With
-    `data.labels_per_class` that hold-out comes out of the N images per class.
+    `data.labels_per_class` that hold-out comes out of the N images per class.  A run whose evaluation period,
+    in steps of the held-out training split, is not shorter than the run evaluates at the end only, and trains
+    on the 10% again.
     """
     uri, data = config.data.uri, config.data
     # hf: columns; masked patch prediction reads sources without labels too (data/sources.py, "Labels")
@@ -75,12 +78,19 @@ def load_splits(config: TrainConfig, *, need_test: bool = True) -> Splits:
         periodic = False  # evaluated at the end only (the trainer's plan says so)
     if (periodic or final == "val") and val_fraction == 0 and not own_val:
         val_fraction = min(AUTO_VAL_FRACTION, AUTO_VAL_MAX / max(describe(uri, **columns).num_train, 1))
-    val: ImageSet | None = None
-    if data.labels_per_class:  # N per class, the validation hold-out taken out of the N (data/subsets.py)
-        whole = load_split(uri, "train", **common)
-        train, val = labelled_parts(whole, data.labels_per_class, val_fraction, config.run.seed)
-    else:
-        train = fraction_subset(load_split(uri, "train", val_fraction=val_fraction, **common), data.train_fraction)
+    whole = load_split(uri, "train", **common) if data.labels_per_class else None
+
+    def train_part(fraction: float) -> tuple[ImageSet, ImageSet | None]:
+        if whole is not None:  # N per class, the validation hold-out taken out of the N (data/subsets.py)
+            return labelled_parts(whole, data.labels_per_class, fraction, config.run.seed)
+        return fraction_subset(load_split(uri, "train", val_fraction=fraction, **common), data.train_fraction), None
+
+    train, val = train_part(val_fraction)
+    if periodic and not evaluates_as_it_goes(config, len(train)):  # its period, in steps, is past its end
+        periodic = False
+        if final != "val" and val_fraction and not data.val_fraction:  # a hold-out of ours that nothing reads
+            val_fraction = 0.0
+            train, val = train_part(val_fraction)
 
     def val_split() -> ImageSet:
         return val if val is not None else load_split(uri, "val", val_fraction=val_fraction, **common)
@@ -90,14 +100,19 @@ def load_splits(config: TrainConfig, *, need_test: bool = True) -> Splits:
     return Splits(train=train, test=test, evals=evals)
 
 
-def evaluates_as_it_goes(config: TrainConfig) -> bool:
-    """Whether the run evaluates before its end: `eval.every_epochs` > 0, and a length in epochs (or a bound on
-    it, under a time budget) longer than that period.  A length in steps, or a budget's alone, is known only
-    with the data: those runs are taken to evaluate.  The budget itself is not read, so a resume that changes
-    it trains on the same split."""
+def evaluates_as_it_goes(config: TrainConfig, num_train: int | None = None) -> bool:
+    """Whether the run evaluates before its end: `eval.every_epochs` > 0, and a length (in epochs or steps, or
+    the epoch bound of a time budget) longer than that period.  Before the data is read (`num_train` None) the
+    lengths in epochs are compared, and a length in steps is taken to be longer; with the training split's size
+    they are compared in the plan's steps (plan.eval_period, plan.total_steps).  A budget's length alone is
+    known only once the warm-up is timed: such a run is taken to evaluate.  The budget itself is not read, so a
+    resume that changes it trains on the same split."""
     every, data = config.eval.every_epochs, config.data
     if every <= 0:
         return False
+    if num_train is not None:
+        steps = total_steps(config, num_train)
+        return steps is None or eval_period(config, num_train) < steps
     if data.steps > 0 or data.epochs <= 0:
         return True
     return data.epochs > every

@@ -119,6 +119,12 @@ def total_steps(config: TrainConfig, num_train: int) -> int | None:
     return max(1, math.ceil(config.data.epochs * num_train / config.data.batch_size))
 
 
+def eval_period(config: TrainConfig, num_train: int) -> int:
+    """Optimiser steps between evaluations during training: `eval.every_epochs` rounded to steps; 0 = none."""
+    every = config.eval.every_epochs
+    return max(1, round(every * num_train / config.data.batch_size)) if every > 0 else 0
+
+
 def micro_batch_size(config: TrainConfig, world: int) -> int:
     local, rest = divmod(config.data.batch_size, world)
     if rest:
@@ -223,7 +229,7 @@ def make_plan(
         warmup=warmup_steps(config, steps),
         device=str(device or "cpu"),
         **dataclasses.asdict(choices),  # host, precision and compilation, each with its reason
-        eval_every=max(1, round(config.eval.every_epochs * num_train / batch)) if config.eval.every_epochs > 0 else 0,
+        eval_every=eval_period(config, num_train),
         steps_given=given is not None,
         start_step=start_step,
     )
