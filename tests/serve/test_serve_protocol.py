@@ -135,3 +135,15 @@ def test_connections_beyond_the_limit_get_503_with_retry_after(port: int) -> Non
             sock.close()
     time.sleep(0.05)
     good(port)
+
+
+@pytest.mark.parametrize("trailers", [b"X-T: " + b"a" * 5000 + b"\r\n", b"X: y\r\n" * 1000])
+def test_trailers_count_against_the_header_limit(port: int, trailers: bytes) -> None:
+    """A chunked body's trailer fields are headers too: uvicorn kept every one of them in memory, without limit."""
+    chunked = b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n"
+    status, headers, body = exchange(port, chunked + trailers + b"\r\n")
+    assert status == 431 and "trailers exceed 2,048 bytes" in json.loads(body)["error"]
+    assert headers["connection"] == "close"
+    closing = chunked.replace(b"Host: a\r\n", b"Host: a\r\nConnection: close\r\n")
+    status, _, body = exchange(port, closing + b"X-T: small\r\n\r\n")  # within the limit
+    assert status == 200 and json.loads(body) == {"ok": True, "bytes": 3}

@@ -6,7 +6,8 @@ request (an idle or trickling connection is held for ever: slowloris), and answe
 (a request that does not parse, the concurrency limit) in plain text.  `GuardedProtocol` adds:
 
   - `max_header_bytes`: the request line and headers of one request; more is a 431, and the bytes
-    beyond the limit are never handed to the parser;
+    beyond the limit are never handed to the parser.  A chunked body's trailer fields count against the
+    same limit, and are discarded (RFC 9110 section 6.5.1 allows it): uvicorn kept every one;
   - `header_timeout_s`: from the connection (or the first byte of a next request) to the end of the
     headers; a request still incomplete then gets 408 and the connection closes (one that sent
     nothing is closed silently; uvicorn's keep-alive timeout closes idle ones between requests);
@@ -67,7 +68,7 @@ class GuardedProtocol(HttpToolsProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.limit_concurrency = None  # our own limit answers in JSON (on_headers_complete)
-        self._in_headers, self._header_bytes = True, 0
+        self._in_headers, self._header_bytes, self._trailer_bytes = True, 0, 0
         self._header_clock: asyncio.TimerHandle | None = None
 
     # ------------------------------------------------------------------------------ the connection
@@ -136,6 +137,14 @@ class GuardedProtocol(HttpToolsProtocol):
             self.transport.close()  # nothing sent: nobody to answer
 
     # ------------------------------------------------------------------------------ parser callbacks
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self._in_headers:
+            super().on_header(name, value)
+            return
+        self._trailer_bytes += len(name) + len(value) + 4  # "name: value\r\n"
+        if self._trailer_bytes > self.limits.max_header_bytes:
+            self._refuse(431, f"request trailers exceed {self.limits.max_header_bytes:,} bytes")
+
     def on_headers_complete(self) -> None:
         self._in_headers = False
         self._stop_clock()
@@ -150,7 +159,7 @@ class GuardedProtocol(HttpToolsProtocol):
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
-        self._in_headers, self._header_bytes = True, 0  # a pipelined or keep-alive request may follow
+        self._in_headers, self._header_bytes, self._trailer_bytes = True, 0, 0  # a next request may follow
 
 
 def protocol_class(limits: Limits) -> type[GuardedProtocol]:
