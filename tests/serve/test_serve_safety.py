@@ -96,6 +96,10 @@ def test_bad_bodies_parameters_and_routes(vit_checkpoint: Path) -> None:
             "no type": await client.post("/v1/predict", content=png_bytes(8, 8), headers={"Content-Type": ""}),
             "top_k": await client.post("/v1/predict?top_k=0", content=png_bytes(8, 8), headers=PNG),
             "top_k text": await client.post("/v1/predict?top_k=two", content=png_bytes(8, 8), headers=PNG),
+            # str.isdigit() takes a superscript two that int() refuses, and int() refuses 5,000 digits: both were 500s
+            "top_k ²": await client.post("/v1/predict?top_k=%C2%B2", content=png_bytes(8, 8), headers=PNG),
+            "top_k ٣": await client.post("/v1/predict?top_k=%D9%A3", content=png_bytes(8, 8), headers=PNG),
+            "top_k long": await client.post("/v1/predict?top_k=" + "1" * 5000, content=png_bytes(8, 8), headers=PNG),
             "format": await client.post("/v1/explain?format=gif", content=png_bytes(8, 8), headers=PNG),
             "unknown": await client.get("/v2/predict"),
             "method": await client.get("/v1/predict"),
@@ -108,7 +112,8 @@ def test_bad_bodies_parameters_and_routes(vit_checkpoint: Path) -> None:
     for name in ("text", "json", "no type"):
         _assert_error(got[name], 415, "unsupported content type")
     _assert_error(got["top_k"], 400, "top_k")
-    _assert_error(got["top_k text"], 400, "top_k")
+    for name in ("top_k text", "top_k ²", "top_k ٣", "top_k long"):
+        _assert_error(got[name], 400, "top_k must be a positive integer")
     _assert_error(got["format"], 400, "format")
     _assert_error(got["unknown"], 404)
     _assert_error(got["method"], 405)
@@ -206,7 +211,36 @@ def test_a_stalled_body_gets_408_and_frees_its_place(vit_checkpoint: Path) -> No
 
     after = asyncio.run(scenario())
     assert sent[0]["status"] == 408 and b"did not arrive within 0.2 s" in sent[1]["body"]
+    assert (b"connection", b"close") in sent[0]["headers"]  # the rest of its body is not waited for on this connection
     assert after.status_code == 200
+
+
+def test_a_declared_length_holds_no_memory_until_its_bytes_arrive(vit_checkpoint: Path) -> None:
+    """Headers that declare a body and send none reserved its whole length: 32 such connections kept every
+    request out with 503 for as long as the body clock ran."""
+    sent = []
+
+    async def receive():
+        await asyncio.sleep(3600)  # the headers, then nothing
+
+    async def send(message):
+        sent.append(message)
+
+    async def scenario():
+        limits = dict(max_body_mb=4000 / 2**20, max_bodies_mb=7000 / 2**20, body_timeout_s=5)
+        config = ServeConfig(**limits, model_process=False)
+        app = create_app(vit_checkpoint, config)
+        async with serving(app) as client:
+            headers = [(b"content-type", b"image/png"), (b"content-length", b"4000")]
+            idle = asyncio.ensure_future(app(post_scope("/v1/predict", headers), receive, send))
+            await asyncio.sleep(0.05)
+            held = app.state.service.bodies.held
+            answer = await client.post("/v1/predict", content=png_bytes(32, 32), headers=PNG)  # about 3.1 KB
+            idle.cancel()
+            return held, answer
+
+    held, answer = asyncio.run(scenario())
+    assert held == 0 and answer.status_code == 200
 
 
 def test_a_client_that_leaves_mid_body_is_no_internal_error(vit_checkpoint: Path, caplog) -> None:

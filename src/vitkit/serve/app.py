@@ -19,6 +19,7 @@ import contextlib
 import hmac
 import logging
 import os
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from importlib import resources
@@ -91,9 +92,11 @@ class Guard:
 
 
 def _top_k(request: Request) -> int:
+    """?top_k: 1 to 9 ASCII digits, positive (str.isdigit and int() take other scripts' digits too)."""
     raw = request.query_params.get("top_k", "5")
-    if not raw.isdigit() or int(raw) < 1:
-        raise HTTPError(400, f"top_k must be a positive integer, got {raw!r}")
+    if not re.fullmatch(r"[0-9]{1,9}", raw) or int(raw) < 1:
+        shown = raw if len(raw) <= 20 else f"{raw[:20]}... ({len(raw):,} characters)"
+        raise HTTPError(400, f"top_k must be a positive integer of at most 9 digits, got {shown!r}")
     return int(raw)
 
 
@@ -148,16 +151,19 @@ async def page(request: Request) -> Response:
 
 def _json_errors(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
     """The route's answer, or its failure as {"error"}: an HTTPError with its status, anything else a logged 500
-    (the exception stops here: the server goes on)."""
+    (the exception stops here: the server goes on).  A failed POST closes its connection: the rest of a body
+    refused before its end (408, 413, 503) would otherwise be read, and dropped, for as long as it trickles."""
 
     async def endpoint(request: Request) -> Response:
+        closing = {"Connection": "close"} if request.method == "POST" else {}
         try:
             return await handler(request)
         except HTTPError as error:
-            return error_response(error.status, error.message, error.headers)
+            return error_response(error.status, error.message, {**error.headers, **closing})
         except Exception as error:  # noqa: BLE001 - no request may take the server down
             log.error("internal error on %s %s", request.method, request.url.path, exc_info=error)
-            return error_response(500, f"internal error ({type(error).__name__}); the server log has the details")
+            message = f"internal error ({type(error).__name__}); the server log has the details"
+            return error_response(500, message, closing)
 
     return endpoint
 

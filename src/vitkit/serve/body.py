@@ -84,7 +84,8 @@ def check_content_type(request: Request) -> None:
 async def read_body(request: Request, limit: int, take: Callable[[int], None] = lambda count: None) -> bytes:
     """The whole body, refused with 413 as soon as it exceeds `limit` bytes: from Content-Length before
     reading anything, else while the chunks arrive (so an oversized body is never held in memory).  Its bytes
-    are reserved with `take` (BodyBudget) before they are read: the declared length at once, else chunk by chunk."""
+    are reserved with `take` (BodyBudget) chunk by chunk as they arrive, never from the declared length: headers
+    that declare a body and send none hold nothing."""
     declared = request.headers.get("content-length")
     if declared is not None:
         if not declared.strip().isdigit():
@@ -93,14 +94,12 @@ async def read_body(request: Request, limit: int, take: Callable[[int], None] = 
             raise HTTPError(
                 413, f"body of {int(declared):,} bytes exceeds the limit of {limit:,} bytes (--max-body-mb)"
             )
-        take(int(declared))
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
             raise HTTPError(413, f"body exceeds the limit of {limit:,} bytes (--max-body-mb)")
-        if declared is None:
-            take(len(chunk))
+        take(len(chunk))
         chunks.append(chunk)
     if not size:
         raise HTTPError(400, "empty body: send an image (Content-Type image/*) or a multipart form with 'file' fields")
