@@ -135,6 +135,9 @@ def test_index_entries_are_checked(tmp_path: Path, entry: object, problem: str) 
     "fields, problem",
     [
         ({"classes": 5}, "'classes'"),
+        ({"classes": ["a", "a", "c"]}, "'a' appears twice"),  # as classes.txt refuses them
+        ({"classes": ["a", "", "c"]}, "class 2 is empty"),
+        ({"classes": ["a", "b\x0cc", "d"]}, "class 2's name holds a control character"),
         ({"channels": 7}, "'channels'"),
         ({"image_size": "big"}, "'image_size'"),
         ({"splits": []}, "'splits'"),
@@ -173,3 +176,13 @@ def test_a_pax_record_of_length_zero_is_an_error_not_a_loop(tmp_path: Path) -> N
     path.write_bytes(_header(b"pax", b"%011o\0" % 13, b"x") + records + _header(b"a.png", b"%011o\0" % 0) + bytes(1024))
     with open(path, "rb") as handle, pytest.raises(TarFormatError, match="damaged pax header"):
         list(tar_members(handle))
+
+
+@pytest.mark.parametrize("text", ["1_0", "\u0663", "+3", "0x1", "1.0", ""])
+def test_a_text_label_is_ascii_digits(text: str) -> None:
+    """int() reads "1_0" as 10 and an Arabic-Indic three as 3: a label member holds ASCII digits, nothing else."""
+    from vitkit.data.tarsamples import _parse_label
+
+    with pytest.raises(ValueError, match="not a class index"):
+        _parse_label("cls", text.encode())
+    assert _parse_label("cls", b" 7\n") == 7 and _parse_label("a.cls", b"12") == 12

@@ -87,6 +87,7 @@ def test_class_names_come_from_classes_txt(shards: Path) -> None:
         ("n01\nn02\n", r"names 2 classes, but \S+-0000\d\d\.tar:s\d+ holds label 3"),
         ("n01\n\nn03\nn04\n", "line 2 is empty"),
         ("n01\nn02\nn01\nn04\n", "'n01' appears twice"),
+        ("n01\nn02\x0cn03\nn04\n", "line 2's name holds a control character"),  # splitlines() made it 4 lines
         ("", "one class name per line"),
     ],
 )

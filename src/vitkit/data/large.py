@@ -18,6 +18,7 @@ from vitkit.data.images import NoLabelsError, probe_images
 from vitkit.data.imageset import NO_LABELS_HINT, UNLABELLED, ImageSet, SourceInfo, fits_in_memory
 from vitkit.data.shardscan import CLASS_FILE, top_label
 from vitkit.data.stream import ShardSet, Unit
+from vitkit.data.tarsamples import check_class_names
 
 PROBED = 16  # images whose headers give the typical side and the channels when no index says
 MAX_CLASS_FILE_BYTES = 64 << 20
@@ -128,20 +129,14 @@ def class_file_names(path: str, scanned: list[Unit] | None) -> list[str] | None:
     if file.stat().st_size > MAX_CLASS_FILE_BYTES:
         raise ValueError(f"{file}: {file.stat().st_size:,} bytes, more than a class list holds")
     try:
-        names = [line.strip() for line in file.read_bytes().decode("utf-8").splitlines()]
+        names = [line.strip() for line in file.read_bytes().decode("utf-8").split("\n")]  # not splitlines: \f too
     except UnicodeDecodeError as error:
         raise ValueError(f"{file}: not UTF-8 text ({error})") from error
     while names and not names[-1]:
         names.pop()
     if not names or len(names) > tarshards.MAX_CLASSES:
         raise ValueError(f"{file}: expected one class name per line, 1 to {tarshards.MAX_CLASSES:,} of them")
-    if "" in names:
-        raise ValueError(f"{file}: line {names.index('') + 1} is empty; expected one class name per line")
-    seen: set[str] = set()
-    for name in names:
-        if name in seen:
-            raise ValueError(f"{file}: the class name {name[:80]!r} appears twice")
-        seen.add(name)
+    check_class_names(names, str(file), "line")
     top, holder = top_label(scanned or [])
     if top >= len(names):
         raise ValueError(

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import logging
+import re
+import unicodedata
 from collections.abc import Iterator
 from typing import BinaryIO
 
@@ -18,6 +20,7 @@ log = logging.getLogger("vitkit.data.tarshards")  # the shard reader's messages,
 _IMAGE_EXTS = frozenset(ext.lstrip(".") for ext in IMAGE_EXTENSIONS)
 MAX_CLASSES = 1_000_000  # a label at or above this is corrupt (ImageNet-21k has 21,843 classes)
 MAX_LABEL_BYTES = 1 << 16  # a label member larger than this is corrupt
+_DIGITS = re.compile(rb"\s*[0-9]+\s*")  # what a .cls label member holds
 MAX_IMAGE_BYTES = 1 << 29  # an image member larger than this (512 MiB) is corrupt, and not read
 _named: set[str] = set()  # shards already named in this process's log: a damaged shard is named once
 
@@ -31,12 +34,28 @@ def _split_name(name: str) -> tuple[str, str] | None:
     return (f"{folder}/{stem}" if folder else stem), ext.lower()
 
 
+def check_class_names(names: list[str], where: str, item: str) -> None:
+    """Class names read from an untrusted file: none empty, none repeated, no control character; `item` is what
+    an entry is called in the messages ("line", "class"), numbered from 1."""
+    seen: set[str] = set()
+    for number, name in enumerate(names, 1):
+        if not name:
+            raise ValueError(f"{where}: {item} {number} is empty; a class name is needed for each class")
+        if any(unicodedata.category(char) == "Cc" for char in name):
+            raise ValueError(f"{where}: {item} {number}'s name holds a control character ({name[:80]!r})")
+        if name in seen:
+            raise ValueError(f"{where}: the class name {name[:80]!r} appears twice")
+        seen.add(name)
+
+
 def _parse_label(ext: str, data: bytes) -> int:
     """The class index of a .cls (text) or .json label member; ValueError when it holds none in 0..MAX_CLASSES-1."""
     if len(data) > MAX_LABEL_BYTES:
         raise ValueError(f"{len(data):,} bytes, more than a label holds")
     if ext.rsplit(".", 1)[-1] == "cls":
-        value = int(data.decode("utf-8").strip())
+        if not _DIGITS.fullmatch(data):  # int() also reads "1_0" as 10, and other scripts' digits
+            raise ValueError(f"{data[:20]!r} is not a class index (ASCII digits)")
+        value = int(data)
     else:
         try:
             record = json.loads(data)

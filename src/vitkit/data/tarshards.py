@@ -32,7 +32,7 @@ from vitkit.data.braces import expand_braces
 from vitkit.data.shardscan import class_names_by_scan, damage, scan_shard, shard_labels
 from vitkit.data.stream import Sample, Unit
 from vitkit.data.tarformat import BLOCK, TarFormatError, tar_members
-from vitkit.data.tarsamples import MAX_CLASSES, _assemble, _groups, _name_once, damage_message
+from vitkit.data.tarsamples import MAX_CLASSES, _assemble, _groups, _name_once, check_class_names, damage_message
 
 __all__ = [
     "MAX_CLASSES",
@@ -163,6 +163,8 @@ def read_index(directory: Path) -> dict[str, Any] | None:
         isinstance(classes, list) and all(isinstance(c, str) for c in classes) and 0 < len(classes) <= MAX_CLASSES
     ):
         raise ValueError(f"{path}: 'classes' must be a list of 1..{MAX_CLASSES:,} names")
+    if classes is not None:
+        check_class_names(classes, str(path), "class")
     if channels not in (None, 1, 3) or isinstance(channels, bool):
         raise ValueError(f"{path}: 'channels' must be 1 or 3, got {channels!r:.40}")
     if side is not None and (isinstance(side, bool) or not isinstance(side, int) or side < 0):
