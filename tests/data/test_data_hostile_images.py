@@ -105,3 +105,23 @@ def test_between_one_and_two_of_pillows_limits_only_vitkits_message_speaks(monke
     )
     assert good == [] and errors == [str(refused.value)]
     assert [str(w.message) for w in caught] == []
+
+
+def test_a_large_float_image_is_reduced_before_it_is_converted(tmp_path) -> None:
+    """A 9400x9400 float TIFF of 630 KB took 1.1 GB through the 8-bit conversion's float copies; beyond
+    LARGE_PIXELS a box reduction comes first.  The pixels stay the image's column means (the ramp's)."""
+    import tracemalloc
+
+    side, size = 4200, 64  # 17.6 M pixels, past 4096 x 4096
+    ramp = np.linspace(0.0, 255.0, side, dtype=np.float32)
+    path = tmp_path / "ramp.tif"
+    Image.fromarray(np.broadcast_to(ramp, (side, side)).copy(), "F").save(path)
+    tracemalloc.start()
+    try:
+        decoded = decode_image(path, 1, size=size)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 20 * 2**20  # Python and numpy allocations: two float32 copies of the image were 141 MB
+    expected = ramp.reshape(size, -1).mean(axis=1) if side % size == 0 else 255 * (np.arange(size) + 0.5) / size
+    assert decoded.shape == (1, size, size) and np.abs(decoded[0, 0].numpy() - expected).max() <= 2.5  # 65-px boxes
