@@ -132,6 +132,11 @@ def test_multipart_mistakes(vit_checkpoint: Path) -> None:
             "bad second": await client.post(
                 "/v1/predict", files=[three[0], ("file", ("broken.png", b"junk", "image/png"))]
             ),
+            "unclosed": await client.post(  # a 'file' part, but no closing boundary: the form was reported empty
+                "/v1/predict",
+                content=b'--b\r\nContent-Disposition: form-data; name="file"; filename="a.png"\r\n\r\n' + image,
+                headers={"Content-Type": "multipart/form-data; boundary=b"},
+            ),
         }
 
     got = _run(vit_checkpoint, ServeConfig(max_files=2), requests)
@@ -140,6 +145,7 @@ def test_multipart_mistakes(vit_checkpoint: Path) -> None:
     _assert_error(got["too many"], 400, "multipart")
     _assert_error(got["png of two"], 400, "format=png")
     _assert_error(got["bad second"], 400, "broken.png")
+    _assert_error(got["unclosed"], 400, "malformed multipart form", "no part ends", "closing boundary")
 
 
 @pytest.mark.filterwarnings("ignore::PIL.Image.DecompressionBombWarning")

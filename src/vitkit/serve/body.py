@@ -136,6 +136,8 @@ async def _multipart(request: Request, body: bytes, max_files: int) -> list[Uplo
         raise HTTPError(400, f"malformed multipart form: {error.message}") from error
     try:
         fields = form.getlist("file")
+        if not form.keys():  # the parser reports a part only once its end is found
+            raise HTTPError(400, "malformed multipart form: no part ends (is the closing boundary missing?)")
         if not fields:
             raise HTTPError(400, f"the multipart form has no 'file' field (fields: {sorted(set(form.keys()))})")
         uploads = []
