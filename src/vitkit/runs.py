@@ -66,6 +66,16 @@ class RunDir:
         self.checkpoints = self.path / CHECKPOINTS
 
     def create(self) -> None:
+        """The directory, made where it is free or holds a vitkit run; never over a file, or where its config.json
+        is another's (a model checkpoint's, a project's), which the run's config would replace."""
+        if self.path.exists() and not self.path.is_dir():
+            raise ValueError(f"{self.path} is a file; choose another --out for the run (a directory)")
+        stored = self.stored_config()
+        if stored is not None and not all(isinstance(stored.get(key), dict) for key in ("model", "data", "run")):
+            raise ValueError(
+                f"{self.path} is not a vitkit run: its {CONFIG} is another's (a model checkpoint's?), which the "
+                "run's would replace; choose another --out for the run"
+            )
         self.path.mkdir(parents=True, exist_ok=True)
 
     # ----------------------------------------------------------------------------- checkpoints

@@ -257,3 +257,19 @@ def test_the_final_line_names_the_k_it_measured() -> None:
     assert "top-1 50.00%, top-3 100.00% on 10 images" in three
     stored = _final_line({**result, "test": {"top1": 0.5, "top5": 0.9, "count": 10}}, config)  # a record from before k
     assert "top-5 90.00%" in stored
+
+
+def test_an_out_that_is_not_a_run_is_refused_and_kept(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """--out at a model checkpoint (a converted timm model, a run's checkpoints/final) or a project's own
+    config.json replaced that config.json with the run's; --out at a file ended in a FileExistsError traceback."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"architecture": "vit_tiny_patch16_224", "num_classes": 10}\n')
+    afile = tmp_path / "afile"
+    afile.write_text("notes\n")
+    for out, words in ((model, "is not a vitkit run"), (afile, "is a file")):
+        assert main(["train", "--epochs", "1", "--set", "data.steps=1", "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert words in err and "choose another --out" in err and "Traceback" not in err
+    assert json.loads((model / "config.json").read_text())["architecture"] == "vit_tiny_patch16_224"
+    assert sorted(p.name for p in model.iterdir()) == ["config.json"] and afile.read_text() == "notes\n"

@@ -74,7 +74,14 @@ def main(argv: Sequence[str] | None = None, *, since_process_start: bool = False
     args.started = started
     try:
         return args.handler(args)
-    except (ValueError, FileNotFoundError, NotADirectoryError, PermissionError) as err:
+    except (
+        ValueError,
+        FileNotFoundError,
+        FileExistsError,
+        NotADirectoryError,
+        IsADirectoryError,
+        PermissionError,
+    ) as err:
         print(f"vitkit {args.verb}: error{_process()}: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
