@@ -103,6 +103,9 @@ def test_split_errors_are_clear():
         load_split("digits", "validation")
     with pytest.raises(ValueError, match="no separate val split"):
         load_split("npz:/nonexistent.npz", "val")
+    with pytest.raises(ValueError, match="no separate val split"):  # it was the training images, called "val"
+        load_split("digits", "val")
+    assert len(load_split("digits", "val", val_fraction=0.1)) == 143  # 10% of the 1,438 training images, as asked
 
 
 # ---------------------------------------------------------------------------------------- IDX

@@ -136,8 +136,6 @@ def separate_val(uri: str) -> bool:
 def _read(
     kind: str, path: str, part: str, size: int, channels: int | None, columns: tuple[str, str], labelled: bool
 ) -> ImageSet | ShardSet:
-    if kind == "digits":
-        return arrays.read_digits(part)
     if kind == "folder":
         return folder.read_folder(Path(path), part, size, channels or 3, labelled=labelled)
     if kind == "wds":
@@ -146,6 +144,8 @@ def _read(
         return large.read_hf(path, part, size, channels, *columns, labelled=labelled)
     if part == "val":
         raise ValueError(f"{kind} has no separate val split; pass val_fraction > 0 to hold out part of train")
+    if kind == "digits":
+        return arrays.read_digits(part)
     if kind in ("mnist", "fashion-mnist"):
         return arrays.read_idx(kind, Path(path), part)
     if kind in ("cifar10", "cifar100"):
