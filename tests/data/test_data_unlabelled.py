@@ -8,6 +8,7 @@ import json
 import tarfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from PIL import Image
@@ -138,6 +139,8 @@ def test_pretrain_mpp_trains_on_a_flat_folder_that_train_refuses(tmp_path: Path,
     embed = ["embed", str(tmp_path / "run"), "--data", uri, "--split", "train", "--out", str(tmp_path / "e.npy")]
     assert main([*embed, "--json"]) == 0, capsys.readouterr().err
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["shape"][0] == COUNT - 8
+    assert main(["fewshot", str(tmp_path / "run"), "--data", uri, "--shots", "2"]) == 2  # it reported 100% of 1 class
+    assert "needs 2 classes or more" in capsys.readouterr().err
     assert main(["train", *argv, "--out", str(tmp_path / "classifier")]) == 2
     assert "pretrain-mpp" in capsys.readouterr().err
 
@@ -181,3 +184,26 @@ def test_a_source_labelled_in_train_only_is_refused_before_anything_is_written(t
     error = capsys.readouterr().err
     assert "the train split has labels; give the test split its labels too" in error and "--no-labels" not in error
     assert not out.exists()
+
+
+def test_an_encoder_pretrained_on_labelled_images_is_probed_with_their_labels(tmp_path: Path, capsys) -> None:
+    """pretrain-mpp on class folders reads them without labels; fewshot and embed on the same folders read the
+    labels (they were read as the run read them: one class, and fewshot reported a meaningless 100%)."""
+    root = tmp_path / "classes"
+    images, labels = numbered_images(COUNT, classes=4)
+    for i, (pixels, label) in enumerate(zip(images, labels)):
+        (root / f"c{label}").mkdir(parents=True, exist_ok=True)
+        Image.fromarray(pixels).save(root / f"c{label}" / f"img{i:03d}.png")
+    uri, run = f"folder:{root}", str(tmp_path / "run")
+    argv = ["--data", uri, "--recipe", "small-32px-tiny", "--img-size", "8", "--epochs", "1", "--batch-size", "8"]
+    argv += ["--set", "model.patch_size=4", "--set", "run.tensorboard=false", "--out", run]
+    assert main(["pretrain-mpp", *argv]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    out = tmp_path / "e.npy"
+    assert main(["embed", run, "--data", uri, "--split", "train", "--out", str(out), "--json"]) == 0
+    capsys.readouterr()
+    assert json.loads((tmp_path / "e.json").read_text())["class_names"] == ["c0", "c1", "c2", "c3"]
+    assert sorted(set(np.load(tmp_path / "e.labels.npy").tolist())) == [0, 1, 2, 3]
+    assert main(["fewshot", run, "--data", uri, "--shots", "2", "--json"]) == 0, capsys.readouterr().err
+    probed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert probed["num_classes"] == 4 and probed["num_test"] == 8

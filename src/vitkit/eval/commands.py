@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from vitkit.atomic import atomic_write_text
+from vitkit.data.images import NoLabelsError
 from vitkit.data.sources import data_name, load_split
 from vitkit.eval.accuracy import AccuracyConfig, evaluate
 from vitkit.eval.embed import output_paths, save_embeddings
@@ -25,14 +26,17 @@ log = logging.getLogger(__name__)
 
 
 def _load(path, uri: str, split: str, checkpoint, img_size: int | None, max_images: int | None = None):
-    """A split of `uri` as the checkpoint reads it (its resolution and channels; a run's own hf columns)."""
-    images = load_split(
-        uri,
-        split,
-        image_size=resolution(checkpoint, img_size),
-        channels=1 if channels(checkpoint) == 1 else 3,
-        **data_reading(path, uri),
-    )
+    """A split of `uri` as the checkpoint reads it (its resolution and channels; a run's own hf columns), with
+    its labels where it has them: a masked-patch-prediction run read its own data without them, but probing or
+    embedding its encoder needs them; a source without labels reads as that run read it."""
+    reading = data_reading(path, uri)
+    common = dict(image_size=resolution(checkpoint, img_size), channels=1 if channels(checkpoint) == 1 else 3)
+    try:
+        images = load_split(uri, split, **common, **{**reading, "labelled": True})
+    except NoLabelsError:
+        if reading.get("labelled", True):
+            raise
+        images = load_split(uri, split, **common, **reading)
     if max_images is not None and max_images < len(images) and images.access == "stream":
         raise ValueError("--max-images needs a random-access split; this one is streamed from shards")
     if max_images is not None and max_images < len(images):

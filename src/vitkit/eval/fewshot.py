@@ -172,6 +172,8 @@ def run_fewshot(checkpoint, train_set, test_set, config: FewShotConfig) -> FewSh
     """
     if train_set.num_classes != test_set.num_classes:
         raise ValueError(f"train has {train_set.num_classes} classes but test has {test_set.num_classes}")
+    if train_set.num_classes < 2:  # one class: every probe is right, and says nothing
+        raise ValueError(f"few-shot accuracy needs 2 classes or more; {train_set.origin} has 1")
     draws = [(k, seed) for k in config.shots for seed in range(config.seeds)]
     needed = torch.cat([k_per_class(train_set.labels, k, seed, train_set.class_names) for k, seed in draws])
     pool = needed.unique()  # sorted indices of every image any draw uses
