@@ -207,3 +207,21 @@ def test_an_encoder_pretrained_on_labelled_images_is_probed_with_their_labels(tm
     assert main(["fewshot", run, "--data", uri, "--shots", "2", "--json"]) == 0, capsys.readouterr().err
     probed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert probed["num_classes"] == 4 and probed["num_test"] == 8
+
+
+def test_an_encoder_without_a_head_is_no_classifier(tmp_path: Path, capsys) -> None:
+    """predict showed a softmax over the encoder's 32 features as class probabilities; eval said the model
+    "predicts 32 classes"; serve served it."""
+    from vitkit.serve.model import load_model
+
+    uri, run = _flat_folder(tmp_path / "photos"), str(tmp_path / "run")
+    argv = ["--data", uri, "--recipe", "small-32px-tiny", "--img-size", "8", "--epochs", "1", "--batch-size", "8"]
+    assert main(["pretrain-mpp", *argv, "--set", "model.patch_size=4", "--out", run]) == 0
+    capsys.readouterr()
+    image = str(tmp_path / "photos" / "img000.png")
+    for verb in (["predict", run, image], ["eval", run, "--data", "digits"]):
+        assert main(verb) == 2
+        err = capsys.readouterr().err
+        assert "has no classification head" in err and "vitkit finetune" in err, err
+    with pytest.raises(ValueError, match="has no classification head"):
+        load_model(run)

@@ -17,7 +17,7 @@ from vitkit.data.images import NoLabelsError
 from vitkit.data.sources import data_name, load_split
 from vitkit.eval.accuracy import AccuracyConfig, evaluate
 from vitkit.eval.embed import output_paths, save_embeddings
-from vitkit.eval.features import channels, compute, resolution
+from vitkit.eval.features import channels, compute, require_classifier, resolution
 from vitkit.eval.fewshot import FewShotConfig, run_fewshot
 from vitkit.eval.predict import PredictConfig, predict_files
 from vitkit.runs import RunDir, data_reading, find_checkpoint, is_run_dir, open_checkpoint
@@ -66,6 +66,7 @@ def eval_command(
     from vitkit.eval.plots import plot_confusion
 
     checkpoint = open_checkpoint(path)
+    require_classifier(checkpoint, path)
     images = _load(path, data, split, checkpoint, config.img_size, max_images)
     result = evaluate(checkpoint, images, config)
     report = {"checkpoint": str(find_checkpoint(path)), "data": data, "split": split, **result.to_dict()}
@@ -99,7 +100,9 @@ def fewshot_command(
 
 def predict_command(path: str | os.PathLike, files: Sequence[str], config: PredictConfig) -> list[dict[str, Any]]:
     """Top-k classes of image files and folders (see `predict_files`)."""
-    return predict_files(open_checkpoint(path), files, config)
+    checkpoint = open_checkpoint(path)
+    require_classifier(checkpoint, path)
+    return predict_files(checkpoint, files, config)
 
 
 def embed_command(

@@ -8,6 +8,7 @@ and the model runs in eval mode, so an image's output does not depend on the res
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator
 
 import torch
@@ -17,7 +18,7 @@ from vitkit.checkpoints import Checkpoint
 from vitkit.data.loader import eval_batches
 from vitkit.data.transforms import eval_transform
 from vitkit.device import pick_device
-from vitkit.models.configs import image_size, in_channels
+from vitkit.models.configs import image_size, in_channels, num_classes
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +30,17 @@ def resolution(checkpoint: Checkpoint, img_size: int | None = None) -> int:
 
 def channels(checkpoint: Checkpoint) -> int:
     return in_channels(checkpoint.model.config)
+
+
+def require_classifier(checkpoint: Checkpoint, where: str | os.PathLike) -> None:
+    """A ValueError unless the checkpoint has a classification head: an encoder's (num_classes 0) output is its
+    representation, which read as class scores would be noise."""
+    if num_classes(checkpoint.model.config) == 0:
+        raise ValueError(
+            f"{where} has no classification head (an encoder, as pretrain-mpp and convert --num-classes 0 write "
+            f"it): fine-tune it on labelled images first (vitkit finetune {where} --data URI); vitkit fewshot and "
+            "embed read its representation as it is"
+        )
 
 
 def prepare(images: Tensor, checkpoint: Checkpoint, size: int) -> Tensor:

@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 from torch import Tensor
 
-from vitkit.eval.features import prepare
+from vitkit.eval.features import prepare, require_classifier
 from vitkit.eval.predict import class_probabilities, decode_input
 from vitkit.inspect.attention import attention_rollout, rollout_map
 from vitkit.models.configs import config_to_dict, num_classes
@@ -127,6 +127,7 @@ def load_model(path: str | os.PathLike, device: str = "auto") -> ServedModel:
     from vitkit.runs import find_checkpoint, open_checkpoint
 
     checkpoint = open_checkpoint(path)
+    require_classifier(checkpoint, path)
     source = str(find_checkpoint(path))
     log.info("serving %s", source)
     return ServedModel(checkpoint, source, device)
