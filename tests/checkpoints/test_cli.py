@@ -79,6 +79,12 @@ def test_convert_refuses_to_overwrite_unless_forced(tmp_path, make_vit, images, 
     assert read(tmp_path / "first").config.num_classes == 3
     (tmp_path / "empty").mkdir()  # an empty directory is no one's work
     assert main(["convert", str(tmp_path / "second"), str(tmp_path / "empty")]) == 0
+    run = tmp_path / "run"  # a training run: --force wrote the model beside its checkpoints, and eval read that
+    vitkit.save(first, run / "checkpoints" / "final")
+    (run / "config.json").write_text("{}")
+    assert main(["convert", str(tmp_path / "second"), str(run), "--force"]) == 2
+    assert "is a training run" in capsys.readouterr().err
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "config.json"]
 
 
 def test_a_failed_convert_leaves_no_directory_behind(tmp_path, make_vit, capsys):
@@ -95,3 +101,12 @@ def test_convert_and_export_take_a_run_directory(tmp_path, make_vit, images, cap
     assert main(["convert", str(tmp_path / "run"), str(tmp_path / "timm"), "--to", "timm"]) == 0
     with torch.no_grad():
         assert torch.equal(read(tmp_path / "timm").model.eval()(images), model.eval()(images))
+
+
+def test_export_onnx_to_a_directory_is_refused_before_any_work(tmp_path, make_vit, capsys):
+    """It ended in an IsADirectoryError traceback naming its temporary file."""
+    vitkit.save(make_vit(), tmp_path / "model")
+    (tmp_path / "taken").mkdir()
+    assert main(["export-onnx", str(tmp_path / "model"), str(tmp_path / "taken")]) == 2
+    err = capsys.readouterr().err
+    assert "is a directory; name the .onnx file to write" in err and "Traceback" not in err

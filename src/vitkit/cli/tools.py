@@ -97,8 +97,11 @@ def _read_checkpoint(args: argparse.Namespace) -> Any:
 
 def run_convert(args: argparse.Namespace) -> int:
     from vitkit.checkpoints import write
+    from vitkit.runs import is_run_dir
 
     dst = Path(args.dst)
+    if is_run_dir(dst):  # even with --force: the model would sit beside the run's checkpoints, and verbs read those
+        raise ValueError(f"{dst} is a training run; write the converted model to another destination")
     if dst.exists() and (not dst.is_dir() or any(dst.iterdir())) and not args.force:
         raise ValueError(f"{dst} already exists and is not empty; choose another destination or pass --force")
     checkpoint = _read_checkpoint(args)
@@ -136,6 +139,8 @@ def add_export_onnx(sub: argparse._SubParsersAction) -> None:
 def run_export_onnx(args: argparse.Namespace) -> int:
     from vitkit.checkpoints.onnx_export import check_onnx, export_onnx, onnxruntime_available
 
+    if Path(args.out).is_dir():
+        raise ValueError(f"{args.out} is a directory; name the .onnx file to write")
     checkpoint = _read_checkpoint(args)
     out = export_onnx(checkpoint.model, args.out, opset=args.opset)
     diff = check_onnx(checkpoint.model, out) if onnxruntime_available() else None
