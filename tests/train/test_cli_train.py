@@ -213,6 +213,8 @@ def test_the_final_line_says_when_the_step_count_was_an_estimate() -> None:
     budget_alone = _final_line({**result, "plan": {"steps_given": False}}, config)
     assert "after 427 (~294 estimated) steps, 2.87 min (time budget spent); run: r" in budget_alone
     assert "after 427/294 steps" in _final_line({**result, "plan": {"steps_given": True}}, config)
+    capped = {**result, "step": 1125, "steps": 46875, "plan": {"steps_given": True}}  # the budget ended it first
+    assert "after 1125 of at most 46875 steps, 2.87 min (time budget spent)" in _final_line(capped, config)
 
 
 def test_data_a_classifier_cannot_learn_from_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

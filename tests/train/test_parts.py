@@ -303,3 +303,5 @@ def test_a_budget_longer_than_the_runs_own_length_says_the_steps_end_it() -> Non
     assert "its own 10 steps (1.0 epochs) end it first" in lines
     long = make_plan(apply_overrides(config, ["data.steps=1000"]), num_train=1000, timings=timings, budget_s=50.0)
     assert "end it first" not in "\n".join(plan_lines(long))  # the budget ends a 1,000-step run
+    # a fine-tune's 100-epoch cap under a 1-minute budget read as its length: "46,875 steps (100.0 epochs)"
+    assert "at most 1,000 steps (100.0 epochs), fewer where the budget ends first" in "\n".join(plan_lines(long))

@@ -20,7 +20,8 @@ def plan_lines(plan: Plan) -> list[str]:
         else f"lr {plan.base_lr:g} x {plan.lr_scaling} rule ({plan.global_batch}/{plan.base_batch}) = {plan.lr:g}"
     )
     length = (
-        f"{plan.steps:,} steps ({plan.epochs:.1f} epochs)"
+        f"{'at most ' if plan.fitted else ''}{plan.steps:,} steps ({plan.epochs:.1f} epochs)"
+        + (", fewer where the budget ends first" if plan.fitted else "")
         if plan.steps_given
         else f"as many steps as the budget holds (about {plan.steps:,}, {plan.epochs:.1f} epochs, estimated)"
     )
