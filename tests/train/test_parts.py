@@ -291,6 +291,10 @@ def test_a_budget_too_small_for_its_final_evaluation_is_warned_about() -> None:
     warned = [line for line in plan_lines(tight) if line.startswith("warning:")]
     assert warned and "5 s" in warned[0] and "45 s" in warned[0] and "--max-minutes" in warned[0]
     assert not any(line.startswith("warning:") for line in plan_lines(ample))
+    # --max-minutes 0.01: the start-up took more than the 0.6 s, the run got the 1 s floor, and nothing was said
+    spent = make_plan(apply_overrides(config, ["run.max_minutes=0.01"]), num_train=1000, timings=timings, budget_s=1.0)
+    warned = [line for line in plan_lines(spent) if line.startswith("warning:")]
+    assert warned and "the start-up took the 0.6-s budget" in warned[0] and "ends late" in warned[0]
 
 
 def test_a_budget_longer_than_the_runs_own_length_says_the_steps_end_it() -> None:

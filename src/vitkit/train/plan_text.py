@@ -101,7 +101,12 @@ def estimate_lines(plan: Plan) -> list[str]:
             fitted += f"; resuming at step {plan.start_step:,}, the rest of the schedule in the training time left"
         lines = [speed, fitted]
         left, whole = measured.get("train_seconds"), plan.budget_minutes * 60
-        if left is not None and left < TIGHT_BUDGET * whole:
+        if left is not None and left + measured["eval_seconds"] >= whole:  # the usable budget's floor: 1 s
+            lines.append(
+                f"warning: the start-up took the {whole:g}-s budget; the run trains {left:g} s, evaluates, "
+                "and ends late: a larger --max-minutes trains more"
+            )
+        elif left is not None and left < TIGHT_BUDGET * whole:
             lines.append(
                 f"warning: of the {plan.budget_minutes:g}-min budget, {left:g} s are left to train after start-up "
                 f"and the final evaluation ({measured['eval_seconds']:g} s); a larger --max-minutes trains more"
