@@ -205,3 +205,20 @@ def test_the_tiny_imagenet_shards_pick_the_pretraining_recipe() -> None:
     config = resolved.config
     assert config.recipe == "small-64px-pretrain" and config.data.epochs == 60 and config.run.max_minutes == 60
     assert (resolved.info.num_train, resolved.info.num_classes, resolved.info.image_size) == (40_400, 202, 64)
+
+
+def test_the_commands_start_up_is_charged_to_the_final_run_not_to_one_trial(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first trial paid it: 547 steps against 704-731 for the others, in a 1-minute sweep, tilting the
+    comparison towards the later rates."""
+    config = tiny_config(tmp_path / "s", "data.val_fraction=0.1", "optim.lr_sweep=0.01,0.1,1", "run.max_minutes=1")
+    charged: list[tuple[float, float]] = []
+
+    def fake_train(trial, spent_s=0.0, **kwargs):
+        charged.append((trial.optim.lr, spent_s))
+        return {"status": "finished", "val": {"top1": trial.optim.lr, "loss": 1.0}}
+
+    monkeypatch.setattr(sweep, "train", fake_train)
+    sweep.train_with_sweep(config, spent_s=3.0)
+    assert charged == [(0.01, 0.0), (0.1, 0.0), (1.0, 0.0), (1.0, 3.0)]  # three equal trials, then the final run

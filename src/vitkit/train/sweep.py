@@ -81,14 +81,14 @@ def check_hold_out(config: TrainConfig) -> None:
 
 def train_with_sweep(config: TrainConfig, *, spent_s: float = 0.0, **train_kwargs: Any) -> dict[str, Any]:
     """`train(config)`, preceded by the LR sweep when `config.optim.lr_sweep` is non-empty; `spent_s`, the
-    caller's start-up, is charged to the first run's budget."""
+    caller's start-up, is charged to the final run's budget, so the trials are equal."""
     if not config.optim.lr_sweep:
         return train(config, spent_s=spent_s, **train_kwargs)
     check_hold_out(config)
     scores: dict[str, float] = {}
     losses: dict[str, float] = {}
-    for index, lr in enumerate(config.optim.lr_sweep):
-        result = train(trial_config(config, lr), spent_s=0.0 if index else spent_s, **train_kwargs)
+    for lr in config.optim.lr_sweep:
+        result = train(trial_config(config, lr), **train_kwargs)
         if result["status"] != "finished":  # the sweep's own directory resumes it: finished trials are skipped
             return {**result, "sweep": scores, "status": result["status"], "resume_out": str(config.run.out)}
         scores[f"{lr:g}"], losses[f"{lr:g}"] = result["val"]["top1"], result["val"]["loss"]
@@ -105,5 +105,5 @@ def train_with_sweep(config: TrainConfig, *, spent_s: float = 0.0, **train_kwarg
     record = {"val_top1": scores, "val_loss": losses, "best_lr": best}
     record.update(trial_minutes=trial_minutes, final_minutes=final_minutes)
     atomic_write_text(Path(config.run.out) / "sweep.json", json.dumps(record, indent=2) + "\n")
-    result = train(final_config(config, best), **train_kwargs)
+    result = train(final_config(config, best), spent_s=spent_s, **train_kwargs)
     return {**result, "sweep": scores, "best_lr": best}
