@@ -20,7 +20,7 @@ from vitkit.reproduce.common import arm, over_seeds
 from vitkit.reproduce.figures import Panel, Series, draw
 from vitkit.reproduce.scale import hybrid_for
 from vitkit.reproduce.spec import Analysis, Claim, Context, Study, Table
-from vitkit.reproduce.verdict import estimate, exceeds, seed_sd
+from vitkit.reproduce.verdict import INCONCLUSIVE, Verdict, estimate, exceeds, seed_sd
 
 GLOBAL = 0.75  # a head attending at >= 75% of the uniform-attention distance looks at "most of the image"
 LOCAL = 0.5  # a head at <= 50% of it is local
@@ -82,7 +82,7 @@ def analyse(context: Context, records: list) -> Analysis:
             "Some heads attend to most of the image already in the first layer",
             paper.ATTENTION,
             METRIC,
-            verdict("global", 0.0, f"largest first-layer head - {GLOBAL}"),
+            _global_verdict(stats, verdict("global", 0.0, f"largest first-layer head - {GLOBAL}")),
             {"by seed": shown["global"], "global means at least": GLOBAL},
         ),
         Claim(
@@ -114,6 +114,15 @@ def analyse(context: Context, records: list) -> Analysis:
         [table(records)],
         [("attention.png", "Figure 7 (right): mean attention distance per head and layer (dotted: uniform attention)")],
         notes,
+    )
+
+
+def _global_verdict(stats: dict[str, list[float]], measured: Verdict) -> Verdict:
+    """The global-heads verdict, inconclusive where no first-layer head is local: uniform attention passes it."""
+    if not _unspecialised(stats):
+        return measured
+    return Verdict(
+        INCONCLUSIVE, f"{measured.reason}; but no first-layer head is local, so uniform attention would pass it"
     )
 
 

@@ -1,9 +1,9 @@
 """The paper's own numbers and statements, quoted once, for every report to print beside vitkit's.
 
 Dosovitskiy et al., "An Image is Worth 16x16 Words", ICLR 2021, arXiv:2010.11929.  `source` says where
-each quote was read: "seeds" is the copy of the paper kept with this project (../shared/seeds); what
+each quote was read: SEEDS, the copy of the paper kept with this project, is cited as the paper; what
 that copy lacks (Table 8's body, App. D.2, D.5, D.7 and the caption of Figure 9) is quoted from
-arXiv:2010.11929v2 and says so.  Numbers the paper gives only as a statement stay a statement; a
+arXiv:2010.11929v2 and cites that version.  Numbers the paper gives only as a statement stay a statement; a
 number derived from one (e.g. 79.9 - 2 for "training from scratch") is marked derived.
 """
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-SEEDS = "seeds (../shared/seeds/000_*.txt)"
-ARXIV = "arXiv:2010.11929v2 (not in the seeds' copy)"
+SEEDS = "arXiv:2010.11929"  # the project's copy of the paper, cited as the paper a reader can find
+ARXIV = "arXiv:2010.11929v2"  # parts that copy lacks, read from the arXiv version
 
 
 @dataclass(frozen=True)
