@@ -136,7 +136,7 @@ def _apply_model(
         model = _finetune_model(source, config, info, auto_recipe)
     if request.model:
         model = preset_config(request.model, num_classes=info.num_classes, in_chans=info.channels)
-        size = request.img_size or image_size(config.model)
+        size = request.img_size if request.img_size is not None else image_size(config.model)
         stride = _stride(model)
         if size % stride:  # e.g. a /16 preset on 8 px digits: upsample to the next multiple
             size = (size // stride + 1) * stride
@@ -146,7 +146,7 @@ def _apply_model(
             recipe_vit = config.model.vit if isinstance(config.model, HybridConfig) else config.model
             rep = vit.hidden_size if getattr(recipe_vit, "representation_size", None) else None
             model = with_overrides(model, dropout=_dropout(config.model), representation_size=rep)
-    if request.img_size:
+    if request.img_size is not None:  # 0 too: the model's check refuses it
         model = with_overrides(model, img_size=request.img_size)
     augment = _rescaled_pad(config, image_size(model)) if source is not None else config.augment
     return dataclasses.replace(config, model=model, augment=augment, optim=optim_for(config.optim, model))
