@@ -22,6 +22,7 @@ import io
 import logging
 import math
 import os
+import re
 import warnings
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -107,7 +108,11 @@ def _open(source: str | os.PathLike | bytes, max_pixels: int, name: str) -> Imag
     try:
         image = Image.open(handle, formats=FORMATS)
     except Image.DecompressionBombError as error:  # Pillow's own guard (twice its MAX_IMAGE_PIXELS) fired first
-        raise DecompressionBombError(f"{name}: refusing to decode ({error}); possible decompression bomb") from error
+        claimed = re.search(r"Image size \((\d+) pixels\)", str(error))
+        size = f"a {int(claimed.group(1)):,}-pixel image" if claimed else "an image"
+        raise DecompressionBombError(
+            f"{name}: refusing to decode {size} (> limit {max_pixels:,}); possible decompression bomb"
+        ) from error
     except UnidentifiedImageError as error:  # its message shows a BytesIO's address, not the file
         raise BadImageError(f"{name}: not a readable image (no format Pillow reads recognises it)") from error
     except Exception as error:  # OSError, SyntaxError, ValueError, struct.error, ...: a damaged header
