@@ -458,3 +458,18 @@ def test_a_dead_model_process_is_a_503_with_retry_after_and_the_server_goes_on(v
     failed = _run(vit_checkpoint, ServeConfig(max_wait_ms=0), requests)
     _assert_error(failed, 503, "model process died")
     assert failed.headers["retry-after"] == "1"
+
+
+def test_the_decoding_limits_are_flags_of_serve() -> None:
+    """--max-pixels and --decode-workers bound what decoding may take (docs/serving.md "Decoding memory");
+    ServeConfig had them, the command did not."""
+    from vitkit.cli import build_parser
+    from vitkit.cli.serving import serve_config
+
+    args = build_parser().parse_args(["serve", "run", "--max-pixels", "25000000", "--decode-workers", "1"])
+    config = serve_config(args)
+    assert (config.max_pixels, config.decode_workers) == (25_000_000, 1)
+    default = serve_config(build_parser().parse_args(["serve", "run"]))
+    assert (default.max_pixels, default.decode_workers) == (ServeConfig().max_pixels, 2)
+    with pytest.raises(ValueError, match="max_pixels must be at least 1"):
+        serve_config(build_parser().parse_args(["serve", "run", "--max-pixels", "0"]))

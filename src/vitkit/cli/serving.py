@@ -5,8 +5,12 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from typing import TYPE_CHECKING
 
 from vitkit.cli.flags import finite_float
+
+if TYPE_CHECKING:
+    from vitkit.serve.config import ServeConfig
 
 
 def add_serve(sub: argparse._SubParsersAction) -> None:
@@ -27,6 +31,14 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-queue", type=int, default=256, help="requests admitted at once; more get 503")
     parser.add_argument("--threads", type=int, default=None, help="torch threads for the model (default: torch's)")
     parser.add_argument(
+        "--max-pixels",
+        type=int,
+        default=None,
+        help="largest image accepted, in pixels, read from its header (default 89,478,485: Pillow's limit); "
+        "decoding one at the limit can take over 1 GB",
+    )
+    parser.add_argument("--decode-workers", type=int, default=2, help="threads decoding large uploads at once")
+    parser.add_argument(
         "--in-process",
         action="store_true",
         help="run the model in a thread of the server process instead of a model process of its own",
@@ -38,7 +50,6 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
 def run_serve(args: argparse.Namespace) -> int:
     from vitkit.checkpoints import detect_format
     from vitkit.runs import find_checkpoint
-    from vitkit.serve.config import ServeConfig
 
     detect_format(find_checkpoint(args.checkpoint))  # a path that names no checkpoint stops before the port is bound
 
@@ -49,7 +60,15 @@ def run_serve(args: argparse.Namespace) -> int:
             f"vitkit serve needs the serve extra ({error.name} is missing): pip install 'vitkit[serve]'"
         ) from error
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
-    config = ServeConfig(
+    return run_server(args.checkpoint, serve_config(args))
+
+
+def serve_config(args: argparse.Namespace) -> ServeConfig:
+    """The server's settings from the command's flags."""
+    from vitkit.serve.config import ServeConfig
+
+    limits = {"max_pixels": args.max_pixels} if args.max_pixels is not None else {}
+    return ServeConfig(
         host=args.host,
         port=args.port,
         device=args.device,
@@ -61,5 +80,6 @@ def run_serve(args: argparse.Namespace) -> int:
         threads=args.threads,
         token=args.token,
         model_process=not args.in_process,
+        decode_workers=args.decode_workers,
+        **limits,
     )
-    return run_server(args.checkpoint, config)
