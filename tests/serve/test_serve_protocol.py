@@ -147,3 +147,15 @@ def test_trailers_count_against_the_header_limit(port: int, trailers: bytes) -> 
     closing = chunked.replace(b"Host: a\r\n", b"Host: a\r\nConnection: close\r\n")
     status, _, body = exchange(port, closing + b"X-T: small\r\n\r\n")  # within the limit
     assert status == 200 and json.loads(body) == {"ok": True, "bytes": 3}
+
+
+def test_one_unending_trailer_field_is_refused_as_it_grows(port: int) -> None:
+    """The parser builds a field up until its CRLF and reports it only then: a trailer of 20 KB with no CRLF was
+    held whole (75 MiB in the reviewer's run) before any count saw it.  The bytes beyond the body count instead."""
+    chunked = b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\nX-T: "
+    status, headers, body = exchange(port, chunked + b"a" * 20_000)
+    assert status == 431 and "exceed 2,048 bytes" in json.loads(body)["error"] and headers["connection"] == "close"
+    many = b"".join(b"1\r\nz\r\n" for _ in range(500))  # 500 one-byte chunks: framing, not trailers
+    closing = b"POST / HTTP/1.1\r\nHost: a\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n"
+    status, _, body = exchange(port, closing + many + b"0\r\n\r\n")
+    assert status == 200 and json.loads(body) == {"ok": True, "bytes": 500}

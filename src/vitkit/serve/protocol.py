@@ -7,7 +7,9 @@ request (an idle or trickling connection is held for ever: slowloris), and answe
 
   - `max_header_bytes`: the request line and headers of one request; more is a 431, and the bytes
     beyond the limit are never handed to the parser.  A chunked body's trailer fields count against the
-    same limit, and are discarded (RFC 9110 section 6.5.1 allows it): uvicorn kept every one;
+    same limit, and are discarded (RFC 9110 section 6.5.1 allows it): uvicorn kept every one.  So do the
+    bytes after the headers that are not body (a trailer field still without its CRLF, chunk-size lines
+    beyond 64 bytes a chunk), since the parser holds a field whole until it ends;
   - `header_timeout_s`: from the connection (or the first byte of a next request) to the end of the
     headers; a request still incomplete then gets 408 and the connection closes (one that sent
     nothing is closed silently; uvicorn's keep-alive timeout closes idle ones between requests);
@@ -69,6 +71,7 @@ class GuardedProtocol(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self.limit_concurrency = None  # our own limit answers in JSON (on_headers_complete)
         self._in_headers, self._header_bytes, self._trailer_bytes = True, 0, 0
+        self._beyond_body, self._chunks = 0, 0  # bytes after the headers that are not body; chunks seen
         self._header_clock: asyncio.TimerHandle | None = None
 
     # ------------------------------------------------------------------------------ the connection
@@ -93,7 +96,17 @@ class GuardedProtocol(HttpToolsProtocol):
                 data = data[room:]
             else:
                 self._header_bytes += len(data)
+        if not self._in_headers:
+            self._beyond_body += len(data)  # on_body takes the body's bytes back out
         self._feed(data)
+        self._check_framing()
+
+    def _check_framing(self) -> None:
+        """431 once the bytes after the headers that are not body pass the header limit (plus a chunk-size line a
+        chunk): the parser holds a trailer field whole until its CRLF, so on_header alone sees it too late."""
+        allowed = self.limits.max_header_bytes + 64 * self._chunks
+        if not self._in_headers and self._beyond_body > allowed and not self.transport.is_closing():
+            self._refuse(431, f"request trailers or chunk framing exceed {self.limits.max_header_bytes:,} bytes")
 
     def _feed(self, data: bytes) -> None:
         """uvicorn's data_received, answering a request that does not parse with a JSON 400 naming the problem."""
@@ -145,6 +158,13 @@ class GuardedProtocol(HttpToolsProtocol):
         if self._trailer_bytes > self.limits.max_header_bytes:
             self._refuse(431, f"request trailers exceed {self.limits.max_header_bytes:,} bytes")
 
+    def on_body(self, body: bytes) -> None:
+        self._beyond_body = max(self._beyond_body - len(body), 0)  # body bytes of the headers' packet: not counted
+        super().on_body(body)
+
+    def on_chunk_header(self) -> None:
+        self._chunks += 1
+
     def on_headers_complete(self) -> None:
         self._in_headers = False
         self._stop_clock()
@@ -160,6 +180,7 @@ class GuardedProtocol(HttpToolsProtocol):
     def on_message_complete(self) -> None:
         super().on_message_complete()
         self._in_headers, self._header_bytes, self._trailer_bytes = True, 0, 0  # a next request may follow
+        self._beyond_body, self._chunks = 0, 0
 
 
 def protocol_class(limits: Limits) -> type[GuardedProtocol]:
