@@ -132,6 +132,14 @@ def test_multipart_mistakes(vit_checkpoint: Path) -> None:
             "bad second": await client.post(
                 "/v1/predict", files=[three[0], ("file", ("broken.png", b"junk", "image/png"))]
             ),
+            "unclosed second": await client.post(  # the closed first part was served as the whole form
+                "/v1/predict",
+                content=b'--b\r\nContent-Disposition: form-data; name="file"; filename="a.png"\r\n\r\n'
+                + image
+                + b'\r\n--b\r\nContent-Disposition: form-data; name="file"; filename="b.png"\r\n\r\n'
+                + image,
+                headers={"Content-Type": "multipart/form-data; boundary=b"},
+            ),
             "unclosed": await client.post(  # a 'file' part, but no closing boundary: the form was reported empty
                 "/v1/predict",
                 content=b'--b\r\nContent-Disposition: form-data; name="file"; filename="a.png"\r\n\r\n' + image,
@@ -145,7 +153,8 @@ def test_multipart_mistakes(vit_checkpoint: Path) -> None:
     _assert_error(got["too many"], 400, "multipart")
     _assert_error(got["png of two"], 400, "format=png")
     _assert_error(got["bad second"], 400, "broken.png")
-    _assert_error(got["unclosed"], 400, "malformed multipart form", "no part ends", "closing boundary")
+    for name in ("unclosed", "unclosed second"):
+        _assert_error(got[name], 400, "malformed multipart form", "no closing boundary")
 
 
 @pytest.mark.filterwarnings("ignore::PIL.Image.DecompressionBombWarning")
@@ -219,6 +228,26 @@ def test_a_stalled_body_gets_408_and_frees_its_place(vit_checkpoint: Path) -> No
     assert sent[0]["status"] == 408 and b"did not arrive within 0.2 s" in sent[1]["body"]
     assert (b"connection", b"close") in sent[0]["headers"]  # the rest of its body is not waited for on this connection
     assert after.status_code == 200
+
+
+def test_every_refused_post_closes_its_connection(vit_checkpoint: Path) -> None:
+    """The token's 401 and the router's 404/405 kept the connection open: a body trickling in after them was
+    read, and dropped, for as long as the client went on."""
+    config = ServeConfig(token="s3cret", model_process=False)
+
+    async def scenario():
+        async with serving(create_app(vit_checkpoint, config), headers={"Authorization": "Bearer s3cret"}) as client:
+            return [
+                await client.post("/v1/predict", content=b"x", headers={**PNG, "Authorization": "Bearer no"}),  # 401
+                await client.post("/nope", content=b"x"),  # 404
+                await client.post("/health", content=b"x"),  # 405
+                await client.post("/v1/predict?top_k=0", content=b"x", headers=PNG),  # 400
+                await client.get("/nope"),  # a GET has no body to trickle: kept open
+            ]
+
+    answers = asyncio.run(scenario())
+    assert [a.status_code for a in answers] == [401, 404, 405, 400, 404]
+    assert [a.headers.get("connection") for a in answers] == ["close"] * 4 + [None]
 
 
 def test_a_declared_length_holds_no_memory_until_its_bytes_arrive(vit_checkpoint: Path) -> None:

@@ -53,7 +53,9 @@ def error_response(status: int, message: str, headers: dict[str, str] | None = N
 
 class Guard:
     """Outermost layer: the bearer-token check and the per-route request metrics (status and latency
-    of every request, including refused and failed ones)."""
+    of every request, including refused and failed ones).  A POST refused or failed (4xx, 5xx) closes its
+    connection: the rest of a body answered before its end would otherwise be read, and dropped, for as long
+    as it trickles in."""
 
     def __init__(self, app: ASGIApp, service: Service) -> None:
         self.app, self.service = app, service
@@ -71,6 +73,8 @@ class Guard:
         async def send_status(message: Message) -> None:
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
+                if status[0] >= 400 and scope["method"] == "POST":  # its body may be unread: not read on
+                    message = {**message, "headers": [*message.get("headers", []), (b"connection", b"close")]}
             await send(message)
 
         try:
@@ -151,19 +155,16 @@ async def page(request: Request) -> Response:
 
 def _json_errors(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
     """The route's answer, or its failure as {"error"}: an HTTPError with its status, anything else a logged 500
-    (the exception stops here: the server goes on).  A failed POST closes its connection: the rest of a body
-    refused before its end (408, 413, 503) would otherwise be read, and dropped, for as long as it trickles."""
+    (the exception stops here: the server goes on)."""
 
     async def endpoint(request: Request) -> Response:
-        closing = {"Connection": "close"} if request.method == "POST" else {}
         try:
             return await handler(request)
         except HTTPError as error:
-            return error_response(error.status, error.message, {**error.headers, **closing})
+            return error_response(error.status, error.message, error.headers)
         except Exception as error:  # noqa: BLE001 - no request may take the server down
             log.error("internal error on %s %s", request.method, request.url.path, exc_info=error)
-            message = f"internal error ({type(error).__name__}); the server log has the details"
-            return error_response(500, message, closing)
+            return error_response(500, f"internal error ({type(error).__name__}); the server log has the details")
 
     return endpoint
 

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 
 from starlette.datastructures import UploadFile
-from starlette.formparsers import MultiPartException, MultiPartParser
+from starlette.formparsers import MultiPartException, MultiPartParser, parse_options_header
 from starlette.requests import ClientDisconnect, Request
 
 
@@ -129,6 +129,9 @@ async def _once(body: bytes) -> AsyncIterator[bytes]:
 
 
 async def _multipart(request: Request, body: bytes, max_files: int) -> list[Upload]:
+    boundary = parse_options_header(request.headers.get("content-type", ""))[1].get(b"boundary", b"")
+    if boundary and b"--" + boundary + b"--" not in body:  # the parser reports only the parts that ended
+        raise HTTPError(400, "malformed multipart form: no closing boundary (its last part never ends)")
     parser = MultiPartParser(request.headers, _once(body), max_files=max_files, max_fields=max_files)
     try:
         form = await parser.parse()
@@ -136,8 +139,6 @@ async def _multipart(request: Request, body: bytes, max_files: int) -> list[Uplo
         raise HTTPError(400, f"malformed multipart form: {error.message}") from error
     try:
         fields = form.getlist("file")
-        if not form.keys():  # the parser reports a part only once its end is found
-            raise HTTPError(400, "malformed multipart form: no part ends (is the closing boundary missing?)")
         if not fields:
             raise HTTPError(400, f"the multipart form has no 'file' field (fields: {sorted(set(form.keys()))})")
         uploads = []
