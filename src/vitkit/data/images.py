@@ -42,8 +42,8 @@ log = logging.getLogger(__name__)
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
 FORMATS = ("JPEG", "PNG", "BMP", "GIF", "WEBP", "TIFF", "PPM")  # Pillow plugins of IMAGE_EXTENSIONS; no others
 MAX_PIXELS = 89_478_485  # Pillow's default Image.MAX_IMAGE_PIXELS (about 0.25 GiB of 24-bit pixels)
-LARGE_PIXELS = 4096 * 4096  # decoded at a size, a larger image is box-reduced first (_reduce_large)
-_AVERAGED_MODES = frozenset({"L", "LA", "RGB", "RGBA", "RGBX", "CMYK", "YCbCr", "I", "F"})  # not palettes, not HSV
+_GRAY_MODES = frozenset({"L", "I", "I;16", "I;16B", "I;16L", "I;16N", "F"})  # one channel, RGB the same in each
+STRIP_PIXELS = 1 << 20  # a 16-bit or float image converts to 8 bits this many pixels at a time (_to_8bit)
 _MAX_LOGGED = 10  # bad files named one by one in the log; the rest only counted
 
 
@@ -65,14 +65,24 @@ def _source_name(source: str | os.PathLike | bytes) -> str:
 
 def _to_8bit(image: Image.Image) -> Image.Image:
     """16/32-bit integer or float grayscale (e.g. a 16-bit PNG) -> "L": 0..65535 mapped onto 0..255 instead of
-    clipped at 255 (values above 65535 clip; NaN reads as 0).  One float32 copy, worked in place: 4 bytes a pixel."""
-    array = np.asarray(image, dtype=np.float32)
-    if not array.flags.writeable:
-        array = array.copy()
-    np.nan_to_num(array, copy=False, nan=0.0, posinf=65535.0, neginf=0.0)
-    array *= 255.0 / 65535.0 if image.mode.startswith("I;16") or array.max(initial=0) > 255 else 1.0
-    np.clip(np.rint(array, out=array), 0, 255, out=array)
-    return Image.fromarray(array.astype(np.uint8), "L")
+    clipped at 255 (values above 65535 clip; NaN reads as 0), scaled when any pixel of the image passes 255.
+    Worked in strips of STRIP_PIXELS: the whole image as float32 took 8 bytes a pixel beside it."""
+    width, height = image.size
+    rows = max(1, STRIP_PIXELS // max(width, 1))
+    strips = [(top, min(top + rows, height)) for top in range(0, height, rows)]
+
+    def strip(top: int, bottom: int) -> np.ndarray:
+        array = np.array(image.crop((0, top, width, bottom)), dtype=np.float32)  # a writable copy
+        return np.nan_to_num(array, copy=False, nan=0.0, posinf=65535.0, neginf=0.0)
+
+    sixteen = image.mode.startswith("I;16") or any(strip(*rows).max(initial=0) > 255 for rows in strips)
+    out = np.empty((height, width), dtype=np.uint8)
+    for top, bottom in strips:
+        array = strip(top, bottom)
+        if sixteen:
+            array *= 255.0 / 65535.0
+        out[top:bottom] = np.clip(np.rint(array, out=array), 0, 255, out=array)
+    return Image.fromarray(out, "L")
 
 
 def _to_mode(image: Image.Image, channels: int) -> Image.Image:
@@ -204,28 +214,18 @@ def _decode(
                     (math.ceil(size * image.size[0] / short), math.ceil(size * image.size[1] / short)),
                 )
             image.load()  # the actual decode: raises on truncated or corrupt data
-            if size is not None:
-                image = _reduce_large(image, size)
-            image = _to_mode(image, channels)
+            spread = channels == 3 and image.mode in _GRAY_MODES  # resized as one channel, then spread to RGB
+            image = _to_mode(image, 1 if spread else channels)
             if size is not None:
                 image = _resize_center_crop(image, size)
+            if spread:
+                image = image.convert("RGB")
             array = np.array(image, dtype=np.uint8)  # a writable copy (torch wants one)
     except BadImageError:
         raise
     except Exception as error:  # OSError "image file is truncated", SyntaxError, ValueError, zlib errors ...
         raise BadImageError(f"{name}: corrupt or truncated image ({type(error).__name__}: {error})") from error
     return array[:, :, None] if array.ndim == 2 else array  # (H, W) -> (H, W, 1)
-
-
-def _reduce_large(image: Image.Image, size: int) -> Image.Image:
-    """An image over LARGE_PIXELS, in a mode whose values average, reduced by box means by the largest integer
-    factor that keeps its shorter side >= `size`; others unchanged.  The mode conversion and the resize that
-    follow then work on the small image: through them a 9400x9400 float TIFF took 1.1 GB, 12 bytes a pixel."""
-    width, height = image.size
-    factor = min(width, height) // size
-    if width * height <= LARGE_PIXELS or factor < 2 or image.mode not in _AVERAGED_MODES:
-        return image
-    return image.reduce(factor)
 
 
 def _resize_center_crop(image: Image.Image, size: int) -> Image.Image:
