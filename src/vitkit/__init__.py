@@ -13,6 +13,7 @@ from torch import nn
 
 from vitkit.checkpoints import load as load_checkpoint
 from vitkit.checkpoints import save
+from vitkit.eval.features import require_classifier
 from vitkit.eval.predict import PredictConfig, predict_files
 from vitkit.models import create_model, list_models
 from vitkit.runs import find_checkpoint, open_checkpoint
@@ -42,4 +43,6 @@ def predict(
     mode.  One dict per file, in order: {"file", "predictions": [{"class", "index", "probability"}]}, or
     {"file", "error"}.  `path`: as for `load`; `options`: `img_size`, `batch_size`, `device`."""
     files = [images] if isinstance(images, (str, os.PathLike)) else images  # one path, not its characters
-    return predict_files(open_checkpoint(path), files, PredictConfig(top_k=top_k, **options))
+    checkpoint = open_checkpoint(path)
+    require_classifier(checkpoint, path)
+    return predict_files(checkpoint, files, PredictConfig(top_k=top_k, **options))

@@ -13,6 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
+import vitkit
 from shardkit import image_ids, numbered_images, png, write_tar
 from vitkit.cli import main
 from vitkit.data.images import NoLabelsError, decode_image
@@ -225,3 +226,5 @@ def test_an_encoder_without_a_head_is_no_classifier(tmp_path: Path, capsys) -> N
         assert "has no classification head" in err and "vitkit finetune" in err, err
     with pytest.raises(ValueError, match="has no classification head"):
         load_model(run)
+    with pytest.raises(ValueError, match="has no classification head"):  # the Python API as the command
+        vitkit.predict(run, image)
