@@ -80,6 +80,24 @@ def test_shard_round_trip_keeps_every_image_and_label(tmp_path: Path) -> None:
     assert rows.tolist() == torch.randperm(10, generator=torch.Generator().manual_seed(0)).tolist()
 
 
+def test_class_names_the_reader_refuses_are_refused_before_any_shard_is_written(tmp_path: Path) -> None:
+    """A class folder "a<VT>b" sharded, then wds: refused its dataset.json; a tab (words.txt's separator) is a
+    name's character both ways."""
+    for name, ok in (("a\tb", True), ("a\x0bb", False)):
+        root = tmp_path / repr(name)
+        for cls in (name, "plain"):
+            (root / "photos" / cls).mkdir(parents=True)
+            for i in range(5):
+                Image.new("L", (8, 8), 40 * i).save(root / "photos" / cls / f"{i}.png")
+        if ok:
+            write_shards(f"folder:{root / 'photos'}", root / "wds", 4)
+            assert load_split(f"wds:{root / 'wds'}", "train", image_size=8).class_names == [name, "plain"]
+            continue
+        with pytest.raises(ValueError, match="class 1's name holds a control character"):
+            write_shards(f"folder:{root / 'photos'}", root / "wds", 4)
+        assert not (root / "wds").exists()
+
+
 def test_shards_are_deterministic_and_keep_file_bytes(tmp_path: Path) -> None:
     for k, cls in enumerate(("cat", "dog")):
         (tmp_path / "photos" / cls).mkdir(parents=True)

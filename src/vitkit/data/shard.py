@@ -37,6 +37,7 @@ from vitkit.data import stream
 from vitkit.data.images import BadImageError, NoLabelsError, open_image, probe_images
 from vitkit.data.imageset import ImageSet
 from vitkit.data.sources import load_split, mirror_keeps_label, parse_uri
+from vitkit.data.tarsamples import check_class_names
 from vitkit.data.tarshards import INDEX, INDEX_FORMAT
 
 log = logging.getLogger(__name__)
@@ -261,6 +262,9 @@ def write_shards(
     if out.exists() and (any(out.glob("*.tar")) or (out / INDEX).exists()):
         raise ValueError(f"{out} already holds shards or {INDEX}; choose an empty directory")
     sources = _open_splits(uri, image_column, label_column, labelled)
+    for data in sources.values():  # names the reader would refuse are refused before anything is written
+        if labelled and data.class_names:
+            check_class_names(list(data.class_names), uri, "class")
     out.mkdir(parents=True, exist_ok=True)
     workers = workers or min(8, os.cpu_count() or 1)
     splits, classes, channels, probe = {}, None, 3, []
