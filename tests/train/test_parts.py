@@ -3,6 +3,7 @@ the warm-up's estimate; each with fakes (clock, signals, a second process) inste
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 from pathlib import Path
@@ -291,10 +292,13 @@ def test_a_budget_too_small_for_its_final_evaluation_is_warned_about() -> None:
     warned = [line for line in plan_lines(tight) if line.startswith("warning:")]
     assert warned and "5 s" in warned[0] and "45 s" in warned[0] and "--max-minutes" in warned[0]
     assert not any(line.startswith("warning:") for line in plan_lines(ample))
-    # --max-minutes 0.01: the start-up took more than the 0.6 s, the run got the 1 s floor, and nothing was said
-    spent = make_plan(apply_overrides(config, ["run.max_minutes=0.01"]), num_train=1000, timings=timings, budget_s=1.0)
+    # --max-minutes 0.2 whose start-up took 30 s: the run got the 1 s floor, and was told only that little was left
+    spent = make_plan(apply_overrides(config, ["run.max_minutes=0.2"]), num_train=1000, timings=timings, budget_s=1.0)
+    spent = dataclasses.replace(spent, measured={**spent.measured, "startup_seconds": 30.0})  # as the trainer adds
     warned = [line for line in plan_lines(spent) if line.startswith("warning:")]
-    assert warned and "the start-up took the 0.6-s budget" in warned[0] and "ends late" in warned[0]
+    assert len(warned) == 1 and "the start-up took 30 s of the 12-s budget" in warned[0] and "ends late" in warned[0]
+    slow = dataclasses.replace(tight, measured={**tight.measured, "startup_seconds": 10.0})  # the evaluation's fault
+    assert "start-up took" not in "\n".join(plan_lines(slow)) and "45 s" in "\n".join(plan_lines(slow))
 
 
 def test_a_budget_longer_than_the_runs_own_length_says_the_steps_end_it() -> None:

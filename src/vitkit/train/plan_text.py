@@ -101,10 +101,11 @@ def estimate_lines(plan: Plan) -> list[str]:
             fitted += f"; resuming at step {plan.start_step:,}, the rest of the schedule in the training time left"
         lines = [speed, fitted]
         left, whole = measured.get("train_seconds"), plan.budget_minutes * 60
-        if left is not None and left + measured["eval_seconds"] >= whole:  # the usable budget's floor: 1 s
+        startup = measured.get("startup_seconds", 0.0)
+        if startup >= whole:  # the usable budget is its floor, 1 s
             lines.append(
-                f"warning: the start-up took the {whole:g}-s budget; the run trains {left:g} s, evaluates, "
-                "and ends late: a larger --max-minutes trains more"
+                f"warning: the start-up took {startup:g} s of the {whole:g}-s budget; the run trains {left:g} s, "
+                "evaluates, and ends late: a larger --max-minutes trains more"
             )
         elif left is not None and left < TIGHT_BUDGET * whole:
             lines.append(

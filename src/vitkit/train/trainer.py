@@ -165,8 +165,11 @@ class Trainer(RunParts):
         start-up.  A resumed invocation's start-up is not charged (train/budget.py).  A collective: the smallest
         over the processes, since each measured its own start-up and all must read the same schedule position
         and stop at the same step."""
-        startup = self.state.startup if self.resumed else time.monotonic() - self.started
-        return distributed.min_across(max(self.config.run.max_minutes * 60 - startup, 1.0), self.device)
+        return distributed.min_across(max(self.config.run.max_minutes * 60 - self._startup_s(), 1.0), self.device)
+
+    def _startup_s(self) -> float:
+        """The start-up charged to a fitted budget: this invocation's so far, or a resumed run's first one's."""
+        return self.state.startup if self.resumed else time.monotonic() - self.started
 
     def _make_plan(self, timings: dict) -> Plan:
         """The plan, once: numbers, host choices and the warm-up's estimate.  A run that held out nothing to
@@ -194,6 +197,8 @@ class Trainer(RunParts):
         )
         if not plan.steps_given:  # every process must read the same schedule length
             plan = dataclasses.replace(plan, steps=int(distributed.min_across(plan.steps, self.device)))
+        if fitted and plan.measured:  # the plan warns of a budget its start-up spent
+            plan = dataclasses.replace(plan, measured={**plan.measured, "startup_seconds": round(self._startup_s(), 1)})
         return dataclasses.replace(plan, data_path=self.batches.path, splits=self._split_sizes())
 
     # ------------------------------------------------------------------------------------ the loop
