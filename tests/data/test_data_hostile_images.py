@@ -90,6 +90,9 @@ def test_a_header_claiming_huge_dimensions_is_refused_before_decoding() -> None:
     assert str(refused.value) == (  # in vitkit's words, with vitkit's limit (Pillow's message named twice its own)
         "upload.png: refusing to decode a 10,000,000,000-pixel image (> limit 89,478,485); possible decompression bomb"
     )
+    with pytest.raises(DecompressionBombError) as refused:  # a limit raised past Pillow's own: Pillow's applies
+        decode_image(png_claiming(14_000, 14_000), name="upload.png", max_pixels=400_000_000)
+    assert "(> limit 178,956,970, Pillow's own, which max_pixels cannot raise)" in str(refused.value)
 
 
 def test_between_one_and_two_of_pillows_limits_only_vitkits_message_speaks(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -275,4 +275,9 @@ def test_an_out_that_is_not_a_run_is_refused_and_kept(tmp_path: Path, capsys: py
         err = capsys.readouterr().err
         assert words in err and "choose another --out" in err and "Traceback" not in err
     assert json.loads((model / "config.json").read_text())["architecture"] == "vit_tiny_patch16_224"
+    listed = tmp_path / "listed"  # a config.json that is no JSON object: an AttributeError traceback
+    listed.mkdir()
+    (listed / "config.json").write_text("[1, 2]\n")
+    assert main(["train", "--epochs", "1", "--set", "data.steps=1", "--out", str(listed)]) == 2
+    assert "is not a vitkit run" in capsys.readouterr().err
     assert sorted(p.name for p in model.iterdir()) == ["config.json"] and afile.read_text() == "notes\n"

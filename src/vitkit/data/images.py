@@ -120,8 +120,12 @@ def _open(source: str | os.PathLike | bytes, max_pixels: int, name: str) -> Imag
     except Image.DecompressionBombError as error:  # Pillow's own guard (twice its MAX_IMAGE_PIXELS) fired first
         claimed = re.search(r"Image size \((\d+) pixels\)", str(error))
         size = f"a {int(claimed.group(1)):,}-pixel image" if claimed else "an image"
+        pillows = 2 * (Image.MAX_IMAGE_PIXELS or 0)
+        limit = (
+            f"{max_pixels:,}" if max_pixels <= pillows else f"{pillows:,}, Pillow's own, which max_pixels cannot raise"
+        )
         raise DecompressionBombError(
-            f"{name}: refusing to decode {size} (> limit {max_pixels:,}); possible decompression bomb"
+            f"{name}: refusing to decode {size} (> limit {limit}); possible decompression bomb"
         ) from error
     except UnidentifiedImageError as error:  # its message shows a BytesIO's address, not the file
         raise BadImageError(f"{name}: not a readable image (no format Pillow reads recognises it)") from error
