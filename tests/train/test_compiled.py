@@ -254,3 +254,35 @@ def test_a_compiled_runs_precision_is_measured_at_its_own_matmul(monkeypatch) ->
     )
     assert picked.compiled and picked.precision == "bf16" and "2.50x" in picked.precision_reason
     assert seen == [(128, 32, 64, None), (128, 32, 64, torch.bfloat16)] * PRECISION_ROUNDS  # alternated
+
+
+def test_an_eager_runs_precision_is_timed_alternately_too(monkeypatch) -> None:
+    """Eagerly, each precision's pass was timed once and reused: the fp32 pass, timed first and cold for the
+    compile decision, stood for fp32 in every round, and one burst of other work chose the precision (plans
+    said "91.09x as fast" and "0.18x" within one sweep)."""
+    from vitkit.device import PRECISION_ROUNDS
+    from vitkit.train import choices
+
+    config = tiny_config(Path("/unused"), "run.precision=auto", "run.compile=auto")
+    passes = {None: [9.0, 1.0, 1.0], torch.bfloat16: [0.5, 5.0]}  # fp32 cold, then warm; bf16 hit by a burst
+    seen = []
+
+    def probe(model, model_config, images, device, dtype):
+        seen.append(dtype)
+        return passes[dtype].pop(0)
+
+    monkeypatch.setattr(choices, "probe_pass", probe)
+    native = dataclasses.replace(compiled.hosts.current(), native_bf16=True)
+    monkeypatch.setattr(compiled.hosts, "current", lambda device=None: native)
+    picked = choices.choose(
+        config,
+        build_model(config.model),
+        torch.device("cpu"),
+        micro_batch=32,
+        accumulation=1,
+        graphs=1,
+        steps=1,
+        budget_s=None,
+    )  # fmt: skip  (one step: compiling cannot pay, and the run is timed eagerly)
+    assert seen == [None] + [None, torch.bfloat16] * PRECISION_ROUNDS  # the compile decision's, then alternated
+    assert not picked.compiled and picked.precision == "bf16" and "2.00x" in picked.precision_reason  # 1.0 / 0.5
