@@ -281,3 +281,18 @@ def test_an_out_that_is_not_a_run_is_refused_and_kept(tmp_path: Path, capsys: py
     assert main(["train", "--epochs", "1", "--set", "data.steps=1", "--out", str(listed)]) == 2
     assert "is not a vitkit run" in capsys.readouterr().err
     assert sorted(p.name for p in model.iterdir()) == ["config.json"] and afile.read_text() == "notes\n"
+
+
+def test_a_run_whose_data_changed_is_not_resumed_on_it(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Photos added to a folder after a kill: the re-run resumed without a word, and 23 of its 34 test images
+    had been training images (the class-stratified draw moves with every count)."""
+    data, out = _npz(tmp_path / "d.npz"), tmp_path / "run"
+    argv = ["train", "--data", f"npz:{data}", "--recipe", "small-8px-tiny", "--out", str(out), "--set", "data.steps=2"]
+    assert main(argv) == 0
+    _npz(data, n=90)
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "(train 64 -> 72, test 16 -> 18 images)" in err and "choose another --out" in err, err
+    _npz(data)  # the data as it was: the run resumes (and, finished, evaluates again)
+    assert main(argv) == 0

@@ -193,8 +193,26 @@ class RunParts:
             "data": self.batches.state_dict(),
             "skipped_samples": self.skipped_total,
             "precision": self.choices.precision,
+            "split_images": self._split_counts(),
             **self.objective.state_dict(),
         }
+
+    def _split_counts(self) -> dict[str, int]:
+        return {name: part["images"] for name, part in self._split_sizes().items()}
+
+    def _check_same_data(self, stored: dict[str, int] | None) -> None:
+        """A resumed run reads the splits it was trained on: other counts mean its source gained or lost images,
+        and a class-stratified hold-out drawn again from them would put training images into its test split."""
+        now = self._split_counts()
+        if stored is None or stored == now:  # None: a checkpoint written before the counts were kept
+            return
+        names = [*now, *(name for name in stored if name not in now)]
+        changes = ", ".join(f"{name} {stored.get(name, 0)} -> {now.get(name, 0)}" for name in names)
+        raise ValueError(
+            f"{self.run.path} was trained on other data: its splits now hold other numbers of images ({changes} "
+            f"images), and its held-out images would be drawn again; choose another --out for a new run, or "
+            f"restore {self.config.data.uri} as it was to resume this one"
+        )
 
     def _resume(self) -> None:
         def load_extra(payload: dict[str, Any]) -> None:
@@ -202,6 +220,7 @@ class RunParts:
             self.batches.load_state_dict(payload.get("data") or {"step": self.state.step})
             self.skipped_before = int(payload.get("skipped_samples", 0))  # streamed by the earlier invocations
             self.stored_precision = payload.get("precision")
+            self._check_same_data(payload.get("split_images"))
             self._resume_rng(payload.get("rng_ranks"))
 
         resumed = self.checkpointer.restore(self.state, load_extra=load_extra)
