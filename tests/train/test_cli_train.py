@@ -296,3 +296,19 @@ def test_a_run_whose_data_changed_is_not_resumed_on_it(tmp_path: Path, capsys: p
     assert "(train 64 -> 72, test 16 -> 18 images)" in err and "choose another --out" in err, err
     _npz(data)  # the data as it was: the run resumes (and, finished, evaluates again)
     assert main(argv) == 0
+
+
+def test_under_torchrun_other_ranks_do_not_repeat_the_datas_warnings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every process reads the data: "skipping bad image" came once from each."""
+    import logging
+
+    from vitkit.cli.training import quiet_other_ranks
+
+    for name in ("vitkit", "vitkit.data"):
+        monkeypatch.setattr(logging.getLogger(name), "level", logging.NOTSET)
+    monkeypatch.setenv("RANK", "1")
+    assert not quiet_other_ranks()
+    assert not logging.getLogger("vitkit.data.images").isEnabledFor(logging.WARNING)
+    assert logging.getLogger("vitkit.train.trainer").isEnabledFor(logging.WARNING)  # a rank's own problems
+    monkeypatch.setenv("RANK", "0")
+    assert quiet_other_ranks()

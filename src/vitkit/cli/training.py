@@ -98,6 +98,16 @@ def _config(args: argparse.Namespace) -> Any:
     return resolved, config
 
 
+def quiet_other_ranks() -> bool:
+    """Whether this is the main process; under torchrun the others log only their own warnings: not the data's,
+    which every process reads alike (a bad image was named once by each)."""
+    if os.environ.get("RANK", "0") == "0":
+        return True
+    logging.getLogger("vitkit").setLevel(logging.WARNING)
+    logging.getLogger("vitkit.data").setLevel(logging.ERROR)
+    return False
+
+
 def run_train(args: argparse.Namespace) -> int:
     from vitkit.runs import RunDir
     from vitkit.train.plan_text import plan_lines
@@ -105,9 +115,7 @@ def run_train(args: argparse.Namespace) -> int:
     from vitkit.train.trainer import EvaluationError, reconcile
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
-    main_process = os.environ.get("RANK", "0") == "0"  # under torchrun only rank 0 talks
-    if not main_process:
-        logging.getLogger("vitkit").setLevel(logging.WARNING)
+    main_process = quiet_other_ranks()
     resolved, config = _config(args)
     resuming = RunDir(config.run.out).latest() is not None
     config = reconcile(config)  # resuming: the run's own config, before anything is printed
