@@ -87,7 +87,8 @@ def test_a_streamed_source_without_labels_holds_what_the_in_memory_one_does(tmp_
 
 
 def test_a_folder_read_without_labels_is_every_image_below_it_but_hidden_ones(tmp_path: Path) -> None:
-    """Photos beside sub-folders (a year's folder) are all read; a hidden copy (.ipynb_checkpoints) is not."""
+    """Photos beside sub-folders (a year's folder) are all read; hidden copies (.ipynb_checkpoints, .name.png)
+    and macOS's ._name.png metadata files are not."""
     root = tmp_path / "photos"
     images = numbered_images(COUNT)[0]
     for i, pixels in enumerate(images):
@@ -96,8 +97,11 @@ def test_a_folder_read_without_labels_is_every_image_below_it_but_hidden_ones(tm
         Image.fromarray(pixels).save(folder / f"img{i:03d}.png")
     (root / ".ipynb_checkpoints").mkdir()
     Image.fromarray(images[0]).save(root / ".ipynb_checkpoints" / "img000-checkpoint.png")
+    Image.fromarray(images[1]).save(root / ".img001.png")  # a hidden file: read before, as its folder is not
+    (root / "2019" / "._img021.png").write_bytes(b"\x00\x05\x16\x07 AppleDouble")  # macOS metadata: a bad image
     train, test = (load_split(f"folder:{root}", part, image_size=8, labelled=False) for part in ("train", "test"))
     assert sorted(image_ids(train.images) + image_ids(test.images)) == list(range(COUNT))
+    assert train.skipped == 0 and test.skipped == 0
 
 
 def test_labels_are_not_read_without_labels(tmp_path: Path) -> None:
@@ -228,3 +232,20 @@ def test_an_encoder_without_a_head_is_no_classifier(tmp_path: Path, capsys) -> N
         load_model(run)
     with pytest.raises(ValueError, match="has no classification head"):  # the Python API as the command
         vitkit.predict(run, image)
+
+
+def test_predict_reads_a_folder_as_training_does(tmp_path: Path) -> None:
+    """Hidden files and folders were predicted (and macOS's ._x.png metadata reported as bad images)."""
+    from vitkit.eval.predict import expand_inputs
+
+    root = tmp_path / "photos"
+    (root / "a" / ".ipynb_checkpoints").mkdir(parents=True)
+    for path in (
+        root / "a" / "x.png",
+        root / "a" / ".x.png",
+        root / "._x.png",
+        root / "a" / ".ipynb_checkpoints" / "y.png",
+    ):
+        Image.new("L", (4, 4)).save(path, format="PNG")
+    assert expand_inputs([root]) == [root / "a" / "x.png"]
+    assert expand_inputs([root / "._x.png"]) == [root / "._x.png"]  # a file named is read, hidden or not

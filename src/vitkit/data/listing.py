@@ -81,19 +81,20 @@ class FileList(Sequence[Path]):
 
 
 def _image_files(folder: str, skipped: Counter[str]) -> list[str]:
-    """Image files under `folder`, recursively (hidden directories aside, as for class folders), sorted;
-    other files that are not hidden are counted in `skipped` by lower-case suffix.  os.scandir's file types
-    avoid one stat per file."""
+    """Image files under `folder`, recursively, hidden ones and hidden directories aside (as for class folders),
+    sorted; other files that are not hidden are counted in `skipped` by lower-case suffix.  os.scandir's file
+    types avoid one stat per file."""
     found, pending = [], [folder]
     while pending:
         with os.scandir(pending.pop()) as entries:
             for entry in entries:
+                if entry.name.startswith("."):  # .ipynb_checkpoints, .git, .DS_Store, macOS's ._x.jpg: no data
+                    continue
                 if entry.is_dir(follow_symlinks=False):  # as pathlib's rglob: no symlinked directories
-                    if not entry.name.startswith("."):  # .ipynb_checkpoints, .git: copies or no data
-                        pending.append(entry.path)
+                    pending.append(entry.path)
                 elif entry.name.lower().endswith(IMAGE_EXTENSIONS) and entry.is_file():
                     found.append(entry.path)
-                elif not entry.name.startswith(".") and entry.is_file():  # .DS_Store and the like: not data
+                elif entry.is_file():
                     skipped[os.path.splitext(entry.name)[1].lower() or "(no suffix)"] += 1
     return sorted(found, key=lambda path: path.split(os.sep))  # the order of sorted Path objects
 

@@ -40,12 +40,19 @@ class PredictConfig:
 
 
 def expand_inputs(paths: Sequence[str | os.PathLike]) -> list[Path]:
-    """Files as given, folders replaced by the image files below them (sorted, recursive)."""
+    """Files as given, folders replaced by the image files below them (sorted, recursive; hidden files and
+    folders aside, as a training folder's)."""
     files: list[Path] = []
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
-            found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+            found = sorted(
+                p
+                for p in path.rglob("*")
+                if p.is_file()
+                and p.suffix.lower() in IMAGE_SUFFIXES
+                and not any(part.startswith(".") for part in p.relative_to(path).parts)
+            )
             if not found:
                 log.warning("%s holds no image files (%s)", path, ", ".join(IMAGE_SUFFIXES))
             files.extend(found)
