@@ -285,17 +285,43 @@ def test_an_out_that_is_not_a_run_is_refused_and_kept(tmp_path: Path, capsys: py
 
 def test_a_run_whose_data_changed_is_not_resumed_on_it(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """Photos added to a folder after a kill: the re-run resumed without a word, and 23 of its 34 test images
-    had been training images (the class-stratified draw moves with every count)."""
+    had been training images (the class-stratified draw moves with every count).  With --labels-per-class the
+    counts of the splits stay N a class while the N are drawn again: the source's own count is what is kept."""
+    from vitkit.data.sources import describe
+
     data, out = _npz(tmp_path / "d.npz"), tmp_path / "run"
     argv = ["train", "--data", f"npz:{data}", "--recipe", "small-8px-tiny", "--out", str(out), "--set", "data.steps=2"]
-    assert main(argv) == 0
-    _npz(data, n=90)
-    capsys.readouterr()
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert "(train 64 -> 72, test 16 -> 18 images)" in err and "choose another --out" in err, err
+    for flags in ([], ["--labels-per-class", "5"]):
+        _npz(data)
+        before = describe(f"npz:{data}").num_train
+        assert main([*argv, *flags, "--out", str(out / "-".join(flags))]) == 0
+        _npz(data, n=90)
+        capsys.readouterr()
+        assert main([*argv, *flags, "--out", str(out / "-".join(flags))]) == 2
+        err = capsys.readouterr().err
+        after = describe(f"npz:{data}").num_train
+        assert f"holds {after} training images, {before} when this run started" in err and "--out" in err, err
     _npz(data)  # the data as it was: the run resumes (and, finished, evaluates again)
+    assert main([*argv, "--labels-per-class", "5", "--out", str(out / "--labels-per-class-5")]) == 0
+
+
+def test_a_file_that_decodes_now_is_no_other_data(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A truncated photo repaired between two invocations changed the decoded split's count, not its files:
+    the resume was refused as other data."""
+    from PIL import Image
+
+    root = tmp_path / "photos"
+    for k in range(2):
+        (root / f"c{k}").mkdir(parents=True)
+        for i in range(10):
+            Image.new("L", (8, 8), 20 * i + 100 * k).save(root / f"c{k}" / f"{i}.png")
+    good = (root / "c0" / "3.png").read_bytes()
+    (root / "c0" / "3.png").write_bytes(good[:20])
+    argv = ["train", "--data", f"folder:{root}", "--recipe", "small-8px-tiny", "--out", str(tmp_path / "run")]
+    argv += ["--set", "data.steps=2", "--set", "model.in_chans=3"]
     assert main(argv) == 0
+    (root / "c0" / "3.png").write_bytes(good)
+    assert main(argv) == 0, capsys.readouterr().err
 
 
 def test_under_torchrun_other_ranks_do_not_repeat_the_datas_warnings(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -100,6 +100,14 @@ def load_splits(config: TrainConfig, *, need_test: bool = True) -> Splits:
     return Splits(train=train, test=test, evals=evals)
 
 
+def source_images(config: TrainConfig) -> int:
+    """The training images of the run's source as its listing counts them (files, rows, samples of an index),
+    before any hold-out or subset, decoded or not: what a resumed run checks its source against."""
+    data = config.data
+    columns = dict(image_column=data.image_column, label_column=data.label_column, labelled=config.mpp is None)
+    return describe(data.uri, **columns).num_train
+
+
 def evaluates_as_it_goes(config: TrainConfig, num_train: int | None = None) -> bool:
     """Whether the run evaluates before its end: `eval.every_epochs` > 0, and a length (in epochs or steps, or
     the epoch bound of a time budget) longer than that period.  Before the data is read (`num_train` None) the

@@ -19,7 +19,7 @@ from vitkit.data.stream import ShardBatches, ShardSet
 from vitkit.models.configs import in_channels
 from vitkit.runs import RunDir
 from vitkit.train import choices, compiled, distributed
-from vitkit.train.assemble import IndexBatches, Splits, check_classes, initial_model, load_splits
+from vitkit.train.assemble import IndexBatches, Splits, check_classes, initial_model, load_splits, source_images
 from vitkit.train.checkpointer import Checkpointer
 from vitkit.train.config import TrainConfig, from_dict, to_dict
 from vitkit.train.ema import ModelEMA
@@ -193,25 +193,21 @@ class RunParts:
             "data": self.batches.state_dict(),
             "skipped_samples": self.skipped_total,
             "precision": self.choices.precision,
-            "split_images": self._split_counts(),
+            "source_images": source_images(self.config),
             **self.objective.state_dict(),
         }
 
-    def _split_counts(self) -> dict[str, int]:
-        return {name: part["images"] for name, part in self._split_sizes().items()}
-
-    def _check_same_data(self, stored: dict[str, int] | None) -> None:
-        """A resumed run reads the splits it was trained on: other counts mean its source gained or lost images,
-        and a class-stratified hold-out drawn again from them would put training images into its test split."""
-        now = self._split_counts()
-        if stored is None or stored == now:  # None: a checkpoint written before the counts were kept
+    def _check_same_data(self, stored: int | None) -> None:
+        """A resumed run reads the images it was trained on: a source that gained or lost some since would give
+        its class-stratified hold-outs (test, val, N a class) drawn again, training images in its test split.
+        Counted from the listing (source_images), so a file that now decodes, or no longer does, is no change."""
+        now = source_images(self.config)
+        if stored is None or stored == now:  # None: a checkpoint written before the count was kept
             return
-        names = [*now, *(name for name in stored if name not in now)]
-        changes = ", ".join(f"{name} {stored.get(name, 0)} -> {now.get(name, 0)}" for name in names)
         raise ValueError(
-            f"{self.run.path} was trained on other data: its splits now hold other numbers of images ({changes} "
-            f"images), and its held-out images would be drawn again; choose another --out for a new run, or "
-            f"restore {self.config.data.uri} as it was to resume this one"
+            f"{self.config.data.uri} holds {now:,} training images, {stored:,} when this run started: its held-out "
+            f"images would be drawn again, and some it trained on would be tested; choose another --out for a "
+            f"new run ({self.run.path} resumes on the images it started with)"
         )
 
     def _resume(self) -> None:
@@ -220,7 +216,7 @@ class RunParts:
             self.batches.load_state_dict(payload.get("data") or {"step": self.state.step})
             self.skipped_before = int(payload.get("skipped_samples", 0))  # streamed by the earlier invocations
             self.stored_precision = payload.get("precision")
-            self._check_same_data(payload.get("split_images"))
+            self._check_same_data(payload.get("source_images"))
             self._resume_rng(payload.get("rng_ranks"))
 
         resumed = self.checkpointer.restore(self.state, load_extra=load_extra)
