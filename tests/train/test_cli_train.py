@@ -328,13 +328,15 @@ def test_under_torchrun_other_ranks_do_not_repeat_the_datas_warnings(monkeypatch
     """Every process reads the data: "skipping bad image" came once from each."""
     import logging
 
-    from vitkit.cli.training import quiet_other_ranks
+    from vitkit.cli.training import LOADING_LOGGERS, quiet_other_ranks
 
-    for name in ("vitkit", "vitkit.data"):
+    for name in ("vitkit", *(f"vitkit.data.{name}" for name in LOADING_LOGGERS)):
         monkeypatch.setattr(logging.getLogger(name), "level", logging.NOTSET)
     monkeypatch.setenv("RANK", "1")
     assert not quiet_other_ranks()
     assert not logging.getLogger("vitkit.data.images").isEnabledFor(logging.WARNING)
     assert logging.getLogger("vitkit.train.trainer").isEnabledFor(logging.WARNING)  # a rank's own problems
+    for own in ("vitkit.data.loader", "vitkit.data.stream", "vitkit.data.tarshards"):  # its share of the batches
+        assert logging.getLogger(own).isEnabledFor(logging.WARNING)
     monkeypatch.setenv("RANK", "0")
     assert quiet_other_ranks()

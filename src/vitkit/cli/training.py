@@ -98,13 +98,19 @@ def _config(args: argparse.Namespace) -> Any:
     return resolved, config
 
 
+# Loggers of loading a source, which every process does alike (a bad image was named once by each); the
+# batches' loggers (vitkit.data.loader, .stream, .tarshards) name what each process reads of its own share.
+LOADING_LOGGERS = ("sources", "inmemory", "listing", "images", "subsets", "hf")
+
+
 def quiet_other_ranks() -> bool:
-    """Whether this is the main process; under torchrun the others log only their own warnings: not the data's,
-    which every process reads alike (a bad image was named once by each)."""
+    """Whether this is the main process; under torchrun the others log only warnings, and not those of
+    loading the data (LOADING_LOGGERS), which rank 0 gives."""
     if os.environ.get("RANK", "0") == "0":
         return True
     logging.getLogger("vitkit").setLevel(logging.WARNING)
-    logging.getLogger("vitkit.data").setLevel(logging.ERROR)
+    for name in LOADING_LOGGERS:
+        logging.getLogger(f"vitkit.data.{name}").setLevel(logging.ERROR)
     return False
 
 
