@@ -140,6 +140,11 @@ def test_multipart_mistakes(vit_checkpoint: Path) -> None:
                 + image,
                 headers={"Content-Type": "multipart/form-data; boundary=b"},
             ),
+            "unclosed, named --b--": await client.post(  # the closing delimiter's text, but not on a line of its own
+                "/v1/predict",
+                content=b'--b\r\nContent-Disposition: form-data; name="file"; filename="--b--.png"\r\n\r\n' + image,
+                headers={"Content-Type": "multipart/form-data; boundary=b"},
+            ),
             "unclosed": await client.post(  # a 'file' part, but no closing boundary: the form was reported empty
                 "/v1/predict",
                 content=b'--b\r\nContent-Disposition: form-data; name="file"; filename="a.png"\r\n\r\n' + image,
@@ -153,7 +158,7 @@ def test_multipart_mistakes(vit_checkpoint: Path) -> None:
     _assert_error(got["too many"], 400, "multipart")
     _assert_error(got["png of two"], 400, "format=png")
     _assert_error(got["bad second"], 400, "broken.png")
-    for name in ("unclosed", "unclosed second"):
+    for name in ("unclosed", "unclosed second", "unclosed, named --b--"):
         _assert_error(got[name], 400, "malformed multipart form", "no closing boundary")
 
 
@@ -219,7 +224,8 @@ def test_a_stalled_body_gets_408_and_frees_its_place(vit_checkpoint: Path) -> No
     async def scenario():
         app = create_app(vit_checkpoint, ServeConfig(body_timeout_s=0.2, max_queue=1, model_process=False))
         async with serving(app) as client:
-            await asyncio.wait_for(app(post_scope("/v1/predict", [(b"content-type", b"image/png")]), receive, send), 10)
+            chunked = [(b"content-type", b"image/png"), (b"transfer-encoding", b"chunked")]
+            await asyncio.wait_for(app(post_scope("/v1/predict", chunked), receive, send), 10)
             return await client.post(
                 "/v1/predict", content=png_bytes(32, 32), headers=PNG
             )  # the one place is free again
@@ -230,9 +236,9 @@ def test_a_stalled_body_gets_408_and_frees_its_place(vit_checkpoint: Path) -> No
     assert after.status_code == 200
 
 
-def test_every_refused_post_closes_its_connection(vit_checkpoint: Path) -> None:
-    """The token's 401 and the router's 404/405 kept the connection open: a body trickling in after them was
-    read, and dropped, for as long as the client went on."""
+def test_every_answer_before_the_whole_body_closes_its_connection(vit_checkpoint: Path) -> None:
+    """The token's 401, the router's 404/405 and a GET's 200 with a body kept the connection open: a body
+    trickling in after them was read, and dropped, for as long as the client went on."""
     config = ServeConfig(token="s3cret", model_process=False)
 
     async def scenario():
@@ -242,12 +248,14 @@ def test_every_refused_post_closes_its_connection(vit_checkpoint: Path) -> None:
                 await client.post("/nope", content=b"x"),  # 404
                 await client.post("/health", content=b"x"),  # 405
                 await client.post("/v1/predict?top_k=0", content=b"x", headers=PNG),  # 400
-                await client.get("/nope"),  # a GET has no body to trickle: kept open
+                await client.request("GET", "/health", content=b"x"),  # 200, its body never read
+                await client.get("/nope"),  # no body: kept open
+                await client.post("/v1/predict", content=png_bytes(8, 8), headers=PNG),  # read whole: kept open
             ]
 
     answers = asyncio.run(scenario())
-    assert [a.status_code for a in answers] == [401, 404, 405, 400, 404]
-    assert [a.headers.get("connection") for a in answers] == ["close"] * 4 + [None]
+    assert [a.status_code for a in answers] == [401, 404, 405, 400, 200, 404, 200]
+    assert [a.headers.get("connection") for a in answers] == ["close"] * 5 + [None, None]
 
 
 def test_a_declared_length_holds_no_memory_until_its_bytes_arrive(vit_checkpoint: Path) -> None:

@@ -53,9 +53,8 @@ def error_response(status: int, message: str, headers: dict[str, str] | None = N
 
 class Guard:
     """Outermost layer: the bearer-token check and the per-route request metrics (status and latency
-    of every request, including refused and failed ones).  A POST refused or failed (4xx, 5xx) closes its
-    connection: the rest of a body answered before its end would otherwise be read, and dropped, for as long
-    as it trickles in."""
+    of every request, including refused and failed ones).  An answer that starts before the request's body has
+    all arrived closes the connection (`_closing_if_unread`)."""
 
     def __init__(self, app: ASGIApp, service: Service) -> None:
         self.app, self.service = app, service
@@ -69,12 +68,11 @@ class Guard:
         path = scope["path"]
         route = path if path in ROUTES else "other"
         start, status = time.perf_counter(), [500]
+        receive, send = _closing_if_unread(scope, receive, send)
 
         async def send_status(message: Message) -> None:
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
-                if status[0] >= 400 and scope["method"] == "POST":  # its body may be unread: not read on
-                    message = {**message, "headers": [*message.get("headers", []), (b"connection", b"close")]}
             await send(message)
 
         try:
@@ -93,6 +91,28 @@ class Guard:
     def _authorised(self, scope: Scope) -> bool:
         given = dict(scope["headers"]).get(b"authorization", b"")
         return hmac.compare_digest(given, self.expected)
+
+
+def _closing_if_unread(scope: Scope, receive: Receive, send: Send) -> tuple[Receive, Send]:
+    """`receive` and `send`, watched: an answer that starts before the request's body has all arrived (any
+    method, any status) says `Connection: close`, since uvicorn would read the rest, and drop it, for as long
+    as it trickles in, each byte restarting its keep-alive clock."""
+    headers = dict(scope["headers"])
+    done = [headers.get(b"content-length", b"0").strip() in (b"", b"0") and b"transfer-encoding" not in headers]
+
+    async def watched_receive() -> Message:
+        message = await receive()
+        if message["type"] != "http.request" or not message.get("more_body", False):  # the end, or a disconnect
+            done[0] = True
+        return message
+
+    async def closing_send(message: Message) -> None:
+        if message["type"] == "http.response.start" and not done[0]:
+            kept = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"connection"]
+            message = {**message, "headers": [*kept, (b"connection", b"close")]}
+        await send(message)
+
+    return watched_receive, closing_send
 
 
 def _top_k(request: Request) -> int:

@@ -130,7 +130,8 @@ async def _once(body: bytes) -> AsyncIterator[bytes]:
 
 async def _multipart(request: Request, body: bytes, max_files: int) -> list[Upload]:
     boundary = parse_options_header(request.headers.get("content-type", ""))[1].get(b"boundary", b"")
-    if boundary and b"--" + boundary + b"--" not in body:  # the parser reports only the parts that ended
+    closing = b"--" + boundary + b"--"  # on a line of its own: not a filename's or a field's text
+    if boundary and not (body.startswith(closing) or b"\r\n" + closing in body):  # the parser reports ended parts
         raise HTTPError(400, "malformed multipart form: no closing boundary (its last part never ends)")
     parser = MultiPartParser(request.headers, _once(body), max_files=max_files, max_fields=max_files)
     try:
