@@ -159,3 +159,16 @@ def test_one_unending_trailer_field_is_refused_as_it_grows(port: int) -> None:
     closing = b"POST / HTTP/1.1\r\nHost: a\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n"
     status, _, body = exchange(port, closing + many + b"0\r\n\r\n")
     assert status == 200 and json.loads(body) == {"ok": True, "bytes": 500}
+
+
+def test_pipelined_requests_each_have_the_header_limit(port: int) -> None:
+    """60 pipelined 53-byte requests in one read shared one 2,048-byte budget and got 431, none answered."""
+    one = b"POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhello"
+    last = b"POST /x HTTP/1.1\r\nHost: a\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", port), timeout=3) as sock:
+        sock.sendall(one * 60 + last)
+        received = b""
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := sock.recv(65536):
+                received += chunk
+    assert received.count(b"HTTP/1.1 200") == 61 and b"431" not in received

@@ -72,6 +72,7 @@ class GuardedProtocol(HttpToolsProtocol):
         self.limit_concurrency = None  # our own limit answers in JSON (on_headers_complete)
         self._in_headers, self._header_bytes, self._trailer_bytes = True, 0, 0
         self._beyond_body, self._chunks = 0, 0  # bytes after the headers that are not body; chunks seen
+        self._messages = 0  # requests parsed whole on this connection
         self._header_clock: asyncio.TimerHandle | None = None
 
     # ------------------------------------------------------------------------------ the connection
@@ -89,7 +90,11 @@ class GuardedProtocol(HttpToolsProtocol):
             self._start_clock()
             room = self.limits.max_header_bytes - self._header_bytes
             if len(data) > room:  # only the bytes within the limit reach the parser
+                ended = self._messages
                 self._feed(data[:room])
+                if self._messages != ended and not self.transport.is_closing():  # pipelined: the next one afresh
+                    self.data_received(data[room:])
+                    return
                 if self._in_headers and not self.transport.is_closing():
                     self._refuse(431, f"request headers exceed {self.limits.max_header_bytes:,} bytes")
                     return
@@ -180,7 +185,7 @@ class GuardedProtocol(HttpToolsProtocol):
     def on_message_complete(self) -> None:
         super().on_message_complete()
         self._in_headers, self._header_bytes, self._trailer_bytes = True, 0, 0  # a next request may follow
-        self._beyond_body, self._chunks = 0, 0
+        self._beyond_body, self._chunks, self._messages = 0, 0, self._messages + 1
 
 
 def protocol_class(limits: Limits) -> type[GuardedProtocol]:
