@@ -240,18 +240,7 @@ def test_a_compiled_runs_precision_is_measured_at_its_own_matmul(monkeypatch) ->
         return 1.0 if dtype is None else 0.4  # bf16 2.5x as fast
 
     monkeypatch.setattr(choices, "matmul_seconds", timed)
-    native = dataclasses.replace(compiled.hosts.current(), native_bf16=True)  # as on an AVX512-BF16 or AMX CPU
-    monkeypatch.setattr(compiled.hosts, "current", lambda device=None: native)
-    picked = choices.choose(
-        config,
-        build_model(config.model),
-        torch.device("cpu"),
-        micro_batch=32,
-        accumulation=1,
-        graphs=1,
-        steps=10,
-        budget_s=None,
-    )
+    picked = _choose_on_native_bf16(monkeypatch, config, steps=10)
     assert picked.compiled and picked.precision == "bf16" and "2.50x" in picked.precision_reason
     assert seen == [(128, 32, 64, None), (128, 32, 64, torch.bfloat16)] * PRECISION_ROUNDS  # alternated
 
@@ -272,17 +261,17 @@ def test_an_eager_runs_precision_is_timed_alternately_too(monkeypatch) -> None:
         return passes[dtype].pop(0)
 
     monkeypatch.setattr(choices, "probe_pass", probe)
-    native = dataclasses.replace(compiled.hosts.current(), native_bf16=True)
-    monkeypatch.setattr(compiled.hosts, "current", lambda device=None: native)
-    picked = choices.choose(
-        config,
-        build_model(config.model),
-        torch.device("cpu"),
-        micro_batch=32,
-        accumulation=1,
-        graphs=1,
-        steps=1,
-        budget_s=None,
-    )  # fmt: skip  (one step: compiling cannot pay, and the run is timed eagerly)
+    picked = _choose_on_native_bf16(monkeypatch, config, steps=1)  # one step: compiling cannot pay, timed eagerly
     assert seen == [None] + [None, torch.bfloat16] * PRECISION_ROUNDS  # the compile decision's, then alternated
     assert not picked.compiled and picked.precision == "bf16" and "2.00x" in picked.precision_reason  # 1.0 / 0.5
+
+
+def _choose_on_native_bf16(monkeypatch, config, steps: int):
+    """choices.choose for `config` at micro-batch 32 on this CPU taken for one with native bf16 (AVX512-BF16, AMX)."""
+    from vitkit.train import choices
+
+    native = dataclasses.replace(compiled.hosts.current(), native_bf16=True)
+    monkeypatch.setattr(compiled.hosts, "current", lambda device=None: native)
+    model = build_model(config.model)
+    device = torch.device("cpu")
+    return choices.choose(config, model, device, micro_batch=32, accumulation=1, graphs=1, steps=steps, budget_s=None)
