@@ -81,6 +81,7 @@ class RunParts:
         torch.manual_seed(init_seed(config.run.seed, info.rank))  # init (DDP broadcasts rank 0's) and dropout
         wants_test = config.mpp is None or config.mpp.eval_images > 0
         self.data = data or load_splits(config, need_test=wants_test)
+        self.source_count = source_images(config) if data is None else None  # splits given: the caller's data
         if not wants_test:
             self.data = dataclasses.replace(self.data, test=None, evals={})
         check_classes(config, self.data.train)
@@ -193,7 +194,7 @@ class RunParts:
             "data": self.batches.state_dict(),
             "skipped_samples": self.skipped_total,
             "precision": self.choices.precision,
-            "source_images": source_images(self.config),
+            "source_images": self.source_count,
             **self.objective.state_dict(),
         }
 
@@ -201,8 +202,8 @@ class RunParts:
         """A resumed run reads the images it was trained on: a source that gained or lost some since would give
         its class-stratified hold-outs (test, val, N a class) drawn again, training images in its test split.
         Counted from the listing (source_images), so a file that now decodes, or no longer does, is no change."""
-        now = source_images(self.config)
-        if stored is None or stored == now:  # None: a checkpoint written before the count was kept
+        now = self.source_count
+        if stored is None or now is None or stored == now:  # None: a checkpoint before the count, or given splits
             return
         raise ValueError(
             f"{self.config.data.uri} holds {now:,} training images, {stored:,} when this run started: its held-out "
