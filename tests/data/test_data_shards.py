@@ -342,3 +342,24 @@ def test_damaged_and_truncated_shards_count_their_rest_as_corrupt(tmp_path: Path
     assert [bool(s.problem) for s in samples] == [False, True, True, True, False, True, True, True]
     batches = _batches(data, batch=8, micro=8)
     assert sorted(_ids(_take(batches, 1))) == [0, 4] and batches.skipped == 6
+
+
+def test_shards_keep_the_training_splits_channels(tmp_path: Path) -> None:
+    """A colour train split beside a grayscale test split wrote "channels": 1 (the last split's), and training on
+    the shards built a grayscale model where the source itself gave a colour one."""
+    datasets = pytest.importorskip("datasets")
+
+    def split(mode: str, count: int):
+        rows = {"image": [], "label": []}
+        for i in range(count):
+            buffer = io.BytesIO()
+            Image.new(mode, (8, 8), (40 * i) % 256 if mode == "L" else (40 * i % 256, 0, 0)).save(buffer, "PNG")
+            rows["image"].append({"bytes": buffer.getvalue(), "path": None})
+            rows["label"].append(i % 2)
+        features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=["a", "b"])})
+        return datasets.Dataset.from_dict(rows, features=features)
+
+    datasets.DatasetDict({"train": split("RGB", 20), "test": split("L", 6)}).save_to_disk(str(tmp_path / "hf"))
+    write_shards(f"hf:{tmp_path / 'hf'}", tmp_path / "wds", 8)
+    assert json.loads((tmp_path / "wds" / "dataset.json").read_text())["channels"] == 3
+    assert describe(f"wds:{tmp_path / 'wds'}").channels == describe(f"hf:{tmp_path / 'hf'}").channels == 3

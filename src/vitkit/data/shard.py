@@ -267,10 +267,11 @@ def write_shards(
             check_class_names(list(data.class_names), uri, "class")
     out.mkdir(parents=True, exist_ok=True)
     workers = workers or min(8, os.cpu_count() or 1)
-    splits, classes, channels, probe = {}, None, 3, []
+    splits, classes, probe = {}, None, []
+    first = sources.get("train") or next(iter(sources.values()))  # what a model is built for: the training split
+    channels = first.images.shape[1] if first.images is not None else first.channels
     for split, data in sources.items():
         classes = classes or (data.class_names if labelled else None)
-        channels = data.images.shape[1] if data.images is not None else data.channels
         splits[split] = _write_split(data, split, out, samples_per_shard, max_side, seed, workers, labelled)
         probe = probe or splits[split].first
     index = {
