@@ -265,3 +265,20 @@ def test_a_row_group_unreadable_once_stays_unreadable_for_the_process(tmp_path: 
     first = hf.row_group_labels(units, "target")
     assert first[0] == [-1] * 8 and first[1] == _truth(16)[1][8:].tolist()
     assert hf.row_group_labels(units, "target") == first
+
+
+@pytest.mark.parametrize("stored", ["arrow", "parquet"])
+def test_a_row_without_a_label_is_dropped_as_minus_one_is(tmp_path: Path, stored: str) -> None:
+    """An integer label column holding None, without class names: "cannot convert float NaN to integer"."""
+    rows = _dataset(10, int_labels=True).to_dict()
+    rows["target"][3], rows["target"][6] = None, -1
+    found = datasets.Dataset.from_dict(rows, features=_dataset(1, int_labels=True).features)
+    if stored == "arrow":
+        found.save_to_disk(str(tmp_path / "ds"))
+    else:
+        (tmp_path / "ds" / "data").mkdir(parents=True)
+        found.to_parquet(str(tmp_path / "ds" / "data" / "train-00000-of-00001.parquet"))
+    uri = f"hf:{tmp_path / 'ds'}"
+    parts = [load_split(uri, part, image_size=8) for part in ("train", "test")]
+    kept = sorted(i for part in parts for i in image_ids(part.images))
+    assert kept == [0, 1, 2, 4, 5, 7, 8, 9] and parts[0].class_names == ["0", "1", "2", "3"]

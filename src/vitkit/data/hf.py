@@ -225,13 +225,13 @@ def arrow_rows(split: HFSplit, image: str, label: str, where: str) -> tuple[Arro
     table = open_arrow_table(split.files)
     if not label:
         return ArrowImages(split.files, image, None, count=table.num_rows), np.zeros(table.num_rows, np.int64)
-    labels = table.column(label).to_numpy(zero_copy_only=False)
+    labels = label_values(table.column(label))
     if labels.dtype.kind not in "iu":
         raise ValueError(f"{where}: label column {label!r} is {labels.dtype}, not integer class indices")
     labels = labels.astype(np.int64)
     keep = np.flatnonzero(labels >= 0)
     if len(keep) < len(labels):
-        log.warning("%s: dropping %d unlabelled row(s) (label -1)", where, len(labels) - len(keep))
+        log.warning("%s: dropping %d unlabelled row(s) (label -1 or none)", where, len(labels) - len(keep))
     rows = keep if len(keep) < len(labels) else None
     return ArrowImages(split.files, image, rows, count=len(labels)), labels[keep]
 
@@ -268,9 +268,15 @@ def row_group_labels(units: list[Unit], label: str) -> list[list[int]]:
 def parquet_labels(split: HFSplit, label: str) -> np.ndarray:
     """Every label of the split (one column: cheap), to count the classes when they have no names."""
     pq = _pyarrow().parquet
-    return np.concatenate(
-        [pq.read_table(path, columns=[label]).column(label).to_numpy(zero_copy_only=False) for path in split.files]
-    )
+    return np.concatenate([label_values(pq.read_table(path, columns=[label]).column(label)) for path in split.files])
+
+
+def label_values(column: Any) -> np.ndarray:
+    """An Arrow label column as numpy: an integer one with its missing labels as -1 (unlabelled), where numpy
+    would make them NaN in floats; another kind as it is (its readers refuse it)."""
+    if _pyarrow().types.is_integer(column.type):
+        column = column.fill_null(-1)
+    return column.to_numpy(zero_copy_only=False)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -171,7 +171,7 @@ def _hf_classes(train: hf.HFSplit, label: str, names: list[str] | None) -> list[
     labels = (
         hf.parquet_labels(train, label)
         if train.kind == "parquet"
-        else hf.open_arrow_table(train.files).column(label).to_numpy(zero_copy_only=False)
+        else hf.label_values(hf.open_arrow_table(train.files).column(label))
     )
     top = int(np.max(labels, initial=-1))
     if top < 0:
