@@ -89,3 +89,20 @@ def test_inspect_cli_grayscale_model_from_image_files(tmp_path: Path, capsys) ->
 def test_rollout_figure_holds_num_overlays_images(tmp_path: Path) -> None:
     report = inspect_model(_checkpoint(), _images(5), tmp_path, InspectConfig(num_overlays=3, batch_size=1, draw=False))
     assert len(report["attention_rollout"]["maps"]) == 3 and report["num_images"] == 5
+
+
+@pytest.mark.parametrize("side, uniform", [(7, 25 / 49), (8, 16 / 64), (2, None)])
+def test_the_rollout_centre_share_is_read_against_uniform_relevance_on_its_own_grid(side: int, uniform) -> None:
+    """ "(25% = uniform)" held only for grid sides divisible by 4 (a 7x7 grid's centre is 51% of it), and a 2x2
+    grid, all edge, printed 100% on the central half for every model."""
+    from vitkit.inspect.report import _centre_mass
+
+    flat = torch.ones(3, side, side)
+    share, reference = _centre_mass(flat)
+    if uniform is None:
+        assert share is None and reference is None
+        return
+    assert share == pytest.approx(uniform) and reference == pytest.approx(uniform)
+    peaked = torch.zeros(1, side, side)
+    peaked[0, side // 2, side // 2] = 1.0
+    assert _centre_mass(peaked)[0] == 1.0

@@ -215,7 +215,7 @@ def _attention_report(
             "figure": "attention_rollout.png",
             "grid": list(grid),
             "maps": plots.relevance_maps(maps),
-            "centre_mass": _centre_mass(maps),
+            **dict(zip(("centre_mass", "centre_uniform"), _centre_mass(maps), strict=True)),
         },
     }
 
@@ -227,13 +227,18 @@ def _grid(model: torch.nn.Module, size: int) -> tuple[int, int]:
     return (tokens, tokens)
 
 
-def _centre_mass(maps: Tensor) -> float:
-    """Share of rollout relevance on the central half of the patch grid (by area), averaged over images;
-    0.25 for a uniform map. A rough "does the model look at the object" number for centred photos."""
+def _centre_mass(maps: Tensor) -> tuple[float | None, float | None]:
+    """(share of rollout relevance on the centre of the patch grid, averaged over images; the share a uniform
+    map gives, the centre's share of the grid's area).  The centre leaves a quarter of each side on each edge,
+    rounded down: the central 4x4 of 8x8 (25%), 5x5 of 7x7 (51%).  A rough "does the model look at the
+    object" number for centred photos; (None, None) on a grid with no edge to leave (under 4 patches a side)."""
     gh, gw = maps.shape[-2:]
     top, left = gh // 4, gw // 4
+    if not top or not left:
+        return None, None
     centre = maps[:, top : gh - top, left : gw - left].flatten(1).sum(1)
-    return float((centre / maps.flatten(1).sum(1).clamp_min(1e-300)).mean())
+    share = float((centre / maps.flatten(1).sum(1).clamp_min(1e-300)).mean())
+    return share, (gh - 2 * top) * (gw - 2 * left) / (gh * gw)
 
 
 def load_images(paths: Sequence[str | os.PathLike], channels: int, size: int) -> list[Tensor]:
@@ -315,11 +320,14 @@ def summary(report: dict[str, Any]) -> dict[str, Any]:
         )
     rollout = report.get("attention_rollout") or {}
     if rollout:
-        short["rollout_centre_mass"] = rollout["centre_mass"]
-        lines.append(
-            f"Figure 6        attention_rollout.png: {100 * rollout['centre_mass']:.1f}% of rollout relevance on the "
-            "central half of the image (25% = uniform)"
+        short["rollout_centre_mass"] = share = rollout["centre_mass"]
+        uniform = rollout["centre_uniform"]
+        where = (
+            f"{100 * share:.1f}% of rollout relevance on the centre of the image ({100 * uniform:.0f}% = uniform)"
+            if share is not None
+            else "no centre share: the patch grid has under 4 patches a side"
         )
+        lines.append(f"Figure 6        attention_rollout.png: {where}")
     for name, note in report.get("notes", {}).items():
         lines.append(f"{name}: skipped: {note}")
     short["lines"] = lines
