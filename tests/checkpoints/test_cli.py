@@ -110,3 +110,6 @@ def test_export_onnx_to_a_directory_is_refused_before_any_work(tmp_path, make_vi
     assert main(["export-onnx", str(tmp_path / "model"), str(tmp_path / "taken")]) == 2
     err = capsys.readouterr().err
     assert "is a directory; name the .onnx file to write" in err and "Traceback" not in err
+    assert main(["export-onnx", str(tmp_path / "model"), str(tmp_path / "nodir" / "x.onnx")]) == 2
+    err = capsys.readouterr().err  # it named its temporary file, '.x.onnx.<hex>.tmp'
+    assert "nodir does not exist" in err and ".tmp" not in err

@@ -77,3 +77,12 @@ def test_unknown_format_is_a_clear_error(tmp_path):
     (tmp_path / "x.safetensors").write_bytes(b"garbage")
     with pytest.raises(ValueError, match="x.safetensors: 7 bytes, too short for a safetensors file"):
         read(tmp_path / "x.safetensors")
+
+
+@pytest.mark.parametrize("thing", [torch.nn.Linear(2, 2), {"weight": torch.zeros(2)}])
+def test_save_refuses_what_is_no_vitkit_model_before_writing(tmp_path, thing) -> None:
+    """A torch module of its own or a state dict ended in an AttributeError ('Linear' has no 'config') after
+    the directory was made."""
+    with pytest.raises(TypeError, match="vitkit.save takes a vitkit model"):
+        vitkit.save(thing, tmp_path / "out")
+    assert not (tmp_path / "out").exists()

@@ -72,6 +72,11 @@ def save(checkpoint: Checkpoint | nn.Module, directory: str | os.PathLike, **met
     """Write `checkpoint` (or a bare model plus `class_names=`, `mean=`, `std=`, `provenance=`) to `directory`."""
     if isinstance(checkpoint, nn.Module):
         checkpoint = Checkpoint(model=checkpoint, **meta)
+    if not isinstance(checkpoint, Checkpoint) or not hasattr(checkpoint.model, "config"):
+        raise TypeError(
+            "vitkit.save takes a vitkit model (vitkit.create_model, vitkit.load) or a Checkpoint, got "
+            f"{type(checkpoint.model if isinstance(checkpoint, Checkpoint) else checkpoint).__name__}"
+        )
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     model = checkpoint.model

@@ -141,6 +141,8 @@ def run_export_onnx(args: argparse.Namespace) -> int:
 
     if Path(args.out).is_dir():
         raise ValueError(f"{args.out} is a directory; name the .onnx file to write")
+    if not Path(args.out).parent.is_dir():
+        raise ValueError(f"{Path(args.out).parent} does not exist; make it, or name a .onnx file elsewhere")
     checkpoint = _read_checkpoint(args)
     out = export_onnx(checkpoint.model, args.out, opset=args.opset)
     diff = check_onnx(checkpoint.model, out) if onnxruntime_available() else None
