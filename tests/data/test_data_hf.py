@@ -282,3 +282,28 @@ def test_a_row_without_a_label_is_dropped_as_minus_one_is(tmp_path: Path, stored
     parts = [load_split(uri, part, image_size=8) for part in ("train", "test")]
     kept = sorted(i for part in parts for i in image_ids(part.images))
     assert kept == [0, 1, 2, 4, 5, 7, 8, 9] and parts[0].class_names == ["0", "1", "2", "3"]
+
+
+def test_the_evaluating_verbs_take_the_column_choice(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A dataset of two label columns, evaluated with a checkpoint that is no run of it: the error said
+    "choose one with --set data.label_column=NAME", a flag eval, fewshot, embed and inspect do not have."""
+    import vitkit
+    from vitkit.cli import main
+
+    rows = _dataset(40, int_labels=True).to_dict()
+    rows["coarse"] = [t // 2 for t in rows["target"]]
+    features = datasets.Features({**_dataset(1, int_labels=True).features, "coarse": datasets.Value("int64")})
+    datasets.Dataset.from_dict(rows, features=features).save_to_disk(str(tmp_path / "ds"))
+    uri, model = f"hf:{tmp_path / 'ds'}", tmp_path / "model"
+    vitkit.save(vitkit.create_model("vit_ti16", img_size=8, patch_size=4, num_classes=4, in_chans=1), model)
+    assert main(["eval", str(model), "--data", uri]) == 2
+    assert "--label-column NAME" in capsys.readouterr().err
+    picked = ["--label-column", "target"]
+    assert main(["eval", str(model), "--data", uri, *picked, "--json"]) == 0, capsys.readouterr().err
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["num_images"] == 8
+    assert main(["fewshot", str(model), "--data", uri, *picked, "--shots", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["num_classes"] == 4
+    embedded = ["embed", str(model), "--data", uri, *picked, "--out", str(tmp_path / "e.npy"), "--json"]
+    assert main(embedded) == 0, capsys.readouterr().err
+    inspected = ["inspect", str(model), "--data", uri, *picked, "--num-images", "2", "--no-figures"]
+    assert main([*inspected, "--out", str(tmp_path / "fig")]) == 0, capsys.readouterr().err

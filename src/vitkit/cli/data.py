@@ -6,7 +6,7 @@ import argparse
 import logging
 import sys
 
-from vitkit.cli.flags import emit
+from vitkit.cli.flags import add_column_flags, emit
 
 
 def add_shard(sub: argparse._SubParsersAction) -> None:
@@ -24,8 +24,7 @@ def add_shard(sub: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the fixed order the samples are written in")
     parser.add_argument("--workers", type=int, default=None, help="encoding threads (default: min(8, CPUs))")
-    parser.add_argument("--image-column", default="", help="hf: sources: the image column, if several")
-    parser.add_argument("--label-column", default="", help="hf: sources: the label column, if several")
+    add_column_flags(parser)
     parser.add_argument(
         "--no-labels",
         action="store_true",

@@ -9,7 +9,7 @@ import argparse
 import json
 import sys
 
-from vitkit.cli.flags import add_run_flags, emit
+from vitkit.cli.flags import add_column_flags, add_run_flags, columns_of, emit
 
 
 def add_eval(sub: argparse._SubParsersAction) -> None:
@@ -30,6 +30,7 @@ def add_eval(sub: argparse._SubParsersAction) -> None:
         "--out", default=None, help="folder for eval_SPLIT.json + confusion_SPLIT.png (default RUN/eval for a run)"
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    add_column_flags(parser)
     parser.set_defaults(handler=run_eval)
 
 
@@ -41,7 +42,7 @@ def run_eval(args: argparse.Namespace) -> int:
     config = AccuracyConfig(
         img_size=args.img_size, batch_size=args.batch_size, device=args.device, flip_views=args.flip_views
     )
-    report = eval_command(args.checkpoint, args.data, args.split, config, args.out, args.max_images)
+    report = eval_command(args.checkpoint, args.data, args.split, config, args.out, args.max_images, columns_of(args))
     k = next(key for key in report if key.startswith("top") and key[3:].isdigit() and key != "top1")
     lines = [
         f"{args.data} {args.split}: {report['num_images']} images at {report['img_size']} px",
@@ -73,6 +74,7 @@ def add_fewshot(sub: argparse._SubParsersAction) -> None:
     add_run_flags(parser)
     parser.add_argument("--out", default=None, help="folder for fewshot.json")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    add_column_flags(parser)
     parser.set_defaults(handler=run_fewshot)
 
 
@@ -93,7 +95,7 @@ def run_fewshot(args: argparse.Namespace) -> int:
         max_test=args.max_test,
         device=args.device,
     )
-    report = fewshot_command(args.checkpoint, args.data, config, args.out)
+    report = fewshot_command(args.checkpoint, args.data, config, args.out, columns_of(args))
     return emit(
         args,
         report,
@@ -149,6 +151,7 @@ def add_embed(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--out", required=True, help="FILE.npy (+ FILE.labels.npy, FILE.json) or FILE.safetensors")
     add_run_flags(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    add_column_flags(parser)
     parser.set_defaults(handler=run_embed)
 
 
@@ -164,6 +167,7 @@ def run_embed(args: argparse.Namespace) -> int:
         img_size=args.img_size,
         batch_size=args.batch_size,
         device=args.device,
+        columns=columns_of(args),
     )
     report.pop("class_names")
     return emit(args, report, [f"wrote {', '.join(report['files'])}: {report['shape']} ({args.layer})"])
@@ -182,6 +186,7 @@ def add_inspect(sub: argparse._SubParsersAction) -> None:
     add_run_flags(parser, batch_size=8)
     parser.add_argument("--out", required=True, help="output folder")
     parser.add_argument("--json", action="store_true", help="print one JSON object (summary numbers)")
+    add_column_flags(parser)
     parser.set_defaults(handler=run_inspect)
 
 
@@ -205,6 +210,7 @@ def run_inspect(args: argparse.Namespace) -> int:
             data=args.data,
             split=args.split,
             num_images=args.num_images,
+            columns=columns_of(args),
         )
     )
     return emit(args, report, report["lines"])

@@ -120,3 +120,14 @@ def emit(args: argparse.Namespace, report: Any, lines: Iterable[str] | None) -> 
         for line in lines or ():
             print(line)
     return 0
+
+
+def add_column_flags(parser: argparse.ArgumentParser) -> None:
+    """--image-column / --label-column: which columns of an hf: source to read, where it has several."""
+    parser.add_argument("--image-column", default="", help="hf: sources: the image column, if several")
+    parser.add_argument("--label-column", default="", help="hf: sources: the label column, if several")
+
+
+def columns_of(args: argparse.Namespace) -> dict[str, str]:
+    """The columns the flags chose (none: as the run read its data, else found by their types)."""
+    return {key: value for key in ("image_column", "label_column") if (value := getattr(args, key, ""))}

@@ -136,7 +136,7 @@ def choose_columns(
     if not labels and not label_column:
         raise NoLabelsError(
             f"{where}: no label column (ClassLabel or integer) among {', '.join(names)}; choose one with "
-            f"--set data.label_column=NAME (vitkit shard: --label-column NAME), or train without labels: "
+            f"--label-column NAME (train, finetune: --set data.label_column=NAME), or train without labels: "
             f"{NO_LABELS_HINT}"
         )
     label = _pick(label_column, labels, "label", names, where)
@@ -161,7 +161,8 @@ def _pick(chosen: str, candidates: list[str], what: str, names: list[str], where
     if len(candidates) != 1:
         found = f"several ({', '.join(candidates)})" if candidates else "no"
         raise ValueError(
-            f"{where}: {found} {what} columns among {', '.join(names)}; choose one with --set data.{what}_column=NAME"
+            f"{where}: {found} {what} columns among {', '.join(names)}; choose one with --{what}-column NAME "
+            f"(train, finetune and pretrain-mpp: --set data.{what}_column=NAME)"
         )
     return candidates[0]
 

@@ -25,11 +25,11 @@ from vitkit.runs import RunDir, data_reading, find_checkpoint, is_run_dir, open_
 log = logging.getLogger(__name__)
 
 
-def _load(path, uri: str, split: str, checkpoint, img_size: int | None, max_images: int | None = None):
+def _load(path, uri: str, split: str, checkpoint, img_size: int | None, max_images: int | None = None, columns=None):
     """A split of `uri` as the checkpoint reads it (its resolution and channels; a run's own hf columns), with
     its labels where it has them: a masked-patch-prediction run read its own data without them, but probing or
     embedding its encoder needs them; a source without labels reads as that run read it."""
-    reading = data_reading(path, uri)
+    reading = {**data_reading(path, uri), **(columns or {})}  # the flags' columns over the run's
     common = dict(image_size=resolution(checkpoint, img_size), channels=1 if channels(checkpoint) == 1 else 3)
     try:
         images = load_split(uri, split, **common, **{**reading, "labelled": True})
@@ -59,6 +59,7 @@ def eval_command(
     config: AccuracyConfig,
     out: str | os.PathLike | None,
     max_images: int | None = None,
+    columns: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Accuracy of a checkpoint (or a run's final checkpoint) on a split; writes eval_SPLIT.json and
     confusion_SPLIT.png to `out` (RUN/eval by default, where another data set than the run's own is
@@ -67,7 +68,7 @@ def eval_command(
 
     checkpoint = open_checkpoint(path)
     require_classifier(checkpoint, path)
-    images = _load(path, data, split, checkpoint, config.img_size, max_images)
+    images = _load(path, data, split, checkpoint, config.img_size, max_images, columns)
     result = evaluate(checkpoint, images, config)
     report = {"checkpoint": str(find_checkpoint(path)), "data": data, "split": split, **result.to_dict()}
     stem, default = split, default_out(path, "eval")
@@ -83,12 +84,16 @@ def eval_command(
 
 
 def fewshot_command(
-    path: str | os.PathLike, data: str, config: FewShotConfig, out: str | os.PathLike | None
+    path: str | os.PathLike,
+    data: str,
+    config: FewShotConfig,
+    out: str | os.PathLike | None,
+    columns: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Few-shot linear accuracy (Sec. 4.1) of a checkpoint's frozen representation on a data set."""
     checkpoint = open_checkpoint(path)
-    train = _load(path, data, "train", checkpoint, config.img_size)
-    test = _load(path, data, "test", checkpoint, config.img_size)
+    train = _load(path, data, "train", checkpoint, config.img_size, columns=columns)
+    test = _load(path, data, "test", checkpoint, config.img_size, columns=columns)
     result = run_fewshot(checkpoint, train, test, config)
     report = {"checkpoint": str(find_checkpoint(path)), "data": data, **result.to_dict()}
     if out is not None:
@@ -115,11 +120,12 @@ def embed_command(
     img_size: int | None = None,
     batch_size: int = 64,
     device: str = "auto",
+    columns: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Representations (`layer`) of every image of a split, saved as .npy or .safetensors with labels."""
     output_paths(out)  # refuse a bad suffix before any work
     checkpoint = open_checkpoint(path)
-    images = _load(path, data, split, checkpoint, img_size)
+    images = _load(path, data, split, checkpoint, img_size, columns=columns)
     embeddings, labels = compute(checkpoint, images, layer, img_size=img_size, batch_size=batch_size, device=device)
     meta = {
         "checkpoint": str(find_checkpoint(path)),

@@ -266,13 +266,15 @@ def inspect_command(
     data: str | None = None,
     split: str = "test",
     num_images: int = 32,
+    columns: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Open a checkpoint (or a run's final one), gather images (files and/or a data split) and write the figures."""
     checkpoint = open_checkpoint(path)
     size, chans = resolution(checkpoint, config.img_size), channels(checkpoint)
     images = load_images(image_files, chans, size)
     if data:
-        images += sample_images(data, split, num_images, chans, size, reading=data_reading(path, data))
+        reading = {**data_reading(path, data), **(columns or {})}
+        images += sample_images(data, split, num_images, chans, size, reading=reading)
     report = inspect_model(checkpoint, images, out, config)
     return {"checkpoint": str(find_checkpoint(path)), "out": str(out), **report}
 
