@@ -34,6 +34,7 @@ from vitkit.atomic import atomic_write, atomic_write_text, fsync_dir
 from vitkit.checkpoints import native
 
 log = logging.getLogger(__name__)
+_STEP = re.compile(r"step_\d{7}")  # a step checkpoint's name, as save_step writes it
 
 CHECKPOINTS, LATEST, FINAL, EMA = "checkpoints", "LATEST", "final", "ema"
 CONFIG, METRICS, STATE_FILE = "config.json", "metrics.jsonl", "train_state.pt"
@@ -81,19 +82,38 @@ class RunDir:
 
     # ----------------------------------------------------------------------------- checkpoints
     def latest(self, *, with_state: bool = True) -> Path | None:
-        """The complete step checkpoint LATEST names, or None; a LATEST pointing nowhere is an error.
+        """The complete step checkpoint LATEST names, or None without LATEST.  Where it names a missing or
+        incomplete one (or no step of this run), the newest complete step checkpoint, said in a warning; an
+        error where there is none (removing LATEST then starts the run over).
 
         `with_state=False` asks only for the model (reading, not resuming): train_state.pt may be absent.
         """
         pointer = self.checkpoints / LATEST
         if not pointer.is_file():
             return None
-        path = self.checkpoints / pointer.read_text().strip()
-        if (with_state and not (path / STATE_FILE).is_file()) or not native.is_native(path):
+        named = pointer.read_text().strip()
+        if _STEP.fullmatch(named) and self._complete(self.checkpoints / named, with_state):
+            return self.checkpoints / named
+        steps = [
+            p for p in self.checkpoints.glob("step_*") if _STEP.fullmatch(p.name) and self._complete(p, with_state)
+        ]
+        if not steps:
             raise ValueError(
-                f"{pointer} names {path.name}, which is missing or incomplete; remove {pointer} to start over"
+                f"{pointer} names {named[:80]!r}, which is missing or incomplete, and no other step checkpoint is "
+                f"complete; remove {pointer} to start over"
             )
-        return path
+        newest = max(steps, key=_step_number)
+        log.warning(
+            "%s names %r, which is missing or incomplete; using %s, the newest complete step checkpoint",
+            pointer,
+            named[:80],
+            newest.name,
+        )
+        return newest
+
+    @staticmethod
+    def _complete(path: Path, with_state: bool) -> bool:
+        return path.is_dir() and native.is_native(path) and (not with_state or (path / STATE_FILE).is_file())
 
     def save_step(self, step: int, write_model: Callable[[Path], object], payload: dict[str, Any]) -> Path:
         """Write `checkpoints/step_<step>/` (model via `write_model(dir)` + train_state.pt) atomically, point
@@ -101,12 +121,15 @@ class RunDir:
         self.checkpoints.mkdir(parents=True, exist_ok=True)
         name = f"step_{step:07d}"
         final, tmp = self.checkpoints / name, self.checkpoints / f".{name}.tmp"
+        if self._complete(final, with_state=True):  # the step a run resumed at, unchanged: not written again
+            atomic_write_text(self.checkpoints / LATEST, name + "\n")  # (removing it first left a window)
+            return final
         for torn in self.checkpoints.glob(".step_*.tmp"):  # left by a save that crashed before its rename
             shutil.rmtree(torn, ignore_errors=True)
         write_model(tmp)
         atomic_write(tmp / STATE_FILE, lambda path: torch.save(payload, path))
         fsync_dir(tmp)
-        if final.exists():  # re-saving the same step (e.g. the end of a resumed, finished run)
+        if final.exists():  # an incomplete copy of this step
             shutil.rmtree(final)
         os.replace(tmp, final)
         atomic_write_text(self.checkpoints / LATEST, name + "\n")

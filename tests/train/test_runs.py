@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from helpers import tiny_config
 from safetensors.torch import load_file
@@ -177,3 +178,42 @@ def test_pretrain_mpp_sigterm_saves_exits_and_resumes_bit_identically(tmp_path: 
     a = load_file(str(tmp_path / "straight" / "checkpoints" / "final" / "model.safetensors"))
     b = load_file(str(tmp_path / "resumed" / "checkpoints" / "final" / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(tmp_path: Path, caplog) -> None:
+    """LATEST naming a missing step, or one without its state, or a path outside the run: the resume stopped
+    with "remove LATEST to start over", and following it pruned the intact older steps and the metrics.
+    Resuming now takes the newest complete step, and the verbs that read a model read the final export."""
+    import shutil
+
+    from vitkit.runs import LATEST, STATE_FILE, RunDir
+
+    run = tmp_path / "run"
+    trainer.train(tiny_config(run, "data.steps=6", "run.checkpoint_every=2"))
+    checkpoints = run / "checkpoints"
+    (checkpoints / "step_0000006" / STATE_FILE).unlink()  # the newest, without its state
+    directory = RunDir(run)
+    with caplog.at_level(logging.WARNING):
+        assert directory.latest() == checkpoints / "step_0000004"
+    assert "'step_0000006', which is missing or incomplete; using step_0000004" in caplog.text
+    for named in ("../../elsewhere/step_0000002", "", "step_9999999"):
+        (checkpoints / LATEST).write_text(named + "\n")
+        assert directory.latest() == checkpoints / "step_0000004"
+        assert find_checkpoint(run) == checkpoints / "final"  # eval, predict and serve read the final model
+    shutil.rmtree(checkpoints / "step_0000004")
+    assert directory.latest() == checkpoints / "step_0000002"
+    shutil.rmtree(checkpoints / "step_0000002")
+    with pytest.raises(ValueError, match="no other step checkpoint is complete; remove .* to start over"):
+        directory.latest()
+
+
+def test_a_finished_run_re_run_does_not_write_its_last_step_again(tmp_path: Path) -> None:
+    """Re-saving a step removed the complete copy before the new one took its name: a kill between the two
+    left LATEST naming nothing.  The same step, already complete, is not written again."""
+    run = tmp_path / "run"
+    config = tiny_config(run, "data.steps=4", "run.checkpoint_every=2")
+    trainer.train(config)
+    weights = run / "checkpoints" / "step_0000004" / "model.safetensors"
+    before = os.stat(weights).st_ino
+    again = trainer.train(config)
+    assert again["status"] == "finished" and os.stat(weights).st_ino == before
