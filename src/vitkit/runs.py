@@ -34,7 +34,7 @@ from vitkit.atomic import atomic_write, atomic_write_text, fsync_dir
 from vitkit.checkpoints import native
 
 log = logging.getLogger(__name__)
-_STEP = re.compile(r"step_\d{7}")  # a step checkpoint's name, as save_step writes it
+_STEP = re.compile(r"step_\d+")  # a step checkpoint's name (save_step writes 7 digits)
 
 CHECKPOINTS, LATEST, FINAL, EMA = "checkpoints", "LATEST", "final", "ema"
 CONFIG, METRICS, STATE_FILE = "config.json", "metrics.jsonl", "train_state.pt"
