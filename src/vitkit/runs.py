@@ -80,6 +80,43 @@ class RunDir:
             )
         self.path.mkdir(parents=True, exist_ok=True)
 
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        """The directory, made (`create`) and locked (`lock`) while the block runs."""
+        self.create()
+        descriptor = self.lock()
+        try:
+            yield
+        finally:
+            self.unlock(descriptor)
+
+    def lock(self) -> int | None:
+        """An exclusive lock on the directory (flock on the directory itself: no file is left behind) for as
+        long as a run trains in it; a ValueError where another process holds it.  The descriptor to pass to
+        `unlock`, or None where the platform has no flock."""
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - Windows: no lock
+            return None
+        descriptor = os.open(self.path, os.O_RDONLY)
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(descriptor)
+            raise ValueError(
+                f"{self.path} is in use by another vitkit process (a run training there now); wait for it to end, "
+                "or choose another --out"
+            ) from None
+        except OSError:  # a file system without flock (some network ones): no lock
+            os.close(descriptor)
+            return None
+        return descriptor
+
+    @staticmethod
+    def unlock(descriptor: int | None) -> None:
+        if descriptor is not None:
+            os.close(descriptor)  # closing the descriptor releases its flock
+
     # ----------------------------------------------------------------------------- checkpoints
     def latest(self, *, with_state: bool = True) -> Path | None:
         """The complete step checkpoint LATEST names, or None without LATEST.  Where it names a missing or

@@ -217,3 +217,23 @@ def test_a_finished_run_re_run_does_not_write_its_last_step_again(tmp_path: Path
     before = os.stat(weights).st_ino
     again = trainer.train(config)
     assert again["status"] == "finished" and os.stat(weights).st_ino == before
+
+
+def test_a_run_directory_in_use_is_refused(tmp_path: Path) -> None:
+    """Two processes on one --out both trained from step 0 and wrote every metrics record twice, or the second
+    removed the first's checkpoint in the making and crashed: the directory is locked while a run trains."""
+    import pytest
+
+    from vitkit.runs import RunDir
+
+    run = tmp_path / "run"
+    config = tiny_config(run, "data.steps=2")
+    run.mkdir()
+    held = RunDir(run).lock()  # another process's run, as flock sees it (another open file description)
+    try:
+        with pytest.raises(ValueError, match="is in use by another vitkit process"):
+            trainer.train(config)
+    finally:
+        RunDir.unlock(held)
+    assert trainer.train(config)["status"] == "finished"
+    assert trainer.train(config)["status"] == "finished"  # released at the end: the same command again

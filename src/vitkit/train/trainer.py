@@ -30,7 +30,7 @@ from vitkit.data.imageset import ImageSet
 from vitkit.device import pick_device, synchronize
 from vitkit.eval.evaluator import one_view_note
 from vitkit.models.configs import image_size, in_channels
-from vitkit.runs import removed_if_left_empty
+from vitkit.runs import RunDir, removed_if_left_empty
 from vitkit.train import compiled, distributed, finish
 from vitkit.train.assemble import Splits, blank_batch
 from vitkit.train.budget import Budget
@@ -78,8 +78,9 @@ def train(
         torch.set_num_threads(config.run.threads)
     try:
         with removed_if_left_empty(config.run.out) if info.main else nullcontext():  # rank 0 creates it
-            trainer = Trainer(config, info, device, started, data=data, progress_stream=progress_stream)
-            result = trainer.fit(on_plan)
+            with RunDir(config.run.out).locked() if info.main else nullcontext():  # one run in it at a time
+                trainer = Trainer(config, info, device, started, data=data, progress_stream=progress_stream)
+                result = trainer.fit(on_plan)
         # Leave together, so no rank tears the group down while another still works in it.  (What the
         # process must do after that to exit cleanly: distributed.leave.)
         distributed.barrier()
