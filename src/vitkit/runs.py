@@ -219,9 +219,15 @@ class RunDir:
         if not path.is_file():
             return None
         try:
-            return json.loads(path.read_text())
+            stored = json.loads(path.read_text())
         except json.JSONDecodeError as err:
             raise ValueError(f"{path} is not valid JSON ({err}); the run directory is damaged") from None
+        if not isinstance(stored, dict):
+            raise ValueError(
+                f"{path} is not a JSON object: no vitkit run's config, or a damaged one; choose another --out "
+                "(a run's checkpoints resume with this command once its config.json is removed)"
+            )
+        return stored
 
     def write_config(self, config: dict[str, Any]) -> None:
         self.create()

@@ -237,3 +237,15 @@ def test_a_run_directory_in_use_is_refused(tmp_path: Path) -> None:
         RunDir.unlock(held)
     assert trainer.train(config)["status"] == "finished"
     assert trainer.train(config)["status"] == "finished"  # released at the end: the same command again
+
+
+def test_a_run_config_that_is_no_json_object_is_named_damaged(tmp_path: Path, capsys) -> None:
+    """[1, 2, 3] in a run's config.json (its checkpoints intact): an AttributeError traceback from reconcile."""
+    run = tmp_path / "run"
+    argv = ["train", "--out", str(run), "--set", "data.steps=2", "--set", "run.threads=1"]
+    assert main(argv) == 0
+    (run / "config.json").write_text("[1, 2, 3]\n")
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "config.json is not a JSON object" in err and "Traceback" not in err
