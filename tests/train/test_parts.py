@@ -78,8 +78,10 @@ def test_guard_accounts_deferred_flags_and_stops_after_patience() -> None:
         guard.observe(step, torch.tensor(True))
     assert guard.flush() == [4, 5] and counters.nan_streak == 2
     guard.observe(6, True)
-    with pytest.raises(NonFiniteLossError, match=r"3 consecutive steps, the last at step 6.*run/step_0000002"):
+    with pytest.raises(NonFiniteLossError, match=r"3 consecutive steps, the last at step 6.*run/step_0000002") as stop:
         guard.flush()
+    assert "in a new run (another --out: a re-run of this one resumes its own config" in str(stop.value)  # a re-run
+    # with a lower --lr resumed the stored one, and its NaN
     assert counters.skipped_steps == 4
 
 

@@ -68,7 +68,8 @@ class NonFiniteGuard:
                     f"loss/gradient was NaN or Inf for {self.counters.nan_streak} consecutive steps, the last at step "
                     f"{step}; stopped without saving. "
                     f"Last good checkpoint: {self.last_good() or 'none (no checkpoint yet)'}. "
-                    "Lower optim.lr, raise optim.warmup_steps or use run.precision=fp32"
+                    "Lower optim.lr, raise optim.warmup_steps or (where it trains in bf16) use run.precision=fp32, "
+                    "in a new run (another --out: a re-run of this one resumes its own config)"
                 )
         self.unchecked.clear()
         return skipped_steps
