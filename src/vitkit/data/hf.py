@@ -220,6 +220,9 @@ class ArrowImages:
         return {**self.__dict__, "_chunks": None}
 
 
+_DROPPED: set[tuple[tuple[str, ...], str, int]] = set()  # (files, label column, rows) already said dropped
+
+
 def arrow_rows(split: HFSplit, image: str, label: str, where: str) -> tuple[ArrowImages, np.ndarray]:
     """The split's images (lazily read) and int64 labels; unlabelled (-1) rows dropped.  Without a label
     column (`label` ""), every row, each of class 0."""
@@ -231,8 +234,10 @@ def arrow_rows(split: HFSplit, image: str, label: str, where: str) -> tuple[Arro
         raise ValueError(f"{where}: label column {label!r} is {labels.dtype}, not integer class indices")
     labels = labels.astype(np.int64)
     keep = np.flatnonzero(labels >= 0)
-    if len(keep) < len(labels):
-        log.warning("%s: dropping %d unlabelled row(s) (label -1 or none)", where, len(labels) - len(keep))
+    dropped = (tuple(split.files), label, len(labels) - len(keep))
+    if dropped[2] and dropped not in _DROPPED:  # once a process: every split of a run reads these rows again
+        _DROPPED.add(dropped)
+        log.warning("%s: dropping %d unlabelled row(s) (label -1 or none)", where, dropped[2])
     rows = keep if len(keep) < len(labels) else None
     return ArrowImages(split.files, image, rows, count=len(labels)), labels[keep]
 
