@@ -249,3 +249,17 @@ def test_a_run_config_that_is_no_json_object_is_named_damaged(tmp_path: Path, ca
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "config.json is not a JSON object" in err and "Traceback" not in err
+
+
+def test_a_kill_during_the_final_export_leaves_no_temporary_files_after_the_re_run(tmp_path: Path) -> None:
+    """A kill while checkpoints/final was written left .model.safetensors.<hex>.tmp and a .tmpXXXX of 340 MB
+    beside it, which no later run removed."""
+    run = tmp_path / "run"
+    config = tiny_config(run, "data.steps=2")
+    trainer.train(config)
+    final = run / "checkpoints" / "final"
+    (final / ".model.safetensors.0123456789ab.tmp").write_bytes(b"\0" * 1000)
+    (final / ".tmpzDsHAc").write_bytes(b"\0" * 1000)
+    (final / "notes.txt").write_text("mine\n")  # not vitkit's: kept
+    trainer.train(config)  # a re-run of the finished run exports again
+    assert sorted(p.name for p in final.iterdir()) == ["config.json", "model.safetensors", "notes.txt"]

@@ -81,10 +81,14 @@ class Checkpointer:
         """checkpoints/final: the evaluated model (the Polyak average when enabled), and checkpoints/ema."""
         if not self.main or self.sharded:
             return
+        exports = [self.run.export("final")] + ([self.run.export("ema")] if state.ema is not None else [])
+        for directory in exports:  # left by an export a kill cut short: atomic_write's, and safetensors' .tmp*
+            for torn in [*directory.glob(".*.tmp"), *directory.glob(".tmp*")] if directory.is_dir() else []:
+                if torn.is_file():
+                    torn.unlink(missing_ok=True)
         with averaged(state.ema, state.module) as module:
-            native.save(module, self.run.export("final"), **self.meta)
-            if state.ema is not None:  # the name runs.find_checkpoint prefers over LATEST
-                native.save(module, self.run.export("ema"), **self.meta)
+            for directory in exports:  # ema: the name runs.find_checkpoint prefers over LATEST
+                native.save(module, directory, **self.meta)
 
 
 def _plain_copy(module: torch.nn.Module, weights: dict[str, Any]) -> torch.nn.Module:
