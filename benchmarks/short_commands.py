@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from vitkit.bench.records import append_row
-from vitkit.runs import read_metrics
+from vitkit.metrics_log import read_metrics
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 RESULTS = Path(__file__).resolve().parent / "results" / "short_commands.jsonl"

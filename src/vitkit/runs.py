@@ -32,12 +32,13 @@ import torch
 
 from vitkit.atomic import atomic_write, atomic_write_text, fsync_dir
 from vitkit.checkpoints import native
+from vitkit.metrics_log import METRICS, MetricsLog
 
 log = logging.getLogger(__name__)
 _STEP = re.compile(r"step_\d+")  # a step checkpoint's name (save_step writes 7 digits)
 
 CHECKPOINTS, LATEST, FINAL, EMA = "checkpoints", "LATEST", "final", "ema"
-CONFIG, METRICS, STATE_FILE = "config.json", "metrics.jsonl", "train_state.pt"
+CONFIG, STATE_FILE = "config.json", "train_state.pt"
 KEEP = 2  # step checkpoints kept besides the newest
 # Keys of config.json a re-run may change without forking the run: budget, display, hardware, cadence.
 VOLATILE = frozenset(
@@ -375,57 +376,3 @@ def open_checkpoint(path: str | os.PathLike, **read_options: Any) -> native.Chec
     checkpoint = read(found, **read_options)
     checkpoint.model.eval()
     return checkpoint
-
-
-class MetricsLog:
-    """Appends records to metrics.jsonl (flushed per line) and mirrors scalars to TensorBoard if installed."""
-
-    def __init__(self, run_dir: Path, *, enabled: bool, tensorboard: bool):
-        self.path = Path(run_dir) / METRICS
-        self.enabled = enabled
-        self.writer = None
-        if enabled and tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-
-                self.writer = SummaryWriter(str(Path(run_dir) / "tensorboard"))
-            except Exception:  # tensorboard not installed (or broken): the JSONL log is enough
-                self.writer = None
-
-    def truncate_after(self, step: int) -> None:
-        """Drop records logged after `step` (written after the checkpoint a resumed run restarts from)."""
-        if not self.enabled or not self.path.is_file():
-            return
-        kept = [line for line, record in _lines(self.path) if record.get("step", 0) <= step and not record.get("final")]
-        atomic_write_text(self.path, "".join(k + "\n" for k in kept))
-
-    def write(self, record: dict[str, Any]) -> None:
-        if not self.enabled:
-            return
-        with open(self.path, "a") as handle:
-            handle.write(json.dumps(record) + "\n")
-        if self.writer is not None:
-            split = record.get("split", "train")
-            for key, value in record.items():
-                if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in ("step", "epoch"):
-                    self.writer.add_scalar(f"{split}/{key}", value, record.get("step", 0))
-
-    def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-
-
-def _lines(path: Path) -> list[tuple[str, dict[str, Any]]]:
-    out = []
-    for line in Path(path).read_text().splitlines():
-        try:
-            out.append((line, json.loads(line)))
-        except json.JSONDecodeError:  # a line cut by a kill -9
-            continue
-    return out
-
-
-def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """The records of a metrics.jsonl (or of RUN/metrics.jsonl for a run directory); torn lines skipped."""
-    path = Path(path)
-    return [record for _, record in _lines(path / METRICS if path.is_dir() else path)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from vitkit.eval.plots import plt, save_figure
-from vitkit.runs import read_metrics
+from vitkit.metrics_log import read_metrics
 
 
 def plot_curves(metrics_path: Path, out_png: Path) -> Path:
