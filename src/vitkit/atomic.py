@@ -41,6 +41,15 @@ def _create_temporary(path: Path) -> str:
     raise FileExistsError(f"no free temporary name beside {path}")
 
 
+def remove_torn(directory: str | os.PathLike) -> None:
+    """Remove the temporary files writes cut short by a kill left in `directory`: atomic_write's
+    (.NAME.HEX.tmp) and those safetensors makes while it writes (.tmpXXXXXX)."""
+    directory = Path(directory)
+    for torn in [*directory.glob(".*.tmp"), *directory.glob(".tmp*")] if directory.is_dir() else []:
+        if torn.is_file():
+            torn.unlink(missing_ok=True)
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     atomic_write(path, lambda tmp: tmp.write_text(text))
 

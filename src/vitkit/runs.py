@@ -72,9 +72,8 @@ class RunDir:
         is another's (a model checkpoint's, a project's), which the run's config would replace."""
         if self.path.exists() and not self.path.is_dir():
             raise ValueError(f"{self.path} is a file; choose another --out for the run (a directory)")
-        stored = self.stored_config()
-        is_run = isinstance(stored, dict) and all(isinstance(stored.get(key), dict) for key in ("model", "data", "run"))
-        if (self.path / CONFIG).is_file() and not is_run:
+        stored = self.stored_config()  # a JSON object, or None without config.json
+        if stored is not None and not all(isinstance(stored.get(key), dict) for key in ("model", "data", "run")):
             raise ValueError(
                 f"{self.path} is not a vitkit run: its {CONFIG} is another's (a model checkpoint's?), which the "
                 "run's would replace; choose another --out for the run"

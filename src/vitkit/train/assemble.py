@@ -56,8 +56,7 @@ def load_splits(config: TrainConfig, *, need_test: bool = True) -> Splits:
     on the 10% again.
     """
     uri, data = config.data.uri, config.data
-    # hf: columns; masked patch prediction reads sources without labels too (data/sources.py, "Labels")
-    columns = dict(image_column=data.image_column, label_column=data.label_column, labelled=config.mpp is None)
+    columns = _columns(config)
     common = dict(
         image_size=image_size(config.model),
         channels=1 if in_channels(config.model) == 1 else None,  # L before resizing, as eval and predict read
@@ -100,12 +99,17 @@ def load_splits(config: TrainConfig, *, need_test: bool = True) -> Splits:
     return Splits(train=train, test=test, evals=evals)
 
 
+def _columns(config: TrainConfig) -> dict[str, Any]:
+    """How the run reads its source: hf: columns; masked patch prediction reads sources without labels too
+    (data/sources.py, "Labels")."""
+    data = config.data
+    return dict(image_column=data.image_column, label_column=data.label_column, labelled=config.mpp is None)
+
+
 def source_images(config: TrainConfig) -> int:
     """The training images of the run's source as its listing counts them (files, rows, samples of an index),
     before any hold-out or subset, decoded or not: what a resumed run checks its source against."""
-    data = config.data
-    columns = dict(image_column=data.image_column, label_column=data.label_column, labelled=config.mpp is None)
-    return describe(data.uri, **columns).num_train
+    return describe(config.data.uri, **_columns(config)).num_train
 
 
 def evaluates_as_it_goes(config: TrainConfig, num_train: int | None = None) -> bool:

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from vitkit.atomic import remove_torn
 from vitkit.checkpoints import native
 from vitkit.models import build_model
 from vitkit.runs import RunDir
@@ -82,10 +83,8 @@ class Checkpointer:
         if not self.main or self.sharded:
             return
         exports = [self.run.export("final")] + ([self.run.export("ema")] if state.ema is not None else [])
-        for directory in exports:  # left by an export a kill cut short: atomic_write's, and safetensors' .tmp*
-            for torn in [*directory.glob(".*.tmp"), *directory.glob(".tmp*")] if directory.is_dir() else []:
-                if torn.is_file():
-                    torn.unlink(missing_ok=True)
+        for directory in exports:  # what an export a kill cut short left there
+            remove_torn(directory)
         with averaged(state.ema, state.module) as module:
             for directory in exports:  # ema: the name runs.find_checkpoint prefers over LATEST
                 native.save(module, directory, **self.meta)
