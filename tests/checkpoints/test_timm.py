@@ -113,3 +113,36 @@ def test_unsupported_timm_variants_are_named(tmp_path, make_vit):
     save_file(state, str(tmp_path / "a.safetensors"))
     with pytest.raises(ValueError, match="fc_norm"):
         read(tmp_path / "a.safetensors")
+
+
+def test_tanh_gelu_is_carried_to_timm_and_back(tmp_path, timm_vit, make_vit, images):
+    model = make_vit(gelu="tanh")
+    out = write(Checkpoint(model=model), tmp_path / "t", to="timm")
+    args = json.loads((out / "config.json").read_text())["model_args"]
+    assert args["act_layer"] == "gelu_tanh"
+    back = read(out)
+    assert back.config == model.config
+    reference = timm_vit(**args).eval()  # timm builds its own tanh GELU from the name
+    reference.load_state_dict(back.model.state_dict(), strict=True)
+    with torch.no_grad():
+        assert torch.equal(back.model(images), model(images))
+        assert (reference(images) - model(images)).abs().max() <= 1e-5
+
+
+def test_timm_activation_names_are_read_or_refused(tmp_path, make_vit):
+    out = write(Checkpoint(model=make_vit(gelu="exact")), tmp_path / "t", to="timm")
+    meta = json.loads((out / "config.json").read_text())
+    for name, gelu in (("gelu", "exact"), ("gelu_tanh", "tanh"), (None, "exact")):
+        meta["model_args"]["act_layer"] = name
+        (out / "config.json").write_text(json.dumps(meta))
+        assert read(out).config.gelu == gelu
+    meta["model_args"]["act_layer"] = "quick_gelu"
+    (out / "config.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="act_layer.*quick_gelu"):
+        read(out)
+
+
+def test_layer_norm_eps_timm_cannot_carry_is_warned(tmp_path, make_vit, caplog):
+    with caplog.at_level("WARNING", logger="vitkit"):
+        write(Checkpoint(model=make_vit(gelu="exact", layer_norm_eps=1e-12)), tmp_path / "t", to="timm")
+    assert "LayerNorm eps 1e-06" in caplog.text and "1e-12" in caplog.text

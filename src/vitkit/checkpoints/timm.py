@@ -1,7 +1,8 @@
 """timm `vit_*` state dicts (huggingface/pytorch-image-models, `timm/models/vision_transformer.py`).
 
 vitkit's attribute names were chosen close to timm's, so KEY_MAP is almost the identity; what differs
-is numerics (timm: exact erf GELU, LayerNorm eps 1e-6) and a few variants handled by named quirks.
+is numerics (timm: exact erf GELU unless `model_args.act_layer` names the tanh one, LayerNorm eps 1e-6) and a
+few variants handled by named quirks.
 Files: `.safetensors`, or `.pth` / `.bin` / `.pt` read with `torch.load(weights_only=True)`, or a
 timm hub directory (`config.json` with "architecture" + `model.safetensors`), all read through
 tensorfile.py: the config is inferred from the header's shapes and checked before any data is read.  A `pre_logits.fc`
@@ -29,6 +30,9 @@ from vitkit.checkpoints.validate import CheckpointError, mapping, naming, number
 from vitkit.models.configs import MAX_WIDTH, VIT_SIZES, ViTConfig, check_int
 
 log = logging.getLogger(__name__)
+
+ACTIVATIONS = {"gelu": "exact", "gelu_tanh": "tanh"}  # timm's `act_layer` names -> vitkit's `gelu`
+TIMM_LAYER_NORM_EPS = 1e-6  # timm's ViT LayerNorm; `model_args` has no field for another eps
 
 BLOCK = "blocks.{i}."
 KEY_MAP: dict[str, tuple[str, str]] = {  # timm key -> (vitkit key, layout)
@@ -97,8 +101,8 @@ def guess_num_heads(hidden: int) -> int:
     return hidden // 64
 
 
-def infer_config(state: Mapping[str, Tensor], num_heads: int | None, source: str) -> ViTConfig:
-    """Config from tensor shapes, with timm's `model_args.num_heads` (config.json) where given; timm numerics."""
+def infer_config(state: Mapping[str, Tensor], num_heads: int | None, source: str, gelu: str = "exact") -> ViTConfig:
+    """Config from tensor shapes, with timm's `model_args` (config.json: num_heads, act_layer) where given."""
     if "patch_embed.proj.weight" not in state or "blocks.0.attn.qkv.weight" not in state:
         raise CheckpointError(
             f"{source}: not a timm ViT state dict: no patch_embed.proj.weight / blocks.0.attn.qkv.weight"
@@ -118,7 +122,7 @@ def infer_config(state: Mapping[str, Tensor], num_heads: int | None, source: str
             num_heads=num_heads or guess_num_heads(hidden),
             mlp_dim=keymap.shape_of(state, "blocks.0.mlp.fc1.weight", 2, source)[0], pool=pool,
             representation_size=rep, num_classes=head, qkv_bias="blocks.0.attn.qkv.bias" in state,
-            gelu="exact", layer_norm_eps=1e-6,  # timm: nn.GELU() (erf) and partial(nn.LayerNorm, eps=1e-6)
+            gelu=gelu, layer_norm_eps=TIMM_LAYER_NORM_EPS,
         )  # fmt: skip
 
 
@@ -136,12 +140,13 @@ def to_vitkit(path: str | os.PathLike, config: ViTConfig | None = None, max_byte
     args = mapping(meta.get("model_args"), f"{where}: model_args")
     with naming(where, {"num_heads": "model_args.num_heads"}):
         check_int("num_heads", args.get("num_heads"), 1, MAX_WIDTH, optional=True)
+    gelu = activation(args.get("act_layer"), where)
     pretrained = mapping(meta.get("pretrained_cfg"), f"{where}: pretrained_cfg")
 
     def convert(tensors: dict[str, Tensor], config: ViTConfig | None) -> tuple[ViTConfig, dict[str, Tensor]]:
         reject_unsupported(tensors, source)
         state = add_class_posemb_row(tensors)
-        config = config or infer_config(state, args.get("num_heads"), source)
+        config = config or infer_config(state, args.get("num_heads"), source, gelu)
         table = keymap.restrict(keymap.expand(KEY_MAP, config.depth), config)
         return config, keymap.convert(state, table, config.num_heads, source)
 
@@ -171,23 +176,35 @@ def from_vitkit(checkpoint: Checkpoint) -> dict[str, Tensor]:
         raise ValueError(
             f"timm's ViT has learned 1D position embeddings at the input, not {config.posemb}/{config.posemb_where}"
         )
-    if config.gelu != "exact":
+    if config.layer_norm_eps != TIMM_LAYER_NORM_EPS:
         log.warning(
-            "timm's ViT uses exact GELU; this model uses %s GELU (logits will differ by ~1e-3 in timm)", config.gelu
-        )
+            "timm's ViT uses LayerNorm eps %g and its config.json cannot say another; this model uses %g "
+            "(timm's logits will differ slightly, and reading the export back gives eps %g)",
+            TIMM_LAYER_NORM_EPS, config.layer_norm_eps, TIMM_LAYER_NORM_EPS,
+        )  # fmt: skip
     table = keymap.restrict(keymap.expand(KEY_MAP, config.depth), config)
     state = {k: v.detach().cpu().contiguous() for k, v in checkpoint.model.state_dict().items()}
     return keymap.convert_back(state, table, config.num_heads)
 
 
+def activation(name: Any, where: str) -> str:
+    """vitkit's `gelu` for timm's `model_args.act_layer` (absent: timm's default, exact GELU)."""
+    if name is None or name == "":
+        return "exact"
+    if not isinstance(name, str) or name not in ACTIVATIONS:
+        raise CheckpointError(f"{where}: model_args.act_layer {name!r} is not one vitkit has: {sorted(ACTIVATIONS)}")
+    return ACTIVATIONS[name]
+
+
 def model_args(config: ViTConfig) -> dict[str, Any]:
     """timm VisionTransformer keyword arguments for `config`."""
+    act_layer = {gelu: name for name, gelu in ACTIVATIONS.items()}[config.gelu]
     return {
         "img_size": config.img_size, "patch_size": config.patch_size, "in_chans": config.in_chans,
         "num_classes": config.num_classes, "embed_dim": config.hidden_size, "depth": config.depth,
         "num_heads": config.num_heads, "mlp_ratio": config.mlp_dim / config.hidden_size,
         "qkv_bias": config.qkv_bias, "class_token": config.pool == "token",
-        "global_pool": "token" if config.pool == "token" else "avg", "fc_norm": False,
+        "global_pool": "token" if config.pool == "token" else "avg", "fc_norm": False, "act_layer": act_layer,
     }  # fmt: skip
 
 
