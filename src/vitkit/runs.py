@@ -66,6 +66,7 @@ class RunDir:
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         self.checkpoints = self.path / CHECKPOINTS
+        self._unreadable: set[str] = set()  # step checkpoints a resume could not read: written again, not kept
 
     def create(self) -> None:
         """The directory, made where it is free or holds a vitkit run; never over a file, or where its config.json
@@ -148,6 +149,23 @@ class RunDir:
         )
         return newest
 
+    def resume_candidates(self) -> list[Path]:
+        """Where a resume may start, in order: `latest()`, then the older complete step checkpoints, newest
+        first (for when the newer ones' files cannot be read)."""
+        first = self.latest()
+        if first is None:
+            return []
+        older = [
+            p
+            for p in self.checkpoints.glob("step_*")
+            if _STEP.fullmatch(p.name) and _step_number(p) < _step_number(first) and self._complete(p, True)
+        ]
+        return [first, *sorted(older, key=_step_number, reverse=True)]
+
+    def unreadable(self, path: Path) -> None:
+        """A step checkpoint a resume could not read: the next save of its step writes it again."""
+        self._unreadable.add(path.name)
+
     @staticmethod
     def _complete(path: Path, with_state: bool) -> bool:
         return path.is_dir() and native.is_native(path) and (not with_state or (path / STATE_FILE).is_file())
@@ -158,7 +176,7 @@ class RunDir:
         self.checkpoints.mkdir(parents=True, exist_ok=True)
         name = f"step_{step:07d}"
         final, tmp = self.checkpoints / name, self.checkpoints / f".{name}.tmp"
-        if self._complete(final, with_state=True):  # the step a run resumed at, unchanged: not written again
+        if name not in self._unreadable and self._complete(final, with_state=True):  # the step resumed at: kept
             atomic_write_text(self.checkpoints / LATEST, name + "\n")  # (removing it first left a window)
             return final
         for torn in self.checkpoints.glob(".step_*.tmp"):  # left by a save that crashed before its rename

@@ -207,6 +207,35 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(tmp_path: Path
         directory.latest()
 
 
+def test_a_newest_checkpoint_with_damaged_files_is_resumed_from_the_step_before(tmp_path: Path, caplog) -> None:
+    """A newest step whose weights no longer match their SHA-256 (a truncated copy), or whose train state is
+    cut short, stopped the resume with the reader's error, though the step before was intact.  The resume
+    now takes the newest step that reads, says which it passed over, trains to the same weights, and writes
+    the damaged step again."""
+    from vitkit.runs import STATE_FILE
+
+    run = tmp_path / "run"
+    config = tiny_config(run, "data.steps=6", "run.checkpoint_every=2")
+    trainer.train(config)
+    final = run / "checkpoints" / "final" / "model.safetensors"
+    expected = load_file(str(final))
+    newest = run / "checkpoints" / "step_0000006"
+    for damaged in (newest / "model.safetensors", newest / STATE_FILE):
+        content = damaged.read_bytes()
+        damaged.write_bytes(content[: len(content) // 2])
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            assert trainer.train(config)["status"] == "finished"
+        assert "step_0000006 cannot be read" in caplog.text and "resuming from step_0000004" in caplog.text
+        again = load_file(str(final))
+        assert expected.keys() == again.keys() and all(torch.equal(expected[k], again[k]) for k in expected)
+        assert vitkit.load(newest) is not None and len(damaged.read_bytes()) == len(content)  # written again
+    for step in run.glob("checkpoints/step_*"):
+        (step / STATE_FILE).write_bytes(b"")
+    with pytest.raises(ValueError, match="no step checkpoint of .* can be read.*Remove .*LATEST to start the run over"):
+        trainer.train(config)
+
+
 def test_a_finished_run_re_run_does_not_write_its_last_step_again(tmp_path: Path) -> None:
     """Re-saving a step removed the complete copy before the new one took its name: a kill between the two
     left LATEST naming nothing.  The same step, already complete, is not written again."""

@@ -10,6 +10,7 @@ for the write.  The layout itself is `vitkit.runs.RunDir`'s.
 from __future__ import annotations
 
 import logging
+import pickle
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ import torch
 from vitkit.atomic import remove_torn
 from vitkit.checkpoints import native
 from vitkit.models import build_model
-from vitkit.runs import RunDir
+from vitkit.runs import LATEST, RunDir
 from vitkit.train import distributed
 from vitkit.train.ema import averaged
 from vitkit.train.state import TrainState
@@ -62,14 +63,14 @@ class Checkpointer:
         return path
 
     def restore(self, state: TrainState, *, load_extra: Callable[[dict[str, Any]], None]) -> Path | None:
-        """Resume order step (1): the newest checkpoint of the run directory, if any (weights, optimiser,
-        step, rank 0's RNG, then `load_extra` with the whole payload for the data position, the objective and
-        the other processes' random streams)."""
-        path = self.run.latest()
-        if path is None:
+        """Resume order step (1): the newest checkpoint of the run directory that reads, if any (weights,
+        optimiser, step, rank 0's RNG, then `load_extra` with the whole payload for the data position, the
+        objective and the other processes' random streams).  A step whose files cannot be read (weights that
+        fail their SHA-256, a cut-short train state) is passed over for the one before, with a warning."""
+        found = self._readable(self.run.resume_candidates())
+        if found is None:
             return None
-        payload = RunDir.read_state(path)
-        weights = native.load(path, map_location="cpu").model.state_dict()
+        path, payload, weights = found
         if self.sharded:
             _load_sharded(state, weights, payload)
         else:
@@ -77,6 +78,24 @@ class Checkpointer:
             state.load_state_dict(payload)
         load_extra(payload)
         return path
+
+    def _readable(self, candidates: list[Path]) -> tuple[Path, dict[str, Any], dict[str, Any]] | None:
+        """The first of `candidates` whose train state and weights read: (path, payload, weights)."""
+        for index, path in enumerate(candidates):
+            try:
+                payload = RunDir.read_state(path)
+                return path, payload, native.load(path, map_location="cpu").model.state_dict()
+            except (ValueError, RuntimeError, OSError, EOFError, pickle.UnpicklingError) as error:
+                if index + 1 == len(candidates):
+                    raise ValueError(
+                        f"no step checkpoint of {self.run.path} can be read; the last tried, {path.name}: {error}. "
+                        f"Remove {self.run.checkpoints / LATEST} to start the run over"
+                    ) from error
+                self.run.unreadable(path)
+                log.warning(
+                    "%s cannot be read (%s); resuming from %s, the step before", path, error, candidates[index + 1].name
+                )
+        return None
 
     def export(self, state: TrainState) -> None:
         """checkpoints/final: the evaluated model (the Polyak average when enabled), and checkpoints/ema."""
