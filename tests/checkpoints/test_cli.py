@@ -113,3 +113,16 @@ def test_export_onnx_to_a_directory_is_refused_before_any_work(tmp_path, make_vi
     assert main(["export-onnx", str(tmp_path / "model"), str(tmp_path / "nodir" / "x.onnx")]) == 2
     err = capsys.readouterr().err  # it named its temporary file, '.x.onnx.<hex>.tmp'
     assert "nodir does not exist" in err and ".tmp" not in err
+
+
+def test_export_onnx_over_an_existing_file_needs_force(tmp_path, make_vit, capsys):
+    """It replaced an existing file without a word, where convert refuses without --force."""
+    vitkit.save(make_vit(), tmp_path / "model")
+    taken = tmp_path / "m.onnx"
+    taken.write_bytes(b"someone's model")
+    assert main(["export-onnx", str(tmp_path / "model"), str(taken)]) == 2
+    err = capsys.readouterr().err
+    assert "m.onnx already exists; choose another file or pass --force" in err
+    assert taken.read_bytes() == b"someone's model"
+    assert main(["export-onnx", str(tmp_path / "model"), str(taken), "--force"]) == 0
+    assert taken.stat().st_size > 1000

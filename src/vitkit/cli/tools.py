@@ -131,6 +131,7 @@ def add_export_onnx(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("src", help="checkpoint directory or file, any supported format")
     parser.add_argument("out", help="output .onnx file")
     parser.add_argument("--opset", type=int, default=17, help="ONNX opset (>= 17)")
+    parser.add_argument("--force", action="store_true", help="replace the file if it exists")
     add_surgery_flags(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(handler=run_export_onnx)
@@ -143,6 +144,8 @@ def run_export_onnx(args: argparse.Namespace) -> int:
         raise ValueError(f"{args.out} is a directory; name the .onnx file to write")
     if not Path(args.out).parent.is_dir():
         raise ValueError(f"{Path(args.out).parent} does not exist; make it, or name a .onnx file elsewhere")
+    if Path(args.out).exists() and not args.force:
+        raise ValueError(f"{args.out} already exists; choose another file or pass --force to replace it")
     checkpoint = _read_checkpoint(args)
     out = export_onnx(checkpoint.model, args.out, opset=args.opset)
     diff = check_onnx(checkpoint.model, out) if onnxruntime_available() else None
