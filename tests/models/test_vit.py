@@ -85,7 +85,7 @@ def test_grayscale_and_multispectral_inputs(in_chans):
     model = tiny(in_chans=in_chans)
     assert model.patch_embed.proj.weight.shape == (32, in_chans, 8, 8)
     assert model.forward_features(torch.randn(2, in_chans, 32, 32)).shape == (2, 32)
-    with pytest.raises(RuntimeError):
+    with pytest.raises(ValueError, match=f"takes images of {in_chans} channels, got 3"):
         model(torch.randn(2, 3, 32, 32))
 
 
@@ -347,3 +347,23 @@ def test_reset_head_keeps_the_model_device_and_dtype():
         big = create_model("vit_b16")
     big.reset_head(10)  # e.g. head surgery before loading weights into a meta-initialised model
     assert big.head.weight.is_meta
+
+
+def test_an_image_without_its_batch_dimension_or_with_other_channels_is_named():
+    """model(image) on one (C, H, W) image failed inside torch.cat with 'Sizes of tensors must match', and an
+    image of other channels inside the convolution; every model family now names the input it expects."""
+    from vitkit.models import build_model
+    from vitkit.models.configs import HybridConfig, ResNetConfig
+
+    models = [
+        tiny(),
+        build_model(HybridConfig(vit=dataclasses.replace(TINY, patch_size=1), resnet_layers=(1, 1))),
+        build_model(ResNetConfig(layers=(1, 1), img_size=32, num_classes=10)),
+    ]
+    for model in models:
+        model.eval()
+        with pytest.raises(ValueError, match=r"a batch of images \(N, 3, H, W\), got shape \(3, 32, 32\).*unsqueeze"):
+            model(torch.randn(3, 32, 32))
+        with pytest.raises(ValueError, match=r"3 channels.*got 1"):
+            model(torch.randn(2, 1, 32, 32))
+        assert model(torch.randn(2, 3, 32, 32)).shape[0] == 2

@@ -182,6 +182,19 @@ def relative_logits(q: Tensor, table: Tensor) -> Tensor:
     return scores.gather(-1, index)
 
 
+def check_images(x: Tensor, channels: int) -> None:
+    """A batch of images (N, C, H, W) of `channels` channels, or a ValueError that names the fix."""
+    if x.dim() != 4:
+        fix = "add one with x.unsqueeze(0)" if x.dim() == 3 else "resize or stack the images to that shape"
+        raise ValueError(f"the model takes a batch of images (N, {channels}, H, W), got shape {tuple(x.shape)}: {fix}")
+    if x.shape[1] != channels:
+        hint = {1: " (PIL's .convert('L'))", 3: " (PIL's .convert('RGB'), or x.expand(-1, 3, -1, -1) for grayscale)"}
+        raise ValueError(
+            f"the model takes images of {channels} channels, got {x.shape[1]} (shape {tuple(x.shape)}): convert "
+            f"them{hint.get(channels, '')}"
+        )
+
+
 def check_grid(height: int, width: int, stride: int) -> tuple[int, int]:
     """Patch grid of an input, or a ValueError that names the fix."""
     if height % stride or width % stride:
