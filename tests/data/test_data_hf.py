@@ -53,6 +53,7 @@ def test_saved_dataset_dict_is_read_map_style(tmp_path: Path) -> None:
     assert torch.equal(train.images, _truth(30)[0]) and torch.equal(train.labels, _truth(30)[1])
     test = load_split(uri, "test", image_size=8)  # no test split: validation stands in
     assert image_ids(test.images) == list(range(30, 36))
+    assert test.origin == f"{uri} validation split Arrow rows (no test split: it stands in)"  # it said "test"
     files = load_split(uri, "train", image_size=8, val_fraction=0.25, seed=3, max_in_memory_bytes=0)
     assert files.access == "files" and len(files) == 22 and "row" in files.name(0)
     loader = FileBatches(
@@ -100,6 +101,7 @@ def test_parquet_files_are_streamed_by_row_group(tmp_path: Path) -> None:
     first = [i for _ in range(4) for images, _ in next(iterator) for i in image_ids(images)]
     assert sorted(first) == list(range(40)) and first != list(range(40))  # one epoch, shuffled
     test = load_split(uri, "test", image_size=8, max_in_memory_bytes=0)
+    assert test.origin == f"1 Parquet file(s) of {uri} test split (1 row groups)"
     evaluated = [i for images, _ in eval_batches(test, 3, torch.device("cpu"), workers=2) for i in image_ids(images)]
     assert sorted(evaluated) == list(range(40, 48))
 

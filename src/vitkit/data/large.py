@@ -199,6 +199,7 @@ def read_hf(
     split = splits["train"] if held_out and part == "test" else _part(splits, part, where)
     image, label, names = hf.choose_columns(hf.schema(splits["train"]), image_column, label_column, where, labelled)
     class_names = _hf_classes(splits["train"], label, names)
+    name, note = _split_name(splits, split, part)
     if split.kind == "parquet":
         units = hf.parquet_units(split)
         reader = hf.ParquetReader(image, label)
@@ -209,7 +210,7 @@ def read_hf(
             class_names=class_names,
             load_size=size,
             channels=channels,
-            origin=f"{len(split.files)} Parquet file(s) of {where} ({len(units)} row groups)",
+            origin=f"{len(split.files)} Parquet file(s) of {where} {name} split ({len(units)} row groups){note}",
         )
         if held_out and part in ("train", "test"):
             data = holdout.hold_out_shards(data, reader.labels(units), part, data.origin)
@@ -223,9 +224,16 @@ def read_hf(
         class_names=class_names,
         load_size=size,
         channels=channels,
-        origin=f"{where} {'train' if split is splits['train'] else part} Arrow rows",
+        origin=f"{where} {name} split Arrow rows{note}",
     )
     return holdout.fixed_test_split(rows, part, where) if held_out and part in ("train", "test") else rows
+
+
+def _split_name(splits: dict[str, Any], split: Any, part: str) -> tuple[str, str]:
+    """(the name of the split read for `part`, as HF names it; a note where it stands in for another)."""
+    name = next(key for key, value in splits.items() if value is split)
+    note = f" (no {part} split: it stands in)" if name not in (part, "train") else ""
+    return {"val": "validation"}.get(name, name), note
 
 
 def describe_hf(
