@@ -134,3 +134,15 @@ def test_a_validation_hold_out_of_many_shards_holds_out_whole_shards(tmp_path: P
     numbered_shards(tmp_path, [10] * 10, classes=3)
     val = load_split(f"wds:{tmp_path}", "val", image_size=8, val_fraction=0.1, seed=0, max_in_memory_bytes=0)
     assert "10.0% whole-shard hold-out" in val.origin and len(val.units) == 1 and 7 <= len(val) <= 9  # of 80
+
+
+def test_re_sharding_train_only_shards_writes_their_test_hold_out(shards: Path, tmp_path: Path) -> None:
+    """`vitkit shard wds:DIR` of train-* shards alone wrote the training part only: the re-sharded set then held
+    out a new 20% of the old training images, and evaluating on it scored images the model had trained on."""
+    from vitkit.data.shard import write_shards
+
+    uri = f"wds:{shards}"
+    written = write_shards(uri, tmp_path / "again", 40)
+    assert {s: v["samples"] for s, v in written["splits"].items()} == {"train": 72, "test": 18}
+    held = image_ids(load_split(uri, "test", image_size=8).images)
+    assert sorted(image_ids(load_split(f"wds:{tmp_path / 'again'}", "test", image_size=8).images)) == sorted(held)

@@ -210,7 +210,7 @@ def _source_splits(uri: str) -> list[str]:
         from vitkit.data.large import split_names
 
         names = split_names(kind, path)
-        if kind == "hf" and set(names) == {"train"}:  # one split: its fixed hold-out is written as test
+        if not {"val", "test"} & set(names):  # no held-out split of its own: its fixed hold-out is written as test
             return ["train", "test"]
         return [s for s in ("train", "val", "test") if s in names]
     return ["train", "test"]
