@@ -255,3 +255,20 @@ def test_root_only_hybrid_round_trips(tmp_path, randomise):
     config = HybridConfig(vit=vit, resnet_layers=())
     path = write(Checkpoint(model=randomise(build_model(config))), tmp_path / "ti.npz", to="official")
     assert read(path).config == config
+
+
+def test_a_model_without_qkv_biases_is_written_with_zero_biases(tmp_path, make_vit, images):
+    """Flax attention always has biases: the file was written without them and could not be read back."""
+    model = make_vit(qkv_bias=False).eval()
+    back = read(write(Checkpoint(model=model), tmp_path / "m.npz", to="official"))
+    assert back.config.qkv_bias  # the official layout's, with zero biases: the same function
+    with torch.no_grad():
+        assert torch.equal(back.model(images), model(images))
+
+
+def test_what_the_official_layout_cannot_hold_is_warned(tmp_path, make_vit, caplog):
+    """Class names and normalisation went missing without a word; the .npz has no place for them."""
+    checkpoint = Checkpoint(model=make_vit(), class_names=list("abcde"), mean=(0.485, 0.456, 0.406), std=(0.2,) * 3)
+    with caplog.at_level("WARNING", logger="vitkit"):
+        write(checkpoint, tmp_path / "m.npz", to="official")
+    assert "class names" in caplog.text and "normalisation" in caplog.text and "(0.485, 0.456, 0.406)" in caplog.text

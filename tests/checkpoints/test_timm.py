@@ -146,3 +146,63 @@ def test_layer_norm_eps_timm_cannot_carry_is_warned(tmp_path, make_vit, caplog):
     with caplog.at_level("WARNING", logger="vitkit"):
         write(Checkpoint(model=make_vit(gelu="exact", layer_norm_eps=1e-12)), tmp_path / "t", to="timm")
     assert "LayerNorm eps 1e-06" in caplog.text and "1e-12" in caplog.text
+
+
+def _hub_dir(tmp_path, model, name, **model_args):
+    directory = tmp_path / name
+    directory.mkdir()
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(directory / "model.safetensors"))
+    meta = {"architecture": "vit_tiny_patch16_224", "model_args": {"num_heads": 2, **model_args}}
+    (directory / "config.json").write_text(json.dumps(meta))
+    return directory
+
+
+def test_timm_pooling_vitkit_does_not_compute_is_refused_not_misread(tmp_path, timm_vit):
+    """A class-token model pooled by averaging (global_pool='avg'), or by max, was read as token pooling or
+    as GAP and gave logits off by 1-3 with no word; model_args says how timm pools."""
+    small = {"img_size": 32, "patch_size": 8, "embed_dim": 32, "depth": 1, "num_heads": 2, "num_classes": 3}
+    for pool in ("avg", "max", "avgmax"):
+        model = timm_vit(**small, global_pool=pool, fc_norm=False)
+        with pytest.raises(ValueError, match=f"global_pool {pool!r}"):
+            read(_hub_dir(tmp_path, model, pool, global_pool=pool, fc_norm=False))
+    gap = timm_vit(**small, global_pool="avg", class_token=False, fc_norm=False)
+    assert read(_hub_dir(tmp_path, gap, "gap", global_pool="avg", class_token=False)).config.pool == "gap"
+
+
+def test_a_non_square_timm_grid_is_refused_not_read_as_a_square_one(tmp_path, timm_vit):
+    """32x48 at patch 8 is 24 patch rows plus the class row: 25, read as a 5x5 grid without a class row."""
+    model = timm_vit(img_size=(32, 48), patch_size=8, embed_dim=32, depth=1, num_heads=2, num_classes=3)
+    with pytest.raises(ValueError, match=r"img_size \[32, 48\].*square"):
+        read(_hub_dir(tmp_path, model, "wide", img_size=[32, 48]))
+    square = timm_vit(img_size=40, patch_size=8, embed_dim=32, depth=1, num_heads=2, num_classes=3, no_embed_class=True)
+    assert read(_hub_dir(tmp_path, square, "square", img_size=40, no_embed_class=True)).config.img_size == 40
+
+
+def test_a_guessed_head_count_is_always_said(tmp_path, make_vit, caplog):
+    """A Table 1 width took Table 1's head count in silence; timm's vit_base_patch16_gap_224 has 16 heads."""
+    state = timm.from_vitkit(Checkpoint(model=make_vit(gelu="exact", hidden_size=192, num_heads=3, mlp_dim=64)))
+    save_file(dict(state), str(tmp_path / "b.safetensors"))
+    with caplog.at_level("WARNING", logger="vitkit"):
+        assert read(tmp_path / "b.safetensors").config.num_heads == 3
+    assert "num_heads is not recorded" in caplog.text and "assuming 3" in caplog.text
+
+
+def test_an_mlp_width_timm_would_round_down_is_written_so_that_timm_builds_it(tmp_path, timm_vit, make_vit, images):
+    """timm builds fc1 with int(embed_dim * mlp_ratio): 56 x (244 / 56) is 243.99..., and 243 did not load."""
+    model = make_vit(gelu="exact", hidden_size=56, num_heads=2, mlp_dim=244)
+    args = json.loads((write(Checkpoint(model=model), tmp_path / "t", to="timm") / "config.json").read_text())
+    reference = timm_vit(**args["model_args"]).eval()
+    reference.load_state_dict(read(tmp_path / "t").model.state_dict(), strict=True)
+    with torch.no_grad():
+        assert (reference(images) - model(images)).abs().max() <= 1e-5
+    assert model_args_of(make_vit(gelu="exact"))["mlp_ratio"] == 2.0  # a ratio timm keeps is written as it is
+
+
+def model_args_of(model):
+    return timm.model_args(model.config)
+
+
+def test_a_pre_logits_layer_timm_has_no_place_for_is_warned(tmp_path, make_vit, caplog):
+    with caplog.at_level("WARNING", logger="vitkit"):
+        write(Checkpoint(model=make_vit(gelu="exact", representation_size=16)), tmp_path / "t", to="timm")
+    assert "pre-logits layer" in caplog.text and "timm >= 0.9" in caplog.text

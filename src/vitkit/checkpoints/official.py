@@ -25,6 +25,7 @@ import math
 import os
 import re
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -290,9 +291,28 @@ def from_vitkit(checkpoint: Checkpoint) -> dict[str, np.ndarray]:
             vit.gelu,
             vit.layer_norm_eps,
         )
-    state = surgery.split_qkv({k: v.detach().cpu().float() for k, v in model.state_dict().items()}, vit.depth)
-    arrays = keymap.convert_back(state, _table(config), vit.num_heads)
+    _warn_unkept(checkpoint)
+    state = {k: v.detach().cpu().float() for k, v in model.state_dict().items()}
+    if not vit.qkv_bias:  # Flax attention always has biases: zeros compute the same
+        state.update({f"blocks.{i}.attn.qkv.bias": torch.zeros(3 * vit.hidden_size) for i in range(vit.depth)})
+        with_bias = replace(vit, qkv_bias=True)
+        config = replace(config, vit=with_bias) if isinstance(config, HybridConfig) else with_bias
+    arrays = keymap.convert_back(surgery.split_qkv(state, vit.depth), _table(config), vit.num_heads)
     return {k: v.numpy() for k, v in arrays.items()}
+
+
+def _warn_unkept(checkpoint: Checkpoint) -> None:
+    """The official .npz holds arrays only: class names and a normalisation other than [-1, 1] are not kept."""
+    unkept = []
+    if checkpoint.class_names:
+        unkept.append(f"class names ({len(checkpoint.class_names)})")
+    if any(v != 0.5 for v in (*checkpoint.mean, *checkpoint.std)):
+        unkept.append(f"normalisation (mean {tuple(checkpoint.mean)}, std {tuple(checkpoint.std)})")
+    if unkept:
+        log.warning(
+            "the official .npz holds arrays only: %s not kept; a reader assumes pixels in [-1, 1] (mean 0.5, std 0.5)",
+            " and ".join(unkept),
+        )
 
 
 def write(checkpoint: Checkpoint, path: str | os.PathLike) -> Path:

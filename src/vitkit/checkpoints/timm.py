@@ -76,12 +76,37 @@ def reject_unsupported(state: Mapping[str, Tensor], source: str) -> None:
             raise CheckpointError(f"{source}: tensors {hits[:3]} belong to {what}, which vitkit does not implement")
 
 
-def add_class_posemb_row(state: dict[str, Tensor]) -> dict[str, Tensor]:
-    # timm no_embed_class=True: E_pos has no [class] row (added before the concat); a zero row is exact
+def check_pooling(global_pool: Any, class_token: bool, where: str) -> None:
+    """timm's `model_args.global_pool` where vitkit computes it: token pooling, or GAP without a class token."""
+    if global_pool is None or global_pool == "token" or (global_pool == "avg" and not class_token):
+        return
+    what = "with a class token (vitkit's GAP has none)" if global_pool == "avg" else "(vitkit pools by token or GAP)"
+    raise CheckpointError(
+        f"{where}: model_args.global_pool {global_pool!r} {what} is a pooling vitkit does not compute; its logits "
+        "would be wrong"
+    )
+
+
+def grid_tokens(img_size: Any, state: Mapping[str, Tensor], where: str) -> int | None:
+    """Patch rows of E_pos for timm's `model_args.img_size` (an int or [H, W]), or None where it says none."""
+    if img_size is None or "patch_embed.proj.weight" not in state:
+        return None
+    sides = list(img_size) if isinstance(img_size, (list, tuple)) else [img_size, img_size]
+    if len(sides) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in sides):
+        raise CheckpointError(f"{where}: model_args.img_size must be a positive int or [H, W], got {img_size!r}")
+    if sides[0] != sides[1]:
+        raise CheckpointError(f"{where}: model_args.img_size {sides} is not square; vitkit's ViT is built square")
+    patch = state["patch_embed.proj.weight"].shape[-1]
+    return (sides[0] // patch) ** 2
+
+
+def add_class_posemb_row(state: dict[str, Tensor], tokens: int | None = None) -> dict[str, Tensor]:
+    """timm no_embed_class=True: E_pos has no [class] row (added before the concat); a zero row is exact.  Told
+    as `tokens` (the patch rows model_args gives), else taken from a square number of rows."""
     posemb = state.get("pos_embed")
     if "cls_token" in state and posemb is not None and posemb.dim() == 3:
         rows = posemb.shape[1]
-        if int(rows**0.5) ** 2 == rows:
+        if rows == tokens if tokens is not None else int(rows**0.5) ** 2 == rows:
             row = posemb.new_zeros(posemb.shape[0], 1, posemb.shape[2])
             state = {**state, "pos_embed": surgery.cat([row, posemb], dim=1)}
     return state
@@ -90,15 +115,18 @@ def add_class_posemb_row(state: dict[str, Tensor]) -> dict[str, Tensor]:
 # ---- config -----------------------------------------------------------------------------------------------
 
 
-def guess_num_heads(hidden: int) -> int:
-    """Heads are not in a fused-qkv state dict: Table 1 sizes, else head_dim 64."""
-    for size, heads in ((v[0], v[3]) for v in VIT_SIZES.values()):
-        if size == hidden:
-            return heads
-    if hidden % 64 or not 0 < hidden <= MAX_WIDTH:
+def guess_num_heads(hidden: int, source: str) -> int:
+    """Heads are not in a fused-qkv state dict: Table 1 sizes, else head_dim 64, said in a warning."""
+    table = next((v[3] for v in VIT_SIZES.values() if v[0] == hidden), None)
+    if table is None and (hidden % 64 or not 0 < hidden <= MAX_WIDTH):
         raise ValueError(f"cannot infer num_heads for hidden size {hidden}: pass a config")
-    log.warning("num_heads not recorded; assuming head_dim 64 (%d heads)", hidden // 64)
-    return hidden // 64
+    heads = table or hidden // 64
+    log.warning(
+        "%s: num_heads is not recorded; assuming %d (%s for width %d). A model with another head count gives "
+        "wrong logits: give it as model_args.num_heads in a config.json beside model.safetensors",
+        source, heads, "Table 1's" if table else "head_dim 64", hidden,
+    )  # fmt: skip
+    return heads
 
 
 def infer_config(state: Mapping[str, Tensor], num_heads: int | None, source: str, gelu: str = "exact") -> ViTConfig:
@@ -119,7 +147,7 @@ def infer_config(state: Mapping[str, Tensor], num_heads: int | None, source: str
     with naming(source):
         return ViTConfig(
             img_size=grid * patch, patch_size=patch, in_chans=in_chans, hidden_size=hidden, depth=depth,
-            num_heads=num_heads or guess_num_heads(hidden),
+            num_heads=num_heads or guess_num_heads(hidden, source),
             mlp_dim=keymap.shape_of(state, "blocks.0.mlp.fc1.weight", 2, source)[0], pool=pool,
             representation_size=rep, num_classes=head, qkv_bias="blocks.0.attn.qkv.bias" in state,
             gelu=gelu, layer_norm_eps=TIMM_LAYER_NORM_EPS,
@@ -145,7 +173,8 @@ def to_vitkit(path: str | os.PathLike, config: ViTConfig | None = None, max_byte
 
     def convert(tensors: dict[str, Tensor], config: ViTConfig | None) -> tuple[ViTConfig, dict[str, Tensor]]:
         reject_unsupported(tensors, source)
-        state = add_class_posemb_row(tensors)
+        check_pooling(args.get("global_pool"), "cls_token" in tensors, where)
+        state = add_class_posemb_row(tensors, grid_tokens(args.get("img_size"), tensors, where))
         config = config or infer_config(state, args.get("num_heads"), source, gelu)
         table = keymap.restrict(keymap.expand(KEY_MAP, config.depth), config)
         return config, keymap.convert(state, table, config.num_heads, source)
@@ -182,6 +211,11 @@ def from_vitkit(checkpoint: Checkpoint) -> dict[str, Tensor]:
             "(timm's logits will differ slightly, and reading the export back gives eps %g)",
             TIMM_LAYER_NORM_EPS, config.layer_norm_eps, TIMM_LAYER_NORM_EPS,
         )  # fmt: skip
+    if config.representation_size:
+        log.warning(
+            "timm >= 0.9 has no pre-logits layer: timm.create_model cannot load this export (timm 0.x and vitkit "
+            "can, under timm 0.x's pre_logits.fc names)"
+        )
     table = keymap.restrict(keymap.expand(KEY_MAP, config.depth), config)
     state = {k: v.detach().cpu().contiguous() for k, v in checkpoint.model.state_dict().items()}
     return keymap.convert_back(state, table, config.num_heads)
@@ -199,10 +233,13 @@ def activation(name: Any, where: str) -> str:
 def model_args(config: ViTConfig) -> dict[str, Any]:
     """timm VisionTransformer keyword arguments for `config`."""
     act_layer = {gelu: name for name, gelu in ACTIVATIONS.items()}[config.gelu]
+    ratio = config.mlp_dim / config.hidden_size
+    if int(config.hidden_size * ratio) != config.mlp_dim:  # timm's fc1 width: int(embed_dim * mlp_ratio)
+        ratio = (config.mlp_dim + 0.5) / config.hidden_size
     return {
         "img_size": config.img_size, "patch_size": config.patch_size, "in_chans": config.in_chans,
         "num_classes": config.num_classes, "embed_dim": config.hidden_size, "depth": config.depth,
-        "num_heads": config.num_heads, "mlp_ratio": config.mlp_dim / config.hidden_size,
+        "num_heads": config.num_heads, "mlp_ratio": ratio,
         "qkv_bias": config.qkv_bias, "class_token": config.pool == "token",
         "global_pool": "token" if config.pool == "token" else "avg", "fc_norm": False, "act_layer": act_layer,
     }  # fmt: skip
