@@ -108,7 +108,7 @@ def test_parquet_files_are_streamed_by_row_group(tmp_path: Path) -> None:
 
 def test_columns_by_type_or_by_name_and_integer_labels(tmp_path: Path) -> None:
     _dataset(12, extra_image=True).save_to_disk(str(tmp_path / "two"))
-    with pytest.raises(ValueError, match=r"several \(picture, thumb\) image columns.*data.image_column"):
+    with pytest.raises(ValueError, match=r"several \(picture, thumb\) image columns.*--image-column NAME"):
         load_split(f"hf:{tmp_path / 'two'}", "train")
     data = load_split(f"hf:{tmp_path / 'two'}", "train", image_size=8, image_column="thumb")
     assert torch.equal(data.images, _truth(12)[0][image_ids(data.images)])  # one split: less the fixed hold-out
@@ -164,10 +164,13 @@ def test_a_damaged_row_group_of_a_one_split_parquet_dataset_is_skipped_not_fatal
 def test_a_column_of_the_wrong_kind_is_refused_before_any_row_is_read(tmp_path: Path) -> None:
     """Labels named as the image column were decoded as file descriptors: `open(2)` read and closed stderr."""
     _dataset(12).save_to_disk(str(tmp_path / "ds"))
-    with pytest.raises(ValueError, match=r"data.image_column='target' holds class labels, not images.*picture"):
+    with pytest.raises(ValueError, match=r"image column 'target' holds class labels, not images.*picture"):
         load_split(f"hf:{tmp_path / 'ds'}", "train", image_column="target")
-    with pytest.raises(ValueError, match=r"data.label_column='weight' holds float values, not class ids.*target"):
+    with pytest.raises(ValueError, match=r"label column 'weight' holds float values, not class ids.*target"):
         load_split(f"hf:{tmp_path / 'ds'}", "train", label_column="weight")
+    _dataset(12).add_column("name", ["cat"] * 12).save_to_disk(str(tmp_path / "named"))  # labels as strings
+    with pytest.raises(ValueError, match=r"'name' holds string values, not class ids \(Dataset.class_encode_column"):
+        load_split(f"hf:{tmp_path / 'named'}", "train", label_column="name")
     for value in (2, 1.5, None):  # never a file descriptor, whatever a reader hands over
         with pytest.raises(BadImageError, match="not an image"):
             decode_image(value)
@@ -212,8 +215,8 @@ def test_train_cli_threads_the_column_choice(tmp_path: Path, capsys: pytest.Capt
         "--set",
         "eval.final_split=val",
     ]
-    assert main(command) == 2 and "data.image_column" in capsys.readouterr().err
-    assert main([*command, "--set", "data.image_column=thumb"]) == 0
+    assert main(command) == 2 and "choose one with --image-column NAME" in capsys.readouterr().err
+    assert main([*command, "--image-column", "thumb"]) == 0  # as eval, fewshot, embed, inspect and shard take it
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     # 24 rows of one split: 20 train after the fixed test hold-out, then round(0.25 x 5) = 1 of each class for val
     assert result["step"] == 2 and result["val"]["count"] == 4

@@ -101,6 +101,7 @@ def add_train_flags(
         metavar="GROUP.FIELD=VALUE",
         help="override any config field, e.g. --set optim.warmup_steps=500 (type-checked)",
     )
+    add_column_flags(parser)
     parser.add_argument("--strict", action="store_true", help="stop on the first corrupt image instead of skipping it")
     parser.add_argument(
         "--compile",

@@ -10,7 +10,7 @@ import sys
 import time
 from typing import Any
 
-from vitkit.cli.flags import add_train_flags, finite_float
+from vitkit.cli.flags import add_train_flags, columns_of, finite_float
 
 
 def add_train(sub: argparse._SubParsersAction) -> None:
@@ -75,7 +75,7 @@ def _config(args: argparse.Namespace) -> Any:
         max_minutes=args.max_minutes,
         seed=args.seed,
         out=args.out,
-        overrides=tuple(args.overrides),
+        overrides=(*(f"data.{key}={value}" for key, value in columns_of(args).items()), *args.overrides),
         labels_per_class=args.labels_per_class,
         strict=args.strict,
         compile=args.compile,

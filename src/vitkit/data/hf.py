@@ -127,22 +127,22 @@ def choose_columns(
     field = arrow_schema.field(image)
     if kinds[image] != "Image" and not (pa.types.is_binary(field.type) or pa.types.is_large_binary(field.type)):
         what = "class labels" if kinds[image] in ("ClassLabel", "int") else f"{field.type} values"
-        raise ValueError(
-            f"{where}: data.image_column={image!r} holds {what}, not images; image columns: {_listed(images)}"
-        )
+        raise ValueError(f"{where}: image column {image!r} holds {what}, not images; image columns: {_listed(images)}")
     if not labelled:
         return image, "", None
     labels = [c for c in names if kinds[c] == "ClassLabel"] or [c for c in names if kinds[c] == "int"]
     if not labels and not label_column:
         raise NoLabelsError(
             f"{where}: no label column (ClassLabel or integer) among {', '.join(names)}; choose one with "
-            f"--label-column NAME (train, finetune: --set data.label_column=NAME), or train without labels: "
+            f"--label-column NAME (string labels: encode them first with Dataset.class_encode_column), or train "
+            "without labels: "
             f"{NO_LABELS_HINT}"
         )
     label = _pick(label_column, labels, "label", names, where)
     if kinds[label] not in ("ClassLabel", "int"):
+        hint = " (Dataset.class_encode_column turns names into a ClassLabel)" if kinds[label] == "other" else ""
         raise ValueError(
-            f"{where}: data.label_column={label!r} holds {arrow_schema.field(label).type} values, not class ids; "
+            f"{where}: label column {label!r} holds {arrow_schema.field(label).type} values, not class ids{hint}; "
             f"label columns: {_listed(labels)}"
         )
     class_names = features.get(label, {}).get("names") if kinds[label] == "ClassLabel" else None
@@ -156,13 +156,12 @@ def _listed(columns: list[str]) -> str:
 def _pick(chosen: str, candidates: list[str], what: str, names: list[str], where: str) -> str:
     if chosen:
         if chosen not in names:
-            raise ValueError(f"{where}: data.{what}_column={chosen!r} is not a column; columns: {', '.join(names)}")
+            raise ValueError(f"{where}: {what} column {chosen!r} is not a column; columns: {', '.join(names)}")
         return chosen
     if len(candidates) != 1:
         found = f"several ({', '.join(candidates)})" if candidates else "no"
         raise ValueError(
-            f"{where}: {found} {what} columns among {', '.join(names)}; choose one with --{what}-column NAME "
-            f"(train, finetune and pretrain-mpp: --set data.{what}_column=NAME)"
+            f"{where}: {found} {what} columns among {', '.join(names)}; choose one with --{what}-column NAME"
         )
     return candidates[0]
 
