@@ -13,7 +13,7 @@ import pytest
 from shardkit import numbered_shards, write_tar
 from vitkit.data.imageset import EmptySplitError
 from vitkit.data.sources import load_split
-from vitkit.data.stream import read_all
+from vitkit.data.stream import decode_samples, read_all
 from vitkit.data.tarshards import TarFormatError, tar_members
 
 EIGHT_GIB = 8 << 30
@@ -186,3 +186,23 @@ def test_a_text_label_is_ascii_digits(text: str) -> None:
     with pytest.raises(ValueError, match="not a class index"):
         _parse_label("cls", text.encode())
     assert _parse_label("cls", b" 7\n") == 7 and _parse_label("a.cls", b"12") == 12
+
+
+def test_strict_stops_at_every_kind_of_bad_sample_in_memory_and_streamed(tmp_path: Path) -> None:
+    """--strict stopped at a bad image only, and only in memory a sample without a label went by as skipped;
+    a damaged shard was a warning either way."""
+    from vitkit.data.images import BadImageError
+
+    labelless = tmp_path / "labelless"
+    numbered_shards(labelless, [4])
+    write_tar(labelless / "train-000001.tar", [("lone.png", (labelless / "train-000000.tar").read_bytes()[:0])])
+    damaged = tmp_path / "damaged"
+    numbered_shards(damaged, [4, 6])
+    forge_size(damaged / "train-000000.tar", 4, EIGHT_GIB)
+    for directory, problem in ((labelless, "lone"), (damaged, "train-000000.tar")):
+        for memory in (None, 0):
+            budget = {} if memory is None else {"max_in_memory_bytes": memory}
+            assert len(load_split(f"wds:{directory}", "train", image_size=8, **budget)) >= 4  # skipped by default
+            with pytest.raises(BadImageError, match=problem):  # on loading, or on decoding what a stream reads
+                data = load_split(f"wds:{directory}", "train", image_size=8, strict=True, **budget)
+                decode_samples(read_all(data), data, strict=True)

@@ -11,7 +11,7 @@ import logging
 
 import torch
 
-from vitkit.data.images import MAX_PIXELS, decode_files
+from vitkit.data.images import MAX_PIXELS, BadImageError, decode_files
 from vitkit.data.imageset import MAX_FILES_IN_MEMORY, EmptySplitError, ImageSet, fits_in_memory
 from vitkit.data.stream import ShardSet, read_all, sample_problem
 
@@ -21,12 +21,15 @@ MAX_LOGGED = 10  # corrupt samples named one by one in the log; the rest are cou
 SHOWN = 3  # problems quoted in an EmptySplitError
 
 
-def _sample_sources(subset: ShardSet) -> tuple[list[bytes], torch.Tensor, list[str], list[str]]:
-    """(encoded images, labels, names) of a streamed split's usable samples, and each unusable one's problem."""
+def _sample_sources(subset: ShardSet, strict: bool) -> tuple[list[bytes], torch.Tensor, list[str], list[str]]:
+    """(encoded images, labels, names) of a streamed split's usable samples, and each unusable one's problem
+    (`strict`: the first is a BadImageError)."""
     samples = read_all(subset)
     problems = [sample_problem(sample, subset.num_classes) for sample in samples]
     kept = [i for i, problem in enumerate(problems) if not problem]
     reasons = [f"{samples[i].key}: {problem}" for i, problem in enumerate(problems) if problem]
+    if strict and reasons:
+        raise BadImageError(f"sample {reasons[0]}")
     for reason in reasons[:MAX_LOGGED]:
         log.warning("skipping corrupt sample %s", reason)
     if len(reasons) > MAX_LOGGED:
@@ -60,7 +63,7 @@ def materialise(
         )
         return subset, []
     if isinstance(subset, ShardSet):
-        sources, labels, names, reasons = _sample_sources(subset)
+        sources, labels, names, reasons = _sample_sources(subset, strict)
     else:
         sources, labels, names, reasons = subset.files, subset.labels, None, []
     images, good, errors = decode_files(

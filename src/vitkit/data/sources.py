@@ -214,6 +214,8 @@ def load_split(
         subset = _hold_out(_read(kind, path, "train", size, channels, columns, labelled), split, val_fraction, seed)
     if isinstance(subset, ShardSet):
         subset.max_pixels = max_pixels  # checked by the workers that decode it
+        if strict and subset.problems:
+            raise BadImageError(f"{uri} {split}: damaged shard: {subset.problems[0]}")
     result, reasons = materialise(
         subset, strict=strict, max_in_memory_bytes=max_in_memory_bytes, num_workers=num_workers, max_pixels=max_pixels
     )
