@@ -53,13 +53,12 @@ def materialise(
     size, channels = subset.load_size, subset.channels
     if not fits_in_memory(len(subset), channels, size, max_in_memory_bytes):
         log.info(
-            "%d images at %dx%d exceed %d bytes or %d images: %s",
+            "%d images: %s, so %s",
             len(subset),
-            size,
-            size,
-            max_in_memory_bytes,
-            MAX_FILES_IN_MEMORY,
-            "streamed from shards" if subset.access == "stream" else "decoding on the fly",
+            f"more than {MAX_FILES_IN_MEMORY:,} images"
+            if len(subset) > MAX_FILES_IN_MEMORY
+            else f"more than data.max_in_memory_mb ({max_in_memory_bytes / 2**20:g} MB) holds decoded at {size}x{size}",
+            "streamed from shards" if subset.access == "stream" else "decoded on the fly",
         )
         return subset, []
     if isinstance(subset, ShardSet):
