@@ -266,7 +266,7 @@ class ShardBatches:
                 "cannot resume the shard stream exactly: its layout changed ("
                 + ", ".join(changed)
                 + "); resume with the same number of processes, data.workers and shards, or start a "
-                "new run with run.init_from"
+                "new run from its weights (--set run.init_from=THIS_RUN with another --out)"
             )
         self._step = int(state["step"])
 
