@@ -138,9 +138,11 @@ def test_pretrain_mpp_trains_on_a_flat_folder_that_train_refuses(tmp_path: Path,
     uri = _flat_folder(tmp_path / "photos")
     argv = ["--data", uri, "--recipe", "small-32px-tiny", "--img-size", "8", "--epochs", "1", "--batch-size", "8"]
     argv += ["--set", "model.patch_size=4", "--set", "run.tensorboard=false", "--json"]
-    assert main(["pretrain-mpp", *argv, "--out", str(tmp_path / "run")]) == 0, capsys.readouterr().err
+    mpp = ["--set", "mpp.color_bits=2"]  # was refused: "mpp.* fields configure masked patch prediction"
+    assert main(["pretrain-mpp", *argv, *mpp, "--out", str(tmp_path / "run")]) == 0, capsys.readouterr().err
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["status"] == "finished" and result["steps"] == (COUNT - 8) // 8
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["mpp"]["color_bits"] == 2
     embed = ["embed", str(tmp_path / "run"), "--data", uri, "--split", "train", "--out", str(tmp_path / "e.npy")]
     assert main([*embed, "--json"]) == 0, capsys.readouterr().err
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["shape"][0] == COUNT - 8

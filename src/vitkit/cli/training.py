@@ -64,6 +64,8 @@ def _config(args: argparse.Namespace) -> Any:
     from vitkit.train.resolve import Request, resolve
 
     mpp = args.objective == "mpp"
+    overrides = (*(f"data.{key}={value}" for key, value in columns_of(args).items()), *args.overrides)
+    own = tuple(item for item in overrides if mpp and item.partition("=")[0].strip().startswith("mpp."))
     request = Request(
         data=args.data,
         recipe=args.recipe,
@@ -75,7 +77,7 @@ def _config(args: argparse.Namespace) -> Any:
         max_minutes=args.max_minutes,
         seed=args.seed,
         out=args.out,
-        overrides=(*(f"data.{key}={value}" for key, value in columns_of(args).items()), *args.overrides),
+        overrides=tuple(item for item in overrides if item not in own),  # mpp.*: once the MPP config exists
         labels_per_class=args.labels_per_class,
         strict=args.strict,
         compile=args.compile,
@@ -94,7 +96,7 @@ def _config(args: argparse.Namespace) -> Any:
 
         objective = MPPConfig(target=args.target, corrupt_rate=args.corrupt_rate, replace=tuple(args.replace))
         config = mpp_train_config(config, objective, lr=args.lr, warmup_steps=args.warmup_steps)
-        config = apply_overrides(config, args.overrides)  # --set wins over App. B.1.2's settings too
+        config = apply_overrides(config, overrides)  # --set wins over App. B.1.2's settings too
     return resolved, config
 
 
