@@ -39,6 +39,7 @@ _STEP = re.compile(r"step_\d+")  # a step checkpoint's name (save_step writes 7 
 
 CHECKPOINTS, LATEST, FINAL, EMA = "checkpoints", "LATEST", "final", "ema"
 CONFIG, STATE_FILE = "config.json", "train_state.pt"
+SWEEP, SWEEP_RECORD = "sweep", "sweep.json"  # an LR sweep's trials and record, written before the run's config
 KEEP = 2  # step checkpoints kept besides the newest
 # Keys of config.json a re-run may change without forking the run: budget, display, hardware, cadence.
 VOLATILE = frozenset(
@@ -74,6 +75,15 @@ class RunDir:
         if self.path.exists() and not self.path.is_dir():
             raise ValueError(f"{self.path} is a file; choose another --out for the run (a directory)")
         stored = self.stored_config()  # a JSON object, or None without config.json
+        if (
+            stored is None
+            and self.path.is_dir()
+            and any(p.name not in (SWEEP, SWEEP_RECORD) for p in self.path.iterdir())
+        ):
+            raise ValueError(
+                f"{self.path} holds files and is not a vitkit run (no {CONFIG}); choose a new or empty directory "
+                "for --out"
+            )
         if stored is not None and not all(isinstance(stored.get(key), dict) for key in ("model", "data", "run")):
             raise ValueError(
                 f"{self.path} is not a vitkit run: its {CONFIG} is another's (a model checkpoint's?), which the "

@@ -292,3 +292,17 @@ def test_a_kill_during_the_final_export_leaves_no_temporary_files_after_the_re_r
     (final / "notes.txt").write_text("mine\n")  # not vitkit's: kept
     trainer.train(config)  # a re-run of the finished run exports again
     assert sorted(p.name for p in final.iterdir()) == ["config.json", "model.safetensors", "notes.txt"]
+
+
+def test_an_out_that_holds_other_files_is_refused_before_anything_is_written(tmp_path: Path, capsys) -> None:
+    """A directory without a run's config.json was taken as a new run: the user's metrics.jsonl and plots were
+    replaced, and a data folder given as --out gained checkpoints/ that then failed as a class folder."""
+    out = tmp_path / "mine"
+    (out / "plots").mkdir(parents=True)
+    (out / "metrics.jsonl").write_text("mine\n")
+    assert main(["train", "--recipe", "small-8px-tiny", "--epochs", "1", "--out", str(out)]) == 2
+    assert "holds files and is not a vitkit run" in capsys.readouterr().err
+    assert (out / "metrics.jsonl").read_text() == "mine\n" and sorted(p.name for p in out.iterdir()) == [
+        "metrics.jsonl",
+        "plots",
+    ]

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from vitkit.atomic import atomic_write_text
+from vitkit.runs import SWEEP, SWEEP_RECORD, RunDir
 from vitkit.train.config import TrainConfig
 from vitkit.train.trainer import train
 
@@ -41,7 +42,7 @@ def budget_split(config: TrainConfig) -> tuple[float, float]:
 
 def trial_config(config: TrainConfig, lr: float) -> TrainConfig:
     """One sweep trial: learning rate `lr`, scored on the held-out "val" split."""
-    out = Path(config.run.out) / "sweep" / f"lr_{lr:g}"
+    out = Path(config.run.out) / SWEEP / f"lr_{lr:g}"
     return dataclasses.replace(
         config,
         optim=dataclasses.replace(config.optim, lr=lr, lr_sweep=()),
@@ -85,6 +86,7 @@ def train_with_sweep(config: TrainConfig, *, spent_s: float = 0.0, **train_kwarg
     if not config.optim.lr_sweep:
         return train(config, spent_s=spent_s, **train_kwargs)
     check_hold_out(config)
+    RunDir(config.run.out).create()  # a directory of other files is refused before any trial
     scores: dict[str, float] = {}
     losses: dict[str, float] = {}
     for lr in config.optim.lr_sweep:
@@ -104,6 +106,6 @@ def train_with_sweep(config: TrainConfig, *, spent_s: float = 0.0, **train_kwarg
     trial_minutes, final_minutes = budget_split(config)
     record = {"val_top1": scores, "val_loss": losses, "best_lr": best}
     record.update(trial_minutes=trial_minutes, final_minutes=final_minutes)
-    atomic_write_text(Path(config.run.out) / "sweep.json", json.dumps(record, indent=2) + "\n")
+    atomic_write_text(Path(config.run.out) / SWEEP_RECORD, json.dumps(record, indent=2) + "\n")
     result = train(final_config(config, best), spent_s=spent_s, **train_kwargs)
     return {**result, "sweep": scores, "best_lr": best}
