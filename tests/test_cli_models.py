@@ -151,3 +151,56 @@ def test_python_m_vitkit_under_torchruns_variables_exits_with_the_commands_statu
     crash = "import vitkit.cli as cli; cli.main = lambda *a, **k: 1 / 0; cli._entry()"
     crashed = subprocess.run([sys.executable, "-c", crash], capture_output=True, text=True, env=env, timeout=120)
     assert crashed.returncode == 1 and "ZeroDivisionError" in crashed.stderr  # the traceback, then status 1
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["eval", "RUN", "--img-size", "100000"], "--img-size: expected an integer from 1 to 16,384"),
+        (["train", "--img-size", "0"], "--img-size: expected an integer from 1 to 16,384"),  # 0 read as not given
+        (["predict", "RUN", "x.jpg", "--img-size", "0"], "--img-size: expected an integer from 1 to 16,384"),
+        (["embed", "RUN", "--data", "digits", "--out", "e.npy", "--batch-size", "0"], "--batch-size: expected"),
+        (["eval", "RUN", "--max-images", "-5"], "--max-images: expected an integer from 1"),
+        (["fewshot", "RUN", "--data", "digits", "--max-test", "0"], "--max-test: expected an integer from 1"),
+        (["inspect", "RUN", "--num-images", "0"], "--num-images: expected an integer from 1"),
+    ],
+)
+def test_integer_flags_are_bounded_where_they_are_parsed(argv: list[str], message: str, capsys) -> None:
+    """--img-size 100000 asked the allocator for 2.5 TB (predict was killed), --batch-size 0 and --opset 24 ended
+    in tracebacks, --max-images -5 evaluated 354 images and --max-test 0 printed NaN as JSON."""
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "error, message",
+    [
+        (RuntimeError("DefaultCPUAllocator: not enough memory: you tried to allocate 2500000000000 bytes."), "memory"),
+        (OSError(28, "No space left on device"), "no space left on the disk"),
+        (MemoryError(), "memory"),
+    ],
+)
+def test_running_out_of_memory_or_disk_is_one_error_line(error, message, monkeypatch, capsys) -> None:
+    """Both ended in tracebacks (a full disk while a checkpoint was written: SafetensorError)."""
+    import vitkit.cli.tools as tools
+
+    def fail(args):
+        raise error
+
+    monkeypatch.setattr(tools, "_list_models", lambda: fail(None))
+    assert main(["models"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_an_opset_newer_than_torch_exports_is_named(tmp_path, capsys) -> None:
+    import vitkit
+    from vitkit.checkpoints.onnx_export import newest_opset
+
+    pytest.importorskip("onnx")
+    if newest_opset() is None:
+        pytest.skip("this torch does not say its newest opset")
+    vitkit.save(vitkit.create_model("vit_ti16", img_size=16, num_classes=2), tmp_path / "m")
+    assert main(["export-onnx", str(tmp_path / "m"), str(tmp_path / "x.onnx"), "--opset", "9999"]) == 2
+    assert f"newer than this torch exports: use 17 to {newest_opset()}" in capsys.readouterr().err

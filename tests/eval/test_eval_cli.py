@@ -127,7 +127,12 @@ def test_embed_npy_and_safetensors_round_trip(tmp_path: Path, digits_checkpoint:
     stored = load_file(str(tokens))
     assert stored["embeddings"].shape == (359, 5, 32) and stored["labels"].tolist() == test.labels.tolist()
     assert main(["embed", str(digits_checkpoint), "--data", "digits", "--out", str(tmp_path / "x.txt")]) == 2
-    assert main(["embed", str(digits_checkpoint), "--data", "digits", "--layer", "block09", "--out", str(target)]) == 2
+    again = ["embed", str(digits_checkpoint), "--data", "digits", "--out", str(target)]
+    before = target.read_bytes()
+    assert main(again) == 2  # it replaced the three files without a word
+    assert "already exist(s); choose another --out or pass --force" in capsys.readouterr().err
+    assert target.read_bytes() == before
+    assert main([*again, "--layer", "block09", "--force"]) == 2
     assert "unknown layer" in capsys.readouterr().err
 
 

@@ -40,6 +40,16 @@ class _Logits(nn.Module):
         return self.model(pixels)
 
 
+def newest_opset() -> int | None:
+    """The newest opset this torch's exporter writes, where it says (None: not said; the exporter decides)."""
+    try:
+        from torch.onnx import _constants
+    except ImportError:
+        return None
+    newest = getattr(_constants, "ONNX_MAX_OPSET", None)
+    return newest if isinstance(newest, int) else None
+
+
 def export_onnx(model: nn.Module, path: str | os.PathLike, opset: int = MIN_OPSET, batch_size: int = 2) -> Path:
     """Write `model` (eval mode, fp32, CPU) as ONNX with a dynamic batch axis; input (B, C, H, W) "pixels".
 
@@ -48,6 +58,9 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, opset: int = MIN_OPSE
     _require("onnx")
     if opset < MIN_OPSET:
         raise ValueError(f"opset {opset} is too old: use {MIN_OPSET} or newer")
+    newest = newest_opset()
+    if newest is not None and opset > newest:
+        raise ValueError(f"opset {opset} is newer than this torch exports: use {MIN_OPSET} to {newest}")
     model = model.eval().float().cpu()
     size, chans = image_size(model.config), in_channels(model.config)
     example = torch.zeros(batch_size, chans, size, size)

@@ -11,6 +11,7 @@ flags.py holds the flag groups they share.
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
 import time
@@ -87,6 +88,31 @@ def main(argv: Sequence[str] | None = None, *, since_process_start: bool = False
     except KeyboardInterrupt:
         print(f"vitkit {args.verb}: interrupted", file=sys.stderr)
         return 130
+    except Exception as err:
+        problem = _out_of_resources(err)
+        if problem is None:
+            raise
+        print(f"vitkit {args.verb}: error{_process()}: {problem}", file=sys.stderr)
+        return 2
+
+
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+MEMORY_WORDS = ("can't allocate memory", "not enough memory", "out of memory")
+
+
+def _out_of_resources(err: Exception) -> str | None:
+    """The line for a run out of memory or disk space (a user can fix either), or None for any other error.
+    A full disk is named as the error's own text says it (safetensors raises its own class)."""
+    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    if (isinstance(err, OSError) and err.errno in NO_SPACE) or "No space left on device" in str(err):
+        return f"no space left on the disk ({text}); free some, or write elsewhere (--out)"
+    if (
+        isinstance(err, MemoryError)
+        or type(err).__name__ == "OutOfMemoryError"
+        or (isinstance(err, RuntimeError) and any(word in str(err) for word in MEMORY_WORDS))
+    ):
+        return f"out of memory ({text[:300]}); lower --batch-size or --img-size, or use a smaller model"
+    return None
 
 
 def _process() -> str:

@@ -9,7 +9,7 @@ import argparse
 import json
 import sys
 
-from vitkit.cli.flags import add_column_flags, add_run_flags, columns_of, emit
+from vitkit.cli.flags import add_column_flags, add_run_flags, bounded_int, columns_of, emit
 
 
 def add_eval(sub: argparse._SubParsersAction) -> None:
@@ -19,7 +19,7 @@ def add_eval(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--split", choices=("train", "val", "test"), default="test", help="split to evaluate")
     add_run_flags(parser)
     parser.add_argument(
-        "--max-images", type=int, default=None, help="evaluate a fixed random subset of this many images"
+        "--max-images", type=bounded_int(1), default=None, help="evaluate a fixed random subset of this many images"
     )
     parser.add_argument(
         "--flip-views",
@@ -69,7 +69,7 @@ def add_fewshot(sub: argparse._SubParsersAction) -> None:
         "--layer", default="features", help="representation: features (what the head reads), y, pre_logits"
     )
     parser.add_argument(
-        "--max-test", type=int, default=None, help="evaluate on a fixed random subset of the test split"
+        "--max-test", type=bounded_int(1), default=None, help="evaluate on a fixed random subset of the test split"
     )
     add_run_flags(parser)
     parser.add_argument("--out", default=None, help="folder for fewshot.json")
@@ -149,6 +149,7 @@ def add_embed(sub: argparse._SubParsersAction) -> None:
         "--layer", default="pre_logits", help="y, pre_logits, features, logits, encoder_norm or blockNN (tokens)"
     )
     parser.add_argument("--out", required=True, help="FILE.npy (+ FILE.labels.npy, FILE.json) or FILE.safetensors")
+    parser.add_argument("--force", action="store_true", help="replace the files if they exist")
     add_run_flags(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     add_column_flags(parser)
@@ -168,6 +169,7 @@ def run_embed(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         device=args.device,
         columns=columns_of(args),
+        force=args.force,
     )
     report.pop("class_names")
     return emit(args, report, [f"wrote {', '.join(report['files'])}: {report['shape']} ({args.layer})"])
@@ -179,7 +181,7 @@ def add_inspect(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--images", nargs="*", default=[], help="image files for the attention figures")
     parser.add_argument("--data", default=None, help="data source URI: images for the attention figures")
     parser.add_argument("--split", choices=("train", "val", "test"), default="test", help="split of --data")
-    parser.add_argument("--num-images", type=int, default=32, help="images drawn from --data")
+    parser.add_argument("--num-images", type=bounded_int(1), default=32, help="images drawn from --data")
     parser.add_argument("--num-overlays", type=int, default=8, help="images shown in the rollout figure")
     parser.add_argument("--components", type=int, default=28, help="filter principal components shown")
     parser.add_argument("--no-figures", action="store_true", help="numbers (inspect.json) only, no PNG files")

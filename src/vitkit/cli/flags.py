@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
+
+from vitkit.models.configs import MAX_IMG
 
 
 def finite_float(text: str) -> float:
@@ -17,9 +19,29 @@ def finite_float(text: str) -> float:
     return value
 
 
+def bounded_int(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An int flag's type: a whole number from `low` to `high` (None: no upper bound), refused at parsing."""
+    span = f"from {low:,}" + (f" to {high:,}" if high is not None else " up")
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer {span}, got {text!r}") from None
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"expected an integer {span}, got {text!r}")
+        return value
+
+    parse.__name__ = "integer"  # argparse names the type in "invalid <name> value"
+    return parse
+
+
 def add_surgery_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--img-size", type=int, default=None, help="new resolution: position embeddings interpolated in 2D"
+        "--img-size",
+        type=bounded_int(1, MAX_IMG),
+        default=None,
+        help="new resolution: position embeddings interpolated in 2D",
     )
     parser.add_argument(
         "--resample", choices=("bilinear", "bicubic"), default="bilinear", help="interpolation for --img-size"
@@ -41,12 +63,15 @@ def add_surgery_flags(parser: argparse.ArgumentParser) -> None:
 def add_run_flags(parser: argparse.ArgumentParser, batch_size: int = 64) -> None:
     parser.add_argument(
         "--img-size",
-        type=int,
+        type=bounded_int(1, MAX_IMG),
         default=None,
         help="input resolution (default: the checkpoint's; position embeddings are resampled)",
     )
     parser.add_argument(
-        "--batch-size", type=int, default=batch_size, help="images per forward pass (results do not depend on it)"
+        "--batch-size",
+        type=bounded_int(1),
+        default=batch_size,
+        help="images per forward pass (results do not depend on it)",
     )
     parser.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda, cuda:1, ...")
 
@@ -71,7 +96,7 @@ def add_train_flags(
     parser.add_argument("--epochs", type=finite_float, default=None, help="passes over the training split")
     parser.add_argument("--batch-size", type=int, default=None, help="effective global batch (accumulated as needed)")
     parser.add_argument("--lr", type=finite_float, default=None, help=lr_help)
-    parser.add_argument("--img-size", type=int, default=None, help="training resolution in pixels")
+    parser.add_argument("--img-size", type=bounded_int(1, MAX_IMG), default=None, help="training resolution in pixels")
     parser.add_argument(
         "--max-minutes",
         type=finite_float,

@@ -7,12 +7,15 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from vitkit.cli.flags import add_surgery_flags, emit, finite_float
+from vitkit.cli.flags import add_surgery_flags, bounded_int, emit, finite_float
+from vitkit.models.configs import MAX_IMG
 
 
 def add_models(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("models", help="list the model presets (Table 1) with parameters and GFLOPs")
-    parser.add_argument("--img-size", type=int, default=None, help="resolution for GFLOPs (default: each preset's)")
+    parser.add_argument(
+        "--img-size", type=bounded_int(1, MAX_IMG), default=None, help="resolution for GFLOPs (default: each preset's)"
+    )
     parser.add_argument("--num-classes", type=int, default=1000, help="head size for the parameter count")
     parser.add_argument("--filter", default="", help="only names containing this text")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -164,7 +167,9 @@ def run_export_onnx(args: argparse.Namespace) -> int:
 def add_bench(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("bench", help="measure inference and training images/s, FLOP/s and MFU of a preset")
     parser.add_argument("--model", default="vit_ti16", help="preset name (vitkit models lists them)")
-    parser.add_argument("--img-size", type=int, default=None, help="resolution (default: the preset's)")
+    parser.add_argument(
+        "--img-size", type=bounded_int(1, MAX_IMG), default=None, help="resolution (default: the preset's)"
+    )
     parser.add_argument("--num-classes", type=int, default=1000, help="head size")
     parser.add_argument("--batch-size", type=int, default=32, help="images per step")
     parser.add_argument(

@@ -121,9 +121,13 @@ def embed_command(
     batch_size: int = 64,
     device: str = "auto",
     columns: dict[str, str] | None = None,
+    force: bool = False,
 ) -> dict[str, Any]:
-    """Representations (`layer`) of every image of a split, saved as .npy or .safetensors with labels."""
-    output_paths(out)  # refuse a bad suffix before any work
+    """Representations (`layer`) of every image of a split, saved as .npy or .safetensors with labels; files
+    already there are replaced only with `force`."""
+    taken = [str(p) for p in output_paths(out) if p.exists()]  # a bad suffix is refused before any work too
+    if taken and not force:
+        raise ValueError(f"{', '.join(taken)} already exist(s); choose another --out or pass --force to replace")
     checkpoint = open_checkpoint(path)
     images = _load(path, data, split, checkpoint, img_size, columns=columns)
     embeddings, labels = compute(checkpoint, images, layer, img_size=img_size, batch_size=batch_size, device=device)
