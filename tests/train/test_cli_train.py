@@ -339,3 +339,23 @@ def test_under_torchrun_other_ranks_do_not_repeat_the_datas_warnings(monkeypatch
         assert logging.getLogger(own).isEnabledFor(logging.WARNING)
     monkeypatch.setenv("RANK", "0")
     assert quiet_other_ranks()
+
+
+@pytest.mark.parametrize(
+    "setting, message",
+    [
+        ("optim.end_lr_fraction=-1", "end_lr_fraction in [0, 1]"),  # the lr ended at -0.004: gradient ascent
+        ("optim.base_batch_size=-8", "base_batch_size >= 0"),  # the plan printed "(32/-8)"
+        ("optim.eps=0", "eps > 0"),  # stopped on a NaN loss blaming the learning rate
+        ("data.std=-1", "std must be > 0"),  # trained on inverted inputs
+        ("data.std=0,0,0", "std must be > 0"),
+        ("data.epochs=1e300", "epochs <= 1e+06"),  # planned 4.5e299 steps
+        ("eval.batch_size=0", "batch_size >= 1"),  # failed after the whole run, in the final evaluation
+        ("run.threads=-2", "run.threads >= 0"),
+        ("run.seed=99999999999999999999", "seed < 2**63"),  # "Overflow when unpacking long long"
+        ("optim.betas=0.9,1.5", "betas and momentum must be in [0, 1)"),
+    ],
+)
+def test_nonsense_settings_are_refused_before_anything_runs(setting: str, message: str, tmp_path, capsys) -> None:
+    assert main(["train", "--out", str(tmp_path / "r"), "--set", setting]) == 2
+    assert message in capsys.readouterr().err and not (tmp_path / "r").exists()

@@ -27,6 +27,8 @@ from vitkit.ssl.masked_patch import MPPConfig
 Precision = Literal["auto", "fp32", "bf16"]
 Parallel = Literal["ddp", "fsdp"]
 Compile = Literal["auto", "on", "off"]
+MAX_EPOCHS = 1e6  # beyond any run; 1e300 planned a 300-digit step count
+MAX_SEED = 2**63 - 1  # torch.manual_seed takes a signed 64-bit integer
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,6 +72,13 @@ class DataConfig:
             raise ValueError(
                 f"labels_per_class must be >= 0 and is not combined with train_fraction < 1, got "
                 f"{self.labels_per_class} / {self.train_fraction}"
+            )
+        if not all(v > 0 for v in self.std):
+            raise ValueError(f"data.std must be > 0 (pixels are divided by it), got {self.std}")
+        if self.epochs > MAX_EPOCHS or self.workers < 0 or self.max_in_memory_mb < 0:
+            raise ValueError(
+                f"need epochs <= {MAX_EPOCHS:g}, workers >= 0 and max_in_memory_mb >= 0; got {self.epochs:g}, "
+                f"{self.workers}, {self.max_in_memory_mb}"
             )
 
     @property
@@ -116,6 +125,13 @@ class OptimConfig:
             raise ValueError("warmup_fraction must be in [0, 1), warmup_steps and warmup_max_steps >= 0")
         if any(lr <= 0 for lr in self.lr_sweep):
             raise ValueError(f"every lr_sweep value must be > 0, got {self.lr_sweep}")
+        if not 0.0 <= self.end_lr_fraction <= 1.0 or self.base_batch_size < 0 or self.eps <= 0:
+            raise ValueError(
+                f"need end_lr_fraction in [0, 1], base_batch_size >= 0 and eps > 0; got {self.end_lr_fraction}, "
+                f"{self.base_batch_size}, {self.eps}"
+            )
+        if not all(0.0 <= beta < 1.0 for beta in self.betas) or not 0.0 <= self.momentum < 1.0:
+            raise ValueError(f"betas and momentum must be in [0, 1), got {self.betas} / {self.momentum}")
 
 
 def optim_for(optim: OptimConfig, model: ModelConfig) -> OptimConfig:
@@ -136,6 +152,10 @@ class EvalConfig:
     batch_size: int = 512  # images per evaluation forward pass
     final_split: Literal["test", "val"] = "test"  # the split of the last line of metrics.jsonl
     flip_views: bool = False  # classify each image and its mirror image, average the logits (test-time augmentation)
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1 or self.every_epochs < 0:
+            raise ValueError(f"need batch_size >= 1 and every_epochs >= 0; got {self.batch_size} / {self.every_epochs}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -176,6 +196,8 @@ class RunConfig:
             raise ValueError("checkpoint_every, log_every and nan_patience must be >= 1")
         if not self.checkpoint_minutes >= 0:  # NaN too
             raise ValueError(f"run.checkpoint_minutes must be >= 0 (0: off), got {self.checkpoint_minutes:g}")
+        if self.threads < 0 or not 0 <= self.seed <= MAX_SEED:
+            raise ValueError(f"need run.threads >= 0 and 0 <= seed < 2**63; got {self.threads} / {self.seed}")
         if self.max_minutes < 0:
             raise ValueError(f"--max-minutes (run.max_minutes) must be >= 0 (0: no budget), got {self.max_minutes:g}")
 
