@@ -35,10 +35,12 @@ def add_eval(sub: argparse._SubParsersAction) -> None:
 
 
 def run_eval(args: argparse.Namespace) -> int:
+    from vitkit.data.sources import check_mirror_views
     from vitkit.eval.accuracy import AccuracyConfig
     from vitkit.eval.commands import eval_command
     from vitkit.eval.evaluator import one_view_note
 
+    check_mirror_views(args.data, args.flip_views)
     config = AccuracyConfig(
         img_size=args.img_size, batch_size=args.batch_size, device=args.device, flip_views=args.flip_views
     )

@@ -114,6 +114,15 @@ def parse_uri(uri: str) -> tuple[str, str]:
     return kind, path
 
 
+def check_mirror_views(uri: str, flip_views: bool) -> None:
+    """Refuse mirror-image views (test-time flips) of a source whose mirror images change the label (digits)."""
+    if flip_views and mirror_keeps_label(uri) is False:
+        raise ValueError(
+            f"{uri}: a mirror image changes the label here (digits, handwriting), so averaging each image with its "
+            "mirror image (flip views) would mix classes; leave out --flip-views / eval.flip_views"
+        )
+
+
 def mirror_keeps_label(uri: str) -> bool | None:
     """True / False where the source's kind (or the dataset.json that `vitkit shard` wrote from it) tells
     whether flips preserve labels, None where it cannot."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vitkit.checkpoints import read
-from vitkit.data.sources import SourceInfo, data_name, describe, parse_uri
+from vitkit.data.sources import SourceInfo, check_mirror_views, data_name, describe, parse_uri
 from vitkit.data.transforms import AugmentConfig
 from vitkit.models import preset_config
 from vitkit.models.configs import (
@@ -108,6 +108,7 @@ def resolve(request: Request, *, source_model: ModelConfig | None = None) -> Res
     config = _apply_model(config, request, info, source, auto_recipe=chose)
     config = _apply_flags(config, request)
     config = apply_overrides(config, request.overrides)
+    check_mirror_views(request.data, config.eval.flip_views)
     config = _sweep_hold_out(config, info)
     config = _budget_length(config, request)
     batch = config.data.batch_size
