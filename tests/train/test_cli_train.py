@@ -359,3 +359,18 @@ def test_under_torchrun_other_ranks_do_not_repeat_the_datas_warnings(monkeypatch
 def test_nonsense_settings_are_refused_before_anything_runs(setting: str, message: str, tmp_path, capsys) -> None:
     assert main(["train", "--out", str(tmp_path / "r"), "--set", setting]) == 2
     assert message in capsys.readouterr().err and not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--out", "R", "--set", "run.out=elsewhere"],  # the run went to elsewhere
+        ["--epochs", "1", "--set", "data.epochs=3"],
+        ["--max-minutes", "0", "--set", "run.max_minutes=0.05"],
+    ],
+)
+def test_a_flag_and_a_set_of_the_same_field_are_refused(flags: list[str], tmp_path, capsys) -> None:
+    """--set silently won over the flag it contradicts."""
+    flags = [str(tmp_path / "r") if flag == "R" else flag for flag in flags]
+    assert main(["train", *flags]) == 2
+    assert "were both given, and one would be dropped; give one of them" in capsys.readouterr().err
