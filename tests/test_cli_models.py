@@ -163,6 +163,9 @@ def test_python_m_vitkit_under_torchruns_variables_exits_with_the_commands_statu
         (["eval", "RUN", "--max-images", "-5"], "--max-images: expected an integer from 1"),
         (["fewshot", "RUN", "--data", "digits", "--max-test", "0"], "--max-test: expected an integer from 1"),
         (["inspect", "RUN", "--num-images", "0"], "--num-images: expected an integer from 1"),
+        (["train", "--batch-size", "0"], "--batch-size: expected an integer from 1"),  # named micro_batch_size
+        (["train", "--seed", "99999999999999999999"], "--seed: expected an integer from 0 to"),
+        (["shard", "digits", "--out", "o", "--samples-per-shard", "9", "--workers", "-1"], "--workers: expected"),
     ],
 )
 def test_integer_flags_are_bounded_where_they_are_parsed(argv: list[str], message: str, capsys) -> None:

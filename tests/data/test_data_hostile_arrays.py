@@ -40,3 +40,12 @@ def test_an_npy_header_claiming_more_than_its_member_holds_is_refused(tmp_path: 
         archive.writestr("labels.npy", header)
     with pytest.raises(DataFormatError, match=r"`images.npy` claims shape \(9999999, 8\) \(79,999,992 bytes\)"):
         read_npz(path)
+
+
+def test_npz_images_of_another_rank_are_a_data_error(tmp_path: Path) -> None:
+    """2-D images (N, H*W) ended in an IndexError inside the reader."""
+    from vitkit.data.sources import describe
+
+    np.savez(tmp_path / "flat.npz", images=np.zeros((20, 64), np.uint8), labels=np.arange(20) % 2)
+    with pytest.raises(DataFormatError, match=r"images has shape \(20, 64\); expected images as \(N, H, W\)"):
+        describe(f"npz:{tmp_path / 'flat.npz'}")

@@ -6,7 +6,7 @@ import argparse
 import logging
 import sys
 
-from vitkit.cli.flags import add_column_flags, emit
+from vitkit.cli.flags import add_column_flags, bounded_int, emit
 
 
 def add_shard(sub: argparse._SubParsersAction) -> None:
@@ -15,15 +15,19 @@ def add_shard(sub: argparse._SubParsersAction) -> None:
         "source", help="data source URI (folder:DIR, mnist:DIR, cifar10:DIR, npz:FILE, hf:DIR, digits, ...)"
     )
     parser.add_argument("--out", required=True, help="directory for {split}-NNNNNN.tar and dataset.json (empty or new)")
-    parser.add_argument("--samples-per-shard", type=int, required=True, help="samples in each shard (the last: fewer)")
+    parser.add_argument(
+        "--samples-per-shard", type=bounded_int(1), required=True, help="samples in each shard (the last: fewer)"
+    )
     parser.add_argument(
         "--max-side",
         type=int,
         default=None,
         help="downscale images whose longer side is larger (re-encoded); default: keep every file's original bytes",
     )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the fixed order the samples are written in")
-    parser.add_argument("--workers", type=int, default=None, help="encoding threads (default: min(8, CPUs))")
+    parser.add_argument(
+        "--seed", type=bounded_int(0, 2**63 - 1), default=0, help="seed of the fixed order the samples are written in"
+    )
+    parser.add_argument("--workers", type=bounded_int(1), default=None, help="encoding threads (default: min(8, CPUs))")
     add_column_flags(parser)
     parser.add_argument(
         "--no-labels",

@@ -94,7 +94,9 @@ def add_train_flags(
         "each has a -tiny variant); default: chosen from the data set's size and resolution",
     )
     parser.add_argument("--epochs", type=finite_float, default=None, help="passes over the training split")
-    parser.add_argument("--batch-size", type=int, default=None, help="effective global batch (accumulated as needed)")
+    parser.add_argument(
+        "--batch-size", type=bounded_int(1), default=None, help="effective global batch (accumulated as needed)"
+    )
     parser.add_argument("--lr", type=finite_float, default=None, help=lr_help)
     parser.add_argument("--img-size", type=bounded_int(1, MAX_IMG), default=None, help="training resolution in pixels")
     parser.add_argument(
@@ -104,7 +106,7 @@ def add_train_flags(
         help="time budget of the whole run: every schedule is fitted to it and the run ends annealed "
         "(--set run.budget_schedule=cut stops this invocation instead; 0: no budget)",
     )
-    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--seed", type=bounded_int(0, 2**63 - 1), default=None)
     parser.add_argument(
         "--labels-per-class",
         type=int,

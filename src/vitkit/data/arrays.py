@@ -151,6 +151,10 @@ def _describe_npz(uri: str, path: Path) -> SourceInfo:
             f"{path}: holds {sorted(shapes)}; expected x_train, y_train, x_test, y_test or images, labels"
         )
     shape = shapes[key]
+    if len(shape) not in (3, 4):
+        raise DataFormatError(
+            f"{path}: {key} has shape {tuple(shape)}; expected images as (N, H, W), (N, H, W, C) or (N, C, H, W)"
+        )
     nchw = len(shape) == 4 and shape[1] in (1, 3) and shape[3] not in (1, 3)
     channels = 1 if len(shape) == 3 else (shape[1] if nchw else shape[3])
     side = shape[-1] if nchw or len(shape) == 3 else shape[2]
