@@ -126,3 +126,11 @@ def test_export_onnx_over_an_existing_file_needs_force(tmp_path, make_vit, capsy
     assert taken.read_bytes() == b"someone's model"
     assert main(["export-onnx", str(tmp_path / "model"), str(taken), "--force"]) == 0
     assert taken.stat().st_size > 1000
+
+
+def test_the_weights_file_of_a_checkpoint_directory_names_the_directory(tmp_path, make_vit, capsys):
+    """`eval DIR/model.safetensors` was read as a bare timm state dict: "cannot infer num_heads: pass a config",
+    which the command line has no way to do."""
+    vitkit.save(make_vit(), tmp_path / "model")
+    assert main(["export-onnx", str(tmp_path / "model" / "model.safetensors"), str(tmp_path / "m.onnx")]) == 2
+    assert "is one file of the checkpoint directory" in capsys.readouterr().err

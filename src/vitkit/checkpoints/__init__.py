@@ -50,6 +50,11 @@ def detect_format(path: str | os.PathLike) -> Format:
         )
     if official.looks_official(path):
         return "official"
+    if path.parent != path and any(looks(path.parent) for looks in (native.is_native, hf.looks_hf, timm.looks_timm)):
+        raise CheckpointError(  # its config (heads, numerics, classes) is beside it, not in it
+            f"{path} is one file of the checkpoint directory {path.parent}: give the directory, whose config.json "
+            "says how to build the model"
+        )
     if timm.looks_timm(path):
         return "timm"
     raise CheckpointError(
