@@ -10,7 +10,7 @@ import torch
 
 from vitkit.data.holdout import fixed_test_split
 from vitkit.data.images import image_size as _header_size
-from vitkit.data.imageset import UNLABELLED, ImageSet, SourceInfo, fits_in_memory
+from vitkit.data.imageset import UNLABELLED, VAL_HINT, ImageSet, SourceInfo, fits_in_memory
 from vitkit.data.listing import class_folders, scan_flat, scan_folder
 
 
@@ -38,10 +38,7 @@ def read_folder(root: Path, part: str, size: int, channels: int, labelled: bool 
     roots = folder_roots(root)
     class_names = class_folders(roots["train"]) if labelled else [UNLABELLED]
     if part == "val" and part not in roots:
-        raise ValueError(
-            f"folder:{root} has no val split (no {root}/val directory); set data.val_fraction > 0 to "
-            "hold out part of the training data (training does so itself when it evaluates as it goes)"
-        )
+        raise ValueError(f"folder:{root} has no val split (no {root}/val directory): {VAL_HINT}")
     source = roots[part] if part in roots else roots["train"]
     training = source == roots["train"]
     files, labels = scan_folder(source, class_names, training=training) if labelled else scan_flat(source)

@@ -15,7 +15,7 @@ import torch
 
 from vitkit.data import hf, holdout, tarshards
 from vitkit.data.images import NoLabelsError, probe_images
-from vitkit.data.imageset import NO_LABELS_HINT, UNLABELLED, ImageSet, SourceInfo, fits_in_memory
+from vitkit.data.imageset import NO_LABELS_HINT, UNLABELLED, VAL_HINT, ImageSet, SourceInfo, fits_in_memory
 from vitkit.data.shardscan import CLASS_FILE, top_label
 from vitkit.data.stream import ShardSet, Unit
 from vitkit.data.tarsamples import check_class_names
@@ -32,7 +32,7 @@ def _part(splits: dict[str, Any], part: str, where: str) -> Any:
             f"{where} has no {part} split{' (nor a val split to stand in)' if part == 'test' else ''} "
             f"(it has: {have}); "
             + (
-                "use val_fraction > 0 to hold out part of the training data"
+                VAL_HINT
                 if part == "val"
                 else "save a DatasetDict with a test (or validation) split"
                 if where.startswith("hf:")

@@ -54,7 +54,7 @@ from vitkit.data.holdout import (
     stratified_split,
 )
 from vitkit.data.images import MAX_PIXELS, BadImageError, DecompressionBombError, decode_image
-from vitkit.data.imageset import MAX_FILES_IN_MEMORY, EmptySplitError, ImageSet, SourceInfo
+from vitkit.data.imageset import MAX_FILES_IN_MEMORY, VAL_HINT, EmptySplitError, ImageSet, SourceInfo
 from vitkit.data.inmemory import check_usable, materialise
 from vitkit.data.readers import DataFormatError
 from vitkit.data.stream import ShardSet
@@ -152,7 +152,7 @@ def _read(
     if kind == "hf":
         return large.read_hf(path, part, size, channels, *columns, labelled=labelled)
     if part == "val":
-        raise ValueError(f"{kind} has no separate val split; pass val_fraction > 0 to hold out part of train")
+        raise ValueError(f"{kind} has no separate val split: {VAL_HINT}")
     if kind == "digits":
         return arrays.read_digits(part)
     if kind in ("mnist", "fashion-mnist"):
