@@ -315,3 +315,14 @@ def test_the_evaluating_verbs_take_the_column_choice(tmp_path: Path, capsys: pyt
     assert main(embedded) == 0, capsys.readouterr().err
     inspected = ["inspect", str(model), "--data", uri, *picked, "--num-images", "2", "--no-figures"]
     assert main([*inspected, "--out", str(tmp_path / "fig")]) == 0, capsys.readouterr().err
+
+
+def test_a_damaged_state_json_or_arrow_file_is_named(tmp_path: Path) -> None:
+    """A broken state.json said only "Expecting property name ... (char 1)", a garbage Arrow file "Expected to
+    read 1651663207 metadata bytes": neither named the file."""
+    for damaged in ("state.json", "data-00000-of-00001.arrow"):
+        root = tmp_path / damaged
+        datasets.DatasetDict({"train": _dataset(8), "test": _dataset(4)}).save_to_disk(str(root))
+        (root / "train" / damaged).write_text("{garbage")
+        with pytest.raises(ValueError, match=f"{root / 'train' / damaged}: not a readable"):
+            load_split(f"hf:{root}", "train", image_size=8)

@@ -24,6 +24,7 @@ import functools
 import json
 import logging
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -86,9 +87,19 @@ def find_splits(root: Path) -> dict[str, HFSplit]:
     return {split: HFSplit("parquet", tuple(files)) for split, files in parquet.items() if split}
 
 
+@contextmanager
+def _naming(path: str | Path, what: str) -> Iterator[None]:
+    """A damaged file's error (a JSON or Arrow reader's, which names no file) re-raised naming it."""
+    try:
+        yield
+    except (ValueError, OSError, KeyError, TypeError, AttributeError) as error:
+        raise ValueError(f"{path}: not a readable {what} ({error})") from error
+
+
 def _arrow_split(directory: Path) -> HFSplit:
-    state = json.loads((directory / "state.json").read_text())
-    files = tuple(str(directory / entry["filename"]) for entry in state.get("_data_files", []))
+    with _naming(directory / "state.json", "datasets state.json"):
+        state = json.loads((directory / "state.json").read_text())
+        files = tuple(str(directory / entry["filename"]) for entry in state.get("_data_files", []))
     if not files:
         raise ValueError(f"{directory}/state.json lists no Arrow data files")
     return HFSplit("arrow", files)
@@ -97,10 +108,11 @@ def _arrow_split(directory: Path) -> HFSplit:
 def schema(split: HFSplit) -> Any:
     """The Arrow schema (with the `huggingface` metadata) of a split's first file, without reading rows."""
     pa = _pyarrow()
-    if split.kind == "parquet":
-        return pa.parquet.ParquetFile(split.files[0]).schema_arrow
-    with pa.memory_map(split.files[0]) as source:
-        return pa.ipc.open_stream(source).schema
+    with _naming(split.files[0], f"{split.kind} file"):
+        if split.kind == "parquet":
+            return pa.parquet.ParquetFile(split.files[0]).schema_arrow
+        with pa.memory_map(split.files[0]) as source:
+            return pa.ipc.open_stream(source).schema
 
 
 def choose_columns(
@@ -177,7 +189,11 @@ def _image_value(value: Any) -> bytes | str | None:
 def open_arrow_table(files: tuple[str, ...]) -> Any:
     """The rows of `files` as one table whose buffers are memory-mapped (nothing is copied)."""
     pa = _pyarrow()
-    return pa.concat_tables([pa.ipc.open_stream(pa.memory_map(path)).read_all() for path in files])
+    tables = []
+    for path in files:
+        with _naming(path, "Arrow file"):
+            tables.append(pa.ipc.open_stream(pa.memory_map(path)).read_all())
+    return pa.concat_tables(tables)
 
 
 class ArrowImages:
