@@ -271,3 +271,10 @@ def test_imageset_subset_and_describe_digits():
     assert describe("digits") == sources.SourceInfo(
         uri="digits", num_train=1438, num_classes=10, image_size=8, channels=1, in_memory=True
     )
+
+
+def test_a_file_given_as_a_data_directory_is_called_a_file(tmp_path: Path) -> None:
+    """folder:notes.txt said "data directory does not exist"."""
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(FileNotFoundError, match="notes.txt: is a file; give the directory that holds the data"):
+        describe(f"folder:{tmp_path / 'notes.txt'}")

@@ -70,7 +70,10 @@ def read_idx(kind: str, root: Path, part: str) -> ImageSet:
 def _stamp(root: Path) -> tuple:
     """Directory listing with sizes and mtimes, so the in-process cache notices changed files."""
     if not root.is_dir():
-        raise FileNotFoundError(f"{root}: data directory does not exist")
+        what = (
+            "is a file; give the directory that holds the data" if root.is_file() else "data directory does not exist"
+        )
+        raise FileNotFoundError(f"{root}: {what}")
     return tuple(sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in root.iterdir() if p.is_file()))
 
 

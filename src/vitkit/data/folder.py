@@ -17,7 +17,10 @@ from vitkit.data.listing import class_folders, scan_flat, scan_folder
 def folder_roots(root: Path) -> dict[str, Path]:
     """Which directory holds each part of a folder source."""
     if not root.is_dir():
-        raise FileNotFoundError(f"{root}: data directory does not exist")
+        what = (
+            "is a file; give the directory that holds the data" if root.is_file() else "data directory does not exist"
+        )
+        raise FileNotFoundError(f"{root}: {what}")
     if not (root / "train").is_dir():
         return {"train": root}
     roots = {"train": root / "train"}
