@@ -147,3 +147,12 @@ def test_serve_on_a_folder_that_is_no_checkpoint_stops_before_binding(tmp_path: 
     assert main(["serve", str(tmp_path / "photos"), "--port", str(free_port())]) == 2
     assert "not a checkpoint directory" in capsys.readouterr().err
     assert "Uvicorn running" not in caplog.text
+
+
+def test_serve_on_a_device_this_host_has_not_stops_before_binding(tmp_path: Path, capsys, caplog) -> None:
+    """--device tpu started the server, failed in its start-up and exited 1."""
+    import vitkit
+
+    vitkit.save(vitkit.create_model("vit_ti16", img_size=16, num_classes=2), tmp_path / "m")
+    assert main(["serve", str(tmp_path / "m"), "--port", str(free_port()), "--device", "tpu"]) == 2
+    assert "unknown device 'tpu'" in capsys.readouterr().err and "Uvicorn running" not in caplog.text

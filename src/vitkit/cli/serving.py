@@ -49,9 +49,11 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
 
 def run_serve(args: argparse.Namespace) -> int:
     from vitkit.checkpoints import detect_format
+    from vitkit.device import pick_device
     from vitkit.runs import find_checkpoint
 
     detect_format(find_checkpoint(args.checkpoint))  # a path that names no checkpoint stops before the port is bound
+    pick_device(args.device)  # as does a device this host has not
 
     try:
         from vitkit.serve.server import run_server
