@@ -1,0 +1,94 @@
+"""How a re-run's requested config meets the config stored in its run directory.
+
+A re-run continues with the stored config, except the VOLATILE keys (time budget, display, hardware,
+cadence), which come from the request; a request that differs in a FOREIGN key (other data, other weights,
+another subset of labels) or in the model is another run, refused in that directory.  The layout of a run
+directory is vitkit.runs'.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Collection
+from pathlib import Path
+from typing import Any
+
+# Keys of config.json a re-run may change without forking the run: budget, display, hardware, cadence.
+VOLATILE = frozenset(
+    {
+        "run.max_minutes",
+        "run.progress",
+        "run.out",
+        "run.device",
+        "run.threads",
+        "run.tensorboard",
+        "run.log_every",
+        "run.checkpoint_every",
+        "run.checkpoint_minutes",
+        "data.workers",
+    }
+)
+# Keys that make a request another run (other weights to start from, other images to train on): refused in
+# a directory that holds a run, as another model (model.*) is.
+FOREIGN = frozenset({"data.uri", "run.init_from", "data.labels_per_class", "data.train_fraction"})
+
+
+def reconcile(
+    stored: dict[str, Any], requested: dict[str, Any], length_bounds_budget: Collection[str], path: Path
+) -> tuple[dict[str, Any], list[str]]:
+    """The config the run in `path` continues with, and the keys where the request differed.  A request without
+    a budget keeps the stored one where it decided the run's length: no length of its own, or a recipe of
+    `length_bounds_budget` (whose epochs only cap a budgeted run)."""
+    merged = json.loads(json.dumps(stored))
+    for key in VOLATILE:
+        group, name = key.split(".")
+        if group in requested and name in requested[group]:
+            merged.setdefault(group, {})[name] = requested[group][name]
+    bounded = _budget_is_length(stored) or stored.get("recipe") in length_bounds_budget
+    if bounded and not merged["run"].get("max_minutes"):  # its budget is (or caps) its length
+        merged["run"]["max_minutes"] = stored["run"]["max_minutes"]
+    changed = sorted(_diff(merged, _spelt_as_stored(json.loads(json.dumps(requested)), merged)))
+    foreign = [key for key in changed if key in FOREIGN or key.startswith("model.")]
+    if foreign:
+        raise ValueError(
+            f"{path} holds a run with another {', '.join(foreign[:4])}; choose another --out for a new "
+            "run (or re-run the command that made it to resume it)"
+        )
+    return merged, changed
+
+
+def _budget_is_length(config: dict[str, Any]) -> bool:
+    """A run whose length is its fitted time budget: no epochs, no steps, a positive run.max_minutes."""
+    data, run = config.get("data", {}), config.get("run", {})
+    return not data.get("epochs") and not data.get("steps") and (run.get("max_minutes") or 0) > 0
+
+
+def _spelt_as_stored(requested: dict[str, Any], stored: dict[str, Any]) -> dict[str, Any]:
+    """`requested` with its data source and starting checkpoint spelt as the stored run's where both name the
+    same file (a relative path against an absolute one, or through a link): that is not another run."""
+    for group, name in (("data", "uri"), ("run", "init_from")):
+        new, old = requested.get(group, {}).get(name), stored.get(group, {}).get(name)
+        if isinstance(new, str) and isinstance(old, str) and new != old and _place(new) == _place(old):
+            requested[group][name] = old
+    return requested
+
+
+def _place(spec: str) -> tuple[str, str]:
+    """A source URI or checkpoint path as (kind, real path): "folder:photos" and "folder:/home/me/photos" agree."""
+    kind, sep, path = spec.partition(":")
+    if not sep or len(kind) < 2:  # a plain path (or a Windows drive letter)
+        kind, path = "", spec
+    return kind, os.path.realpath(path) if path else ""
+
+
+def _diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    keys = set(old) | set(new)
+    out = []
+    for key in keys:
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _diff(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append(f"{prefix}{key}")
+    return out
