@@ -164,7 +164,7 @@ def test_python_m_vitkit_under_torchruns_variables_exits_with_the_commands_statu
         (["fewshot", "RUN", "--data", "digits", "--max-test", "0"], "--max-test: expected an integer from 1"),
         (["inspect", "RUN", "--num-images", "0"], "--num-images: expected an integer from 1"),
         (["train", "--batch-size", "0"], "--batch-size: expected an integer from 1"),  # named micro_batch_size
-        (["train", "--seed", "99999999999999999999"], "--seed: expected an integer from 0 to"),
+        (["train", "--seed", "9223372036854775807"], "--seed: expected an integer from 0 to 4,294,967,295"),
         (["shard", "digits", "--out", "o", "--samples-per-shard", "9", "--workers", "-1"], "--workers: expected"),
     ],
 )
@@ -180,7 +180,8 @@ def test_integer_flags_are_bounded_where_they_are_parsed(argv: list[str], messag
     "error, message",
     [
         (RuntimeError("DefaultCPUAllocator: not enough memory: you tried to allocate 2500000000000 bytes."), "memory"),
-        (OSError(28, "No space left on device"), "no space left on the disk"),
+        (OSError(28, "No space left on device"), "no space left on the device"),
+        (RuntimeError("unable to write to file </torch_81_2>: No space left on device (28)"), "data.workers=0"),
         (MemoryError(), "memory"),
     ],
 )

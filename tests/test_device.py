@@ -115,5 +115,5 @@ def test_a_process_beyond_the_machines_gpus_is_told_what_to_do(monkeypatch, requ
     assert policy.pick_device(requested, local_rank=0) == torch.device("cuda", 0)
     with pytest.raises(ValueError, match=r"GPU 1 .* 1 CUDA device.*--nproc_per_node 1.*run\.device=cpu"):
         policy.pick_device(requested, local_rank=1)
-    with pytest.raises(ValueError, match=r"GPU 3 .* 1 CUDA device"):
-        policy.pick_device("cuda:3")
+    with pytest.raises(ValueError, match=r"'cuda:3': the machine has 1 CUDA device\(s\), cuda:0 to cuda:0$"):
+        policy.pick_device("cuda:3")  # named by number (as serve --device takes it): no torchrun advice

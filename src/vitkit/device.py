@@ -46,6 +46,10 @@ def pick_device(requested: str = "auto", local_rank: int = 0) -> torch.device:
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", local_rank)
     if device.type == "cuda" and device.index >= (count := torch.cuda.device_count()):
+        if requested not in ("auto", "cuda"):  # a GPU named by its number
+            raise ValueError(
+                f"device {requested!r}: the machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}"
+            )
         raise ValueError(
             f"this process (local rank {local_rank}) asks for GPU {device.index} but the machine has {count} CUDA "
             f"device(s): start at most one process per GPU (torchrun --nproc_per_node {count}), or train on the "

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pickle
 import re
 import shutil
 from collections.abc import Callable, Collection, Iterator
@@ -50,7 +51,6 @@ class RunDir:
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         self.checkpoints = self.path / CHECKPOINTS
-        self._unreadable: set[str] = set()  # step checkpoints a resume could not read: written again, not kept
 
     def create(self) -> None:
         """The directory, made where it is free or holds a vitkit run; never over a file, or where its config.json
@@ -58,11 +58,7 @@ class RunDir:
         if self.path.exists() and not self.path.is_dir():
             raise ValueError(f"{self.path} is a file; choose another --out for the run (a directory)")
         stored = self.stored_config()  # a JSON object, or None without config.json
-        if (
-            stored is None
-            and self.path.is_dir()
-            and any(p.name not in (SWEEP, SWEEP_RECORD) for p in self.path.iterdir())
-        ):
+        if stored is None and self.path.is_dir() and not self.checkpoints.is_dir() and _others(self.path):
             raise ValueError(
                 f"{self.path} holds files and is not a vitkit run (no {CONFIG}); choose a new or empty directory "
                 "for --out"
@@ -155,9 +151,22 @@ class RunDir:
         ]
         return [first, *sorted(older, key=_step_number, reverse=True)]
 
-    def unreadable(self, path: Path) -> None:
-        """A step checkpoint a resume could not read: the next save of its step writes it again."""
-        self._unreadable.add(path.name)
+    def resumed_from(self, path: Path) -> None:
+        """Point LATEST at `path`, the step a resume fell back to past unreadable newer ones (which the run
+        writes again when it reaches their steps)."""
+        atomic_write_text(self.checkpoints / LATEST, path.name + "\n")
+
+    @staticmethod
+    def _reads(path: Path) -> bool:
+        """Whether a complete step checkpoint's files read: weights matching their SHA-256, a train state that
+        loads."""
+        try:
+            meta = json.loads((path / CONFIG).read_text())
+            native.check_hash(meta.get("weights_sha256"), path / CONFIG, path / native.WEIGHTS)
+            RunDir.read_state(path)
+        except (ValueError, RuntimeError, OSError, EOFError, AttributeError, pickle.UnpicklingError):
+            return False
+        return True
 
     @staticmethod
     def _complete(path: Path, with_state: bool) -> bool:
@@ -169,7 +178,7 @@ class RunDir:
         self.checkpoints.mkdir(parents=True, exist_ok=True)
         name = f"step_{step:07d}"
         final, tmp = self.checkpoints / name, self.checkpoints / f".{name}.tmp"
-        if name not in self._unreadable and self._complete(final, with_state=True):  # the step resumed at: kept
+        if self._complete(final, with_state=True) and self._reads(final):  # the step resumed at: kept
             atomic_write_text(self.checkpoints / LATEST, name + "\n")  # (removing it first left a window)
             return final
         for torn in self.checkpoints.glob(".step_*.tmp"):  # left by a save that crashed before its rename
@@ -257,6 +266,14 @@ class RunDir:
     # ------------------------------------------------------------------------------- metrics
     def metrics(self, *, enabled: bool, tensorboard: bool) -> MetricsLog:
         return MetricsLog(self.path, enabled=enabled, tensorboard=tensorboard)
+
+
+def _others(directory: Path) -> bool:
+    """Whether `directory` holds what is not a run's before its config: anything but hidden files (.DS_Store,
+    .git), lost+found and an LR sweep's trials and record."""
+    return any(
+        p.name not in (SWEEP, SWEEP_RECORD, "lost+found") and not p.name.startswith(".") for p in directory.iterdir()
+    )
 
 
 def _mtime(path: Path) -> float:

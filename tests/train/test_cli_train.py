@@ -352,7 +352,11 @@ def test_under_torchrun_other_ranks_do_not_repeat_the_datas_warnings(monkeypatch
         ("data.epochs=1e300", "epochs <= 1e+06"),  # planned 4.5e299 steps
         ("eval.batch_size=0", "batch_size >= 1"),  # failed after the whole run, in the final evaluation
         ("run.threads=-2", "run.threads >= 0"),
-        ("run.seed=99999999999999999999", "seed < 2**63"),  # "Overflow when unpacking long long"
+        ("run.seed=99999999999999999999", "seed < 2**32"),
+        (
+            "run.seed=9223372036854775807",
+            "seed < 2**32",
+        ),  # "Overflow when unpacking long long" once multiplied  # "Overflow when unpacking long long"
         ("optim.betas=0.9,1.5", "betas and momentum must be in [0, 1)"),
     ],
 )
@@ -374,3 +378,15 @@ def test_a_flag_and_a_set_of_the_same_field_are_refused(flags: list[str], tmp_pa
     flags = [str(tmp_path / "r") if flag == "R" else flag for flag in flags]
     assert main(["train", *flags]) == 2
     assert "were both given, and one would be dropped; give one of them" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "verb, flags",
+    [
+        ("pretrain-mpp", ["--lr", "1e-3", "--set", "optim.lr=5e-4"]),  # trained at 5e-4 without a word
+        ("train", ["--image-column", "img", "--set", "data.image_column=thumb"]),
+    ],
+)
+def test_the_flags_applied_outside_resolve_are_checked_against_set_too(verb, flags, tmp_path, capsys) -> None:
+    assert main([verb, "--out", str(tmp_path / "r"), *flags]) == 2
+    assert "were both given, and one would be dropped" in capsys.readouterr().err

@@ -306,3 +306,38 @@ def test_an_out_that_holds_other_files_is_refused_before_anything_is_written(tmp
         "metrics.jsonl",
         "plots",
     ]
+
+
+def test_a_damaged_step_is_written_again_by_a_later_process_too(tmp_path: Path) -> None:
+    """The mark that a step was unreadable lived in one process: a run restarted over damaged steps (all of
+    them, LATEST removed as the error says) kept them, SHA mismatch and all, and LATEST named one."""
+    from vitkit.runs import LATEST, RunDir
+
+    run = tmp_path / "run"
+    config = tiny_config(run, "data.steps=4", "run.checkpoint_every=2")
+    trainer.train(config)
+    expected = load_file(str(run / "checkpoints" / "final" / "model.safetensors"))
+    for step in run.glob("checkpoints/step_*"):
+        weights = step / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[:-8] + b"\0" * 8)
+    (run / "checkpoints" / LATEST).unlink()
+    trainer.train(config)
+    again = load_file(str(run / "checkpoints" / "final" / "model.safetensors"))
+    assert all(torch.equal(expected[k], again[k]) for k in expected)
+    assert all(RunDir._reads(step) for step in run.glob("checkpoints/step_*"))
+
+
+def test_an_out_with_only_hidden_files_or_a_runs_checkpoints_is_taken(tmp_path: Path) -> None:
+    """.DS_Store, a .git folder or lost+found made a fresh --out "hold files"; a run whose config.json was
+    removed (as the damaged-config error says to) was refused though its checkpoints resume."""
+    from vitkit.runs import RunDir
+
+    fresh = tmp_path / "fresh"
+    (fresh / ".git").mkdir(parents=True)
+    (fresh / ".DS_Store").write_bytes(b"")
+    (fresh / "lost+found").mkdir()
+    RunDir(fresh).create()
+    run = tmp_path / "run"
+    trainer.train(tiny_config(run, "data.steps=2"))
+    (run / "config.json").unlink()
+    RunDir(run).create()

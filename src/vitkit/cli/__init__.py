@@ -105,7 +105,15 @@ def _out_of_resources(err: Exception) -> str | None:
     A full disk is named as the error's own text says it (safetensors raises its own class)."""
     text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
     if (isinstance(err, OSError) and err.errno in NO_SPACE) or "No space left on device" in str(err):
-        return f"no space left on the disk ({text}); free some, or write elsewhere (--out)"
+        if any(word in str(err) for word in ("/dev/shm", "shared memory", "/torch_")):
+            return (
+                f"shared memory (/dev/shm) is full ({text}): DataLoader workers pass batches through it; use "
+                "--set data.workers=0, or give the container more (docker run --shm-size)"
+            )
+        return (
+            f"no space left on the device ({text}); free some, or write elsewhere (--out). Where it is /dev/shm "
+            "(DataLoader workers' shared memory), --set data.workers=0"
+        )
     if (
         isinstance(err, MemoryError)
         or type(err).__name__ == "OutOfMemoryError"

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from vitkit.models.configs import MAX_IMG
+from vitkit.train.config import MAX_SEED
 
 
 def finite_float(text: str) -> float:
@@ -106,7 +107,7 @@ def add_train_flags(
         help="time budget of the whole run: every schedule is fitted to it and the run ends annealed "
         "(--set run.budget_schedule=cut stops this invocation instead; 0: no budget)",
     )
-    parser.add_argument("--seed", type=bounded_int(0, 2**63 - 1), default=None)
+    parser.add_argument("--seed", type=bounded_int(0, MAX_SEED), default=None)
     parser.add_argument(
         "--labels-per-class",
         type=int,

@@ -64,6 +64,13 @@ def _config(args: argparse.Namespace) -> Any:
     from vitkit.train.resolve import Request, resolve
 
     mpp = args.objective == "mpp"
+    keys = {item.partition("=")[0].strip() for item in args.overrides}
+    flagged = {f"data.{key}": f"--{key.replace('_', '-')}" for key in columns_of(args)}
+    if mpp and args.lr is not None:  # pretrain-mpp applies --lr itself, after resolve's own check of the flags
+        flagged["optim.lr"] = "--lr"
+    both = sorted(keys & flagged.keys())
+    if both:
+        raise ValueError(f"{flagged[both[0]]} and --set {both[0]} were both given, and one would be dropped; give one")
     overrides = (*(f"data.{key}={value}" for key, value in columns_of(args).items()), *args.overrides)
     own = tuple(item for item in overrides if mpp and item.partition("=")[0].strip().startswith("mpp."))
     request = Request(

@@ -15,8 +15,8 @@ MAX_FILES_IN_MEMORY = 100_000  # above this many images a set is never decoded u
 UNLABELLED = "unlabelled"  # the one class of a source read without labels (masked patch prediction)
 NO_LABELS_HINT = "vitkit pretrain-mpp reads images without labels"  # the end of a labelled reading's refusal
 VAL_HINT = (
-    "a run holds one out of its training split (data.val_fraction > 0), which `vitkit eval RUN` reads; "
-    "else evaluate --split test"
+    "a training run holds one out of its training split with data.val_fraction > 0 and evaluates on it as it "
+    "trains; to score a model, use the test split (--split test)"
 )
 
 

@@ -67,10 +67,13 @@ class Checkpointer:
         optimiser, step, rank 0's RNG, then `load_extra` with the whole payload for the data position, the
         objective and the other processes' random streams).  A step whose files cannot be read (weights that
         fail their SHA-256, a cut-short train state) is passed over for the one before, with a warning."""
-        found = self._readable(self.run.resume_candidates())
+        candidates = self.run.resume_candidates()
+        found = self._readable(candidates)
         if found is None:
             return None
         path, payload, weights = found
+        if path != candidates[0] and self.main:  # fell back: LATEST names an unreadable step
+            self.run.resumed_from(path)
         if self.sharded:
             _load_sharded(state, weights, payload)
         else:
@@ -91,7 +94,6 @@ class Checkpointer:
                         f"no step checkpoint of {self.run.path} can be read; the last tried, {path.name}: {error}. "
                         f"Remove {self.run.checkpoints / LATEST} to start the run over"
                     ) from error
-                self.run.unreadable(path)
                 log.warning(
                     "%s cannot be read (%s); resuming from %s, the step before", path, error, candidates[index + 1].name
                 )

@@ -28,7 +28,7 @@ Precision = Literal["auto", "fp32", "bf16"]
 Parallel = Literal["ddp", "fsdp"]
 Compile = Literal["auto", "on", "off"]
 MAX_EPOCHS = 1e6  # beyond any run; 1e300 planned a 300-digit step count
-MAX_SEED = 2**63 - 1  # torch.manual_seed takes a signed 64-bit integer
+MAX_SEED = 2**32 - 1  # seeds are multiplied (by up to 1,000,003) into torch's signed 64 bits
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -197,7 +197,7 @@ class RunConfig:
         if not self.checkpoint_minutes >= 0:  # NaN too
             raise ValueError(f"run.checkpoint_minutes must be >= 0 (0: off), got {self.checkpoint_minutes:g}")
         if self.threads < 0 or not 0 <= self.seed <= MAX_SEED:
-            raise ValueError(f"need run.threads >= 0 and 0 <= seed < 2**63; got {self.threads} / {self.seed}")
+            raise ValueError(f"need run.threads >= 0 and 0 <= seed < 2**32; got {self.threads} / {self.seed}")
         if self.max_minutes < 0:
             raise ValueError(f"--max-minutes (run.max_minutes) must be >= 0 (0: no budget), got {self.max_minutes:g}")
 
