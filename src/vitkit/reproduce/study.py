@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -25,8 +26,9 @@ from vitkit.bench.throughput import num_threads
 from vitkit.data.sources import describe
 from vitkit.reproduce.arms import FEWSHOT_DRAWS, FEWSHOT_SHOTS, Probes, run_train_arm
 from vitkit.reproduce.report import unit_text, write_report
-from vitkit.reproduce.scale import Scale, base_config, calibrated, scale_for
-from vitkit.reproduce.spec import Context, Study, StudyRequest
+from vitkit.reproduce.scale import TINY_UNIT_MINUTES, TRAIN_SHARE, Scale, base_config, calibrated, scale_for
+from vitkit.reproduce.spec import Analysis, Context, Study, StudyRequest
+from vitkit.reproduce.verdict import INCONCLUSIVE, Verdict
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +109,23 @@ def run_study(study: Study, request: StudyRequest) -> dict[str, Any]:
             records.append(record)
             log.info("arm %d/%d %s: %s", index, len(arms), arm.key, headline(record))
     analysis = study.analyse(context, records)
+    if tiny and study.name != "speed":  # the speed study measures throughput, which tiny arms show as well
+        analysis = mechanics_only(analysis, TINY_UNIT_MINUTES * study.units * request.seeds / TRAIN_SHARE)
     return write_report(study, context, records, analysis, minutes=(time.monotonic() - began) / 60)
+
+
+def mechanics_only(analysis: Analysis, minimum_minutes: float) -> Analysis:
+    """Every verdict of a tiny-scale study made inconclusive: its arms train a fixed 10 steps each (a test of the
+    mechanics) and sit near chance, so an effect between them says nothing of the paper's claim."""
+    why = (
+        "tiny scale: every arm trained a fixed 10 steps, a test of the mechanics, not of the claim; give "
+        f"--budget-minutes {math.ceil(minimum_minutes)} or more (per seed count as now) for a verdict"
+    )
+    claims = [
+        dataclasses.replace(claim, verdict=Verdict(INCONCLUSIVE, f"{why}. Measured: {claim.verdict.reason}"))
+        for claim in analysis.claims
+    ]
+    return dataclasses.replace(analysis, claims=claims)
 
 
 def headline(record: dict[str, Any]) -> str:
