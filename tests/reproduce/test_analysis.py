@@ -156,3 +156,20 @@ def test_attention_claims(tmp_path: Path) -> None:
     assert "uniform attention would pass it" in reason
     assert verdict["attention.local-heads-low"] == NOT_REPRODUCED
     assert any("not specialised" in note and "0.88" in note for note in analysis.notes)
+
+
+def test_the_attention_figure_shows_every_head(monkeypatch, tmp_path) -> None:
+    """The axis stopped at 1.25 x uniform, so the most global first-layer head (the one the claim rests on)
+    was off the plot."""
+    from types import SimpleNamespace
+
+    from vitkit.reproduce import attention
+
+    drawn = {}
+    monkeypatch.setattr(attention, "draw", lambda path, panels: drawn.update(panels=panels))
+    records = [
+        {"arm": kind, "seed": 0, "attention": {"uniform": 3.4, "per_layer_head": [[4.47, 1.0], [2.0, 3.0]]}}
+        for kind in ("vit", "hybrid")
+    ]
+    attention.figure(SimpleNamespace(out=tmp_path), records)
+    assert all(panel.ylim[1] >= 4.47 for panel in drawn["panels"])

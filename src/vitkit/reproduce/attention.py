@@ -163,6 +163,7 @@ def figure(context: Context, records: list) -> None:
             xs = [i + 1 for i, layer in enumerate(per) for _ in layer]
             series.append(Series(f"seed {r['seed']}", xs, [d for layer in per for d in layer]))
         uniform = next(r for r in records if r["arm"] == kind)["attention"]["uniform"]
+        top = max([uniform, *(y for one in series for y in one.ys)])  # no head above the axis (it cut the most global)
         panels.append(
             Panel(
                 f"{title}: one dot per head",
@@ -170,7 +171,7 @@ def figure(context: Context, records: list) -> None:
                 "mean attention distance (pixels)",
                 series,
                 kind="scatter",
-                ylim=(0, 1.25 * uniform),
+                ylim=(0, 1.1 * top),
                 hline=(uniform, "uniform attention"),
             )
         )
