@@ -106,3 +106,14 @@ def test_the_rollout_centre_share_is_read_against_uniform_relevance_on_its_own_g
     peaked = torch.zeros(1, side, side)
     peaked[0, side // 2, side // 2] = 1.0
     assert _centre_mass(peaked)[0] == 1.0
+
+
+def test_the_summary_line_counts_the_figures_it_wrote(tmp_path: Path, capsys) -> None:
+    """A BiT ResNet, for which every figure is skipped, printed "wrote figures to OUT" and exited 0."""
+    resnet = vitkit.save(vitkit.create_model("bit_r50x1", img_size=32, num_classes=3), tmp_path / "resnet")
+    assert main(["inspect", str(resnet), "--data", "digits", "--num-images", "2", "--out", str(tmp_path / "r")]) == 0
+    assert "wrote inspect.json alone (no figure applies: notes)" in capsys.readouterr().out
+    vit = vitkit.save(vitkit.create_model("vit_ti16", **{**TINY, "in_chans": 1}), tmp_path / "vit")
+    assert main(["inspect", str(vit), "--data", "digits", "--num-images", "2", "--out", str(tmp_path / "v")]) == 0
+    written = sorted(p.name for p in (tmp_path / "v").glob("*.png"))
+    assert f"wrote {len(written)} figure(s) and inspect.json" in capsys.readouterr().out and len(written) >= 3

@@ -284,8 +284,10 @@ def summary(report: dict[str, Any]) -> dict[str, Any]:
     short: dict[str, Any] = {
         key: report[key] for key in ("checkpoint", "out", "img_size", "num_images", "notes") if key in report
     }
+    figures = [v["figure"] for v in report.values() if isinstance(v, dict) and "figure" in v]
+    shown = f"{len(figures)} figure(s) and inspect.json" if figures else "inspect.json alone (no figure applies: notes)"
     lines = [
-        f"wrote figures to {report.get('out')} ({report.get('num_images', 0)} images at {report.get('img_size')} px)"
+        f"wrote {shown} to {report.get('out')} ({report.get('num_images', 0)} images at {report.get('img_size')} px)"
     ]
     filters = report.get("filters") or {}
     if filters:
