@@ -58,19 +58,38 @@ def add_pretrain_mpp(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=run_train, init_from=None, lr_sweep=False, objective="mpp")
 
 
+# Each first-class flag and the --set key of the same field, which would silently override it (--set is applied
+# after the flags); data.steps is another field than --epochs: steps count where both are set.
+FLAG_KEYS = {
+    "epochs": "data.epochs",
+    "batch_size": "data.batch_size",
+    "lr": "optim.lr",
+    "img_size": "model.img_size",
+    "max_minutes": "run.max_minutes",
+    "seed": "run.seed",
+    "out": "run.out",
+    "labels_per_class": "data.labels_per_class",
+    "image_column": "data.image_column",
+    "label_column": "data.label_column",
+}
+
+
+def refuse_twice_given(args: argparse.Namespace) -> None:
+    """A flag and a --set of the same field: one of the two would be dropped without a word."""
+    keys = {item.partition("=")[0].strip() for item in args.overrides}
+    for dest, key in FLAG_KEYS.items():
+        if getattr(args, dest, None) not in (None, "") and key in keys:
+            flag = "--" + dest.replace("_", "-")
+            raise ValueError(f"{flag} and --set {key} were both given, and one would be dropped; give one of them")
+
+
 def _config(args: argparse.Namespace) -> Any:
     """The resolved TrainConfig of the flags (the recipe chosen for the data, flags and --set applied)."""
     from vitkit.train.config import apply_overrides
     from vitkit.train.resolve import Request, resolve
 
     mpp = args.objective == "mpp"
-    keys = {item.partition("=")[0].strip() for item in args.overrides}
-    flagged = {f"data.{key}": f"--{key.replace('_', '-')}" for key in columns_of(args)}
-    if mpp and args.lr is not None:  # pretrain-mpp applies --lr itself, after resolve's own check of the flags
-        flagged["optim.lr"] = "--lr"
-    both = sorted(keys & flagged.keys())
-    if both:
-        raise ValueError(f"{flagged[both[0]]} and --set {both[0]} were both given, and one would be dropped; give one")
+    refuse_twice_given(args)
     overrides = (*(f"data.{key}={value}" for key, value in columns_of(args).items()), *args.overrides)
     own = tuple(item for item in overrides if mpp and item.partition("=")[0].strip().startswith("mpp."))
     request = Request(

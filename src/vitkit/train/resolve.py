@@ -225,30 +225,7 @@ def _budget_length(config: TrainConfig, request: Request) -> TrainConfig:
     return dataclasses.replace(config, data=dataclasses.replace(config.data, epochs=epochs, steps=0))
 
 
-# A first-class flag and the --set keys that would silently override it (--set is applied after the flags).
-FLAG_KEYS = {
-    "epochs": ("--epochs", ("data.epochs",)),  # data.steps is another field: steps count where both are set
-    "batch_size": ("--batch-size", ("data.batch_size",)),
-    "lr": ("--lr", ("optim.lr",)),
-    "img_size": ("--img-size", ("model.img_size",)),
-    "max_minutes": ("--max-minutes", ("run.max_minutes",)),
-    "seed": ("--seed", ("run.seed",)),
-    "out": ("--out", ("run.out",)),
-    "labels_per_class": ("--labels-per-class", ("data.labels_per_class",)),
-}
-
-
-def _refuse_twice_given(request: Request) -> None:
-    """A flag and a --set of the same field: one of the two would be dropped without a word."""
-    keys = {item.partition("=")[0].strip() for item in request.overrides}
-    for attribute, (flag, fields) in FLAG_KEYS.items():
-        both = [key for key in fields if key in keys]
-        if getattr(request, attribute) is not None and both:
-            raise ValueError(f"{flag} and --set {both[0]} were both given, and one would be dropped; give one of them")
-
-
 def _apply_flags(config: TrainConfig, request: Request) -> TrainConfig:
-    _refuse_twice_given(request)
     data, optim, run = config.data, config.optim, config.run
     if request.epochs is not None:
         data = dataclasses.replace(data, epochs=request.epochs, steps=0)
