@@ -94,28 +94,7 @@ def add_train_flags(
         help="recipe name (paper-pretrain, paper-finetune, small-8px, ...; "
         "each has a -tiny variant); default: chosen from the data set's size and resolution",
     )
-    parser.add_argument("--epochs", type=finite_float, default=None, help="passes over the training split")
-    parser.add_argument(
-        "--batch-size", type=bounded_int(1), default=None, help="effective global batch (accumulated as needed)"
-    )
-    parser.add_argument("--lr", type=finite_float, default=None, help=lr_help)
-    parser.add_argument("--img-size", type=bounded_int(1, MAX_IMG), default=None, help="training resolution in pixels")
-    parser.add_argument(
-        "--max-minutes",
-        type=finite_float,
-        default=None,
-        help="time budget of the whole run: every schedule is fitted to it and the run ends annealed "
-        "(--set run.budget_schedule=cut stops this invocation instead; 0: no budget)",
-    )
-    parser.add_argument("--seed", type=bounded_int(0, MAX_SEED), default=None)
-    parser.add_argument(
-        "--labels-per-class",
-        type=int,
-        default=None,
-        metavar="N",
-        help="train on a fixed N images of every class (nested: the 10 inside the 100; a learning-rate "
-        "sweep's hold-out comes out of them); default: every training image",
-    )
+    _add_length_flags(parser, lr_help)
     parser.add_argument(
         "--out",
         default=None,
@@ -139,6 +118,32 @@ def add_train_flags(
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object (no progress bar)")
     parser.set_defaults(runs_root=runs_root)
+
+
+def _add_length_flags(parser: argparse.ArgumentParser, lr_help: str) -> None:
+    """The first-class flags of a run's schedule and size: epochs, batch, lr, resolution, budget, seed, labels."""
+    parser.add_argument("--epochs", type=finite_float, default=None, help="passes over the training split")
+    parser.add_argument(
+        "--batch-size", type=bounded_int(1), default=None, help="effective global batch (accumulated as needed)"
+    )
+    parser.add_argument("--lr", type=finite_float, default=None, help=lr_help)
+    parser.add_argument("--img-size", type=bounded_int(1, MAX_IMG), default=None, help="training resolution in pixels")
+    parser.add_argument(
+        "--max-minutes",
+        type=finite_float,
+        default=None,
+        help="time budget of the whole run: every schedule is fitted to it and the run ends annealed "
+        "(--set run.budget_schedule=cut stops this invocation instead; 0: no budget)",
+    )
+    parser.add_argument("--seed", type=bounded_int(0, MAX_SEED), default=None)
+    parser.add_argument(
+        "--labels-per-class",
+        type=int,
+        default=None,
+        metavar="N",
+        help="train on a fixed N images of every class (nested: the 10 inside the 100; a learning-rate "
+        "sweep's hold-out comes out of them); default: every training image",
+    )
 
 
 def emit(args: argparse.Namespace, report: Any, lines: Iterable[str] | None) -> int:
