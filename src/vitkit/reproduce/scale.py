@@ -70,13 +70,18 @@ class Scale:
     speeds: dict = field(default_factory=dict)  # model (family and size) -> calibrated training images/s
 
 
+def smallest_budget(units: float) -> float:
+    """The smallest budget (minutes) at which `units` units of arms train at the small scale, not the tiny one."""
+    return TINY_UNIT_MINUTES * units / TRAIN_SHARE
+
+
 def scale_for(budget_minutes: float, units: float) -> Scale:
     """The scale at which `units` units of arms fit `budget_minutes` (module docstring); not yet calibrated."""
     if budget_minutes <= 0 or units <= 0:
         raise ValueError(f"the budget must be > 0 minutes and the study must have arms (got {budget_minutes}, {units})")
-    unit = budget_minutes * TRAIN_SHARE / units
-    if unit < TINY_UNIT_MINUTES:
+    if budget_minutes < smallest_budget(units):
         return Scale("tiny", 0.0)
+    unit = budget_minutes * TRAIN_SHARE / units
     return Scale("small" if unit < BASE_UNIT_MINUTES else "base", unit)
 
 

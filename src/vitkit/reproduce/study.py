@@ -26,7 +26,7 @@ from vitkit.bench.throughput import num_threads
 from vitkit.data.sources import describe
 from vitkit.reproduce.arms import FEWSHOT_DRAWS, FEWSHOT_SHOTS, Probes, run_train_arm
 from vitkit.reproduce.report import unit_text, write_report
-from vitkit.reproduce.scale import TINY_UNIT_MINUTES, TRAIN_SHARE, Scale, base_config, calibrated, scale_for
+from vitkit.reproduce.scale import Scale, base_config, calibrated, scale_for, smallest_budget
 from vitkit.reproduce.spec import Analysis, Context, Study, StudyRequest
 from vitkit.reproduce.verdict import INCONCLUSIVE, Verdict
 
@@ -110,7 +110,7 @@ def run_study(study: Study, request: StudyRequest) -> dict[str, Any]:
             log.info("arm %d/%d %s: %s", index, len(arms), arm.key, headline(record))
     analysis = study.analyse(context, records)
     if tiny and study.name != "speed":  # the speed study measures throughput, which tiny arms show as well
-        analysis = mechanics_only(analysis, TINY_UNIT_MINUTES * study.units * request.seeds / TRAIN_SHARE)
+        analysis = mechanics_only(analysis, smallest_budget(study.units * request.seeds))
     return write_report(study, context, records, analysis, minutes=(time.monotonic() - began) / 60)
 
 
