@@ -41,6 +41,8 @@ _STEP = re.compile(r"step_\d+")  # a step checkpoint's name (save_step writes 7 
 
 CHECKPOINTS, LATEST, FINAL, EMA = "checkpoints", "LATEST", "final", "ema"
 CONFIG, STATE_FILE = "config.json", "train_state.pt"
+# What reading a damaged step checkpoint raises (a failed SHA-256, a cut-short or garbled train_state.pt)
+UNREADABLE = (ValueError, RuntimeError, OSError, EOFError, AttributeError, pickle.UnpicklingError)
 SWEEP, SWEEP_RECORD = "sweep", "sweep.json"  # an LR sweep's trials and record, written before the run's config
 KEEP = 2  # step checkpoints kept besides the newest
 
@@ -164,7 +166,7 @@ class RunDir:
             meta = json.loads((path / CONFIG).read_text())
             native.check_hash(meta.get("weights_sha256"), path / CONFIG, path / native.WEIGHTS)
             RunDir.read_state(path)
-        except (ValueError, RuntimeError, OSError, EOFError, AttributeError, pickle.UnpicklingError):
+        except UNREADABLE:
             return False
         return True
 

@@ -10,7 +10,6 @@ for the write.  The layout itself is `vitkit.runs.RunDir`'s.
 from __future__ import annotations
 
 import logging
-import pickle
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ import torch
 from vitkit.atomic import remove_torn
 from vitkit.checkpoints import native
 from vitkit.models import build_model
-from vitkit.runs import LATEST, RunDir
+from vitkit.runs import LATEST, UNREADABLE, RunDir
 from vitkit.train import distributed
 from vitkit.train.ema import averaged
 from vitkit.train.state import TrainState
@@ -88,7 +87,7 @@ class Checkpointer:
             try:
                 payload = RunDir.read_state(path)
                 return path, payload, native.load(path, map_location="cpu").model.state_dict()
-            except (ValueError, RuntimeError, OSError, EOFError, pickle.UnpicklingError) as error:
+            except UNREADABLE as error:
                 if index + 1 == len(candidates):
                     raise ValueError(
                         f"no step checkpoint of {self.run.path} can be read; the last tried, {path.name}: {error}. "
