@@ -49,3 +49,24 @@ def test_npz_images_of_another_rank_are_a_data_error(tmp_path: Path) -> None:
     np.savez(tmp_path / "flat.npz", images=np.zeros((20, 64), np.uint8), labels=np.arange(20) % 2)
     with pytest.raises(DataFormatError, match=r"images has shape \(20, 64\); expected images as \(N, H, W\)"):
         describe(f"npz:{tmp_path / 'flat.npz'}")
+
+
+@pytest.mark.parametrize("layout", ["images", "x_train"])
+def test_an_npz_label_past_any_class_count_is_a_data_error(tmp_path: Path, layout: str) -> None:
+    """One label of 1,999,999 among 0-2 planned a model of 2,000,000 classes, refused as a model error."""
+    from vitkit.data.sources import describe, load_split
+
+    labels = np.arange(20) % 3
+    labels[7] = 1_999_999
+    path = tmp_path / "big.npz"
+    images = np.zeros((20, 8, 8), np.uint8)
+    if layout == "images":
+        np.savez(path, images=images, labels=labels)
+    else:
+        np.savez(path, x_train=images, y_train=labels, x_test=images[:4], y_test=np.arange(4) % 3)
+    key = "labels" if layout == "images" else "y_train"
+    expected = rf"`{key}` holds label 1999999 \(at index 7\); class labels run 0\.\.999999"
+    with pytest.raises(DataFormatError, match=expected):
+        describe(f"npz:{path}")
+    with pytest.raises(DataFormatError, match=expected):
+        load_split(f"npz:{path}", "train")

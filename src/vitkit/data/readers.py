@@ -20,6 +20,7 @@ IDX_IMAGES_MAGIC = 2051  # 0x00000803: unsigned bytes, 3 dims (N, rows, cols)
 IDX_LABELS_MAGIC = 2049  # 0x00000801: unsigned bytes, 1 dim (N,)
 MAX_IDX_BYTES = 1 << 34  # data an IDX header may claim (MNIST's training images: 47 MB)
 CIFAR_PIXELS = 3 * 32 * 32  # one record's image: 1024 R, then 1024 G, then 1024 B bytes, row-major
+MAX_CLASSES = 1_000_000  # a label at or above this is corrupt, in any format (ImageNet-21k has 21,843 classes)
 
 
 class DataFormatError(ValueError):
@@ -196,6 +197,21 @@ def _check_npz_sizes(path: Path) -> None:
         raise DataFormatError(f"{path}: cannot read .npz ({error})") from error
 
 
+def check_labels(labels: np.ndarray, path: Path, key: str) -> None:
+    """A DataFormatError where an array of class labels holds one below 0 or at MAX_CLASSES or above (one stray
+    label would otherwise plan a model with that many classes)."""
+    if labels.ndim != 1 or labels.dtype.kind not in "iu":
+        raise DataFormatError(f"{path}: `{key}` must be integer labels, got {labels.dtype} {labels.shape}")
+    if labels.size and labels.min() < 0:
+        raise DataFormatError(f"{path}: `{key}` has negative labels")
+    if labels.size and labels.max() >= MAX_CLASSES:
+        index = int(labels.argmax())
+        raise DataFormatError(
+            f"{path}: `{key}` holds label {int(labels[index])} (at index {index}); class labels run "
+            f"0..{MAX_CLASSES - 1}"
+        )
+
+
 def read_npz(path: Path) -> dict[str, np.ndarray]:
     """The arrays of an `.npz` file, never unpickling; images are returned NCHW, labels int64."""
     _check_npz_sizes(path)
@@ -219,8 +235,7 @@ def read_npz(path: Path) -> dict[str, np.ndarray]:
             raise DataFormatError(
                 f"{path}: `{label_key}` must be {len(images)} integer labels, got {labels.dtype} {labels.shape}"
             )
-        if labels.size and labels.min() < 0:
-            raise DataFormatError(f"{path}: `{label_key}` has negative labels")
+        check_labels(labels, path, label_key)
         out[image_key], out[label_key] = images, labels.astype(np.int64)
     if "class_names" in arrays:
         out["class_names"] = arrays["class_names"]

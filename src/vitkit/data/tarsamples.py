@@ -12,13 +12,13 @@ from collections.abc import Iterator
 from typing import BinaryIO
 
 from vitkit.data.images import IMAGE_EXTENSIONS
+from vitkit.data.readers import MAX_CLASSES
 from vitkit.data.stream import Sample
 from vitkit.data.tarformat import Member, TarFormatError, TarTruncatedError, read_member, tar_members
 
 log = logging.getLogger("vitkit.data.tarshards")  # the shard reader's messages, wherever they are said
 
 _IMAGE_EXTS = frozenset(ext.lstrip(".") for ext in IMAGE_EXTENSIONS)
-MAX_CLASSES = 1_000_000  # a label at or above this is corrupt (ImageNet-21k has 21,843 classes)
 MAX_LABEL_BYTES = 1 << 16  # a label member larger than this is corrupt
 _DIGITS = re.compile(rb"\s*[0-9]+\s*")  # what a .cls label member holds
 MAX_IMAGE_BYTES = 1 << 29  # an image member larger than this (512 MiB) is corrupt, and not read
