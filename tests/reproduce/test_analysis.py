@@ -156,6 +156,11 @@ def test_attention_claims(tmp_path: Path) -> None:
     assert "uniform attention would pass it" in reason
     assert verdict["attention.local-heads-low"] == NOT_REPRODUCED
     assert any("not specialised" in note and "0.88" in note for note in analysis.notes)
+    # the hybrid nearer uniform still than such a ViT: no local attention to be less pronounced (it said so)
+    flatter = [{**r, "attention": attention([9.6, 9.8], [9.7, 9.9])} if r["arm"] == "hybrid" else r for r in flat]
+    analysis = study.analyse(context("attention", tmp_path), flatter)
+    claim = next(c for c in analysis.claims if c.key == "attention.hybrid-less-local")
+    assert claim.verdict.status == INCONCLUSIVE and "no first-layer head is local" in claim.verdict.reason
 
 
 def test_the_attention_figure_shows_every_head(monkeypatch, tmp_path) -> None:

@@ -82,7 +82,7 @@ def analyse(context: Context, records: list) -> Analysis:
             "Some heads attend to most of the image already in the first layer",
             paper.ATTENTION,
             METRIC,
-            _global_verdict(stats, verdict("global", 0.0, f"largest first-layer head - {GLOBAL}")),
+            _needs_local(stats, verdict("global", 0.0, f"largest first-layer head - {GLOBAL}"), GLOBAL_UNSAID),
             {"by seed": shown["global"], "global means at least": GLOBAL},
         ),
         Claim(
@@ -98,7 +98,7 @@ def analyse(context: Context, records: list) -> Analysis:
             "Local attention is less pronounced in the hybrid",
             paper.ATTENTION,
             METRIC,
-            verdict("hybrid", STEP, "hybrid's smallest first-layer head - ViT's"),
+            _needs_local(stats, verdict("hybrid", STEP, "hybrid's smallest first-layer head - ViT's"), HYBRID_UNSAID),
             {"by seed": shown["hybrid"]},
         ),
     ]
@@ -117,24 +117,29 @@ def analyse(context: Context, records: list) -> Analysis:
     )
 
 
-def _global_verdict(stats: dict[str, list[float]], measured: Verdict) -> Verdict:
-    """The global-heads verdict, inconclusive where no first-layer head is local: uniform attention passes it."""
+# Why a claim says nothing where no first-layer head of the ViT is local (`_needs_local`).
+GLOBAL_UNSAID = "uniform attention would pass it"
+HYBRID_UNSAID = "the ViT has no local attention for the hybrid's to be less pronounced than"
+
+
+def _needs_local(stats: dict[str, list[float]], measured: Verdict, unsaid: str) -> Verdict:
+    """A verdict that compares against the ViT's local heads, inconclusive where it has none (`unsaid`: why)."""
     if not _unspecialised(stats):
         return measured
-    return Verdict(
-        INCONCLUSIVE, f"{measured.reason}; but no first-layer head is local, so uniform attention would pass it"
-    )
+    return Verdict(INCONCLUSIVE, f"{measured.reason}; but no first-layer head is local, so {unsaid}")
 
 
 def _unspecialised(stats: dict[str, list[float]]) -> list[str]:
-    """A note where no first-layer head of the ViT is local: uniform attention alone passes the global test."""
+    """A note where no first-layer head of the ViT is local: uniform attention alone passes the global test, and
+    the hybrid has nothing to be less local than."""
     closest = min(LOCAL - gap for gap in stats["local"])  # the ViT's most local first-layer head, over seeds
     if closest <= LOCAL:
         return []
     return [
         f"no first-layer head of the ViT is local (the most local is at {closest:.2f} of uniform attention): "
         "its heads have not specialised in this budget, so the global-heads verdict says no more than "
-        "uniform attention would; a longer --budget-minutes trains them further"
+        "uniform attention would, and the hybrid's heads have no local ones to compare with; a longer "
+        "--budget-minutes trains them further"
     ]
 
 
