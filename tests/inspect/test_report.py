@@ -117,3 +117,13 @@ def test_the_summary_line_counts_the_figures_it_wrote(tmp_path: Path, capsys) ->
     assert main(["inspect", str(vit), "--data", "digits", "--num-images", "2", "--out", str(tmp_path / "v")]) == 0
     written = sorted(p.name for p in (tmp_path / "v").glob("*.png"))
     assert f"wrote {len(written)} figure(s) and inspect.json" in capsys.readouterr().out and len(written) >= 3
+
+
+def test_the_summary_gives_head_distances_to_a_tenth_of_a_pixel() -> None:
+    """Rounded to whole pixels, heads 0.6 and 1.4 px apart read "1-1" on a grid of 8-px steps."""
+    from vitkit.inspect.report import summary
+
+    distance = {"per_layer_mean": [1.0, 6.2], "uniform_reference": 9.0, "per_layer_min": [0.6, 5.25]}
+    distance["per_layer_max"] = [1.4, 7.0]
+    lines = summary({"out": "o", "attention_distance": distance})["lines"]
+    assert any(line.strip() == "min/max over heads per layer: 0.6-1.4, 5.2-7.0" for line in lines), lines

@@ -319,7 +319,7 @@ def summary(report: dict[str, Any]) -> dict[str, Any]:
         lines.append(
             "                min/max over heads per layer: "
             + ", ".join(
-                f"{a:.0f}-{b:.0f}" for a, b in zip(distance["per_layer_min"], distance["per_layer_max"], strict=True)
+                f"{a:.1f}-{b:.1f}" for a, b in zip(distance["per_layer_min"], distance["per_layer_max"], strict=True)
             )
         )
     rollout = report.get("attention_rollout") or {}
