@@ -236,6 +236,29 @@ def test_a_newest_checkpoint_with_damaged_files_is_resumed_from_the_step_before(
         trainer.train(config)
 
 
+def test_a_newest_checkpoint_this_user_may_not_read_stops_the_resume(tmp_path: Path, monkeypatch) -> None:
+    """A step whose files are intact but not readable by this user was passed over like a damaged one: the
+    run stepped back and trained again what it had, when the cure is a chmod."""
+    from vitkit.runs import RunDir
+
+    run = tmp_path / "run"
+    config = tiny_config(run, "data.steps=6", "run.checkpoint_every=2")
+    trainer.train(config)
+    newest = run / "checkpoints" / "step_0000006"
+    before = os.stat(newest / "model.safetensors").st_ino
+    read_state = RunDir.read_state
+
+    def denied(path: Path):
+        if path.name == newest.name:
+            raise PermissionError(13, "Permission denied", str(path / "train_state.pt"))
+        return read_state(path)
+
+    monkeypatch.setattr(RunDir, "read_state", staticmethod(denied))
+    with pytest.raises(ValueError, match=r"step_0000006.*Permission denied.*give this user read access"):
+        trainer.train(config)
+    assert os.stat(newest / "model.safetensors").st_ino == before  # not written again
+
+
 def test_a_finished_run_re_run_does_not_write_its_last_step_again(tmp_path: Path) -> None:
     """Re-saving a step removed the complete copy before the new one took its name: a kill between the two
     left LATEST naming nothing.  The same step, already complete, is not written again."""

@@ -65,7 +65,8 @@ class Checkpointer:
         """Resume order step (1): the newest checkpoint of the run directory that reads, if any (weights,
         optimiser, step, rank 0's RNG, then `load_extra` with the whole payload for the data position, the
         objective and the other processes' random streams).  A step whose files cannot be read (weights that
-        fail their SHA-256, a cut-short train state) is passed over for the one before, with a warning."""
+        fail their SHA-256, a cut-short train state) is passed over for the one before, with a warning; one this
+        user may not read stops the resume."""
         candidates = self.run.resume_candidates()
         found = self._readable(candidates)
         if found is None:
@@ -87,6 +88,11 @@ class Checkpointer:
             try:
                 payload = RunDir.read_state(path)
                 return path, payload, native.load(path, map_location="cpu").model.state_dict()
+            except PermissionError as error:  # intact, most likely: stepping back would train its steps again
+                raise ValueError(
+                    f"{path} cannot be read ({error}): give this user read access to it and resume; or remove "
+                    f"{self.run.checkpoints / LATEST} to start the run over"
+                ) from error
             except UNREADABLE as error:
                 if index + 1 == len(candidates):
                     raise ValueError(
