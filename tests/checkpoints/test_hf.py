@@ -110,6 +110,24 @@ def test_features_model_exports_as_vit_model_with_pooler(tmp_path, make_vit, ima
         assert (hf_model(pixel_values=images).pooler_output - model(images)).abs().max() <= 1e-5
 
 
+def test_an_encoder_without_pre_logits_says_how_hf_reads_it(tmp_path, make_vit, images, caplog):
+    """ViTModel builds a pooler by default; this encoder has none to give, so HF drew one at random and its
+    pooler_output was noise, said only in HF's own load report."""
+    import logging
+
+    model = make_vit(num_classes=0, gelu="exact")
+    with caplog.at_level(logging.WARNING, logger="vitkit"):
+        out = write(Checkpoint(model=model), tmp_path / "hf", to="hf")
+    assert "add_pooling_layer=False" in caplog.text and "last_hidden_state[:, 0]" in caplog.text
+    hf_model = transformers.ViTModel.from_pretrained(out, add_pooling_layer=False).eval()
+    with torch.no_grad():
+        assert (hf_model(pixel_values=images).last_hidden_state[:, 0] - model(images)).abs().max() <= 1e-5
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="vitkit"):
+        write(Checkpoint(model=make_vit(representation_size=16, num_classes=0)), tmp_path / "pooled", to="hf")
+    assert "add_pooling_layer" not in caplog.text  # its pre-logits layer is the pooler
+
+
 def test_pytorch_model_bin_is_read_weights_only(tmp_path, images):
     from safetensors.torch import load_file
 

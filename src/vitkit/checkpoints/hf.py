@@ -261,4 +261,12 @@ def write(checkpoint: Checkpoint, directory: str | os.PathLike) -> Path:
         "image_mean": list(checkpoint.mean), "image_std": list(checkpoint.std),
     }  # fmt: skip
     atomic_write_text(directory / PREPROCESSOR, json.dumps(pre, indent=2) + "\n")
+    config = checkpoint.model.config
+    if not config.num_classes and not config.representation_size:  # ViTModel would draw a pooler at random
+        log.warning(
+            "%s: this encoder has no pre-logits layer for ViTModel's pooler; load it with "
+            "ViTModel.from_pretrained(DIR, add_pooling_layer=False) and read last_hidden_state[:, 0], its "
+            "representation (a default load draws the pooler at random)",
+            directory,
+        )
     return directory
