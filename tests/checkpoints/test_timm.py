@@ -142,6 +142,26 @@ def test_timm_activation_names_are_read_or_refused(tmp_path, make_vit):
         read(out)
 
 
+def test_a_timm_architecture_whose_default_is_the_tanh_gelu_is_read_with_it(tmp_path, make_vit):
+    """timm builds the SigLIP 2-era GAP ViTs with the tanh GELU by default, so their hub config.json does not
+    name it; they were read with the exact GELU (about 2e-4 on the logits)."""
+    out = write(Checkpoint(model=make_vit(gelu="exact")), tmp_path / "t", to="timm")
+    meta = json.loads((out / "config.json").read_text())
+    del meta["model_args"]["act_layer"]
+    for architecture, gelu in (
+        ("vit_so400m_patch16_siglip_gap_384", "tanh"),
+        ("vit_base_patch32_siglip_gap_256.v2_webli", "tanh"),  # a pretrained tag after the name
+        ("vit_base_patch16_siglip_gap_224", "exact"),  # SigLIP 1: timm's default GELU
+        ("vit_base_patch16_224", "exact"),
+    ):
+        (out / "config.json").write_text(json.dumps({**meta, "architecture": architecture}))
+        assert read(out).config.gelu == gelu, architecture
+    named = {**meta, "architecture": "vit_so400m_patch16_siglip_gap_384"}
+    named["model_args"] = {**meta["model_args"], "act_layer": "gelu"}  # model_args override the default
+    (out / "config.json").write_text(json.dumps(named))
+    assert read(out).config.gelu == "exact"
+
+
 def test_layer_norm_eps_timm_cannot_carry_is_warned(tmp_path, make_vit, caplog):
     with caplog.at_level("WARNING", logger="vitkit"):
         write(Checkpoint(model=make_vit(gelu="exact", layer_norm_eps=1e-12)), tmp_path / "t", to="timm")

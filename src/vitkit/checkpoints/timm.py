@@ -1,8 +1,8 @@
 """timm `vit_*` state dicts (huggingface/pytorch-image-models, `timm/models/vision_transformer.py`).
 
 vitkit's attribute names were chosen close to timm's, so KEY_MAP is almost the identity; what differs
-is numerics (timm: exact erf GELU unless `model_args.act_layer` names the tanh one, LayerNorm eps 1e-6) and a
-few variants handled by named quirks.
+is numerics (timm: exact erf GELU unless `model_args.act_layer` or the architecture's timm default names the
+tanh one, LayerNorm eps 1e-6) and a few variants handled by named quirks.
 Files: `.safetensors`, or `.pth` / `.bin` / `.pt` read with `torch.load(weights_only=True)`, or a
 timm hub directory (`config.json` with "architecture" + `model.safetensors`), all read through
 tensorfile.py: the config is inferred from the header's shapes and checked before any data is read.  A `pre_logits.fc`
@@ -32,6 +32,15 @@ from vitkit.models.configs import MAX_WIDTH, VIT_SIZES, ViTConfig, check_int
 log = logging.getLogger(__name__)
 
 ACTIVATIONS = {"gelu": "exact", "gelu_tanh": "tanh"}  # timm's `act_layer` names -> vitkit's `gelu`
+# timm architectures built with the tanh GELU by default (timm 1.0's registry: the SigLIP 2-era GAP ViTs), whose
+# hub config.json therefore does not name it; every other ViT architecture defaults to the exact GELU.
+TANH_GELU_ARCHITECTURES = frozenset(
+    f"vit_{name}_siglip_gap_{size}"
+    for name, size in (
+        ("base_patch32", 256), ("large_patch16", 512), ("so400m_patch16", 256), ("so400m_patch16", 384),
+        ("so400m_patch16", 512), ("giantopt_patch16", 256), ("giantopt_patch16", 384),
+    )
+)  # fmt: skip
 TIMM_LAYER_NORM_EPS = 1e-6  # timm's ViT LayerNorm; `model_args` has no field for another eps
 
 BLOCK = "blocks.{i}."
@@ -168,7 +177,7 @@ def to_vitkit(path: str | os.PathLike, config: ViTConfig | None = None, max_byte
     args = mapping(meta.get("model_args"), f"{where}: model_args")
     with naming(where, {"num_heads": "model_args.num_heads"}):
         check_int("num_heads", args.get("num_heads"), 1, MAX_WIDTH, optional=True)
-    gelu = activation(args.get("act_layer"), where)
+    gelu = activation(args["act_layer"] if "act_layer" in args else default_activation(meta), where)
     pretrained = mapping(meta.get("pretrained_cfg"), f"{where}: pretrained_cfg")
 
     def convert(tensors: dict[str, Tensor], config: ViTConfig | None) -> tuple[ViTConfig, dict[str, Tensor]]:
@@ -219,6 +228,14 @@ def from_vitkit(checkpoint: Checkpoint) -> dict[str, Tensor]:
     table = keymap.restrict(keymap.expand(KEY_MAP, config.depth), config)
     state = {k: v.detach().cpu().contiguous() for k, v in checkpoint.model.state_dict().items()}
     return keymap.convert_back(state, table, config.num_heads)
+
+
+def default_activation(meta: Mapping[str, Any]) -> str | None:
+    """timm's `act_layer` for a hub config.json's architecture where model_args do not name one (None: GELU)."""
+    architecture = meta.get("architecture")
+    if isinstance(architecture, str) and architecture.split(".", 1)[0] in TANH_GELU_ARCHITECTURES:
+        return "gelu_tanh"
+    return None
 
 
 def activation(name: Any, where: str) -> str:
