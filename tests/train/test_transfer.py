@@ -222,3 +222,67 @@ def test_the_commands_start_up_is_charged_to_the_final_run_not_to_one_trial(
     monkeypatch.setattr(sweep, "train", fake_train)
     sweep.train_with_sweep(config, spent_s=3.0)
     assert charged == [(0.01, 0.0), (0.1, 0.0), (1.0, 0.0), (1.0, 3.0)]  # three equal trials, then the final run
+
+
+def test_a_sweep_whose_trials_mostly_start_up_stops_and_trains_the_recipes_rate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With --max-minutes 1 each of 4 trials had 7.5 s and spent 21-143 s starting up: each trained 2-3 steps,
+    all scored alike (the pick was a coin toss), and the command ran past 5 minutes."""
+    import logging
+
+    config = tiny_config(tmp_path / "s", "data.val_fraction=0.1", "optim.lr_sweep=0.01,0.1,1", "run.max_minutes=1")
+    config = dataclasses.replace(config, optim=dataclasses.replace(config.optim, lr=0.05))
+    ran: list[float] = []
+
+    def fake_train(trial, spent_s=0.0, **kwargs):
+        ran.append(trial.optim.lr)
+        measured = {"startup_seconds": 6.0}  # of the trial's 10 s
+        return {"status": "finished", "val": {"top1": 0.5, "loss": 1.0}, "plan": {"measured": measured}}
+
+    monkeypatch.setattr(sweep, "train", fake_train)
+    with caplog.at_level(logging.WARNING):
+        result = sweep.train_with_sweep(config)
+    assert ran == [0.01, 0.05] and result["best_lr"] == 0.05  # one trial, then the final run at the set rate
+    assert "spent 6 s of its 10-s budget starting up" in caplog.text and "--max-minutes 3 or more" in caplog.text
+    record = json.loads((tmp_path / "s" / "sweep.json").read_text())
+    assert record["best_lr"] == 0.05 and "starting up" in record["stopped"]
+
+
+def test_trials_that_run_past_their_share_are_charged_to_the_final_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The final run kept its half of the budget whatever the trials took, so the command ended late."""
+    config = tiny_config(tmp_path / "s", "data.val_fraction=0.1", "optim.lr_sweep=0.01,0.1,1", "run.max_minutes=1")
+    clock = [100.0]
+    charged: list[float] = []
+
+    def fake_train(trial, spent_s=0.0, **kwargs):
+        charged.append(spent_s)
+        clock[0] += 14.0  # each trial: 14 s of its 10
+        return {"status": "finished", "val": {"top1": trial.optim.lr, "loss": 1.0}}
+
+    monkeypatch.setattr(sweep, "now", lambda: clock[0])
+    monkeypatch.setattr(sweep, "train", fake_train)
+    sweep.train_with_sweep(config, spent_s=3.0)
+    assert charged == [0.0, 0.0, 0.0, pytest.approx(3.0 + 42.0 - 30.0)]  # the trials' 12 s past their 30
+
+
+def test_a_sweep_over_a_folder_with_its_own_val_split_scores_on_it(tmp_path: Path) -> None:
+    """photos/train, val and test: the guide says val/ is for model selection, yet the sweep scored a 10%
+    hold-out of train/ and never read val/."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for split, count in (("train", 12), ("val", 3), ("test", 4)):
+        for cls in ("a", "b"):
+            (tmp_path / "photos" / split / cls).mkdir(parents=True)
+            for i in range(count):
+                pixels = rng.integers(0, 255, (8, 8, 3), dtype=np.uint8)
+                Image.fromarray(pixels).save(tmp_path / "photos" / split / cls / f"{i}.png")
+    uri = f"folder:{tmp_path / 'photos'}"
+    config = resolve(Request(data=uri, recipe="small-8px-tiny", lr_sweep=True, out=str(tmp_path / "r"))).config
+    assert config.data.val_fraction == 0.0
+    sweep.check_hold_out(config)  # the source's own val split: nothing to hold out
+    splits = load_splits(trial_config(config, 0.01))
+    assert len(splits.train) == 24 and len(splits.test) == 6 and "val" in splits.test.origin

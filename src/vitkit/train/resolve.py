@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vitkit.checkpoints import read
-from vitkit.data.sources import SourceInfo, check_mirror_views, data_name, describe, parse_uri
+from vitkit.data.sources import SourceInfo, check_mirror_views, data_name, describe, parse_uri, separate_val
 from vitkit.data.transforms import AugmentConfig
 from vitkit.models import preset_config
 from vitkit.models.configs import (
@@ -200,7 +200,7 @@ def _sweep_hold_out(config: TrainConfig, info: SourceInfo) -> TrainConfig:
     """A learning-rate sweep's held-out share, where none is set: App. B.1.1's by the labelled images' count
     (with data.labels_per_class, the N x K images the hold-out is taken from)."""
     data = config.data
-    if not config.optim.lr_sweep or data.val_fraction > 0:
+    if not config.optim.lr_sweep or data.val_fraction > 0 or separate_val(data.uri):  # scored on its own val
         return config
     labelled = info.num_train
     if data.labels_per_class:

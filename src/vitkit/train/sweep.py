@@ -9,9 +9,16 @@ test.  Each trial is a run directory under `<out>/sweep/`, so an interrupted swe
 
 Within a time budget (`--max-minutes M`) the trials and the final run share it: the G trials take
 SWEEP_SHARE of M together (each M x SWEEP_SHARE / G, its schedule fitted to that), the final run the
-rest, so the whole sweep ends within M.  With the paper's four rates and M = 15 that is 1.9 minutes a
-trial and 7.5 for the final run.  Shorter trials than the final run favour larger rates a little; they
-are all the same length, so they compare the rates fairly with one another.
+rest, less whatever the trials took beyond their share, so the whole sweep ends within M.  With the
+paper's four rates and M = 15 that is 1.9 minutes a trial and 7.5 for the final run.  Shorter trials
+than the final run favour larger rates a little; they are all the same length, so they compare the rates
+fairly with one another.  A trial that spends STARVED_SHARE of its budget or more starting up (reading
+the data, loading the checkpoint, the warm-up) trains too few steps to tell the rates apart: the sweep
+stops there and the final run trains at the configured rate, with a warning that names a budget large
+enough.
+
+A source with a validation split of its own (a folder's val/ beside test/, val-* shards, an hf:
+validation split) scores the trials on it; any other on a class-stratified hold-out of train.
 """
 
 from __future__ import annotations
@@ -19,10 +26,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
+import time
 from pathlib import Path
 from typing import Any
 
 from vitkit.atomic import atomic_write_text
+from vitkit.data.sources import separate_val
 from vitkit.runs import SWEEP, SWEEP_RECORD, RunDir
 from vitkit.train.config import TrainConfig
 from vitkit.train.trainer import train
@@ -30,6 +40,8 @@ from vitkit.train.trainer import train
 log = logging.getLogger(__name__)
 
 SWEEP_SHARE = 0.5  # of a time budget spent on the trials together; the final run gets the rest
+STARVED_SHARE = 0.5  # a trial whose start-up takes this share of its budget stops the sweep
+now = time.monotonic  # the sweep's clock
 
 
 def budget_split(config: TrainConfig) -> tuple[float, float]:
@@ -70,6 +82,8 @@ def best_lr(grid: tuple[float, ...], scores: dict[str, float], losses: dict[str,
 
 def check_hold_out(config: TrainConfig) -> None:
     """Refuse a sweep whose held-out split would be empty, before any trial trains on it."""
+    if separate_val(config.data.uri) and config.data.val_fraction <= 0:
+        return  # the source's own validation split
     if config.data.val_fraction <= 0:
         raise ValueError("optim.lr_sweep needs data.val_fraction > 0 (the held-out split the trials are scored on)")
     if config.data.labels_per_class == 1:  # stratified_split keeps a class's only image on the training side
@@ -89,12 +103,30 @@ def train_with_sweep(config: TrainConfig, *, spent_s: float = 0.0, **train_kwarg
     RunDir(config.run.out).create()  # a directory of other files is refused before any trial
     scores: dict[str, float] = {}
     losses: dict[str, float] = {}
+    trial_minutes, final_minutes = budget_split(config)
+    began, stopped = now(), ""
     for lr in config.optim.lr_sweep:
         result = train(trial_config(config, lr), **train_kwargs)
         if result["status"] != "finished":  # the sweep's own directory resumes it: finished trials are skipped
             return {**result, "sweep": scores, "status": result["status"], "resume_out": str(config.run.out)}
         scores[f"{lr:g}"], losses[f"{lr:g}"] = result["val"]["top1"], result["val"]["loss"]
         log.info("sweep lr %g: val top-1 %.2f%%, loss %.4f", lr, 100 * scores[f"{lr:g}"], losses[f"{lr:g}"])
+        stopped = starved(result, trial_minutes, config)
+        if stopped:
+            log.warning("sweep: %s", stopped)
+            break
+    best = config.optim.lr if stopped else choose(config, scores, losses)
+    overrun = max(0.0, now() - began - trial_minutes * len(config.optim.lr_sweep) * 60)  # charged to the final run
+    Path(config.run.out).mkdir(parents=True, exist_ok=True)
+    record: dict[str, Any] = {"val_top1": scores, "val_loss": losses, "best_lr": best}
+    record.update(trial_minutes=trial_minutes, final_minutes=final_minutes, **({"stopped": stopped} if stopped else {}))
+    atomic_write_text(Path(config.run.out) / SWEEP_RECORD, json.dumps(record, indent=2) + "\n")
+    result = train(final_config(config, best), spent_s=spent_s + overrun, **train_kwargs)
+    return {**result, "sweep": scores, "best_lr": best}
+
+
+def choose(config: TrainConfig, scores: dict[str, float], losses: dict[str, float]) -> float:
+    """The swept rate the final run trains at (`best_lr`), said, with a warning at the edge of the grid."""
     best = best_lr(config.optim.lr_sweep, scores, losses)
     log.info("sweep: best lr %g (val top-1 %.2f%%); training on all of train", best, 100 * scores[f"{best:g}"])
     grid = sorted(config.optim.lr_sweep)
@@ -102,10 +134,18 @@ def train_with_sweep(config: TrainConfig, *, spent_s: float = 0.0, **train_kwarg
         log.warning(
             "sweep: the best lr %g is at the edge of the grid; a wider optim.lr_sweep may find a better one", best
         )
-    Path(config.run.out).mkdir(parents=True, exist_ok=True)
-    trial_minutes, final_minutes = budget_split(config)
-    record = {"val_top1": scores, "val_loss": losses, "best_lr": best}
-    record.update(trial_minutes=trial_minutes, final_minutes=final_minutes)
-    atomic_write_text(Path(config.run.out) / SWEEP_RECORD, json.dumps(record, indent=2) + "\n")
-    result = train(final_config(config, best), spent_s=spent_s, **train_kwargs)
-    return {**result, "sweep": scores, "best_lr": best}
+    return best
+
+
+def starved(result: dict[str, Any], trial_minutes: float, config: TrainConfig) -> str:
+    """Why the sweep stops after this trial ("" to go on): its start-up took STARVED_SHARE of its budget."""
+    startup = ((result.get("plan") or {}).get("measured") or {}).get("startup_seconds", 0.0)
+    budget = trial_minutes * 60
+    if budget <= 0 or startup < STARVED_SHARE * budget:
+        return ""
+    least = len(config.optim.lr_sweep) * startup / (STARVED_SHARE * SWEEP_SHARE)  # seconds of M, no fewer
+    return (
+        f"a trial spent {startup:g} s of its {budget:g}-s budget starting up, too few steps left to tell the "
+        f"rates apart: the sweep stops, and the final run trains at lr {config.optim.lr:g}; --max-minutes "
+        f"{math.ceil(2 * least / 60)} or more lets the sweep run"
+    )
