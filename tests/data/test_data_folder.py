@@ -198,3 +198,28 @@ def test_caltech101_10(shared_data):
     assert val.files[0].parent.name == "Leopards" and val.files[0].name == sorted(p.name for p in val.files[:67])[0]
     info = describe(uri)
     assert (info.num_train, info.num_classes, info.channels) == (776, 10, 3) and 114 <= info.image_size <= 300
+
+
+def _tagged(image: Image.Image, orientation: int, fmt: str) -> bytes:
+    exif = Image.Exif()
+    exif[0x0112] = orientation  # the EXIF Orientation tag
+    buffer = io.BytesIO()
+    image.save(buffer, fmt, exif=exif, **({"quality": 95} if fmt == "JPEG" else {}))
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "JPEG"])  # JPEG: the fast simplejpeg path must not skip the tag
+def test_an_exif_orientation_is_applied_as_a_viewer_shows_the_photo(fmt: str) -> None:
+    """A phone's portrait photo stores its pixels sideways with an Orientation tag: it was trained on, predicted
+    and explained sideways."""
+    rng = np.random.default_rng(0)
+    stored = Image.fromarray(rng.integers(0, 255, (24, 40, 3), dtype=np.uint8))  # 40 wide, 24 high
+    plain = decode_image(_tagged(stored, 1, fmt))  # orientation 1: as stored
+    turned = decode_image(_tagged(stored, 6, fmt))  # 6: the viewer turns it 90 degrees clockwise
+    assert plain.shape == (3, 24, 40) and turned.shape == (3, 40, 24)
+    assert torch.equal(turned, torch.rot90(plain, k=-1, dims=(1, 2)))
+    mirrored = decode_image(_tagged(stored, 2, fmt))  # 2: mirrored left to right
+    assert torch.equal(mirrored, plain.flip(2))
+    square = decode_image(_tagged(stored, 6, fmt), size=16)  # resized and cropped as the viewer shows it
+    upright = Image.fromarray(turned.permute(1, 2, 0).numpy())
+    assert torch.equal(square, decode_image(_tagged(upright, 1, "PNG"), size=16))

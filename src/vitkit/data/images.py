@@ -5,6 +5,7 @@ Alpha is dropped as torchvision's ImageFolder does (`convert("RGB")`); 16-bit gr
 to 8 bits rather than clipped.  A file Pillow cannot fully decode (corrupt, truncated, empty) raises
 `BadImageError` naming the file, and an image whose header claims more pixels than `max_pixels` is
 refused before any pixel is decoded (decompression-bomb guard, like Pillow's `MAX_IMAGE_PIXELS`).
+An EXIF Orientation tag is applied, so a phone's portrait photo is read upright, as a viewer shows it.
 Files are untrusted input: only the formats of IMAGE_EXTENSIONS are opened (`FORMATS`; Pillow's other
 plugins, EPS through Ghostscript among them, never see the bytes), a header claiming an empty image
 is refused, a palette with transparency goes through RGBA, and a 1x1 image is resized like any other.
@@ -30,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, ImageOps, UnidentifiedImageError
 
 try:  # optional: the `jpeg` extra
     import simplejpeg as _simplejpeg
@@ -43,6 +44,7 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".
 FORMATS = ("JPEG", "PNG", "BMP", "GIF", "WEBP", "TIFF", "PPM")  # Pillow plugins of IMAGE_EXTENSIONS; no others
 MAX_PIXELS = 89_478_485  # Pillow's default Image.MAX_IMAGE_PIXELS (about 0.25 GiB of 24-bit pixels)
 _GRAY_MODES = frozenset({"L", "I", "I;16", "I;16B", "I;16L", "I;16N", "F"})  # one channel, RGB the same in each
+ORIENTATION = 0x0112  # the EXIF tag: 1 as stored, 2-8 mirrored and/or turned (ImageOps.exif_transpose undoes it)
 STRIP_PIXELS = 1 << 20  # a 16-bit or float image converts to 8 bits this many pixels at a time (_to_8bit)
 _MAX_LOGGED = 10  # bad files named one by one in the log; the rest only counted
 
@@ -168,8 +170,8 @@ def _decode_jpeg_fast(data: bytes, size: int | None, max_pixels: int, name: str)
         return None  # CMYK/YCCK: Pillow's conversion
     if width * height > max_pixels:
         raise _bomb(name, width, height, max_pixels)
-    if width < 1 or height < 1:
-        return None  # Pillow names the problem
+    if width < 1 or height < 1 or _turned(data):
+        return None  # Pillow names the problem, or applies the orientation
     scale = _draft_scale(width, height, size) if size is not None else 1
     shape = (-(-height // scale), -(-width // scale))
     try:
@@ -179,6 +181,26 @@ def _decode_jpeg_fast(data: bytes, size: int | None, max_pixels: int, name: str)
     if array.shape[:2] != shape:  # libjpeg-turbo chose an M/8 scale Pillow would not: keep Pillow's pixels
         return None
     return Image.fromarray(array, "RGB")
+
+
+def _turned(data: bytes) -> bool:
+    """Whether a JPEG's EXIF block (in its first segments) orients it other than as stored; no pixel is read."""
+    if b"Exif\x00\x00" not in data[: 1 << 16]:
+        return False
+    try:
+        with Image.open(io.BytesIO(data), formats=("JPEG",)) as image:
+            return image.getexif().get(ORIENTATION, 1) != 1
+    except Exception:  # a damaged header: Pillow's decode names it
+        return True
+
+
+def _upright(image: Image.Image) -> Image.Image:
+    """The decoded image as its EXIF orientation says a viewer shows it (unchanged without one)."""
+    try:
+        orientation = image.getexif().get(ORIENTATION, 1)
+    except Exception:  # a damaged EXIF block: the pixels as stored
+        return image
+    return ImageOps.exif_transpose(image) if orientation in range(2, 9) else image
 
 
 def _read_source(source: str | os.PathLike | bytes) -> bytes | str | os.PathLike:
@@ -218,6 +240,7 @@ def _decode(
                     (math.ceil(size * image.size[0] / short), math.ceil(size * image.size[1] / short)),
                 )
             image.load()  # the actual decode: raises on truncated or corrupt data
+            image = _upright(image)
             spread = channels == 3 and image.mode in _GRAY_MODES  # resized as one channel, then spread to RGB
             image = _to_mode(image, 1 if spread else channels)
             if size is not None:
