@@ -278,3 +278,20 @@ def test_a_file_given_as_a_data_directory_is_called_a_file(tmp_path: Path) -> No
     (tmp_path / "notes.txt").write_text("x")
     with pytest.raises(FileNotFoundError, match="notes.txt: is a file; give the directory that holds the data"):
         describe(f"folder:{tmp_path / 'notes.txt'}")
+
+
+def test_a_class_left_without_test_images_is_named(tmp_path, caplog):
+    """A class of one image keeps it for training: the fixed hold-out has none, and `eval` showed its accuracy
+    as "-" with no word before."""
+    import logging
+
+    labels = np.array([0] * 10 + [1] * 10 + [2])  # class 2: one image
+    np.savez(tmp_path / "c.npz", images=np.zeros((21, 8, 8), np.uint8), labels=labels)
+    with caplog.at_level(logging.WARNING, logger="vitkit"):
+        test = load_split(f"npz:{tmp_path / 'c.npz'}", "test")
+    assert torch.bincount(test.labels, minlength=3).tolist() == [2, 2, 0]
+    assert "1 class has no test image (2): its accuracy is not measured" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="vitkit"):
+        load_split(f"npz:{tmp_path / 'c.npz'}", "train")
+    assert "no test image" not in caplog.text

@@ -45,6 +45,8 @@ import re
 from pathlib import Path
 from typing import Literal
 
+import torch
+
 from vitkit.data import arrays, folder, large
 from vitkit.data.holdout import (
     FIXED_TEST_FRACTION,
@@ -231,7 +233,21 @@ def load_split(
     problems = getattr(subset, "problems", [])
     check_usable(result, uri, split, reasons, problems)
     _log_loaded(uri, split, result, len(problems))
+    if split == "test" and labelled and isinstance(result, ImageSet):
+        _warn_untested(result)
     return result
+
+
+def _warn_untested(test: ImageSet) -> None:
+    """Name the classes a test split holds no image of (a fixed hold-out leaves a class of one image none)."""
+    absent = (torch.bincount(test.labels, minlength=test.num_classes) == 0).nonzero().flatten().tolist()
+    if absent:
+        names = ", ".join(test.class_names[i] for i in absent[:5]) + (", ..." if len(absent) > 5 else "")
+        why = " (a class needs 2 images or more for one to be held out)" if "hold-out" in test.origin else ""
+        log.warning(
+            "%d class%s no test image (%s): %s accuracy is not measured%s",
+            len(absent), " has" if len(absent) == 1 else "es have", names, "its" if len(absent) == 1 else "their", why,
+        )  # fmt: skip
 
 
 def _log_loaded(uri: str, split: str, result: ImageSet | ShardSet, damaged: int) -> None:
