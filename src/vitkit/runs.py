@@ -18,6 +18,7 @@ config wins over a different request (the run keeps its own settings), volatile 
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -32,7 +33,7 @@ from typing import Any
 import torch
 
 from vitkit import run_config
-from vitkit.atomic import atomic_write, atomic_write_text, fsync_dir
+from vitkit.atomic import atomic_write, atomic_write_text, fsync_dir, remove_torn
 from vitkit.checkpoints import native
 from vitkit.metrics_log import METRICS, MetricsLog
 
@@ -40,11 +41,23 @@ log = logging.getLogger(__name__)
 _STEP = re.compile(r"step_\d+")  # a step checkpoint's name (save_step writes 7 digits)
 
 CHECKPOINTS, LATEST, FINAL, EMA = "checkpoints", "LATEST", "final", "ema"
-CONFIG, STATE_FILE = "config.json", "train_state.pt"
+CONFIG, STATE_FILE, PLOTS = "config.json", "train_state.pt", "plots"
 # What reading a damaged step checkpoint raises (a failed SHA-256, a cut-short or garbled train_state.pt)
 UNREADABLE = (ValueError, RuntimeError, OSError, EOFError, AttributeError, pickle.UnpicklingError)
 SWEEP, SWEEP_RECORD = "sweep", "sweep.json"  # an LR sweep's trials and record, written before the run's config
 KEEP = 2  # step checkpoints kept besides the newest
+FULL_DISK = 1 << 20  # bytes free below which a failed write is taken for a full disk
+
+
+def _save_state(payload: dict[str, Any], path: Path) -> None:
+    """torch.save, whose write failures on a full disk read "[enforce fail at inline_container.cc] unexpected
+    pos": raised as the OSError (ENOSPC) it is where the disk has under FULL_DISK bytes left."""
+    try:
+        torch.save(payload, path)
+    except RuntimeError as error:
+        if shutil.disk_usage(path.parent).free < FULL_DISK:
+            raise OSError(errno.ENOSPC, f"No space left on device ({error})", str(path)) from error
+        raise
 
 
 class RunDir:
@@ -74,9 +87,12 @@ class RunDir:
 
     @contextmanager
     def locked(self) -> Iterator[None]:
-        """The directory, made (`create`) and locked (`lock`) while the block runs."""
+        """The directory, made (`create`) and locked (`lock`) while the block runs; what a killed run left
+        half-written in it (its files' and plots' temporaries) is removed once the lock is held."""
         self.create()
         descriptor = self.lock()
+        for directory in (self.path, self.path / PLOTS):
+            remove_torn(directory)
         try:
             yield
         finally:
@@ -182,20 +198,30 @@ class RunDir:
         final, tmp = self.checkpoints / name, self.checkpoints / f".{name}.tmp"
         if self._complete(final, with_state=True) and self._reads(final):  # the step resumed at: kept
             atomic_write_text(self.checkpoints / LATEST, name + "\n")  # (removing it first left a window)
+            self._prune(name)  # a kill may have come between this step's save and its pruning
             return final
         for torn in self.checkpoints.glob(".step_*.tmp"):  # left by a save that crashed before its rename
             shutil.rmtree(torn, ignore_errors=True)
-        write_model(tmp)
-        atomic_write(tmp / STATE_FILE, lambda path: torch.save(payload, path))
-        fsync_dir(tmp)
+        try:
+            write_model(tmp)
+            atomic_write(tmp / STATE_FILE, lambda path: _save_state(payload, path))
+            fsync_dir(tmp)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)  # not left on a full disk
+            raise
         if final.exists():  # an incomplete copy of this step
             shutil.rmtree(final)
         os.replace(tmp, final)
         atomic_write_text(self.checkpoints / LATEST, name + "\n")
         fsync_dir(self.checkpoints)
-        for old in sorted(p for p in self.checkpoints.glob("step_*") if p.is_dir() and p.name != name)[: -KEEP or None]:
-            shutil.rmtree(old, ignore_errors=True)
+        self._prune(name)
         return final
+
+    def _prune(self, newest: str) -> None:
+        """Remove the step checkpoints older than the KEEP before `newest`."""
+        older = sorted(p for p in self.checkpoints.glob("step_*") if p.is_dir() and p.name != newest)
+        for old in older[: -KEEP or None]:
+            shutil.rmtree(old, ignore_errors=True)
 
     def export(self, name: str) -> Path:
         """Where a named export (`final`, `ema`) lives."""

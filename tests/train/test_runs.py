@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -364,3 +365,54 @@ def test_an_out_with_only_hidden_files_or_a_runs_checkpoints_is_taken(tmp_path: 
     trainer.train(tiny_config(run, "data.steps=2"))
     (run / "config.json").unlink()
     RunDir(run).create()
+
+
+def test_a_step_checkpoint_on_a_full_disk_is_named_and_leaves_nothing(tmp_path: Path, monkeypatch) -> None:
+    """torch.save on a full disk raises "[enforce fail at inline_container.cc] unexpected pos": it reached the
+    user as a traceback, and the step's temporary directory stayed on the full disk."""
+    import errno
+    from collections import namedtuple
+
+    from vitkit import runs
+    from vitkit.runs import RunDir
+
+    def full(payload, path):
+        Path(path).write_bytes(b"x" * 100)
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 862528 vs 862416")
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(runs.torch, "save", full)
+    monkeypatch.setattr(runs.shutil, "disk_usage", lambda path: usage(3 << 20, 3 << 20, 4096))
+    directory = RunDir(tmp_path / "run")
+    with pytest.raises(OSError) as raised:
+        directory.save_step(2, lambda tmp: (tmp.mkdir(), (tmp / "model.safetensors").write_bytes(b"m")), {})
+    assert raised.value.errno == errno.ENOSPC and "inline_container" in str(raised.value)
+    assert not list((tmp_path / "run" / "checkpoints").glob(".step_*"))  # the temporary step is gone
+    monkeypatch.setattr(runs.shutil, "disk_usage", lambda path: usage(3 << 30, 1 << 30, 2 << 30))
+    with pytest.raises(RuntimeError, match="inline_container"):  # room on the disk: torch's own error
+        directory.save_step(2, lambda tmp: (tmp.mkdir(), (tmp / "model.safetensors").write_bytes(b"m")), {})
+
+
+def test_a_re_run_at_an_existing_step_still_keeps_only_the_newest_steps(tmp_path: Path) -> None:
+    """A kill after a step's save and before its pruning left one step too many, which the re-run kept."""
+    from vitkit.runs import KEEP
+
+    run = tmp_path / "run"
+    config = tiny_config(run, "data.steps=8", "run.checkpoint_every=2")
+    trainer.train(config)
+    checkpoints = run / "checkpoints"
+    shutil.copytree(checkpoints / f"step_{8 - 2 * KEEP:07d}", checkpoints / f"step_{8 - 2 * (KEEP + 1):07d}")
+    trainer.train(config)  # finished: it meets step 8 again
+    assert len(list(checkpoints.glob("step_*"))) == KEEP + 1
+
+
+def test_a_re_run_removes_what_a_kill_left_half_written_in_the_run_directory(tmp_path: Path) -> None:
+    """A kill while the curves were drawn left plots/.curves.png.HEX.tmp, and no later run removed it."""
+    run = tmp_path / "run"
+    config = tiny_config(run, "data.steps=2")
+    trainer.train(config)
+    torn = [run / "plots" / ".curves.png.0123456789ab.tmp", run / ".metrics.jsonl.0123456789ab.tmp"]
+    for path in torn:
+        path.write_bytes(b"")
+    trainer.train(config)
+    assert not any(path.exists() for path in torn) and (run / "plots" / "curves.png").is_file()

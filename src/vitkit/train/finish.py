@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from vitkit.runs import PLOTS
 from vitkit.train.config import TrainConfig
 from vitkit.train.plots import plot_curves
 
@@ -51,6 +52,6 @@ def close_metrics(metrics: Any, final: dict[str, Any] | None, run_dir: Path) -> 
         metrics.write({**final, "final": True})
     metrics.close()
     try:
-        plot_curves(run_dir / "metrics.jsonl", run_dir / "plots" / "curves.png")
+        plot_curves(run_dir / "metrics.jsonl", run_dir / PLOTS / "curves.png")
     except Exception as err:
         log.warning("could not draw plots/curves.png: %s", err)
