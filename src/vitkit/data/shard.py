@@ -32,13 +32,13 @@ from typing import Any
 import torch
 from PIL import Image
 
-from vitkit.atomic import atomic_write_text
+from vitkit.atomic import atomic_write_text, remove_torn
 from vitkit.data import stream
 from vitkit.data.images import BadImageError, NoLabelsError, open_image, probe_images
 from vitkit.data.imageset import ImageSet
 from vitkit.data.sources import load_split, mirror_keeps_label, parse_uri
 from vitkit.data.tarsamples import check_class_names
-from vitkit.data.tarshards import INDEX, INDEX_FORMAT
+from vitkit.data.tarshards import INCOMPLETE, INDEX, INDEX_FORMAT
 
 log = logging.getLogger(__name__)
 
@@ -237,6 +237,17 @@ def _open_splits(uri: str, image_column: str, label_column: str, labelled: bool)
     return sources
 
 
+def _start_over(out: Path) -> None:
+    """Remove what a `vitkit shard` killed in `out` wrote (every shard there is its: it began in a directory
+    without any), so that the same command writes it again."""
+    written = sorted(out.glob("*.tar"))
+    for path in [*written, *out.glob(".*.tar.tmp"), out / INDEX]:
+        path.unlink(missing_ok=True)
+    remove_torn(out)
+    (out / INCOMPLETE).unlink()
+    log.info("%s: removed the %d shard(s) an interrupted run wrote; writing them again", out, len(written))
+
+
 def write_shards(
     uri: str,
     out: str | Path,
@@ -259,6 +270,8 @@ def write_shards(
     if label_column and not labelled:
         raise ValueError(f"a label column ({label_column!r}) names labels, which writing without labels leaves out")
     out = Path(out)
+    if (out / INCOMPLETE).exists():
+        _start_over(out)
     if out.exists() and (any(out.glob("*.tar")) or (out / INDEX).exists()):
         raise ValueError(f"{out} already holds shards or {INDEX}; choose an empty directory")
     sources = _open_splits(uri, image_column, label_column, labelled)
@@ -266,6 +279,7 @@ def write_shards(
         if labelled and data.class_names:
             check_class_names(list(data.class_names), uri, "class")
     out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / INCOMPLETE, "vitkit shard is writing this directory; a re-run starts it over\n")
     workers = workers or min(8, os.cpu_count() or 1)
     splits, classes, probe = {}, None, []
     first = sources.get("train") or next(iter(sources.values()))  # what a model is built for: the training split
@@ -288,6 +302,7 @@ def write_shards(
         "skipped": {s: w.skipped for s, w in splits.items()},
     }
     atomic_write_text(out / INDEX, json.dumps(index, indent=1) + "\n")
+    (out / INCOMPLETE).unlink()
     return {
         "out": str(out),
         "splits": {

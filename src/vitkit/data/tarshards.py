@@ -35,6 +35,7 @@ from vitkit.data.tarformat import BLOCK, TarFormatError, tar_members
 from vitkit.data.tarsamples import MAX_CLASSES, _assemble, _groups, _name_once, check_class_names, damage_message
 
 __all__ = [
+    "INCOMPLETE",
     "MAX_CLASSES",
     "TarReader",
     "TarFormatError",
@@ -51,6 +52,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 INDEX = "dataset.json"
+INCOMPLETE = ".shard-incomplete"  # `vitkit shard` writes it first and removes it last: a run killed part-way
 INDEX_FORMAT = "vitkit-wds/1"
 SPLIT_PREFIX = re.compile(r"^(train|val|valid|validation|test)[-_.]")
 _SPLIT_NAMES = {"train": "train", "val": "val", "valid": "val", "validation": "val", "test": "test"}
@@ -228,6 +230,11 @@ def _unit(spec: str, split: str, path: Path, count: int) -> Unit:
 def split_units(spec: str) -> tuple[dict[str, list[Unit]], list[str] | None, dict[str, Any]]:
     """({split: units}, class names from the index or None, the index or {}) of a wds: path."""
     directory, files, pattern = _shard_files(spec)
+    if (directory / INCOMPLETE).exists():
+        raise ValueError(
+            f"wds:{spec}: an interrupted `vitkit shard` left {directory} half written (no {INDEX}); run the "
+            "shard command again, which starts it over"
+        )
     index = read_index(directory)
     if index is not None:
         counted = _indexed(directory, index)
