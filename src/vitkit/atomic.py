@@ -50,6 +50,25 @@ def remove_torn(directory: str | os.PathLike) -> None:
             torn.unlink(missing_ok=True)
 
 
+def remove_torn_beside(path: str | os.PathLike) -> None:
+    """Remove the temporaries of `path` (.NAME.HEX.tmp beside it) that writes of it cut short by a kill left,
+    and where `path` is a directory that holds nothing else, those inside it: a re-run then meets what it
+    began with (a directory of other files is left as it is)."""
+    path = Path(path)
+    for torn in path.parent.glob(f".{path.name}.*.tmp") if path.parent.is_dir() else []:
+        if torn.is_file():
+            torn.unlink(missing_ok=True)
+    if path.is_dir() and all(_torn(entry) for entry in path.iterdir()):
+        remove_torn(path)
+
+
+def _torn(entry: Path) -> bool:
+    """Whether `entry` is a temporary file of an atomic or a safetensors write (`remove_torn` removes those)."""
+    return entry.is_file() and (
+        (entry.name.startswith(".") and entry.name.endswith(".tmp")) or entry.name.startswith(".tmp")
+    )
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     atomic_write(path, lambda tmp: tmp.write_text(text))
 

@@ -93,6 +93,20 @@ def test_a_failed_convert_leaves_no_directory_behind(tmp_path, make_vit, capsys)
     assert not (tmp_path / "hf").exists()
 
 
+def test_a_convert_or_export_killed_mid_write_is_re_run_as_it_was(tmp_path, make_vit, capsys):
+    """A kill between the temporary file and its rename left only `.NAME.HEX.tmp` in the destination: the same
+    command then said "already exists and is not empty; pass --force"."""
+    vitkit.save(make_vit(), tmp_path / "model")
+    (tmp_path / "timm").mkdir()
+    torn = [tmp_path / "timm" / ".model.safetensors.0123456789ab.tmp", tmp_path / ".m.onnx.0123456789ab.tmp"]
+    for path in torn:
+        path.write_bytes(b"torn")
+    assert main(["convert", str(tmp_path / "model"), str(tmp_path / "timm"), "--to", "timm"]) == 0
+    assert sorted(p.name for p in (tmp_path / "timm").iterdir()) == ["config.json", "model.safetensors"]
+    assert main(["export-onnx", str(tmp_path / "model"), str(tmp_path / "m.onnx")]) == 0
+    assert not any(path.exists() for path in torn)
+
+
 def test_convert_and_export_take_a_run_directory(tmp_path, make_vit, images, capsys):
     """As eval, predict and serve do: a run directory names its final model."""
     model = make_vit(gelu="exact")

@@ -99,12 +99,14 @@ def _read_checkpoint(args: argparse.Namespace) -> Any:
 
 
 def run_convert(args: argparse.Namespace) -> int:
+    from vitkit.atomic import remove_torn_beside
     from vitkit.checkpoints import write
     from vitkit.runs import is_run_dir
 
     dst = Path(args.dst)
     if is_run_dir(dst):  # even with --force: the model would sit beside the run's checkpoints, and verbs read those
         raise ValueError(f"{dst} is a training run; write the converted model to another destination")
+    remove_torn_beside(dst)  # what a killed write of dst left
     if dst.exists() and (not dst.is_dir() or any(dst.iterdir())) and not args.force:
         raise ValueError(f"{dst} already exists and is not empty; choose another destination or pass --force")
     checkpoint = _read_checkpoint(args)
@@ -141,12 +143,14 @@ def add_export_onnx(sub: argparse._SubParsersAction) -> None:
 
 
 def run_export_onnx(args: argparse.Namespace) -> int:
+    from vitkit.atomic import remove_torn_beside
     from vitkit.checkpoints.onnx_export import check_onnx, export_onnx, onnxruntime_available
 
     if Path(args.out).is_dir():
         raise ValueError(f"{args.out} is a directory; name the .onnx file to write")
     if not Path(args.out).parent.is_dir():
         raise ValueError(f"{Path(args.out).parent} does not exist; make it, or name a .onnx file elsewhere")
+    remove_torn_beside(args.out)  # what a killed export left
     if Path(args.out).exists() and not args.force:
         raise ValueError(f"{args.out} already exists; choose another file or pass --force to replace it")
     checkpoint = _read_checkpoint(args)
