@@ -179,3 +179,28 @@ def test_flip_views_are_refused_where_a_mirror_changes_the_label(digits_checkpoi
     assert "a mirror image changes the label here" in capsys.readouterr().err
     assert main(["train", "--out", str(tmp_path / "r"), "--set", "eval.flip_views=true"]) == 2
     assert "leave out --flip-views / eval.flip_views" in capsys.readouterr().err
+
+
+def test_embeddings_replaced_mid_write_never_pair_with_the_old_labels(tmp_path: Path, monkeypatch) -> None:
+    """Replacing FILE.npy wrote the new embeddings, then the labels: a kill between left new embeddings beside
+    the old labels and sidecar, a pair that reads as complete.  The sidecar goes first and comes back last."""
+    import numpy as np
+    import pytest
+    import torch
+
+    from vitkit.eval import embed
+
+    target = tmp_path / "e.npy"
+    embed.save_embeddings(target, torch.zeros(4, 2), torch.tensor([0, 1, 0, 1]), {"layer": "old"})
+    save_npy = embed._save_npy
+
+    def killed_after_the_embeddings(path: Path, array) -> None:
+        save_npy(path, array)
+        if path == target:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(embed, "_save_npy", killed_after_the_embeddings)
+    with pytest.raises(KeyboardInterrupt):
+        embed.save_embeddings(target, torch.ones(4, 2), torch.tensor([1, 1, 1, 1]), {"layer": "new"})
+    assert np.load(target).sum() == 8  # the new embeddings, and nothing that says they are complete
+    assert not (tmp_path / "e.labels.npy").exists() and not (tmp_path / "e.json").exists()

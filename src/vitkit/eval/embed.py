@@ -1,8 +1,9 @@
 """Representations of every image of a data split, saved for users' own downstream work.
 
 `.npy`: FILE holds the float32 array (N, ...) and FILE's stem + ".labels.npy" the int64 labels, with
-a ".json" sidecar (layer, class names, checkpoint).  `.safetensors`: one file with tensors
-"embeddings" and "labels", the same facts in its metadata.  Every file is written atomically.
+a ".json" sidecar (layer, class names, checkpoint), written last: without it the set is incomplete.
+`.safetensors`: one file with tensors "embeddings" and "labels", the same facts in its metadata.  Every
+file is written atomically.
 """
 
 from __future__ import annotations
@@ -49,7 +50,9 @@ def save_embeddings(path: str | Path, embeddings: Tensor, labels: Tensor, meta: 
         text = {key: json.dumps(value) for key, value in meta.items()}
         atomic_write(paths[0], lambda tmp: save_file(tensors, str(tmp), metadata=text))
         return paths
+    for stale in (paths[2], paths[1]):  # the sidecar first: a kill from here on leaves no complete-looking set
+        stale.unlink(missing_ok=True)
     _save_npy(paths[0], embeddings.numpy())
     _save_npy(paths[1], labels.long().numpy())
-    atomic_write_text(paths[2], json.dumps(meta, indent=1) + "\n")
+    atomic_write_text(paths[2], json.dumps(meta, indent=1) + "\n")  # last: its presence says the set is whole
     return paths
