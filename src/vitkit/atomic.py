@@ -5,6 +5,7 @@ file or the new one, never a torn one.  The lowest layer: it imports nothing els
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import stat
 from collections.abc import Callable
@@ -41,12 +42,17 @@ def _create_temporary(path: Path) -> str:
     raise FileExistsError(f"no free temporary name beside {path}")
 
 
+# The names of the temporaries of atomic_write (.NAME.HEX.tmp) and of a safetensors write (.tmpXXXXXX, Rust's
+# tempfile crate): a hidden file of a user's by another name is not vitkit's.
+TORN_NAME = re.compile(r"\..+\.[0-9a-f]{12}\.tmp|\.tmp[A-Za-z0-9]{6}")
+
+
 def remove_torn(directory: str | os.PathLike) -> None:
     """Remove the temporary files writes cut short by a kill left in `directory`: atomic_write's
     (.NAME.HEX.tmp) and those safetensors makes while it writes (.tmpXXXXXX)."""
     directory = Path(directory)
-    for torn in [*directory.glob(".*.tmp"), *directory.glob(".tmp*")] if directory.is_dir() else []:
-        if torn.is_file():
+    for torn in list(directory.iterdir()) if directory.is_dir() else []:
+        if _torn(torn):
             torn.unlink(missing_ok=True)
 
 
@@ -56,17 +62,15 @@ def remove_torn_beside(path: str | os.PathLike) -> None:
     began with (a directory of other files is left as it is)."""
     path = Path(path)
     for torn in path.parent.glob(f".{path.name}.*.tmp") if path.parent.is_dir() else []:
-        if torn.is_file():
+        if _torn(torn):
             torn.unlink(missing_ok=True)
     if path.is_dir() and all(_torn(entry) for entry in path.iterdir()):
         remove_torn(path)
 
 
 def _torn(entry: Path) -> bool:
-    """Whether `entry` is a temporary file of an atomic or a safetensors write (`remove_torn` removes those)."""
-    return entry.is_file() and (
-        (entry.name.startswith(".") and entry.name.endswith(".tmp")) or entry.name.startswith(".tmp")
-    )
+    """Whether `entry` is a temporary file of an atomic or a safetensors write, by its name (TORN_NAME)."""
+    return TORN_NAME.fullmatch(entry.name) is not None and entry.is_file()
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:

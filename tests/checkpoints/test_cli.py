@@ -105,6 +105,11 @@ def test_a_convert_or_export_killed_mid_write_is_re_run_as_it_was(tmp_path, make
     assert sorted(p.name for p in (tmp_path / "timm").iterdir()) == ["config.json", "model.safetensors"]
     assert main(["export-onnx", str(tmp_path / "model"), str(tmp_path / "m.onnx")]) == 0
     assert not any(path.exists() for path in torn)
+    (tmp_path / "mine").mkdir()  # hidden files of the user's by other names are not vitkit's to remove
+    for name in (".tmp_notes", ".backup.tmp"):
+        (tmp_path / "mine" / name).write_text("x")
+    assert main(["convert", str(tmp_path / "model"), str(tmp_path / "mine")]) == 2
+    assert sorted(p.name for p in (tmp_path / "mine").iterdir()) == [".backup.tmp", ".tmp_notes"]
 
 
 def test_convert_and_export_take_a_run_directory(tmp_path, make_vit, images, capsys):
