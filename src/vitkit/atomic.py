@@ -89,3 +89,28 @@ def fsync_dir(path: str | os.PathLike) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def lock_directory(path: str | os.PathLike) -> int | None:
+    """An exclusive lock on a directory (flock on the directory itself: no file is left behind, and a killed
+    process's lock goes with it): the descriptor that holds it, or None where the platform or the file system
+    has no flock.  BlockingIOError where another process holds it."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows: no lock
+        return None
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(descriptor)
+        raise
+    except OSError:  # a file system without flock (some network ones): no lock
+        os.close(descriptor)
+        return None
+    return descriptor
+
+
+def unlock_directory(descriptor: int | None) -> None:
+    if descriptor is not None:
+        os.close(descriptor)  # closing the descriptor releases its flock

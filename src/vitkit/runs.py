@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from vitkit import run_config
-from vitkit.atomic import atomic_write, atomic_write_text, fsync_dir, remove_torn
+from vitkit.atomic import atomic_write, atomic_write_text, fsync_dir, lock_directory, remove_torn, unlock_directory
 from vitkit.checkpoints import native
 from vitkit.metrics_log import METRICS, MetricsLog
 
@@ -99,31 +99,20 @@ class RunDir:
             self.unlock(descriptor)
 
     def lock(self) -> int | None:
-        """An exclusive lock on the directory (flock on the directory itself: no file is left behind) for as
-        long as a run trains in it; a ValueError where another process holds it.  The descriptor to pass to
-        `unlock`, or None where the platform has no flock."""
+        """An exclusive lock on the directory (`atomic.lock_directory`) for as long as a run trains in it; a
+        ValueError where another process holds it.  The descriptor to pass to `unlock`, or None where the
+        platform has no flock."""
         try:
-            import fcntl
-        except ImportError:  # pragma: no cover - Windows: no lock
-            return None
-        descriptor = os.open(self.path, os.O_RDONLY)
-        try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return lock_directory(self.path)
         except BlockingIOError:
-            os.close(descriptor)
             raise ValueError(
                 f"{self.path} is in use by another vitkit process (a run training there now); wait for it to end, "
                 "or choose another --out"
             ) from None
-        except OSError:  # a file system without flock (some network ones): no lock
-            os.close(descriptor)
-            return None
-        return descriptor
 
     @staticmethod
     def unlock(descriptor: int | None) -> None:
-        if descriptor is not None:
-            os.close(descriptor)  # closing the descriptor releases its flock
+        unlock_directory(descriptor)
 
     # ----------------------------------------------------------------------------- checkpoints
     def latest(self, *, with_state: bool = True) -> Path | None:

@@ -44,3 +44,45 @@ def test_a_killed_shard_run_is_started_over_and_its_leftovers_are_never_read(
     assert names == sorted(p.name for p in (tmp_path / "fresh").iterdir())  # no temporary, no mark left
     assert all((out / n).read_bytes() == (tmp_path / "fresh" / n).read_bytes() for n in names if n.endswith(".tar"))
     assert len(load_split(f"wds:{out}", "train")) == len(load_split(f"wds:{tmp_path / 'fresh'}", "train"))
+
+
+def test_a_shard_run_still_writing_is_not_started_over_by_another(tmp_path: Path) -> None:
+    """The mark is also there while a shard run writes: a second `vitkit shard` to the same --out removed the
+    first's shards, and the first then failed renaming its next one."""
+    from vitkit.atomic import lock_directory, unlock_directory
+    from vitkit.data.tarshards import INCOMPLETE
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / INCOMPLETE).write_text("")
+    (out / "train-000000.tar").write_bytes(b"the first run's")
+    held = lock_directory(out)  # the first run, alive
+    try:
+        with pytest.raises(ValueError, match="in use by another vitkit shard"):
+            shard.write_shards("digits", out, samples_per_shard=200)
+    finally:
+        unlock_directory(held)
+    assert (out / "train-000000.tar").read_bytes() == b"the first run's"
+
+
+def test_a_shrunk_photo_keeps_its_exif_orientation(tmp_path: Path) -> None:
+    """--max-side re-encodes a photo without its EXIF block: a portrait photo was stored sideways."""
+    import tarfile
+
+    import numpy as np
+    from PIL import Image
+
+    from vitkit.data.images import decode_image
+
+    exif = Image.Exif()
+    exif[0x0112] = 6  # turned 90 degrees clockwise when shown
+    for cls in ("a", "b"):
+        (tmp_path / "photos" / cls).mkdir(parents=True)
+        for i in range(3):
+            pixels = np.random.default_rng(i).integers(0, 255, (40, 60, 3), dtype=np.uint8)  # stored 60 wide
+            Image.fromarray(pixels).save(tmp_path / "photos" / cls / f"{i}.jpg", exif=exif)
+    shard.write_shards(f"folder:{tmp_path / 'photos'}", tmp_path / "out", samples_per_shard=10, max_side=30)
+    with tarfile.open(next((tmp_path / "out").glob("train-*.tar"))) as tar:
+        member = next(m for m in tar.getmembers() if m.name.endswith(".jpg"))
+        image = decode_image(tar.extractfile(member).read())
+    assert image.shape == (3, 30, 20)  # upright: 20 wide, 30 high

@@ -194,7 +194,7 @@ def _turned(data: bytes) -> bool:
         return True
 
 
-def _upright(image: Image.Image) -> Image.Image:
+def upright(image: Image.Image) -> Image.Image:
     """The decoded image as its EXIF orientation says a viewer shows it (unchanged without one)."""
     try:
         orientation = image.getexif().get(ORIENTATION, 1)
@@ -240,7 +240,7 @@ def _decode(
                     (math.ceil(size * image.size[0] / short), math.ceil(size * image.size[1] / short)),
                 )
             image.load()  # the actual decode: raises on truncated or corrupt data
-            image = _upright(image)
+            image = upright(image)
             spread = channels == 3 and image.mode in _GRAY_MODES  # resized as one channel, then spread to RGB
             image = _to_mode(image, 1 if spread else channels)
             if size is not None:

@@ -32,9 +32,9 @@ from typing import Any
 import torch
 from PIL import Image
 
-from vitkit.atomic import atomic_write_text, remove_torn
+from vitkit.atomic import atomic_write_text, lock_directory, remove_torn, unlock_directory
 from vitkit.data import stream
-from vitkit.data.images import BadImageError, NoLabelsError, open_image, probe_images
+from vitkit.data.images import BadImageError, NoLabelsError, open_image, probe_images, upright
 from vitkit.data.imageset import ImageSet
 from vitkit.data.sources import load_split, mirror_keeps_label, parse_uri
 from vitkit.data.tarsamples import check_class_names
@@ -63,6 +63,7 @@ def _shrink(data: bytes, max_side: int | None, name: str) -> tuple[bytes, str] |
             if max_side is None or max(image.size) <= max_side:
                 return data, FORMAT_EXT.get(fmt, "png" if fmt is None else fmt.lower())
             image.thumbnail((max_side, max_side))  # aspect kept; JPEGs are reduced in the DCT domain first
+            image = upright(image)  # its EXIF orientation, which the new file does not carry
             if fmt == "JPEG":
                 image = image.convert("L" if image.mode == "L" else "RGB")
             elif image.mode not in ("1", "L", "LA", "P", "RGB", "RGBA", "I;16"):
@@ -270,15 +271,42 @@ def write_shards(
     if label_column and not labelled:
         raise ValueError(f"a label column ({label_column!r}) names labels, which writing without labels leaves out")
     out = Path(out)
-    if (out / INCOMPLETE).exists():
-        _start_over(out)
-    if out.exists() and (any(out.glob("*.tar")) or (out / INDEX).exists()):
-        raise ValueError(f"{out} already holds shards or {INDEX}; choose an empty directory")
-    sources = _open_splits(uri, image_column, label_column, labelled)
-    for data in sources.values():  # names the reader would refuse are refused before anything is written
-        if labelled and data.class_names:
-            check_class_names(list(data.class_names), uri, "class")
-    out.mkdir(parents=True, exist_ok=True)
+    held = _lock(out) if (out / INCOMPLETE).exists() else None  # a run killed there, or one writing it now
+    try:
+        if held is not None or (out / INCOMPLETE).exists():
+            _start_over(out)
+        if out.exists() and (any(out.glob("*.tar")) or (out / INDEX).exists()):
+            raise ValueError(f"{out} already holds shards or {INDEX}; choose an empty directory")
+        sources = _open_splits(uri, image_column, label_column, labelled)
+        for data in sources.values():  # names the reader would refuse are refused before anything is written
+            if labelled and data.class_names:
+                check_class_names(list(data.class_names), uri, "class")
+        out.mkdir(parents=True, exist_ok=True)
+        held = held if held is not None else _lock(out)
+        return _write_all(sources, uri, out, samples_per_shard, max_side, seed, workers, labelled)
+    finally:
+        unlock_directory(held)
+
+
+def _lock(out: Path) -> int | None:
+    """The lock a shard run holds on `out` while it writes there; a ValueError where another holds it."""
+    try:
+        return lock_directory(out)
+    except BlockingIOError:
+        raise ValueError(f"{out} is in use by another vitkit shard, writing there now; wait for it to end") from None
+
+
+def _write_all(
+    sources: dict[str, Any],
+    uri: str,
+    out: Path,
+    samples_per_shard: int,
+    max_side: int | None,
+    seed: int,
+    workers: int | None,
+    labelled: bool,
+) -> dict[str, Any]:
+    """Every split's shards, then dataset.json, between the INCOMPLETE mark's writing and its removal."""
     atomic_write_text(out / INCOMPLETE, "vitkit shard is writing this directory; a re-run starts it over\n")
     workers = workers or min(8, os.cpu_count() or 1)
     splits, classes, probe = {}, None, []
