@@ -363,3 +363,18 @@ def test_shards_keep_the_training_splits_channels(tmp_path: Path) -> None:
     write_shards(f"hf:{tmp_path / 'hf'}", tmp_path / "wds", 8)
     assert json.loads((tmp_path / "wds" / "dataset.json").read_text())["channels"] == 3
     assert describe(f"wds:{tmp_path / 'wds'}").channels == describe(f"hf:{tmp_path / 'hf'}").channels == 3
+
+
+def test_a_damaged_shard_read_by_every_process_is_named_by_the_loading_logger(tmp_path: Path, caplog) -> None:
+    """Read into memory, every process reads every shard (named once by each under torchrun); streamed, a
+    process reads its own share, which only it can name."""
+    import logging
+
+    from vitkit.data import tarsamples
+
+    with caplog.at_level(logging.WARNING, logger="vitkit"):
+        with tarsamples.loading():
+            tarsamples._name_once(str(tmp_path / "a.tar"), "a.tar: damaged")
+        tarsamples._name_once(str(tmp_path / "b.tar"), "b.tar: damaged")
+    by = {record.getMessage(): record.name for record in caplog.records}
+    assert by == {"a.tar: damaged": "vitkit.data.tarshards.loading", "b.tar: damaged": "vitkit.data.tarshards"}

@@ -127,9 +127,10 @@ def _config(args: argparse.Namespace) -> Any:
 
 
 # Loggers of loading a source, which every process does alike (a bad image was named once by each), the
-# shard reader's among them (every process lists the shards, scans their labels, or reads them into memory);
-# the batches' loggers (vitkit.data.loader, .stream) name what each process reads of its own share.
-LOADING_LOGGERS = ("sources", "inmemory", "listing", "images", "subsets", "hf", "tarshards")
+# shard reader's among them where every process reads the same shards (listing them, scanning their labels,
+# reading them into memory); the batches' loggers (vitkit.data.loader, .stream, .tarshards) name what each
+# process reads of its own share.
+LOADING_LOGGERS = ("sources", "inmemory", "listing", "images", "subsets", "hf", "tarshards.loading")
 
 
 def quiet_other_ranks() -> bool:

@@ -14,6 +14,7 @@ import torch
 from vitkit.data.images import MAX_PIXELS, BadImageError, decode_files
 from vitkit.data.imageset import MAX_FILES_IN_MEMORY, EmptySplitError, ImageSet, fits_in_memory
 from vitkit.data.stream import ShardSet, read_all, sample_problem
+from vitkit.data.tarsamples import loading
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +25,8 @@ SHOWN = 3  # problems quoted in an EmptySplitError
 def _sample_sources(subset: ShardSet, strict: bool) -> tuple[list[bytes], torch.Tensor, list[str], list[str]]:
     """(encoded images, labels, names) of a streamed split's usable samples, and each unusable one's problem
     (`strict`: the first is a BadImageError)."""
-    samples = read_all(subset)
+    with loading():  # every process reads every shard: the main process names what is damaged
+        samples = read_all(subset)
     problems = [sample_problem(sample, subset.num_classes) for sample in samples]
     kept = [i for i, problem in enumerate(problems) if not problem]
     reasons = [f"{samples[i].key}: {problem}" for i, problem in enumerate(problems) if problem]

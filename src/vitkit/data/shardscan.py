@@ -48,7 +48,7 @@ def _scan(path: str, stamp: tuple[int, int]) -> ShardScan:
                 present[value >> 3] |= 1 << (value & 7)
         except TarFormatError as error:  # what could be read counts; the reader stops at the same place
             problem = damage_message(path, count, error)
-            _name_once(path, problem)
+            _name_once(path, problem, every_process=True)
     return ShardScan(count, top, problem, top_key, bytes(present))
 
 
@@ -124,6 +124,7 @@ def class_names_by_scan(units: list[Unit]) -> list[str]:
             f"{', '.join(absent)}): the labels are class indices and no {CLASS_FILE} or dataset.json names "
             f"the classes, so the model gets {top + 1} outputs; the largest label, {top}, is {holder}'s. "
             f"If it is a stray label, fix that sample; else put a {CLASS_FILE} beside the shards",
+            every_process=True,
         )
     return [str(i) for i in range(top + 1)]
 

@@ -4,6 +4,8 @@ input, and a damaged shard's message, named once per process.  The layout is vit
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import logging
 import re
@@ -17,6 +19,8 @@ from vitkit.data.stream import Sample
 from vitkit.data.tarformat import Member, TarFormatError, TarTruncatedError, read_member, tar_members
 
 log = logging.getLogger("vitkit.data.tarshards")  # the shard reader's messages, wherever they are said
+loading_log = logging.getLogger("vitkit.data.tarshards.loading")  # ... where every process reads the same shards
+_loading: contextvars.ContextVar[bool] = contextvars.ContextVar("vitkit_shards_loading", default=False)
 
 _IMAGE_EXTS = frozenset(ext.lstrip(".") for ext in IMAGE_EXTENSIONS)
 MAX_LABEL_BYTES = 1 << 16  # a label member larger than this is corrupt
@@ -125,8 +129,20 @@ def damage_message(path: str, count: int, error: Exception) -> str:
     return f"{path}: damaged after {count} samples ({error})"
 
 
-def _name_once(path: str, message: str) -> None:
-    """Log `message` about shard `path` the first time only (a damaged shard is read again every epoch)."""
+@contextlib.contextmanager
+def loading() -> Iterator[None]:
+    """Shards read while the block runs are read by every process alike (a source's labels scanned, a split read
+    into memory): their messages go to the loading logger, which under torchrun the main process alone gives."""
+    token = _loading.set(True)
+    try:
+        yield
+    finally:
+        _loading.reset(token)
+
+
+def _name_once(path: str, message: str, *, every_process: bool = False) -> None:
+    """Log `message` about shard `path` the first time only (a damaged shard is read again every epoch), to the
+    loading logger where every process meets it (`every_process`, or inside `loading()`)."""
     if path not in _named:
         _named.add(path)
-        log.warning("%s", message)
+        (loading_log if every_process or _loading.get() else log).warning("%s", message)

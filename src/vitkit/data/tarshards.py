@@ -32,7 +32,15 @@ from vitkit.data.braces import expand_braces
 from vitkit.data.shardscan import class_names_by_scan, damage, scan_shard, shard_labels
 from vitkit.data.stream import Sample, Unit
 from vitkit.data.tarformat import BLOCK, TarFormatError, tar_members
-from vitkit.data.tarsamples import MAX_CLASSES, _assemble, _groups, _name_once, check_class_names, damage_message
+from vitkit.data.tarsamples import (
+    MAX_CLASSES,
+    _assemble,
+    _groups,
+    _name_once,
+    check_class_names,
+    damage_message,
+    loading_log,
+)
 
 __all__ = [
     "INCOMPLETE",
@@ -184,7 +192,9 @@ def _by_prefix(files: list[Path]) -> dict[str, list[Path]]:
         return {"train": files} if files else {}
     unnamed = [p.name for p in files if not SPLIT_PREFIX.match(p.name)]
     if unnamed:
-        log.warning("ignoring %d shard(s) without a train-/val-/test- prefix, e.g. %s", len(unnamed), unnamed[0])
+        loading_log.warning(  # every process lists the shards
+            "ignoring %d shard(s) without a train-/val-/test- prefix, e.g. %s", len(unnamed), unnamed[0]
+        )
     return splits
 
 
