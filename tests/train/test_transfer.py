@@ -237,14 +237,15 @@ def test_a_sweep_whose_trials_mostly_start_up_stops_and_trains_the_recipes_rate(
 
     def fake_train(trial, spent_s=0.0, **kwargs):
         ran.append(trial.optim.lr)
-        measured = {"startup_seconds": 6.0}  # of the trial's 10 s
-        return {"status": "finished", "val": {"top1": 0.5, "loss": 1.0}, "plan": {"measured": measured}}
+        # of the trial's 10 s; run.budget_schedule=cut ends a trial "time_budget": a whole trial all the same
+        return {"status": "time_budget", "val": {"top1": 0.5, "loss": 1.0}, "startup_seconds": 6.0}
 
     monkeypatch.setattr(sweep, "train", fake_train)
     with caplog.at_level(logging.WARNING):
         result = sweep.train_with_sweep(config)
     assert ran == [0.01, 0.05] and result["best_lr"] == 0.05  # one trial, then the final run at the set rate
-    assert "spent 6 s of its 10-s budget starting up" in caplog.text and "--max-minutes 3 or more" in caplog.text
+    assert "spent 6 s of its 10-s budget starting up" in caplog.text
+    assert "--max-minutes 3 or more, with a new --out" in caplog.text
     record = json.loads((tmp_path / "s" / "sweep.json").read_text())
     assert record["best_lr"] == 0.05 and "starting up" in record["stopped"]
 

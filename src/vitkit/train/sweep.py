@@ -107,7 +107,7 @@ def train_with_sweep(config: TrainConfig, *, spent_s: float = 0.0, **train_kwarg
     began, stopped = now(), ""
     for lr in config.optim.lr_sweep:
         result = train(trial_config(config, lr), **train_kwargs)
-        if result["status"] != "finished":  # the sweep's own directory resumes it: finished trials are skipped
+        if result["status"] not in ("finished", "time_budget"):  # interrupted: the sweep's own --out resumes it
             return {**result, "sweep": scores, "status": result["status"], "resume_out": str(config.run.out)}
         scores[f"{lr:g}"], losses[f"{lr:g}"] = result["val"]["top1"], result["val"]["loss"]
         log.info("sweep lr %g: val top-1 %.2f%%, loss %.4f", lr, 100 * scores[f"{lr:g}"], losses[f"{lr:g}"])
@@ -139,7 +139,7 @@ def choose(config: TrainConfig, scores: dict[str, float], losses: dict[str, floa
 
 def starved(result: dict[str, Any], trial_minutes: float, config: TrainConfig) -> str:
     """Why the sweep stops after this trial ("" to go on): its start-up took STARVED_SHARE of its budget."""
-    startup = ((result.get("plan") or {}).get("measured") or {}).get("startup_seconds", 0.0)
+    startup = result.get("startup_seconds", 0.0)
     budget = trial_minutes * 60
     if budget <= 0 or startup < STARVED_SHARE * budget:
         return ""
@@ -147,5 +147,5 @@ def starved(result: dict[str, Any], trial_minutes: float, config: TrainConfig) -
     return (
         f"a trial spent {startup:g} s of its {budget:g}-s budget starting up, too few steps left to tell the "
         f"rates apart: the sweep stops, and the final run trains at lr {config.optim.lr:g}; --max-minutes "
-        f"{math.ceil(2 * least / 60)} or more lets the sweep run"
+        f"{math.ceil(2 * least / 60)} or more, with a new --out, lets the sweep run"
     )

@@ -365,6 +365,7 @@ class Trainer(RunParts):
             "step": state.step,
             "steps": self.plan.steps,
             "skipped_steps": state.skipped_steps,
+            "startup_seconds": round(state.startup, 1),  # the first invocation's (data, model, warm-up)
             "plan": self.plan.to_dict(),
         }
         if status == "interrupted":
