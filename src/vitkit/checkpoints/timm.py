@@ -115,7 +115,8 @@ def add_class_posemb_row(state: dict[str, Tensor], tokens: int | None = None) ->
     posemb = state.get("pos_embed")
     if "cls_token" in state and posemb is not None and posemb.dim() == 3:
         rows = posemb.shape[1]
-        if rows == tokens if tokens is not None else int(rows**0.5) ** 2 == rows:
+        without_class_row = rows == tokens if tokens is not None else math.isqrt(rows) ** 2 == rows
+        if without_class_row:
             row = posemb.new_zeros(posemb.shape[0], 1, posemb.shape[2])
             state = {**state, "pos_embed": surgery.cat([row, posemb], dim=1)}
     return state

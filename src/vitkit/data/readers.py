@@ -197,11 +197,13 @@ def _check_npz_sizes(path: Path) -> None:
         raise DataFormatError(f"{path}: cannot read .npz ({error})") from error
 
 
-def check_labels(labels: np.ndarray, path: Path, key: str) -> None:
-    """A DataFormatError where an array of class labels holds one below 0 or at MAX_CLASSES or above (one stray
-    label would otherwise plan a model with that many classes)."""
-    if labels.ndim != 1 or labels.dtype.kind not in "iu":
-        raise DataFormatError(f"{path}: `{key}` must be integer labels, got {labels.dtype} {labels.shape}")
+def check_labels(labels: np.ndarray, path: Path, key: str, count: int | None = None) -> None:
+    """A DataFormatError where an array of class labels is not 1-D integers (`count` of them, where given) or
+    holds one below 0 or at MAX_CLASSES or above (one stray label would otherwise plan a model with that many
+    classes)."""
+    if labels.ndim != 1 or labels.dtype.kind not in "iu" or (count is not None and len(labels) != count):
+        how_many = "" if count is None else f"{count} "
+        raise DataFormatError(f"{path}: `{key}` must be {how_many}integer labels, got {labels.dtype} {labels.shape}")
     if labels.size and labels.min() < 0:
         raise DataFormatError(f"{path}: `{key}` has negative labels")
     if labels.size and labels.max() >= MAX_CLASSES:
@@ -231,11 +233,7 @@ def read_npz(path: Path) -> dict[str, np.ndarray]:
     for image_key, label_key in zip(keys[0::2], keys[1::2]):
         images = to_nchw(arrays[image_key], path, image_key)
         labels = arrays[label_key]
-        if labels.ndim != 1 or labels.dtype.kind not in "iu" or len(labels) != len(images):
-            raise DataFormatError(
-                f"{path}: `{label_key}` must be {len(images)} integer labels, got {labels.dtype} {labels.shape}"
-            )
-        check_labels(labels, path, label_key)
+        check_labels(labels, path, label_key, count=len(images))
         out[image_key], out[label_key] = images, labels.astype(np.int64)
     if "class_names" in arrays:
         out["class_names"] = arrays["class_names"]

@@ -271,9 +271,10 @@ def write_shards(
     if label_column and not labelled:
         raise ValueError(f"a label column ({label_column!r}) names labels, which writing without labels leaves out")
     out = Path(out)
-    held = _lock(out) if (out / INCOMPLETE).exists() else None  # a run killed there, or one writing it now
+    interrupted = (out / INCOMPLETE).exists()  # a run killed there, or one writing it now (which holds the lock)
+    held = _lock(out) if interrupted else None
     try:
-        if held is not None or (out / INCOMPLETE).exists():
+        if interrupted:
             _start_over(out)
         if out.exists() and (any(out.glob("*.tar")) or (out / INDEX).exists()):
             raise ValueError(f"{out} already holds shards or {INDEX}; choose an empty directory")

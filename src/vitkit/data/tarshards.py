@@ -22,7 +22,6 @@ images are compressed already).
 from __future__ import annotations
 
 import json
-import logging
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -56,8 +55,6 @@ __all__ = [
     "damage",
     "expand_braces",
 ]
-
-log = logging.getLogger(__name__)
 
 INDEX = "dataset.json"
 INCOMPLETE = ".shard-incomplete"  # `vitkit shard` writes it first and removes it last: a run killed part-way

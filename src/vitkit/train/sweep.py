@@ -117,7 +117,6 @@ def train_with_sweep(config: TrainConfig, *, spent_s: float = 0.0, **train_kwarg
             break
     best = config.optim.lr if stopped else choose(config, scores, losses)
     overrun = max(0.0, now() - began - trial_minutes * len(config.optim.lr_sweep) * 60)  # charged to the final run
-    Path(config.run.out).mkdir(parents=True, exist_ok=True)
     record: dict[str, Any] = {"val_top1": scores, "val_loss": losses, "best_lr": best}
     record.update(trial_minutes=trial_minutes, final_minutes=final_minutes, **({"stopped": stopped} if stopped else {}))
     atomic_write_text(Path(config.run.out) / SWEEP_RECORD, json.dumps(record, indent=2) + "\n")
