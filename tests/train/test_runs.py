@@ -3,6 +3,7 @@ printed, and `vitkit pretrain-mpp` interrupted by SIGTERM then resumed bit-ident
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -237,9 +238,20 @@ def test_a_newest_checkpoint_with_damaged_files_is_resumed_from_the_step_before(
         trainer.train(config)
 
 
-def test_a_newest_checkpoint_this_user_may_not_read_stops_the_resume(tmp_path: Path, monkeypatch) -> None:
-    """A step whose files are intact but not readable by this user was passed over like a damaged one: the
-    run stepped back and trained again what it had, when the cure is a chmod."""
+@pytest.mark.parametrize(
+    ("error", "cure"),
+    [
+        (PermissionError(13, "Permission denied"), "give this user read access"),
+        (OSError(errno.EIO, "Input/output error"), "once the storage reads it"),
+        (OSError(errno.ESTALE, "Stale file handle"), "once the storage reads it"),
+    ],
+)
+def test_a_newest_checkpoint_that_cannot_be_read_for_now_stops_the_resume(
+    tmp_path: Path, monkeypatch, error: OSError, cure: str
+) -> None:
+    """A step whose files are intact but not readable now (this user's permissions; a storage error such as
+    EIO on a failing disk or a network file system) was passed over like a damaged one: the run stepped back
+    and trained again what it had, when the cure is a chmod or a retry."""
     from vitkit.runs import RunDir
 
     run = tmp_path / "run"
@@ -251,11 +263,11 @@ def test_a_newest_checkpoint_this_user_may_not_read_stops_the_resume(tmp_path: P
 
     def denied(path: Path):
         if path.name == newest.name:
-            raise PermissionError(13, "Permission denied", str(path / "train_state.pt"))
+            raise type(error)(error.errno, error.strerror, str(path / "train_state.pt"))
         return read_state(path)
 
     monkeypatch.setattr(RunDir, "read_state", staticmethod(denied))
-    with pytest.raises(ValueError, match=r"step_0000006.*Permission denied.*give this user read access"):
+    with pytest.raises(ValueError, match=rf"step_0000006.*{error.strerror}.*{cure}"):
         trainer.train(config)
     assert os.stat(newest / "model.safetensors").st_ino == before  # not written again
 

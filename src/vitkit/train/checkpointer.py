@@ -9,6 +9,7 @@ for the write.  The layout itself is `vitkit.runs.RunDir`'s.
 
 from __future__ import annotations
 
+import errno
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -25,6 +26,14 @@ from vitkit.train.ema import averaged
 from vitkit.train.state import TrainState
 
 log = logging.getLogger(__name__)
+# Read errors of a file that is most likely intact (permissions, a failing disk, a network file system): the
+# resume stops, where stepping back to an older step would train again the steps it holds
+NOT_NOW = frozenset(  # errno numbers; a name a platform lacks (ENOMEDIUM on macOS) is left out
+    getattr(errno, name)
+    for name in "EACCES EPERM EIO ESTALE ETIMEDOUT EAGAIN EBUSY ENXIO ENODEV ENOTCONN EHOSTDOWN ENOLINK".split()
+    + ["ENOMEDIUM"]
+    if hasattr(errno, name)
+)
 
 
 class Checkpointer:
@@ -66,7 +75,7 @@ class Checkpointer:
         optimiser, step, rank 0's RNG, then `load_extra` with the whole payload for the data position, the
         objective and the other processes' random streams).  A step whose files cannot be read (weights that
         fail their SHA-256, a cut-short train state) is passed over for the one before, with a warning; one this
-        user may not read stops the resume."""
+        user may not read now (permissions, a storage error: `NOT_NOW`) stops the resume."""
         candidates = self.run.resume_candidates()
         found = self._readable(candidates)
         if found is None:
@@ -88,21 +97,39 @@ class Checkpointer:
             try:
                 payload = RunDir.read_state(path)
                 return path, payload, native.load(path, map_location="cpu").model.state_dict()
-            except PermissionError as error:  # intact, most likely: stepping back would train its steps again
-                raise ValueError(
-                    f"{path} cannot be read ({error}): give this user read access to it and resume; or remove "
-                    f"{self.run.checkpoints / LATEST} to start the run over"
-                ) from error
-            except UNREADABLE as error:
-                if index + 1 == len(candidates):
-                    raise ValueError(
-                        f"no step checkpoint of {self.run.path} can be read; the last tried, {path.name}: {error}. "
-                        f"Remove {self.run.checkpoints / LATEST} to start the run over"
-                    ) from error
-                log.warning(
-                    "%s cannot be read (%s); resuming from %s, the step before", path, error, candidates[index + 1].name
+            except OSError as error:
+                if error.errno not in NOT_NOW:
+                    self._step_back(candidates, index, error)
+                    continue
+                cure = (
+                    "give this user read access to it and resume"
+                    if isinstance(error, PermissionError)
+                    else "a storage error, not damage: resume once the storage reads it"
                 )
+                pointer = self.run.checkpoints / LATEST
+                other = (
+                    f"write {candidates[index + 1].name} into {pointer} to resume from the step before"
+                    if index + 1 < len(candidates)
+                    else f"remove {pointer} to start the run over"
+                )
+                raise ValueError(f"{path} cannot be read ({error}): {cure}; or {other}") from error  # intact, likely
+            except UNREADABLE as error:
+                self._step_back(candidates, index, error)
         return None
+
+    def _step_back(self, candidates: list[Path], index: int, error: BaseException) -> None:
+        """Pass over the damaged `candidates[index]` for the one before, with a warning; an error after the last."""
+        if index + 1 == len(candidates):
+            raise ValueError(
+                f"no step checkpoint of {self.run.path} can be read; the last tried, {candidates[index].name}: "
+                f"{error}. Remove {self.run.checkpoints / LATEST} to start the run over"
+            ) from error
+        log.warning(
+            "%s cannot be read (%s); resuming from %s, the step before",
+            candidates[index],
+            error,
+            candidates[index + 1].name,
+        )
 
     def export(self, state: TrainState) -> None:
         """checkpoints/final: the evaluated model (the Polyak average when enabled), and checkpoints/ema."""
