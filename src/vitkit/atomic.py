@@ -77,6 +77,14 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     atomic_write(path, lambda tmp: tmp.write_text(text))
 
 
+def check_writable(directory: str | os.PathLike) -> None:
+    """The OSError that creating a file in `directory` raises (read-only, no permission, not a directory), if
+    any: a probe file named as a torn temporary (TORN_NAME), created and removed."""
+    probe = Path(directory) / f".write-probe.{secrets.token_hex(6)}.tmp"
+    probe.open("x").close()
+    probe.unlink()
+
+
 def fsync_dir(path: str | os.PathLike) -> None:
     """Flush a directory's entries (a rename inside it) to disk where the platform allows."""
     try:

@@ -33,7 +33,15 @@ from typing import Any
 import torch
 
 from vitkit import run_config
-from vitkit.atomic import atomic_write, atomic_write_text, fsync_dir, lock_directory, remove_torn, unlock_directory
+from vitkit.atomic import (
+    atomic_write,
+    atomic_write_text,
+    check_writable,
+    fsync_dir,
+    lock_directory,
+    remove_torn,
+    unlock_directory,
+)
 from vitkit.checkpoints import native
 from vitkit.metrics_log import METRICS, MetricsLog
 
@@ -88,15 +96,29 @@ class RunDir:
     @contextmanager
     def locked(self) -> Iterator[None]:
         """The directory, made (`create`) and locked (`lock`) while the block runs; what a killed run left
-        half-written in it (its files' and plots' temporaries) is removed once the lock is held."""
+        half-written in it (its files' and plots' temporaries) is removed once the lock is held, and a
+        `checkpoints/` that cannot be written is refused before the run trains."""
         self.create()
         descriptor = self.lock()
-        for directory in (self.path, self.path / PLOTS):
-            remove_torn(directory)
         try:
+            for directory in (self.path, self.path / PLOTS):
+                remove_torn(directory)
+            self._check_checkpoints()
             yield
         finally:
             self.unlock(descriptor)
+
+    def _check_checkpoints(self) -> None:
+        """A ValueError where `checkpoints/` exists and cannot take a file: the first save would fail minutes in."""
+        if not self.checkpoints.exists() and not self.checkpoints.is_symlink():
+            return
+        try:
+            check_writable(self.checkpoints)
+        except OSError as error:
+            raise ValueError(
+                f"{self.checkpoints} cannot be written ({error}); the run saves its checkpoints there: make it a "
+                "directory this user may write, or choose another --out"
+            ) from None
 
     def lock(self) -> int | None:
         """An exclusive lock on the directory (`atomic.lock_directory`) for as long as a run trains in it; a

@@ -428,3 +428,34 @@ def test_a_re_run_removes_what_a_kill_left_half_written_in_the_run_directory(tmp
         path.write_bytes(b"")
     trainer.train(config)
     assert not any(path.exists() for path in torn) and (run / "plots" / "curves.png").is_file()
+
+
+def test_a_run_directory_whose_checkpoints_cannot_be_written_is_refused_before_training(tmp_path: Path) -> None:
+    """`checkpoints/` that cannot take a file failed only at the first save, minutes of training later: the
+    run is refused at once.  Here it is a file where the directory should be; a read-only one (which root, as
+    the tests run, writes through) fails the same probe.  (plots/ is drawn last, and a failure there warns.)"""
+    where = "checkpoints"
+    run = tmp_path / "run"
+    config = tiny_config(run, "data.steps=2")
+    trainer.train(config)
+    shutil.rmtree(run / where)  # a run's config, no checkpoint: it starts over
+    (run / "metrics.jsonl").unlink()
+    (run / where).write_text("not a directory")
+    with pytest.raises(ValueError, match=rf"{where} cannot be written.*Not a directory"):
+        trainer.train(config)
+    assert not (run / "metrics.jsonl").exists()  # refused before a step
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root writes in a read-only directory")
+def test_a_read_only_checkpoints_directory_is_refused_before_training(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    config = tiny_config(run, "data.steps=2")
+    trainer.train(config)
+    shutil.rmtree(run / "checkpoints")
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints").chmod(0o555)
+    try:
+        with pytest.raises(ValueError, match="checkpoints cannot be written.*Permission denied"):
+            trainer.train(config)
+    finally:
+        (run / "checkpoints").chmod(0o755)
