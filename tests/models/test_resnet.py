@@ -219,14 +219,3 @@ def test_reset_head_keeps_the_model_device_and_dtype():
         big = create_model("bit_r50x1")
     big.reset_head(10)
     assert big.head.fc.weight.is_meta
-
-
-def test_stem_gradient_of_a_one_channel_channels_last_batch_has_the_weight_layout():
-    """As the ViT's patch embedding: DDP copies (and warns of) a gradient laid out otherwise than its weight."""
-    model = tiny(in_chans=1).train()
-    x = torch.randn(2, 32, 32, 1).permute(0, 3, 1, 2)  # decoded H x W x 1, then permuted
-    model(x).sum().backward()
-    weight = model.stem.conv.weight
-    assert weight.grad.stride() == weight.stride()
-    expected = torch.autograd.grad(model(x.contiguous().squeeze(1).unsqueeze(1)).sum(), weight)[0]
-    torch.testing.assert_close(weight.grad, expected, rtol=0, atol=0)

@@ -89,20 +89,6 @@ def test_grayscale_and_multispectral_inputs(in_chans):
         model(torch.randn(2, 3, 32, 32))
 
 
-@pytest.mark.parametrize("in_chans", [1, 3])
-def test_patch_weight_gradient_has_the_weight_layout_for_channels_last_input(in_chans):
-    """A channels-last batch (images decoded H x W x C, then permuted) gives the patch weight a gradient laid out
-    as the weight is; DDP otherwise copies it every step and warns "Grad strides do not match bucket view"."""
-    model = tiny(in_chans=in_chans).train()
-    x = torch.randn(2, 32, 32, in_chans).permute(0, 3, 1, 2)
-    reference = x.contiguous().squeeze(1).unsqueeze(1) if in_chans == 1 else x.contiguous()  # the standard layout
-    model.forward_features(x).sum().backward()
-    weight = model.patch_embed.proj.weight
-    assert weight.grad.stride() == weight.stride()
-    expected = torch.autograd.grad(model.forward_features(reference).sum(), weight)[0]
-    torch.testing.assert_close(weight.grad, expected, rtol=0, atol=0)
-
-
 # ---------------------------------------------------------------- position embeddings (App. D.4)
 
 

@@ -135,7 +135,7 @@ class HybridEmbed(nn.Module):
         nn.init.zeros_(self.proj.bias)
 
     def forward(self, x: Tensor) -> tuple[Tensor, tuple[int, int]]:
-        x = pe.check_images(x, self.backbone.stem.conv.in_channels)
+        pe.check_images(x, self.backbone.stem.conv.in_channels)
         grid = pe.check_grid(x.shape[-2], x.shape[-1], self.stride)
         x = self.proj(self.backbone(x))  # (B, C, H, W) -> (B, D, H/s, W/s)
         return x.flatten(2).transpose(1, 2), grid  # (B, D, gh, gw) -> (B, N, D)

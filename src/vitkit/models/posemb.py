@@ -182,11 +182,8 @@ def relative_logits(q: Tensor, table: Tensor) -> Tensor:
     return scores.gather(-1, index)
 
 
-def check_images(x: Tensor, channels: int) -> Tensor:
-    """`x`, a batch of images (N, C, H, W) of `channels` channels, or a ValueError that names the fix.
-
-    A one-channel batch comes back with the standard strides (a view, no copy): permuted from H x W x 1 it reads
-    as channels-last, and the first convolution's weight gradient would too, which DDP copies every step."""
+def check_images(x: Tensor, channels: int) -> None:
+    """A batch of images (N, C, H, W) of `channels` channels, or a ValueError that names the fix."""
     if x.dim() != 4:
         fix = "add one with x.unsqueeze(0)" if x.dim() == 3 else "resize or stack the images to that shape"
         raise ValueError(f"the model takes a batch of images (N, {channels}, H, W), got shape {tuple(x.shape)}: {fix}")
@@ -196,7 +193,6 @@ def check_images(x: Tensor, channels: int) -> Tensor:
             f"the model takes images of {channels} channels, got {x.shape[1]} (shape {tuple(x.shape)}): convert "
             f"them{hint.get(channels, '')}"
         )
-    return x.squeeze(1).unsqueeze(1) if channels == 1 else x
 
 
 def check_grid(height: int, width: int, stride: int) -> tuple[int, int]:

@@ -207,7 +207,7 @@ class ResNetV2(nn.Module):
 
     def forward_stages(self, x: Tensor) -> dict[str, Tensor]:
         """Feature maps after the stem and after each stage: "stem", "stage1", … (B, C_i, H_i, W_i)."""
-        x = check_images(x, self.stem.conv.in_channels)
+        check_images(x, self.stem.conv.in_channels)
         x = self.stem(x)  # (B, C, H, W) -> (B, 64w, H/4, W/4)
         named = {"stem": x}
         for index, stage in enumerate(self.stages):
@@ -221,7 +221,7 @@ class ResNetV2(nn.Module):
 
     def forward_features(self, x: Tensor) -> Tensor:
         """The pooled representation the head reads, (B, num_features)."""
-        x = check_images(x, self.stem.conv.in_channels)
+        check_images(x, self.stem.conv.in_channels)
         return self.pool(self.stages(self.stem(x)))
 
     def forward_head(self, features: Tensor) -> Tensor:

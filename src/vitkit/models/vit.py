@@ -41,7 +41,7 @@ class PatchEmbed(nn.Module):
         nn.init.zeros_(self.proj.bias)
 
     def forward(self, x: Tensor) -> tuple[Tensor, tuple[int, int]]:
-        x = pe.check_images(x, self.proj.in_channels)
+        pe.check_images(x, self.proj.in_channels)
         grid = pe.check_grid(x.shape[-2], x.shape[-1], self.stride)
         x = self.proj(x)  # (B, C, H, W) -> (B, D, H/P, W/P)
         return x.flatten(2).transpose(1, 2), grid  # (B, D, gh, gw) -> (B, N, D)
