@@ -219,3 +219,17 @@ def test_reset_head_keeps_the_model_device_and_dtype():
         big = create_model("bit_r50x1")
     big.reset_head(10)
     assert big.head.fc.weight.is_meta
+
+
+def test_a_one_channel_stem_weight_is_laid_out_as_its_gradient():
+    """vitkit's batches are permuted from H x W x C (channels-last, the fast layout for a one-channel convolution):
+    the stem weight's gradient comes out channels-last, and DDP copies, with a warning, one whose strides differ
+    from its parameter's.  The weight is laid out so; its values are the standard layout's."""
+    model = tiny(in_chans=1).train()
+    x = torch.randn(2, 32, 32, 1).permute(0, 3, 1, 2)  # decoded H x W x 1, then permuted
+    model(x).sum().backward()
+    weight = model.stem.conv.weight
+    assert weight.grad.stride() == weight.stride() == (49, 1, 7, 1)
+    plain = tiny(in_chans=1)
+    plain.load_state_dict({k: v.contiguous().clone() for k, v in model.state_dict().items()})
+    torch.testing.assert_close(plain(x), model.eval()(x), rtol=0, atol=0)

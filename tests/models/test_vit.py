@@ -89,6 +89,21 @@ def test_grayscale_and_multispectral_inputs(in_chans):
         model(torch.randn(2, 3, 32, 32))
 
 
+@pytest.mark.parametrize("in_chans", [1, 3])
+def test_patch_weight_is_laid_out_as_its_gradient_from_a_channels_last_batch(in_chans):
+    """vitkit's batches are permuted from H x W x C; a one-channel patch convolution is fastest so, and its weight
+    gradient comes out channels-last: the weight is laid out so too (DDP copies, with a warning, a gradient whose
+    strides differ from its parameter's).  The output is the standard layout's, bit for bit."""
+    model = tiny(in_chans=in_chans).train()
+    x = torch.randn(2, 32, 32, in_chans).permute(0, 3, 1, 2)
+    model.forward_features(x).sum().backward()
+    weight = model.patch_embed.proj.weight
+    assert weight.grad.stride() == weight.stride()
+    standard = weight.detach().clone(memory_format=torch.contiguous_format)
+    expected = F.conv2d(x, standard, model.patch_embed.proj.bias, stride=8)
+    torch.testing.assert_close(model.patch_embed.proj(x), expected, rtol=0, atol=0)
+
+
 # ---------------------------------------------------------------- position embeddings (App. D.4)
 
 

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vitkit.models import kernels
 from vitkit.models import posemb as pe
 from vitkit.models.configs import HybridConfig
 from vitkit.models.resnet import (
@@ -96,6 +97,7 @@ class HybridBackbone(nn.Module):
             blocks = [Bottleneck(channels if j == 0 else out, out, stride if j == 0 else 1) for j in range(depth)]
             stages.append(ResNetStage(blocks))
             channels = out
+        kernels.one_channel_(self.stem.conv)
         self.stages = nn.Sequential(*stages)
         self.num_features = channels
         init_official_(self.stem)  # the units initialised themselves

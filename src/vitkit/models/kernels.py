@@ -10,6 +10,7 @@ environment variables); benchmarks/cpu_kernels.py measures each choice against t
                    x sigmoid(2 sqrt(2/pi) (x + 0.044715 x^3)): eagerly in three light passes with torch's
                    GELU backward, under torch.compile as plain ops that Inductor fuses (forward and backward).
   linear_gelu      GELU(x W^T + b); without autograd on the CPU one oneDNN kernel.
+  one_channel_     a one-channel input convolution's weight laid out channels-last, as its gradient is.
 
 No fast path without a guard: a choice that depends on the host (oneDNN's fused dense + GELU, the
 softplus-backward form of the eager tanh GELU, the explicit attention for bf16) runs only where a one-time
@@ -299,3 +300,17 @@ def _check_linear_gelu(dtype: torch.dtype) -> bool:
         if not torch.allclose(fused, plain, atol=tol * 4, rtol=tol):
             return False
     return True
+
+
+def one_channel_(conv: nn.Conv2d) -> None:
+    """Give a one-channel convolution's weight the channels-last strides (the same memory: its channel dimension
+    has size 1).  vitkit's batches are decoded H x W x C and permuted, the layout in which a one-channel
+    convolution runs fastest (fp32 forward and backward 2-4x faster than the standard one, AVX2 and AVX-512
+    alike); its weight gradient comes out channels-last, and DDP copies every step (with a warning) a gradient
+    laid out otherwise than its parameter."""
+    weight = conv.weight
+    if weight.shape[1] != 1:
+        return
+    kh, kw = weight.shape[2:]
+    strides = (kh * kw, 1, kw, 1)
+    conv.weight = nn.Parameter(weight.detach().as_strided(weight.shape, strides), requires_grad=weight.requires_grad)

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vitkit.models import kernels
 from vitkit.models.configs import ResNetConfig
 from vitkit.models.posemb import check_images
 
@@ -193,6 +194,7 @@ class ResNetV2(nn.Module):
             blocks = [PreActBottleneck(channels if j == 0 else out, out, stride if j == 0 else 1) for j in range(depth)]
             stages.append(ResNetStage(blocks))
             channels = out
+        kernels.one_channel_(self.stem.conv)
         self.stages = nn.Sequential(*stages)
         self.norm = group_norm(channels, BIT_GN_EPS)  # pre-activation units leave the last output un-normalised
         self.num_features = channels

@@ -34,6 +34,7 @@ class PatchEmbed(nn.Module):
         super().__init__()
         self.stride = patch_size  # pixels per token along each side
         self.proj = nn.Conv2d(in_chans, hidden_size, kernel_size=patch_size, stride=patch_size)
+        kernels.one_channel_(self.proj)
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
