@@ -83,6 +83,26 @@ def test_checkpoint_accuracy_per_class() -> None:
     assert result.to_dict()["per_class"]["b"] == 1.0
 
 
+def test_classes_named_alike_in_another_order_are_matched_by_name() -> None:
+    """A folder sorts its class names (one, two, zero; 0, 1, 10, 2, ...), and a model trained on shards with a
+    classes.txt or on npz keeps another order: matched by index, the names disagreed and a perfect model scored
+    0%.  Classes are matched by name where the data's names are the model's, in any order, or some of them."""
+    predictions = torch.tensor([0, 1, 2, 2, 0])  # the model's classes: zero, one, two; every prediction right
+    logits = torch.eye(3)[predictions]
+    checkpoint = Checkpoint(model=Lookup(logits), class_names=["zero", "one", "two"], mean=(0.5,), std=(0.5,))
+    config = AccuracyConfig(img_size=2, device="cpu", batch_size=2)
+    data = _data(logits, torch.tensor([2, 0, 1, 1, 2]))  # the same images, labelled in the folder's order
+    data.class_names = ["one", "two", "zero"]
+    result = evaluate_checkpoint(checkpoint, data, config)
+    assert result.top1 == 1.0 and result.class_names == ["zero", "one", "two"]
+    assert result.per_class == [1.0, 1.0, 1.0] and result.confusion == [[2, 0, 0], [0, 1, 0], [0, 0, 2]]
+    checkpoint.model = Lookup(torch.eye(3)[torch.tensor([1, 2, 2])])  # predicts one, two, two
+    some = _data(logits, torch.tensor([0, 1, 1]))  # a folder of two of the model's classes
+    some.class_names = ["one", "two"]
+    result = evaluate_checkpoint(checkpoint, some, config)
+    assert result.top1 == 1.0 and result.num_images == 3 and result.per_class == [None, 1.0, 1.0]
+
+
 def test_flip_views_average_the_logits_of_an_image_and_its_mirror() -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 4 * 4, 5))  # sees left and right apart

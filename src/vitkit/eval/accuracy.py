@@ -6,6 +6,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from vitkit.device import pick_device
 from vitkit.eval.evaluator import evaluate as run_evaluator
 from vitkit.eval.features import channels, resolution
@@ -59,19 +61,22 @@ def evaluate(checkpoint, images, config: AccuracyConfig) -> EvalResult:
     """Top-1 / top-k, per-class accuracy and confusion matrix of a checkpoint on an `ImageSet`, through the
     one evaluator that training uses too (vitkit.eval.evaluator).
 
-    The data set's classes must be the checkpoint's: same number (an error otherwise), matched by
-    index (differing names are logged as a warning).
+    Classes are matched by name where the data set's names are the checkpoint's, in any order, or some of
+    them (a folder sorts its class folders; the model keeps its training data's order); otherwise by index,
+    which needs as many classes (an error otherwise; differing names are logged as a warning).
     """
-    names = checkpoint.class_names
-    if names and images.class_names and len(names) != len(images.class_names):
+    names = list(checkpoint.class_names or [])
+    label_map = by_name(names, list(images.class_names or []))
+    if label_map is None and names and images.class_names and len(names) != len(images.class_names):
         raise ValueError(
-            f"the checkpoint has {len(names)} classes but the data set has {len(images.class_names)}: "
-            "evaluate on the data set the model was trained for (or fine-tune a new head)"
+            f"the checkpoint has {len(names)} classes but the data set has {len(images.class_names)}, and not all "
+            "of the data set's class names are the checkpoint's: evaluate on the data set the model was trained "
+            "for (or fine-tune a new head)"
         )
-    if names and images.class_names and list(names) != list(images.class_names):
+    if label_map is None and names and images.class_names and names != list(images.class_names):
         log.warning(
             "class names differ (checkpoint %s... vs data %s...); labels are matched by index",
-            list(names)[:3],
+            names[:3],
             list(images.class_names)[:3],
         )
     device = pick_device(config.device)
@@ -88,10 +93,12 @@ def evaluate(checkpoint, images, config: AccuracyConfig) -> EvalResult:
         device=device,
         top_k=config.top_k,
         flip_views=config.flip_views,
+        label_map=label_map,
     )
     confusion = counts.confusion
     totals = confusion.sum(dim=1)
-    class_names = [str(c) for c in (images.class_names or names or range(len(confusion)))]
+    shown = names if label_map is not None else (images.class_names or names)
+    class_names = [str(c) for c in (shown or range(len(confusion)))]
     return EvalResult(
         top1=counts.top1,
         topk=counts.topk,
@@ -103,3 +110,15 @@ def evaluate(checkpoint, images, config: AccuracyConfig) -> EvalResult:
         img_size=size,
         top1_one_view=counts.one_view_top1,
     )
+
+
+def by_name(model_names: list[str], data_names: list[str]) -> torch.Tensor | None:
+    """int64 (len(data_names),): the model's index of each of the data's classes, where the data's names are
+    distinct and all the model's but not the model's list itself; None where the classes are matched by index."""
+    if not model_names or not data_names or data_names == model_names:
+        return None
+    index = {name: i for i, name in enumerate(model_names)}
+    if len(set(data_names)) != len(data_names) or not all(name in index for name in data_names):
+        return None
+    log.info("classes matched by name: the data set's %d in the checkpoint's order", len(data_names))
+    return torch.tensor([index[name] for name in data_names], dtype=torch.int64)

@@ -24,6 +24,7 @@ from vitkit.data import loader as batches
 from vitkit.data.sources import ImageSet
 from vitkit.data.transforms import eval_transform
 from vitkit.device import autocast
+from vitkit.models import configs
 
 
 @dataclass(frozen=True)
@@ -86,18 +87,22 @@ def evaluate(
     workers: int = 0,
     top_k: int = 5,
     flip_views: bool = False,
+    label_map: Tensor | None = None,
 ) -> Counts:
     """Loss, top-1, top-k and the confusion matrix of `model` on `data` (uint8 images prepared as in training);
-    with `flip_views`, of the logits averaged over each image and its mirror image."""
+    with `flip_views`, of the logits averaged over each image and its mirror image.  `label_map` (int64, one
+    entry a data class) turns the data's labels into the model's classes, which the confusion matrix counts."""
     device = torch.device(device)
     was_training = model.training
     model.eval()
-    num_classes = data.num_classes
+    num_classes = data.num_classes if label_map is None else configs.num_classes(model.config)
+    label_map = None if label_map is None else label_map.to(device)
     confusion = torch.zeros(num_classes * num_classes, dtype=torch.float64, device=device)
     sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, top-k hits, count, one-view top-1 hits
     k = 1
     for images, labels in batches.eval_batches(data, batch_size, device, rank=rank, world=world, workers=workers):
         inputs = eval_transform(images, size, mean, std, channels)
+        labels = labels if label_map is None else label_map[labels]
         logits, one_view_hits = _view_logits(model, inputs, labels, device, autocast_dtype, flip_views)
         if logits.shape[1] != num_classes:
             raise ValueError(f"the model predicts {logits.shape[1]} classes but the data set has {num_classes}")
