@@ -326,3 +326,33 @@ def test_a_damaged_state_json_or_arrow_file_is_named(tmp_path: Path) -> None:
         (root / "train" / damaged).write_text("{garbage")
         with pytest.raises(ValueError, match=f"{root / 'train' / damaged}: not a readable"):
             load_split(f"hf:{root}", "train", image_size=8)
+
+
+def _renamed(dataset, names: list[str]):
+    """`dataset` with its ClassLabel names in another order (or others), each row keeping its class by name."""
+    labels = [names.index(CLASSES[label]) if CLASSES[label] in names else 0 for label in dataset["target"]]
+    features = dataset.features.copy()
+    features["target"] = datasets.ClassLabel(names=names)
+    return dataset.remove_columns("target").add_column("target", labels).cast(features)
+
+
+@pytest.mark.parametrize("stored", ["arrow", "parquet"])
+def test_a_split_whose_class_names_are_in_another_order_is_read_by_name(tmp_path: Path, stored: str) -> None:
+    """`DatasetDict.class_encode_column` encodes every split alone: a test split without one class, or with its
+    names met in another order, numbers them otherwise than train.  Read by number, a right model scored 0%."""
+    train, test = _dataset(30), _renamed(_dataset(8, start=30), ["dog", "ant", "cat", "bee"])
+    if stored == "arrow":
+        datasets.DatasetDict({"train": train, "test": test}).save_to_disk(str(tmp_path))
+    else:
+        (tmp_path / "data").mkdir()
+        train.to_parquet(str(tmp_path / "data" / "train-00000-of-00001.parquet"), batch_size=8)
+        test.to_parquet(str(tmp_path / "data" / "test-00000-of-00001.parquet"), batch_size=8)
+    read = load_split(f"hf:{tmp_path}", "test", image_size=8)  # in memory, a stream decoded
+    assert read.class_names == CLASSES and read.labels.tolist() == _truth(8, start=30)[1].tolist()
+
+
+def test_a_split_with_a_class_train_lacks_is_refused(tmp_path: Path) -> None:
+    test = _renamed(_dataset(8, start=30), ["ant", "bee", "cat", "eel"])
+    datasets.DatasetDict({"train": _dataset(30), "test": test}).save_to_disk(str(tmp_path))
+    with pytest.raises(ValueError, match=r"test split's class names .*eel.* are not all the train split's"):
+        load_split(f"hf:{tmp_path}", "test", image_size=8)

@@ -161,6 +161,28 @@ def choose_columns(
     return image, label, class_names
 
 
+def split_label_map(
+    split: HFSplit, name: str, image: str, label: str, names: list[str] | None, where: str
+) -> tuple[int, ...]:
+    """The train split's class of each of `split`'s ClassLabel names, where they differ from the train split's
+    `names` (`DatasetDict.class_encode_column` encodes every split alone); () where they do not.  A ValueError
+    where `split` names a class the train split lacks."""
+    if not names or not label:
+        return ()
+    own = choose_columns(schema(split), image, label, where)[2]
+    if not own or list(own) == list(names):
+        return ()
+    index = {class_name: i for i, class_name in enumerate(names)}
+    if not all(class_name in index for class_name in own):
+        raise ValueError(
+            f"{where}: the {name} split's class names ({', '.join(map(str, own))[:200]}) are not all the train "
+            f"split's ({', '.join(map(str, names))[:200]}): encode the splits' labels together (cast each "
+            "split's label column to the train split's ClassLabel)"
+        )
+    log.info("%s: the %s split's classes read by name, in the train split's order", where, name)
+    return tuple(index[class_name] for class_name in own)
+
+
 def _listed(columns: list[str]) -> str:
     return ", ".join(columns) or "none"
 
@@ -320,9 +342,13 @@ class ParquetReader:
 
     image_column: str
     label_column: str  # "": a dataset without labels, every row of class 0
+    label_map: tuple[int, ...] = ()  # the train split's class of each of this split's (`split_label_map`)
 
     def labels(self, units: list[Unit]) -> list[list[int]]:
-        return row_group_labels(units, self.label_column)
+        return [[self._class(label) for label in unit] for unit in row_group_labels(units, self.label_column)]
+
+    def _class(self, label: int) -> int:
+        return self.label_map[label] if 0 <= label < len(self.label_map) else label
 
     def samples(self, unit: Unit, start: int = 0, wanted: frozenset[int] | None = None) -> Iterator[tuple[int, Sample]]:
         pq = _pyarrow().parquet
@@ -341,4 +367,4 @@ class ParquetReader:
             if j >= len(images) or labels[j] is None:
                 yield j, Sample(key, None, None, "missing row or label")
             else:
-                yield j, Sample(key, _image_value(images[j]) or b"", int(labels[j]))
+                yield j, Sample(key, _image_value(images[j]) or b"", self._class(int(labels[j])))

@@ -200,9 +200,10 @@ def read_hf(
     image, label, names = hf.choose_columns(hf.schema(splits["train"]), image_column, label_column, where, labelled)
     class_names = _hf_classes(splits["train"], label, names)
     name, note = _split_name(splits, split, part)
+    label_map = () if split is splits["train"] else hf.split_label_map(split, name, image, label, names, where)
     if split.kind == "parquet":
         units = hf.parquet_units(split)
-        reader = hf.ParquetReader(image, label)
+        reader = hf.ParquetReader(image, label, label_map)
         channels = channels or _probe_stream(units, reader)[1]
         data = ShardSet(
             units=units,
@@ -216,6 +217,9 @@ def read_hf(
             data = holdout.hold_out_shards(data, reader.labels(units), part, data.origin)
         return data
     images, labels = hf.arrow_rows(split, image, label, f"{where} ({part})")
+    if label_map:
+        known = (labels >= 0) & (labels < len(label_map))
+        labels[known] = np.asarray(label_map)[labels[known]]
     channels = channels or probe_images([images[i] for i in range(min(PROBED, len(images)))])[1]
     rows = ImageSet(
         images=None,
