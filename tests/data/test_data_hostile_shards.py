@@ -12,6 +12,7 @@ import pytest
 
 from shardkit import numbered_shards, write_tar
 from vitkit.data.imageset import EmptySplitError
+from vitkit.data.shardscan import scan_shard
 from vitkit.data.sources import load_split
 from vitkit.data.stream import decode_samples, read_all
 from vitkit.data.tarshards import TarFormatError, tar_members
@@ -206,3 +207,36 @@ def test_strict_stops_at_every_kind_of_bad_sample_in_memory_and_streamed(tmp_pat
             with pytest.raises(BadImageError, match=problem):  # on loading, or on decoding what a stream reads
                 data = load_split(f"wds:{directory}", "train", image_size=8, strict=True, **budget)
                 decode_samples(read_all(data), data, strict=True)
+
+
+def test_a_shard_whose_samples_files_are_not_together_is_refused(tmp_path: Path) -> None:
+    """`tar cf shard.tar -C dir .` stores files in directory order, not a sample's files together: every group
+    lacked its image or its label, 321 of 322 samples were skipped, and the run trained on one image."""
+    from shardkit import numbered_images, png
+
+    images, labels = numbered_images(12)
+    pictures = [(f"s{i:02d}.png", png(images[i])) for i in range(12)]
+    classes = [(f"s{i:02d}.cls", str(labels[i]).encode()) for i in range(12)]
+    (tmp_path / "wds").mkdir()
+    write_tar(tmp_path / "wds" / "train-000000.tar", pictures[:6] + classes[:6] + pictures[6:] + classes[6:])
+    with pytest.raises(ValueError, match=r"train-000000.tar: the files of sample 's00' are not next to each other"):
+        load_split(f"wds:{tmp_path / 'wds'}", "train", image_size=8)
+
+
+def test_a_sample_of_several_images_is_named(tmp_path: Path, caplog) -> None:
+    """webdataset's key ends at the first dot of a file name: cat.0.png and cat.1.png are one sample "cat", of
+    which one image was read, and the rest vanished without a word."""
+    from shardkit import numbered_images, png
+
+    images, _ = numbered_images(8)
+    members = []
+    for name, label, ids in (("cat", 0, range(4)), ("dog", 1, range(4, 8))):
+        for i in ids:
+            members += [(f"{name}.{i}.png", png(images[i])), (f"{name}.{i}.cls", str(label).encode())]
+    (tmp_path / "wds").mkdir()
+    write_tar(tmp_path / "wds" / "train-000000.tar", members)
+    with caplog.at_level("WARNING"):
+        load_split(f"wds:{tmp_path / 'wds'}", "train", image_size=8)
+    assert scan_shard(tmp_path / "wds" / "train-000000.tar")[0] == 2  # two samples, of 8 images
+    assert "sample 'cat' holds 4 images (0.png, 1.png, 2.png, 3.png)" in caplog.text
+    assert "key ends at the first dot" in caplog.text

@@ -98,17 +98,32 @@ def _assemble(key: str, members: list[tuple[str, Member]], handle: BinaryIO, lab
     return Sample(key, read_member(handle, image), value)
 
 
+class ShardLayoutError(ValueError):
+    """A shard whose samples' files are not next to each other: no sample of it can be read whole."""
+
+
 def _groups(handle: BinaryIO) -> Iterator[tuple[str, list[tuple[str, Member]]]]:
-    """(key, [(extension, member), ...]) for each run of consecutive regular files sharing a key."""
-    key, group = None, []
+    """(key, [(extension, member), ...]) for each run of consecutive regular files sharing a key; a
+    ShardLayoutError where a key comes back after another's files (a sample's files apart)."""
+    key, group, done = None, [], set()
+    where = str(getattr(handle, "name", "the shard"))
     try:
         for member in tar_members(handle):
             parts = _split_name(member.name)
             if parts is None:
                 continue
             if parts[0] != key and group:
+                _name_images(where, key, group)
                 yield key, group
+                done.add(key)
                 group = []
+            if parts[0] in done:
+                raise ShardLayoutError(
+                    f"{where}: the files of sample {parts[0]!r} are not next to each other ({member.name} comes "
+                    "after other samples' files): a webdataset shard keeps each sample's files together, as "
+                    "`tar --sort=name` (GNU tar) or `vitkit shard` writes them; or its file names hold a dot "
+                    "before the extension, where webdataset's key ends"
+                )
             key = parts[0]
             group.append((parts[1], member))
     except TarFormatError:
@@ -116,7 +131,20 @@ def _groups(handle: BinaryIO) -> Iterator[tuple[str, list[tuple[str, Member]]]]:
             yield key, group
         raise
     if group:
+        _name_images(where, key, group)
         yield key, group
+
+
+def _name_images(where: str, key: str, group: list[tuple[str, Member]]) -> None:
+    """Name once a shard's sample of several images, of which the first is read (a key with a dot, often)."""
+    images = [ext for ext, _ in group if ext.rsplit(".", 1)[-1] in _IMAGE_EXTS]
+    if len(images) > 1:
+        _name_once(
+            f"{where} (images)",
+            f"{where}: sample {key!r} holds {len(images)} images ({', '.join(images[:5])}), of which the first is "
+            "read: webdataset's key ends at the first dot of a file name, so cat.0.jpg and cat.1.jpg are both "
+            "sample 'cat' (name them cat_0.jpg, ...)",
+        )
 
 
 def damage_message(path: str, count: int, error: Exception) -> str:
