@@ -117,3 +117,20 @@ def test_a_process_beyond_the_machines_gpus_is_told_what_to_do(monkeypatch, requ
         policy.pick_device(requested, local_rank=1)
     with pytest.raises(ValueError, match=r"'cuda:3': the machine has 1 CUDA device\(s\), cuda:0 to cuda:0$"):
         policy.pick_device("cuda:3")  # named by number (as serve --device takes it): no torchrun advice
+
+
+def test_a_thread_count_beyond_the_host_s_cpus_is_capped_with_a_warning(monkeypatch, caplog) -> None:
+    """run.threads=100000 crashed torch (SIGSEGV, no message) and 5,000 hung: threads are capped at the CPUs this
+    process may run on, with a warning; `set_threads` is the one place train, serve and bench set them."""
+    monkeypatch.setattr(hosts, "cpus", lambda: 2)
+    before = torch.get_num_threads()
+    try:
+        with caplog.at_level(logging.WARNING):
+            assert hosts.set_threads(100_000) == 2 and torch.get_num_threads() == 2
+        assert "100000 threads asked for; this host runs 2 at once: using 2" in caplog.text
+        caplog.clear()
+        assert hosts.set_threads(1) == 1 and torch.get_num_threads() == 1 and not caplog.text
+        assert hosts.set_threads(0) == 1  # 0: torch's setting, left as it is
+    finally:
+        torch.set_num_threads(before)
+    assert hosts.cpus() >= 1

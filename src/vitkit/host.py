@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import os
 import platform
 import time
@@ -17,6 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -116,6 +119,25 @@ def current(device: torch.device | str = "cpu") -> Host:
         torch=torch.__version__,
         cpu_id=family,
     )
+
+
+def cpus() -> int:
+    """The CPUs this process may run on (its affinity where the OS says, else the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def set_threads(requested: int) -> int:
+    """Set torch's intra-op threads to `requested` (0: leave torch's setting), capped at `cpus()` with a warning:
+    torch crashes (SIGSEGV) or hangs at tens of thousands.  The threads now set."""
+    if requested > 0:
+        usable = min(requested, cpus())
+        if usable < requested:
+            log.warning("%d threads asked for; this host runs %d at once: using %d", requested, usable, usable)
+        torch.set_num_threads(usable)
+    return torch.get_num_threads()
 
 
 def process_seconds() -> float:

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vitkit import host as hosts
 from vitkit.bench.flops import model_flops
 from vitkit.device import autocast as device_autocast
 from vitkit.device import pick_device, resolve_precision, synchronize
@@ -339,7 +340,7 @@ def num_threads(threads: int | None) -> Iterator[None]:
     """Run the block with `threads` intra-op CPU threads (None: leave torch's setting)."""
     before = torch.get_num_threads()
     if threads:
-        torch.set_num_threads(threads)
+        hosts.set_threads(threads)
     try:
         yield
     finally:

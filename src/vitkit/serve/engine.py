@@ -21,6 +21,7 @@ import torch
 from PIL import Image
 from torch import Tensor
 
+from vitkit import host as hosts
 from vitkit.data.images import BadImageError, DecompressionBombError
 from vitkit.inspect.plots import relevance_maps
 from vitkit.serve.body import HTTPError, Upload
@@ -70,7 +71,7 @@ class LocalEngine:
     ) -> LocalEngine:
         """Set the torch threads, load `path`, warm up: in the server process or in the model process alike."""
         if config.threads is not None:
-            torch.set_num_threads(config.threads)
+            hosts.set_threads(config.threads)
         engine = cls(load(path, config.device), config)
         engine.model.warm_up(config.max_batch)
         return engine

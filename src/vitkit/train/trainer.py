@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from vitkit import host as hosts
 from vitkit.data.imageset import ImageSet
 from vitkit.device import pick_device, synchronize
 from vitkit.eval.evaluator import one_view_note
@@ -74,8 +75,7 @@ def train(
         raise ValueError("run.parallel='fsdp' (FSDP2) needs CUDA; use 'ddp' on CPU")
     joined = distributed.setup(info, device)
     threads = torch.get_num_threads()
-    if config.run.threads > 0:
-        torch.set_num_threads(config.run.threads)
+    hosts.set_threads(config.run.threads)
     try:
         with removed_if_left_empty(config.run.out) if info.main else nullcontext():  # rank 0 creates it
             with RunDir(config.run.out).locked() if info.main else nullcontext():  # one run in it at a time
