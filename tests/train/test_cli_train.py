@@ -352,13 +352,17 @@ def test_under_torchrun_other_ranks_do_not_repeat_the_datas_warnings(monkeypatch
         ("data.std=-1", "std must be > 0"),  # trained on inverted inputs
         ("data.std=0,0,0", "std must be > 0"),
         ("data.epochs=1e300", "epochs <= 1e+06"),  # planned 4.5e299 steps
-        ("eval.batch_size=0", "batch_size >= 1"),  # failed after the whole run, in the final evaluation
+        ("data.steps=99999999999999999999", "steps <= 1e+09"),  # a warm-up of 2.7e22 steps: the lr stayed at 0
+        ("run.max_minutes=1e308", "max_minutes) must be <= 1e+06"),  # an OverflowError traceback
+        ("run.max_minutes=1e20", "max_minutes) must be <= 1e+06"),  # planned 4.8e22 epochs
+        ("eval.every_epochs=-1", "eval.every_epochs must be >= 0"),  # named batch_size too
+        ("eval.batch_size=0", "eval.batch_size must be >= 1"),  # failed after the whole run, in the final evaluation
         ("run.threads=-2", "run.threads >= 0"),
         ("run.seed=99999999999999999999", "seed < 2**32"),
         (
             "run.seed=9223372036854775807",
             "seed < 2**32",
-        ),  # "Overflow when unpacking long long" once multiplied  # "Overflow when unpacking long long"
+        ),  # "Overflow when unpacking long long" once multiplied
         ("optim.betas=0.9,1.5", "betas and momentum must be in [0, 1)"),
     ],
 )

@@ -28,6 +28,8 @@ Precision = Literal["auto", "fp32", "bf16"]
 Parallel = Literal["ddp", "fsdp"]
 Compile = Literal["auto", "on", "off"]
 MAX_EPOCHS = 1e6  # beyond any run; 1e300 planned a 300-digit step count
+MAX_STEPS = 10**9  # beyond any run; 1e20 planned a warm-up that never ended
+MAX_MINUTES = 1e6  # about two years; 1e308 overflowed the plan
 MAX_SEED = 2**32 - 1  # seeds are multiplied (by up to 1,000,003) into torch's signed 64 bits
 
 
@@ -64,6 +66,8 @@ class DataConfig:
             )
         if self.epochs < 0 or self.steps < 0:
             raise ValueError(f"epochs and steps must be >= 0 (0 = not set), got {self.epochs} / {self.steps}")
+        if self.steps > MAX_STEPS:
+            raise ValueError(f"need data.steps <= {MAX_STEPS:.0e}, got {self.steps:.3g}")
         if not 0.0 <= self.val_fraction < 1.0:
             raise ValueError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
         if not 0.0 < self.train_fraction <= 1.0:
@@ -154,8 +158,10 @@ class EvalConfig:
     flip_views: bool = False  # classify each image and its mirror image, average the logits (test-time augmentation)
 
     def __post_init__(self) -> None:
-        if self.batch_size < 1 or self.every_epochs < 0:
-            raise ValueError(f"need batch_size >= 1 and every_epochs >= 0; got {self.batch_size} / {self.every_epochs}")
+        if self.batch_size < 1:
+            raise ValueError(f"eval.batch_size must be >= 1, got {self.batch_size}")
+        if not self.every_epochs >= 0:  # NaN too
+            raise ValueError(f"eval.every_epochs must be >= 0 (0: at the end only), got {self.every_epochs:g}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -200,6 +206,8 @@ class RunConfig:
             raise ValueError(f"need run.threads >= 0 and 0 <= seed < 2**32; got {self.threads} / {self.seed}")
         if self.max_minutes < 0:
             raise ValueError(f"--max-minutes (run.max_minutes) must be >= 0 (0: no budget), got {self.max_minutes:g}")
+        if self.max_minutes > MAX_MINUTES:
+            raise ValueError(f"--max-minutes (run.max_minutes) must be <= {MAX_MINUTES:g}, got {self.max_minutes:g}")
 
 
 @dataclass(frozen=True, kw_only=True)
