@@ -377,6 +377,7 @@ def test_nonsense_settings_are_refused_before_anything_runs(setting: str, messag
         ["--out", "R", "--set", "run.out=elsewhere"],  # the run went to elsewhere
         ["--epochs", "1", "--set", "data.epochs=3"],
         ["--max-minutes", "0", "--set", "run.max_minutes=0.05"],
+        ["--compile", "--set", "run.compile=off"],  # trained eagerly, --compile dropped
     ],
 )
 def test_a_flag_and_a_set_of_the_same_field_are_refused(flags: list[str], tmp_path, capsys) -> None:
@@ -384,6 +385,13 @@ def test_a_flag_and_a_set_of_the_same_field_are_refused(flags: list[str], tmp_pa
     flags = [str(tmp_path / "r") if flag == "R" else flag for flag in flags]
     assert main(["train", *flags]) == 2
     assert "were both given, and one would be dropped; give one of them" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("rate", [["--lr", "0.1"], ["--set", "optim.lr=0.1"]])
+def test_a_learning_rate_with_lr_sweep_is_refused(rate: list[str], tmp_path, capsys) -> None:
+    """The sweep picked among optim.lr_sweep and dropped the rate given beside it without a word."""
+    assert main(["finetune", str(tmp_path / "none"), "--lr-sweep", *rate, "--out", str(tmp_path / "r")]) == 2
+    assert "--lr-sweep picks the learning rate among optim.lr_sweep" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

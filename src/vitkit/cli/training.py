@@ -71,6 +71,7 @@ FLAG_KEYS = {
     "labels_per_class": "data.labels_per_class",
     "image_column": "data.image_column",
     "label_column": "data.label_column",
+    "compile": "run.compile",
 }
 
 
@@ -78,9 +79,15 @@ def refuse_twice_given(args: argparse.Namespace) -> None:
     """A flag and a --set of the same field: one of the two would be dropped without a word."""
     keys = {item.partition("=")[0].strip() for item in args.overrides}
     for dest, key in FLAG_KEYS.items():
-        if getattr(args, dest, None) not in (None, "") and key in keys:
+        given = getattr(args, dest, None)
+        if given is not None and given is not False and given != "" and key in keys:  # 0 is given; False is not
             flag = "--" + dest.replace("_", "-")
             raise ValueError(f"{flag} and --set {key} were both given, and one would be dropped; give one of them")
+    if getattr(args, "lr_sweep", False) and (getattr(args, "lr", None) is not None or "optim.lr" in keys):
+        raise ValueError(
+            "--lr-sweep picks the learning rate among optim.lr_sweep, and would drop the one given with it (--lr "
+            "or --set optim.lr): give one of them (other candidates: --set optim.lr_sweep=R1,R2,...)"
+        )
 
 
 def _config(args: argparse.Namespace) -> Any:
