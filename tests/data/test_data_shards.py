@@ -378,3 +378,19 @@ def test_a_damaged_shard_read_by_every_process_is_named_by_the_loading_logger(tm
         tarsamples._name_once(str(tmp_path / "b.tar"), "b.tar: damaged")
     by = {record.getMessage(): record.name for record in caplog.records}
     assert by == {"a.tar: damaged": "vitkit.data.tarshards.loading", "b.tar: damaged": "vitkit.data.tarshards"}
+
+
+def test_split_names_inside_shard_names_are_read_as_timm_and_hf_name_them(tmp_path: Path, caplog) -> None:
+    """imagenet1k-train-0000.tar beside imagenet1k-validation-00.tar: no name began with train-/val-/test-, so
+    every shard was training data, the validation images among them, without a word."""
+    from vitkit.data.tarshards import split_units
+
+    numbered_shards(tmp_path, [6, 6], prefix="imagenet1k-train")
+    numbered_shards(tmp_path, [4], prefix="imagenet1k-validation", start=12)
+    numbered_shards(tmp_path, [3], prefix="contest_test", start=16)  # a word ending in "test" is no split name
+    splits, _, _ = split_units(str(tmp_path))
+    assert {name: [Path(u.path).name for u in units] for name, units in splits.items()} == {
+        "train": ["imagenet1k-train-000000.tar", "imagenet1k-train-000001.tar"],
+        "val": ["imagenet1k-validation-000000.tar"],
+        "test": ["contest_test-000000.tar"],
+    }

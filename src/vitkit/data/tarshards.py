@@ -59,7 +59,8 @@ __all__ = [
 INDEX = "dataset.json"
 INCOMPLETE = ".shard-incomplete"  # `vitkit shard` writes it first and removes it last: a run killed part-way
 INDEX_FORMAT = "vitkit-wds/1"
-SPLIT_PREFIX = re.compile(r"^(train|val|valid|validation|test)[-_.]")
+# A split's name as a word of a shard's name: train-000.tar, imagenet1k-validation-00.tar (timm's and HF's naming)
+SPLIT_WORD = re.compile(r"(?:^|[-_.])(train|val|valid|validation|test)(?=[-_.])")
 _SPLIT_NAMES = {"train": "train", "val": "val", "valid": "val", "validation": "val", "test": "test"}
 MAX_MISSING = 100_000  # samples an index may count beyond what its shard's size can hold (the shard was cut)
 MAX_INDEX_BYTES = 64 << 20  # dataset.json larger than this is refused (a million shards take about 50 MB)
@@ -182,15 +183,15 @@ def read_index(directory: Path) -> dict[str, Any] | None:
 def _by_prefix(files: list[Path]) -> dict[str, list[Path]]:
     splits: dict[str, list[Path]] = {}
     for path in files:
-        match = SPLIT_PREFIX.match(path.name)
-        if match:
-            splits.setdefault(_SPLIT_NAMES[match[1]], []).append(path)
+        words = SPLIT_WORD.findall(path.name)
+        if words:  # the last, nearest the shard's number
+            splits.setdefault(_SPLIT_NAMES[words[-1]], []).append(path)
     if not splits:
         return {"train": files} if files else {}
-    unnamed = [p.name for p in files if not SPLIT_PREFIX.match(p.name)]
+    unnamed = [p.name for p in files if not SPLIT_WORD.search(p.name)]
     if unnamed:
         loading_log.warning(  # every process lists the shards
-            "ignoring %d shard(s) without a train-/val-/test- prefix, e.g. %s", len(unnamed), unnamed[0]
+            "ignoring %d shard(s) whose names name no split (train, val, test), e.g. %s", len(unnamed), unnamed[0]
         )
     return splits
 
