@@ -28,6 +28,26 @@ def test_scan_keeps_sorted_path_order_with_nested_folders(tmp_path: Path) -> Non
     assert list(files) == expected and files == expected and labels == [0] * 5
 
 
+def test_a_symlinked_sub_folder_is_read_once_and_a_broken_link_counted(tmp_path: Path, caplog) -> None:
+    """A class folder holding `batch2 -> /store/zero` was read without the linked images, and without a word;
+    a link back up the tree is not followed twice, and a broken link is counted among the files not read."""
+    store = tmp_path / "store"
+    store.mkdir()
+    for name in ("s1.png", "s2.png"):
+        (store / name).write_bytes(b"")
+    root = tmp_path / "data"
+    (root / "cls").mkdir(parents=True)
+    (root / "cls" / "own.png").write_bytes(b"")
+    (root / "cls" / "batch2").symlink_to(store, target_is_directory=True)
+    (root / "cls" / "again").symlink_to(store, target_is_directory=True)  # the same folder twice: read once
+    (store / "up").symlink_to(root, target_is_directory=True)  # a loop
+    (root / "cls" / "broken.png").symlink_to(tmp_path / "gone.png")
+    with caplog.at_level("WARNING"):
+        files, labels = scan_folder(root, ["cls"])
+    assert [Path(f).relative_to(root / "cls").as_posix() for f in files] == ["again/s1.png", "again/s2.png", "own.png"]
+    assert labels == [0, 0, 0] and "1 files not read" in caplog.text and "broken link 1" in caplog.text
+
+
 def test_file_list_takes_pickles_and_names(tmp_path: Path) -> None:
     files = FileList.of([tmp_path / "a.jpg", tmp_path / "ü.png", tmp_path / "c.png"])
     assert files[1] == tmp_path / "ü.png" and files.name(2) == str(tmp_path / "c.png")

@@ -82,20 +82,27 @@ class FileList(Sequence[Path]):
 
 def _image_files(folder: str, skipped: Counter[str]) -> list[str]:
     """Image files under `folder`, recursively, hidden ones and hidden directories aside (as for class folders),
-    sorted; other files that are not hidden are counted in `skipped` by lower-case suffix.  os.scandir's file
-    types avoid one stat per file."""
-    found, pending = [], [folder]
+    sorted; other files that are not hidden, and broken links, are counted in `skipped` by lower-case suffix.
+    Symlinked directories are followed, each real directory once (the first link by name; a loop ends).
+    os.scandir's file types avoid one stat per file."""
+    found, pending, seen = [], [folder], {os.path.realpath(folder)}
     while pending:
-        with os.scandir(pending.pop()) as entries:
-            for entry in entries:
-                if entry.name.startswith("."):  # .ipynb_checkpoints, .git, .DS_Store, macOS's ._x.jpg: no data
-                    continue
-                if entry.is_dir(follow_symlinks=False):  # as pathlib's rglob: no symlinked directories
+        with os.scandir(pending.pop()) as listing:
+            entries = sorted(listing, key=lambda entry: entry.name)
+        for entry in entries:
+            if entry.name.startswith("."):  # .ipynb_checkpoints, .git, .DS_Store, macOS's ._x.jpg: no data
+                continue
+            if entry.is_dir():
+                real = os.path.realpath(entry.path)
+                if real not in seen:
+                    seen.add(real)
                     pending.append(entry.path)
-                elif entry.name.lower().endswith(IMAGE_EXTENSIONS) and entry.is_file():
-                    found.append(entry.path)
-                elif entry.is_file():
-                    skipped[os.path.splitext(entry.name)[1].lower() or "(no suffix)"] += 1
+            elif entry.name.lower().endswith(IMAGE_EXTENSIONS) and entry.is_file():
+                found.append(entry.path)
+            elif entry.is_file():
+                skipped[os.path.splitext(entry.name)[1].lower() or "(no suffix)"] += 1
+            elif entry.is_symlink():
+                skipped["broken link"] += 1
     return sorted(found, key=lambda path: path.split(os.sep))  # the order of sorted Path objects
 
 
