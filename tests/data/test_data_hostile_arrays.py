@@ -70,3 +70,22 @@ def test_an_npz_label_past_any_class_count_is_a_data_error(tmp_path: Path, layou
         describe(f"npz:{path}")
     with pytest.raises(DataFormatError, match=expected):
         load_split(f"npz:{path}", "train")
+
+
+@pytest.mark.parametrize("layout", ["images", "x_train"])
+def test_npz_labels_stored_as_python_objects_are_named(tmp_path: Path, layout: str) -> None:
+    """Labels saved from a list of mixed values are an object array, which np.load refuses unpickled: the error
+    said "Object arrays cannot be loaded when allow_pickle=False", naming neither the file nor the array."""
+    from vitkit.data.sources import describe
+
+    images = np.zeros((4, 8, 8), np.uint8)
+    labels = np.array([0, "one", 2, 3], dtype=object)
+    path = tmp_path / "d.npz"
+    if layout == "images":
+        np.savez(path, images=images, labels=labels)
+    else:
+        np.savez(path, x_train=images, y_train=labels, x_test=images, y_test=np.zeros(4, np.int64))
+    key = "labels" if layout == "images" else "y_train"
+    for read in (lambda: describe(f"npz:{path}"), lambda: read_npz(path)):
+        with pytest.raises(DataFormatError, match=rf"d.npz: {key} holds Python objects.*integer class ids"):
+            read()

@@ -163,7 +163,7 @@ def _describe_npz(uri: str, path: Path) -> SourceInfo:
     side = shape[-1] if nchw or len(shape) == 3 else shape[2]
     with np.load(path, allow_pickle=False) as archive:  # decompresses the labels only
         for name in ("labels",) if key == "images" else ("y_train", "y_test"):
-            readers.check_labels(archive[name], path, name)
+            readers.check_labels(readers.npz_array(archive, name, path), path, name)
         if key == "images":  # the fixed 20 % test hold-out needs the labels
             labels = torch.from_numpy(archive["labels"].astype(np.int64))
             num_train = len(stratified_split(labels, FIXED_TEST_FRACTION, FIXED_TEST_SEED)[0])

@@ -13,6 +13,7 @@ import struct
 import zipfile
 import zlib
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -214,12 +215,28 @@ def check_labels(labels: np.ndarray, path: Path, key: str, count: int | None = N
         )
 
 
+def npz_array(archive: Any, key: str, path: Path) -> np.ndarray:
+    """`archive[key]` of an np.load'ed `.npz`; a DataFormatError naming the file and the array where it holds
+    Python objects, which are not unpickled."""
+    try:
+        return archive[key]
+    except ValueError as error:
+        if "allow_pickle" not in str(error):
+            raise
+        raise DataFormatError(
+            f"{path}: {key} holds Python objects (an array of mixed or string values), which vitkit does not "
+            "unpickle: store integer class ids (and the names as a 'class_names' array of strings)"
+        ) from None
+
+
 def read_npz(path: Path) -> dict[str, np.ndarray]:
     """The arrays of an `.npz` file, never unpickling; images are returned NCHW, labels int64."""
     _check_npz_sizes(path)
     try:
         with np.load(path, allow_pickle=False) as archive:
-            arrays = {key: archive[key] for key in archive.files}
+            arrays = {key: npz_array(archive, key, path) for key in archive.files}
+    except DataFormatError:
+        raise
     except (OSError, zipfile.BadZipFile, ValueError, EOFError) as error:
         raise DataFormatError(f"{path}: cannot read .npz ({error})") from error
     for keys in NPZ_KEYS:
