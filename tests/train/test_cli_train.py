@@ -404,3 +404,11 @@ def test_a_learning_rate_with_lr_sweep_is_refused(rate: list[str], tmp_path, cap
 def test_the_flags_applied_outside_resolve_are_checked_against_set_too(verb, flags, tmp_path, capsys) -> None:
     assert main([verb, "--out", str(tmp_path / "r"), *flags]) == 2
     assert "were both given, and one would be dropped" in capsys.readouterr().err
+
+
+def test_an_out_below_a_file_is_named_in_a_sentence(tmp_path, capsys) -> None:
+    """The error was Python's "[Errno 20] Not a directory: 'afile/sub'"."""
+    (tmp_path / "afile").write_text("")
+    assert main(["train", "--epochs", "1", "--out", str(tmp_path / "afile" / "sub")]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'afile' / 'sub'}: Not a directory" in err and "[Errno" not in err

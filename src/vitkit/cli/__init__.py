@@ -83,7 +83,7 @@ def main(argv: Sequence[str] | None = None, *, since_process_start: bool = False
         IsADirectoryError,
         PermissionError,
     ) as err:
-        print(f"vitkit {args.verb}: error{_process()}: {err}", file=sys.stderr)
+        print(f"vitkit {args.verb}: error{_process()}: {_sentence(err)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"vitkit {args.verb}: interrupted", file=sys.stderr)
@@ -94,6 +94,14 @@ def main(argv: Sequence[str] | None = None, *, since_process_start: bool = False
             raise
         print(f"vitkit {args.verb}: error{_process()}: {problem}", file=sys.stderr)
         return 2
+
+
+def _sentence(err: Exception) -> str:
+    """An error's text; an OS error about a path as "PATH: what" rather than Python's "[Errno N] what: 'PATH'"."""
+    if isinstance(err, OSError) and err.errno is not None and err.strerror and err.filename is not None:
+        name = err.filename
+        return f"{os.fsdecode(name) if isinstance(name, str | bytes | os.PathLike) else name}: {err.strerror}"
+    return str(err)
 
 
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
