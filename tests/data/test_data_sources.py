@@ -295,3 +295,20 @@ def test_a_class_left_without_test_images_is_named(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="vitkit"):
         load_split(f"npz:{tmp_path / 'c.npz'}", "train")
     assert "no test image" not in caplog.text
+
+
+def test_a_class_without_training_images_is_named(tmp_path, caplog):
+    """Test labels beyond train's (or a classes.txt naming classes no sample holds) widened the head by classes
+    the model cannot learn, said only as "no test image" for others."""
+    import logging
+
+    x = np.zeros((6, 8, 8), np.uint8)
+    np.savez(tmp_path / "c.npz", x_train=x, y_train=np.array([0, 0, 1, 1, 2, 2]), x_test=x, y_test=np.arange(6) % 4)
+    with caplog.at_level(logging.WARNING, logger="vitkit"):
+        train = load_split(f"npz:{tmp_path / 'c.npz'}", "train")
+    assert train.num_classes == 4
+    assert "1 class has no training image (3): the model cannot learn it" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="vitkit"):
+        load_split(f"npz:{tmp_path / 'c.npz'}", "train", val_fraction=0.5, seed=0)  # a hold-out: no verdict
+    assert "no training image" not in caplog.text

@@ -235,7 +235,22 @@ def load_split(
     _log_loaded(uri, split, result, len(problems))
     if split == "test" and labelled and isinstance(result, ImageSet):
         _warn_untested(result)
+    if split == "train" and val_fraction == 0.0 and labelled and isinstance(result, ImageSet):
+        _warn_untrained(result)
     return result
+
+
+def _warn_untrained(train: ImageSet) -> None:
+    """Name the classes the training split holds no image of (test labels beyond train's, a classes.txt naming
+    classes no sample holds): the head has their outputs, which nothing trains."""
+    absent = (torch.bincount(train.labels, minlength=train.num_classes) == 0).nonzero().flatten().tolist()
+    if absent:
+        names = ", ".join(train.class_names[i] for i in absent[:5]) + (", ..." if len(absent) > 5 else "")
+        one = len(absent) == 1
+        log.warning(
+            "%d class%s no training image (%s): the model cannot learn %s",
+            len(absent), " has" if one else "es have", names, "it" if one else "them",
+        )  # fmt: skip
 
 
 def _warn_untested(test: ImageSet) -> None:
