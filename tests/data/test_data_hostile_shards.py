@@ -240,3 +240,20 @@ def test_a_sample_of_several_images_is_named(tmp_path: Path, caplog) -> None:
     assert scan_shard(tmp_path / "wds" / "train-000000.tar")[0] == 2  # two samples, of 8 images
     assert "sample 'cat' holds 4 images (0.png, 1.png, 2.png, 3.png)" in caplog.text
     assert "key ends at the first dot" in caplog.text
+
+
+def test_gzip_compressed_shards_are_named_as_such(tmp_path: Path) -> None:
+    """A folder of .tar.gz shards had "no train split (no train-* shards)"; gzip data under a .tar name was
+    "damaged after 0 samples (header checksum mismatch at byte 0)": neither said the shards are compressed."""
+    import gzip
+
+    numbered_shards(tmp_path / "plain", [4])
+    packed = tmp_path / "gz"
+    packed.mkdir()
+    data = gzip.compress((tmp_path / "plain" / "train-000000.tar").read_bytes())
+    (packed / "train-000000.tar.gz").write_bytes(data)
+    with pytest.raises(ValueError, match=r"gzip-compressed shards \(1 \.tar\.gz\).*gunzip"):
+        load_split(f"wds:{packed}", "train", image_size=8)
+    (packed / "train-000000.tar.gz").rename(packed / "train-000000.tar")
+    with open(packed / "train-000000.tar", "rb") as handle, pytest.raises(TarFormatError, match="gzip-compressed"):
+        list(tar_members(handle))

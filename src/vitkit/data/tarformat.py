@@ -115,6 +115,8 @@ def tar_members(handle: BinaryIO) -> Iterator[Member]:
             return
         if len(header) < BLOCK:
             raise TarTruncatedError(f"the file ends inside a header at byte {position}")
+        if position == 0 and header[:2] == b"\x1f\x8b":
+            raise TarFormatError("gzip-compressed (a .tar.gz), which is not read: decompress it with gunzip")
         if _number(header[148:156], position) != sum(header[:148]) + 256 + sum(header[156:]):
             raise TarFormatError(f"header checksum mismatch at byte {position}")
         size, kind = _number(header[124:136], position), header[156:157]

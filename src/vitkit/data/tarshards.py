@@ -150,7 +150,14 @@ def _shard_files(spec: str) -> tuple[Path, list[Path], bool]:
     directory = Path(spec)
     if not directory.is_dir():
         raise FileNotFoundError(f"wds:{spec}: no such directory (or brace pattern of .tar files)")
-    return directory, sorted(directory.glob("*.tar")), False
+    shards = sorted(directory.glob("*.tar"))
+    packed = [p for p in directory.iterdir() if p.name.endswith((".tar.gz", ".tgz"))] if not shards else []
+    if packed:
+        raise ValueError(
+            f"wds:{spec}: holds gzip-compressed shards ({len(packed)} .tar.gz), which are not read: decompress them "
+            f"(gunzip {directory}/*.tar.gz) into .tar shards"
+        )
+    return directory, shards, False
 
 
 def read_index(directory: Path) -> dict[str, Any] | None:
