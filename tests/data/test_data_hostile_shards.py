@@ -257,3 +257,23 @@ def test_gzip_compressed_shards_are_named_as_such(tmp_path: Path) -> None:
     (packed / "train-000000.tar.gz").rename(packed / "train-000000.tar")
     with open(packed / "train-000000.tar", "rb") as handle, pytest.raises(TarFormatError, match="gzip-compressed"):
         list(tar_members(handle))
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "why"),
+    [
+        ("cls", b"zero", "is not a class index"),
+        ("json", b'{"label": "zero"}', 'no integer "label" or "cls" field'),
+    ],
+)
+def test_labels_that_do_not_parse_say_why(tmp_path: Path, name: str, content: bytes, why: str) -> None:
+    """Every label a name, not a class index: the error said "no sample has a label (a .cls or .json member)",
+    which the shards contradict."""
+    from shardkit import numbered_images, png
+
+    images, _ = numbered_images(4)
+    members = [m for i in range(4) for m in ((f"s{i}.png", png(images[i])), (f"s{i}.{name}", content))]
+    (tmp_path / "wds").mkdir()
+    write_tar(tmp_path / "wds" / "train-000000.tar", members)
+    with pytest.raises(ValueError, match=rf"no sample has a label that reads as a class index.*s0.*{why}"):
+        load_split(f"wds:{tmp_path / 'wds'}", "train", image_size=8)

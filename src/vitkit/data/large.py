@@ -7,6 +7,7 @@ Splits follow the folder rules: "test" is the test split if there is one, else t
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -107,12 +108,26 @@ def read_wds(path: str, part: str, size: int, channels: int | None, labelled: bo
 
 
 def _names_by_scan(units: list[Unit], where: str) -> list[str]:
-    """Class names from the labels the shards hold; shards without any label are an error."""
+    """Class names from the labels the shards hold; shards without any label are an error, which names the first
+    label member that does not parse where there are some."""
     if top_label(units)[0] >= 0:
         return tarshards.class_names_by_scan(units)
+    unparsed = next((problem for problem in _label_problems(units) if "label ." in problem), "")
+    if unparsed:
+        raise ValueError(f"{where}: no sample has a label that reads as a class index; the first: {unparsed}")
     raise NoLabelsError(
         f"{where}: no sample has a label (a .cls or .json member) to train a classifier on; {NO_LABELS_HINT}"
     )
+
+
+def _label_problems(units: list[Unit], most: int = 20) -> Iterator[str]:
+    """ "KEY: problem" of the first `most` samples of the first shard (its label members parsed)."""
+    reader = tarshards.TarReader(True)
+    for index, sample in reader.samples(units[0]) if units else ():
+        if index >= most:
+            return
+        if sample.problem:
+            yield f"{sample.key}: {sample.problem}"
 
 
 def class_file_names(path: str, scanned: list[Unit] | None) -> list[str] | None:
