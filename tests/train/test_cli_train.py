@@ -412,3 +412,11 @@ def test_an_out_below_a_file_is_named_in_a_sentence(tmp_path, capsys) -> None:
     assert main(["train", "--epochs", "1", "--out", str(tmp_path / "afile" / "sub")]) == 2
     err = capsys.readouterr().err
     assert f"{tmp_path / 'afile' / 'sub'}: Not a directory" in err and "[Errno" not in err
+
+
+@pytest.mark.parametrize("verb", [["train", "--epochs", "1"], ["shard", "digits", "--samples-per-shard", "100"]])
+def test_an_empty_out_is_refused(verb: list[str], tmp_path, capsys, monkeypatch) -> None:
+    """`--out ''` (an unset shell variable) trained into a default directory without a word."""
+    monkeypatch.chdir(tmp_path)
+    assert main([*verb, "--out", ""]) == 2
+    assert "--out is empty" in capsys.readouterr().err and not any(tmp_path.iterdir())

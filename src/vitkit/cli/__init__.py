@@ -74,6 +74,8 @@ def main(argv: Sequence[str] | None = None, *, since_process_start: bool = False
     args = build_parser().parse_args(argv)
     args.started = started
     try:
+        if getattr(args, "out", None) == "":  # an unset shell variable: a default would be used, unsaid
+            raise ValueError("--out is empty: give a path")
         return args.handler(args)
     except (
         ValueError,
