@@ -54,6 +54,7 @@ CONFIG, STATE_FILE, PLOTS = "config.json", "train_state.pt", "plots"
 UNREADABLE = (ValueError, RuntimeError, OSError, EOFError, AttributeError, pickle.UnpicklingError)
 SWEEP, SWEEP_RECORD = "sweep", "sweep.json"  # an LR sweep's trials and record, written before the run's config
 KEEP = 2  # step checkpoints kept besides the newest
+_SAID: set[tuple[str, str, str]] = set()  # (LATEST, what it names, the step used) already warned of
 FULL_DISK = 1 << 20  # bytes free below which a failed write is taken for a full disk
 
 
@@ -159,6 +160,10 @@ class RunDir:
                 f"complete; remove {pointer} to start over"
             )
         newest = max(steps, key=_step_number)
+        said = (str(pointer.resolve()), named, newest.name)
+        if said in _SAID:  # a resume and the verbs read LATEST several times
+            return newest
+        _SAID.add(said)
         log.warning(
             "%s names %r, which is missing or incomplete; using %s, the newest complete step checkpoint",
             pointer,
