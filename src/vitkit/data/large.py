@@ -215,6 +215,8 @@ def read_hf(
     image, label, names = hf.choose_columns(hf.schema(splits["train"]), image_column, label_column, where, labelled)
     class_names = _hf_classes(splits["train"], label, names)
     name, note = _split_name(splits, split, part)
+    if part == "test" and split is splits.get("test") and "val" in splits and label and _unlabelled(split, label):
+        split, name, note = splits["val"], "validation", " (its test split holds no label: it stands in)"
     label_map = () if split is splits["train"] else hf.split_label_map(split, name, image, label, names, where)
     if split.kind == "parquet":
         units = hf.parquet_units(split)
@@ -246,6 +248,16 @@ def read_hf(
         origin=f"{where} {name} split Arrow rows{note}",
     )
     return holdout.fixed_test_split(rows, part, where) if held_out and part in ("train", "test") else rows
+
+
+def _unlabelled(split: hf.HFSplit, label: str) -> bool:
+    """Whether no row of `split` has a label (-1 or none: a benchmark's hidden test labels)."""
+    labels = (
+        hf.parquet_labels(split, label)
+        if split.kind == "parquet"
+        else hf.label_values(hf.open_arrow_table(split.files).column(label))
+    )
+    return bool(len(labels)) and bool((labels < 0).all())
 
 
 def _split_name(splits: dict[str, Any], split: Any, part: str) -> tuple[str, str]:
