@@ -394,3 +394,12 @@ def test_split_names_inside_shard_names_are_read_as_timm_and_hf_name_them(tmp_pa
         "val": ["imagenet1k-validation-000000.tar"],
         "test": ["contest_test-000000.tar"],
     }
+
+
+def test_one_shard_file_is_a_pattern_of_one(tmp_path: Path) -> None:
+    """wds:DIR/train-000000.tar was "no such directory (or brace pattern of .tar files)"."""
+    from vitkit.data.tarshards import split_units
+
+    numbered_shards(tmp_path, [5, 4])
+    splits, _, _ = split_units(str(tmp_path / "train-000001.tar"))
+    assert [Path(u.path).name for u in splits["train"]] == ["train-000001.tar"]

@@ -131,7 +131,7 @@ class TarReader:
 # --------------------------------------------------------------------------- discovery and splits
 def _shard_files(spec: str) -> tuple[Path, list[Path], bool]:
     """(directory, shard files, is_pattern) of a wds: path."""
-    if "{" in spec or any(c in Path(spec).name for c in "*?["):
+    if "{" in spec or any(c in Path(spec).name for c in "*?[") or (spec.endswith(".tar") and Path(spec).is_file()):
         expanded = expand_braces(spec)
         files: list[Path] = []
         for part in map(Path, expanded):
