@@ -368,3 +368,18 @@ def test_an_unlabelled_test_split_gives_way_to_validation(tmp_path: Path) -> Non
     test = load_split(f"hf:{tmp_path}", "test", image_size=8)
     assert image_ids(test.images) == list(range(30, 36))
     assert "validation split" in test.origin and "test split holds no label" in test.origin
+
+
+def test_a_plain_parquet_column_of_image_bytes_named_image_is_the_image_column(tmp_path: Path) -> None:
+    """Parquet written by pandas or pyarrow, no Hugging Face features: a binary column `image` beside an integer
+    `label` was "no image columns among image, label"."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    images, labels = numbered_images(10, classes=len(CLASSES))
+    table = pa.table({"image": [png(images[i]) for i in range(10)], "label": labels.tolist()})
+    (tmp_path / "data").mkdir()
+    pq.write_table(table, tmp_path / "data" / "train-00000-of-00001.parquet")
+    data = load_split(f"hf:{tmp_path}", "train", image_size=8)
+    assert torch.equal(data.images, torch.from_numpy(images[:, None])[image_ids(data.images)])
+    assert data.labels.tolist() == labels[image_ids(data.images)].tolist()

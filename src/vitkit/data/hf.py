@@ -115,6 +115,9 @@ def schema(split: HFSplit) -> Any:
             return pa.ipc.open_stream(source).schema
 
 
+IMAGE_NAMES = frozenset({"image", "img", "jpg", "jpeg", "png", "webp"})  # a plain binary column of these names
+
+
 def choose_columns(
     arrow_schema: Any, image_column: str = "", label_column: str = "", where: str = "", labelled: bool = True
 ) -> tuple[str, str, list[str] | None]:
@@ -131,6 +134,12 @@ def choose_columns(
             return feature["_type"]
         if not features and pa.types.is_struct(field.type) and field.type.get_field_index("bytes") >= 0:
             return "Image"
+        if (
+            not features
+            and column.lower() in IMAGE_NAMES
+            and (pa.types.is_binary(field.type) or pa.types.is_large_binary(field.type))
+        ):
+            return "Image"  # encoded image bytes as pandas or pyarrow write them, named as such
         return "int" if pa.types.is_integer(field.type) else "other"
 
     kinds = {column: kind(column) for column in names}
