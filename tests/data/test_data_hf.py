@@ -383,3 +383,14 @@ def test_a_plain_parquet_column_of_image_bytes_named_image_is_the_image_column(t
     data = load_split(f"hf:{tmp_path}", "train", image_size=8)
     assert torch.equal(data.images, torch.from_numpy(images[:, None])[image_ids(data.images)])
     assert data.labels.tolist() == labels[image_ids(data.images)].tolist()
+
+
+def test_parquet_files_of_several_configurations_are_refused(tmp_path: Path) -> None:
+    """A Hub download of two configurations (DIR/digits/, DIR/letters/, each with train-*.parquet) was read as
+    one train split of both, their classes merged by number."""
+    for config in ("digits", "letters"):
+        (tmp_path / config).mkdir()
+        _dataset(8).to_parquet(str(tmp_path / config / "train-00000-of-00001.parquet"))
+    with pytest.raises(ValueError, match=r"several configurations \(digits, letters\).*hf:.*digits"):
+        load_split(f"hf:{tmp_path}", "train", image_size=8)
+    assert len(load_split(f"hf:{tmp_path / 'digits'}", "test", image_size=8)) > 0  # one of them reads

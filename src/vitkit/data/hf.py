@@ -72,10 +72,19 @@ def find_splits(root: Path) -> dict[str, HFSplit]:
     if found:
         return found
     parquet: dict[str, list[str]] = {}
+    configs: set[Path] = set()  # the folder each split's files are in (a Hub dataset's configuration)
     for path in sorted(root.rglob("*.parquet")):
         prefix = path.name.split("-")[0].split("_")[0].split(".")[0]
         split = SPLIT_NAMES.get(path.parent.name) or SPLIT_NAMES.get(prefix)
         parquet.setdefault(split or "", []).append(str(path))
+        if split:
+            configs.add(path.parent.parent if SPLIT_NAMES.get(path.parent.name) else path.parent)
+    if len(configs) > 1:
+        names = sorted(str(c.relative_to(root)) for c in configs)
+        raise ValueError(
+            f"hf:{root} holds Parquet files of several configurations ({', '.join(names[:5])}), whose splits and "
+            f"classes differ: give one, e.g. hf:{root / names[0]}"
+        )
     if not parquet:
         raise FileNotFoundError(f"hf:{root}: neither a saved dataset (state.json, dataset_dict.json) nor Parquet files")
     if set(parquet) == {""}:
