@@ -7,6 +7,7 @@
     .venv/bin/python benchmarks/transfer.py scratch --minutes 30 --runs 3            # small-32px's 30-minute figure
     .venv/bin/python benchmarks/transfer.py fewshot --init RUN                       # 10-shot linear, pre-trained
     .venv/bin/python benchmarks/transfer.py fewshot --init RUN --random-init         # ... the same model at random
+    .venv/bin/python benchmarks/transfer.py fewshot --init RUN --layer y             # ... of the pooled tokens
 
 Targets (a 2-core CPU, the whole wall clock of the command as train_budget.py measures it), by host class:
 
@@ -103,7 +104,7 @@ def run_training(uri: str, minutes: float, overrides: list[str], init: str | Non
     }
 
 
-def run_fewshot(uri: str, init: str, random_init: bool, seed: int) -> dict:
+def run_fewshot(uri: str, init: str, random_init: bool, seed: int, layer: str = "features") -> dict:
     """SHOTS-shot linear accuracy of the checkpoint's encoder, or of the same architecture initialised by `seed`."""
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="vitkit-random-") as scratch:
@@ -113,7 +114,7 @@ def run_fewshot(uri: str, init: str, random_init: bool, seed: int) -> dict:
             torch.manual_seed(seed)
             native.save(build_model(checkpoint.config), scratch, mean=checkpoint.mean, std=checkpoint.std)
             path = scratch
-        report = fewshot_command(path, uri, FewShotConfig(shots=(SHOTS,), seeds=DRAWS), out=None)
+        report = fewshot_command(path, uri, FewShotConfig(shots=(SHOTS,), seeds=DRAWS, layer=layer), out=None)
     shot = report["shots"][str(SHOTS)]
     return {
         "shots": SHOTS,
@@ -121,6 +122,7 @@ def run_fewshot(uri: str, init: str, random_init: bool, seed: int) -> dict:
         "std": shot["std"],
         "draws": DRAWS,
         "encoder": "random" if random_init else "pretrained",
+        "layer": layer,
         "test_images": report["num_test"],
         "minutes": round((time.monotonic() - start) / 60, 3),
         "load_average": round(os.getloadavg()[0], 2),
@@ -160,6 +162,9 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--init", default=None, help="the pre-trained run or checkpoint (finetune, fewshot)")
     parser.add_argument("--labels-per-class", type=int, default=None, help="finetune, scratch: N labels per class")
     parser.add_argument("--random-init", action="store_true", help="fewshot: the --init model, randomly initialised")
+    parser.add_argument(
+        "--layer", default="features", help="fewshot: the representation probed (vitkit fewshot --layer)"
+    )
     parser.add_argument("--data", default=None, help="another source URI (overrides the setting's)")
     parser.add_argument("--minutes", type=float, default=None, help="wall-clock budget (default: the setting's)")
     parser.add_argument("--runs", type=int, default=1)
@@ -178,11 +183,15 @@ def main() -> int:
     uri, minutes = args.data or uri, args.minutes if args.minutes is not None else minutes
     goal = native_goal if hosts.current().native_bf16 else plain_goal
     changed = args.data is not None or args.minutes is not None or args.overrides
-    if changed or args.labels_per_class or (args.setting == "fewshot" and args.random_init):
+    if (
+        changed
+        or args.labels_per_class
+        or (args.setting == "fewshot" and (args.random_init or args.layer != "features"))
+    ):
         goal = None  # the targets are for the plain settings; the others are judged beside another row
     for index in range(args.runs):
         if args.setting == "fewshot":
-            result = run_fewshot(uri, args.init, args.random_init, seed=index)
+            result = run_fewshot(uri, args.init, args.random_init, seed=index, layer=args.layer)
         else:  # a fresh process per run: torch.compile's in-memory caches would warm the later runs
             with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=_logging) as pool:
                 result = pool.submit(
