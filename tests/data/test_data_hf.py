@@ -394,3 +394,10 @@ def test_parquet_files_of_several_configurations_are_refused(tmp_path: Path) -> 
     with pytest.raises(ValueError, match=r"several configurations \(digits, letters\).*hf:.*digits"):
         load_split(f"hf:{tmp_path}", "train", image_size=8)
     assert len(load_split(f"hf:{tmp_path / 'digits'}", "test", image_size=8)) > 0  # one of them reads
+
+
+def test_a_val_split_asked_of_a_one_split_dataset_names_its_test_hold_out(tmp_path: Path) -> None:
+    """The error said "(it has: train)" of a dataset whose test split is its fixed hold-out."""
+    _dataset(12).save_to_disk(str(tmp_path))
+    with pytest.raises(ValueError, match=r"no val split \(it has: train, and its fixed test hold-out\)"):
+        load_split(f"hf:{tmp_path}", "val")

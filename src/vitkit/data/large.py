@@ -28,7 +28,8 @@ MAX_CLASS_FILE_BYTES = 64 << 20
 def _part(splits: dict[str, Any], part: str, where: str) -> Any:
     wanted = "val" if part == "test" and "test" not in splits else part
     if wanted not in splits:
-        have = ", ".join(sorted(splits)) or "none"
+        held = ", and its fixed test hold-out" if set(splits) == {"train"} else ""
+        have = (", ".join(sorted(splits)) or "none") + held
         raise ValueError(
             f"{where} has no {part} split{' (nor a val split to stand in)' if part == 'test' else ''} "
             f"(it has: {have}); "
