@@ -460,3 +460,26 @@ def test_a_read_only_checkpoints_directory_is_refused_before_training(tmp_path: 
             trainer.train(config)
     finally:
         (run / "checkpoints").chmod(0o755)
+
+
+def test_a_storage_error_on_the_newest_step_s_config_stops_the_resume(tmp_path: Path, monkeypatch) -> None:
+    """EIO reading the newest step's config.json, the first file a resume reads, took the step for incomplete:
+    the run stepped back and trained its steps again."""
+    from vitkit.checkpoints import validate
+
+    run = tmp_path / "run"
+    config = tiny_config(run, "data.steps=6", "run.checkpoint_every=2")
+    trainer.train(config)
+    newest = run / "checkpoints" / "step_0000006"
+    before = os.stat(newest / "model.safetensors").st_ino
+    real_open = open
+
+    def failing(path, *args, **kwargs):
+        if Path(path) == newest / "config.json":
+            raise OSError(errno.EIO, "Input/output error", str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(validate, "open", failing, raising=False)
+    with pytest.raises(ValueError, match=r"step_0000006 cannot be read \(Input/output error\): a storage error"):
+        trainer.train(config)
+    assert os.stat(newest / "model.safetensors").st_ino == before  # not written again

@@ -8,6 +8,7 @@ the format boundary; anything else is a bug and keeps its own traceback.
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import numbers
@@ -28,6 +29,16 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be read as it is; the message names the file and the problem."""
 
 
+# Read errors of a file that is most likely intact (permissions, a failing disk, a network file system): errno
+# numbers; a name a platform lacks (ENOMEDIUM on macOS) is left out
+NOT_NOW = frozenset(
+    getattr(errno, name)
+    for name in "EACCES EPERM EIO ESTALE ETIMEDOUT EAGAIN EBUSY ENXIO ENODEV ENOTCONN EHOSTDOWN ENOLINK".split()
+    + ["ENOMEDIUM"]
+    if hasattr(errno, name)
+)
+
+
 def read_json(path: str | os.PathLike) -> dict[str, Any]:
     """The JSON object in `path`, read with a size bound; every way it can be damaged is a CheckpointError."""
     path = Path(path)
@@ -35,6 +46,8 @@ def read_json(path: str | os.PathLike) -> dict[str, Any]:
         with open(path, "rb") as handle:
             raw = handle.read(MAX_JSON_BYTES + 1)
     except OSError as err:
+        if err.errno in NOT_NOW:  # not damage: the caller decides (a resume stops rather than step back)
+            raise
         raise CheckpointError(f"{path}: cannot be read ({err.strerror or err})") from None
     if len(raw) > MAX_JSON_BYTES:
         raise CheckpointError(f"{path}: larger than {MAX_JSON_BYTES >> 20} MiB, too large for a config file")

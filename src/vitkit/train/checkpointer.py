@@ -9,7 +9,6 @@ for the write.  The layout itself is `vitkit.runs.RunDir`'s.
 
 from __future__ import annotations
 
-import errno
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +18,7 @@ import torch
 
 from vitkit.atomic import remove_torn
 from vitkit.checkpoints import native
+from vitkit.checkpoints.validate import NOT_NOW
 from vitkit.models import build_model
 from vitkit.runs import LATEST, UNREADABLE, RunDir
 from vitkit.train import distributed
@@ -26,14 +26,6 @@ from vitkit.train.ema import averaged
 from vitkit.train.state import TrainState
 
 log = logging.getLogger(__name__)
-# Read errors of a file that is most likely intact (permissions, a failing disk, a network file system): the
-# resume stops, where stepping back to an older step would train again the steps it holds
-NOT_NOW = frozenset(  # errno numbers; a name a platform lacks (ENOMEDIUM on macOS) is left out
-    getattr(errno, name)
-    for name in "EACCES EPERM EIO ESTALE ETIMEDOUT EAGAIN EBUSY ENXIO ENODEV ENOTCONN EHOSTDOWN ENOLINK".split()
-    + ["ENOMEDIUM"]
-    if hasattr(errno, name)
-)
 
 
 class Checkpointer:
@@ -101,18 +93,8 @@ class Checkpointer:
                 if error.errno not in NOT_NOW:
                     self._step_back(candidates, index, error)
                     continue
-                cure = (
-                    "give this user read access to it and resume"
-                    if isinstance(error, PermissionError)
-                    else "a storage error, not damage: resume once the storage reads it"
-                )
-                pointer = self.run.checkpoints / LATEST
-                other = (
-                    f"write {candidates[index + 1].name} into {pointer} to resume from the step before"
-                    if index + 1 < len(candidates)
-                    else f"remove {pointer} to start the run over"
-                )
-                raise ValueError(f"{path} cannot be read ({error}): {cure}; or {other}") from error  # intact, likely
+                before = candidates[index + 1] if index + 1 < len(candidates) else None
+                raise self.run.unreadable_now(path, error, before) from error
             except UNREADABLE as error:
                 self._step_back(candidates, index, error)
         return None
