@@ -358,11 +358,14 @@ def test_a_split_with_a_class_train_lacks_is_refused(tmp_path: Path) -> None:
         load_split(f"hf:{tmp_path}", "test", image_size=8)
 
 
-def test_an_unlabelled_test_split_gives_way_to_validation(tmp_path: Path) -> None:
-    """ImageNet's layout on the Hub: a test split whose labels are all -1 beside a labelled validation split.
-    The test split's rows were dropped as unlabelled, and the run stopped with "no usable sample"."""
-    unlabelled = _dataset(6, start=36)
-    unlabelled = unlabelled.remove_columns("target").add_column("target", [-1] * 6).cast(unlabelled.features)
+@pytest.mark.parametrize("withheld", [-1, None])
+def test_an_unlabelled_test_split_gives_way_to_validation(tmp_path: Path, withheld) -> None:
+    """ImageNet's layout on the Hub: a test split whose labels are all -1 (or an untyped column of nulls) beside
+    a labelled validation split.  The test split's rows were dropped as unlabelled, and the run stopped with
+    "no usable sample"."""
+    unlabelled = _dataset(6, start=36).remove_columns("target").add_column("target", [withheld] * 6)
+    if withheld is not None:
+        unlabelled = unlabelled.cast(_dataset(1).features)
     splits = {"train": _dataset(30), "validation": _dataset(6, start=30), "test": unlabelled}
     datasets.DatasetDict(splits).save_to_disk(str(tmp_path))
     test = load_split(f"hf:{tmp_path}", "test", image_size=8)

@@ -48,6 +48,19 @@ def test_a_symlinked_sub_folder_is_read_once_and_a_broken_link_counted(tmp_path:
     assert labels == [0, 0, 0] and "1 files not read" in caplog.text and "broken link 1" in caplog.text
 
 
+def test_a_link_up_the_tree_or_to_another_class_is_not_followed(tmp_path: Path) -> None:
+    """cat/parent -> .. walked the data set's root and labelled the dog images as cats too."""
+    for name in ("cat/c.png", "dog/d1.png", "dog/d2.png"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_bytes(b"")
+    (tmp_path / "cat" / "parent").symlink_to(tmp_path, target_is_directory=True)
+    (tmp_path / "cat" / "dogs").symlink_to(tmp_path / "dog", target_is_directory=True)
+    (tmp_path / "cat" / "self").symlink_to(tmp_path / "cat" / "self")  # a link to itself: ELOOP
+    files, labels = scan_folder(tmp_path, ["cat", "dog"])
+    assert [Path(f).relative_to(tmp_path).as_posix() for f in files] == ["cat/c.png", "dog/d1.png", "dog/d2.png"]
+    assert labels == [0, 1, 1]
+
+
 def test_file_list_takes_pickles_and_names(tmp_path: Path) -> None:
     files = FileList.of([tmp_path / "a.jpg", tmp_path / "ü.png", tmp_path / "c.png"])
     assert files[1] == tmp_path / "ü.png" and files.name(2) == str(tmp_path / "c.png")

@@ -258,6 +258,8 @@ def _unlabelled(split: hf.HFSplit, label: str) -> bool:
         if split.kind == "parquet"
         else hf.label_values(hf.open_arrow_table(split.files).column(label))
     )
+    if labels.dtype.kind not in "iu":  # a column of nulls only (untyped), or of another kind: its readers judge it
+        return bool(len(labels)) and all(value is None for value in labels)
     return bool(len(labels)) and bool((labels < 0).all())
 
 

@@ -83,8 +83,10 @@ class FileList(Sequence[Path]):
 def _image_files(folder: str, skipped: Counter[str]) -> list[str]:
     """Image files under `folder`, recursively, hidden ones and hidden directories aside (as for class folders),
     sorted; other files that are not hidden, and broken links, are counted in `skipped` by lower-case suffix.
-    Symlinked directories are followed, each real directory once (the first link by name; a loop ends).
+    Symlinked directories are followed, each real directory once (the first link by name), but not one into
+    the data set (another class) or above it.
     os.scandir's file types avoid one stat per file."""
+    root = os.path.dirname(os.path.realpath(folder))  # the data set's: a link into it or above it is not followed
     found, pending, seen = [], [folder], {os.path.realpath(folder)}
     while pending:
         with os.scandir(pending.pop()) as listing:
@@ -92,9 +94,15 @@ def _image_files(folder: str, skipped: Counter[str]) -> list[str]:
         for entry in entries:
             if entry.name.startswith("."):  # .ipynb_checkpoints, .git, .DS_Store, macOS's ._x.jpg: no data
                 continue
-            if entry.is_dir():
+            try:
+                is_dir = entry.is_dir()
+            except OSError:  # a link to itself (ELOOP)
+                skipped["broken link"] += 1
+                continue
+            if is_dir:
                 real = os.path.realpath(entry.path)
-                if real not in seen:
+                linked = entry.is_symlink()
+                if real not in seen and not (linked and (_within(real, root) or _within(root, real))):
                     seen.add(real)
                     pending.append(entry.path)
             elif entry.name.lower().endswith(IMAGE_EXTENSIONS) and entry.is_file():
@@ -104,6 +112,10 @@ def _image_files(folder: str, skipped: Counter[str]) -> list[str]:
             elif entry.is_symlink():
                 skipped["broken link"] += 1
     return sorted(found, key=lambda path: path.split(os.sep))  # the order of sorted Path objects
+
+
+def _within(path: str, directory: str) -> bool:
+    return path == directory or path.startswith(directory.rstrip(os.sep) + os.sep)
 
 
 _WARNED: set[tuple[str, tuple[tuple[str, int], ...]]] = set()  # (root, counts) already warned in this process
