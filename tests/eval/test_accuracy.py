@@ -122,3 +122,11 @@ def test_flip_views_average_the_logits_of_an_image_and_its_mirror() -> None:
     assert flipped.summary()["top1_one_view"] == one.top1
     assert one_view_note({"top1_one_view": 0.7891}) == " (image + mirror; one view 78.91%)"
     assert one_view_note(one.summary()) == ""
+
+
+def test_a_model_whose_class_names_repeat_is_matched_by_index() -> None:
+    """ImageNet-1k names two classes "crane": a folder "crane" matched the last of them."""
+    from vitkit.eval.accuracy import by_name
+
+    assert by_name(["tench", "crane", "goldfish", "crane"], ["crane", "tench"]) is None
+    assert by_name(["tench", "crane", "goldfish"], ["crane", "tench"]).tolist() == [1, 0]

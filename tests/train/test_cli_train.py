@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 from pathlib import Path
 
@@ -388,9 +389,10 @@ def test_a_flag_and_a_set_of_the_same_field_are_refused(flags: list[str], tmp_pa
 
 
 @pytest.mark.parametrize("rate", [["--lr", "0.1"], ["--set", "optim.lr=0.1"]])
-def test_a_learning_rate_with_lr_sweep_is_refused(rate: list[str], tmp_path, capsys) -> None:
+@pytest.mark.parametrize("sweep", [["--lr-sweep"], ["--set", "optim.lr_sweep=0.01,0.03"]])
+def test_a_learning_rate_with_lr_sweep_is_refused(rate: list[str], sweep: list[str], tmp_path, capsys) -> None:
     """The sweep picked among optim.lr_sweep and dropped the rate given beside it without a word."""
-    assert main(["finetune", str(tmp_path / "none"), "--lr-sweep", *rate, "--out", str(tmp_path / "r")]) == 2
+    assert main(["finetune", str(tmp_path / "none"), *sweep, *rate, "--out", str(tmp_path / "r")]) == 2
     assert "--lr-sweep picks the learning rate among optim.lr_sweep" in capsys.readouterr().err
 
 
@@ -420,3 +422,11 @@ def test_an_empty_out_is_refused(verb: list[str], tmp_path, capsys, monkeypatch)
     monkeypatch.chdir(tmp_path)
     assert main([*verb, "--out", ""]) == 2
     assert "--out is empty" in capsys.readouterr().err and not any(tmp_path.iterdir())
+
+
+def test_a_rename_error_names_both_paths() -> None:
+    """os.replace's error names the destination second: dropping it named only a temporary that is gone."""
+    from vitkit.cli import _sentence
+
+    error = OSError(errno.EISDIR, "Is a directory", "rep/.eval.json.ab12.tmp", None, "rep/eval.json")
+    assert _sentence(error) == "rep/.eval.json.ab12.tmp -> rep/eval.json: Is a directory"

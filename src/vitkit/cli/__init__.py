@@ -101,8 +101,9 @@ def main(argv: Sequence[str] | None = None, *, since_process_start: bool = False
 def _sentence(err: Exception) -> str:
     """An error's text; an OS error about a path as "PATH: what" rather than Python's "[Errno N] what: 'PATH'"."""
     if isinstance(err, OSError) and err.errno is not None and err.strerror and err.filename is not None:
-        name = err.filename
-        return f"{os.fsdecode(name) if isinstance(name, str | bytes | os.PathLike) else name}: {err.strerror}"
+        names = [name for name in (err.filename, err.filename2) if name is not None]  # a rename's: both
+        paths = (os.fsdecode(name) if isinstance(name, str | bytes | os.PathLike) else str(name) for name in names)
+        return f"{' -> '.join(paths)}: {err.strerror}"
     return str(err)
 
 

@@ -83,7 +83,8 @@ def refuse_twice_given(args: argparse.Namespace) -> None:
         if given is not None and given is not False and given != "" and key in keys:  # 0 is given; False is not
             flag = "--" + dest.replace("_", "-")
             raise ValueError(f"{flag} and --set {key} were both given, and one would be dropped; give one of them")
-    if getattr(args, "lr_sweep", False) and (getattr(args, "lr", None) is not None or "optim.lr" in keys):
+    sweeping = getattr(args, "lr_sweep", False) or "optim.lr_sweep" in keys
+    if sweeping and (getattr(args, "lr", None) is not None or "optim.lr" in keys):
         raise ValueError(
             "--lr-sweep picks the learning rate among optim.lr_sweep, and would drop the one given with it (--lr "
             "or --set optim.lr): give one of them (other candidates: --set optim.lr_sweep=R1,R2,...)"

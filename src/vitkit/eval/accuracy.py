@@ -118,7 +118,9 @@ def by_name(model_names: list[str], data_names: list[str]) -> torch.Tensor | Non
     if not model_names or not data_names or data_names == model_names:
         return None
     index = {name: i for i, name in enumerate(model_names)}
-    if len(set(data_names)) != len(data_names) or not all(name in index for name in data_names):
+    if len(index) != len(model_names) or len(set(data_names)) != len(data_names):  # a name twice: ambiguous
+        return None
+    if not all(name in index for name in data_names):
         return None
     log.info("classes matched by name: the data set's %d in the checkpoint's order", len(data_names))
     return torch.tensor([index[name] for name in data_names], dtype=torch.int64)
