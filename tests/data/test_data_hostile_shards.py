@@ -239,7 +239,16 @@ def test_a_sample_of_several_images_is_named(tmp_path: Path, caplog) -> None:
         load_split(f"wds:{tmp_path / 'wds'}", "train", image_size=8)
     assert scan_shard(tmp_path / "wds" / "train-000000.tar")[0] == 2  # two samples, of 8 images
     assert "sample 'cat' holds 4 images (0.png, 1.png, 2.png, 3.png)" in caplog.text
-    assert "key ends at the first dot" in caplog.text
+    assert "key ends at the first dot" in caplog.text and caplog.text.count("holds 4 images") == 1  # once
+    caplog.clear()
+    from vitkit.data import tarsamples
+
+    tarsamples._named.discard("several images in a sample")  # said once a process: said again here if it fires
+    members = [m for i in range(4) for m in ((f"k{i}.jpg", b"x"), (f"k{i}.mask.png", b"y"), (f"k{i}.cls", b"0"))]
+    write_tar(tmp_path / "wds" / "train-000000.tar", members)  # an image and its mask: a sample as meant
+    with caplog.at_level("WARNING"):
+        scan_shard(tmp_path / "wds" / "train-000000.tar")
+    assert "images" not in caplog.text
 
 
 def test_gzip_compressed_shards_are_named_as_such(tmp_path: Path) -> None:

@@ -403,3 +403,7 @@ def test_one_shard_file_is_a_pattern_of_one(tmp_path: Path) -> None:
     numbered_shards(tmp_path, [5, 4])
     splits, _, _ = split_units(str(tmp_path / "train-000001.tar"))
     assert [Path(u.path).name for u in splits["train"]] == ["train-000001.tar"]
+    splits, _, _ = split_units(str(tmp_path / "train-000000.tar"))
+    numbered_shards(tmp_path, [3], prefix="test", start=9)
+    splits, _, _ = split_units(str(tmp_path / "test-000000.tar"))  # given as the training shard: not also test
+    assert [Path(u.path).name for u in splits["train"]] == ["test-000000.tar"] and "test" not in splits

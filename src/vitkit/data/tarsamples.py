@@ -136,11 +136,13 @@ def _groups(handle: BinaryIO) -> Iterator[tuple[str, list[tuple[str, Member]]]]:
 
 
 def _name_images(where: str, key: str, group: list[tuple[str, Member]]) -> None:
-    """Name once a shard's sample of several images, of which the first is read (a key with a dot, often)."""
+    """Name once a process a sample of several images of one kind (cat.0.jpg, cat.1.jpg: a key with a dot), of
+    which the first is read; an image and its mask (k.jpg, k.mask.png) are a sample as meant."""
     images = [ext for ext, _ in group if ext.rsplit(".", 1)[-1] in _IMAGE_EXTS]
-    if len(images) > 1:
+    kinds = [ext.rsplit(".", 1)[-1] for ext in images]
+    if len(set(kinds)) < len(kinds):
         _name_once(
-            f"{where} (images)",
+            "several images in a sample",
             f"{where}: sample {key!r} holds {len(images)} images ({', '.join(images[:5])}), of which the first is "
             "read: webdataset's key ends at the first dot of a file name, so cat.0.jpg and cat.1.jpg are both "
             "sample 'cat' (name them cat_0.jpg, ...)",

@@ -258,8 +258,9 @@ def split_units(spec: str) -> tuple[dict[str, list[Unit]], list[str] | None, dic
             name: [(p, -1) for p in paths]
             for name, paths in _by_prefix(sorted(directory.glob("*.tar")) if pattern else files).items()
         }
-    if pattern:  # the pattern's shards are the training split
+    if pattern:  # the pattern's shards are the training split, and no other's
         known = {str(p): c for p, c in counted.get("train", [])}
+        counted = {name: [(p, c) for p, c in entries if p not in files] for name, entries in counted.items()}
         counted["train"] = [(p, known.get(str(p), -1)) for p in files]
     splits = {name: [_unit(spec, name, p, c) for p, c in entries] for name, entries in counted.items() if entries}
     classes = index.get("classes") if index else None
