@@ -102,7 +102,7 @@ class RunDir:
         self.create()
         descriptor = self.lock()
         try:
-            for directory in (self.path, self.path / PLOTS):
+            for directory in (self.path, self.path / PLOTS, self.checkpoints):
                 remove_torn(directory)
             self._check_checkpoints()
             yield
@@ -117,8 +117,8 @@ class RunDir:
             check_writable(self.checkpoints)
         except OSError as error:
             raise ValueError(
-                f"{self.checkpoints} cannot be written ({error}); the run saves its checkpoints there: make it a "
-                "directory this user may write, or choose another --out"
+                f"{self.checkpoints} cannot be written ({error.strerror or error}); the run saves its checkpoints "
+                "there: make it a directory this user may write, or choose another --out"
             ) from None
 
     def lock(self) -> int | None:

@@ -266,6 +266,8 @@ def test_gzip_compressed_shards_are_named_as_such(tmp_path: Path) -> None:
     (packed / "train-000000.tar.gz").rename(packed / "train-000000.tar")
     with open(packed / "train-000000.tar", "rb") as handle, pytest.raises(TarFormatError, match="gzip-compressed"):
         list(tar_members(handle))
+    with pytest.raises(ValueError, match=r"no sample has a label, and 1 shard\(s\) are damaged.*gzip-compressed"):
+        load_split(f"wds:{packed}", "train", image_size=8)  # it said "no sample has a label ... pretrain-mpp"
 
 
 @pytest.mark.parametrize(

@@ -116,6 +116,9 @@ def _names_by_scan(units: list[Unit], where: str) -> list[str]:
     unparsed = next((problem for problem in _label_problems(units) if "label ." in problem), "")
     if unparsed:
         raise ValueError(f"{where}: no sample has a label that reads as a class index; the first: {unparsed}")
+    damaged = tarshards.damage(units)
+    if damaged:  # a shard that is no tar at all (gzip data under a .tar name) holds no label either
+        raise ValueError(f"{where}: no sample has a label, and {len(damaged)} shard(s) are damaged: {damaged[0]}")
     raise NoLabelsError(
         f"{where}: no sample has a label (a .cls or .json member) to train a classifier on; {NO_LABELS_HINT}"
     )

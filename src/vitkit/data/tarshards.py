@@ -151,8 +151,10 @@ def _shard_files(spec: str) -> tuple[Path, list[Path], bool]:
     if not directory.is_dir():
         raise FileNotFoundError(f"wds:{spec}: no such directory (or brace pattern of .tar files)")
     shards = sorted(directory.glob("*.tar"))
-    packed = [p for p in directory.iterdir() if p.name.endswith((".tar.gz", ".tgz"))] if not shards else []
-    if packed:
+    packed = [p for p in directory.iterdir() if p.name.endswith((".tar.gz", ".tgz"))]
+    if packed and shards:
+        loading_log.warning("wds:%s: ignoring %d gzip-compressed shard(s) beside the .tar ones", spec, len(packed))
+    elif packed:
         raise ValueError(
             f"wds:{spec}: holds gzip-compressed shards ({len(packed)} .tar.gz), which are not read: decompress them "
             f"(gunzip {directory}/*.tar.gz) into .tar shards"
