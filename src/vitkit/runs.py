@@ -43,6 +43,7 @@ from vitkit.atomic import (
     unlock_directory,
 )
 from vitkit.checkpoints import native
+from vitkit.checkpoints.validate import unreadable_now
 from vitkit.metrics_log import METRICS, MetricsLog
 
 log = logging.getLogger(__name__)
@@ -153,7 +154,7 @@ class RunDir:
             if _STEP.fullmatch(named) and self._complete(self.checkpoints / named, with_state):
                 return self.checkpoints / named
         except OSError as error:  # a storage error reading its config.json (validate.NOT_NOW): not incomplete
-            raise self.unreadable_now(self.checkpoints / named, error) from error
+            raise unreadable_now(self.checkpoints / named, error, pointer) from error
         steps = [
             p for p in self.checkpoints.glob("step_*") if _STEP.fullmatch(p.name) and self._complete(p, with_state)
         ]
@@ -174,22 +175,6 @@ class RunDir:
             newest.name,
         )
         return newest
-
-    def unreadable_now(self, path: Path, error: OSError, before: Path | None = None) -> ValueError:
-        """The error that stops a resume at a step that cannot be read for now (permissions, a storage error):
-        stepping back would train its steps again."""
-        cure = (
-            "give this user read access to it and resume"
-            if isinstance(error, PermissionError)
-            else "a storage error, not damage: resume once the storage reads it"
-        )
-        pointer = self.checkpoints / LATEST
-        other = (
-            f"write {before.name} into {pointer} to resume from the step before"
-            if before is not None
-            else f"remove {pointer} to start the run over"
-        )
-        return ValueError(f"{path} cannot be read ({error.strerror or error}): {cure}; or {other}")
 
     def resume_candidates(self) -> list[Path]:
         """Where a resume may start, in order: `latest()`, then the older complete step checkpoints, newest

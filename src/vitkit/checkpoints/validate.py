@@ -39,6 +39,22 @@ NOT_NOW = frozenset(
 )
 
 
+def unreadable_now(path: Path, error: OSError, pointer: Path, before: Path | None = None) -> ValueError:
+    """The error that stops a resume at a step checkpoint that cannot be read for now (NOT_NOW: permissions, a
+    storage error), where stepping back would train its steps again; `pointer` is the run's LATEST."""
+    cure = (
+        "give this user read access to it and resume"
+        if isinstance(error, PermissionError)
+        else "a storage error, not damage: resume once the storage reads it"
+    )
+    other = (
+        f"write {before.name} into {pointer} to resume from the step before"
+        if before is not None
+        else f"remove {pointer} to start the run over"
+    )
+    return ValueError(f"{path} cannot be read ({error.strerror or error}): {cure}; or {other}")
+
+
 def read_json(path: str | os.PathLike) -> dict[str, Any]:
     """The JSON object in `path`, read with a size bound; every way it can be damaged is a CheckpointError."""
     path = Path(path)

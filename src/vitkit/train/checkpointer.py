@@ -18,7 +18,7 @@ import torch
 
 from vitkit.atomic import remove_torn
 from vitkit.checkpoints import native
-from vitkit.checkpoints.validate import NOT_NOW
+from vitkit.checkpoints.validate import NOT_NOW, unreadable_now
 from vitkit.models import build_model
 from vitkit.runs import LATEST, UNREADABLE, RunDir
 from vitkit.train import distributed
@@ -94,7 +94,7 @@ class Checkpointer:
                     self._step_back(candidates, index, error)
                     continue
                 before = candidates[index + 1] if index + 1 < len(candidates) else None
-                raise self.run.unreadable_now(path, error, before) from error
+                raise unreadable_now(path, error, self.run.checkpoints / LATEST, before) from error
             except UNREADABLE as error:
                 self._step_back(candidates, index, error)
         return None
