@@ -326,8 +326,11 @@ def row_group_labels(units: list[Unit], label: str) -> list[list[int]]:
     return found
 
 
-def parquet_labels(split: HFSplit, label: str) -> np.ndarray:
-    """Every label of the split (one column: cheap), to count the classes when they have no names."""
+def split_labels(split: HFSplit, label: str) -> np.ndarray:
+    """Every label of the split (one column: cheap), Arrow or Parquet (`label_values`), to count the classes when
+    they have no names or to find a split whose labels are all withheld."""
+    if split.kind != "parquet":
+        return label_values(open_arrow_table(split.files).column(label))
     pq = _pyarrow().parquet
     return np.concatenate([label_values(pq.read_table(path, columns=[label]).column(label)) for path in split.files])
 

@@ -187,11 +187,7 @@ def _hf_classes(train: hf.HFSplit, label: str, names: list[str] | None) -> list[
         return list(names)
     if not label:  # read without labels
         return [UNLABELLED]
-    labels = (
-        hf.parquet_labels(train, label)
-        if train.kind == "parquet"
-        else hf.label_values(hf.open_arrow_table(train.files).column(label))
-    )
+    labels = hf.split_labels(train, label)
     top = int(np.max(labels, initial=-1))
     if top < 0:
         raise ValueError(f"{train.files[0]}: the label column {label!r} holds no class index >= 0")
@@ -256,11 +252,7 @@ def read_hf(
 
 def _unlabelled(split: hf.HFSplit, label: str) -> bool:
     """Whether no row of `split` has a label (-1 or none: a benchmark's hidden test labels)."""
-    labels = (
-        hf.parquet_labels(split, label)
-        if split.kind == "parquet"
-        else hf.label_values(hf.open_arrow_table(split.files).column(label))
-    )
+    labels = hf.split_labels(split, label)
     if labels.dtype.kind not in "iu":  # a column of nulls only (untyped), or of another kind: its readers judge it
         return bool(len(labels)) and all(value is None for value in labels)
     return bool(len(labels)) and bool((labels < 0).all())

@@ -243,26 +243,30 @@ def load_split(
 def _warn_untrained(train: ImageSet) -> None:
     """Name the classes the training split holds no image of (test labels beyond train's, a classes.txt naming
     classes no sample holds): the head has their outputs, which nothing trains."""
-    absent = (torch.bincount(train.labels, minlength=train.num_classes) == 0).nonzero().flatten().tolist()
+    absent, names = _absent(train)
     if absent:
-        names = ", ".join(train.class_names[i] for i in absent[:5]) + (", ..." if len(absent) > 5 else "")
-        one = len(absent) == 1
+        one = absent == 1
         log.warning(
             "%d class%s no training image (%s): the model cannot learn %s",
-            len(absent), " has" if one else "es have", names, "it" if one else "them",
+            absent, " has" if one else "es have", names, "it" if one else "them",
         )  # fmt: skip
 
 
 def _warn_untested(test: ImageSet) -> None:
     """Name the classes a test split holds no image of (a fixed hold-out leaves a class of one image none)."""
-    absent = (torch.bincount(test.labels, minlength=test.num_classes) == 0).nonzero().flatten().tolist()
+    absent, names = _absent(test)
     if absent:
-        names = ", ".join(test.class_names[i] for i in absent[:5]) + (", ..." if len(absent) > 5 else "")
         why = " (a class needs 2 images or more for one to be held out)" if "hold-out" in test.origin else ""
         log.warning(
             "%d class%s no test image (%s): %s accuracy is not measured%s",
-            len(absent), " has" if len(absent) == 1 else "es have", names, "its" if len(absent) == 1 else "their", why,
+            absent, " has" if absent == 1 else "es have", names, "its" if absent == 1 else "their", why,
         )  # fmt: skip
+
+
+def _absent(split: ImageSet) -> tuple[int, str]:
+    """(how many classes `split` holds no image of, the first five's names)."""
+    absent = (torch.bincount(split.labels, minlength=split.num_classes) == 0).nonzero().flatten().tolist()
+    return len(absent), ", ".join(split.class_names[i] for i in absent[:5]) + (", ..." if len(absent) > 5 else "")
 
 
 def _log_loaded(uri: str, split: str, result: ImageSet | ShardSet, damaged: int) -> None:

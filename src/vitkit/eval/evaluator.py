@@ -99,25 +99,15 @@ def evaluate(
     label_map = None if label_map is None else label_map.to(device)
     confusion = torch.zeros(num_classes * num_classes, dtype=torch.float64, device=device)
     sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, top-k hits, count, one-view top-1 hits
-    k = 1
     for images, labels in batches.eval_batches(data, batch_size, device, rank=rank, world=world, workers=workers):
         inputs = eval_transform(images, size, mean, std, channels)
         labels = labels if label_map is None else label_map[labels]
         logits, one_view_hits = _view_logits(model, inputs, labels, device, autocast_dtype, flip_views)
         if logits.shape[1] != num_classes:
             raise ValueError(f"the model predicts {logits.shape[1]} classes but the data set has {num_classes}")
-        k = min(top_k, logits.shape[1])
-        per_image = _losses(logits, labels, loss)
-        top = logits.topk(k, dim=1).indices  # (B, k)
-        confusion += torch.bincount(labels * num_classes + top[:, 0], minlength=num_classes**2).double()
-        sums += torch.stack(
-            [
-                per_image.sum().double(),
-                (top == labels[:, None]).any(1).sum().double(),
-                torch.tensor(float(len(labels)), dtype=torch.float64, device=device),
-                one_view_hits,
-            ]
-        )
+        batch_confusion, batch_sums = _batch_counts(logits, labels, loss, top_k, one_view_hits)
+        confusion += batch_confusion
+        sums += batch_sums
     if torch.distributed.is_available() and torch.distributed.is_initialized():  # every process: the whole split
         torch.distributed.all_reduce(sums)
         torch.distributed.all_reduce(confusion)
@@ -133,6 +123,24 @@ def evaluate(
         count=int(count),
         one_view_hits=one_view if flip_views else None,
     )
+
+
+def _batch_counts(
+    logits: Tensor, labels: Tensor, loss: str, top_k: int, one_view_hits: Tensor
+) -> tuple[Tensor, Tensor]:
+    """One batch's flattened confusion counts (K*K) and its (loss sum, top-k hits, count, one-view top-1 hits)."""
+    num_classes = logits.shape[1]
+    top = logits.topk(min(top_k, num_classes), dim=1).indices  # (B, k)
+    confusion = torch.bincount(labels * num_classes + top[:, 0], minlength=num_classes**2).double()
+    sums = torch.stack(
+        [
+            _losses(logits, labels, loss).sum().double(),
+            (top == labels[:, None]).any(1).sum().double(),
+            torch.tensor(float(len(labels)), dtype=torch.float64, device=logits.device),
+            one_view_hits.double(),
+        ]
+    )
+    return confusion, sums
 
 
 def _view_logits(
