@@ -61,7 +61,7 @@ def test_convert_refuses_a_model_above_max_model_gb(tmp_path, make_vit, capsys):
     vitkit.save(make_vit(), tmp_path / "src")  # ~0.0001 GB of weights (96 kB)
     assert main(["convert", str(tmp_path / "src"), str(tmp_path / "dst"), "--max-model-gb", "0.00005"]) == 2
     err = capsys.readouterr().err
-    assert "above the limit of 0.0 GB (max_bytes=50000)" in err and "--max-model-gb" in err
+    assert "above the limit of 50.0 kB (the limit given)" in err and "--max-model-gb" in err
     assert not (tmp_path / "dst").exists()
     assert main(["convert", str(tmp_path / "src"), str(tmp_path / "dst"), "--max-model-gb", "0.01"]) == 0
 

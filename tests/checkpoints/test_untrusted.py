@@ -82,12 +82,12 @@ def test_model_above_the_limit_is_refused_with_how_to_raise_it(tmp_path, make_vi
     assert need == 4 * sum(t.numel() for t in make_vit().state_dict().values())
     with pytest.raises(
         CheckpointError,
-        match=r"config\.json: the model needs 0\.0 GB \(\d+ bytes.*above the limit "
-        r"of 0\.0 GB \(max_bytes=1000\).*max_bytes=.*--max-model-gb",
+        match=r"config\.json: the model needs \d+\.\d (kB|MB) \(\d+ bytes.*above the limit "
+        r"of 1\.0 kB \(the limit given\).*max_bytes=.*--max-model-gb",
     ):
         read(tmp_path / "c", max_bytes=1000)
     monkeypatch.setattr(limits, "available_memory", lambda: need - 1)  # the default: what is free now
-    with pytest.raises(CheckpointError, match=r"above the limit of 0\.0 GB \(the memory available now\)"):
+    with pytest.raises(CheckpointError, match=r"above the limit of \d+\.\d (kB|MB) \(the memory available now\)"):
         read(tmp_path / "c")
     monkeypatch.setattr(limits, "available_memory", lambda: need)  # exactly enough: reading goes on to build
     with pytest.raises(AssertionError, match="allocated before the checks"):
@@ -153,3 +153,8 @@ def test_damaged_config_json_is_named(tmp_path, make_vit, text, problem):
     (tmp_path / "c" / "config.json").write_bytes(text)
     with pytest.raises(CheckpointError, match=re.escape(str(tmp_path / "c" / "config.json")) + ".*" + problem):
         read(tmp_path / "c")
+
+
+def test_sizes_are_written_in_the_unit_that_keeps_their_digits():
+    words = [limits.size_words(n) for n in (0, 999, 1_000, 1_234, 21_960_000, 1_500_000_000)]
+    assert words == ["0 bytes", "999 bytes", "1.0 kB", "1.2 kB", "22.0 MB", "1.5 GB"]

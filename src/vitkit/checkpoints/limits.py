@@ -85,8 +85,16 @@ def resolve(max_bytes: int | None) -> tuple[int, str]:
     if isinstance(max_bytes, bool) or not isinstance(max_bytes, (int, float)) or not max_bytes >= 0:  # NaN too
         raise ValueError(f"max_bytes must be a number of bytes >= 0 (inf: no limit), got {max_bytes!r}")
     if math.isinf(max_bytes):
-        return sys.maxsize, "max_bytes=inf"
-    return int(max_bytes), f"max_bytes={int(max_bytes)}"
+        return sys.maxsize, "no limit"
+    return int(max_bytes), "the limit given"
+
+
+def size_words(count: int) -> str:
+    """A byte count in the unit that keeps its digits: 1.2 GB, 21.9 MB, 100 bytes."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if count >= scale:
+            return f"{count / scale:.1f} {unit}"
+    return f"{count} bytes"
 
 
 def check_model(config: ModelConfig, source: str, max_bytes: int | None) -> dict[str, Tensor]:
@@ -96,8 +104,8 @@ def check_model(config: ModelConfig, source: str, max_bytes: int | None) -> dict
     limit, why = resolve(max_bytes)
     if need > limit:
         raise CheckpointError(
-            f"{source}: the model needs {need / 1e9:.1f} GB ({need} bytes of float32 weights), above the limit "
-            f"of {limit / 1e9:.1f} GB ({why}); if this machine can hold it, {HOW_TO_RAISE}"
+            f"{source}: the model needs {size_words(need)} ({need} bytes of float32 weights), above the limit "
+            f"of {size_words(limit)} ({why}); if this machine can hold it, {HOW_TO_RAISE}"
         )
     return state
 
@@ -108,6 +116,6 @@ def check_file(path: Path, max_bytes: int | None) -> None:
     limit, why = resolve(max_bytes)
     if size > limit:
         raise CheckpointError(
-            f"{path}: {size / 1e9:.1f} GB would be read into memory, above the limit of {limit / 1e9:.1f} GB ({why}); "
+            f"{path}: {size_words(size)} would be read into memory, above the limit of {size_words(limit)} ({why}); "
             f"if this machine can hold it, {HOW_TO_RAISE}"
         )
