@@ -130,10 +130,13 @@ def test_embed_npy_and_safetensors_round_trip(tmp_path: Path, digits_checkpoint:
     again = ["embed", str(digits_checkpoint), "--data", "digits", "--out", str(target)]
     before = target.read_bytes()
     assert main(again) == 2  # it replaced the three files without a word
-    assert "already exist(s); choose another --out or pass --force" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"{target}, {tmp_path / 'emb.labels.npy'} and {tmp_path / 'emb.json'} already exist; choose another" in err
     assert target.read_bytes() == before
     assert main([*again, "--layer", "block09", "--force"]) == 2
     assert "unknown layer" in capsys.readouterr().err
+    assert main(["embed", str(digits_checkpoint), "--data", "digits", "--out", str(tokens)]) == 2
+    assert f"{tokens} already exists; choose another --out" in capsys.readouterr().err
 
 
 def test_fewshot_works_for_a_resnet(tmp_path: Path, capsys) -> None:

@@ -127,7 +127,9 @@ def embed_command(
     already there are replaced only with `force`."""
     taken = [str(p) for p in output_paths(out) if p.exists()]  # a bad suffix is refused before any work too
     if taken and not force:
-        raise ValueError(f"{', '.join(taken)} already exist(s); choose another --out or pass --force to replace")
+        named = taken[0] if len(taken) == 1 else f"{', '.join(taken[:-1])} and {taken[-1]}"
+        verb = "exists" if len(taken) == 1 else "exist"
+        raise ValueError(f"{named} already {verb}; choose another --out or pass --force to replace")
     checkpoint = open_checkpoint(path)
     images = _load(path, data, split, checkpoint, img_size, columns=columns)
     embeddings, labels = compute(checkpoint, images, layer, img_size=img_size, batch_size=batch_size, device=device)
