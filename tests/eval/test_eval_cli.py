@@ -88,6 +88,16 @@ def test_run_directory_resolves_to_final_or_newest_checkpoint(tmp_path: Path, ma
     assert find_checkpoint(run) == old
 
 
+def test_plain_eval_names_the_checkpoint_it_read(tmp_path: Path, make_checkpoint, capsys) -> None:
+    """An unfinished run is scored at its newest step; the text says which, as --json does."""
+    run = tmp_path / "run"
+    step = make_checkpoint(run / "checkpoints" / "step_000020", in_chans=1, img_size=16)
+    assert main(["eval", str(run), "--data", "digits", "--max-images", "20"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == f"model {step}"
+    assert main(["fewshot", str(run), "--data", "digits", "--shots", "1", "--seeds", "1", "--max-test", "20"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == f"model {step}"
+
+
 def test_fewshot_cli_reports_every_k_and_seed(digits_checkpoint: Path, capsys) -> None:
     assert (
         main(["fewshot", str(digits_checkpoint), "--data", "digits", "--shots", "1,5", "--seeds", "2", "--json"]) == 0

@@ -47,6 +47,7 @@ def run_eval(args: argparse.Namespace) -> int:
     report = eval_command(args.checkpoint, args.data, args.split, config, args.out, args.max_images, columns_of(args))
     k = next(key for key in report if key.startswith("top") and key[3:].isdigit() and key != "top1")
     lines = [
+        f"model {report['checkpoint']}",
         f"{args.data} {args.split}: {report['num_images']} images at {report['img_size']} px",
         f"top-1 {100 * report['top1']:.2f}%   top-{k[3:]} {100 * report[k]:.2f}%{one_view_note(report)}",
         *(
@@ -102,6 +103,7 @@ def run_fewshot(args: argparse.Namespace) -> int:
         args,
         report,
         [
+            f"model {report['checkpoint']}",
             f"{args.data}: {report['num_classes']} classes, {report['num_test']} test images, layer {report['layer']}",
             *(
                 f"  {k:>3}-shot: {100 * entry['mean']:.2f}% +- {100 * entry['std']:.2f}  ({len(entry['runs'])} seeds)"
