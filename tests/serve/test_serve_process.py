@@ -156,3 +156,25 @@ def test_serve_on_a_device_this_host_has_not_stops_before_binding(tmp_path: Path
     vitkit.save(vitkit.create_model("vit_ti16", img_size=16, num_classes=2), tmp_path / "m")
     assert main(["serve", str(tmp_path / "m"), "--port", str(free_port()), "--device", "tpu"]) == 2
     assert "unknown device 'tpu'" in capsys.readouterr().err and "Uvicorn running" not in caplog.text
+
+
+def test_serve_on_an_address_it_cannot_bind_stops_before_loading(tmp_path: Path, capsys, caplog) -> None:
+    """A port in use or a host that is no address here ended in uvicorn's bare socket error, exit 1,
+    after the model had loaded; the flag at fault is named instead, before anything starts."""
+    import vitkit
+
+    vitkit.save(vitkit.create_model("vit_ti16", img_size=16, num_classes=2), tmp_path / "m")
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        assert main(["serve", str(tmp_path / "m"), "--port", str(port)]) == 2
+        err = capsys.readouterr().err
+        assert f"cannot serve on 127.0.0.1 port {port}: Address already in use; another process" in err
+        assert "choose another --port" in err
+    assert main(["serve", str(tmp_path / "m"), "--host", "999.1.1.1", "--port", str(free_port())]) == 2
+    err = capsys.readouterr().err
+    assert "--host 999.1.1.1: " in err and "0.0.0.0 for every interface" in err
+    assert main(["serve", str(tmp_path / "m"), "--host", "192.0.2.1", "--port", str(free_port())]) == 2
+    assert "no interface of this machine has that address: see --host" in capsys.readouterr().err
+    assert "Uvicorn running" not in caplog.text and "model loaded" not in caplog.text.lower()

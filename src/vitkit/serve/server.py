@@ -3,9 +3,11 @@ in flight finish (up to `drain_timeout_s`), finishes the queued batches, and exi
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import signal
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -44,12 +46,40 @@ def uvicorn_config(app: Any, config: ServeConfig) -> Any:
     )
 
 
+BIND_HINTS = {
+    errno.EADDRINUSE: "another process holds that port: choose another --port, or stop it",
+    errno.EADDRNOTAVAIL: "no interface of this machine has that address: see --host",
+    errno.EACCES: "ports below 1024 need privileges here: choose a --port of 1024 or above",
+}
+
+
+def check_address(host: str, port: int) -> None:
+    """Refuses an address the server could not bind, before the model loads: uvicorn binds after its
+    start-up and says only the socket error.  Binds each address `host` resolves to, as asyncio does."""
+    try:
+        addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as error:
+        raise ValueError(
+            f"--host {host}: {error.strerror}; give an address or name of this machine "
+            "(127.0.0.1 for this machine only, 0.0.0.0 for every interface)"
+        ) from None
+    for family, kind, proto, _, address in addresses:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(address)
+            except OSError as error:
+                hint = BIND_HINTS.get(error.errno, "see --host and --port")
+                raise ValueError(f"cannot serve on {host} port {port}: {error.strerror}; {hint}") from None
+
+
 def run_server(path: str | os.PathLike, config: ServeConfig) -> int:
     """Serve `path` until SIGTERM/SIGINT; returns the exit status (0 after a drain, 1 if the model failed to load)."""
     import uvicorn
 
     if not Path(path).exists():
         raise FileNotFoundError(f"{path} does not exist (expected a checkpoint or a run directory)")
+    check_address(config.host, config.port)
     failures: list[str] = []
     server: uvicorn.Server | None = None
 
