@@ -12,6 +12,7 @@ from typing import Any
 from vitkit.runs import PLOTS
 from vitkit.train.config import TrainConfig
 from vitkit.train.plots import plot_curves
+from vitkit.train.stop import SignalFlag
 
 log = logging.getLogger("vitkit.train.trainer")
 
@@ -35,23 +36,32 @@ def log_end(status: str, signum: int, step: int, steps: int, budget_minutes: flo
 @contextlib.contextmanager
 def evaluation_failure(run_dir: Path, config: TrainConfig, checkpoint: str, metrics: Any) -> Iterator[None]:
     """Turn a failing final evaluation into an EvaluationError naming the saved model and `vitkit eval` to retry."""
+    retry = f"evaluate it with `vitkit eval {run_dir} --data {config.data.uri}`"
     try:
         yield
+    except KeyboardInterrupt:  # Ctrl-C: still an interruption (exit 130), but the model is not lost
+        metrics.close()
+        log.warning("interrupted during the final evaluation; the trained model is saved in %s: %s", checkpoint, retry)
+        raise
     except Exception as err:
         metrics.close()
         first = (str(err).strip().splitlines() or [""])[0]
         raise EvaluationError(
             f"the final {config.eval.final_split} evaluation failed ({type(err).__name__}: {first}); the trained model "
-            f"is saved in {checkpoint}: evaluate it with `vitkit eval {run_dir} --data {config.data.uri}`"
+            f"is saved in {checkpoint}: {retry}"
         ) from err
 
 
 def close_metrics(metrics: Any, final: dict[str, Any] | None, run_dir: Path) -> None:
-    """The final record, then the curves of metrics.jsonl (a plot never fails a finished run)."""
-    if final is not None:
-        metrics.write({**final, "final": True})
-    metrics.close()
-    try:
-        plot_curves(run_dir / "metrics.jsonl", run_dir / PLOTS / "curves.png")
-    except Exception as err:
-        log.warning("could not draw plots/curves.png: %s", err)
+    """The final record, then the curves of metrics.jsonl.  The run has finished: neither a plot that fails
+    nor a signal that lands now (Ctrl-C as the accuracy is shown) makes it fail; the signal is said and let go."""
+    with SignalFlag() as signals:
+        if final is not None:
+            metrics.write({**final, "final": True})
+        metrics.close()
+        try:
+            plot_curves(run_dir / "metrics.jsonl", run_dir / PLOTS / "curves.png")
+        except Exception as err:
+            log.warning("could not draw plots/curves.png: %s", err)
+    if signals.signum:
+        log.info("signal %d came as the run finished; the run is complete, nothing was stopped", signals.signum)
