@@ -404,3 +404,20 @@ def test_a_val_split_asked_of_a_one_split_dataset_names_its_test_hold_out(tmp_pa
     _dataset(12).save_to_disk(str(tmp_path))
     with pytest.raises(ValueError, match=r"no val split \(it has: train, and its fixed test hold-out\)"):
         load_split(f"hf:{tmp_path}", "val")
+
+
+def test_a_row_without_an_image_is_named_by_its_row(tmp_path: Path, caplog) -> None:
+    """A row whose image is missing was logged as "<bytes>: not a readable image"; it is named by its row."""
+    dataset = _dataset(12).to_dict()
+    dataset["picture"][3] = None
+    features = _dataset(1).features
+    train = datasets.Dataset.from_dict(dataset, features=features)
+    datasets.DatasetDict({"train": train, "test": _dataset(4, start=12)}).save_to_disk(str(tmp_path))
+    with caplog.at_level("WARNING", logger="vitkit"):
+        train = load_split(f"hf:{tmp_path}", "train", image_size=8, val_fraction=0.0)
+    assert image_ids(train.images) == [i for i in range(12) if i != 3] and train.skipped == 1
+    assert f"skipping bad image {tmp_path / 'train'} row 3: no image data (empty)" in caplog.text
+    assert "<bytes>" not in caplog.text
+    files = load_split(f"hf:{tmp_path}", "train", image_size=8, val_fraction=0.0, max_in_memory_bytes=0)
+    with pytest.raises(BadImageError, match=r"train row 3: no image data \(empty\)"):
+        files.read(3)

@@ -74,7 +74,7 @@ def test_a_one_pixel_image_is_resized_like_any_other() -> None:
         (png_claiming(64, 64), "corrupt or truncated"),
         (encoded(Image.new("RGB", (8, 8)), "ICO"), "not a readable image"),  # a format outside IMAGE_EXTENSIONS
         (encoded(Image.new("RGB", (64, 64)), "JPEG")[:300], "corrupt or truncated|not a readable image"),
-        (b"", "not a readable image"),
+        (b"", "no image data"),
     ],
 )
 def test_bad_files_name_the_file_and_the_problem(data: bytes, problem: str) -> None:

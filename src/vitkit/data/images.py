@@ -224,6 +224,8 @@ def _decode(
         raise ValueError(f"channels must be 1 or 3, got {channels}")
     name = name or _source_name(source)
     data = _read_source(source) if channels == 3 else source
+    if isinstance(data, (bytes, bytearray, memoryview)) and not len(data):
+        raise BadImageError(f"{name}: no image data (empty)")  # an empty file, or a row whose image is missing
     fast = (
         _decode_jpeg_fast(bytes(data), size, max_pixels, name)
         if isinstance(data, (bytes, bytearray, memoryview)) and channels == 3

@@ -77,7 +77,7 @@ class ImageSet:
         """Sample `i` as uint8 (C, H, W); for file sets this decodes (raises `BadImageError` if corrupt)."""
         if self.images is not None:
             return self.images[i]
-        return decode_image(self.files[i], self.channels, size=self.load_size)
+        return decode_image(self.files[i], self.channels, size=self.load_size, name=self.name(i))
 
     def name(self, i: int) -> str:
         """What sample `i` is, for messages: its file, or its row."""

@@ -40,6 +40,19 @@ def _sample_sources(subset: ShardSet, strict: bool) -> tuple[list[bytes], torch.
     return [samples[i].image for i in kept], labels, [samples[i].key for i in kept], reasons
 
 
+class _Names:
+    """What each sample of an ImageSet is called in messages (its file, or its row), read when asked."""
+
+    def __init__(self, subset: ImageSet) -> None:
+        self.subset = subset
+
+    def __len__(self) -> int:
+        return len(self.subset)
+
+    def __getitem__(self, i: int) -> str:
+        return self.subset.name(i)
+
+
 def materialise(
     subset: ImageSet | ShardSet,
     *,
@@ -66,7 +79,7 @@ def materialise(
     if isinstance(subset, ShardSet):
         sources, labels, names, reasons = _sample_sources(subset, strict)
     else:
-        sources, labels, names, reasons = subset.files, subset.labels, None, []
+        sources, labels, names, reasons = subset.files, subset.labels, _Names(subset), []
     images, good, errors = decode_files(
         sources, channels, size, strict=strict, num_workers=num_workers, max_pixels=max_pixels, names=names
     )
