@@ -396,6 +396,27 @@ def test_split_names_inside_shard_names_are_read_as_timm_and_hf_name_them(tmp_pa
     }
 
 
+def test_shards_in_split_folders_are_read_as_those_splits(tmp_path: Path) -> None:
+    """DIR/train/0000.tar beside DIR/validation/0000.tar (a layout of webdataset repositories) said "no train
+    split"; each folder is its split, unless a shard's own name says otherwise."""
+    from vitkit.data.tarshards import split_units
+
+    numbered_shards(tmp_path / "train", [6, 6], prefix="shard")
+    numbered_shards(tmp_path / "validation", [4], prefix="shard", start=12)
+    numbered_shards(tmp_path / "test", [3], prefix="data-test", start=16)
+    numbered_shards(tmp_path / "extra", [3], prefix="shard", start=19)  # not a split name: not read
+    splits, _, _ = split_units(str(tmp_path))
+    assert {name: [str(Path(u.path).relative_to(tmp_path)) for u in units] for name, units in splits.items()} == {
+        "train": ["train/shard-000000.tar", "train/shard-000001.tar"],
+        "val": ["validation/shard-000000.tar"],
+        "test": ["test/data-test-000000.tar"],
+    }
+    info = describe(f"wds:{tmp_path}")
+    assert (info.num_train, info.num_classes) == (12, 10)
+    numbered_shards(tmp_path, [2], prefix="train", start=22)  # shards at the top: the folders are not searched
+    assert [Path(u.path).name for u in split_units(str(tmp_path))[0]["train"]] == ["train-000000.tar"]
+
+
 def test_one_shard_file_is_a_pattern_of_one(tmp_path: Path) -> None:
     """wds:DIR/train-000000.tar was "no such directory (or brace pattern of .tar files)"."""
     from vitkit.data.tarshards import split_units

@@ -150,7 +150,7 @@ def _shard_files(spec: str) -> tuple[Path, list[Path], bool]:
     directory = Path(spec)
     if not directory.is_dir():
         raise FileNotFoundError(f"wds:{spec}: no such directory (or brace pattern of .tar files)")
-    shards = sorted(directory.glob("*.tar"))
+    shards = sorted(directory.glob("*.tar")) or _split_folder_shards(directory)
     packed = [p for p in directory.iterdir() if p.name.endswith((".tar.gz", ".tgz"))]
     if packed and shards:
         loading_log.warning("wds:%s: ignoring %d gzip-compressed shard(s) beside the .tar ones", spec, len(packed))
@@ -160,6 +160,12 @@ def _shard_files(spec: str) -> tuple[Path, list[Path], bool]:
             f"(gunzip {directory}/*.tar.gz) into .tar shards"
         )
     return directory, shards, False
+
+
+def _split_folder_shards(directory: Path) -> list[Path]:
+    """The shards of DIR/train/, DIR/val/, DIR/test/ (any split word) where DIR itself holds none."""
+    folders = [p for p in sorted(directory.iterdir()) if p.name in _SPLIT_NAMES and p.is_dir()]
+    return [shard for folder in folders for shard in sorted(folder.glob("*.tar"))]
 
 
 def read_index(directory: Path) -> dict[str, Any] | None:
@@ -189,15 +195,16 @@ def read_index(directory: Path) -> dict[str, Any] | None:
     return index
 
 
-def _by_prefix(files: list[Path]) -> dict[str, list[Path]]:
+def _by_prefix(files: list[Path], directory: Path) -> dict[str, list[Path]]:
+    """{split: shards} by the split word in each shard's name, else by its folder's (DIR/test/0000.tar)."""
     splits: dict[str, list[Path]] = {}
     for path in files:
-        words = SPLIT_WORD.findall(path.name)
+        words = SPLIT_WORD.findall(path.name) or ([path.parent.name] if path.parent != directory else [])
         if words:  # the last, nearest the shard's number
             splits.setdefault(_SPLIT_NAMES[words[-1]], []).append(path)
     if not splits:
         return {"train": files} if files else {}
-    unnamed = [p.name for p in files if not SPLIT_WORD.search(p.name)]
+    unnamed = [p.name for p in files if not SPLIT_WORD.search(p.name) and p.parent == directory]
     if unnamed:
         loading_log.warning(  # every process lists the shards
             "ignoring %d shard(s) whose names name no split (train, val, test), e.g. %s", len(unnamed), unnamed[0]
@@ -258,7 +265,7 @@ def split_units(spec: str) -> tuple[dict[str, list[Unit]], list[str] | None, dic
     else:
         counted = {
             name: [(p, -1) for p in paths]
-            for name, paths in _by_prefix(sorted(directory.glob("*.tar")) if pattern else files).items()
+            for name, paths in _by_prefix(sorted(directory.glob("*.tar")) if pattern else files, directory).items()
         }
     if pattern:  # the pattern's shards are the training split, and no other's
         known = {str(p): c for p, c in counted.get("train", [])}
