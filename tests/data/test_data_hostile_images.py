@@ -140,3 +140,32 @@ def test_a_large_float_image_converts_in_strips_to_the_same_pixels(tmp_path) -> 
     small = Image.fromarray(np.arange(30 * 20, dtype=np.uint8).reshape(20, 30) * 3, "L")
     spread_first = np.asarray(small.convert("RGB").resize((15, 10), Image.Resampling.BILINEAR).crop((2, 0, 12, 10)))
     assert np.array_equal(decode_image(encoded(small, "PNG"), 3, size=10).permute(1, 2, 0).numpy(), spread_first)
+
+
+def test_decoding_threads_share_one_warning_filter_list(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bomb warning was silenced by `warnings.catch_warnings`, which swaps the process's filter list for a
+    copy and back: decoding threads (serve's) raced on it, one's restore dropping another's filter or leaving
+    'ignore' behind for good.  Decoding now runs under the process's own list, whose front filter silences it."""
+    import vitkit.data.images as images
+
+    seen = []
+    real_open = Image.open
+
+    def open_and_look(*args, **kwargs):
+        seen.append(warnings.filters)
+        return real_open(*args, **kwargs)
+
+    monkeypatch.setattr(Image, "open", open_and_look)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)
+    data = encoded(Image.new("L", (12, 12)), "PNG")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        process_list = warnings.filters
+        _, good, _ = decode_files([data] * 8, 1, 12, max_pixels=144, num_workers=4)
+        assert good == list(range(8)) and seen and all(filters is process_list for filters in seen)
+        assert warnings.filters is process_list and warnings.filters[0][:3] == (
+            "ignore",
+            None,
+            images.Image.DecompressionBombWarning,
+        )
+    assert caught == []

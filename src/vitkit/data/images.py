@@ -24,6 +24,7 @@ import logging
 import math
 import os
 import re
+import threading
 import warnings
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -102,9 +103,23 @@ def _to_mode(image: Image.Image, channels: int) -> Image.Image:
         return image.convert("RGB").convert(target)
 
 
-def _pillow_bomb_warning_off() -> warnings.catch_warnings:
-    """Pillow's DecompressionBombWarning off: `max_pixels` decides, and vitkit's refusal names the file."""
-    return warnings.catch_warnings(action="ignore", category=Image.DecompressionBombWarning)
+_BOMB_FILTER_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _pillow_bomb_warning_off() -> Iterator[None]:
+    """Pillow's DecompressionBombWarning off: `max_pixels` decides, and vitkit's refusal names the file.
+
+    The filter joins the front of the process's list once (again if another came before it) and stays: the
+    warning is off for the process once vitkit decodes.  `warnings.catch_warnings` swaps the whole list in and out,
+    which threads (serve's decoders) race on: one's restore drops another's filter or leaves its own behind.
+    """
+    bomb = Image.DecompressionBombWarning
+    with _BOMB_FILTER_LOCK:  # the first filter that applies to the warning must be this one
+        first = next((f for f in warnings.filters if issubclass(bomb, f[2])), None)
+        if first is None or first[0] != "ignore" or first[1] is not None or first[3] is not None:
+            warnings.filterwarnings("ignore", category=bomb)
+    yield
 
 
 def _bomb(name: str, width: int, height: int, max_pixels: int) -> DecompressionBombError:
