@@ -169,3 +169,30 @@ def test_decoding_threads_share_one_warning_filter_list(monkeypatch: pytest.Monk
             images.Image.DecompressionBombWarning,
         )
     assert caught == []
+
+
+def test_a_thin_image_is_resampled_in_its_square_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 1 KB PNG of 300,000x1 pixels, far below the pixel limit, was resized whole to 19.2 million x 64 before
+    its centre was cut: gigabytes for one upload.  Beyond MAX_ASPECT only the square is resampled, to the
+    pixels of the whole resize within one level."""
+    from vitkit.data import images
+
+    asked = []
+    real = Image.Image.resize
+
+    def resize(self, size, *args, **kwargs):
+        asked.append(size[0] * size[1])
+        return real(self, size, *args, **kwargs)
+
+    monkeypatch.setattr(Image.Image, "resize", resize)
+    thin = Image.new("RGB", (300_000, 1), (200, 10, 10))
+    out = decode_image(encoded(thin, "PNG"), size=64, name="thin.png")
+    assert out.shape == (3, 64, 64) and out[:, 0, 0].tolist() == [200, 10, 10]
+    assert max(asked) == 64 * 64
+    ramp = Image.fromarray(np.tile(np.arange(2_000, dtype=np.uint8)[None, :] * 7, (23, 1)))  # 87:1
+    whole = real(ramp, (1_391, 16), Image.Resampling.BILINEAR).crop((687, 0, 703, 16))
+    square = images._resize_center_crop(ramp, 16)
+    assert square.size == (16, 16) and np.abs(np.int16(square) - np.int16(whole)).max() <= 1
+    usual = Image.fromarray(np.arange(40 * 300, dtype=np.uint8).reshape(40, 300))  # 7.5:1, the whole image
+    reference = real(usual, (120, 16), Image.Resampling.BILINEAR).crop((52, 0, 68, 16))
+    assert np.array_equal(images._resize_center_crop(usual, 16), reference)
