@@ -196,3 +196,21 @@ def test_a_thin_image_is_resampled_in_its_square_alone(monkeypatch: pytest.Monke
     usual = Image.fromarray(np.arange(40 * 300, dtype=np.uint8).reshape(40, 300))  # 7.5:1, the whole image
     reference = real(usual, (120, 16), Image.Resampling.BILINEAR).crop((52, 0, 68, 16))
     assert np.array_equal(images._resize_center_crop(usual, 16), reference)
+
+
+def test_a_path_to_a_device_fifo_or_huge_file_is_refused_unread(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Hugging Face row's image `path` is data: /dev/zero was read until memory ran out (5.7 GB)."""
+    import os
+
+    from vitkit.data import images
+
+    with pytest.raises(BadImageError, match=r"^/dev/zero: not a regular file"):
+        decode_image("/dev/zero", size=8)
+    os.mkfifo(tmp_path / "pipe")
+    with pytest.raises(BadImageError, match=r"pipe: not a regular file"):
+        decode_image(tmp_path / "pipe", channels=1, size=8)  # open() would wait for a writer
+    (tmp_path / "a.png").write_bytes(encoded(Image.new("RGB", (9, 9)), "PNG"))
+    assert decode_image(tmp_path / "a.png", size=8).shape == (3, 8, 8)
+    monkeypatch.setattr(images, "MAX_FILE_BYTES", 50)
+    with pytest.raises(BadImageError, match=r"a\.png: \d+ bytes, larger than an image file may be \(50\)"):
+        decode_image(tmp_path / "a.png", size=8)

@@ -24,6 +24,7 @@ import logging
 import math
 import os
 import re
+import stat
 import threading
 import warnings
 from collections.abc import Iterator, Sequence
@@ -104,6 +105,7 @@ def _to_mode(image: Image.Image, channels: int) -> Image.Image:
 
 
 _BOMB_FILTER_LOCK = threading.Lock()
+MAX_FILE_BYTES = 1 << 30  # an image file above this is refused unread (an uncompressed 16-bit RGB at MAX_PIXELS fits)
 MAX_ASPECT = 8  # longer than this times its shorter side, an image is resampled in its centre square alone
 
 
@@ -219,6 +221,19 @@ def upright(image: Image.Image) -> Image.Image:
     return ImageOps.exif_transpose(image) if orientation in range(2, 9) else image
 
 
+def _check_file(path: str | os.PathLike, name: str) -> None:
+    """A path to decode must be a regular file of at most MAX_FILE_BYTES: a path from data (a Hugging Face row's
+    `path`) can name /dev/zero, a FIFO or any large file.  A missing file is left to the reader, which names it."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return
+    if not stat.S_ISREG(info.st_mode):
+        raise BadImageError(f"{name}: not a regular file (a device, FIFO or directory is not an image)")
+    if info.st_size > MAX_FILE_BYTES:
+        raise BadImageError(f"{name}: {info.st_size:,} bytes, larger than an image file may be ({MAX_FILE_BYTES:,})")
+
+
 def _read_source(source: str | os.PathLike | bytes) -> bytes | str | os.PathLike:
     """The bytes of a JPEG-looking file (for the fast decoder); other sources unchanged."""
     if _simplejpeg is None or isinstance(source, (bytes, bytearray, memoryview)):
@@ -239,6 +254,8 @@ def _decode(
     if channels not in (1, 3):
         raise ValueError(f"channels must be 1 or 3, got {channels}")
     name = name or _source_name(source)
+    if isinstance(source, (str, os.PathLike)):
+        _check_file(source, name)
     data = _read_source(source) if channels == 3 else source
     if isinstance(data, (bytes, bytearray, memoryview)) and not len(data):
         raise BadImageError(f"{name}: no image data (empty)")  # an empty file, or a row whose image is missing
