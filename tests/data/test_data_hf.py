@@ -421,3 +421,13 @@ def test_a_row_without_an_image_is_named_by_its_row(tmp_path: Path, caplog) -> N
     files = load_split(f"hf:{tmp_path}", "train", image_size=8, val_fraction=0.0, max_in_memory_bytes=0)
     with pytest.raises(BadImageError, match=r"train row 3: no image data \(empty\)"):
         files.read(3)
+
+
+def test_an_absurd_integer_label_is_refused_before_any_class_is_listed(tmp_path: Path) -> None:
+    """One label of 2**40 in an integer column listed 2**40 class names: memory grew until the host gave out."""
+    dataset = _dataset(12, int_labels=True).to_dict()
+    dataset["target"][5] = 2**40
+    train = datasets.Dataset.from_dict(dataset, features=_dataset(1, int_labels=True).features)
+    datasets.DatasetDict({"train": train, "test": _dataset(4, start=12, int_labels=True)}).save_to_disk(str(tmp_path))
+    with pytest.raises(ValueError, match=r"'target' holds 1,099,511,627,776, outside the class indices 0\.\.999,999"):
+        describe(f"hf:{tmp_path}")

@@ -191,6 +191,11 @@ def _hf_classes(train: hf.HFSplit, label: str, names: list[str] | None) -> list[
     top = int(np.max(labels, initial=-1))
     if top < 0:
         raise ValueError(f"{train.files[0]}: the label column {label!r} holds no class index >= 0")
+    if top >= tarshards.MAX_CLASSES:  # one stray label would plan (and list) that many classes
+        raise ValueError(
+            f"{train.files[0]}: the label column {label!r} holds {top:,}, outside the class indices "
+            f"0..{tarshards.MAX_CLASSES - 1:,}: a corrupt label (fix or drop that row)"
+        )
     return [str(i) for i in range(top + 1)]
 
 
