@@ -15,6 +15,7 @@ import os
 import platform
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -150,3 +151,31 @@ def process_seconds() -> float:
         return max(time.clock_gettime(time.CLOCK_BOOTTIME) - started, 0.0)
     except (OSError, ValueError, IndexError, AttributeError):
         return 0.0
+
+
+FALLBACK_BYTES = 8 << 30  # where the system says nothing about its memory
+
+
+def available_memory() -> int:
+    """Bytes of memory available now: MemAvailable, capped by a cgroup (container) limit."""
+    free = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                free = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        free = None
+    if free is None and hasattr(os, "sysconf"):
+        try:
+            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError):
+            free = None
+    free = FALLBACK_BYTES if free is None or free <= 0 else free
+    try:  # cgroup v2: the container's own limit, less what it uses
+        cap = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        used = int(Path("/sys/fs/cgroup/memory.current").read_text())
+        if cap != "max":
+            free = min(free, max(int(cap) - used, 0))
+    except (OSError, ValueError):
+        pass
+    return free

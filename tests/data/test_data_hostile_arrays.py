@@ -89,3 +89,35 @@ def test_npz_labels_stored_as_python_objects_are_named(tmp_path: Path, layout: s
     for read in (lambda: describe(f"npz:{path}"), lambda: read_npz(path)):
         with pytest.raises(DataFormatError, match=rf"d.npz: {key} holds Python objects.*integer class ids"):
             read()
+
+
+def test_npz_members_not_used_are_not_inflated_and_those_used_must_fit(tmp_path: Path, monkeypatch) -> None:
+    """A data .npz with a deflated 3 GB `junk` member beside images and labels took 3.2 GB: every member was read."""
+    from vitkit.data import readers
+
+    path = tmp_path / "d.npz"
+    images, labels = np.zeros((6, 8, 8), np.uint8), np.arange(6) % 2
+    np.savez_compressed(path, images=images, labels=labels, junk=np.zeros(5_000_000, np.float32))
+    opened = []
+    real = np.lib.npyio.NpzFile.__getitem__
+    monkeypatch.setattr(np.lib.npyio.NpzFile, "__getitem__", lambda self, key: opened.append(key) or real(self, key))
+    out = read_npz(path)
+    assert sorted(opened) == ["images", "labels"] and out["labels"].tolist() == labels.tolist()
+    monkeypatch.setattr(readers, "available_memory", lambda: 100)
+    with pytest.raises(DataFormatError, match=r"d\.npz: images, labels inflate to \d+ bytes, more than the 100 bytes"):
+        read_npz(path)
+
+
+def test_an_idx_header_claiming_more_than_memory_holds_is_refused_unread(tmp_path: Path, monkeypatch) -> None:
+    """A 13 MB gzip claiming 3.8 million 28x28 images passed the 16 GiB bound and took 6 GB before it ended."""
+    from vitkit.data import readers
+
+    path = tmp_path / "t10k-images-idx3-ubyte.gz"
+    with gzip.open(path, "wb") as handle:
+        handle.write(struct.pack(">iiii", IDX_IMAGES_MAGIC, 3, 28, 28) + bytes(3 * 28 * 28))
+    assert read_idx(path, IDX_IMAGES_MAGIC).shape == (3, 28, 28)
+    monkeypatch.setattr(readers, "available_memory", lambda: 2_000)
+    with pytest.raises(
+        DataFormatError, match=r"claims dims \(3, 28, 28\), 2,352 bytes, more than the memory available"
+    ):
+        read_idx(path, IDX_IMAGES_MAGIC)

@@ -10,7 +10,6 @@ reading holds the file's tensors and the model at once.  `max_bytes=` on `vitkit
 from __future__ import annotations
 
 import math
-import os
 import sys
 from pathlib import Path
 
@@ -19,13 +18,13 @@ from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
 from vitkit.checkpoints.validate import CheckpointError
+from vitkit.host import available_memory
 from vitkit.models import build_model
 from vitkit.models.configs import ModelConfig
 
 HOW_TO_RAISE = (
     "pass max_bytes= to vitkit.load / vitkit.checkpoints.read, or --max-model-gb to vitkit convert / export-onnx"
 )
-FALLBACK_BYTES = 8 << 30  # where the system says nothing about its memory
 
 
 class _NoRandomInit(TorchFunctionMode):
@@ -51,31 +50,6 @@ def meta_model(config: ModelConfig) -> nn.Module:
 def model_bytes(config: ModelConfig) -> int:
     """Bytes of the model's parameters and buffers (float32)."""
     return sum(t.numel() * t.element_size() for t in meta_model(config).state_dict().values())
-
-
-def available_memory() -> int:
-    """Bytes of memory available now: MemAvailable, capped by a cgroup (container) limit."""
-    free = None
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                free = int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        free = None
-    if free is None and hasattr(os, "sysconf"):
-        try:
-            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        except (ValueError, OSError):
-            free = None
-    free = FALLBACK_BYTES if free is None or free <= 0 else free
-    try:  # cgroup v2: the container's own limit, less what it uses
-        cap = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        used = int(Path("/sys/fs/cgroup/memory.current").read_text())
-        if cap != "max":
-            free = min(free, max(int(cap) - used, 0))
-    except (OSError, ValueError):
-        pass
-    return free
 
 
 def resolve(max_bytes: int | None) -> tuple[int, str]:

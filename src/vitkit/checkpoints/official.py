@@ -24,7 +24,7 @@ import logging
 import math
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
@@ -89,12 +89,16 @@ HYBRID_KEY_MAP: dict[str, tuple[str, str]] = {
 # ---- quirks: each turns one variant of the layout into the released vit_jax one ----------------------------
 
 
+def params_prefix(names: Iterable[str]) -> str:
+    """Where the parameters lie: vit_jax checkpoints saved with the optimizer state keep them under "opt/target/",
+    big_vision under "params/"; "" for a file of parameters alone."""
+    names = list(names)
+    return next((p for p in ("opt/target/", "params/") if any(k.startswith(p + "embedding/") for k in names)), "")
+
+
 def strip_prefix(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    # vit_jax checkpoints saved with the optimizer state keep params under "opt/target/"; big_vision under "params/"
-    for prefix in ("opt/target/", "params/"):
-        if any(k.startswith(prefix + "embedding/") for k in arrays):
-            return {k[len(prefix) :]: v for k, v in arrays.items() if k.startswith(prefix)}
-    return arrays
+    prefix = params_prefix(arrays)
+    return {k[len(prefix) :]: v for k, v in arrays.items() if k.startswith(prefix)}
 
 
 def reject_map_head(arrays: dict[str, np.ndarray]) -> None:
@@ -228,10 +232,12 @@ def _table(config: ViTConfig | HybridConfig) -> dict[str, tuple[str, str]]:
 
 
 def read_arrays(path: Path) -> dict[str, np.ndarray]:
-    """All arrays of an .npz, with pickles refused (`allow_pickle=False`)."""
+    """The parameter arrays of an .npz (not an optimizer state beside them, which may inflate to any size and
+    is not checked), with pickles refused (`allow_pickle=False`)."""
     try:
         with np.load(path, allow_pickle=False) as data:
-            return {key: data[key] for key in data.files}
+            prefix = params_prefix(data.files)
+            return {key: data[key] for key in data.files if key.startswith(prefix)}
     except ValueError as err:
         if "allow_pickle" in str(err) or "Object arrays" in str(err):
             raise CheckpointError(f"{path} {headers.PICKLED}") from None

@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from vitkit.host import available_memory
+
 IDX_IMAGES_MAGIC = 2051  # 0x00000803: unsigned bytes, 3 dims (N, rows, cols)
 IDX_LABELS_MAGIC = 2049  # 0x00000801: unsigned bytes, 1 dim (N,)
 MAX_IDX_BYTES = 1 << 34  # data an IDX header may claim (MNIST's training images: 47 MB)
@@ -76,6 +78,11 @@ def read_idx(path: Path, expect_magic: int) -> np.ndarray:
     expected = int(np.prod(dims, dtype=object))
     if min(dims, default=0) < 0 or expected > MAX_IDX_BYTES:
         raise DataFormatError(f"{path}: header claims dims {dims}; not an IDX file of this kind")
+    if expected > available_memory():
+        raise DataFormatError(
+            f"{path}: header claims dims {dims}, {expected:,} bytes, more than the memory available "
+            f"({available_memory():,} bytes)"
+        )
     data = _read_bytes(path, offset + expected + 1)  # a gzip stream that inflates past its header stops here
     if len(data) - offset != expected:
         raise DataFormatError(
@@ -179,12 +186,14 @@ def to_nchw(array: np.ndarray, path: Path, key: str) -> np.ndarray:
     raise DataFormatError(f"{path}: `{key}` has shape {array.shape}; no channel axis of size 1 or 3")
 
 
-def _check_npz_sizes(path: Path) -> None:
-    """Each member's .npy header may claim no more bytes than the member holds: numpy allocates what the
-    header claims before it reads a byte, so a forged shape would otherwise allocate any amount."""
+def _check_npz_sizes(path: Path, keys: list[str]) -> None:
+    """Each member read (`keys`) may claim in its .npy header no more bytes than the member holds, and all of
+    them no more than the memory available: numpy allocates what a header claims before it reads a byte, so a
+    forged shape would otherwise allocate any amount."""
     try:
         with zipfile.ZipFile(path) as archive:
-            for info in archive.infolist():
+            members = [archive.getinfo(f"{key}.npy") for key in keys]
+            for info in members:
                 shape, dtype = _npy_header(archive, info)
                 claimed = int(np.prod(shape, dtype=object)) * dtype.itemsize
                 if claimed > info.file_size:
@@ -192,10 +201,15 @@ def _check_npz_sizes(path: Path) -> None:
                         f"{path}: `{info.filename}` claims shape {shape} ({claimed:,} bytes) but holds "
                         f"{info.file_size:,} bytes"
                     )
-    except (OSError, zipfile.BadZipFile, ValueError, EOFError) as error:
+    except (OSError, zipfile.BadZipFile, ValueError, EOFError, KeyError) as error:
         if isinstance(error, DataFormatError):
             raise
         raise DataFormatError(f"{path}: cannot read .npz ({error})") from error
+    need, free = sum(info.file_size for info in members), available_memory()
+    if need > free:
+        raise DataFormatError(
+            f"{path}: {', '.join(keys)} inflate to {need:,} bytes, more than the {free:,} bytes of memory available"
+        )
 
 
 def check_labels(labels: np.ndarray, path: Path, key: str, count: int | None = None) -> None:
@@ -230,22 +244,23 @@ def npz_array(archive: Any, key: str, path: Path) -> np.ndarray:
 
 
 def read_npz(path: Path) -> dict[str, np.ndarray]:
-    """The arrays of an `.npz` file, never unpickling; images are returned NCHW, labels int64."""
-    _check_npz_sizes(path)
+    """The arrays of an `.npz` file, never unpickling; images are returned NCHW, labels int64.  Only the
+    arrays used are read: another member may inflate to any size."""
     try:
         with np.load(path, allow_pickle=False) as archive:
-            arrays = {key: npz_array(archive, key, path) for key in archive.files}
+            names = list(archive.files)
+            keys = next((keys for keys in NPZ_KEYS if all(key in names for key in keys)), None)
+            if keys is None:
+                raise DataFormatError(
+                    f"{path}: holds {sorted(names)}; expected x_train, y_train, x_test, y_test or images, labels"
+                )
+            wanted = [*keys, *(["class_names"] if "class_names" in names else [])]
+            _check_npz_sizes(path, wanted)
+            arrays = {key: npz_array(archive, key, path) for key in wanted}
     except DataFormatError:
         raise
     except (OSError, zipfile.BadZipFile, ValueError, EOFError) as error:
         raise DataFormatError(f"{path}: cannot read .npz ({error})") from error
-    for keys in NPZ_KEYS:
-        if all(key in arrays for key in keys):
-            break
-    else:
-        raise DataFormatError(
-            f"{path}: holds {sorted(arrays)}; expected x_train, y_train, x_test, y_test or images, labels"
-        )
     out = {}
     for image_key, label_key in zip(keys[0::2], keys[1::2]):
         images = to_nchw(arrays[image_key], path, image_key)
