@@ -57,6 +57,22 @@ def test_accumulating_4_micro_batches_equals_one_big_batch() -> None:
     assert big.step == small.step == 3
 
 
+def test_a_micro_batch_left_empty_adds_no_loss_and_zero_gradients() -> None:
+    """Streamed shards whose samples are all unreadable (a stale index) left a micro-batch empty: its mean loss
+    was NaN, the step was skipped as non-finite on every process, and five in a row ended the run advising a
+    lower learning rate."""
+    images, targets = _batch(8)
+    empty, spec = (images[:0], targets[:0]), dataclasses.replace(SPEC, clip_norm=0.0)  # gradients as computed
+    alone, beside = _state(name="sgd"), _state(name="sgd")
+    out_alone = train_step(alone, [(images, targets)], spec)
+    out_beside = train_step(beside, [(images, targets), empty], spec)
+    assert out_beside["skipped"] is False and out_beside["loss"].item() == out_alone["loss"].item()
+    for (name, a), (_, b) in zip(alone.module.named_parameters(), beside.module.named_parameters()):
+        torch.testing.assert_close(b.grad, a.grad / 2, rtol=0, atol=1e-7, msg=name)  # one of two micro-batches
+    out_none = train_step(_state(name="sgd"), [empty], spec)
+    assert out_none["skipped"] is False and out_none["loss"].item() == 0.0 and out_none["grad_norm"].item() == 0.0
+
+
 def test_non_finite_loss_skips_the_update_and_counts() -> None:
     state = _state()
     train_step(state, [_batch(8)], SPEC)

@@ -66,26 +66,32 @@ def train_step(state: TrainState, batch: list[Any], spec: StepSpec, loss_of: Los
     batch); DDP reduces only on the last one.  A non-finite loss or gradient norm skips the update (the
     optimiser state is untouched).  Returns 0-d tensors "loss", "grad_norm" and the objective's metrics
     (no host sync), "lr", and "skipped": a bool, or with `spec.deferred` a 0-d bool tensor (the skip
-    itself happened on the device).  The caller accounts for skips (train/guard.py).
+    itself happened on the device).  The caller accounts for skips (train/guard.py).  A micro-batch left empty
+    by unreadable samples adds zero gradients and no loss, where its mean over no sample was NaN on every
+    process.
     """
     model, optimizer = state.model, state.optimizer
     loss_of = loss_of or classification_loss(spec)
     set_lr(optimizer, spec.lr)
     model.train()
     optimizer.zero_grad(set_to_none=True)
-    total, extras = None, {}
+    total, extras, full = None, {}, 0
     for index, micro in enumerate(batch):
         last = index == len(batch) - 1
         sync = contextlib.nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync()
-        device = micro[0].device if isinstance(micro, (tuple, list)) else micro.device
+        images = micro[0] if isinstance(micro, (tuple, list)) else micro
         with sync:
-            with autocast(device, spec.autocast_dtype):
-                loss, metrics = loss_of(model, micro)
+            if len(images):
+                with autocast(images.device, spec.autocast_dtype):
+                    loss, metrics = loss_of(model, micro)
+                full += 1
+            else:  # every sample of it was unreadable: no loss (a mean over none is NaN), zero gradients
+                loss, metrics = sum(p.sum() for p in model.parameters()) * 0.0, {}
             (loss / len(batch)).backward()
         total = loss.detach().float() if total is None else total + loss.detach().float()
         for key, value in metrics.items():  # means over the micro-batches
             extras[key] = extras.get(key, 0) + value.detach().float() / len(batch)
-    mean_loss = total / len(batch)
+    mean_loss = total / max(full, 1)
     grad_norm = _clip(model, spec.clip_norm)
     # The gradient norm is reduced over processes (DDP/FSDP), so every process takes the same decision.
     bad = ~torch.isfinite(grad_norm + mean_loss.to(grad_norm.device) * 0)
