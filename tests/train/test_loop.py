@@ -345,3 +345,24 @@ def test_ctrl_c_in_the_final_evaluation_names_the_saved_model(tmp_path: Path, mo
         f"the trained model is saved in {run / 'checkpoints' / 'final'}: evaluate it with `vitkit eval" in caplog.text
     )
     assert (run / "checkpoints" / "final" / "model.safetensors").is_file()
+
+
+def test_a_train_state_that_does_not_fit_the_run_is_passed_over(tmp_path: Path, caplog) -> None:
+    """An optimiser moment of the wrong shape crashed torch's fused Adam natively (SIGSEGV); a step count of
+    1e15 ended the run "after 1000000000000000/675 steps".  Such a step is passed over for the one before."""
+    run = tmp_path / "run"
+    trainer.train(tiny_config(run, "data.steps=6", "run.checkpoint_every=2"))
+    state_of = {step: run / "checkpoints" / f"step_000000{step}" / STATE_FILE for step in (4, 6)}
+    for step, damage in ((6, "moment"), (4, "count")):
+        state = torch.load(state_of[step], weights_only=True)
+        if damage == "moment":
+            state["optimizer"]["state"][0]["exp_avg"] = torch.zeros(7)
+        else:
+            state["step"] = 10**15
+        torch.save(state, state_of[step])
+    (run / "checkpoints" / LATEST).write_text("step_0000006\n")
+    with caplog.at_level(logging.WARNING, logger="vitkit"):
+        result = trainer.train(tiny_config(run, "data.steps=6", "run.checkpoint_every=2"))
+    assert result["status"] == "finished" and result["step"] == 6
+    assert "optimizer exp_avg of parameter 0 has shape (7,)" in caplog.text
+    assert "step is 1000000000000000, not a count" in caplog.text and "resuming from step_0000002" in caplog.text

@@ -69,7 +69,7 @@ class Checkpointer:
         fail their SHA-256, a cut-short train state) is passed over for the one before, with a warning; one this
         user may not read now (permissions, a storage error: `NOT_NOW`) stops the resume."""
         candidates = self.run.resume_candidates()
-        found = self._readable(candidates)
+        found = self._readable(candidates, None if self.sharded else state)
         if found is None:
             return None
         path, payload, weights = found
@@ -83,11 +83,16 @@ class Checkpointer:
         load_extra(payload)
         return path
 
-    def _readable(self, candidates: list[Path]) -> tuple[Path, dict[str, Any], dict[str, Any]] | None:
-        """The first of `candidates` whose train state and weights read: (path, payload, weights)."""
+    def _readable(
+        self, candidates: list[Path], state: TrainState | None
+    ) -> tuple[Path, dict[str, Any], dict[str, Any]] | None:
+        """The first of `candidates` whose train state and weights read (and whose train state fits `state`,
+        where given): (path, payload, weights)."""
         for index, path in enumerate(candidates):
             try:
                 payload = RunDir.read_state(path)
+                if state is not None:
+                    state.check_state_dict(payload)
                 return path, payload, native.load(path, map_location="cpu").model.state_dict()
             except OSError as error:
                 if error.errno not in NOT_NOW:

@@ -15,6 +15,8 @@ from torch import nn
 
 from vitkit.train.ema import ModelEMA
 
+MAX_COUNT = 10**12  # a step or step count above this in a train state is damage (data.steps is at most 1e9)
+
 
 @dataclass
 class TrainState:
@@ -80,3 +82,46 @@ class TrainState:
         if self.ema is not None:
             self.ema.load_state_dict(state["ema"])
         self.set_rng_state(state["rng"])
+
+    def check_state_dict(self, state: Any) -> None:
+        """A ValueError where `state` (a train_state.pt read from disk) does not fit this run: counts out of
+        range, optimiser or EMA tensors of other shapes than the parameters', random streams of another size.
+        Loaded unchecked, a wrong optimiser shape crashed torch's fused kernels natively."""
+        if not isinstance(state, dict) or not isinstance(state.get("optimizer"), dict):
+            raise ValueError(f"the train state is a {type(state).__name__} without an optimizer state")
+        for key in ("step", "skipped_steps", "nan_streak"):
+            value = state.get(key)
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNT:
+                raise ValueError(f"the train state's {key} is {value!r:.40}, not a count in 0..{MAX_COUNT:.0e}")
+        _check_optimizer(state["optimizer"], [p for g in self.optimizer.param_groups for p in g["params"]])
+        if self.ema is not None and isinstance(state.get("ema"), dict):
+            for key, value in state["ema"].items():
+                shadow = self.ema.shadow.get(key)
+                if shadow is not None and (not isinstance(value, torch.Tensor) or value.shape != shadow.shape):
+                    raise ValueError(f"the train state's EMA {key} does not have the model's shape")
+        rng = state.get("rng")
+        ours = self.rng_state()
+        for key in ("torch", "augment"):
+            value = rng.get(key) if isinstance(rng, dict) else None
+            if not isinstance(value, torch.Tensor) or value.numel() != ours[key].numel():
+                raise ValueError(f"the train state's {key} random stream is not one of this torch")
+
+
+def _check_optimizer(stored: dict[str, Any], params: list[torch.Tensor]) -> None:
+    """The optimiser state's per-parameter tensors have their parameters' shapes (scalars, a step count, aside)."""
+    groups, per_param = stored.get("param_groups"), stored.get("state")
+    if not isinstance(groups, list) or not isinstance(per_param, dict):
+        raise ValueError("the train state's optimizer has no param_groups list and state mapping")
+    ids = [i for group in groups if isinstance(group, dict) for i in group.get("params", [])]
+    if len(ids) != len(params):
+        raise ValueError(f"the train state's optimizer holds {len(ids)} parameters, this model {len(params)}")
+    shapes = dict(zip(ids, (p.shape for p in params)))
+    for index, entry in per_param.items():
+        if index not in shapes or not isinstance(entry, dict):
+            raise ValueError(f"the train state's optimizer has state for an unknown parameter {index!r:.40}")
+        for name, value in entry.items():
+            if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape != shapes[index]:
+                raise ValueError(
+                    f"the train state's optimizer {name} of parameter {index} has shape {tuple(value.shape)}, "
+                    f"the parameter {tuple(shapes[index])}"
+                )
