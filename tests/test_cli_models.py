@@ -183,6 +183,8 @@ def test_integer_flags_are_bounded_where_they_are_parsed(argv: list[str], messag
         (OSError(28, "No space left on device"), "no space left on the device"),
         (RuntimeError("unable to write to file </torch_81_2>: No space left on device (28)"), "data.workers=0"),
         (MemoryError(), "memory"),
+        (OSError(30, "Read-only file system", "/mnt/ro/run/metrics.jsonl"), "/mnt/ro/run/metrics.jsonl: Read-only"),
+        (OSError(5, "Input/output error", "/nfs/run"), "/nfs/run: Input/output error (the storage reported an I/O"),
     ],
 )
 def test_running_out_of_memory_or_disk_is_one_error_line(error, message, monkeypatch, capsys) -> None:

@@ -155,7 +155,7 @@ def test_multipart_mistakes(vit_checkpoint: Path) -> None:
     got = _run(vit_checkpoint, ServeConfig(max_files=2), requests)
     _assert_error(got["no file"], 400, "no 'file' field")
     _assert_error(got["text field"], 400, "not a file upload")
-    _assert_error(got["too many"], 400, "multipart")
+    _assert_error(got["too many"], 413, "more than 2 parts in one form: send at most 2 images a request")
     _assert_error(got["png of two"], 400, "format=png")
     _assert_error(got["bad second"], 400, "broken.png")
     for name in ("unclosed", "unclosed second", "unclosed, named --b--"):
@@ -510,3 +510,20 @@ def test_the_decoding_limits_are_flags_of_serve() -> None:
     assert (default.max_pixels, default.decode_workers) == (ServeConfig().max_pixels, 2)
     with pytest.raises(ValueError, match="max_pixels must be at least 1"):
         serve_config(build_parser().parse_args(["serve", "run", "--max-pixels", "0"]))
+
+
+def test_the_bearer_scheme_is_read_in_any_case(vit_checkpoint: Path) -> None:
+    """RFC 7235: the scheme's name is case-insensitive; 'bearer TOKEN' was refused with 401."""
+    config = ServeConfig(token="s3cret", model_process=False)
+
+    async def scenario():
+        async with serving(create_app(vit_checkpoint, config), headers={"Authorization": "Bearer s3cret"}) as client:
+            answers = []
+            for given in ("Bearer s3cret", "bearer s3cret", "BEARER  s3cret", "Basic s3cret", "Bearer s3cre", "s3cret"):
+                response = await client.post(
+                    "/v1/predict", content=png_bytes(8, 8), headers={**PNG, "Authorization": given}
+                )
+                answers.append(response.status_code)
+            return answers
+
+    assert asyncio.run(scenario()) == [200, 200, 200, 401, 401, 401]

@@ -108,6 +108,10 @@ def _sentence(err: Exception) -> str:
 
 
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+STORAGE = {  # errors of the storage itself, which a user fixes there: named, not a traceback
+    errno.EROFS: "the file system is read-only: remount it read-write, or write elsewhere (--out)",
+    errno.EIO: "the storage reported an I/O error: check the disk or network file system, then re-run",
+}
 MEMORY_WORDS = ("can't allocate memory", "not enough memory", "out of memory")
 
 
@@ -131,6 +135,8 @@ def _out_of_resources(err: Exception) -> str | None:
         or (isinstance(err, RuntimeError) and any(word in str(err) for word in MEMORY_WORDS))
     ):
         return f"out of memory ({text[:300]}); lower --batch-size or --img-size, or use a smaller model"
+    if isinstance(err, OSError) and err.errno in STORAGE:
+        return f"{_sentence(err)} ({STORAGE[err.errno]})"
     return None
 
 

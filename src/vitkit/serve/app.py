@@ -59,7 +59,7 @@ class Guard:
     def __init__(self, app: ASGIApp, service: Service) -> None:
         self.app, self.service = app, service
         token = service.config.token
-        self.expected = f"Bearer {token}".encode() if token else None
+        self.expected = token.encode() if token else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -89,8 +89,9 @@ class Guard:
             self.service.metrics.observe_request(route, status[0], time.perf_counter() - start)
 
     def _authorised(self, scope: Scope) -> bool:
-        given = dict(scope["headers"]).get(b"authorization", b"")
-        return hmac.compare_digest(given, self.expected)
+        """`Authorization: Bearer TOKEN`, the scheme's name in any case (RFC 7235)."""
+        scheme, _, given = dict(scope["headers"]).get(b"authorization", b"").strip().partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(given.strip(), self.expected)
 
 
 def _closing_if_unread(scope: Scope, receive: Receive, send: Send) -> tuple[Receive, Send]:

@@ -137,6 +137,9 @@ async def _multipart(request: Request, body: bytes, max_files: int) -> list[Uplo
     try:
         form = await parser.parse()
     except MultiPartException as error:
+        if error.message.startswith("Too many"):  # a valid form, beyond what one request may carry
+            message = f"more than {max_files} parts in one form: send at most {max_files} images a request"
+            raise HTTPError(413, message) from error
         raise HTTPError(400, f"malformed multipart form: {error.message}") from error
     try:
         fields = form.getlist("file")
