@@ -158,6 +158,26 @@ def test_a_short_run_decides_not_to_compile_and_says_why(tmp_path: Path) -> None
     ), plan["compile_reason"]
 
 
+def test_a_resumed_run_keeps_its_first_invocations_compile_choice(tmp_path: Path, monkeypatch) -> None:
+    """The choice was made again at every resume: under another load one run trained part compiled and part
+    eager, and was not bit-identical to an uninterrupted one, as the precision, kept since, had been."""
+    from helpers import sigterm_after
+
+    run, settings = tmp_path / "run", ("data.steps=6", "run.compile=auto", "run.checkpoint_every=100")
+    monkeypatch.setattr(trainer, "train_step", sigterm_after(3, trainer.train_step))
+    first = trainer.train(tiny_config(run, *settings))
+    assert first["status"] == "interrupted" and first["plan"]["compiled"] is False
+    monkeypatch.undo()
+
+    def decide_again(*args, **kwargs):
+        raise AssertionError("a resumed run decided compilation again")
+
+    monkeypatch.setattr(compiled, "decide", decide_again)
+    result = trainer.train(tiny_config(run, *settings))
+    assert result["status"] == "finished" and result["plan"]["compiled"] is False
+    assert result["plan"]["compile_reason"] == "auto: as this run's first invocation chose"
+
+
 @pytest.mark.skipif(compiled.cpp_compiler() is None, reason="torch.compile on the CPU needs a C++ compiler")
 def test_compiled_run_compiles_before_the_loop_and_matches_eager(tmp_path: Path, caplog) -> None:
     """A compiled run: both PatchDropout graphs compiled in the warm-up, none in the loop; same weights as eager.

@@ -68,9 +68,11 @@ def choose(
     steps: int | None,
     budget_s: float | None,
     stored_precision: str | None = None,
+    stored_compiled: bool | None = None,
 ) -> HostChoices:
-    """Compilation, then precision, for this run on this host, with their reasons (`stored_precision`: the choice
-    of an earlier invocation of the same run, which a resumed run keeps).
+    """Compilation, then precision, for this run on this host, with their reasons (`stored_precision`,
+    `stored_compiled`: the choices of an earlier invocation of the same run, which a resumed run keeps, so that
+    it trains as an uninterrupted one would have).
 
     The precision is measured the way the model will run: eagerly, a whole forward + backward in each precision
     (for small models the casts autocast adds can cost more than bf16 saves); compiled, where Inductor fuses
@@ -83,17 +85,21 @@ def choose(
         timed[dtype] = min(timed.get(dtype, math.inf), probe_pass(model, config.model, images, device, dtype))
         return timed[dtype]
 
-    wants_timing = config.run.compile == "auto" and (steps is not None or budget_s is not None)
+    kept = config.run.compile == "auto" and isinstance(stored_compiled, bool)
+    wants_timing = config.run.compile == "auto" and (steps is not None or budget_s is not None) and not kept
     eager_step_s = eager(None) * micro_batch / images * accumulation if wants_timing else 0.0
-    on, why = compiled.decide(
-        config.run.compile,
-        device,
-        graphs=graphs,
-        eager_step_s=eager_step_s,
-        steps=steps,
-        budget_s=budget_s,
-        graph_s=compiled.graph_seconds(device),
-    )
+    if kept:
+        on, why = stored_compiled, "auto: as this run's first invocation chose"
+    else:
+        on, why = compiled.decide(
+            config.run.compile,
+            device,
+            graphs=graphs,
+            eager_step_s=eager_step_s,
+            steps=steps,
+            budget_s=budget_s,
+            graph_s=compiled.graph_seconds(device),
+        )
     if stored_precision in ("fp32", "bf16") and config.run.precision == "auto":
         precision = PrecisionChoice(stored_precision, "auto: as this run's first invocation chose")
     else:

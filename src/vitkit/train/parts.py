@@ -90,6 +90,7 @@ class RunParts:
         self.objective = build_objective(config, self.data.train.num_classes, in_channels(config.model))
         self.skipped_before = self.skipped_total = 0  # batches' corrupt samples of earlier invocations / in all
         self.stored_precision: str | None = None  # the precision an earlier invocation chose (kept on resume)
+        self.stored_compiled: bool | None = None  # and its compilation
         self.resumed = False  # this invocation continues a checkpoint of an earlier one
         self._build_model()
         batches = ShardBatches if isinstance(self.data.train, ShardSet) else IndexBatches  # both TrainBatches
@@ -168,6 +169,7 @@ class RunParts:
             steps=None if self.length is None else self.length - self.state.step,
             budget_s=budget,
             stored_precision=self.stored_precision,
+            stored_compiled=self.stored_compiled,
         )
         self.autocast_dtype = torch.bfloat16 if picked.precision == "bf16" else None
         if picked.compiled:
@@ -194,6 +196,7 @@ class RunParts:
             "data": self.batches.state_dict(),
             "skipped_samples": self.skipped_total,
             "precision": self.choices.precision,
+            "compiled": self.choices.compiled,
             "source_images": self.source_count,
             **self.objective.state_dict(),
         }
@@ -216,7 +219,7 @@ class RunParts:
             self.objective.load_state_dict(payload)
             self.batches.load_state_dict(payload.get("data") or {"step": self.state.step})
             self.skipped_before = int(payload.get("skipped_samples", 0))  # streamed by the earlier invocations
-            self.stored_precision = payload.get("precision")
+            self.stored_precision, self.stored_compiled = payload.get("precision"), payload.get("compiled")
             self._check_same_data(payload.get("source_images"))
             self._resume_rng(payload.get("rng_ranks"))
 
