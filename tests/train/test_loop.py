@@ -366,3 +366,23 @@ def test_a_train_state_that_does_not_fit_the_run_is_passed_over(tmp_path: Path, 
     assert result["status"] == "finished" and result["step"] == 6
     assert "optimizer exp_avg of parameter 0 has shape (7,)" in caplog.text
     assert "step is 1000000000000000, not a count" in caplog.text and "resuming from step_0000002" in caplog.text
+
+
+def test_sigterm_in_start_up_says_it_stopped_the_run(tmp_path: Path, monkeypatch, capsys) -> None:
+    """SIGTERM outside the training loop (start-up, the final save, export or evaluation) ended the process
+    without a word, where Ctrl-C said what it left; it is said now, and the exit status is 143."""
+    import os
+
+    from vitkit.cli import main
+    from vitkit.train import plan_text
+
+    real = plan_text.plan_lines
+
+    def terminated(plan):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return real(plan)
+
+    monkeypatch.setattr(plan_text, "plan_lines", terminated)
+    assert main(_tiny_cli_run(tmp_path / "run")) == 143
+    assert "vitkit train: interrupted by SIGTERM" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL

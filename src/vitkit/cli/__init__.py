@@ -11,8 +11,10 @@ flags.py holds the flag groups they share.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import os
+import signal
 import sys
 import time
 import traceback
@@ -76,7 +78,8 @@ def main(argv: Sequence[str] | None = None, *, since_process_start: bool = False
     try:
         if getattr(args, "out", None) == "":  # an unset shell variable: a default would be used, unsaid
             raise ValueError("--out is empty: give a path")
-        return args.handler(args)
+        with _terminated_as_interrupt():
+            return args.handler(args)
     except (
         ValueError,
         FileNotFoundError,
@@ -87,15 +90,48 @@ def main(argv: Sequence[str] | None = None, *, since_process_start: bool = False
     ) as err:
         print(f"vitkit {args.verb}: error{_process()}: {_sentence(err)}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"vitkit {args.verb}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as stop:
+        by = " by SIGTERM" if isinstance(stop, Terminated) else ""
+        print(f"vitkit {args.verb}: interrupted{by}", file=sys.stderr)
+        return 143 if by else 130
     except Exception as err:
         problem = _out_of_resources(err)
         if problem is None:
             raise
         print(f"vitkit {args.verb}: error{_process()}: {problem}", file=sys.stderr)
         return 2
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM outside a training loop (which saves and stops at a step instead): stopped as Ctrl-C stops it."""
+
+
+@contextlib.contextmanager
+def _terminated_as_interrupt():
+    """SIGTERM, in this process, raises `Terminated` while a verb runs: it ended the process without a word in
+    start-up or in a run's final save, export or evaluation, where Ctrl-C said what it left.  A child (a
+    DataLoader worker forked meanwhile) keeps the default, ending at once."""
+    if sys.platform == "win32" or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield  # another handler is the embedding program's, or not the main thread's to replace
+        return
+    owner = os.getpid()
+
+    def stop(signum: int, frame: Any) -> None:
+        if os.getpid() != owner:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        raise Terminated
+
+    try:
+        previous = signal.signal(signal.SIGTERM, stop)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _sentence(err: Exception) -> str:
