@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -101,6 +102,13 @@ def test_classes_named_alike_in_another_order_are_matched_by_name() -> None:
     some.class_names = ["one", "two"]
     result = evaluate_checkpoint(checkpoint, some, config)
     assert result.top1 == 1.0 and result.num_images == 3 and result.per_class == [None, 1.0, 1.0]
+    renamed = _data(logits, torch.tensor([2, 0, 1, 1, 2]))  # one folder renamed: matched by index, 53% read 19%
+    renamed.class_names = ["one", "two", "zebra"]
+    with pytest.raises(ValueError, match=r"2 of the data set's 3 classes are the checkpoint's, but 'zebra' is not"):
+        evaluate_checkpoint(checkpoint, renamed, config)
+    renamed.class_names = ["a", "b", "c"]  # no name shared: matched by index, as before
+    checkpoint.model = Lookup(logits)
+    assert evaluate_checkpoint(checkpoint, renamed, config).num_images == 5
 
 
 def test_flip_views_average_the_logits_of_an_image_and_its_mirror() -> None:

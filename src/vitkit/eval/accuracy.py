@@ -63,10 +63,13 @@ def evaluate(checkpoint, images, config: AccuracyConfig) -> EvalResult:
 
     Classes are matched by name where the data set's names are the checkpoint's, in any order, or some of
     them (a folder sorts its class folders; the model keeps its training data's order); otherwise by index,
-    which needs as many classes (an error otherwise; differing names are logged as a warning).
+    which needs as many classes (an error otherwise; differing names are logged as a warning).  Where some of the
+    data's names are the model's and others are not, neither way is right, and that is an error.
     """
     names = list(checkpoint.class_names or [])
     label_map = by_name(names, list(images.class_names or []))
+    if label_map is None:
+        _refuse_some_names(names, list(images.class_names or []))
     if label_map is None and names and images.class_names and len(names) != len(images.class_names):
         raise ValueError(
             f"the checkpoint has {len(names)} classes but the data set has {len(images.class_names)}, and not all "
@@ -124,3 +127,20 @@ def by_name(model_names: list[str], data_names: list[str]) -> torch.Tensor | Non
         return None
     log.info("classes matched by name: the data set's %d in the checkpoint's order", len(data_names))
     return torch.tensor([index[name] for name in data_names], dtype=torch.int64)
+
+
+def _refuse_some_names(model_names: list[str], data_names: list[str]) -> None:
+    """A ValueError where some of the data's class names are the model's (unique) names and some are not:
+    matching by index then scored a class by another's predictions (one renamed folder: 53% read as 19%)."""
+    known = set(model_names)
+    if len(known) != len(model_names):
+        return
+    shared = [name for name in data_names if name in known]
+    strangers = [name for name in data_names if name not in known]
+    if shared and strangers:
+        raise ValueError(
+            f"{len(shared)} of the data set's {len(data_names)} classes are the checkpoint's, but "
+            f"{', '.join(map(repr, strangers[:5]))} {'is' if len(strangers) == 1 else 'are'} not (its classes: "
+            f"{', '.join(map(repr, model_names[:10]))}{', ...' if len(model_names) > 10 else ''}): rename those to "
+            "the checkpoint's names, or leave them out"
+        )
