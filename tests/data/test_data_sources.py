@@ -90,6 +90,7 @@ def test_stratified_split_per_class_fraction():
 
 def test_parse_uri():
     assert parse_uri("fashion-mnist:/x") == ("fashion-mnist", "/x")
+    assert parse_uri("folder:~/photos") == ("folder", str(Path.home() / "photos"))  # "~/photos: does not exist"
     assert parse_uri("digits") == ("digits", "")
     assert parse_uri("folder:C:/data") == ("folder", "C:/data")
     with pytest.raises(ValueError, match="unknown data source"):

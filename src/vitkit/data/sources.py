@@ -41,6 +41,7 @@ reading refuses such a source and says which command takes it.
 from __future__ import annotations
 
 import logging
+import os
 import re
 from pathlib import Path
 from typing import Literal
@@ -103,8 +104,10 @@ def data_name(uri: str) -> str:
 
 
 def parse_uri(uri: str) -> tuple[str, str]:
-    """ "fashion-mnist:/x" -> ("fashion-mnist", "/x"); "digits" -> ("digits", "")."""
+    """ "fashion-mnist:/x" -> ("fashion-mnist", "/x"); "digits" -> ("digits", ""); "folder:~/photos" -> the home's
+    (a shell expands ~ only at a word's start, not after "folder:")."""
     kind, _, path = uri.partition(":")
+    path = os.path.expanduser(path) if path.startswith("~") else path
     if kind not in KINDS:
         raise ValueError(
             f"unknown data source {uri!r}; expected one of {', '.join(k + ':' for k in KINDS)} (digits needs no path)"
