@@ -223,3 +223,16 @@ def test_an_exif_orientation_is_applied_as_a_viewer_shows_the_photo(fmt: str) ->
     square = decode_image(_tagged(stored, 6, fmt), size=16)  # resized and cropped as the viewer shows it
     upright = Image.fromarray(turned.permute(1, 2, 0).numpy())
     assert torch.equal(square, decode_image(_tagged(upright, 1, "PNG"), size=16))
+
+
+def test_a_class_folder_named_train_is_named_as_the_clash(tmp_path: Path) -> None:
+    """vehicles/{bus,car,train}: 'train' was read as the training split, and the error said it had no class
+    sub-folders."""
+    for name in ("bus", "car", "train"):
+        (tmp_path / name).mkdir()
+        for i in range(2):
+            Image.new("RGB", (8, 8), (i, 0, 0)).save(tmp_path / name / f"{i}.png")
+    with pytest.raises(ValueError, match=r"/train holds images, not class folders, beside the folders bus, car: a"):
+        describe(f"folder:{tmp_path}")
+    (tmp_path / "train").rename(tmp_path / "train_")
+    assert describe(f"folder:{tmp_path}").num_classes == 3

@@ -23,12 +23,28 @@ def folder_roots(root: Path) -> dict[str, Path]:
         raise FileNotFoundError(f"{root}: {what}")
     if not (root / "train").is_dir():
         return {"train": root}
+    _refuse_a_class_named_train(root)
     roots = {"train": root / "train"}
     if (root / "val").is_dir():
         roots["val"] = roots["test"] = root / "val"
     if (root / "test").is_dir():
         roots["test"] = root / "test"
     return roots
+
+
+def _refuse_a_class_named_train(root: Path) -> None:
+    """root/train that holds images and no class folders, beside other folders of images, is a class named
+    "train" (vehicles/{bus,car,train}): it was read as the training split, with "no class sub-folders"."""
+
+    def folders(path: Path) -> list[str]:
+        return sorted(p.name for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+    others = [name for name in folders(root) if name not in ("train", "val", "test")]
+    if others and not folders(root / "train"):
+        raise ValueError(
+            f"{root}/train holds images, not class folders, beside the folders {', '.join(others[:5])}: a folder "
+            "named 'train' (like 'val' and 'test') is read as a split; rename that class folder (e.g. 'train_')"
+        )
 
 
 def read_folder(root: Path, part: str, size: int, channels: int, labelled: bool = True) -> ImageSet:
