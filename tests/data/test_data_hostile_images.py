@@ -214,3 +214,13 @@ def test_a_path_to_a_device_fifo_or_huge_file_is_refused_unread(tmp_path, monkey
     monkeypatch.setattr(images, "MAX_FILE_BYTES", 50)
     with pytest.raises(BadImageError, match=r"a\.png: \d+ bytes, larger than an image file may be \(50\)"):
         decode_image(tmp_path / "a.png", size=8)
+
+
+def test_a_float_image_in_the_unit_range_reads_as_that_range(tmp_path) -> None:
+    """Float TIFFs of 0..1 (as scientific tools write them) decoded almost black: a mean of 0.94 of 255."""
+    ramp = np.linspace(0.0, 1.0, 64, dtype=np.float32).reshape(8, 8)
+    Image.fromarray(ramp, "F").save(tmp_path / "unit.tif")
+    out = decode_image(tmp_path / "unit.tif", channels=1)
+    assert out.flatten().tolist() == np.rint(ramp.flatten() * 255).astype(int).tolist()
+    Image.fromarray(ramp * 200, "F").save(tmp_path / "bytes.tif")  # 0..200: read as it is, as before
+    assert decode_image(tmp_path / "bytes.tif", channels=1).max().item() == 200

@@ -69,7 +69,8 @@ def _source_name(source: str | os.PathLike | bytes) -> str:
 
 def _to_8bit(image: Image.Image) -> Image.Image:
     """16/32-bit integer or float grayscale (e.g. a 16-bit PNG) -> "L": 0..65535 mapped onto 0..255 instead of
-    clipped at 255 (values above 65535 clip; NaN reads as 0), scaled when any pixel of the image passes 255.
+    clipped at 255 (values above 65535 clip; NaN reads as 0), scaled when any pixel of the image passes 255; a
+    float image whose pixels all lie in 0..1 is read as the unit range, 1.0 white.
     Worked in strips of STRIP_PIXELS: the whole image as float32 took 8 bytes a pixel beside it."""
     width, height = image.size
     rows = max(1, STRIP_PIXELS // max(width, 1))
@@ -79,12 +80,15 @@ def _to_8bit(image: Image.Image) -> Image.Image:
         array = np.array(image.crop((0, top, width, bottom)), dtype=np.float32)  # a writable copy
         return np.nan_to_num(array, copy=False, nan=0.0, posinf=65535.0, neginf=0.0)
 
-    sixteen = image.mode.startswith("I;16") or any(strip(*rows).max(initial=0) > 255 for rows in strips)
+    peak = max(strip(*rows).max(initial=0) for rows in strips)
+    scale = 255.0 / 65535.0 if image.mode.startswith("I;16") or peak > 255 else 1.0
+    if image.mode == "F" and peak <= 1.0:
+        scale = 255.0  # a float image in the unit range (0..1), as scientific and HDR tools write them
     out = np.empty((height, width), dtype=np.uint8)
     for top, bottom in strips:
         array = strip(top, bottom)
-        if sixteen:
-            array *= 255.0 / 65535.0
+        if scale != 1.0:
+            array *= scale
         out[top:bottom] = np.clip(np.rint(array, out=array), 0, 255, out=array)
     return Image.fromarray(out, "L")
 
