@@ -180,7 +180,7 @@ def test_the_plan_names_the_learning_rates_decay() -> None:
     )
     line = next(line for line in plan_lines(linear) if line.startswith("learning rate:"))
     assert line == (
-        "learning rate: lr 0.002 at global batch 128 (tuned for this batch; no rescaling), "
+        "learning rate: lr 0.002 at global batch 128 (as set, not rescaled with the batch size), "
         f"linear decay to 0; {linear.optimizer}"
     )
 

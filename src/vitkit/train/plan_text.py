@@ -15,7 +15,7 @@ EMA_START_WEIGHT = 0.05
 def plan_lines(plan: Plan) -> list[str]:
     """The plan in words, as `vitkit train` prints it before the first step."""
     rule = (
-        f"lr {plan.base_lr:g} at global batch {plan.global_batch} (tuned for this batch; no rescaling)"
+        f"lr {plan.base_lr:g} at global batch {plan.global_batch} (as set, not rescaled with the batch size)"
         if plan.lr_scaling == "none" or plan.base_batch == plan.global_batch
         else f"lr {plan.base_lr:g} x {plan.lr_scaling} rule ({plan.global_batch}/{plan.base_batch}) = {plan.lr:g}"
     )
