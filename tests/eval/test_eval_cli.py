@@ -144,7 +144,7 @@ def test_embed_npy_and_safetensors_round_trip(tmp_path: Path, digits_checkpoint:
     assert f"{target}, {tmp_path / 'emb.labels.npy'} and {tmp_path / 'emb.json'} already exist; choose another" in err
     assert target.read_bytes() == before
     assert main([*again, "--layer", "block09", "--force"]) == 2
-    assert "unknown layer" in capsys.readouterr().err
+    assert "unknown layer 'block09'; choose from logits, features, block00" in capsys.readouterr().err
     assert main(["embed", str(digits_checkpoint), "--data", "digits", "--out", str(tokens)]) == 2
     assert f"{tokens} already exists; choose another --out" in capsys.readouterr().err
 

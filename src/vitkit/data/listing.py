@@ -129,9 +129,10 @@ def _warn_skipped(root: Path, skipped: Counter[str]) -> None:
     if skipped and key not in _WARNED:
         _WARNED.add(key)
         log.warning(
-            "%s: %d files not read by their extension (%s); vitkit reads %s",
+            "%s: %d file%s not read by their extension (%s); vitkit reads %s",
             root,
             skipped.total(),
+            "" if skipped.total() == 1 else "s",
             _kinds(skipped),
             " ".join(IMAGE_EXTENSIONS),
         )

@@ -71,7 +71,8 @@ def run_model(model: nn.Module, inputs: Tensor, layer: str) -> Tensor:
         raise ValueError(f"layer {layer!r} needs a ViT; this model offers 'features', 'pre_logits' and 'logits'")
     named = model.forward_intermediates(inputs, attention_layers=())
     if layer not in named:
-        raise ValueError(f"unknown layer {layer!r}; choose from {sorted(k for k in named if not k.startswith('attn'))}")
+        choices = ["logits", "features", *sorted(k for k in named if not k.startswith("attn"))]
+        raise ValueError(f"unknown layer {layer!r}; choose from {', '.join(choices)}")
     return named[layer]
 
 

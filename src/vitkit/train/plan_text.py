@@ -88,7 +88,8 @@ def estimate_lines(plan: Plan) -> list[str]:
     if plan.fitted:
         fitted = (
             f"time budget {plan.budget_minutes:g} min, schedule fitted to it (ends annealed): about "
-            f"{measured.get('fit_epochs', 0):g} epochs fit by the warm-up's estimate"
+            f"{measured.get('fit_epochs', 0):g} epoch{'' if measured.get('fit_epochs', 0) == 1 else 's'} fit by "
+            "the warm-up's estimate"
         )
         if plan.steps_given and measured.get("fit_epochs", 0) > plan.epochs:  # the steps run out before the time
             fitted += f"; its own {plan.steps:,} steps ({plan.epochs:.1f} epochs) end it first"
