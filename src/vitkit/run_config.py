@@ -31,7 +31,27 @@ VOLATILE = frozenset(
 )
 # Keys that make a request another run (other weights to start from, other images to train on): refused in
 # a directory that holds a run, as another model (model.*) is.
+GROUP_KEYS = ("model", "data", "augment", "optim", "eval", "run", "mpp")  # a run config's groups of fields
+MAX_CONFIG_BYTES = 1 << 24  # a run's config.json is a few kB; past this it is damage
 FOREIGN = frozenset({"data.uri", "run.init_from", "data.labels_per_class", "data.train_fraction"})
+
+
+def read_stored(path: Path) -> dict[str, Any]:
+    """A run's config.json, read as untrusted: bounded in size and depth, a JSON object of field groups."""
+    if path.stat().st_size > MAX_CONFIG_BYTES:
+        raise ValueError(f"{path} is {path.stat().st_size:,} bytes, no run's config; the run directory is damaged")
+    try:
+        stored = json.loads(path.read_bytes())
+    except (ValueError, RecursionError) as err:  # not JSON, not UTF-8, or nested past the parser's depth
+        raise ValueError(
+            f"{path} is not valid JSON ({type(err).__name__}: {err}); the run directory is damaged"
+        ) from None
+    if not isinstance(stored, dict) or not all(isinstance(stored.get(k), dict | None) for k in GROUP_KEYS):
+        raise ValueError(
+            f"{path} is not a JSON object of field groups: no vitkit run's config, or a damaged one; choose "
+            "another --out (a run's checkpoints resume with this command once its config.json is removed)"
+        )
+    return stored
 
 
 def reconcile(

@@ -286,16 +286,7 @@ class RunDir:
         path = self.path / CONFIG
         if not path.is_file():
             return None
-        try:
-            stored = json.loads(path.read_text())
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path} is not valid JSON ({err}); the run directory is damaged") from None
-        if not isinstance(stored, dict):
-            raise ValueError(
-                f"{path} is not a JSON object: no vitkit run's config, or a damaged one; choose another --out "
-                "(a run's checkpoints resume with this command once its config.json is removed)"
-            )
-        return stored
+        return run_config.read_stored(path)
 
     def write_config(self, config: dict[str, Any]) -> None:
         self.create()
@@ -368,7 +359,7 @@ def data_reading(path: str | os.PathLike, uri: str) -> dict[str, Any]:
     for run in (path, path.parent.parent):
         stored = RunDir(run).stored_config() if is_run_dir(run) else None
         data = (stored or {}).get("data", {})
-        if data.get("uri") == uri:
+        if isinstance(data, dict) and data.get("uri") == uri:
             found: dict[str, Any] = {key: data[key] for key in ("image_column", "label_column") if data.get(key)}
             return {**found, "labelled": False} if (stored or {}).get("mpp") else found
     return {}

@@ -279,7 +279,7 @@ def test_an_out_that_is_not_a_run_is_refused_and_kept(tmp_path: Path, capsys: py
     listed.mkdir()
     (listed / "config.json").write_text("[1, 2]\n")
     assert main(["train", "--epochs", "1", "--set", "data.steps=1", "--out", str(listed)]) == 2
-    assert "config.json is not a JSON object: no vitkit run's config" in capsys.readouterr().err
+    assert "config.json is not a JSON object of field groups: no vitkit run's config" in capsys.readouterr().err
     assert sorted(p.name for p in model.iterdir()) == ["config.json"] and afile.read_text() == "notes\n"
 
 

@@ -310,11 +310,25 @@ def test_a_run_config_that_is_no_json_object_is_named_damaged(tmp_path: Path, ca
     run = tmp_path / "run"
     argv = ["train", "--out", str(run), "--set", "data.steps=2", "--set", "run.threads=1"]
     assert main(argv) == 0
+    good = (run / "config.json").read_text()
     (run / "config.json").write_text("[1, 2, 3]\n")
     capsys.readouterr()
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "config.json is not a JSON object" in err and "Traceback" not in err
+    stored = json.loads(good)
+    damaged = {  # each was a RecursionError, AttributeError or TypeError traceback
+        "[" * 100_000 + "]" * 100_000: "is not valid JSON (RecursionError",
+        json.dumps({**stored, "data": "digits"}): "is not a JSON object of field groups",
+        json.dumps({**stored, "augment": [1, 2]}): "is not a JSON object of field groups",
+        json.dumps({**stored, "data": {**stored["data"], "batch_size": "128"}}): "holds a value of the wrong type",
+    }
+    for text, words in damaged.items():
+        (run / "config.json").write_text(text)
+        assert main(argv) == 2
+        assert main(["eval", str(run), "--data", "digits"]) == (0 if "wrong type" in words else 2)  # reads the model
+        err = capsys.readouterr().err
+        assert words in err and "Traceback" not in err, err
 
 
 def test_a_kill_during_the_final_export_leaves_no_temporary_files_after_the_re_run(tmp_path: Path) -> None:

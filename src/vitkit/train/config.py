@@ -292,13 +292,19 @@ def from_dict(data: dict[str, Any]) -> TrainConfig:
     for name, cls in groups.items():
         if name == "mpp" and data.get("mpp") is None:
             continue
-        values = _without_removed(name, dict(data.get(name, {})))
+        group = data.get(name, {})
+        if not isinstance(group, dict):
+            raise ValueError(f"the config's {name} is a {type(group).__name__}, not a group of fields")
+        values = _without_removed(name, dict(group))
         hints = typing.get_type_hints(cls)
         names = {f.name for f in dataclasses.fields(cls)}
         bad = sorted(set(values) - names)
         if bad:
             raise ValueError(f"unknown field(s) {bad} in {name} (valid: {sorted(names)})")
-        parts[name] = cls(**{k: _from_json(v, hints[k]) for k, v in values.items()})
+        try:
+            parts[name] = cls(**{k: _from_json(v, hints[k]) for k, v in values.items()})
+        except (TypeError, AttributeError, OverflowError) as error:  # a value of the wrong type: "128" for an int
+            raise ValueError(f"the config's {name} holds a value of the wrong type ({error})") from None
     return TrainConfig(**parts)
 
 

@@ -56,7 +56,12 @@ def reconcile(config: TrainConfig) -> TrainConfig:
             run.path,
             ", ".join(changed[:8]),
         )
-    return from_dict(merged) if changed or run.latest() is not None else config
+    if not changed and run.latest() is None:
+        return config
+    try:
+        return from_dict(merged)
+    except ValueError as error:
+        raise ValueError(f"{run.path / 'config.json'} does not read as a run's config: {error}") from None
 
 
 class RunParts:
