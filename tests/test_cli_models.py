@@ -210,3 +210,23 @@ def test_an_opset_newer_than_torch_exports_is_named(tmp_path, capsys) -> None:
     vitkit.save(vitkit.create_model("vit_ti16", img_size=16, num_classes=2), tmp_path / "m")
     assert main(["export-onnx", str(tmp_path / "m"), str(tmp_path / "x.onnx"), "--opset", "9999"]) == 2
     assert f"newer than this torch exports: use 17 to {newest_opset()}" in capsys.readouterr().err
+
+
+def test_an_error_raised_again_from_a_dataloader_worker_is_its_own_line(monkeypatch, capsys) -> None:
+    """torch raises a worker's error again with the worker's whole traceback as its message: a damaged shard
+    read with data.workers=2 printed "Caught ShardLayoutError in DataLoader worker process 0." and the trace."""
+    import vitkit.cli.tools as tools
+
+    worker = (
+        "Caught ShardLayoutError in DataLoader worker process 0.\nOriginal Traceback (most recent call last):\n"
+        '  File "x.py", line 1, in f\n    g()\nvitkit.data.tarsamples.ShardLayoutError: a.tar: the files of '
+        "sample 'k' are not adjacent\n"
+    )
+
+    def fail():
+        raise ValueError(worker)
+
+    monkeypatch.setattr(tools, "_list_models", fail)
+    assert main(["models"]) == 2
+    err = capsys.readouterr().err
+    assert err == "vitkit models: error: a.tar: the files of sample 'k' are not adjacent\n"

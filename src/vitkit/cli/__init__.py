@@ -140,7 +140,11 @@ def _sentence(err: Exception) -> str:
         names = [name for name in (err.filename, err.filename2) if name is not None]  # a rename's: both
         paths = (os.fsdecode(name) if isinstance(name, str | bytes | os.PathLike) else str(name) for name in names)
         return f"{' -> '.join(paths)}: {err.strerror}"
-    return str(err)
+    text = str(err)
+    if text.startswith("Caught ") and "\nOriginal Traceback" in text:  # raised again from a DataLoader worker
+        last = text.strip().splitlines()[-1]  # "module.ErrorClass: what", the worker's own line
+        return last.partition(": ")[2] or last
+    return text
 
 
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
