@@ -121,3 +121,22 @@ def test_an_idx_header_claiming_more_than_memory_holds_is_refused_unread(tmp_pat
         DataFormatError, match=r"claims dims \(3, 28, 28\), 2,352 bytes, more than the memory available"
     ):
         read_idx(path, IDX_IMAGES_MAGIC)
+
+
+def test_npz_class_names_must_name_every_class_once(tmp_path: Path) -> None:
+    """Two names for labels 0..9 planned a model of two classes, and training ended in a traceback; a 0-d
+    array was a TypeError; repeated names were taken."""
+    from vitkit.data.sources import load_split
+
+    images, labels = np.zeros((20, 8, 8), np.uint8), np.arange(20) % 10
+    cases = {
+        "few": (np.array(["a", "b"]), r"2 class names for labels that reach 9; give a name for each class"),
+        "flat": (np.array("abc"), r"class_names has shape \(\); expected one name for each class"),
+        "twice": (np.array(["a"] * 10), r"the class name 'a' appears twice"),
+    }
+    for name, (class_names, words) in cases.items():
+        np.savez(tmp_path / f"{name}.npz", images=images, labels=labels, class_names=class_names)
+        with pytest.raises(ValueError, match=words):
+            load_split(f"npz:{tmp_path / name}.npz", "train", image_size=8)
+    np.savez(tmp_path / "ok.npz", images=images, labels=labels, class_names=np.array(list("abcdefghij")))
+    assert load_split(f"npz:{tmp_path}/ok.npz", "train", image_size=8).class_names == list("abcdefghij")

@@ -17,6 +17,7 @@ from vitkit.data import readers
 from vitkit.data.holdout import FIXED_TEST_FRACTION, FIXED_TEST_SEED, fixed_test_split, stratified_split
 from vitkit.data.imageset import ImageSet, SourceInfo
 from vitkit.data.readers import DataFormatError
+from vitkit.data.tarsamples import check_class_names
 
 ARRAY_KINDS = ("digits", "mnist", "fashion-mnist", "cifar10", "cifar100", "npz")
 FASHION_MNIST_CLASSES = [
@@ -92,16 +93,32 @@ def read_cifar(kind: str, root: Path, part: str) -> ImageSet:
         root = _cifar_dir(root, "cifar-10-batches-bin")
         names = [f"data_batch_{i}.bin" for i in range(1, 6)] if part != "test" else ["test_batch.bin"]
         parts = [readers.read_cifar_bin(root / name, 1, 10) for name in names]
-        class_names = readers.read_names(root / "batches.meta.txt") or CIFAR10_CLASSES
+        class_names = _class_names(readers.read_names(root / "batches.meta.txt") or CIFAR10_CLASSES, 10, root)
     else:
         root = _cifar_dir(root, "cifar-100-binary")
         parts = [readers.read_cifar_bin(root / ("test.bin" if part == "test" else "train.bin"), 2, 100)]
-        class_names = readers.read_names(root / "fine_label_names.txt") or [str(i) for i in range(100)]
+        class_names = _class_names(
+            readers.read_names(root / "fine_label_names.txt") or list(map(str, range(100))), 100, root
+        )
     images = np.concatenate([p[0] for p in parts])
     labels = np.concatenate([p[1] for p in parts])
     return replace(
         _in_memory(images, labels, class_names), origin=f"{root} {'test' if part == 'test' else 'training'} batches"
     )
+
+
+def _class_names(given: list[str] | np.ndarray, num: int, where: Path) -> list[str]:
+    """The names a file gives its classes, one for each class its labels reach: fewer (or a 2-D array) planned a
+    model of that many classes, and training then ended in a traceback; none repeated or empty."""
+    if isinstance(given, np.ndarray) and given.ndim != 1:
+        raise DataFormatError(f"{where}: class_names has shape {given.shape}; expected one name for each class")
+    names = [str(name) for name in given]
+    check_class_names(names, str(where), "class")
+    if len(names) < num:
+        raise DataFormatError(
+            f"{where}: {len(names)} class names for labels that reach {num - 1}; give a name for each class"
+        )
+    return names
 
 
 def read_npz_split(path: Path, part: str) -> ImageSet:
@@ -114,7 +131,7 @@ def read_npz_split(path: Path, part: str) -> ImageSet:
     else:
         images, labels = arrays["images"], arrays["labels"]
         num = int(labels.max(initial=-1)) + 1
-    names = [str(n) for n in arrays["class_names"]] if "class_names" in arrays else [str(i) for i in range(num)]
+    names = _class_names(arrays["class_names"], num, path) if "class_names" in arrays else list(map(str, range(num)))
     whole = _in_memory(images, labels, names)
     if "x_train" in arrays:
         return replace(whole, origin=f"{path} {'x_test' if part == 'test' else 'x_train'}")
