@@ -45,7 +45,7 @@ def test_a_symlinked_sub_folder_is_read_once_and_a_broken_link_counted(tmp_path:
     with caplog.at_level("WARNING"):
         files, labels = scan_folder(root, ["cls"])
     assert [Path(f).relative_to(root / "cls").as_posix() for f in files] == ["again/s1.png", "again/s2.png", "own.png"]
-    assert labels == [0, 0, 0] and "1 files not read" in caplog.text and "broken link 1" in caplog.text
+    assert labels == [0, 0, 0] and "1 file not read" in caplog.text and "broken link 1" in caplog.text
 
 
 def test_a_link_up_the_tree_or_to_another_class_is_not_followed(tmp_path: Path) -> None:
