@@ -89,10 +89,24 @@ def test_bad_flags_exit_2_with_a_clear_message(
     assert message in capsys.readouterr().err
 
 
-def test_default_request_picks_the_digits_recipe_and_names_the_run() -> None:
-    resolved = resolve(Request())
+def test_default_request_picks_the_digits_recipe_and_names_the_run(tmp_path: Path, monkeypatch) -> None:
+    """Two runs started in the same second took one name, and the second was refused as using another's."""
+    import datetime
+
+    from vitkit.train import resolve as resolving
+
+    class Frozen(datetime.datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return cls(2026, 11, 28, 9, 30, 0)
+
+    monkeypatch.setattr(resolving.datetime, "datetime", Frozen)
+    resolved = resolve(Request(runs_root=str(tmp_path)))
     assert resolved.config.recipe == "small-8px" and resolved.config.data.uri == "digits"
-    assert Path(resolved.config.run.out).name.startswith("digits-vit-d64-l4-p4-")
+    assert Path(resolved.config.run.out) == tmp_path / "digits-vit-d64-l4-p4-20261128-093000"
+    again = resolve(Request(runs_root=str(tmp_path)))
+    assert Path(again.config.run.out) == tmp_path / "digits-vit-d64-l4-p4-20261128-093000-2"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [Path(r.config.run.out).name for r in (resolved, again)]
     big = resolve(Request(model="vit_b16", out="x"))
     assert big.config.model.img_size == 16 and big.config.model.num_classes == 10 and big.config.model.in_chans == 1
     assert any("from scratch" in w for w in big.warnings)

@@ -125,8 +125,23 @@ def resolve(request: Request, *, source_model: ModelConfig | None = None) -> Res
     if not config.run.out:
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         out = Path(request.runs_root) / f"{data_name(request.data)}-{_model_name(request, config)}-{stamp}"
+        out = _claim(out) if request.world == 1 else out  # torchrun's processes must agree on one name
         config = dataclasses.replace(config, run=dataclasses.replace(config.run, out=str(out)))
     return _describe(config, info, name, chose, source)
+
+
+def _claim(out: Path) -> Path:
+    """`out`, or `out-2`, `out-3` ...: the first made here, by this process (mkdir is atomic); two runs started
+    in the same second had taken one name, and the second was refused as using another's directory."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for number in range(1, 1000):
+        path = out if number == 1 else out.with_name(f"{out.name}-{number}")
+        try:
+            path.mkdir()
+        except FileExistsError:
+            continue
+        return path
+    raise FileExistsError(f"{out}: a thousand runs of that name this second; give --out")
 
 
 def _apply_model(
