@@ -189,10 +189,14 @@ class RunDir:
         ]
         return [first, *sorted(older, key=_step_number, reverse=True)]
 
-    def resumed_from(self, path: Path) -> None:
-        """Point LATEST at `path`, the step a resume fell back to past unreadable newer ones (which the run
-        writes again when it reaches their steps)."""
+    def resumed_from(self, path: Path, passed: list[Path]) -> None:
+        """Point LATEST at `path`, the step a resume fell back to, and remove the unreadable newer steps it
+        `passed` over: one written off the checkpoint cadence (a signal's) was never written again, and, being
+        newest by name, outlived the good steps that pruning then removed."""
         atomic_write_text(self.checkpoints / LATEST, path.name + "\n")
+        for damaged in passed:
+            log.warning("removing %s, which cannot be read; the run trains its steps again", damaged)
+            shutil.rmtree(damaged, ignore_errors=True)
 
     @staticmethod
     def _reads(path: Path) -> bool:

@@ -233,6 +233,12 @@ def test_a_newest_checkpoint_with_damaged_files_is_resumed_from_the_step_before(
         again = load_file(str(final))
         assert expected.keys() == again.keys() and all(torch.equal(expected[k], again[k]) for k in expected)
         assert vitkit.load(newest) is not None and len(damaged.read_bytes()) == len(content)  # written again
+    off_cadence = run / "checkpoints" / "step_0000007"  # a signal's step, which no later save writes again
+    shutil.copytree(newest, off_cadence)
+    (off_cadence / STATE_FILE).write_bytes(b"cut")
+    (run / "checkpoints" / "LATEST").write_text("step_0000007\n")
+    assert trainer.train(config)["status"] == "finished"
+    assert not off_cadence.exists() and (run / "checkpoints" / "step_0000004").is_dir()  # it had outlived 4
     for step in run.glob("checkpoints/step_*"):
         (step / STATE_FILE).write_bytes(b"")
     with pytest.raises(ValueError, match="no step checkpoint of .* can be read.*Remove .*LATEST to start the run over"):

@@ -74,7 +74,7 @@ class Checkpointer:
             return None
         path, payload, weights = found
         if path != candidates[0] and self.main:  # fell back: LATEST names an unreadable step
-            self.run.resumed_from(path)
+            self.run.resumed_from(path, candidates[: candidates.index(path)])
         if self.sharded:
             _load_sharded(state, weights, payload)
         else:
