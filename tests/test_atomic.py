@@ -37,3 +37,13 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path):
     with pytest.raises(RuntimeError):
         atomic_write(tmp_path / "a.json", fail)
     assert (tmp_path / "a.json").read_text() == "old" and os.listdir(tmp_path) == ["a.json"]
+
+
+def test_a_resume_drops_metrics_lines_that_are_no_records(tmp_path) -> None:
+    """A line `[1]`, a step of text, or nesting 100,000 deep in metrics.jsonl ended a resume in a traceback."""
+    from vitkit.metrics_log import MetricsLog
+
+    lines = ['{"step": 1, "loss": 2.0}', "[1]", '{"step": "x"}', "[" * 100_000, '{"step": 2}', '{"step": 9}', '{"st']
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    MetricsLog(tmp_path, enabled=True, tensorboard=False).truncate_after(5)
+    assert (tmp_path / "metrics.jsonl").read_text() == '{"step": 1, "loss": 2.0}\n{"step": 2}\n'

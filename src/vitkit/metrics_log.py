@@ -53,12 +53,17 @@ class MetricsLog:
 
 
 def _lines(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    """The records of a metrics file, each a JSON object with an integer step where it has one; other lines
+    (one cut by a kill -9, or damage: a list, a step of text, nesting past the parser's depth) are dropped."""
     out = []
-    for line in Path(path).read_text().splitlines():
+    for line in Path(path).read_text(errors="replace").splitlines():
         try:
-            out.append((line, json.loads(line)))
-        except json.JSONDecodeError:  # a line cut by a kill -9
+            record = json.loads(line)
+        except (ValueError, RecursionError):
             continue
+        step = record.get("step", 0) if isinstance(record, dict) else None
+        if isinstance(step, int) and not isinstance(step, bool):
+            out.append((line, record))
     return out
 
 
