@@ -196,3 +196,13 @@ def test_an_official_npz_optimizer_state_is_not_inflated(tmp_path, make_vit, mon
     back = read(tmp_path / "w.npz").model.state_dict()
     assert opened and not [key for key in opened if key.startswith("opt/state")]
     assert all(torch.equal(back[k], v) for k, v in model.state_dict().items())
+
+
+def test_a_timm_patch_kernel_of_no_size_is_refused_by_name():
+    """A kernel of shape (64, 1, 4, 0) beside model_args.img_size ended eval and serve in a ZeroDivisionError."""
+    from vitkit.checkpoints.timm import grid_tokens
+
+    state = {"patch_embed.proj.weight": torch.zeros(64, 1, 4, 0)}
+    with pytest.raises(CheckpointError, match=r"m: patch_embed\.proj\.weight has shape \(64, 1, 4, 0\); expected"):
+        grid_tokens(32, state, "m")
+    assert grid_tokens(32, {"patch_embed.proj.weight": torch.zeros(64, 1, 4, 4)}, "m") == 64

@@ -105,8 +105,12 @@ def grid_tokens(img_size: Any, state: Mapping[str, Tensor], where: str) -> int |
         raise CheckpointError(f"{where}: model_args.img_size must be a positive int or [H, W], got {img_size!r}")
     if sides[0] != sides[1]:
         raise CheckpointError(f"{where}: model_args.img_size {sides} is not square; vitkit's ViT is built square")
-    patch = state["patch_embed.proj.weight"].shape[-1]
-    return (sides[0] // patch) ** 2
+    kernel = state["patch_embed.proj.weight"].shape
+    if len(kernel) != 4 or min(kernel) < 1 or kernel[-1] != kernel[-2]:
+        raise CheckpointError(
+            f"{where}: patch_embed.proj.weight has shape {tuple(kernel)}; expected (D, C, P, P), P >= 1"
+        )
+    return (sides[0] // kernel[-1]) ** 2
 
 
 def add_class_posemb_row(state: dict[str, Tensor], tokens: int | None = None) -> dict[str, Tensor]:
