@@ -431,3 +431,26 @@ def test_an_absurd_integer_label_is_refused_before_any_class_is_listed(tmp_path:
     datasets.DatasetDict({"train": train, "test": _dataset(4, start=12, int_labels=True)}).save_to_disk(str(tmp_path))
     with pytest.raises(ValueError, match=r"'target' holds 1,099,511,627,776, outside the class indices 0\.\.999,999"):
         describe(f"hf:{tmp_path}")
+
+
+def test_hostile_hugging_face_metadata_is_named_not_a_traceback(tmp_path: Path) -> None:
+    """Parquet `huggingface` metadata of `[1,2]`, features of a list, ClassLabel names of 5, or bad JSON
+    ended in an AttributeError or TypeError traceback."""
+    import pyarrow as pa
+
+    from vitkit.data.hfcolumns import choose_columns
+
+    fields = [
+        pa.field("image", pa.struct([("bytes", pa.binary()), ("path", pa.string())])),
+        pa.field("label", pa.int64()),
+    ]
+    ok = choose_columns(pa.schema(fields, metadata={b"huggingface": b"[1, 2]"}), where="d")
+    assert ok == ("image", "label", None)  # no usable metadata: the columns' own types
+    label = '{"info": {"features": {"image": {"_type": "Image"}, "label": {"_type": "ClassLabel", "names": 5}}}}'
+    for metadata, words in (
+        (b"{not json", r"d: its Hugging Face metadata is not valid JSON"),
+        (b'{"info": {"features": [1, 2]}}', r"d: its Hugging Face metadata's features are not a mapping"),
+        (label.encode(), r"d: the ClassLabel names of 'label' are not a list of strings \(5\)"),
+    ):
+        with pytest.raises(ValueError, match=words):
+            choose_columns(pa.schema(fields, metadata={b"huggingface": metadata}), where="d")

@@ -31,8 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from vitkit.data.images import NoLabelsError
-from vitkit.data.imageset import NO_LABELS_HINT
+from vitkit.data.hfcolumns import choose_columns
 from vitkit.data.stream import Sample, Unit
 
 log = logging.getLogger(__name__)
@@ -124,61 +123,6 @@ def schema(split: HFSplit) -> Any:
             return pa.ipc.open_stream(source).schema
 
 
-IMAGE_NAMES = frozenset({"image", "img", "jpg", "jpeg", "png", "webp"})  # a plain binary column of these names
-
-
-def choose_columns(
-    arrow_schema: Any, image_column: str = "", label_column: str = "", where: str = "", labelled: bool = True
-) -> tuple[str, str, list[str] | None]:
-    """(image column, label column, ClassLabel names or None), by feature type unless named.  Read without
-    labels (`labelled=False`), the label column is "": none is read, and every row is class 0."""
-    pa = _pyarrow()
-    raw = (arrow_schema.metadata or {}).get(b"huggingface")
-    features = json.loads(raw).get("info", {}).get("features", {}) if raw else {}
-    names = list(arrow_schema.names)
-
-    def kind(column: str) -> str:
-        feature, field = features.get(column, {}), arrow_schema.field(column)
-        if isinstance(feature, dict) and feature.get("_type") in ("Image", "ClassLabel"):
-            return feature["_type"]
-        if not features and pa.types.is_struct(field.type) and field.type.get_field_index("bytes") >= 0:
-            return "Image"
-        if (
-            not features
-            and column.lower() in IMAGE_NAMES
-            and (pa.types.is_binary(field.type) or pa.types.is_large_binary(field.type))
-        ):
-            return "Image"  # encoded image bytes as pandas or pyarrow write them, named as such
-        return "int" if pa.types.is_integer(field.type) else "other"
-
-    kinds = {column: kind(column) for column in names}
-    images = [c for c in names if kinds[c] == "Image"]
-    image = _pick(image_column, images, "image", names, where)
-    field = arrow_schema.field(image)
-    if kinds[image] != "Image" and not (pa.types.is_binary(field.type) or pa.types.is_large_binary(field.type)):
-        what = "class labels" if kinds[image] in ("ClassLabel", "int") else f"{field.type} values"
-        raise ValueError(f"{where}: image column {image!r} holds {what}, not images; image columns: {_listed(images)}")
-    if not labelled:
-        return image, "", None
-    labels = [c for c in names if kinds[c] == "ClassLabel"] or [c for c in names if kinds[c] == "int"]
-    if not labels and not label_column:
-        raise NoLabelsError(
-            f"{where}: no label column (ClassLabel or integer) among {', '.join(names)}; choose one with "
-            f"--label-column NAME (string labels: encode them first with Dataset.class_encode_column), or train "
-            "without labels: "
-            f"{NO_LABELS_HINT}"
-        )
-    label = _pick(label_column, labels, "label", names, where)
-    if kinds[label] not in ("ClassLabel", "int"):
-        hint = " (Dataset.class_encode_column turns names into a ClassLabel)" if kinds[label] == "other" else ""
-        raise ValueError(
-            f"{where}: label column {label!r} holds {arrow_schema.field(label).type} values, not class ids{hint}; "
-            f"label columns: {_listed(labels)}"
-        )
-    class_names = features.get(label, {}).get("names") if kinds[label] == "ClassLabel" else None
-    return image, label, class_names
-
-
 def split_label_map(
     split: HFSplit, name: str, image: str, label: str, names: list[str] | None, where: str
 ) -> tuple[int, ...]:
@@ -199,23 +143,6 @@ def split_label_map(
         )
     log.info("%s: the %s split's classes read by name, in the train split's order", where, name)
     return tuple(index[class_name] for class_name in own)
-
-
-def _listed(columns: list[str]) -> str:
-    return ", ".join(columns) or "none"
-
-
-def _pick(chosen: str, candidates: list[str], what: str, names: list[str], where: str) -> str:
-    if chosen:
-        if chosen not in names:
-            raise ValueError(f"{where}: {what} column {chosen!r} is not a column; columns: {', '.join(names)}")
-        return chosen
-    if len(candidates) != 1:
-        found = f"several ({', '.join(candidates)})" if candidates else "no"
-        raise ValueError(
-            f"{where}: {found} {what} columns among {', '.join(names)}; choose one with --{what}-column NAME"
-        )
-    return candidates[0]
 
 
 def _image_value(value: Any) -> bytes | str | None:

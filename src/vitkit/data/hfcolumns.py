@@ -1,0 +1,100 @@
+"""Which columns of a Hugging Face table are the images and the labels: by feature type (the `huggingface`
+schema metadata that `datasets` writes, read as untrusted JSON), else by the columns' types and names; a
+column named by `data.image_column` / `data.label_column` where there are several."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from vitkit.data.images import NoLabelsError
+from vitkit.data.imageset import NO_LABELS_HINT
+
+IMAGE_NAMES = frozenset({"image", "img", "jpg", "jpeg", "png", "webp"})  # a plain binary column of these names
+
+
+def choose_columns(
+    arrow_schema: Any, image_column: str = "", label_column: str = "", where: str = "", labelled: bool = True
+) -> tuple[str, str, list[str] | None]:
+    """(image column, label column, ClassLabel names or None), by feature type unless named.  Read without
+    labels (`labelled=False`), the label column is "": none is read, and every row is class 0."""
+    import pyarrow as pa  # hf._pyarrow has said where it is missing
+
+    features = _features(arrow_schema, where)
+    names = list(arrow_schema.names)
+
+    def kind(column: str) -> str:
+        feature, field = features.get(column, {}), arrow_schema.field(column)
+        if isinstance(feature, dict) and feature.get("_type") in ("Image", "ClassLabel"):
+            return feature["_type"]
+        if not features and pa.types.is_struct(field.type) and field.type.get_field_index("bytes") >= 0:
+            return "Image"
+        if (
+            not features
+            and column.lower() in IMAGE_NAMES
+            and (pa.types.is_binary(field.type) or pa.types.is_large_binary(field.type))
+        ):
+            return "Image"  # encoded image bytes as pandas or pyarrow write them, named as such
+        return "int" if pa.types.is_integer(field.type) else "other"
+
+    kinds = {column: kind(column) for column in names}
+    images = [c for c in names if kinds[c] == "Image"]
+    image = _pick(image_column, images, "image", names, where)
+    field = arrow_schema.field(image)
+    if kinds[image] != "Image" and not (pa.types.is_binary(field.type) or pa.types.is_large_binary(field.type)):
+        what = "class labels" if kinds[image] in ("ClassLabel", "int") else f"{field.type} values"
+        raise ValueError(f"{where}: image column {image!r} holds {what}, not images; image columns: {_listed(images)}")
+    if not labelled:
+        return image, "", None
+    labels = [c for c in names if kinds[c] == "ClassLabel"] or [c for c in names if kinds[c] == "int"]
+    if not labels and not label_column:
+        raise NoLabelsError(
+            f"{where}: no label column (ClassLabel or integer) among {', '.join(names)}; choose one with "
+            f"--label-column NAME (string labels: encode them first with Dataset.class_encode_column), or train "
+            "without labels: "
+            f"{NO_LABELS_HINT}"
+        )
+    label = _pick(label_column, labels, "label", names, where)
+    if kinds[label] not in ("ClassLabel", "int"):
+        hint = " (Dataset.class_encode_column turns names into a ClassLabel)" if kinds[label] == "other" else ""
+        raise ValueError(
+            f"{where}: label column {label!r} holds {arrow_schema.field(label).type} values, not class ids{hint}; "
+            f"label columns: {_listed(labels)}"
+        )
+    class_names = features.get(label, {}).get("names") if kinds[label] == "ClassLabel" else None
+    if class_names is not None and not (isinstance(class_names, list) and all(isinstance(n, str) for n in class_names)):
+        raise ValueError(f"{where}: the ClassLabel names of {label!r} are not a list of strings ({class_names!r:.80})")
+    return image, label, class_names
+
+
+def _features(arrow_schema: Any, where: str) -> dict[str, Any]:
+    """The `features` of a schema's Hugging Face metadata (untrusted: any JSON), or {} where it has none."""
+    raw = (arrow_schema.metadata or {}).get(b"huggingface")
+    if not raw:
+        return {}
+    try:
+        meta = json.loads(raw)
+    except (ValueError, RecursionError) as error:
+        raise ValueError(f"{where}: its Hugging Face metadata is not valid JSON ({error})") from None
+    info = meta.get("info") if isinstance(meta, dict) else None
+    features = info.get("features", {}) if isinstance(info, dict) else {}
+    if not isinstance(features, dict):
+        raise ValueError(f"{where}: its Hugging Face metadata's features are not a mapping of columns")
+    return features
+
+
+def _listed(columns: list[str]) -> str:
+    return ", ".join(columns) or "none"
+
+
+def _pick(chosen: str, candidates: list[str], what: str, names: list[str], where: str) -> str:
+    if chosen:
+        if chosen not in names:
+            raise ValueError(f"{where}: {what} column {chosen!r} is not a column; columns: {', '.join(names)}")
+        return chosen
+    if len(candidates) != 1:
+        found = f"several ({', '.join(candidates)})" if candidates else "no"
+        raise ValueError(
+            f"{where}: {found} {what} columns among {', '.join(names)}; choose one with --{what}-column NAME"
+        )
+    return candidates[0]
