@@ -217,3 +217,20 @@ def test_embeddings_replaced_mid_write_never_pair_with_the_old_labels(tmp_path: 
         embed.save_embeddings(target, torch.ones(4, 2), torch.tensor([1, 1, 1, 1]), {"layer": "new"})
     assert np.load(target).sum() == 8  # the new embeddings, and nothing that says they are complete
     assert not (tmp_path / "e.labels.npy").exists() and not (tmp_path / "e.json").exists()
+
+
+def test_class_names_with_control_characters_are_printed_escaped(tmp_path: Path, capsys) -> None:
+    """A checkpoint's class name holding an ESC sequence or a newline was printed raw: it could recolour the
+    terminal or forge a line of predict's output."""
+    from PIL import Image
+
+    model = vitkit.create_model(
+        "vit_ti16", num_classes=2, img_size=16, hidden_size=32, depth=1, num_heads=2, mlp_dim=32
+    )
+    hostile = ["cat\x1b[2J", "dog\nfake.jpg: cat 100.0%"]
+    vitkit.save(model, tmp_path / "m", class_names=hostile, mean=(0.5,) * 3, std=(0.5,) * 3)
+    Image.new("RGB", (16, 16)).save(tmp_path / "a.png")
+    assert main(["predict", str(tmp_path / "m"), str(tmp_path / "a.png"), "--top-k", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and out.count("\n") == 1
+    assert "cat\\x1b[2J" in out and "dog\\nfake.jpg: cat 100.0%" in out

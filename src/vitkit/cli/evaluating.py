@@ -9,7 +9,7 @@ import argparse
 import json
 import sys
 
-from vitkit.cli.flags import add_column_flags, add_run_flags, bounded_int, columns_of, emit
+from vitkit.cli.flags import add_column_flags, add_run_flags, bounded_int, columns_of, emit, shown
 
 
 def add_eval(sub: argparse._SubParsersAction) -> None:
@@ -140,7 +140,7 @@ def run_predict(args: argparse.Namespace) -> int:
         for entry in results:
             if "predictions" in entry:
                 top = ", ".join(f"{p['class']} {100 * p['probability']:.1f}%" for p in entry["predictions"])
-                print(f"{entry['file']}: {top}")
+                print(shown(f"{entry['file']}: {top}"))
     return 1 if failed or not results else 0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import unicodedata
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -152,8 +153,17 @@ def emit(args: argparse.Namespace, report: Any, lines: Iterable[str] | None) -> 
         print(json.dumps(report))
     else:
         for line in lines or ():
-            print(line)
+            print(shown(line))
     return 0
+
+
+def shown(line: str) -> str:
+    """`line` for a terminal: control characters (an ESC sequence or a newline in a class name a checkpoint
+    gives) written as escapes, so that the names cannot rewrite or forge what is printed.  JSON escapes its own."""
+    return "".join(
+        char if char == "\t" or unicodedata.category(char) != "Cc" else char.encode("unicode_escape").decode()
+        for char in line
+    )
 
 
 def add_column_flags(parser: argparse.ArgumentParser) -> None:
