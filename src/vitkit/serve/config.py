@@ -35,40 +35,26 @@ class ServeConfig:
     switch_interval_ms: float = 0.5  # Python's GIL switch interval in the server process (default 5 ms)
 
     def __post_init__(self) -> None:
-        positive = {
-            "max_batch": self.max_batch,
-            "max_queue": self.max_queue,
-            "max_files": self.max_files,
-            "max_pixels": self.max_pixels,
-            "decode_workers": self.decode_workers,
-            "max_header_bytes": self.max_header_bytes,
-            "max_connections": self.max_connections,
-        }
-        bad = [name for name, value in positive.items() if value < 1]
-        if bad:
-            raise ValueError(f"{', '.join(bad)} must be at least 1")
-        if (
-            self.max_wait_ms < 0
-            or self.max_body_mb <= 0
-            or self.drain_timeout_s < 0
-            or self.switch_interval_ms <= 0
-            or self.body_timeout_s <= 0
-            or self.header_timeout_s <= 0
-        ):
-            raise ValueError(
-                "max_wait_ms and drain_timeout_s must be >= 0; max_body_mb, switch_interval_ms, "
-                "body_timeout_s and header_timeout_s > 0"
-            )
+        at_least_one = ("max_batch", "max_queue", "max_files", "max_pixels", "decode_workers", "max_header_bytes")
+        for name in (*at_least_one, "max_connections"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{_named(name)} must be at least 1, got {getattr(self, name)}")
+        for name in ("max_body_mb", "switch_interval_ms", "body_timeout_s", "header_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{_named(name)} must be above 0, got {getattr(self, name):g}")
+        for name in ("max_wait_ms", "drain_timeout_s"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{_named(name)} must be 0 or more, got {getattr(self, name):g}")
         if self.max_bodies_mb is not None and self.max_bodies_mb < self.max_body_mb:
             raise ValueError(
-                f"max_bodies_mb ({self.max_bodies_mb:g}) must be at least max_body_mb ({self.max_body_mb:g})"
+                f"--max-bodies-mb ({self.max_bodies_mb:g}) must be at least --max-body-mb ({self.max_body_mb:g})"
             )
         if not 0 <= self.port <= 65535:
-            raise ValueError(f"port must be in 0..65535, got {self.port}")
+            raise ValueError(f"--port must be in 0..65535, got {self.port}")
         if self.threads is not None and self.threads < 1:
-            raise ValueError(f"threads must be at least 1, got {self.threads}")
+            raise ValueError(f"--threads must be at least 1, got {self.threads}")
         if self.token is not None and not self.token.strip():
-            raise ValueError("token must not be empty")
+            raise ValueError("--token must not be empty")
 
     @property
     def max_body_bytes(self) -> int:
@@ -78,3 +64,12 @@ class ServeConfig:
     def max_bodies_bytes(self) -> int:
         megabytes = self.max_bodies_mb if self.max_bodies_mb is not None else max(256.0, 4 * self.max_body_mb)
         return int(megabytes * 1024 * 1024)
+
+
+FLAGS = frozenset({"max_batch", "max_wait_ms", "max_body_mb", "max_bodies_mb", "max_queue", "max_pixels", "threads"})
+FLAGS |= {"decode_workers", "port", "token"}  # the fields `vitkit serve` sets by a flag of the same name
+
+
+def _named(field: str) -> str:
+    """A field as the user set it: `vitkit serve`'s flag, or the ServeConfig field where no flag sets it."""
+    return f"--{field.replace('_', '-')}" if field in FLAGS else f"ServeConfig.{field}"
