@@ -439,7 +439,7 @@ def test_request_bodies_in_memory_are_bounded_over_all_requests(vit_checkpoint: 
         _Gated.gate.set()
     _assert_error(refused, 503, "bytes of request bodies held in memory")
     assert refused.headers["retry-after"] == "1" and [r.status_code for r in done] == [200, 200] and held == 0
-    with pytest.raises(ValueError, match="max_bodies_mb"):
+    with pytest.raises(ValueError, match=r"--max-bodies-mb \(4\) must be at least --max-body-mb \(8\)"):
         ServeConfig(max_body_mb=8, max_bodies_mb=4)
 
 
