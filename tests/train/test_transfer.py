@@ -215,13 +215,19 @@ def test_the_commands_start_up_is_charged_to_the_final_run_not_to_one_trial(
     config = tiny_config(tmp_path / "s", "data.val_fraction=0.1", "optim.lr_sweep=0.01,0.1,1", "run.max_minutes=1")
     charged: list[tuple[float, float]] = []
 
+    clock = [100.0]
+
     def fake_train(trial, spent_s=0.0, **kwargs):
         charged.append((trial.optim.lr, spent_s))
-        return {"status": "finished", "val": {"top1": trial.optim.lr, "loss": 1.0}}
+        clock[0] += 3.0  # each trial (and the final run) takes 3 s, within its share
+        return {"status": "finished", "val": {"top1": trial.optim.lr, "loss": 1.0}, "wall_minutes": 0.3}
 
     monkeypatch.setattr(sweep, "train", fake_train)
-    sweep.train_with_sweep(config, spent_s=3.0)
+    monkeypatch.setattr(sweep, "now", lambda: clock[0])
+    result = sweep.train_with_sweep(config, spent_s=3.0)
     assert charged == [(0.01, 0.0), (0.1, 0.0), (1.0, 0.0), (1.0, 3.0)]  # three equal trials, then the final run
+    # the final line gave the final run's minutes alone: 0.99 min where the command took 1.5
+    assert result["sweep_minutes"] == pytest.approx(0.15) and result["wall_minutes"] == pytest.approx(0.45)
 
 
 def test_a_sweep_whose_trials_mostly_start_up_stops_and_trains_the_recipes_rate(

@@ -120,8 +120,11 @@ def train_with_sweep(config: TrainConfig, *, spent_s: float = 0.0, **train_kwarg
     record: dict[str, Any] = {"val_top1": scores, "val_loss": losses, "best_lr": best}
     record.update(trial_minutes=trial_minutes, final_minutes=final_minutes, **({"stopped": stopped} if stopped else {}))
     atomic_write_text(Path(config.run.out) / SWEEP_RECORD, json.dumps(record, indent=2) + "\n")
+    trials_s = now() - began - overrun  # the trials' own time, which the final run's clock does not hold
     result = train(final_config(config, best), spent_s=spent_s + overrun, **train_kwargs)
-    return {**result, "sweep": scores, "best_lr": best}
+    if "wall_minutes" in result:  # the command's whole time, as its final line says it
+        result = {**result, "wall_minutes": result["wall_minutes"] + trials_s / 60}
+    return {**result, "sweep": scores, "best_lr": best, "sweep_minutes": trials_s / 60}
 
 
 def choose(config: TrainConfig, scores: dict[str, float], losses: dict[str, float]) -> float:
