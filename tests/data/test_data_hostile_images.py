@@ -175,7 +175,7 @@ def test_a_thin_image_is_resampled_in_its_square_alone(monkeypatch: pytest.Monke
     """A 1 KB PNG of 300,000x1 pixels, far below the pixel limit, was resized whole to 19.2 million x 64 before
     its centre was cut: gigabytes for one upload.  Beyond MAX_ASPECT only the square is resampled, to the
     pixels of the whole resize within one level."""
-    from vitkit.data import images
+    from vitkit.data import pixels
 
     asked = []
     real = Image.Image.resize
@@ -191,11 +191,11 @@ def test_a_thin_image_is_resampled_in_its_square_alone(monkeypatch: pytest.Monke
     assert max(asked) == 64 * 64
     ramp = Image.fromarray(np.tile(np.arange(2_000, dtype=np.uint8)[None, :] * 7, (23, 1)))  # 87:1
     whole = real(ramp, (1_391, 16), Image.Resampling.BILINEAR).crop((687, 0, 703, 16))
-    square = images._resize_center_crop(ramp, 16)
+    square = pixels.resize_center_crop(ramp, 16)
     assert square.size == (16, 16) and np.abs(np.int16(square) - np.int16(whole)).max() <= 1
     usual = Image.fromarray(np.arange(40 * 300, dtype=np.uint8).reshape(40, 300))  # 7.5:1, the whole image
     reference = real(usual, (120, 16), Image.Resampling.BILINEAR).crop((52, 0, 68, 16))
-    assert np.array_equal(images._resize_center_crop(usual, 16), reference)
+    assert np.array_equal(pixels.resize_center_crop(usual, 16), reference)
 
 
 def test_a_path_to_a_device_fifo_or_huge_file_is_refused_unread(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -35,6 +35,8 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from vitkit.data.pixels import GRAY_MODES, resize_center_crop, to_mode
+
 try:  # optional: the `jpeg` extra
     import simplejpeg as _simplejpeg
 except ImportError:  # pragma: no cover - depends on the environment
@@ -45,9 +47,7 @@ log = logging.getLogger(__name__)
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
 FORMATS = ("JPEG", "PNG", "BMP", "GIF", "WEBP", "TIFF", "PPM")  # Pillow plugins of IMAGE_EXTENSIONS; no others
 MAX_PIXELS = 89_478_485  # Pillow's default Image.MAX_IMAGE_PIXELS (about 0.25 GiB of 24-bit pixels)
-_GRAY_MODES = frozenset({"L", "I", "I;16", "I;16B", "I;16L", "I;16N", "F"})  # one channel, RGB the same in each
 ORIENTATION = 0x0112  # the EXIF tag: 1 as stored, 2-8 mirrored and/or turned (ImageOps.exif_transpose undoes it)
-STRIP_PIXELS = 1 << 20  # a 16-bit or float image converts to 8 bits this many pixels at a time (_to_8bit)
 _MAX_LOGGED = 10  # bad files named one by one in the log; the rest only counted
 
 
@@ -67,50 +67,8 @@ def _source_name(source: str | os.PathLike | bytes) -> str:
     return "<bytes>" if isinstance(source, (bytes, bytearray, memoryview)) else str(source)
 
 
-def _to_8bit(image: Image.Image) -> Image.Image:
-    """16/32-bit integer or float grayscale (e.g. a 16-bit PNG) -> "L": 0..65535 mapped onto 0..255 instead of
-    clipped at 255 (values above 65535 clip; NaN reads as 0), scaled when any pixel of the image passes 255; a
-    float image whose pixels all lie in 0..1 is read as the unit range, 1.0 white.
-    Worked in strips of STRIP_PIXELS: the whole image as float32 took 8 bytes a pixel beside it."""
-    width, height = image.size
-    rows = max(1, STRIP_PIXELS // max(width, 1))
-    strips = [(top, min(top + rows, height)) for top in range(0, height, rows)]
-
-    def strip(top: int, bottom: int) -> np.ndarray:
-        array = np.array(image.crop((0, top, width, bottom)), dtype=np.float32)  # a writable copy
-        return np.nan_to_num(array, copy=False, nan=0.0, posinf=65535.0, neginf=0.0)
-
-    peak = max(strip(*rows).max(initial=0) for rows in strips)
-    scale = 255.0 / 65535.0 if image.mode.startswith("I;16") or peak > 255 else 1.0
-    if image.mode == "F" and peak <= 1.0:
-        scale = 255.0  # a float image in the unit range (0..1), as scientific and HDR tools write them
-    out = np.empty((height, width), dtype=np.uint8)
-    for top, bottom in strips:
-        array = strip(top, bottom)
-        if scale != 1.0:
-            array *= scale
-        out[top:bottom] = np.clip(np.rint(array, out=array), 0, 255, out=array)
-    return Image.fromarray(out, "L")
-
-
-def _to_mode(image: Image.Image, channels: int) -> Image.Image:
-    """Any Pillow mode -> "L" (channels=1) or "RGB" (channels=3)."""
-    if image.mode in ("I", "I;16", "I;16B", "I;16L", "I;16N", "F"):
-        image = _to_8bit(image)
-    if image.mode == "P" and "transparency" in image.info:
-        image = image.convert("RGBA")  # Pillow's advice: palette transparency goes through RGBA
-    target = "L" if channels == 1 else "RGB"
-    if image.mode == target:
-        return image
-    try:
-        return image.convert(target)
-    except ValueError:  # no direct conversion (LAB -> L): through RGB
-        return image.convert("RGB").convert(target)
-
-
 _BOMB_FILTER_LOCK = threading.Lock()
 MAX_FILE_BYTES = 1 << 30  # an image file above this is refused unread (an uncompressed 16-bit RGB at MAX_PIXELS fits)
-MAX_ASPECT = 8  # longer than this times its shorter side, an image is resampled in its centre square alone
 
 
 @contextlib.contextmanager
@@ -280,10 +238,10 @@ def _decode(
                 )
             image.load()  # the actual decode: raises on truncated or corrupt data
             image = upright(image)
-            spread = channels == 3 and image.mode in _GRAY_MODES  # resized as one channel, then spread to RGB
-            image = _to_mode(image, 1 if spread else channels)
+            spread = channels == 3 and image.mode in GRAY_MODES  # resized as one channel, then spread to RGB
+            image = to_mode(image, 1 if spread else channels)
             if size is not None:
-                image = _resize_center_crop(image, size)
+                image = resize_center_crop(image, size)
             if spread:
                 image = image.convert("RGB")
             array = np.array(image, dtype=np.uint8)  # a writable copy (torch wants one)
@@ -292,27 +250,6 @@ def _decode(
     except Exception as error:  # OSError "image file is truncated", SyntaxError, ValueError, zlib errors ...
         raise BadImageError(f"{name}: corrupt or truncated image ({type(error).__name__}: {error})") from error
     return array[:, :, None] if array.ndim == 2 else array  # (H, W) -> (H, W, 1)
-
-
-def _resize_center_crop(image: Image.Image, size: int) -> Image.Image:
-    """Shorter side -> `size` (antialiased bilinear, Pillow's convolution resampler), then the centre square.
-
-    An image longer than MAX_ASPECT times its width is resampled in its square only: Pillow's `box` is the
-    square's region of the source, and each output pixel has the centre and filter it would have in the whole
-    resized image (its fixed-point weights may round one level apart).  Resizing the whole of such an image took
-    gigabytes: 1 KB of PNG, 300,000x1 pixels, is 19.2 million pixels wide at 64 px high.
-    """
-    width, height = image.size
-    scale = size / min(width, height)
-    new_w, new_h = max(size, round(width * scale)), max(size, round(height * scale))
-    left, top = (new_w - size) // 2, (new_h - size) // 2
-    if max(new_w, new_h) <= MAX_ASPECT * size:  # the whole image, then the square: the pixels of every release
-        if (new_w, new_h) != (width, height):
-            image = image.resize((new_w, new_h), Image.Resampling.BILINEAR)
-        return image.crop((left, top, left + size, top + size))
-    step_x, step_y = width / new_w, height / new_h
-    box = (left * step_x, top * step_y, (left + size) * step_x, (top + size) * step_y)
-    return image.resize((size, size), Image.Resampling.BILINEAR, box=box)
 
 
 def decode_image(

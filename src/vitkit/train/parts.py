@@ -94,8 +94,7 @@ class RunParts:
         self.length = total_steps(config, self.num_train)  # None: the time budget alone decides
         self.objective = build_objective(config, self.data.train.num_classes, in_channels(config.model))
         self.skipped_before = self.skipped_total = 0  # batches' corrupt samples of earlier invocations / in all
-        self.stored_precision: str | None = None  # the precision an earlier invocation chose (kept on resume)
-        self.stored_compiled: bool | None = None  # and its compilation
+        self.stored_precision, self.stored_compiled = None, None  # as an earlier invocation chose: kept on resume
         self.resumed = False  # this invocation continues a checkpoint of an earlier one
         self._build_model()
         batches = ShardBatches if isinstance(self.data.train, ShardSet) else IndexBatches  # both TrainBatches
