@@ -144,10 +144,14 @@ def test_nan_losses_skip_then_stop_with_last_good_checkpoint(
 def test_sigterm_saves_at_step_boundary_and_returns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(trainer, "train_step", sigterm_after(3, trainer.train_step))
     run = tmp_path / "run"
-    result = trainer.train(tiny_config(run, "data.steps=10", "run.checkpoint_every=100"))
+    settings = ("data.steps=10", "run.checkpoint_every=100", "run.log_every=2")
+    result = trainer.train(tiny_config(run, *settings))
     assert result["status"] == "interrupted" and result["step"] == 3 and result["signal"] == signal.SIGTERM
     assert (run / "checkpoints" / LATEST).read_text().strip() == "step_0000003"
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL or callable(signal.getsignal(signal.SIGTERM))
+    monkeypatch.undo()
+    trainer.train(tiny_config(run, *settings))  # step 3 had been in no record: between a log step and the signal
+    assert [r["step"] for r in _records(run) if r["split"] == "train"] == [2, 3, 4, 6, 8, 10]
 
 
 def test_kill_9_then_resume_equals_uninterrupted_bit_exact(tmp_path: Path) -> None:

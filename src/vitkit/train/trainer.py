@@ -247,6 +247,8 @@ class Trainer(RunParts):
                 reason, by_clock = stop.check(agree, saved_at=self.loop_start)  # _save restarts the loop's clock
                 if reason and self.guard.pending:
                     self.guard.flush()  # deferred flags: account for them before saving
+                if reason and not at_log:  # the steps since the last record are in one, not lost with the process
+                    self._log(records, phase, bar)
                 due = self.checkpointer.due(state.step) or by_clock
                 if reason or (due and state.nan_streak == 0):  # keep the last good one
                     self._save()
