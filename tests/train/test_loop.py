@@ -390,3 +390,21 @@ def test_sigterm_in_start_up_says_it_stopped_the_run(tmp_path: Path, monkeypatch
     assert main(_tiny_cli_run(tmp_path / "run")) == 143
     assert "vitkit train: interrupted by SIGTERM" in capsys.readouterr().err
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_a_budget_already_spent_on_resume_is_said_and_ends_as_spent(tmp_path: Path, monkeypatch, caplog) -> None:
+    """Re-run with a budget below what earlier invocations trained, a run took no step and reported itself
+    "finished", its schedule cut at a high learning rate, without a word."""
+    from helpers import sigterm_after
+
+    run = tmp_path / "run"
+    monkeypatch.setattr(trainer, "time", _Clock(0.02))
+    monkeypatch.setattr(trainer, "train_step", sigterm_after(10, trainer.train_step))
+    settings = ("data.steps=0", "run.log_every=1", "optim.warmup_steps=5")  # the budget alone: its length
+    assert trainer.train(tiny_config(run, *settings, "run.max_minutes=1"))["status"] == "interrupted"
+    monkeypatch.setattr(trainer.Trainer, "_usable_s", lambda self: 0.01)  # what is left of a budget below 0.5 min
+    with caplog.at_level(logging.WARNING, logger="vitkit"):
+        result = trainer.train(tiny_config(run, *settings, "run.max_minutes=0.2"))
+    assert result["status"] == "time_budget" and result["step"] == 10
+    assert "the time budget of 0.2 min was spent before this invocation" in caplog.text
+    assert "a larger --max-minutes trains it to its end" in caplog.text

@@ -33,6 +33,17 @@ def log_end(status: str, signum: int, step: int, steps: int, budget_minutes: flo
         )
 
 
+def log_spent(budget_minutes: float, trained_s: float, step: int) -> None:
+    """A resumed run whose time budget earlier invocations already spent: it takes no step, and ends unannealed."""
+    log.warning(
+        "the time budget of %g min was spent before this invocation (%.2f min trained): the run stops at step %d, "
+        "its schedule not annealed; a larger --max-minutes trains it to its end",
+        budget_minutes,
+        trained_s / 60,
+        step,
+    )
+
+
 @contextlib.contextmanager
 def evaluation_failure(run_dir: Path, config: TrainConfig, checkpoint: str, metrics: Any) -> Iterator[None]:
     """Turn a failing final evaluation into an EvaluationError naming the saved model and `vitkit eval` to retry."""
