@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -302,7 +303,7 @@ def from_dict(data: dict[str, Any]) -> TrainConfig:
         if bad:
             raise ValueError(f"unknown field(s) {bad} in {name} (valid: {sorted(names)})")
         try:
-            parts[name] = cls(**{k: _from_json(v, hints[k]) for k, v in values.items()})
+            parts[name] = cls(**{k: _from_json(v, hints[k], f"{name}.{k}") for k, v in values.items()})
         except (TypeError, AttributeError, OverflowError) as error:  # a value of the wrong type: "128" for an int
             raise ValueError(f"the config's {name} holds a value of the wrong type ({error})") from None
     return TrainConfig(**parts)
@@ -332,8 +333,12 @@ def _without_removed(group: str, values: dict[str, Any]) -> dict[str, Any]:
     return values
 
 
-def _from_json(value: Any, hint: Any) -> Any:
-    """JSON lists back to tuples where the field is a tuple."""
+def _from_json(value: Any, hint: Any, key: str) -> Any:
+    """JSON lists back to tuples where the field is a tuple; NaN and infinities (which JSON readers take) refused,
+    as `--set` refuses them."""
+    for number in value if isinstance(value, list) else [value]:
+        if isinstance(number, float) and not math.isfinite(number):
+            raise ValueError(f"{key} is {number}, not a finite number")
     if isinstance(value, list) and _is_tuple(hint):
         return tuple(value)
     return value
