@@ -454,3 +454,13 @@ def test_hostile_hugging_face_metadata_is_named_not_a_traceback(tmp_path: Path) 
     ):
         with pytest.raises(ValueError, match=words):
             choose_columns(pa.schema(fields, metadata={b"huggingface": metadata}), where="d")
+
+
+def test_a_negative_label_other_than_minus_one_is_damage_not_unlabelled(tmp_path: Path) -> None:
+    """-7 was dropped as "unlabelled (label -1 or none)"; the Hub writes -1 alone for a withheld label."""
+    dataset = _dataset(12, int_labels=True).to_dict()
+    dataset["target"][4] = -7
+    train = datasets.Dataset.from_dict(dataset, features=_dataset(1, int_labels=True).features)
+    datasets.DatasetDict({"train": train, "test": _dataset(4, start=12, int_labels=True)}).save_to_disk(str(tmp_path))
+    with pytest.raises(ValueError, match=r"row 4's label is -7; class indices are 0 or more \(-1: unlabelled\)"):
+        load_split(f"hf:{tmp_path}", "train", image_size=8, val_fraction=0.0)

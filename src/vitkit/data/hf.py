@@ -215,6 +215,9 @@ def arrow_rows(split: HFSplit, image: str, label: str, where: str) -> tuple[Arro
     if labels.dtype.kind not in "iu":
         raise ValueError(f"{where}: label column {label!r} is {labels.dtype}, not integer class indices")
     labels = labels.astype(np.int64)
+    if (labels < -1).any():  # -1 is the Hub's "no label"; any other negative is damage
+        row = int(np.flatnonzero(labels < -1)[0])
+        raise ValueError(f"{where}: row {row}'s label is {labels[row]}; class indices are 0 or more (-1: unlabelled)")
     keep = np.flatnonzero(labels >= 0)
     dropped = (tuple(split.files), label, len(labels) - len(keep))
     if dropped[2] and dropped not in _DROPPED:  # once a process: every split of a run reads these rows again
