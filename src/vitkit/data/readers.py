@@ -78,10 +78,10 @@ def read_idx(path: Path, expect_magic: int) -> np.ndarray:
     expected = int(np.prod(dims, dtype=object))
     if min(dims, default=0) < 0 or expected > MAX_IDX_BYTES:
         raise DataFormatError(f"{path}: header claims dims {dims}; not an IDX file of this kind")
-    if expected > available_memory():
+    free = available_memory()
+    if expected > free:
         raise DataFormatError(
-            f"{path}: header claims dims {dims}, {expected:,} bytes, more than the memory available "
-            f"({available_memory():,} bytes)"
+            f"{path}: header claims dims {dims}, {expected:,} bytes, more than the memory available ({free:,} bytes)"
         )
     data = _read_bytes(path, offset + expected + 1)  # a gzip stream that inflates past its header stops here
     if len(data) - offset != expected:
@@ -186,21 +186,20 @@ def to_nchw(array: np.ndarray, path: Path, key: str) -> np.ndarray:
     raise DataFormatError(f"{path}: `{key}` has shape {array.shape}; no channel axis of size 1 or 3")
 
 
-def _check_npz_sizes(path: Path, keys: list[str]) -> None:
-    """Each member read (`keys`) may claim in its .npy header no more bytes than the member holds, and all of
-    them no more than the memory available: numpy allocates what a header claims before it reads a byte, so a
-    forged shape would otherwise allocate any amount."""
+def _check_npz_sizes(path: Path, archive: zipfile.ZipFile, keys: list[str]) -> None:
+    """Each member read (`keys`, of the open `archive`) may claim in its .npy header no more bytes than the member
+    holds, and all of them no more than the memory available: numpy allocates what a header claims before it
+    reads a byte, so a forged shape would otherwise allocate any amount."""
     try:
-        with zipfile.ZipFile(path) as archive:
-            members = [archive.getinfo(f"{key}.npy") for key in keys]
-            for info in members:
-                shape, dtype = _npy_header(archive, info)
-                claimed = int(np.prod(shape, dtype=object)) * dtype.itemsize
-                if claimed > info.file_size:
-                    raise DataFormatError(
-                        f"{path}: `{info.filename}` claims shape {shape} ({claimed:,} bytes) but holds "
-                        f"{info.file_size:,} bytes"
-                    )
+        members = [archive.getinfo(f"{key}.npy") for key in keys]
+        for info in members:
+            shape, dtype = _npy_header(archive, info)
+            claimed = int(np.prod(shape, dtype=object)) * dtype.itemsize
+            if claimed > info.file_size:
+                raise DataFormatError(
+                    f"{path}: `{info.filename}` claims shape {shape} ({claimed:,} bytes) but holds "
+                    f"{info.file_size:,} bytes"
+                )
     except (OSError, zipfile.BadZipFile, ValueError, EOFError, KeyError) as error:
         if isinstance(error, DataFormatError):
             raise
@@ -255,7 +254,7 @@ def read_npz(path: Path) -> dict[str, np.ndarray]:
                     f"{path}: holds {sorted(names)}; expected x_train, y_train, x_test, y_test or images, labels"
                 )
             wanted = [*keys, *(["class_names"] if "class_names" in names else [])]
-            _check_npz_sizes(path, wanted)
+            _check_npz_sizes(path, archive.zip, wanted)  # the archive numpy opened: its headers, no second open
             arrays = {key: npz_array(archive, key, path) for key in wanted}
     except DataFormatError:
         raise
