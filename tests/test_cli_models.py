@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-import vitkit.bench.flops as flops
+import vitkit.models.flops as flops
 from vitkit.cli import main
 from vitkit.models.configs import PRESETS, ViTConfig
 

@@ -16,9 +16,9 @@ import torch
 
 import vitkit.device
 from vitkit.bench import throughput as tp
-from vitkit.bench.flops import model_flops
 from vitkit.cli import main
 from vitkit.models import preset_config
+from vitkit.models.flops import model_flops
 
 TINY = {"hidden_size": 32, "depth": 2, "num_heads": 2, "mlp_dim": 64, "patch_size": 8}
 

@@ -11,6 +11,9 @@ import pytest
 
 import vitkit
 from vitkit.checkpoints import CheckpointError, limits, native, read
+from vitkit.models import list_models, preset_config
+from vitkit.models.configs import ViTConfig
+from vitkit.models.flops import model_flops, vit_flops
 
 
 @pytest.fixture
@@ -158,3 +161,39 @@ def test_damaged_config_json_is_named(tmp_path, make_vit, text, problem):
 def test_sizes_are_written_in_the_unit_that_keeps_their_digits():
     words = [limits.size_words(n) for n in (0, 999, 1_000, 1_234, 21_960_000, 1_500_000_000)]
     assert words == ["0 bytes", "999 bytes", "1.0 kB", "1.2 kB", "22.0 MB", "1.5 GB"]
+
+
+def test_a_config_asking_absurd_work_per_image_is_refused_before_building(tmp_path, make_vit, no_allocation):
+    # a few kB of config: an 8192-px ViT without position embeddings had run `predict` for hours
+    vitkit.save(make_vit(), tmp_path / "c")
+    edit_model_config(tmp_path / "c", img_size=8192, patch_size=8, posemb="none")
+    with pytest.raises(
+        CheckpointError,
+        match=r"config\.json: one 8192-px image through this model would take "
+        r"[\d,.]+ TFLOP and [\d.]+ GB for one activation, above vitkit's bounds of 50 TFLOP",
+    ):
+        read(tmp_path / "c")
+
+
+def test_work_per_image_is_the_vit_count_with_narrow_attention_floored():
+    wide = preset_config("vit_b16", num_classes=10)
+    assert limits.image_work(wide) == (vit_flops(wide), 197 * 3072 * 4)  # B/16: its MLP's hidden activations
+    narrow = ViTConfig(img_size=64, patch_size=8, hidden_size=16, depth=3, num_heads=2, mlp_dim=32, num_classes=2)
+    tokens = 8 * 8 + 1
+    assert limits.image_work(narrow)[0] == vit_flops(narrow) + 3 * 4 * tokens**2 * (64 - 16)
+
+
+@pytest.mark.parametrize("name", ["bit_r50x1", "r26_vit_s32"])
+def test_convolutional_work_is_bounded_above_its_traced_count(name):
+    config = preset_config(name, img_size=64, num_classes=10)
+    bound, exact = limits.image_work(config)[0], model_flops(config)
+    assert exact <= bound <= 4 * exact
+
+
+def test_every_preset_at_twice_the_papers_resolution_is_within_the_bounds():
+    for name in list_models():
+        for side in (224, 448):  # every patch size and stride divides both
+            limits.check_work(preset_config(name, img_size=side, num_classes=1000), name)  # raises if refused
+    huge = preset_config("bit_r50x1", img_size=16384, num_classes=10)
+    with pytest.raises(CheckpointError, match="16384-px image .* 139.8 TFLOP and 34.4 GB for one activation"):
+        limits.check_work(huge, "r50")

@@ -6,7 +6,7 @@ forward, a backward and an optimiser step.  Each mode is warmed up (kernels sele
 device synchronisations, and the reported figure is the median over repeats, so one slow repeat
 (another process taking the CPU) does not move it.
 
-FLOPs are analytic (bench/flops.py): the forward count per image, and three times that for a
+FLOPs are analytic (models/flops.py): the forward count per image, and three times that for a
 training step (the backward pass costs two forwards).  MFU = achieved FLOP/s / peak FLOP/s, with the
 peak either given or measured here as the best rate of a large square matmul in the same precision.
 """
@@ -27,11 +27,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vitkit import host as hosts
-from vitkit.bench.flops import model_flops
 from vitkit.device import autocast as device_autocast
 from vitkit.device import pick_device, resolve_precision, synchronize
 from vitkit.models import build_model, preset_config
 from vitkit.models.configs import HybridConfig, image_size, in_channels, num_classes
+from vitkit.models.flops import model_flops
 
 log = logging.getLogger(__name__)
 

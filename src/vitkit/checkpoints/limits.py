@@ -1,5 +1,6 @@
 """How large a model a checkpoint may ask for: its size is computed on the meta device (shapes, no
-memory) and refused above a limit before anything real is built.
+memory) and refused above a limit before anything real is built; so is a model whose one image would take
+absurd work (check_work), which a few kB of config can ask for.
 
 The default limit is the memory available now (MemAvailable, or a container's own limit): a model
 larger than that cannot be built here at all.  It is a guard against absurd sizes, not a promise:
@@ -20,7 +21,8 @@ from torch.overrides import TorchFunctionMode
 from vitkit.checkpoints.validate import CheckpointError
 from vitkit.host import available_memory
 from vitkit.models import build_model
-from vitkit.models.configs import ModelConfig
+from vitkit.models.configs import HybridConfig, ModelConfig, ResNetConfig, ViTConfig, image_size, in_channels
+from vitkit.models.flops import backbone_bound, vit_flops
 
 HOW_TO_RAISE = (
     "pass max_bytes= to vitkit.load / vitkit.checkpoints.read, or --max-model-gb to vitkit convert / export-onnx"
@@ -72,7 +74,8 @@ def size_words(count: int) -> str:
 
 
 def check_model(config: ModelConfig, source: str, max_bytes: int | None) -> dict[str, Tensor]:
-    """The model's state dict on the meta device, once its size is known to be within the limit."""
+    """The model's state dict on the meta device, once its size and its work per image are within limits."""
+    check_work(config, source)
     state = meta_model(config).state_dict()
     need = sum(t.numel() * t.element_size() for t in state.values())
     limit, why = resolve(max_bytes)
@@ -92,4 +95,46 @@ def check_file(path: Path, max_bytes: int | None) -> None:
         raise CheckpointError(
             f"{path}: {size_words(size)} would be read into memory, above the limit of {size_words(limit)} ({why}); "
             f"if this machine can hold it, {HOW_TO_RAISE}"
+        )
+
+
+# One image's work above these is no model of the paper's practice but a damaged or hostile config: ViT-G/14 at
+# 518 px, larger than any released checkpoint, takes 5.7 TFLOP and 0.2 GB for its attention maps.
+MAX_IMAGE_FLOPS = 5 * 10**13
+MAX_IMAGE_BYTES = 4 << 30
+ATTENTION_FLOOR = 64  # a token pair costs at least what it does at this width: narrower ones run no faster
+
+
+def image_work(config: ModelConfig) -> tuple[int, int]:
+    """(FLOPs, bytes) of one image through the model, closed-form bounds: its forward FLOPs, with every token
+    pair of attention counted at least ATTENTION_FLOOR wide; the largest of its input, a convolution's output,
+    a layer's token activations and one layer's attention maps (float32, as `inspect` and `serve` keep them)."""
+    side, vit = image_size(config), None
+    flops, biggest = 0, in_channels(config) * side * side * 4
+    if isinstance(config, ResNetConfig | HybridConfig):
+        layers = config.layers if isinstance(config, ResNetConfig) else config.resnet_layers
+        flops, activations = backbone_bound(layers, config.width_factor, in_channels(config), side)
+        biggest = max(biggest, activations)
+    if isinstance(config, ViTConfig | HybridConfig):
+        vit = config.vit if isinstance(config, HybridConfig) else config
+        stride = config.stride if isinstance(config, HybridConfig) else 1
+        grid = vit.img_size // (vit.patch_size * stride)
+        flops += vit_flops(vit, grid * vit.patch_size)  # the encoder sees the backbone's grid as its image
+        tokens = grid * grid + 1
+        flops += vit.depth * 4 * tokens * tokens * max(ATTENTION_FLOOR - vit.hidden_size, 0)
+        biggest = max(biggest, tokens * max(vit.mlp_dim, 3 * vit.hidden_size) * 4, vit.num_heads * tokens**2 * 4)
+    return flops, biggest
+
+
+def check_work(config: ModelConfig, source: str) -> None:
+    """Refuses a model whose one image would take more than MAX_IMAGE_FLOPS or MAX_IMAGE_BYTES: a 10-kB
+    checkpoint of an 8192-px ViT without position embeddings had run `predict` for hours."""
+    flops, biggest = image_work(config)
+    if flops > MAX_IMAGE_FLOPS or biggest > MAX_IMAGE_BYTES:
+        raise CheckpointError(
+            f"{source}: one {image_size(config)}-px image through this model would take {flops / 1e12:,.1f} TFLOP "
+            f"and {size_words(biggest)} for one activation, above vitkit's bounds of "
+            f"{MAX_IMAGE_FLOPS / 1e12:.0f} TFLOP and {size_words(MAX_IMAGE_BYTES)} (several times the "
+            "largest released ViT at its largest resolution): the checkpoint's config is damaged or not a model "
+            "to run"
         )

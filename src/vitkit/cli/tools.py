@@ -25,9 +25,9 @@ def add_models(sub: argparse._SubParsersAction) -> None:
 def run_models(args: argparse.Namespace) -> int:
     import torch
 
-    from vitkit.bench.flops import model_flops
     from vitkit.models import build_model, preset_config
     from vitkit.models.configs import HybridConfig, ResNetConfig, image_size
+    from vitkit.models.flops import model_flops
 
     rows = []
     for name in _list_models():

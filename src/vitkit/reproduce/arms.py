@@ -13,7 +13,7 @@ Measurements on a trained arm (`Arm.measure`):
                  validation hold-out excluded), scored on the test split
     "val"        top-1 on the arm's validation hold-out (what model selection reads)
     "attention"  mean attention distance per layer and head on ATTENTION_IMAGES test images (App. D.7)
-Training FLOPs are analytic (bench/flops.py): 3 x forward FLOPs per image x images seen.
+Training FLOPs are analytic (models/flops.py): 3 x forward FLOPs per image x images seen.
 """
 
 from __future__ import annotations
@@ -28,11 +28,11 @@ from typing import Any
 import torch
 
 from vitkit.atomic import atomic_write_text
-from vitkit.bench.flops import model_flops
 from vitkit.data.sources import ImageSet, load_split
 from vitkit.eval.accuracy import AccuracyConfig, evaluate
 from vitkit.eval.fewshot import FewShotConfig, run_fewshot
 from vitkit.models.configs import image_size
+from vitkit.models.flops import model_flops
 from vitkit.reproduce.inspection import attention_distances
 from vitkit.reproduce.spec import Arm
 from vitkit.runs import open_checkpoint

@@ -4,7 +4,7 @@ Arms: ViTs of three sizes (the base; half its width, depth and MLP; twice its wi
 more layers) and the base with larger patches; the BiT ResNets closest in forward FLOPs to the base and
 the large ViT; hybrids of the small and base ViT -- each trained with the compute of 1 and of 3 unit arms
 of the base ViT (steps in inverse proportion to the model's forward FLOPs: matched budgets).
-The x axis is each arm's analytic training compute (bench/flops.py: 3 x forward FLOPs x images seen),
+The x axis is each arm's analytic training compute (models/flops.py: 3 x forward FLOPs x images seen),
 the y axis its test top-1, as Figure 5 plots transfer accuracy against pre-training exaFLOPs.
 
 Claims, on each family's frontier (the points no cheaper point of the family beats; accuracy
@@ -23,8 +23,8 @@ import math
 from collections.abc import Sequence
 from itertools import pairwise
 
-from vitkit.bench.flops import model_flops
 from vitkit.models.configs import ViTConfig
+from vitkit.models.flops import model_flops
 from vitkit.reproduce import paper
 from vitkit.reproduce.common import arm, over_seeds
 from vitkit.reproduce.figures import COLORS, MARKERS, Panel, Series, draw, mean_sd

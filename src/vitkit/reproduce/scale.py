@@ -35,7 +35,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from vitkit.bench.flops import model_flops
 from vitkit.bench.throughput import make_optimizer, num_threads, time_steps, training_step
 from vitkit.data.sources import SourceInfo
 from vitkit.device import pick_device, resolve_precision
@@ -50,6 +49,7 @@ from vitkit.models.configs import (
     in_channels,
     num_classes,
 )
+from vitkit.models.flops import model_flops
 from vitkit.train.config import TrainConfig
 from vitkit.train.recipes import auto_recipe_name, get_recipe
 
@@ -192,7 +192,7 @@ RESNET_LADDER = ((1,), (1, 1), (1, 1, 1), (2, 2, 2), (2, 2, 2, 2), (3, 4, 6, 3))
 
 def matched_resnet(vit: ViTConfig) -> ResNetConfig:
     """The BiT ResNet of RESNET_LADDER closest to the ViT in forward FLOPs ("comparable computational cost",
-    Sec. 4.3), counted analytically (bench/flops.py)."""
+    Sec. 4.3), counted analytically (models/flops.py)."""
     target = math.log(model_flops(vit))
     return min(
         (resnet_for(vit, layers) for layers in RESNET_LADDER), key=lambda r: abs(math.log(model_flops(r)) - target)

@@ -22,11 +22,11 @@ from typing import Any
 
 import torch
 
-from vitkit.bench.flops import model_flops
 from vitkit.bench.throughput import PeakMemory, inference_step, time_steps
 from vitkit.device import pick_device, resolve_precision
 from vitkit.models import build_model, preset_config
 from vitkit.models.configs import ResNetConfig, ViTConfig
+from vitkit.models.flops import model_flops
 from vitkit.reproduce import paper
 from vitkit.reproduce.arms import Probes, reuse, write_record
 from vitkit.reproduce.figures import Panel, Series, draw, mean_sd

@@ -27,13 +27,13 @@ from typing import Any
 
 import torch
 
-from vitkit.bench.flops import model_flops
 from vitkit.checkpoints import read
 from vitkit.checkpoints.native import Checkpoint
 from vitkit.data.sources import describe
 from vitkit.device import pick_device
 from vitkit.models import build_model
 from vitkit.models.configs import ModelConfig, ViTConfig
+from vitkit.models.flops import model_flops
 from vitkit.reproduce.arms import Probes, reuse, run_train_arm, write_record
 from vitkit.reproduce.scale import hybrid_for, matched_resnet
 from vitkit.reproduce.spec import Arm, Context

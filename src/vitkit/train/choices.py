@@ -16,9 +16,9 @@ import torch
 from torch import nn
 
 from vitkit import host as hosts
-from vitkit.bench.flops import model_flops
 from vitkit.device import PrecisionChoice, autocast, choose_precision, time_pass
 from vitkit.models.configs import HybridConfig, ModelConfig, ViTConfig, image_size, in_channels
+from vitkit.models.flops import model_flops
 from vitkit.train import compiled, distributed
 from vitkit.train.config import TrainConfig
 from vitkit.train.plan import HostChoices

@@ -11,7 +11,13 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from vitkit.models import build_model
-from vitkit.models.configs import ModelConfig, ViTConfig, image_size, in_channels, with_overrides
+from vitkit.models.configs import (
+    ModelConfig,
+    ViTConfig,
+    image_size,
+    in_channels,
+    with_overrides,
+)
 
 
 def vit_flops(config: ViTConfig, img_size: int | None = None) -> int:
@@ -50,3 +56,21 @@ def model_flops(config: ModelConfig, img_size: int | None = None) -> int:
     if isinstance(config, ViTConfig):
         return vit_flops(config, img_size)
     return counted_flops(config, img_size)
+
+
+def backbone_bound(layers: tuple[int, ...], width_factor: int, in_chans: int, side: int) -> tuple[int, int]:
+    """Upper bounds of a BiT backbone's forward FLOPs and its largest activation (float32 bytes) at `side` px,
+    without tracing it: every convolution of a stage is counted at the stage's input resolution (at most 4x
+    over for the strided ones).  For screening absurd configs; model_flops counts exactly."""
+    width = 64 * width_factor
+    pixels = (-(-side // 2)) ** 2  # the root convolution's output
+    flops, biggest = 2 * in_chans * 49 * width * pixels, width * pixels * 4
+    channels = width
+    for index, depth in enumerate(layers):
+        pixels = (-(-side // (4 * 2 ** max(index - 1, 0)))) ** 2  # this stage's input resolution
+        out = 256 * width_factor * 2**index
+        mid = out // 4
+        unit = channels * mid + 9 * mid * mid + mid * out  # conv1, conv2 (3x3), conv3 multiply-adds per pixel
+        flops += 2 * pixels * (unit + channels * out + (depth - 1) * (out * mid + 9 * mid * mid + mid * out))
+        biggest, channels = max(biggest, out * pixels * 4), out
+    return flops, biggest

@@ -11,8 +11,8 @@ import dataclasses
 
 import pytest
 
-from vitkit.bench.flops import counted_flops, model_flops, vit_flops
 from vitkit.models.configs import PRESETS, HybridConfig, ResNetConfig, ViTConfig
+from vitkit.models.flops import counted_flops, model_flops, vit_flops
 
 TINY = ViTConfig(img_size=32, patch_size=8, hidden_size=32, depth=2, num_heads=2, mlp_dim=64, num_classes=10)
 TINY_GAP_RELATIVE = dataclasses.replace(
