@@ -8,9 +8,10 @@ import re
 import time
 
 import pytest
+from PIL import Image
 
 import vitkit
-from vitkit.checkpoints import CheckpointError, limits, native, read
+from vitkit.checkpoints import CheckpointError, limits, native, read, surgery
 from vitkit.models import list_models, preset_config
 from vitkit.models.configs import ViTConfig
 from vitkit.models.flops import model_flops, vit_flops
@@ -197,3 +198,17 @@ def test_every_preset_at_twice_the_papers_resolution_is_within_the_bounds():
     huge = preset_config("bit_r50x1", img_size=16384, num_classes=10)
     with pytest.raises(CheckpointError, match="16384-px image .* 139.8 TFLOP and 34.4 GB for one activation"):
         limits.check_work(huge, "r50")
+
+
+def test_an_absurd_resolution_asked_at_run_time_is_refused_before_building(tmp_path, make_vit):
+    model = make_vit()
+    vitkit.save(model, tmp_path / "c")
+    with pytest.raises(
+        CheckpointError, match=r"the model at 16384 px: one 16384-px image .* choose a smaller resolution"
+    ):
+        surgery.change_resolution(model, 16384)
+    picture = tmp_path / "a.png"
+    Image.new("RGB", (40, 40), (9, 99, 199)).save(picture)
+    with pytest.raises(CheckpointError, match=r"--img-size 16384: one 16384-px image .* choose a smaller --img-size"):
+        vitkit.predict(tmp_path / "c", [picture], img_size=16384)
+    assert surgery.change_resolution(model, 64).config.img_size == 64  # a sane size still changes

@@ -126,7 +126,9 @@ def image_work(config: ModelConfig) -> tuple[int, int]:
     return flops, biggest
 
 
-def check_work(config: ModelConfig, source: str) -> None:
+def check_work(
+    config: ModelConfig, source: str, remedy: str = "the checkpoint's config is damaged or not a model to run"
+) -> None:
     """Refuses a model whose one image would take more than MAX_IMAGE_FLOPS or MAX_IMAGE_BYTES: a 10-kB
     checkpoint of an 8192-px ViT without position embeddings had run `predict` for hours."""
     flops, biggest = image_work(config)
@@ -135,6 +137,5 @@ def check_work(config: ModelConfig, source: str) -> None:
             f"{source}: one {image_size(config)}-px image through this model would take {flops / 1e12:,.1f} TFLOP "
             f"and {size_words(biggest)} for one activation, above vitkit's bounds of "
             f"{MAX_IMAGE_FLOPS / 1e12:.0f} TFLOP and {size_words(MAX_IMAGE_BYTES)} (several times the "
-            "largest released ViT at its largest resolution): the checkpoint's config is damaged or not a model "
-            "to run"
+            f"largest released ViT at its largest resolution): {remedy}"
         )

@@ -11,6 +11,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
+from vitkit.checkpoints import limits
 from vitkit.models import build_model
 from vitkit.models import posemb as pe
 from vitkit.models.configs import ResNetConfig, image_size, replace_vit, with_overrides
@@ -76,11 +77,14 @@ def resize_rel_pos(table: Tensor, num_tokens: int) -> Tensor:
 
 
 def change_resolution(model: nn.Module, img_size: int, method: str = "bilinear") -> nn.Module:
-    """A copy of `model` built for `img_size`, its position embeddings resampled (Sec. 3.2)."""
+    """A copy of `model` built for `img_size`, its position embeddings resampled (Sec. 3.2).  A resolution
+    whose one image would take absurd work is refused (limits.check_work) before anything is built."""
     config = model.config
     if image_size(config) == img_size:
         return model
-    new = build_model(with_overrides(config, img_size=img_size))
+    resized = with_overrides(config, img_size=img_size)
+    limits.check_work(resized, f"the model at {img_size} px", "choose a smaller resolution")
+    new = build_model(resized)
     if isinstance(config, ResNetConfig):  # a CNN has no position embeddings: only the recorded size changes
         new.load_state_dict(model.state_dict())
         return new

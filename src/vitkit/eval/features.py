@@ -14,18 +14,26 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor, nn
 
-from vitkit.checkpoints import Checkpoint
+from vitkit.checkpoints import Checkpoint, limits
 from vitkit.data.loader import eval_batches
 from vitkit.data.transforms import eval_transform
 from vitkit.device import pick_device
-from vitkit.models.configs import image_size, in_channels, num_classes
+from vitkit.models.configs import image_size, in_channels, num_classes, with_overrides
 
 log = logging.getLogger(__name__)
 
 
 def resolution(checkpoint: Checkpoint, img_size: int | None = None) -> int:
-    """Input side length: `img_size` if given (position embeddings are resampled on the fly), else the model's."""
-    return img_size or image_size(checkpoint.model.config)
+    """Input side length: `img_size` if given (position embeddings are resampled on the fly), else the model's.
+    A size whose one image would take absurd work (limits.check_work) is refused before any image is read."""
+    config = checkpoint.model.config
+    if img_size and img_size != image_size(config):
+        try:
+            resized = with_overrides(config, img_size=img_size)
+        except ValueError:  # not a whole number of patches: the model itself names the sizes it takes
+            return img_size
+        limits.check_work(resized, f"--img-size {img_size}", "choose a smaller --img-size")
+    return img_size or image_size(config)
 
 
 def channels(checkpoint: Checkpoint) -> int:
