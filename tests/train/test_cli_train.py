@@ -11,8 +11,11 @@ import pytest
 import torch
 from helpers import tiny_config
 
+import vitkit
 from vitkit.checkpoints import read
 from vitkit.cli import main
+from vitkit.models import build_model
+from vitkit.models.configs import ViTConfig
 from vitkit.train import trainer
 from vitkit.train.assemble import initial_model
 from vitkit.train.resolve import Request, resolve
@@ -156,6 +159,20 @@ def test_finetune_initialises_by_surgery(pretrained: Path, tmp_path: Path) -> No
     assert model.pos_embed.shape == (1, 1 + 8 * 8, 32) and source.pos_embed.shape == (1, 1 + 4 * 4, 32)
     assert torch.equal(model.pos_embed[0, 0], source.pos_embed[0, 0])  # [class] row kept
     assert torch.equal(model.pos_embed[0, 1], source.pos_embed[0, 1])  # corner patches map onto corners
+
+
+def test_a_head_of_the_same_shape_is_replaced_unless_it_classifies_these_classes(tmp_path: Path) -> None:
+    """Sec. 3.2: a new zero-initialised head; another data set's 4-class head had been kept for its shape."""
+    model = build_model(ViTConfig(img_size=8, patch_size=4, hidden_size=32, depth=1, num_heads=2, mlp_dim=32,
+                                  num_classes=4, in_chans=1))  # fmt: skip
+    torch.nn.init.normal_(model.head.weight)
+    vitkit.save(model, tmp_path / "c", class_names=["cat", "dog", "car", "ship"])
+    data = f"npz:{_npz(tmp_path / 'four.npz')}"
+    config = resolve(Request(data=data, init_from=str(tmp_path / "c"), out=str(tmp_path / "ft"))).config
+    assert torch.count_nonzero(initial_model(config, ["0", "1", "2", "3"]).head.weight) == 0  # other classes
+    assert torch.count_nonzero(initial_model(config).head.weight) == 0  # classes unknown
+    kept = initial_model(config, ["cat", "dog", "car", "ship"]).head.weight  # its own: a fine-tune continued
+    assert torch.equal(kept, model.head.weight)
 
 
 def test_finetune_cli_with_lr_sweep(pretrained: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -138,19 +138,24 @@ def check_classes(config: TrainConfig, train: ImageSet) -> None:
         )
 
 
-def initial_model(config: TrainConfig) -> nn.Module:
-    """Resume order steps (2) and (3): `init_from` with surgery, else a fresh model."""
+def initial_model(config: TrainConfig, class_names: list[str] | None = None) -> nn.Module:
+    """Resume order steps (2) and (3): `init_from` with surgery, else a fresh model.  The checkpoint's head is
+    kept only where it already classifies these `class_names` (a fine-tune continued on its own data); any
+    other head, one of the same shape included, is replaced by a zero-initialised D x K one (Sec. 3.2)."""
     model = build_model(config.model)
     if not config.run.init_from:
         return model
-    source = open_checkpoint(config.run.init_from).model
-    if num_classes(source.config) != num_classes(config.model) or not _same_head(source, model):
+    checkpoint = open_checkpoint(config.run.init_from)
+    source = checkpoint.model
+    keep = bool(class_names) and checkpoint.class_names == list(class_names) and _same_head(source, model)
+    if not keep:
         source = replace_head(source, num_classes(config.model))  # Sec. 3.2: zero-init D x K head
     source = change_resolution(source, image_size(config.model))  # Sec. 3.2: 2D-interpolated E_pos
     native.load_state_dict_strict(model, source.state_dict(), source=config.run.init_from)
     log.info(
-        "initialised from %s (head %d classes, %d px)",
+        "initialised from %s (%s head of %d classes, %d px)",
         config.run.init_from,
+        "its own" if keep else "a new zero-initialised",
         num_classes(config.model),
         image_size(config.model),
     )

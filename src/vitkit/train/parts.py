@@ -131,7 +131,7 @@ class RunParts:
     # ------------------------------------------------------------------------------- assembly
     def _build_model(self) -> None:
         config, info, device = self.config, self.info, self.device
-        module = initial_model(config).to(device)
+        module = initial_model(config, self.data.train.class_names if config.mpp is None else None).to(device)
         network = self.objective.network(module)  # what the optimiser trains (MPP: a wrapper around the encoder)
         self.sharded = config.run.parallel == "fsdp" and info.launched
         model = distributed.wrap(network, info, device, config.run.parallel)
