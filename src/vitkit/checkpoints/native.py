@@ -28,6 +28,7 @@ from vitkit.atomic import atomic_write, atomic_write_text
 from vitkit.checkpoints import headers, limits
 from vitkit.checkpoints.validate import (
     CheckpointError,
+    check_finite,
     check_fits,
     mapping,
     model_config,
@@ -194,6 +195,7 @@ def read_checked(
 
 
 def load_state_dict_strict(model: nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
-    """Copy `state` into `model`, naming every missing, unexpected or mis-shaped tensor on failure."""
+    """Copy `state` into `model`, naming every missing, unexpected, mis-shaped or non-finite tensor on failure."""
     check_fits(model.state_dict(), state, source)
+    check_finite(state, source)
     model.load_state_dict(state, strict=True)

@@ -150,12 +150,16 @@ def short(value: Any, limit: int = 80) -> str:
 
 
 def check_fits(expected: Mapping[str, Tensor], state: Mapping[str, Tensor], source: str) -> None:
-    """`state` has exactly the names and shapes of `expected` (a model's state dict, on the meta device or not)."""
+    """`state` has exactly the names and shapes of `expected` (a model's state dict, on the meta device or not),
+    and floating-point numbers wherever the model has them: integer, boolean or complex weights are damage."""
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     shapes = [f"{k}: file {tuple(state[k].shape)} vs model {tuple(v.shape)}"
               for k, v in expected.items() if k in state and state[k].shape != v.shape]  # fmt: skip
-    if missing or unexpected or shapes:
+    kinds = [f"{k}: file {str(state[k].dtype).removeprefix('torch.')} vs model {str(v.dtype).removeprefix('torch.')}"
+             for k, v in expected.items()
+             if k in state and v.is_floating_point() and not state[k].is_floating_point()]  # fmt: skip
+    if missing or unexpected or shapes or kinds:
         parts = []
         if missing:
             parts.append(f"missing {missing[:10]}{' ...' if len(missing) > 10 else ''}")
@@ -163,4 +167,19 @@ def check_fits(expected: Mapping[str, Tensor], state: Mapping[str, Tensor], sour
             parts.append(f"unexpected {unexpected[:10]}{' ...' if len(unexpected) > 10 else ''}")
         if shapes:
             parts.append(f"shape mismatch {shapes[:10]}")
+        if kinds:
+            parts.append(f"not floating-point numbers {kinds[:10]}")
         raise CheckpointError(f"{source} does not fit the model: " + "; ".join(parts))
+
+
+def check_finite(state: Mapping[str, Tensor], source: str) -> None:
+    """Every floating-point tensor of `state` holds finite numbers: a NaN weight makes every output NaN."""
+    bad = [
+        (k, int((~t.isfinite()).sum())) for k, t in state.items() if t.is_floating_point() and not t.isfinite().all()
+    ]
+    if bad:
+        named = ", ".join(f"{k} ({count:,})" for k, count in bad[:5]) + (" ..." if len(bad) > 5 else "")
+        raise CheckpointError(
+            f"{source} holds NaN or infinite weights in {len(bad)} tensor(s): {named}; the checkpoint is damaged "
+            "(a run's earlier checkpoint, or the original file, may be whole)"
+        )
