@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import struct
 import time
 import zipfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -236,3 +238,22 @@ def test_non_finite_weights_are_refused_naming_each_tensor(tmp_path, make_vit):
     save_file(state, str(tmp_path / "b.safetensors"))
     with pytest.raises(CheckpointError, match=r"in 1 tensor\(s\): blocks\.1\.mlp\.fc1\.bias \(2\)"):
         read(tmp_path / "b.safetensors")
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo") or not Path("/dev/zero").exists(), reason="needs /dev/zero and FIFOs")
+def test_a_device_or_fifo_is_refused_unread_as_file_or_directory_entry(tmp_path, make_vit):
+    (tmp_path / "zero.pt").symlink_to("/dev/zero")  # its size reads as 0: the memory limit had let it fill memory
+    os.mkfifo(tmp_path / "fifo.safetensors")  # reading it had hung
+    native.save(make_vit(), tmp_path / "c")
+    (tmp_path / "c" / "model.safetensors").unlink()
+    os.mkfifo(tmp_path / "c" / "model.safetensors")
+    for path in (tmp_path / "zero.pt", tmp_path / "fifo.safetensors", tmp_path / "c"):
+        named = path / "model.safetensors" if path.is_dir() else path
+        with pytest.raises(CheckpointError, match=re.escape(f"{named}: not a regular file (a device, FIFO")):
+            read(path)
+
+
+def test_a_resampled_checkpoint_records_the_resolution_it_came_from(tmp_path, make_vit):
+    native.save(make_vit(), tmp_path / "c")
+    checkpoint = read(tmp_path / "c", img_size=48)
+    assert checkpoint.provenance["resampled_from"] == 32 and checkpoint.config.img_size == 48

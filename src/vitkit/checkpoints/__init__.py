@@ -17,7 +17,7 @@ from typing import Literal
 
 from torch import nn
 
-from vitkit.checkpoints import hf, native, official, surgery, timm
+from vitkit.checkpoints import hf, native, official, surgery, timm, validate
 from vitkit.checkpoints.native import Checkpoint
 from vitkit.checkpoints.validate import CheckpointError, read_json
 from vitkit.models.configs import ModelConfig, image_size
@@ -92,6 +92,7 @@ def read(
         raise ValueError(f"pre_logits must be 'keep' or 'drop', got {pre_logits!r}")
     if resample not in ("bilinear", "bicubic"):
         raise ValueError(f"resample must be 'bilinear' or 'bicubic', got {resample!r}")
+    validate.refuse_special_files(Path(path))
     kind = detect_format(path)
     if kind == "vitkit":
         if config is not None:
@@ -102,8 +103,8 @@ def read(
         checkpoint = reader(path, config, max_bytes=max_bytes)
     checkpoint.provenance.setdefault("format", kind)
     if img_size is not None and img_size != image_size(checkpoint.config):
-        checkpoint.model = surgery.change_resolution(checkpoint.model, img_size, resample)
         checkpoint.provenance["resampled_from"] = image_size(checkpoint.config)
+        checkpoint.model = surgery.change_resolution(checkpoint.model, img_size, resample)
     if num_classes is not None or pre_logits == "drop":
         checkpoint.model = surgery.replace_head(checkpoint.model, num_classes, pre_logits)
         if num_classes is not None:

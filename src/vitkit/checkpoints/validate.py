@@ -13,6 +13,7 @@ import json
 import math
 import numbers
 import os
+import stat
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -53,6 +54,24 @@ def unreadable_now(path: Path, error: OSError, pointer: Path, before: Path | Non
         else f"remove {pointer} to start the run over"
     )
     return ValueError(f"{path} cannot be read ({error.strerror or error}): {cure}; or {other}")
+
+
+def refuse_special_files(path: Path) -> None:
+    """A checkpoint file, and each entry of a checkpoint directory, must be a regular file (or a directory):
+    a link to /dev/zero passed the size limit (a device's size is 0) and filled memory; a FIFO hung the read."""
+    entries = [path]
+    if path.is_dir():
+        try:
+            entries = sorted(path.iterdir())
+        except OSError:
+            return  # the reader names what it cannot read
+    for entry in entries:
+        try:
+            mode = entry.stat().st_mode
+        except OSError:
+            continue  # missing, or a dangling link: the reader names it
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            raise CheckpointError(f"{entry}: not a regular file (a device, FIFO or socket is no checkpoint)")
 
 
 def read_json(path: str | os.PathLike) -> dict[str, Any]:
