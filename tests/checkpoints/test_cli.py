@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import vitkit
-from vitkit.checkpoints import read
+from vitkit.checkpoints import onnx_export, read
 from vitkit.cli import main
 
 
@@ -55,6 +55,17 @@ def test_export_onnx(tmp_path, make_vit, capsys):
     assert main(["export-onnx", str(tmp_path / "src"), str(tmp_path / "m.onnx"), "--json"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["opset"] == 17 and result["max_abs_diff"] <= 1e-4
+
+
+def test_export_onnx_fails_where_onnxruntime_disagrees(tmp_path, make_vit, capsys, monkeypatch):
+    pytest.importorskip("onnxruntime")
+    vitkit.save(make_vit(), tmp_path / "src")
+    monkeypatch.setattr(onnx_export, "check_onnx", lambda model, path: float("nan"))  # as an unfaithful export
+    assert main(["export-onnx", str(tmp_path / "src"), str(tmp_path / "m.onnx")]) == 2
+    err = capsys.readouterr().err
+    assert "differ from PyTorch's by up to nan, above the tolerance of 0.001" in err and "m.onnx" in err
+    monkeypatch.setattr(onnx_export, "check_onnx", lambda model, path: 0.0009)
+    assert main(["export-onnx", str(tmp_path / "src"), str(tmp_path / "m.onnx"), "--force"]) == 0
 
 
 def test_convert_refuses_a_model_above_max_model_gb(tmp_path, make_vit, capsys):

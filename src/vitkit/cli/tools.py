@@ -142,6 +142,9 @@ def add_export_onnx(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=run_export_onnx)
 
 
+ONNX_TOLERANCE = 1e-3  # max |logits| difference of a faithful float32 export (typical: 1e-6 to 1e-5)
+
+
 def run_export_onnx(args: argparse.Namespace) -> int:
     from vitkit.atomic import remove_torn_beside
     from vitkit.checkpoints.onnx_export import check_onnx, export_onnx, onnxruntime_available
@@ -156,6 +159,11 @@ def run_export_onnx(args: argparse.Namespace) -> int:
     checkpoint = _read_checkpoint(args)
     out = export_onnx(checkpoint.model, args.out, opset=args.opset)
     diff = check_onnx(checkpoint.model, out) if onnxruntime_available() else None
+    if diff is not None and not diff <= ONNX_TOLERANCE:  # NaN too
+        raise ValueError(
+            f"wrote {out}, but onnxruntime's logits differ from PyTorch's by up to {diff:.3g}, above the "
+            f"tolerance of {ONNX_TOLERANCE:g}: the export is not faithful to the model (the file is kept to inspect)"
+        )
     check = (
         f"onnxruntime vs PyTorch max |diff| = {diff:.3g}"
         if diff is not None
