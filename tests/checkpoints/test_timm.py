@@ -226,3 +226,16 @@ def test_a_pre_logits_layer_timm_has_no_place_for_is_warned(tmp_path, make_vit, 
     with caplog.at_level("WARNING", logger="vitkit"):
         write(Checkpoint(model=make_vit(gelu="exact", representation_size=16)), tmp_path / "t", to="timm")
     assert "pre-logits layer" in caplog.text and "timm >= 0.9" in caplog.text
+
+
+def test_a_hub_directory_of_pytorch_model_bin_and_model_args_alone_is_read(tmp_path, timm_vit, images):
+    """timm's save_for_hf layout with a torch file (older hub repos), and a config.json of model_args only."""
+    reference = _randomise(timm_vit(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=5))
+    directory = _timm_dir(tmp_path, reference, 2)
+    (directory / "model.safetensors").unlink()
+    torch.save(reference.state_dict(), directory / "pytorch_model.bin")
+    (directory / "config.json").write_text(json.dumps({"model_args": {"num_heads": 2}}))
+    checkpoint = read(directory)
+    assert checkpoint.config.num_heads == 2 and checkpoint.provenance["source"].endswith("pytorch_model.bin")
+    with torch.no_grad():
+        assert (checkpoint.model(images) - reference(images)).abs().max() <= 1e-5

@@ -45,7 +45,8 @@ def detect_format(path: str | os.PathLike) -> Format:
         found = sorted(p.name for p in path.iterdir())[:8]
         raise CheckpointError(
             f"{path} is not a checkpoint directory vitkit knows: expected vitkit's config.json + model.safetensors, "
-            f"an HF ViT directory (config.json with model_type 'vit') or a timm one (config.json with 'architecture'); "
+            "an HF ViT directory (config.json with model_type 'vit') or a timm one (config.json with 'architecture' "
+            "or 'model_args', beside model.safetensors or pytorch_model.bin); "
             f"found {found}"
         )
     if official.looks_official(path):

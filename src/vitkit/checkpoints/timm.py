@@ -61,7 +61,7 @@ KEY_MAP: dict[str, tuple[str, str]] = {  # timm key -> (vitkit key, layout)
     "head.weight": ("head.weight", "copy"),
     "head.bias": ("head.bias", "copy"),
 }
-WEIGHTS, CONFIG = "model.safetensors", "config.json"
+WEIGHTS, TORCH_WEIGHTS, CONFIG = "model.safetensors", "pytorch_model.bin", "config.json"  # a hub directory's files
 UNSUPPORTED = {  # key fragment -> the timm feature it belongs to
     "fc_norm.": "fc_norm (LayerNorm after average pooling; vitkit's 'gap' normalises before pooling)",
     "reg_token": "register tokens",
@@ -133,11 +133,15 @@ def guess_num_heads(hidden: int, source: str) -> int:
     """Heads are not in a fused-qkv state dict: Table 1 sizes, else head_dim 64, said in a warning."""
     table = next((v[3] for v in VIT_SIZES.values() if v[0] == hidden), None)
     if table is None and (hidden % 64 or not 0 < hidden <= MAX_WIDTH):
-        raise ValueError(f"cannot infer num_heads for hidden size {hidden}: pass a config")
+        raise ValueError(
+            f"cannot infer num_heads for hidden size {hidden}: put the file in a directory as {WEIGHTS} (or "
+            f'{TORCH_WEIGHTS}) beside a {CONFIG} holding {{"model_args": {{"num_heads": H}}}}, and give the directory'
+        )
     heads = table or hidden // 64
     log.warning(
         "%s: num_heads is not recorded; assuming %d (%s for width %d). A model with another head count gives "
-        "wrong logits: give it as model_args.num_heads in a config.json beside model.safetensors",
+        "wrong logits: put the file in a directory, beside a config.json holding model_args.num_heads, and give "
+        "the directory",
         source, heads, "Table 1's" if table else "head_dim 64", hidden,
     )  # fmt: skip
     return heads
@@ -177,7 +181,7 @@ def to_vitkit(path: str | os.PathLike, config: ViTConfig | None = None, max_byte
     meta: dict[str, Any] = {}
     if path.is_dir():
         meta = read_json(path / CONFIG)
-        path = path / WEIGHTS
+        path = weights_file(path)
     source, where = str(path), f"{path.parent / CONFIG}"
     args = mapping(meta.get("model_args"), f"{where}: model_args")
     with naming(where, {"num_heads": "model_args.num_heads"}):
@@ -295,9 +299,17 @@ def write(checkpoint: Checkpoint, directory: str | os.PathLike) -> Path:
 
 
 def looks_timm(path: Path) -> bool:
+    """A timm state-dict file, or a hub directory: config.json with "architecture" or "model_args" (timm's own
+    `save_for_hf` writes both) beside model.safetensors or pytorch_model.bin."""
     if path.is_dir():
         try:
-            return "architecture" in read_json(path / CONFIG) and (path / WEIGHTS).is_file()
+            meta = read_json(path / CONFIG)
         except CheckpointError:
             return False
+        return ("architecture" in meta or "model_args" in meta) and weights_file(path).is_file()
     return path.suffix in (".safetensors", ".pth", ".pt", ".bin")
+
+
+def weights_file(directory: Path) -> Path:
+    """The weights of a timm hub directory: model.safetensors where it has one, else pytorch_model.bin."""
+    return directory / WEIGHTS if (directory / WEIGHTS).is_file() else directory / TORCH_WEIGHTS
