@@ -257,3 +257,10 @@ def test_a_resampled_checkpoint_records_the_resolution_it_came_from(tmp_path, ma
     native.save(make_vit(), tmp_path / "c")
     checkpoint = read(tmp_path / "c", img_size=48)
     assert checkpoint.provenance["resampled_from"] == 32 and checkpoint.config.img_size == 48
+
+
+def test_a_safetensors_file_named_as_a_torch_file_is_read_as_what_it_is(tmp_path, make_vit):
+    state = timm_state(make_vit)
+    save_file(state, str(tmp_path / "weights.pt"))  # had been refused as a pickle that "could run code"
+    read_back = read(tmp_path / "weights.pt").model.state_dict()
+    assert torch.equal(read_back["head.weight"], state["head.weight"])

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import lzma
 import math
+import os
 import struct
 import tokenize
 import zipfile
@@ -48,6 +49,17 @@ def meta_tensor(shape: Any, dtype: torch.dtype, where: str) -> Tensor:
 
 
 # ---- safetensors ------------------------------------------------------------------------------------------
+
+
+def looks_safetensors(path: str | Path) -> bool:
+    """Whether the file begins as safetensors does: a little-endian header length within the file, then "{"."""
+    try:
+        with open(path, "rb") as handle:
+            prefix = handle.read(9)
+            size = os.fstat(handle.fileno()).st_size
+    except OSError:
+        return False
+    return len(prefix) == 9 and prefix[8:] == b"{" and int.from_bytes(prefix[:8], "little") <= size - 8
 
 
 def safetensors_header(path: str | Path) -> dict[str, Tensor]:
