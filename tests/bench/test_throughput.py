@@ -152,6 +152,7 @@ def test_cli_bench_table_and_bad_input(capsys: pytest.CaptureFixture[str]) -> No
     assert main(argv) == 0
     table = capsys.readouterr().out
     assert "inference" in table and "MFU" in table and "training" not in table.splitlines()[-1]
+    assert "\\n" not in table and len(table.splitlines()) == 4  # heading, sizes, columns, the mode: real lines
     assert main(argv + ["--set", "no_such_field=3"]) == 2  # unknown field: one clear line, status 2
     assert "no_such_field" in capsys.readouterr().err
     assert main(argv[:-4] + ["--set", "depth"]) == 2

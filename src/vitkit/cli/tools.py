@@ -253,4 +253,4 @@ def run_bench(args: argparse.Namespace) -> int:
         overrides=_bench_overrides(args.model, args.set),
     )
     result = run_benchmark(config)
-    return emit(args, result, [format_table(result)])
+    return emit(args, result, format_table(result).splitlines())
