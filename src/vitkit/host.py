@@ -13,6 +13,7 @@ import functools
 import logging
 import os
 import platform
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -179,3 +180,21 @@ def available_memory() -> int:
     except (OSError, ValueError):
         pass
     return free
+
+
+def use_compile_cache(device: torch.device) -> str:
+    """Point inductor's cache at a directory of this host class (unless the user chose one); returns it.  Every
+    torch.compile of vitkit's runs under it: with torch 2.13, kernels cached under ATEN_CPU_CAPABILITY=avx2
+    corrupt the heap of an AVX-512 process that loads them (`bench --compile` had aborted in malloc)."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if chosen and os.path.abspath(chosen) != os.path.abspath(default_cache_dir()):
+        return chosen
+    host = current(device)
+    name = re.sub(
+        r"[^A-Za-z0-9_.-]+", "-", f"vitkit-{host.isa}-{'bf16' if host.native_bf16 else 'nobf16'}-{host.torch}"
+    )
+    path = os.path.join(default_cache_dir(), name)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = path
+    return path

@@ -9,12 +9,14 @@ from __future__ import annotations
 import json
 import math
 import mmap
+import os
 import statistics
 
 import pytest
 import torch
 
 import vitkit.device
+import vitkit.host
 from vitkit.bench import throughput as tp
 from vitkit.cli import main
 from vitkit.models import preset_config
@@ -230,3 +232,19 @@ def test_cuda_benchmark_fields_are_consistent() -> None:  # pragma: no cover - o
     _check_mode(result, "training", 3 * forward, 4, result["peak_flops"])
     assert result["training"]["memory_kind"] == "cuda max_memory_allocated"
     assert result["training"]["peak_memory_bytes"] > 0
+
+
+def test_bench_compiles_under_this_host_class_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kernels cached by another host class abort this one in malloc: bench had compiled under the shared cache."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    seen = []
+    monkeypatch.setattr(
+        tp.torch, "compile", lambda model, **kw: seen.append(os.environ.get("TORCHINDUCTOR_CACHE_DIR")) or model
+    )
+    config = tp.BenchConfig(img_size=32, num_classes=10, batch_size=2, warmup=0, steps=1, repeats=1, peak_tflops=1.0,
+                            device="cpu", modes=("inference",), compile=True, overrides=TINY)  # fmt: skip
+    tp.run_benchmark(config)
+    host = vitkit.host.current()
+    assert seen and seen[0].startswith(default_cache_dir()) and f"vitkit-{host.isa}-" in seen[0]

@@ -13,6 +13,7 @@ import torch
 from helpers import tiny_config
 from safetensors.torch import load_file
 
+from vitkit import host as hosts
 from vitkit.models import build_model
 from vitkit.models.configs import ViTConfig
 from vitkit.train import compiled, trainer
@@ -131,7 +132,7 @@ def test_inductors_cache_is_kept_per_host_class(monkeypatch) -> None:
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
-    path = compiled.use_host_cache(torch.device("cpu"))
+    path = hosts.use_compile_cache(torch.device("cpu"))
     host = compiled.hosts.current()
     assert path.startswith(default_cache_dir()) and host.isa in path and torch.__version__.split("+")[0] in path
     assert ("nobf16" in path) is (not host.native_bf16) and os.environ["TORCHINDUCTOR_CACHE_DIR"] == path
@@ -140,10 +141,10 @@ def test_inductors_cache_is_kept_per_host_class(monkeypatch) -> None:
         compiled.hosts, "current", lambda device=None: dataclasses.replace(host, isa=other_isa, native_bf16=False)
     )
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())  # torch writes its default back: still ours
-    other = compiled.use_host_cache(torch.device("cpu"))
+    other = hosts.use_compile_cache(torch.device("cpu"))
     assert other != path and other.endswith(f"vitkit-{other_isa}-nobf16-" + torch.__version__.replace("+", "-"))
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/tmp/my-cache")  # the user's choice stands
-    assert compiled.use_host_cache(torch.device("cpu")) == "/tmp/my-cache"
+    assert hosts.use_compile_cache(torch.device("cpu")) == "/tmp/my-cache"
 
 
 def test_a_short_run_decides_not_to_compile_and_says_why(tmp_path: Path) -> None:

@@ -269,6 +269,8 @@ def _run_benchmark(config: BenchConfig) -> dict[str, Any]:
     else:
         peak = measure_peak_flops(device, precision, config.peak_matmul_size)
         peak_source = f"measured ({precision} matmul)"
+    if config.compile:
+        hosts.use_compile_cache(device)  # kernels of another host class crash this one
     runner = torch.compile(model) if config.compile else model
     gen = torch.Generator(device="cpu").manual_seed(config.seed)
     size, chans = image_size(model_config), in_channels(model_config)

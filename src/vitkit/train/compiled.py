@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -93,27 +92,11 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 60:.1f} min" if seconds >= 90 else f"{seconds:.0f} s"
 
 
-def use_host_cache(device: torch.device) -> str:
-    """Point inductor's cache at a directory of this host class (unless the user chose one); returns it."""
-    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-
-    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if chosen and os.path.abspath(chosen) != os.path.abspath(default_cache_dir()):
-        return chosen
-    host = hosts.current(device)
-    name = re.sub(
-        r"[^A-Za-z0-9_.-]+", "-", f"vitkit-{host.isa}-{'bf16' if host.native_bf16 else 'nobf16'}-{host.torch}"
-    )
-    path = os.path.join(default_cache_dir(), name)
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = path
-    return path
-
-
 def graph_seconds(device: torch.device) -> tuple[float, str]:
     """Seconds compiling one training graph costs here, and where the figure comes from: the slowest compile
     measured on this host class (kept in its cache dir), else COMPILE_SECONDS."""
     try:
-        measured = float(json.loads(Path(use_host_cache(device), MEASURED_FILE).read_text())["per_graph_s"])
+        measured = float(json.loads(Path(hosts.use_compile_cache(device), MEASURED_FILE).read_text())["per_graph_s"])
     except (OSError, ValueError, KeyError, TypeError):
         return COMPILE_SECONDS, "estimated"
     if not 0 < measured < 86_400:
@@ -126,14 +109,16 @@ def remember_graph_seconds(device: torch.device, per_graph_s: float) -> None:
     known, where = graph_seconds(device)
     slowest = per_graph_s if where == "estimated" else max(per_graph_s, known)
     try:
-        atomic_write_text(Path(use_host_cache(device), MEASURED_FILE), json.dumps({"per_graph_s": round(slowest, 1)}))
+        atomic_write_text(
+            Path(hosts.use_compile_cache(device), MEASURED_FILE), json.dumps({"per_graph_s": round(slowest, 1)})
+        )
     except OSError as err:
         log.debug("could not keep the compile time (%s)", err)
 
 
 def compile_for_training(model: nn.Module, device: torch.device) -> nn.Module:
     """`torch.compile(model)` with static shapes (one graph per phase), its cache kept per host class."""
-    use_host_cache(device)
+    hosts.use_compile_cache(device)
     return torch.compile(model, dynamic=False)
 
 
