@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from vitkit import host as hosts
-from vitkit.device import PrecisionChoice, autocast, choose_precision, time_pass
+from vitkit.device import PrecisionChoice, autocast, choose_precision, native_bf16, time_pass
 from vitkit.models.configs import HybridConfig, ModelConfig, ViTConfig, image_size, in_channels
 from vitkit.models.flops import model_flops
 from vitkit.train import compiled, distributed
@@ -100,12 +100,20 @@ def choose(
             budget_s=budget_s,
             graph_s=compiled.graph_seconds(device),
         )
-    if stored_precision in ("fp32", "bf16") and config.run.precision == "auto":
+    auto = config.run.precision == "auto"
+    moved = stored_precision == "bf16" and not native_bf16(device)  # resumed on a host that emulates bf16
+    if stored_precision in ("fp32", "bf16") and auto and not moved:
         precision = PrecisionChoice(stored_precision, "auto: as this run's first invocation chose")
     else:
         shape = matmul_shape(config.model, micro_batch)
         measure = (lambda dtype: matmul_seconds(*shape, device, dtype)) if on and shape else eager
         precision = choose_precision(config.run.precision, device, measure)
+        if moved and auto:
+            precision = dataclasses.replace(
+                precision,
+                reason=f"{precision.reason}; its earlier invocations trained in bf16, on a host with "
+                "native bf16 (the run goes on in fp32, not bit-identical to an uninterrupted one)",
+            )
     return agreed(
         HostChoices(
             host=hosts.current(device).describe(),
