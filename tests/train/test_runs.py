@@ -329,6 +329,8 @@ def test_a_run_config_that_is_no_json_object_is_named_damaged(tmp_path: Path, ca
         json.dumps({**stored, "augment": [1, 2]}): "is not a JSON object of field groups",
         json.dumps({**stored, "data": {**stored["data"], "batch_size": "128"}}): "holds a value of the wrong type",
         json.dumps({**stored, "optim": {**stored["optim"], "lr": float("nan")}}): "optim.lr is nan, not a finite",
+        json.dumps({**stored, "data": {**stored["data"], "batch_size": 10**15}}): "batch_size of 1,000,000,000,000,000 "
+        "is larger than the 1,438 training images of digits",  # had asked for petabytes
     }
     for text, words in damaged.items():
         (run / "config.json").write_text(text)

@@ -9,6 +9,7 @@ import torch
 
 from vitkit.data.sources import SourceInfo
 from vitkit.models import build_model
+from vitkit.train.assemble import LARGEST_RECIPE_BATCH
 from vitkit.train.budget import Budget
 from vitkit.train.optim import build_optimizer, is_kernel, param_groups
 from vitkit.train.recipes import PAPER_LR_GRID, RECIPES, get_recipe
@@ -112,6 +113,7 @@ def test_every_recipe_is_complete_and_has_a_tiny_variant() -> None:
     for name in RECIPES:
         config = get_recipe(name, INFO)
         assert config.recipe == name and config.model.num_classes == 10
+        assert config.data.batch_size <= LARGEST_RECIPE_BATCH  # a larger one is taken for a hand-edited config
         if not name.endswith("-tiny"):
             assert f"{name}-tiny" in RECIPES
             assert "Command:" in RECIPES[name].__doc__ and "Expected:" in RECIPES[name].__doc__

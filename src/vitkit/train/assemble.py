@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -135,6 +136,23 @@ def check_classes(config: TrainConfig, train: ImageSet) -> None:
         raise ValueError(
             f"{config.data.uri} has {train.num_classes} classes but the model head has "
             f"{num_classes(config.model)} (set model.num_classes={train.num_classes})"
+        )
+
+
+LARGEST_RECIPE_BATCH = 4096  # the paper's pre-training batch: no recipe's is larger
+
+
+def check_batch(config: TrainConfig, num_train: int) -> None:
+    """A batch above both the training images and any recipe's is refused before anything is sized by it: a
+    hand-edited run config's batch of 1e15 had asked for petabytes.  (`resolve` refuses a batch set by flag
+    above the training images alone; a recipe's own may exceed a small set.)"""
+    batch = config.data.batch_size
+    if batch > max(num_train, LARGEST_RECIPE_BATCH):
+        raise ValueError(
+            f"data.batch_size of {batch:,} is larger than the {num_train:,} training images of {config.data.uri} "
+            f"and than any recipe's batch ({LARGEST_RECIPE_BATCH:,}): one step would be {batch / num_train:,.1f} "
+            f"epochs; set it to {num_train:,} or less (in {Path(config.run.out) / 'config.json'}, for a run resumed "
+            "from its own config)"
         )
 
 

@@ -19,7 +19,15 @@ from vitkit.data.stream import ShardBatches, ShardSet
 from vitkit.models.configs import in_channels
 from vitkit.runs import RunDir
 from vitkit.train import choices, compiled, distributed
-from vitkit.train.assemble import IndexBatches, Splits, check_classes, initial_model, load_splits, source_images
+from vitkit.train.assemble import (
+    IndexBatches,
+    Splits,
+    check_batch,
+    check_classes,
+    initial_model,
+    load_splits,
+    source_images,
+)
 from vitkit.train.checkpointer import Checkpointer
 from vitkit.train.config import TrainConfig, from_dict, to_dict
 from vitkit.train.ema import ModelEMA
@@ -91,6 +99,7 @@ class RunParts:
             self.data = dataclasses.replace(self.data, test=None, evals={})
         check_classes(config, self.data.train)
         self.num_train, self.micro = len(self.data.train), micro_batch_size(config, info.world)
+        check_batch(config, self.num_train)
         self.length = total_steps(config, self.num_train)  # None: the time budget alone decides
         self.objective = build_objective(config, self.data.train.num_classes, in_channels(config.model))
         self.skipped_before = self.skipped_total = 0  # batches' corrupt samples of earlier invocations / in all
