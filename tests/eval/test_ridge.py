@@ -93,3 +93,11 @@ def test_ridge_path_reuses_one_decomposition_for_every_lambda() -> None:
     path = ridge_path(x, y)
     for l2 in (0.5, 8.0):
         torch.testing.assert_close(path.weights(l2)[0], ridge_path(x, y).weights(l2)[0])
+
+
+def test_the_draws_of_the_shots_are_bounded() -> None:
+    """--seeds 10**12 had listed that many draws and filled 24 GB before the kernel killed it."""
+    assert FewShotConfig(seeds=1000).seeds == 1000
+    for seeds in (0, 1001, 10**12):
+        with pytest.raises(ValueError, match="need 1 <= seeds <= 1,000"):
+            FewShotConfig(seeds=seeds)

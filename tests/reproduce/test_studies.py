@@ -152,7 +152,9 @@ def test_cli_reproduce_json_reuse_and_bad_requests(
     assert main(args[:4] + ["--budget-minutes", "2"] + args[6:]) == 2
     assert "planned with budget_minutes=0.5" in capsys.readouterr().err
     assert main(["reproduce", "head", "--seeds", "0", "--out", str(tmp_path / "x")]) == 2
-    assert "--seeds must be >= 1" in capsys.readouterr().err
+    assert "--seeds must be from 1 to 100, got 0" in capsys.readouterr().err
+    assert main(["reproduce", "head", "--seeds", str(10**12), "--out", str(tmp_path / "x")]) == 2  # had run on
+    assert "--seeds must be from 1 to 100, got 1000000000000" in capsys.readouterr().err
 
 
 def test_an_arm_finished_with_another_config_is_refused(tmp_path: Path) -> None:

@@ -54,6 +54,7 @@ def test_overrides_parse_each_type() -> None:
         ("optim.lr=nan", "expected a finite number"),
         ("run.max_minutes=inf", "expected a finite number"),
         ("run.checkpoint_minutes=-1", r"checkpoint_minutes must be >= 0 \(0: off\)"),
+        ("data.workers=100000", r"0 <= workers <= 256"),  # had passed, to fork as many processes
     ],
 )
 def test_bad_overrides_are_clear_errors(item: str, message: str) -> None:

@@ -29,6 +29,8 @@ from vitkit.eval.ridge import l2_grid, pm1_targets, ridge_path
 
 log = logging.getLogger(__name__)
 
+MAX_SEEDS = 1000  # draws of the shots; 10**12 had listed that many draws and filled 24 GB
+
 
 @dataclass(frozen=True, kw_only=True)
 class FewShotConfig:
@@ -49,8 +51,8 @@ class FewShotConfig:
     def __post_init__(self) -> None:
         if not self.shots or min(self.shots) < 1:
             raise ValueError(f"shots must be positive integers, got {self.shots}")
-        if self.seeds < 1 or self.folds < 2 or self.batch_size < 1:
-            raise ValueError("seeds and batch_size must be >= 1, folds >= 2")
+        if not 1 <= self.seeds <= MAX_SEEDS or self.folds < 2 or self.batch_size < 1:
+            raise ValueError(f"need 1 <= seeds <= {MAX_SEEDS:,}, batch_size >= 1 and folds >= 2")
         if not self.l2_exponents:
             raise ValueError("l2_exponents must not be empty")
 

@@ -19,6 +19,8 @@ from vitkit.reproduce.scale import Scale
 from vitkit.reproduce.verdict import Verdict
 from vitkit.train.config import TrainConfig
 
+MAX_STUDY_SEEDS = 100  # repeats of every arm: beyond any study's budget
+
 
 @dataclass(frozen=True, kw_only=True)
 class StudyRequest:
@@ -38,8 +40,8 @@ class StudyRequest:
     def __post_init__(self) -> None:
         if self.budget_minutes <= 0:
             raise ValueError(f"--budget-minutes must be > 0, got {self.budget_minutes}")
-        if self.seeds < 1:
-            raise ValueError(f"--seeds must be >= 1, got {self.seeds}")
+        if not 1 <= self.seeds <= MAX_STUDY_SEEDS:  # 10**12 had listed that many arms, silently, for minutes
+            raise ValueError(f"--seeds must be from 1 to {MAX_STUDY_SEEDS}, got {self.seeds}")
         if not self.out:
             raise ValueError("the study needs an output directory (--out DIR)")
         if self.threads < 0:

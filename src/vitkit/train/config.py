@@ -31,6 +31,7 @@ Compile = Literal["auto", "on", "off"]
 MAX_EPOCHS = 1e6  # beyond any run; 1e300 planned a 300-digit step count
 MAX_STEPS = 10**9  # beyond any run; 1e20 planned a warm-up that never ended
 MAX_MINUTES = 1e6  # about two years; 1e308 overflowed the plan
+MAX_WORKERS = 256  # DataLoader processes; 100,000 passed and would have forked as many
 MAX_SEED = 2**32 - 1  # seeds are multiplied (by up to 1,000,003) into torch's signed 64 bits
 
 
@@ -80,9 +81,10 @@ class DataConfig:
             )
         if not all(v > 0 for v in self.std):
             raise ValueError(f"data.std must be > 0 (pixels are divided by it), got {self.std}")
-        if self.epochs > MAX_EPOCHS or self.workers < 0 or self.max_in_memory_mb < 0:
+        if self.epochs > MAX_EPOCHS or not 0 <= self.workers <= MAX_WORKERS or self.max_in_memory_mb < 0:
             raise ValueError(
-                f"need epochs <= {MAX_EPOCHS:g}, workers >= 0 and max_in_memory_mb >= 0; got {self.epochs:g}, "
+                f"need epochs <= {MAX_EPOCHS:g}, 0 <= workers <= {MAX_WORKERS} and max_in_memory_mb >= 0; got "
+                f"{self.epochs:g}, "
                 f"{self.workers}, {self.max_in_memory_mb}"
             )
 
