@@ -506,3 +506,14 @@ def test_a_storage_error_on_the_newest_step_s_config_stops_the_resume(tmp_path: 
     with pytest.raises(ValueError, match=r"step_0000006 cannot be read \(Input/output error\): a storage error"):
         trainer.train(config)
     assert os.stat(newest / "model.safetensors").st_ino == before  # not written again
+
+
+def test_a_finished_run_made_longer_in_its_config_trains_to_its_new_length(tmp_path: Path) -> None:
+    """It had planned "the remaining 2 of 4 steps", taken none, and reported finished at 2/4."""
+    run = tmp_path / "run"
+    assert trainer.train(tiny_config(run, "data.steps=2"))["step"] == 2
+    stored = json.loads((run / "config.json").read_text())
+    stored["data"]["steps"] = 4
+    (run / "config.json").write_text(json.dumps(stored))
+    result = trainer.train(tiny_config(run, "data.steps=2"))
+    assert (result["status"], result["step"], result["steps"]) == ("finished", 4, 4)

@@ -242,6 +242,8 @@ class RunParts:
                 log.warning("no checkpoint in %s: starting from step 0", self.run.path)
             return
         self.resumed = True
+        if self.state.ended and self.length is not None and self.state.step < self.length:  # made longer by hand
+            self.state.ended = False  # it had reported "finished" at 90/180 steps without a step
         log.info("resuming %s at step %d", resumed, self.state.step)
 
     def _resume_rng(self, stored: list[dict[str, torch.Tensor]] | None) -> None:
