@@ -57,6 +57,16 @@ def test_a_budget_alone_runs_until_the_time_is_spent(tmp_path: Path, monkeypatch
     assert lrs[-1] == pytest.approx(0.1 * result["plan"]["lr"])  # ended at the schedule's end value
 
 
+def test_a_fitted_run_records_its_last_steps_and_only_on_its_cadence(tmp_path: Path, monkeypatch) -> None:
+    """The last steps after the last multiple of log_every had been in no record, and a record fell off the
+    cadence where the warm-up's estimate of the length had been."""
+    monkeypatch.setattr(trainer, "time", FakeTime())
+    run = tmp_path / "run"
+    result = trainer.train(tiny_config(run, "data.steps=0", "data.epochs=0", "run.max_minutes=0.05", "run.log_every=4"))
+    steps = [r["step"] for r in _records(run) if r["split"] == "train"]
+    assert steps[-1] == result["step"] > 8 and all(step % 4 == 0 for step in steps[:-1])
+
+
 def test_cut_budget_keeps_the_old_guillotine(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(trainer, "time", FakeTime())
     run = tmp_path / "run"

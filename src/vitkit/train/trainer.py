@@ -240,7 +240,7 @@ class Trainer(RunParts):
                 self.guard.observe(state.step, out["skipped"])
                 records.add(out)
                 bar.update(1)
-                at_log = state.step % config.run.log_every == 0 or state.step == plan.steps
+                at_log = state.step % config.run.log_every == 0 or state.ended  # a fitted run: its estimate moves
                 agree = at_log or self.checkpointer.due(state.step)
                 if not self.deferred or agree:
                     self.guard.flush()
