@@ -230,3 +230,22 @@ def test_an_error_raised_again_from_a_dataloader_worker_is_its_own_line(monkeypa
     assert main(["models"]) == 2
     err = capsys.readouterr().err
     assert err == "vitkit models: error: a.tar: the files of sample 'k' are not adjacent\n"
+
+
+def test_a_torchrun_peer_that_ended_is_one_line_naming_the_resume(monkeypatch, capsys) -> None:
+    """Rank 0 printed a whole traceback ending in gloo's "Connection reset by peer" when rank 1 was killed."""
+    import vitkit.cli.tools as tools
+
+    def fail():
+        raise RuntimeError("[gloo/transport/tcp/pair.cc:534] Read error [127.0.0.1]:62511: Connection reset by peer")
+
+    monkeypatch.setattr(tools, "_list_models", fail)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert main(["models"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("vitkit models: error (process 0 of 2): another process of this torchrun job ended")
+    assert "re-run the same command to resume it" in err and "Traceback" not in err
+    monkeypatch.setenv("WORLD_SIZE", "1")  # alone, the same words are no peer's: not explained away
+    with pytest.raises(RuntimeError, match="Connection reset by peer"):
+        main(["models"])

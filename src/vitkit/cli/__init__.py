@@ -95,7 +95,7 @@ def main(argv: Sequence[str] | None = None, *, since_process_start: bool = False
         print(f"vitkit {args.verb}: interrupted{by}", file=sys.stderr)
         return 143 if by else 130
     except Exception as err:
-        problem = _out_of_resources(err)
+        problem = _known_failure(err)
         if problem is None:
             raise
         print(f"vitkit {args.verb}: error{_process()}: {problem}", file=sys.stderr)
@@ -153,11 +153,13 @@ STORAGE = {  # errors of the storage itself, which a user fixes there: named, no
     errno.EIO: "the storage reported an I/O error: check the disk or network file system, then re-run",
 }
 MEMORY_WORDS = ("can't allocate memory", "not enough memory", "out of memory")
+PEER_GONE = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")  # gloo's, a peer killed
 
 
-def _out_of_resources(err: Exception) -> str | None:
-    """The line for a run out of memory or disk space (a user can fix either), or None for any other error.
-    A full disk is named as the error's own text says it (safetensors raises its own class)."""
+def _known_failure(err: Exception) -> str | None:
+    """The line for a run out of memory or disk space (a user can fix either), or one whose torchrun peer ended,
+    or None for any other error.  A full disk is named as the error's own text says it (safetensors raises its
+    own class)."""
     text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
     if (isinstance(err, OSError) and err.errno in NO_SPACE) or "No space left on device" in str(err):
         if any(word in str(err) for word in ("/dev/shm", "shared memory", "/torch_")):
@@ -177,6 +179,11 @@ def _out_of_resources(err: Exception) -> str | None:
         return f"out of memory ({text[:300]}); lower --batch-size or --img-size, or use a smaller model"
     if isinstance(err, OSError) and err.errno in STORAGE:
         return f"{_sentence(err)} ({STORAGE[err.errno]})"
+    if _process() and isinstance(err, RuntimeError) and any(word in str(err) for word in PEER_GONE):
+        return (
+            f"another process of this torchrun job ended ({text[:200]}); the run's last checkpoint is kept: "
+            "re-run the same command to resume it"
+        )
     return None
 
 
