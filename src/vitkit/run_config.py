@@ -66,9 +66,13 @@ def reconcile(
         if group in requested and name in requested[group]:
             merged.setdefault(group, {})[name] = requested[group][name]
     bounded = _budget_is_length(stored) or stored.get("recipe") in length_bounds_budget
+    asked = _spelt_as_stored(json.loads(json.dumps(requested)), merged)
     if bounded and not merged["run"].get("max_minutes"):  # its budget is (or caps) its length
         merged["run"]["max_minutes"] = stored["run"]["max_minutes"]
-    changed = sorted(_diff(merged, _spelt_as_stored(json.loads(json.dumps(requested)), merged)))
+        asked.setdefault("run", {})["max_minutes"] = stored["run"]["max_minutes"]  # kept as documented: no change
+        if _budget_is_length(stored):  # nor the recipe's epochs a request without the budget comes with
+            asked.setdefault("data", {}).update({k: stored["data"].get(k) for k in ("epochs", "steps")})
+    changed = sorted(_diff(merged, asked))
     foreign = [key for key in changed if key in FOREIGN or key.startswith("model.")]
     if foreign:
         raise ValueError(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -214,6 +215,31 @@ def test_a_pretraining_run_re_run_without_its_budget_keeps_it(tmp_path: Path) ->
         planned = dataclasses.replace(planned, recipe=recipe)
         trainer.train(planned)  # a checkpoint to resume from, and the stored config
         assert reconcile(unbudgeted(planned)).run.max_minutes == kept, recipe
+
+
+def test_a_run_whose_length_is_its_budget_re_run_without_it_warns_of_no_change(
+    tmp_path: Path, monkeypatch, caplog
+) -> None:
+    """training.md: a re-run without --max-minutes keeps the budget; it had warned of a "different config
+    (data.epochs, run.max_minutes)" on every resume, once per process under torchrun."""
+    from vitkit.train.parts import reconcile
+
+    monkeypatch.setattr(trainer, "time", FakeTime())
+    budgeted = ("data.steps=0", "data.epochs=0", "run.max_minutes=0.02")
+    trainer.train(tiny_config(tmp_path / "run", *budgeted))
+    with caplog.at_level(logging.WARNING, logger="vitkit"):
+        kept = reconcile(tiny_config(tmp_path / "run"))  # the recipe's epochs, no budget: as the command reads
+    assert kept.run.max_minutes == 0.02 and kept.data.epochs == 0 and "different config" not in caplog.text
+    with caplog.at_level(logging.WARNING, logger="vitkit"):
+        reconcile(tiny_config(tmp_path / "run", *budgeted, "optim.lr=0.5"))
+    assert "different config (optim.lr)" in caplog.text  # a real change is still said
+    caplog.clear()
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("MASTER_ADDR", "localhost")
+    with caplog.at_level(logging.WARNING, logger="vitkit"):
+        reconcile(tiny_config(tmp_path / "run", *budgeted, "optim.lr=0.5"))
+    assert "different config" not in caplog.text  # the main process says it for the run
 
 
 def test_a_budgeted_run_resumed_after_a_long_start_up_trains_the_rest_and_ends_annealed(

@@ -54,10 +54,10 @@ UNBOUNDED = 2**62  # the batch streams' bound for a run whose time budget alone 
 
 def reconcile(config: TrainConfig) -> TrainConfig:
     """The config a run in `config.run.out` continues with: the stored one when the directory holds a run
-    (vitkit.runs' one resume policy), with a warning naming what the request changed."""
+    (vitkit.runs' one resume policy), with a warning naming what the request changed, from the main process."""
     run = RunDir(config.run.out)
     merged, changed = run.reconcile(to_dict(config), LENGTH_BOUNDS_BUDGET)
-    if changed:
+    if changed and distributed.current().main:  # one run, one warning: every process had given it
         log.warning(
             "%s already holds a run with a different config (%s); resuming it with its own config "
             "(choose another --out for a new run)",
