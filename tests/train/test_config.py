@@ -203,3 +203,20 @@ def test_the_plan_names_polyak_averaging_and_warns_where_the_run_is_too_short_fo
     long = lines("optim.ema_decay=0.999", "data.steps=5000")  # 0.999^5000 = 0.7%
     assert any(line.startswith("Polyak averaging") for line in long) and not any("starting weights" in x for x in long)
     assert not any("Polyak" in line for line in lines("data.steps=105"))
+
+
+def test_the_parameter_count_of_a_mimetic_model_skips_its_svds(monkeypatch) -> None:
+    """Counting for the plan had built the model twice with mimetic init: 16 s of SVDs on a loaded 2-core host."""
+    import vitkit.models.vit as vit_module
+    from vitkit.models import build_model
+    from vitkit.train.plan import count_params
+
+    config = get_recipe("small-32px", SourceInfo("folder:x", 600, 10, 32, 3, True)).model
+    assert config.init == "mimetic"
+    built = sum(p.numel() for p in build_model(config).parameters())
+
+    def refused(blocks):
+        raise AssertionError("mimetic init ran to count parameters")
+
+    monkeypatch.setattr(vit_module, "mimetic_init_", refused)
+    assert count_params(config) == built == 1_806_154

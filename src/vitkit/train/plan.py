@@ -17,7 +17,7 @@ import torch
 
 from vitkit.data.transforms import describe_augment
 from vitkit.models import build_model
-from vitkit.models.configs import image_size, vit_config
+from vitkit.models.configs import image_size, replace_vit, vit_config
 from vitkit.train.budget import GraphKey, steps_that_fit
 from vitkit.train.config import OptimConfig, TrainConfig
 from vitkit.train.schedule import Schedule, resolve_warmup, scaled_lr
@@ -148,6 +148,8 @@ def count_params(model_config: Any) -> int:
     vit = getattr(model_config, "vit", model_config)
     rough = 12 * getattr(vit, "depth", 50) * getattr(vit, "hidden_size", 1024) ** 2
     if rough < 50_000_000:  # building small models for real is faster than the meta device's first use
+        if getattr(vit, "init", "official") == "mimetic":  # its SVDs cost seconds on a loaded host, and no count
+            model_config = replace_vit(model_config, init="official")
         with torch.random.fork_rng(devices=[]):  # counting must not move the RNG that initialises the run
             return sum(p.numel() for p in build_model(model_config).parameters())
     with torch.device("meta"):
