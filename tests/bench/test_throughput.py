@@ -248,3 +248,15 @@ def test_bench_compiles_under_this_host_class_cache(monkeypatch: pytest.MonkeyPa
     tp.run_benchmark(config)
     host = vitkit.host.current()
     assert seen and seen[0].startswith(default_cache_dir()) and f"vitkit-{host.isa}-" in seen[0]
+
+
+def test_the_peak_of_bf16_without_native_bf16_is_probed_at_a_size_it_plateaus_at(monkeypatch) -> None:
+    """Emulated bf16 runs at a few GFLOP/s: the 2048-side probe had taken 85 s a matmul before any model ran."""
+    sides = []
+    monkeypatch.setattr(tp.torch, "mm", lambda a, b: sides.append(a.shape[0]) or a)
+    monkeypatch.setattr(tp, "native_bf16", lambda device: False)
+    tp.measure_peak_flops(torch.device("cpu"), "bf16", repeats=1)
+    tp.measure_peak_flops(torch.device("cpu"), "fp32", repeats=1)
+    monkeypatch.setattr(tp, "native_bf16", lambda device: True)
+    tp.measure_peak_flops(torch.device("cpu"), "bf16", repeats=1)
+    assert sides == [512] * 3 + [2048] * 3 + [2048] * 3  # warm-up and two timed steps each

@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from vitkit import host as hosts
 from vitkit.device import autocast as device_autocast
-from vitkit.device import pick_device, resolve_precision, synchronize
+from vitkit.device import native_bf16, pick_device, resolve_precision, synchronize
 from vitkit.models import build_model, preset_config
 from vitkit.models.configs import HybridConfig, image_size, in_channels, num_classes
 from vitkit.models.flops import model_flops
@@ -209,10 +209,12 @@ def _reset_cpu_peak() -> None:
 def measure_peak_flops(device: torch.device, precision: str, size: int | None = None, repeats: int = 5) -> float:
     """FLOP/s of the best of `repeats` square matmuls (size x size) in `precision` on `device`.
 
-    The default size (2048 on CPU, 8192 on CUDA) is large enough to reach the matmul plateau.
+    The default size (2048 on CPU, 8192 on CUDA) is large enough to reach the matmul plateau; bf16 on a CPU
+    without native bf16, emulated at a few GFLOP/s, is at its plateau at 512 (2048 had taken 85 s a matmul).
     """
-    size = size or (8192 if device.type == "cuda" else 2048)
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    emulated = dtype == torch.bfloat16 and device.type == "cpu" and not native_bf16(device)
+    size = size or (8192 if device.type == "cuda" else 512 if emulated else 2048)
     gen = torch.Generator(device="cpu").manual_seed(0)
     a = torch.randn(size, size, generator=gen).to(device, dtype)
     b = torch.randn(size, size, generator=gen).to(device, dtype)
