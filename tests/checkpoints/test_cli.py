@@ -75,6 +75,12 @@ def test_convert_refuses_a_model_above_max_model_gb(tmp_path, make_vit, capsys):
     assert "above the limit of 50.0 kB (the limit given)" in err and "--max-model-gb" in err
     assert not (tmp_path / "dst").exists()
     assert main(["convert", str(tmp_path / "src"), str(tmp_path / "dst"), "--max-model-gb", "0.01"]) == 0
+    assert main(["convert", str(tmp_path / "src"), str(tmp_path / "d2"), "--max-model-gb", "inf"]) == 0  # no limit
+    for bad in ("nan", "-1"):
+        assert main(["convert", str(tmp_path / "src"), str(tmp_path / "d3"), "--max-model-gb", bad]) == 2
+        assert (
+            f"--max-model-gb must be a number of GB >= 0 (inf: no limit), got {float(bad)}" in capsys.readouterr().err
+        )
 
 
 def test_convert_refuses_to_overwrite_unless_forced(tmp_path, make_vit, images, capsys):

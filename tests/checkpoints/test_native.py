@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
 import torch
 
 import vitkit
-from vitkit.checkpoints import Checkpoint, read
+from vitkit.checkpoints import Checkpoint, CheckpointError, read
 
 
 def test_save_load_identical_state_and_logits(tmp_path, make_vit, images):
@@ -86,3 +87,13 @@ def test_save_refuses_what_is_no_vitkit_model_before_writing(tmp_path, thing) ->
     with pytest.raises(TypeError, match="vitkit.save takes a vitkit model"):
         vitkit.save(thing, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_checkpoint_of_a_newer_format_version_is_refused_by_name(tmp_path, make_vit):
+    """format_version 2 had been read as version 1 without a word."""
+    vitkit.save(make_vit(), tmp_path / "c")
+    meta = json.loads((tmp_path / "c" / "config.json").read_text())
+    for version, words in ((2, "format_version 2; this vitkit reads versions 1 to 1"), ("1", "format_version '1'")):
+        (tmp_path / "c" / "config.json").write_text(json.dumps({**meta, "format_version": version}))
+        with pytest.raises(CheckpointError, match=re.escape(words)):
+            vitkit.load(tmp_path / "c")

@@ -123,6 +123,12 @@ def load(
     meta = read_json(config_path)
     if meta.get("format") != FORMAT:
         raise CheckpointError(f"{config_path} is not a vitkit checkpoint config (format={short(meta.get('format'))})")
+    version = meta.get("format_version", FORMAT_VERSION)
+    if not (isinstance(version, int) and not isinstance(version, bool) and 1 <= version <= FORMAT_VERSION):
+        raise CheckpointError(
+            f"{config_path}: format_version {short(version)}; this vitkit reads versions 1 to {FORMAT_VERSION} "
+            "(a newer vitkit wrote it: upgrade vitkit, or convert it there)"
+        )
     config = model_config(meta.get("model"), str(config_path))
     fields = read_fields(meta, config, config_path)
     expected = limits.check_model(config, str(config_path), max_bytes)

@@ -56,9 +56,9 @@ def add_surgery_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--max-model-gb",
-        type=finite_float,
+        type=float,
         default=None,
-        help="refuse a model with more GB of weights (default: the memory available now)",
+        help="refuse a model with more GB of weights (default: the memory available now; inf: no limit)",
     )
 
 

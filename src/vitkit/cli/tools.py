@@ -87,7 +87,10 @@ def _read_checkpoint(args: argparse.Namespace) -> Any:
     """The checkpoint `args.src` names, a run directory included (its final model), with the surgery flags."""
     from vitkit.runs import open_checkpoint
 
-    max_bytes = None if args.max_model_gb is None else int(args.max_model_gb * 1e9)
+    gb = args.max_model_gb
+    if gb is not None and not gb >= 0:  # NaN too
+        raise ValueError(f"--max-model-gb must be a number of GB >= 0 (inf: no limit), got {gb}")
+    max_bytes = None if gb is None else gb * 1e9  # inf stays inf: no limit
     return open_checkpoint(
         args.src,
         img_size=args.img_size,
