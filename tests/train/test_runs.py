@@ -517,3 +517,25 @@ def test_a_finished_run_made_longer_in_its_config_trains_to_its_new_length(tmp_p
     (run / "config.json").write_text(json.dumps(stored))
     result = trainer.train(tiny_config(run, "data.steps=2"))
     assert (result["status"], result["step"], result["steps"]) == ("finished", 4, 4)
+
+
+class _Payload:
+    """What a hostile train state pickles: an object the weights-only unpickler must refuse, never build."""
+
+    def __reduce__(self):
+        return (print, ("unpickled",))
+
+
+def test_a_train_state_of_pickled_objects_is_passed_over_without_torchs_advice(tmp_path: Path, caplog) -> None:
+    """The warning had carried torch's "Re-running torch.load with weights_only set to False will likely
+    succeed": advice to unpickle the file unrestricted."""
+    from vitkit.runs import STATE_FILE
+
+    run = tmp_path / "run"
+    config = tiny_config(run, "data.steps=4", "run.checkpoint_every=2")
+    trainer.train(config)
+    torch.save({"step": _Payload()}, run / "checkpoints" / "step_0000004" / STATE_FILE)
+    with caplog.at_level(logging.WARNING):
+        assert trainer.train(config)["status"] == "finished"
+    assert "step_0000004 cannot be read (it holds pickled objects other than tensors, refused unread" in caplog.text
+    assert "weights_only" not in caplog.text and "likely succeed" not in caplog.text

@@ -83,7 +83,7 @@ def read_torch(path: Path, max_bytes: int | None) -> Tensors:
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True, mmap=mapped)
     except pickle.UnpicklingError as err:
-        stop = _unpickler_stop(err)
+        stop = unpickler_stop(err)
         raise CheckpointError(
             f"refusing to load {path}: it is not a checkpoint vitkit can read safely (not safetensors, not .npz, "
             "not a torch file of tensors only): it is damaged or holds pickled Python objects, and unpickling those "
@@ -104,7 +104,7 @@ def read_torch(path: Path, max_bytes: int | None) -> Tensors:
     return state
 
 
-def _unpickler_stop(err: pickle.UnpicklingError) -> str:
+def unpickler_stop(err: pickle.UnpicklingError) -> str:
     """What torch's weights-only unpickler stopped at ("Unsupported operand 3"), or "" when it does not say.
 
     torch's message around it advises weights_only=False or an allowlist, which would unpickle an untrusted

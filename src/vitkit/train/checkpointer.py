@@ -10,6 +10,7 @@ for the write.  The layout itself is `vitkit.runs.RunDir`'s.
 from __future__ import annotations
 
 import logging
+import pickle
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ import torch
 
 from vitkit.atomic import remove_torn
 from vitkit.checkpoints import native
+from vitkit.checkpoints.tensorfile import unpickler_stop
 from vitkit.checkpoints.validate import NOT_NOW, unreadable_now
 from vitkit.models import build_model
 from vitkit.runs import LATEST, UNREADABLE, RunDir
@@ -26,6 +28,15 @@ from vitkit.train.ema import averaged
 from vitkit.train.state import TrainState
 
 log = logging.getLogger(__name__)
+
+
+def _problem(error: BaseException) -> str:
+    """An error's text for a warning; a train state the weights-only unpickler refused is named by what it
+    stopped at, without torch's advice to unpickle it unrestricted (which would run whatever it holds)."""
+    if isinstance(error, pickle.UnpicklingError):
+        stop = unpickler_stop(error)
+        return "it holds pickled objects other than tensors, refused unread" + (f" ({stop})" if stop else "")
+    return str(error)
 
 
 class Checkpointer:
@@ -106,15 +117,16 @@ class Checkpointer:
 
     def _step_back(self, candidates: list[Path], index: int, error: BaseException) -> None:
         """Pass over the damaged `candidates[index]` for the one before, with a warning; an error after the last."""
+        problem = _problem(error)
         if index + 1 == len(candidates):
             raise ValueError(
                 f"no step checkpoint of {self.run.path} can be read; the last tried, {candidates[index].name}: "
-                f"{error}. Remove {self.run.checkpoints / LATEST} to start the run over"
+                f"{problem}. Remove {self.run.checkpoints / LATEST} to start the run over"
             ) from error
         log.warning(
             "%s cannot be read (%s); resuming from %s, the step before",
             candidates[index],
-            error,
+            problem,
             candidates[index + 1].name,
         )
 
