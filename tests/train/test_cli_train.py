@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 from pathlib import Path
@@ -173,6 +174,18 @@ def test_a_head_of_the_same_shape_is_replaced_unless_it_classifies_these_classes
     assert torch.count_nonzero(initial_model(config).head.weight) == 0  # classes unknown
     kept = initial_model(config, ["cat", "dog", "car", "ship"]).head.weight  # its own: a fine-tune continued
     assert torch.equal(kept, model.head.weight)
+
+
+def test_a_fine_tune_normalises_as_its_checkpoint_was_trained(tmp_path: Path) -> None:
+    """A checkpoint's recorded mean and std (a timm or HF model's) had been replaced by 0.5 / 0.5."""
+    model = build_model(ViTConfig(img_size=8, patch_size=4, hidden_size=32, depth=1, num_heads=2, mlp_dim=32,
+                                  num_classes=4, in_chans=1))  # fmt: skip
+    vitkit.save(model, tmp_path / "c", mean=(0.1307,), std=(0.3081,))
+    data = f"npz:{_npz(tmp_path / 'four.npz')}"
+    request = Request(data=data, init_from=str(tmp_path / "c"), out=str(tmp_path / "ft"))
+    assert (resolve(request).config.data.mean, resolve(request).config.data.std) == ((0.1307,), (0.3081,))
+    chosen = dataclasses.replace(request, overrides=("data.mean=0.4", "data.std=0.2"))
+    assert (resolve(chosen).config.data.mean, resolve(chosen).config.data.std) == ((0.4,), (0.2,))  # --set wins
 
 
 def test_finetune_cli_with_lr_sweep(pretrained: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -97,16 +97,17 @@ def resolve(request: Request, *, source_model: ModelConfig | None = None) -> Res
         labelled=request.labelled,
     )  # hf: columns, needed to count classes
     chose = request.recipe is None
-    source = source_model
+    source, norm = source_model, None
     if request.init_from and source is None:
-        source = read(find_checkpoint(request.init_from)).model.config
+        checkpoint = read(find_checkpoint(request.init_from))
+        source, norm = checkpoint.model.config, (checkpoint.mean, checkpoint.std)
     name = auto_recipe_name(info) if chose else request.recipe
     if source is not None and chose:  # a small-data checkpoint is fine-tuned as one, on a CPU
         name = "finetune-small" if image_size(source) < PAPER_RESOLUTION else "paper-finetune"
     config = get_recipe(name, info)
     recipe_batch = config.data.batch_size  # a recipe's own may exceed a small set; a user's is checked below
     config = _apply_model(config, request, info, source, auto_recipe=chose)
-    config = _apply_flags(config, request)
+    config = _source_normalisation(_apply_flags(config, request), norm)
     config = apply_overrides(config, request.overrides)
     check_mirror_views(request.data, config.eval.flip_views)
     config = _sweep_hold_out(config, info)
@@ -238,6 +239,16 @@ def _budget_length(config: TrainConfig, request: Request) -> TrainConfig:
     else:
         epochs = 0.0
     return dataclasses.replace(config, data=dataclasses.replace(config.data, epochs=epochs, steps=0))
+
+
+def _source_normalisation(config: TrainConfig, norm: tuple[tuple[float, ...], tuple[float, ...]] | None) -> TrainConfig:
+    """A fine-tune feeds its images normalised as the checkpoint was trained (a timm or HF model's ImageNet
+    mean and std; the official [-1, 1]), where it records them for as many channels: 0.5 had always been used.
+    `--set data.mean=` / `data.std=` still win."""
+    if norm is None or len(norm[0]) != in_channels(config.model):
+        return config
+    mean, std = (tuple(float(v) for v in values) for values in norm)
+    return dataclasses.replace(config, data=dataclasses.replace(config.data, mean=mean, std=std))
 
 
 def _apply_flags(config: TrainConfig, request: Request) -> TrainConfig:
