@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 import torch
@@ -139,3 +140,16 @@ def test_pytorch_model_bin_is_read_weights_only(tmp_path, images):
     with torch.no_grad():
         diff = (read(tmp_path / "hf").model(images) - reference(pixel_values=images).logits).abs().max().item()
     assert diff <= 1e-5, diff
+
+
+def test_an_id2label_shorter_than_the_head_is_said_not_dropped_silently(caplog) -> None:
+    from vitkit.checkpoints import hf as hf_format
+
+    with caplog.at_level(logging.WARNING):
+        assert hf_format.class_names({"id2label": {"0": "cat", "1": "dog"}}, 3, "x/config.json") is None
+    assert "x/config.json: id2label names 2 of the head's 3 classes" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        assert hf_format.class_names({"id2label": {"0": "cat", "1": "dog"}}, 2, "x") == ["cat", "dog"]
+        assert hf_format.class_names({}, 2, "x") is None  # none given: nothing to say
+    assert not caplog.text

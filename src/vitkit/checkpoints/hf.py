@@ -150,6 +150,11 @@ def class_names(hf: Mapping[str, Any], num_classes: int, where: str) -> list[str
     """id2label in index order; None when absent or only HF's placeholder "LABEL_i" names."""
     labels = mapping(hf.get("id2label"), f"{where}: id2label")
     names = [labels.get(str(i), labels.get(i)) for i in range(num_classes)]
+    if num_classes and labels and None in names:  # a label file for another head: said, not dropped silently
+        log.warning(
+            "%s: id2label names %d of the head's %d classes; the class names are left out (predictions show "
+            "class indices)", where, num_classes - names.count(None), num_classes,
+        )  # fmt: skip
     if not num_classes or None in names or all(n == f"LABEL_{i}" for i, n in enumerate(names)):
         return None
     return [str(n) for n in names]
