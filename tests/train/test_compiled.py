@@ -313,3 +313,19 @@ def test_a_bf16_run_resumed_on_a_host_without_native_bf16_goes_on_in_fp32(monkey
                            stored_precision="bf16")  # fmt: skip
     assert moved.precision == "fp32" and "no native bf16" in moved.precision_reason
     assert "earlier invocations trained in bf16" in moved.precision_reason
+
+
+def test_an_eager_run_of_a_set_length_times_one_pass_a_phase(tmp_path: Path, monkeypatch) -> None:
+    """Its warm-up only feeds the estimate line: three passes a phase had cost 40 s of a 600-image epoch."""
+    seen = []
+
+    def recording(*args, timed=2, **kwargs):
+        seen.append(timed)
+        return warm_up(*args, timed=timed, **kwargs)
+
+    monkeypatch.setattr(compiled, "warm_up", recording)
+    trainer.train(tiny_config(tmp_path / "a", "data.steps=2", "run.compile=off"))
+    trainer.train(
+        tiny_config(tmp_path / "b", "data.steps=0", "data.epochs=0", "run.max_minutes=0.01", "run.compile=off")
+    )
+    assert seen == [1, 2]  # a budget's fit reads the timings: kept at two

@@ -130,15 +130,17 @@ def warm_up_compiled(
     *,
     compiling: bool,
     to_eager: Callable[[], None],
+    timed: int = 2,
 ) -> tuple[dict[GraphKey, float], str]:
-    """`budget.warm_up`, which compiles every phase's graph when `compiling`; a broken compiler toolchain
-    trains eagerly (`to_eager()`) rather than not at all.  Returns the timings and, if compiling failed, why."""
+    """`budget.warm_up` (`timed` passes per phase after the first), which compiles every phase's graph when
+    `compiling`; a broken compiler toolchain trains eagerly (`to_eager()`) rather than not at all.  Returns the
+    timings and, if compiling failed, why."""
     if compiling:
         log.info(
             "torch.compile: compiling %d graph(s) before the first step (tens of seconds each on a CPU)", len(phases)
         )
     try:
-        seconds, timings = warm_up(module, phases, run_once, device)
+        seconds, timings = warm_up(module, phases, run_once, device, timed=timed)
     except Exception as err:
         if not compiling:
             raise
@@ -149,7 +151,9 @@ def warm_up_compiled(
             first,
         )
         to_eager()
-        return warm_up(module, phases, run_once, device)[1], f"compiling failed here ({type(err).__name__})"
+        return warm_up(module, phases, run_once, device, timed=timed)[
+            1
+        ], f"compiling failed here ({type(err).__name__})"
     if compiling:
         log.info(
             "torch.compile: %d graph(s) (PatchDropout rate, side) %s compiled in %.0f s", len(phases), phases, seconds

@@ -148,13 +148,15 @@ class Trainer(RunParts):
         needed = schedule_of(self.config, self.length or 1, 1.0).phases(
             start=self.state.step / (self.length or math.inf)
         )
+        compiling = self.state.model is not self.eager
         timings, failed = compiled.warm_up_compiled(
             self.state.module,
             needed,
             self._run_once,
             self.device,
-            compiling=self.state.model is not self.eager,
+            compiling=compiling,
             to_eager=lambda: setattr(self.state, "model", self.eager),
+            timed=2 if compiling or self.config.run.max_minutes > 0 else 1,  # 1: it only feeds the estimate line
         )
         if failed:
             self.choices = dataclasses.replace(self.choices, compiled=False, compile_reason=failed)
