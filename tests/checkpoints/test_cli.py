@@ -63,8 +63,8 @@ def test_export_onnx_fails_where_onnxruntime_disagrees(tmp_path, make_vit, capsy
     monkeypatch.setattr(onnx_export, "check_onnx", lambda model, path: float("nan"))  # as an unfaithful export
     assert main(["export-onnx", str(tmp_path / "src"), str(tmp_path / "m.onnx")]) == 2
     err = capsys.readouterr().err
-    assert "differ from PyTorch's by up to nan, above the tolerance of 0.001" in err and "m.onnx" in err
-    monkeypatch.setattr(onnx_export, "check_onnx", lambda model, path: 0.0009)
+    assert "differ from PyTorch's by up to nan, above the tolerance of 0.01" in err and "m.onnx" in err
+    monkeypatch.setattr(onnx_export, "check_onnx", lambda model, path: 0.009)
     assert main(["export-onnx", str(tmp_path / "src"), str(tmp_path / "m.onnx"), "--force"]) == 0
 
 

@@ -145,7 +145,7 @@ def add_export_onnx(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=run_export_onnx)
 
 
-ONNX_TOLERANCE = 1e-3  # max |logits| difference of a faithful float32 export (typical: 1e-6 to 1e-5)
+ONNX_TOLERANCE = 1e-2  # max |logits| difference of a faithful float32 export (1e-6 to 1e-4; a broken one: O(1))
 
 
 def run_export_onnx(args: argparse.Namespace) -> int:
