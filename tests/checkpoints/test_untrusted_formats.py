@@ -214,30 +214,30 @@ def test_integer_or_boolean_weights_are_refused_before_the_data(tmp_path, make_v
     state = timm_state(make_vit)
     state["blocks.0.attn.qkv.weight"] = (state["blocks.0.attn.qkv.weight"] * 100).long()
     state["norm.weight"] = state["norm.weight"] > 0
-    save_file(state, str(tmp_path / "a.safetensors"))
     problem = (
         r"a\.safetensors does not fit the model: not floating-point numbers \['blocks\.0\.attn\.qkv\.weight: "
         r"file int64 vs model float32', 'norm\.weight: file bool vs model float32'\]"
     )
-    with pytest.raises(CheckpointError, match=problem):
-        read(tmp_path / "a.safetensors")
+    _refused(state, tmp_path / "a.safetensors", problem)
 
 
 def test_non_finite_weights_are_refused_naming_each_tensor(tmp_path, make_vit):
     state = timm_state(make_vit)
     state["head.weight"][1, 2] = float("nan")
     state["blocks.1.mlp.fc1.bias"][:3] = float("inf")
-    save_file(state, str(tmp_path / "a.safetensors"))
     problem = (
         r"a\.safetensors holds NaN or infinite weights in 2 tensor\(s\): (blocks\.1\.mlp\.fc1\.bias \(3\), "
         r"head\.weight \(1\)|head\.weight \(1\), blocks\.1\.mlp\.fc1\.bias \(3\)); the checkpoint is damaged"
     )
-    with pytest.raises(CheckpointError, match=problem):
-        read(tmp_path / "a.safetensors")
+    _refused(state, tmp_path / "a.safetensors", problem)
     state["head.weight"][1, 2] = state["blocks.1.mlp.fc1.bias"][0] = 0.0  # one left: still refused
-    save_file(state, str(tmp_path / "b.safetensors"))
-    with pytest.raises(CheckpointError, match=r"in 1 tensor\(s\): blocks\.1\.mlp\.fc1\.bias \(2\)"):
-        read(tmp_path / "b.safetensors")
+    _refused(state, tmp_path / "b.safetensors", r"in 1 tensor\(s\): blocks\.1\.mlp\.fc1\.bias \(2\)")
+
+
+def _refused(state, path, problem: str) -> None:
+    save_file(state, str(path))
+    with pytest.raises(CheckpointError, match=problem):
+        read(path)
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo") or not Path("/dev/zero").exists(), reason="needs /dev/zero and FIFOs")
