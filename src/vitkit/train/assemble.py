@@ -131,7 +131,9 @@ def evaluates_as_it_goes(config: TrainConfig, num_train: int | None = None) -> b
     return data.epochs > every
 
 
-def check_classes(config: TrainConfig, train: ImageSet) -> None:
+def check_fits_data(config: TrainConfig, train: ImageSet) -> None:
+    """The config fits the training split: a head of its classes, a batch it can fill (check_batch)."""
+    check_batch(config, len(train))
     if config.mpp is None and train.num_classes != num_classes(config.model):
         raise ValueError(
             f"{config.data.uri} has {train.num_classes} classes but the model head has "

@@ -100,20 +100,9 @@ def choose(
             budget_s=budget_s,
             graph_s=compiled.graph_seconds(device),
         )
-    auto = config.run.precision == "auto"
-    moved = stored_precision == "bf16" and not native_bf16(device)  # resumed on a host that emulates bf16
-    if stored_precision in ("fp32", "bf16") and auto and not moved:
-        precision = PrecisionChoice(stored_precision, "auto: as this run's first invocation chose")
-    else:
-        shape = matmul_shape(config.model, micro_batch)
-        measure = (lambda dtype: matmul_seconds(*shape, device, dtype)) if on and shape else eager
-        precision = choose_precision(config.run.precision, device, measure)
-        if moved and auto:
-            precision = dataclasses.replace(
-                precision,
-                reason=f"{precision.reason}; its earlier invocations trained in bf16, on a host with "
-                "native bf16 (the run goes on in fp32, not bit-identical to an uninterrupted one)",
-            )
+    shape = matmul_shape(config.model, micro_batch)
+    measure = (lambda dtype: matmul_seconds(*shape, device, dtype)) if on and shape else eager
+    precision = _precision(config.run.precision, device, measure, stored_precision)
     return agreed(
         HostChoices(
             host=hosts.current(device).describe(),
@@ -124,6 +113,22 @@ def choose(
         ),
         device,
     )
+
+
+def _precision(requested: str, device: torch.device, measure, stored: str | None) -> PrecisionChoice:
+    """The precision: a resumed "auto" run's first choice, unless that was bf16 and this host has no native bf16
+    (a run moved from a workstation to a laptop), where it is chosen here and the change said."""
+    moved = stored == "bf16" and not native_bf16(device)
+    if stored in ("fp32", "bf16") and requested == "auto" and not moved:
+        return PrecisionChoice(stored, "auto: as this run's first invocation chose")
+    precision = choose_precision(requested, device, measure)
+    if moved and requested == "auto":
+        return dataclasses.replace(
+            precision,
+            reason=f"{precision.reason}; its earlier invocations trained in bf16, on a host with native bf16 "
+            "(the run goes on in fp32, not bit-identical to an uninterrupted one)",
+        )
+    return precision
 
 
 def matmul_shape(model_config: ModelConfig, micro_batch: int) -> tuple[int, int, int] | None:

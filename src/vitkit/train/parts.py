@@ -22,8 +22,7 @@ from vitkit.train import choices, compiled, distributed
 from vitkit.train.assemble import (
     IndexBatches,
     Splits,
-    check_batch,
-    check_classes,
+    check_fits_data,
     initial_model,
     load_splits,
     source_images,
@@ -97,9 +96,8 @@ class RunParts:
         self.source_count = source_images(config) if data is None else None  # splits given: the caller's data
         if not wants_test:
             self.data = dataclasses.replace(self.data, test=None, evals={})
-        check_classes(config, self.data.train)
+        check_fits_data(config, self.data.train)
         self.num_train, self.micro = len(self.data.train), micro_batch_size(config, info.world)
-        check_batch(config, self.num_train)
         self.length = total_steps(config, self.num_train)  # None: the time budget alone decides
         self.objective = build_objective(config, self.data.train.num_classes, in_channels(config.model))
         self.skipped_before = self.skipped_total = 0  # batches' corrupt samples of earlier invocations / in all
