@@ -264,3 +264,9 @@ def test_a_safetensors_file_named_as_a_torch_file_is_read_as_what_it_is(tmp_path
     save_file(state, str(tmp_path / "weights.pt"))  # had been refused as a pickle that "could run code"
     read_back = read(tmp_path / "weights.pt").model.state_dict()
     assert torch.equal(read_back["head.weight"], state["head.weight"])
+
+
+def test_a_timm_head_bias_without_its_weight_is_named_damaged(tmp_path, make_vit):
+    state = timm_state(make_vit)
+    del state["head.weight"]  # had been read as head-less: "unexpected ['head.bias']"
+    _refused(state, tmp_path / "a.safetensors", r"a\.safetensors: head\.bias without head\.weight; the file is damaged")

@@ -83,6 +83,8 @@ def reject_unsupported(state: Mapping[str, Tensor], source: str) -> None:
         hits = [k for k in state if fragment in k]
         if hits:
             raise CheckpointError(f"{source}: tensors {hits[:3]} belong to {what}, which vitkit does not implement")
+    if "head.bias" in state and "head.weight" not in state:  # read as head-less, it was "unexpected head.bias"
+        raise CheckpointError(f"{source}: head.bias without head.weight; the file is damaged or cut short")
 
 
 def check_pooling(global_pool: Any, class_token: bool, where: str) -> None:
