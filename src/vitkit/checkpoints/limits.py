@@ -99,7 +99,7 @@ def check_file(path: Path, max_bytes: int | None) -> None:
 
 
 # One image's work above these is no model of the paper's practice but a damaged or hostile config: ViT-G/14 at
-# 518 px, larger than any released checkpoint, takes 5.7 TFLOP and 0.2 GB for its attention maps.
+# 518 px, larger than any released checkpoint, takes about 6 TFLOP and 0.2 GB for its attention maps.
 MAX_IMAGE_FLOPS = 5 * 10**13
 MAX_IMAGE_BYTES = 4 << 30
 ATTENTION_FLOOR = 64  # a token pair costs at least what it does at this width: narrower ones run no faster
@@ -109,7 +109,7 @@ def image_work(config: ModelConfig) -> tuple[int, int]:
     """(FLOPs, bytes) of one image through the model, closed-form bounds: its forward FLOPs, with every token
     pair of attention counted at least ATTENTION_FLOOR wide; the largest of its input, a convolution's output,
     a layer's token activations and one layer's attention maps (float32, as `inspect` and `serve` keep them)."""
-    side, vit = image_size(config), None
+    side = image_size(config)
     flops, biggest = 0, in_channels(config) * side * side * 4
     if isinstance(config, ResNetConfig | HybridConfig):
         layers = config.layers if isinstance(config, ResNetConfig) else config.resnet_layers
