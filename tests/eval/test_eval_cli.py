@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from PIL import Image
+from safetensors import safe_open
 from safetensors.torch import load_file
 
 import vitkit
@@ -132,6 +134,7 @@ def test_embed_npy_and_safetensors_round_trip(tmp_path: Path, digits_checkpoint:
         expected = model.forward_features(eval_transform(test.images[:5], 16, (0.5,), (0.5,), 1))
     np.testing.assert_allclose(features[:5], expected.numpy(), atol=1e-5)
     assert labels.tolist() == test.labels.tolist()
+    assert "names" not in json.loads((tmp_path / "emb.json").read_text())  # arrays: row i is the source's row i
     tokens = tmp_path / "tokens.safetensors"
     assert main(["embed", str(digits_checkpoint), "--data", "digits", "--layer", "block01", "--out", str(tokens)]) == 0
     stored = load_file(str(tokens))
@@ -234,3 +237,27 @@ def test_class_names_with_control_characters_are_printed_escaped(tmp_path: Path,
     out = capsys.readouterr().out
     assert "\x1b" not in out and out.count("\n") == 1
     assert "cat\\x1b[2J" in out and "dog\\nfake.jpg: cat 100.0%" in out
+
+
+def test_embed_names_each_row_by_the_file_it_was_read_from(tmp_path: Path, rgb_checkpoint: Path) -> None:
+    """Rows had no names: a user could not tell which photo a row was.  An unreadable photo is left out of both."""
+    root = tmp_path / "photos"
+    for split in ("train", "test"):
+        for name in ("cat", "dog"):
+            (root / split / name).mkdir(parents=True)
+            for i in range(2):
+                Image.new("RGB", (20, 20), (80 * i, 40, 200 if name == "dog" else 10)).save(
+                    root / split / name / f"{name}{i}.png"
+                )
+    (root / "test" / "dog" / "broken.png").write_bytes(b"not a png")
+    argv = ["embed", str(rgb_checkpoint), "--data", f"folder:{root}", "--out"]
+    assert main([*argv, str(tmp_path / "e.npy")]) == 0
+    names = json.loads((tmp_path / "e.json").read_text())["names"]
+    assert [Path(n).relative_to(root / "test").as_posix() for n in names] == [
+        "cat/cat0.png", "cat/cat1.png", "dog/dog0.png", "dog/dog1.png"
+    ]  # fmt: skip
+    labels = np.load(tmp_path / "e.labels.npy", allow_pickle=False)
+    assert [Path(n).parent.name for n in names] == [["cat", "dog"][k] for k in labels.tolist()]
+    assert main([*argv, str(tmp_path / "e.safetensors")]) == 0
+    with safe_open(str(tmp_path / "e.safetensors"), "pt") as stored:
+        assert json.loads(stored.metadata()["names"]) == names

@@ -45,6 +45,7 @@ class ImageSet:
     skipped: int = 0  # corrupt/unreadable files skipped while building the set
     channels: int = 3  # decode mode of `files`: 3 = RGB, 1 = L
     origin: str = ""  # where this split came from (a directory, an official split, a hold-out), for the plan
+    names: Sequence[str] | None = None  # what each row of an in-memory set was decoded from (a file, a shard key)
 
     def __post_init__(self) -> None:
         if (self.images is None) == (self.files is None):
@@ -69,7 +70,8 @@ class ImageSet:
         """The samples at `index` (int64 positions), in that order."""
         index = torch.as_tensor(index, dtype=torch.int64)
         if self.images is not None:
-            return replace(self, images=self.images[index], labels=self.labels[index])
+            names = None if self.names is None else [self.names[i] for i in index.tolist()]
+            return replace(self, images=self.images[index], labels=self.labels[index], names=names)
         files = self.files.take(index) if hasattr(self.files, "take") else [self.files[i] for i in index.tolist()]
         return replace(self, files=files, labels=self.labels[index])
 
@@ -80,7 +82,9 @@ class ImageSet:
         return decode_image(self.files[i], self.channels, size=self.load_size, name=self.name(i))
 
     def name(self, i: int) -> str:
-        """What sample `i` is, for messages: its file, or its row."""
+        """What sample `i` is, for messages: its file (or shard key), or its row."""
+        if self.files is None:
+            return self.names[i] if self.names is not None else f"row {i}"
         return self.files.name(i) if hasattr(self.files, "name") else str(self.files[i])
 
 

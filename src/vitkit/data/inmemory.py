@@ -91,6 +91,7 @@ def materialise(
         skipped=(len(sources) + len(reasons) if isinstance(subset, ShardSet) else len(subset)) - len(good),
         channels=channels,
         origin=subset.origin,
+        names=[str(names[i]) for i in good],
     ), reasons + errors
 
 

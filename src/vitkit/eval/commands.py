@@ -14,6 +14,7 @@ import torch
 
 from vitkit.atomic import atomic_write_text
 from vitkit.data.images import NoLabelsError
+from vitkit.data.imageset import ImageSet
 from vitkit.data.sources import data_name, load_split
 from vitkit.eval.accuracy import AccuracyConfig, evaluate
 from vitkit.eval.embed import output_paths, save_embeddings
@@ -45,6 +46,23 @@ def _load(path, uri: str, split: str, checkpoint, img_size: int | None, max_imag
     if images.skipped:
         log.warning("%s %s: %d unreadable files skipped", uri, split, images.skipped)
     return images
+
+
+def row_names(images, rows: int) -> list[str] | None:
+    """What each of `rows` embedded rows was read from (a file, a shard key), where every row is known: a set
+    decoded into memory (its unreadable images left out before), or a file set none of whose images was
+    skipped.  None for arrays (row i is the source's row i) and streamed shards, with a warning where images
+    were skipped from a file set."""
+    if not isinstance(images, ImageSet) or (images.files is None and images.names is None):
+        return None
+    if rows != len(images):
+        log.warning(
+            "%d unreadable images were skipped while embedding, so rows are not named (the log names each: "
+            "remove them to have every row named)",
+            len(images) - rows,
+        )
+        return None
+    return [images.name(i) for i in range(rows)]
 
 
 def default_out(path: str | os.PathLike, name: str) -> Path | None:
@@ -141,5 +159,8 @@ def embed_command(
         "img_size": resolution(checkpoint, img_size),
         "class_names": images.class_names,
     }
+    names = row_names(images, len(embeddings))
+    if names is not None:
+        meta["names"] = names
     written = save_embeddings(out, embeddings, labels, meta)
     return {**meta, "shape": list(embeddings.shape), "files": [str(p) for p in written]}
