@@ -7,6 +7,7 @@
     RUN/checkpoints/LATEST     the name of the newest complete step_* checkpoint
     RUN/checkpoints/final/     the evaluated model of a finished run (the Polyak average when enabled)
     RUN/checkpoints/ema/       the Polyak-averaged weights (runs with optim.ema_decay > 0)
+    RUN/checkpoints/unreadable-step_NNNNNNN/   a step a resume could not read and passed over, set aside
     RUN/plots/, RUN/tensorboard/
 
 A step checkpoint is written under a temporary name and renamed, then LATEST is replaced atomically,
@@ -55,6 +56,7 @@ CONFIG, STATE_FILE, PLOTS = "config.json", "train_state.pt", "plots"
 UNREADABLE = (ValueError, RuntimeError, OSError, EOFError, AttributeError, pickle.UnpicklingError)
 SWEEP, SWEEP_RECORD = "sweep", "sweep.json"  # an LR sweep's trials and record, written before the run's config
 KEEP = 2  # step checkpoints kept besides the newest
+UNREADABLE_PREFIX = "unreadable-"  # a step a resume passed over, kept beside the others (never resumed from)
 _SAID: set[tuple[str, str, str]] = set()  # (LATEST, what it names, the step used) already warned of
 FULL_DISK = 1 << 20  # bytes free below which a failed write is taken for a full disk
 
@@ -190,13 +192,16 @@ class RunDir:
         return [first, *sorted(older, key=_step_number, reverse=True)]
 
     def resumed_from(self, path: Path, passed: list[Path]) -> None:
-        """Point LATEST at `path`, the step a resume fell back to, and remove the unreadable newer steps it
-        `passed` over: one written off the checkpoint cadence (a signal's) was never written again, and, being
-        newest by name, outlived the good steps that pruning then removed."""
+        """Point LATEST at `path`, the step a resume fell back to, and set aside the unreadable newer steps it
+        `passed` over, as `unreadable-step_N`: one written off the checkpoint cadence (a signal's) was never
+        written again and, being newest by name, outlived the good steps that pruning then removed.  Set aside,
+        not removed: its weights may be whole (a train state of a newer torch), and nothing is lost."""
         atomic_write_text(self.checkpoints / LATEST, path.name + "\n")
         for damaged in passed:
-            log.warning("removing %s, which cannot be read; the run trains its steps again", damaged)
-            shutil.rmtree(damaged, ignore_errors=True)
+            aside = damaged.with_name(f"{UNREADABLE_PREFIX}{damaged.name}")
+            shutil.rmtree(aside, ignore_errors=True)  # the same step set aside before
+            log.warning("%s cannot be read: set aside as %s; the run trains its steps again", damaged, aside.name)
+            damaged.rename(aside)
 
     @staticmethod
     def _reads(path: Path) -> bool:

@@ -239,6 +239,7 @@ def test_a_newest_checkpoint_with_damaged_files_is_resumed_from_the_step_before(
     (run / "checkpoints" / "LATEST").write_text("step_0000007\n")
     assert trainer.train(config)["status"] == "finished"
     assert not off_cadence.exists() and (run / "checkpoints" / "step_0000004").is_dir()  # it had outlived 4
+    assert (run / "checkpoints" / "unreadable-step_0000007" / "model.safetensors").is_file()  # set aside, not lost
     for step in run.glob("checkpoints/step_*"):
         (step / STATE_FILE).write_bytes(b"")
     with pytest.raises(ValueError, match="no step checkpoint of .* can be read.*Remove .*LATEST to start the run over"):
