@@ -55,11 +55,17 @@ def read_stored(path: Path) -> dict[str, Any]:
 
 
 def reconcile(
-    stored: dict[str, Any], requested: dict[str, Any], length_bounds_budget: Collection[str], path: Path
+    stored: dict[str, Any],
+    requested: dict[str, Any],
+    length_bounds_budget: Collection[str],
+    path: Path,
+    *,
+    length_given: bool = True,
 ) -> tuple[dict[str, Any], list[str]]:
     """The config the run in `path` continues with, and the keys where the request differed.  A request without
     a budget keeps the stored one where it decided the run's length: no length of its own, or a recipe of
-    `length_bounds_budget` (whose epochs only cap a budgeted run)."""
+    `length_bounds_budget` (whose epochs only cap a budgeted run).  That kept budget is no change to warn of, nor
+    is the recipe's length a request without `length_given` (--epochs, data.epochs, data.steps) comes with."""
     merged = json.loads(json.dumps(stored))
     for key in VOLATILE:
         group, name = key.split(".")
@@ -70,7 +76,7 @@ def reconcile(
     if bounded and not merged["run"].get("max_minutes"):  # its budget is (or caps) its length
         merged["run"]["max_minutes"] = stored["run"]["max_minutes"]
         asked.setdefault("run", {})["max_minutes"] = stored["run"]["max_minutes"]  # kept as documented: no change
-        if _budget_is_length(stored):  # nor the recipe's epochs a request without the budget comes with
+        if _budget_is_length(stored) and not length_given:  # the recipe's epochs, not the user's
             asked.setdefault("data", {}).update({k: stored["data"].get(k) for k in ("epochs", "steps")})
     changed = sorted(_diff(merged, asked))
     foreign = [key for key in changed if key in FOREIGN or key.startswith("model.")]

@@ -302,14 +302,14 @@ class RunDir:
         atomic_write_text(self.path / CONFIG, json.dumps(config, indent=2) + "\n")
 
     def reconcile(
-        self, requested: dict[str, Any], length_bounds_budget: Collection[str] = ()
+        self, requested: dict[str, Any], length_bounds_budget: Collection[str] = (), *, length_given: bool = True
     ) -> tuple[dict[str, Any], list[str]]:
         """The config a run in this directory continues with, and the keys where the request differed
         (vitkit.run_config.reconcile); the request itself where the directory holds no run to continue."""
         stored = self.stored_config()
         if stored is None or self.latest() is None:
             return requested, []
-        return run_config.reconcile(stored, requested, length_bounds_budget, self.path)
+        return run_config.reconcile(stored, requested, length_bounds_budget, self.path, length_given=length_given)
 
     # ------------------------------------------------------------------------------- metrics
     def metrics(self, *, enabled: bool, tensorboard: bool) -> MetricsLog:

@@ -68,6 +68,15 @@ def test_a_fitted_run_records_its_last_steps_and_only_on_its_cadence(tmp_path: P
     assert steps[-1] == result["step"] > 8 and all(step % 4 == 0 for step in steps[:-1])
 
 
+def test_a_fitted_run_that_ended_annealed_before_its_length_stays_finished(tmp_path: Path, monkeypatch) -> None:
+    """Re-run, it had been taken for a run made longer by hand: "budget spent, not annealed", or trained on."""
+    monkeypatch.setattr(trainer, "time", FakeTime())
+    config = tiny_config(tmp_path / "run", "data.steps=1000000", "run.max_minutes=0.02")
+    first = trainer.train(config)
+    again = trainer.train(config)
+    assert first["status"] == again["status"] == "finished" and again["step"] == first["step"] < 1_000_000
+
+
 def test_cut_budget_keeps_the_old_guillotine(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(trainer, "time", FakeTime())
     run = tmp_path / "run"
@@ -228,8 +237,17 @@ def test_a_run_whose_length_is_its_budget_re_run_without_it_warns_of_no_change(
     budgeted = ("data.steps=0", "data.epochs=0", "run.max_minutes=0.02")
     trainer.train(tiny_config(tmp_path / "run", *budgeted))
     with caplog.at_level(logging.WARNING, logger="vitkit"):
-        kept = reconcile(tiny_config(tmp_path / "run"))  # the recipe's epochs, no budget: as the command reads
+        kept = reconcile(tiny_config(tmp_path / "run"), length_given=False)  # the recipe's epochs, as resolved
     assert kept.run.max_minutes == 0.02 and kept.data.epochs == 0 and "different config" not in caplog.text
+    with caplog.at_level(logging.WARNING, logger="vitkit"):
+        reconcile(tiny_config(tmp_path / "run", "data.epochs=50"))  # the user's --epochs 50: kept from them, said
+    assert "different config (data.epochs" in caplog.text
+    caplog.clear()
+    from vitkit.train.resolve import Request, resolve  # what the CLI passes as length_given
+
+    given = [resolve(Request(data="digits", out="x", **flags)).length_given for flags in ({}, {"epochs": 50.0})]
+    assert given == [False, True]
+    assert resolve(Request(data="digits", out="x", overrides=("data.steps=9",))).length_given
     with caplog.at_level(logging.WARNING, logger="vitkit"):
         reconcile(tiny_config(tmp_path / "run", *budgeted, "optim.lr=0.5"))
     assert "different config (optim.lr)" in caplog.text  # a real change is still said

@@ -162,7 +162,7 @@ def run_train(args: argparse.Namespace) -> int:
     main_process = quiet_other_ranks()
     resolved, config = _config(args)
     resuming = RunDir(config.run.out).latest() is not None
-    config = reconcile(config)  # resuming: the run's own config, before anything is printed
+    config = reconcile(config, length_given=resolved.length_given)  # resuming: the run's own config, said first
 
     def say(lines: list[str], prefix: str = "") -> None:
         for line in lines if main_process else ():

@@ -51,11 +51,12 @@ log = logging.getLogger("vitkit.train.trainer")  # the trainer's messages, where
 UNBOUNDED = 2**62  # the batch streams' bound for a run whose time budget alone decides its length
 
 
-def reconcile(config: TrainConfig) -> TrainConfig:
+def reconcile(config: TrainConfig, *, length_given: bool = True) -> TrainConfig:
     """The config a run in `config.run.out` continues with: the stored one when the directory holds a run
-    (vitkit.runs' one resume policy), with a warning naming what the request changed, from the main process."""
+    (vitkit.runs' one resume policy), with a warning naming what the request changed, from the main process
+    (`length_given`: the request named its length, so a stored budget's own length overrides it: said)."""
     run = RunDir(config.run.out)
-    merged, changed = run.reconcile(to_dict(config), LENGTH_BOUNDS_BUDGET)
+    merged, changed = run.reconcile(to_dict(config), LENGTH_BOUNDS_BUDGET, length_given=length_given)
     if changed and distributed.current().main:  # one run, one warning: every process had given it
         log.warning(
             "%s already holds a run with a different config (%s); resuming it with its own config "
@@ -240,8 +241,10 @@ class RunParts:
                 log.warning("no checkpoint in %s: starting from step 0", self.run.path)
             return
         self.resumed = True
-        if self.state.ended and self.length is not None and self.state.step < self.length:  # made longer by hand
-            self.state.ended = False  # it had reported "finished" at 90/180 steps without a step
+        run = self.config.run
+        fitted = run.max_minutes > 0 and run.budget_schedule == "fit"  # which ends annealed before its length
+        if self.state.ended and not fitted and self.length is not None and self.state.step < self.length:
+            self.state.ended = False  # made longer by hand: it had reported "finished" at 90/180 steps
         log.info("resuming %s at step %d", resumed, self.state.step)
 
     def _resume_rng(self, stored: list[dict[str, torch.Tensor]] | None) -> None:

@@ -78,6 +78,7 @@ class Resolved:
     info: SourceInfo
     notes: list[str] = field(default_factory=list)  # printed before training
     warnings: list[str] = field(default_factory=list)
+    length_given: bool = True  # the request named a length (--epochs, data.epochs, data.steps)
 
 
 def resolve(request: Request, *, source_model: ModelConfig | None = None) -> Resolved:
@@ -128,7 +129,7 @@ def resolve(request: Request, *, source_model: ModelConfig | None = None) -> Res
         out = Path(request.runs_root) / f"{data_name(request.data)}-{_model_name(request, config)}-{stamp}"
         out = _claim(out) if request.world == 1 else out  # torchrun's processes must agree on one name
         config = dataclasses.replace(config, run=dataclasses.replace(config.run, out=str(out)))
-    return _describe(config, info, name, chose, source)
+    return dataclasses.replace(_describe(config, info, name, chose, source), length_given=length_given(request))
 
 
 def _claim(out: Path) -> Path:
@@ -224,14 +225,18 @@ def _sweep_hold_out(config: TrainConfig, info: SourceInfo) -> TrainConfig:
     return dataclasses.replace(config, data=dataclasses.replace(data, val_fraction=finetune_val_fraction(labelled)))
 
 
+def length_given(request: Request) -> bool:
+    """Whether the request names the run's length: --epochs, data.epochs or data.steps."""
+    return request.epochs is not None or any(o.startswith(("data.epochs=", "data.steps=")) for o in request.overrides)
+
+
 def _budget_length(config: TrainConfig, request: Request) -> TrainConfig:
     """With a fitted --max-minutes and no length of the user's (--epochs, data.epochs, data.steps), the budget
     alone decides the run's length (train/budget.py): the recipe's epochs are dropped, except for a recipe of
     LENGTH_BOUNDS_BUDGET, whose bound (its own epochs, or the one named there) ends the run where it comes
     before the budget."""
-    given = request.epochs is not None or any(o.startswith(("data.epochs=", "data.steps=")) for o in request.overrides)
     run = config.run
-    if given or config.data.steps > 0 or run.max_minutes <= 0 or run.budget_schedule != "fit":
+    if length_given(request) or config.data.steps > 0 or run.max_minutes <= 0 or run.budget_schedule != "fit":
         return config
     if config.recipe in LENGTH_BOUNDS_BUDGET:
         bound = LENGTH_BOUNDS_BUDGET[config.recipe]
