@@ -104,6 +104,11 @@ def _spelt_as_stored(requested: dict[str, Any], stored: dict[str, Any]) -> dict[
     return requested
 
 
+def same_source(first: str, second: str) -> bool:
+    """Whether two data URIs (or checkpoint paths) name one source, however spelt; an empty one names none."""
+    return bool(first) and bool(second) and (first == second or _place(first) == _place(second))
+
+
 def _place(spec: str) -> tuple[str, str]:
     """A source URI or checkpoint path as (kind, real path): "folder:photos" and "folder:/home/me/photos" agree."""
     kind, sep, path = spec.partition(":")

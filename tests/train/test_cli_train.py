@@ -163,17 +163,21 @@ def test_finetune_initialises_by_surgery(pretrained: Path, tmp_path: Path) -> No
 
 
 def test_a_head_of_the_same_shape_is_replaced_unless_it_classifies_these_classes(tmp_path: Path) -> None:
-    """Sec. 3.2: a new zero-initialised head; another data set's 4-class head had been kept for its shape."""
+    """Sec. 3.2: a new zero-initialised head; another data set's 4-class head had been kept for its shape, and
+    then for its names where a source without names calls its classes "0", "1", ..."""
     model = build_model(ViTConfig(img_size=8, patch_size=4, hidden_size=32, depth=1, num_heads=2, mlp_dim=32,
                                   num_classes=4, in_chans=1))  # fmt: skip
     torch.nn.init.normal_(model.head.weight)
-    vitkit.save(model, tmp_path / "c", class_names=["cat", "dog", "car", "ship"])
     data = f"npz:{_npz(tmp_path / 'four.npz')}"
-    config = resolve(Request(data=data, init_from=str(tmp_path / "c"), out=str(tmp_path / "ft"))).config
-    assert torch.count_nonzero(initial_model(config, ["0", "1", "2", "3"]).head.weight) == 0  # other classes
-    assert torch.count_nonzero(initial_model(config).head.weight) == 0  # classes unknown
-    kept = initial_model(config, ["cat", "dog", "car", "ship"]).head.weight  # its own: a fine-tune continued
-    assert torch.equal(kept, model.head.weight)
+    names = ["0", "1", "2", "3"]  # what an npz without class names has
+    vitkit.save(model, tmp_path / "own", class_names=names, provenance={"data": data})
+    vitkit.save(model, tmp_path / "other", class_names=names, provenance={"data": "npz:/elsewhere/four.npz"})
+    for source, kept in (("own", True), ("other", False)):
+        config = resolve(Request(data=data, init_from=str(tmp_path / source), out=str(tmp_path / "ft"))).config
+        head = initial_model(config, names).head.weight
+        assert torch.equal(head, model.head.weight) if kept else torch.count_nonzero(head) == 0, source
+        assert torch.count_nonzero(initial_model(config, ["a", "b", "c", "d"]).head.weight) == 0  # other classes
+        assert torch.count_nonzero(initial_model(config).head.weight) == 0  # classes unknown
 
 
 def test_a_fine_tune_normalises_as_its_checkpoint_was_trained(tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ from vitkit.data.sources import ImageSet, describe, load_split, separate_val
 from vitkit.data.subsets import fraction_subset, labelled_parts
 from vitkit.models import build_model
 from vitkit.models.configs import image_size, in_channels, num_classes
+from vitkit.run_config import same_source
 from vitkit.runs import open_checkpoint
 from vitkit.train.config import TrainConfig
 from vitkit.train.plan import eval_period, total_steps
@@ -160,14 +161,17 @@ def check_batch(config: TrainConfig, num_train: int) -> None:
 
 def initial_model(config: TrainConfig, class_names: list[str] | None = None) -> nn.Module:
     """Resume order steps (2) and (3): `init_from` with surgery, else a fresh model.  The checkpoint's head is
-    kept only where it already classifies these `class_names` (a fine-tune continued on its own data); any
-    other head, one of the same shape included, is replaced by a zero-initialised D x K one (Sec. 3.2)."""
+    kept only where it already classifies these `class_names` of this data set (a fine-tune continued on its own
+    data: the checkpoint records the source it was trained on); any other head, one of the same shape included,
+    is replaced by a zero-initialised D x K one (Sec. 3.2).  Names alone do not tell: sources without names call
+    their classes "0", "1", ..."""
     model = build_model(config.model)
     if not config.run.init_from:
         return model
     checkpoint = open_checkpoint(config.run.init_from)
     source = checkpoint.model
-    keep = bool(class_names) and checkpoint.class_names == list(class_names) and _same_head(source, model)
+    same_data = same_source(str(checkpoint.provenance.get("data", "")), config.data.uri)
+    keep = same_data and bool(class_names) and checkpoint.class_names == list(class_names) and _same_head(source, model)
     if not keep:
         source = replace_head(source, num_classes(config.model))  # Sec. 3.2: zero-init D x K head
     source = change_resolution(source, image_size(config.model))  # Sec. 3.2: 2D-interpolated E_pos
