@@ -13,7 +13,7 @@ from PIL import Image
 import vitkit
 from vitkit.checkpoints import CheckpointError, limits, native, read, surgery
 from vitkit.models import list_models, preset_config
-from vitkit.models.configs import ViTConfig
+from vitkit.models.configs import HybridConfig, ViTConfig
 from vitkit.models.flops import model_flops, vit_flops
 
 
@@ -184,9 +184,17 @@ def test_work_per_image_is_the_vit_count_with_narrow_attention_floored():
     assert limits.image_work(narrow)[0] == vit_flops(narrow) + 3 * 4 * tokens**2 * (64 - 16)
 
 
-@pytest.mark.parametrize("name", ["bit_r50x1", "r26_vit_s32"])
-def test_convolutional_work_is_bounded_above_its_traced_count(name):
-    config = preset_config(name, img_size=64, num_classes=10)
+@pytest.mark.parametrize(
+    "config",
+    [
+        preset_config("bit_r50x1", img_size=64, num_classes=10),
+        preset_config("r26_vit_s32", img_size=64, num_classes=10),
+        HybridConfig(
+            vit=ViTConfig(img_size=64, patch_size=4, hidden_size=64, depth=1, num_heads=1, mlp_dim=64), resnet_layers=()
+        ),  # the official R+Ti/16 layout: a root block alone; it had been under-counted
+    ],
+)
+def test_convolutional_work_is_bounded_above_its_traced_count(config):
     bound, exact = limits.image_work(config)[0], model_flops(config)
     assert exact <= bound <= 4 * exact
 

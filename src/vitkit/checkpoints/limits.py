@@ -120,6 +120,10 @@ def image_work(config: ModelConfig) -> tuple[int, int]:
         stride = config.stride if isinstance(config, HybridConfig) else 1
         grid = vit.img_size // (vit.patch_size * stride)
         flops += vit_flops(vit, grid * vit.patch_size)  # the encoder sees the backbone's grid as its image
+        if isinstance(config, HybridConfig):  # whose channels are the backbone's, not the image's
+            stages = len(config.resnet_layers)
+            channels = 64 * config.width_factor * (4 * 2 ** (stages - 1) if stages else 1)
+            flops += 2 * grid * grid * vit.patch_size**2 * vit.hidden_size * (channels - vit.in_chans)
         tokens = grid * grid + 1
         flops += vit.depth * 4 * tokens * tokens * max(ATTENTION_FLOOR - vit.hidden_size, 0)
         biggest = max(biggest, tokens * max(vit.mlp_dim, 3 * vit.hidden_size) * 4, vit.num_heads * tokens**2 * 4)
