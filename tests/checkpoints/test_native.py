@@ -93,7 +93,11 @@ def test_a_checkpoint_of_a_newer_format_version_is_refused_by_name(tmp_path, mak
     """format_version 2 had been read as version 1 without a word."""
     vitkit.save(make_vit(), tmp_path / "c")
     meta = json.loads((tmp_path / "c" / "config.json").read_text())
-    for version, words in ((2, "format_version 2; this vitkit reads versions 1 to 1"), ("1", "format_version '1'")):
+    for version, words in (
+        (2, "format_version 2; this vitkit reads versions 1 to 1 (a newer vitkit wrote it"),
+        ("1", "format_version '1'; this vitkit reads versions 1 to 1 (damaged)"),
+        (0, "format_version 0; this vitkit reads versions 1 to 1 (damaged)"),
+    ):
         (tmp_path / "c" / "config.json").write_text(json.dumps({**meta, "format_version": version}))
         with pytest.raises(CheckpointError, match=re.escape(words)):
             vitkit.load(tmp_path / "c")

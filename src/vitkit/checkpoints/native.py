@@ -124,10 +124,11 @@ def load(
     if meta.get("format") != FORMAT:
         raise CheckpointError(f"{config_path} is not a vitkit checkpoint config (format={short(meta.get('format'))})")
     version = meta.get("format_version", FORMAT_VERSION)
-    if not (isinstance(version, int) and not isinstance(version, bool) and 1 <= version <= FORMAT_VERSION):
+    whole = isinstance(version, int) and not isinstance(version, bool)
+    if not (whole and 1 <= version <= FORMAT_VERSION):
+        why = "a newer vitkit wrote it: upgrade vitkit, or convert it there" if whole and version > 1 else "damaged"
         raise CheckpointError(
-            f"{config_path}: format_version {short(version)}; this vitkit reads versions 1 to {FORMAT_VERSION} "
-            "(a newer vitkit wrote it: upgrade vitkit, or convert it there)"
+            f"{config_path}: format_version {short(version)}; this vitkit reads versions 1 to {FORMAT_VERSION} ({why})"
         )
     config = model_config(meta.get("model"), str(config_path))
     fields = read_fields(meta, config, config_path)
