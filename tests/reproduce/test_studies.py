@@ -123,6 +123,28 @@ def test_killed_study_resumes_and_reuses_finished_arms(
     assert (tmp_path / "arms" / "token_lr-low-s0" / "arm.json").read_text() == first
 
 
+def test_a_signal_as_an_arm_finishes_stops_the_study_after_recording_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SIGTERM while an arm's curves were drawn was let go, and the next arm (hours, at scale) started."""
+    from vitkit.train import finish
+
+    real = finish.plot_curves
+
+    def interrupted(*args):
+        if not os.environ.get("_KILLED"):
+            os.environ["_KILLED"] = "1"
+            os.kill(os.getpid(), signal.SIGTERM)
+        real(*args)
+
+    monkeypatch.setattr(finish, "plot_curves", interrupted)
+    monkeypatch.delenv("_KILLED", raising=False)
+    with pytest.raises(StudyInterrupted, match="token_lr-low-s0 was interrupted by signal 15"):
+        reproduce("head", tiny("head", tmp_path))
+    assert (tmp_path / "arms" / "token_lr-low-s0" / "arm.json").is_file()  # whole and recorded: reused next time
+    assert not (tmp_path / "arms" / "token_lr-high-s0").exists()
+
+
 def test_cli_reproduce_json_reuse_and_bad_requests(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:

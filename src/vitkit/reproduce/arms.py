@@ -96,6 +96,8 @@ def run_train_arm(arm: Arm, path: Path, probes: Probes) -> dict[str, Any]:
         record[name] = probes.measure(name, checkpoint, config)
     record["wall_minutes"] = round((time.monotonic() - began) / 60, 3)
     write_record(path, record)
+    if result.get("late_signal"):  # came as the arm finished: it is whole and recorded; the study stops here
+        raise StudyInterrupted(arm.key, result["late_signal"])
     return record
 
 

@@ -63,9 +63,10 @@ def evaluation_failure(run_dir: Path, config: TrainConfig, checkpoint: str, metr
         ) from err
 
 
-def close_metrics(metrics: Any, final: dict[str, Any] | None, run_dir: Path) -> None:
+def close_metrics(metrics: Any, final: dict[str, Any] | None, run_dir: Path) -> int:
     """The final record, then the curves of metrics.jsonl.  The run has finished: neither a plot that fails
-    nor a signal that lands now (Ctrl-C as the accuracy is shown) makes it fail; the signal is said and let go."""
+    nor a signal that lands now (Ctrl-C as the accuracy is shown) makes it fail; the signal is said, and
+    returned (0: none) for a caller with more to run after this run (a study), which stops there."""
     with SignalFlag() as signals:
         if final is not None:
             metrics.write({**final, "final": True})
@@ -76,3 +77,4 @@ def close_metrics(metrics: Any, final: dict[str, Any] | None, run_dir: Path) -> 
             log.warning("could not draw plots/curves.png: %s", err)
     if signals.signum:
         log.info("signal %d came as the run finished; the run is complete, nothing was stopped", signals.signum)
+    return signals.signum or 0

@@ -387,8 +387,7 @@ class Trainer(RunParts):
         if self.data.test is not None:
             with finish.evaluation_failure(self.run.path, config, checkpoint, self.metrics):
                 final = self._evaluate(config.eval.final_split, self.data.test)
-        if self.info.main:
-            finish.close_metrics(self.metrics, final, self.run.path)
+        late = finish.close_metrics(self.metrics, final, self.run.path) if self.info.main else 0  # a signal now
         if final is not None:
             result[config.eval.final_split] = {k: v for k, v in final.items() if k not in ("step", "epoch", "split")}
             result["epoch"] = final["epoch"]
@@ -397,4 +396,5 @@ class Trainer(RunParts):
             "minutes": state.elapsed / 60,
             "wall_minutes": (time.monotonic() - self.started) / 60,
             "checkpoint": checkpoint,
+            "late_signal": late,
         }
