@@ -3,6 +3,7 @@ a killed study resumes and reuses its finished arms; `vitkit reproduce` on the c
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -143,6 +144,19 @@ def test_a_signal_as_an_arm_finishes_stops_the_study_after_recording_it(
         reproduce("head", tiny("head", tmp_path))
     assert (tmp_path / "arms" / "token_lr-low-s0" / "arm.json").is_file()  # whole and recorded: reused next time
     assert not (tmp_path / "arms" / "token_lr-high-s0").exists()
+
+
+def test_a_tiny_study_re_run_with_other_seeds_keeps_its_scale_and_arms(tmp_path: Path) -> None:
+    """Seeds 2 at 2 minutes is tiny; seeds 1 there had planned a small scale, refused the finished arms as
+    trained with another config, and rewritten study.json, so that the first command was refused too."""
+    request = dataclasses.replace(tiny("head", tmp_path), budget_minutes=2.0, seeds=2)
+    first = reproduce("head", request)
+    assert json.loads((tmp_path / "study.json").read_text())["scale"]["name"] == "tiny"
+    fewer = reproduce("head", dataclasses.replace(request, seeds=1))
+    again = reproduce("head", request)
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert all(r["reused"] for r in results["arms"]) and len(results["arms"]) == 8
+    assert [c["verdict"] for c in again["claims"]] == [c["verdict"] for c in first["claims"]] and fewer["claims"]
 
 
 def test_cli_reproduce_json_reuse_and_bad_requests(

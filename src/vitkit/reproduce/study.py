@@ -61,7 +61,7 @@ def prepare_directory(study: Study, context: Context) -> Context:
                 "resume, or use another --out"
             )
     scale = context.scale
-    if (stored.get("scale") or {}).get("unit_steps"):  # planned before: the same arms again
+    if stored.get("scale"):  # planned before (tiny, or calibrated): the same arms again, whatever --seeds says now
         scale = Scale(**stored["scale"])
     elif scale.name != "tiny" and study.run_arm is None:  # arms that train: their speed sets the unit
         provisional = dataclasses.replace(context, scale=dataclasses.replace(scale, unit_steps=1))
@@ -74,6 +74,9 @@ def prepare_directory(study: Study, context: Context) -> Context:
             scale.unit_steps,
             context.base.data.batch_size,
         )
+    if scale.name != context.scale.name:  # a stored plan at another scale than this --seeds alone would give
+        base = base_config(context.info, scale, threads=request.threads, device=request.device)
+        context = dataclasses.replace(context, base=base)
     context = dataclasses.replace(context, scale=scale)
     context.out.mkdir(parents=True, exist_ok=True)
     record = {**mine, "seeds": request.seeds, "scale": asdict(scale)}
