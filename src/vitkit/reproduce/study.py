@@ -118,10 +118,11 @@ def run_study(study: Study, request: StudyRequest) -> dict[str, Any]:
 
 
 def mechanics_only(analysis: Analysis, minimum_minutes: float) -> Analysis:
-    """Every verdict of a tiny-scale study made inconclusive: its arms train a fixed 10 steps each (a test of the
-    mechanics) and sit near chance, so an effect between them says nothing of the paper's claim."""
+    """Every verdict of a tiny-scale study made inconclusive: its arms train 10 steps per unit of length (a test of
+    the mechanics) and sit near chance, so an effect between them says nothing of the paper's claim."""
     why = (
-        "tiny scale: every arm trained a fixed 10 steps, a test of the mechanics, not of the claim; give "
+        "tiny scale: every arm trained 10 steps per unit of its length, a test of the mechanics, not of the claim; "
+        "give "
         f"--budget-minutes {math.ceil(minimum_minutes)} or more (per seed count as now) for a verdict"
     )
     claims = [
