@@ -71,8 +71,8 @@ def test_tiny_study_reports_every_arm_and_claim(tmp_path: Path, name: str) -> No
     assert results["scale"]["name"] == "tiny" and summary["report"] == str(tmp_path / "report.md")
     assert {c["key"] for c in results["claims"]} == CLAIMS[name]
     assert all(c["verdict"] in VERDICTS and c["reason"] for c in results["claims"])
-    if name != "speed":  # 10 steps an arm, near chance: "reproduced" came from noise (posemb: arms at 12.8-13.4%)
-        assert all(c["verdict"] == "inconclusive" and c["reason"].startswith("tiny scale") for c in results["claims"])
+    # near chance, "reproduced" came from noise (posemb: 12.8-13.4%); speed's tiny pair is 4-5x apart in FLOPs
+    assert all(c["verdict"] == "inconclusive" and c["reason"].startswith("tiny scale") for c in results["claims"])
     planned = get_study(name).plan(make_context(get_study(name), tiny(name, tmp_path)))
     assert [r["arm"] for r in results["arms"]] == [a.name for a in planned]  # no arm dropped
     for claim in results["claims"]:
