@@ -79,6 +79,7 @@ def test_tiny_study_reports_every_arm_and_claim(tmp_path: Path, name: str) -> No
         assert claim["paper"]["quote"][:80] in report and f"**{claim['verdict']}**" in report
     for number in GOLDEN_QUOTED.get(name, []):
         assert number in report
+    assert name != "posemb" or "(2 draws)" in report  # the tiny probe's, not the "5 draws" it had said
     for figure in results["figures"]:
         assert (tmp_path / figure["file"]).stat().st_size > 2000 and f"]({figure['file']})" in report
     if name != "speed":  # arms that train (the transfer study's few-shot arms probe a checkpoint: 0 units)

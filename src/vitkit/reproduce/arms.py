@@ -43,6 +43,13 @@ log = logging.getLogger(__name__)
 
 FEWSHOT_SHOTS = (5, 25)  # 5-shot is the paper's ablation metric (Table 8, Figures 4, 8, 9)
 FEWSHOT_DRAWS = 5  # draws of the k shots per arm (the same draws for every arm of a study)
+
+
+def fewshot_draws(scale_name: str) -> int:
+    """Draws of the k shots per arm at a study's scale: two at the tiny one, whose arms test the mechanics."""
+    return 2 if scale_name == "tiny" else FEWSHOT_DRAWS
+
+
 FEWSHOT_L2 = tuple(range(-10, 21, 2))  # ridge penalties 2^-10 .. 2^20 in steps of 4x (eval/fewshot.py's grid, halved)
 ATTENTION_IMAGES = 128  # App. D.7, Figure 11: "computed for 128 example images"
 TRAIN_FLOPS_FACTOR = 3  # forward + backward (two forward-sized matmuls per forward matmul)

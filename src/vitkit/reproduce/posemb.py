@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 
 from vitkit.reproduce import paper
+from vitkit.reproduce.arms import fewshot_draws
 from vitkit.reproduce.common import arm, better, means, over_seeds, similar, table_of
 from vitkit.reproduce.figures import Panel, Series, draw, mean_sd
 from vitkit.reproduce.spec import METRIC_NAMES, Analysis, Claim, Context, Study, by_arm
@@ -100,7 +101,8 @@ def analyse(context: Context, records: list) -> Analysis:
         f"each arm: the base ViT ({describe(context)}) with one position embedding; PatchDropout off "
         "(it needs embeddings added once at the input)",
         "Table 8 measured ViT-B/16 after JFT-300M pre-training on ImageNet 5-shot; here the frozen features of "
-        "each arm are probed with 5 images per class of the same data set (5 draws), scored on its test split",
+        f"each arm are probed with 5 images per class of the same data set ({fewshot_draws(context.scale.name)} "
+        "draws), scored on its test split",
     ]
     return Analysis(out, [table], [("posemb.png", "Table 8 drawn as bars: the paper (left) and vitkit (right)")], notes)
 

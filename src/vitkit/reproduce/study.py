@@ -24,7 +24,7 @@ from typing import Any
 from vitkit.atomic import atomic_write_text
 from vitkit.bench.throughput import num_threads
 from vitkit.data.sources import describe
-from vitkit.reproduce.arms import FEWSHOT_DRAWS, FEWSHOT_SHOTS, Probes, run_train_arm
+from vitkit.reproduce.arms import FEWSHOT_SHOTS, Probes, fewshot_draws, run_train_arm
 from vitkit.reproduce.report import unit_text, write_report
 from vitkit.reproduce.scale import Scale, base_config, calibrated, scale_for, smallest_budget
 from vitkit.reproduce.spec import Analysis, Context, Study, StudyRequest
@@ -103,7 +103,7 @@ def run_study(study: Study, request: StudyRequest) -> dict[str, Any]:
         context.out,
     )
     tiny = context.scale.name == "tiny"
-    probes = Probes(request.device, shots=(5,) if tiny else FEWSHOT_SHOTS, draws=2 if tiny else FEWSHOT_DRAWS)
+    probes = Probes(request.device, shots=(5,) if tiny else FEWSHOT_SHOTS, draws=fewshot_draws(context.scale.name))
     run_arm = study.run_arm or run_train_arm
     records = []
     with num_threads(request.threads or None):  # the probes too, not only the arms' training
