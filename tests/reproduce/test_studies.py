@@ -188,6 +188,10 @@ def test_cli_reproduce_json_reuse_and_bad_requests(
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["claims"] == summary["claims"]
     assert main(args[:4] + ["--budget-minutes", "2"] + args[6:]) == 2
     assert "planned with budget_minutes=0.5" in capsys.readouterr().err
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.json").write_text("{}")  # a training run's directory: not mixed into
+    assert main(["reproduce", "head", "--out", str(tmp_path / "run")]) == 2
+    assert "holds a training run (its config.json); choose another --out" in capsys.readouterr().err
     assert main(["reproduce", "head", "--seeds", "0", "--out", str(tmp_path / "x")]) == 2
     assert "--seeds must be from 1 to 100, got 0" in capsys.readouterr().err
     assert main(["reproduce", "head", "--seeds", str(10**12), "--out", str(tmp_path / "x")]) == 2  # had run on
