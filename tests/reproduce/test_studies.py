@@ -80,6 +80,7 @@ def test_tiny_study_reports_every_arm_and_claim(tmp_path: Path, name: str) -> No
     for number in GOLDEN_QUOTED.get(name, []):
         assert number in report
     assert name != "posemb" or "(2 draws)" in report  # the tiny probe's, not the "5 draws" it had said
+    assert "+- 0.00 |" not in report  # a one-seed table cell has no spread to show: a measured zero, it had read
     for figure in results["figures"]:
         assert (tmp_path / figure["file"]).stat().st_size > 2000 and f"]({figure['file']})" in report
     if name != "speed":  # arms that train (the transfer study's few-shot arms probe a checkpoint: 0 units)

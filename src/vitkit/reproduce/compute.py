@@ -241,7 +241,7 @@ def table(records: list) -> Table:
                 f"{r['params']:,}",
                 f"{r['forward_flops'] / 1e6:.2f}",
                 f"{sum(row['flops']) / len(row['flops']):.3g}",
-                f"{100 * acc:.2f} +- {100 * sd:.2f}",
+                f"{100 * acc:.2f} +- {100 * sd:.2f}" if len(row["acc"]) > 1 else f"{100 * acc:.2f}",  # one seed
             ]
         )
     return Table(
