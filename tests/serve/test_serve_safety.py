@@ -535,3 +535,16 @@ def test_the_bearer_scheme_is_read_in_any_case(vit_checkpoint: Path) -> None:
             return answers
 
     assert asyncio.run(scenario()) == [200, 200, 200, 401, 401, 401]
+
+
+def test_the_token_may_come_from_the_environment_where_ps_does_not_show_it(monkeypatch) -> None:
+    from vitkit.cli import build_parser
+    from vitkit.cli.serving import serve_config
+
+    monkeypatch.delenv("VITKIT_SERVE_TOKEN", raising=False)
+    assert serve_config(build_parser().parse_args(["serve", "run"])).token is None
+    monkeypatch.setenv("VITKIT_SERVE_TOKEN", "s3cret")
+    assert serve_config(build_parser().parse_args(["serve", "run"])).token == "s3cret"
+    assert serve_config(build_parser().parse_args(["serve", "run", "--token", "flag"])).token == "flag"  # flag wins
+    monkeypatch.setenv("VITKIT_SERVE_TOKEN", "")
+    assert serve_config(build_parser().parse_args(["serve", "run"])).token is None  # empty: no token, not ""

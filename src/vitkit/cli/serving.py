@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from typing import TYPE_CHECKING
 
 from vitkit.cli.flags import finite_float
+
+TOKEN_VARIABLE = "VITKIT_SERVE_TOKEN"  # the bearer token, where a flag would show it in `ps`
 
 if TYPE_CHECKING:
     from vitkit.serve.config import ServeConfig
@@ -43,7 +46,12 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="run the model in a thread of the server process instead of a model process of its own",
     )
-    parser.add_argument("--token", default=None, help="require 'Authorization: Bearer TOKEN' (all routes but the page)")
+    parser.add_argument(
+        "--token",
+        default=None,
+        help=f"require 'Authorization: Bearer TOKEN' (all routes but the page); default ${TOKEN_VARIABLE}, which, "
+        "unlike a flag, other users' `ps` does not show",
+    )
     parser.set_defaults(handler=run_serve)
 
 
@@ -80,7 +88,7 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
         max_queue=args.max_queue,
         max_bodies_mb=args.max_bodies_mb,
         threads=args.threads,
-        token=args.token,
+        token=args.token or os.environ.get(TOKEN_VARIABLE) or None,
         model_process=not args.in_process,
         decode_workers=args.decode_workers,
         **limits,
