@@ -212,6 +212,11 @@ class RunConfig:
         if self.max_minutes > MAX_MINUTES:
             raise ValueError(f"--max-minutes (run.max_minutes) must be <= {MAX_MINUTES:g}, got {self.max_minutes:g}")
 
+    @property
+    def fitted(self) -> bool:
+        """A time budget the schedule is fitted to (it ends annealed, perhaps before its length)."""
+        return self.max_minutes > 0 and self.budget_schedule == "fit"
+
 
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
@@ -227,7 +232,7 @@ class TrainConfig:
     mpp: MPPConfig | None = None  # masked patch prediction (App. B.1.2) as the objective; None = classification
 
     def __post_init__(self) -> None:
-        if not self.data.has_length and not (self.run.max_minutes > 0 and self.run.budget_schedule == "fit"):
+        if not self.data.has_length and not self.run.fitted:
             raise ValueError(
                 "set data.epochs > 0 or data.steps > 0, or a fitted time budget (run.max_minutes > 0) "
                 "to decide the run's length"

@@ -241,8 +241,7 @@ class RunParts:
                 log.warning("no checkpoint in %s: starting from step 0", self.run.path)
             return
         self.resumed = True
-        run = self.config.run
-        fitted = run.max_minutes > 0 and run.budget_schedule == "fit"  # which ends annealed before its length
+        fitted = self.config.run.fitted  # which ends annealed before its length
         if self.state.ended and not fitted and self.length is not None and self.state.step < self.length:
             self.state.ended = False  # made longer by hand: it had reported "finished" at 90/180 steps
         log.info("resuming %s at step %d", resumed, self.state.step)

@@ -180,7 +180,7 @@ class Trainer(RunParts):
         config = self.config
         if config.eval.every_epochs > 0 and not self.data.evals:
             config = dataclasses.replace(config, eval=dataclasses.replace(config.eval, every_epochs=0.0))
-        fitted = config.run.max_minutes > 0 and config.run.budget_schedule == "fit"
+        fitted = config.run.fitted
         reserve = fitted and config.eval.every_epochs <= 0  # the budget keeps the final evaluation's time: time it
         evals = sum(len(s) for s in self.data.evals.values()) if config.eval.every_epochs > 0 else 0
         eval_images = evals + (len(self.data.test) if self.data.test is not None else 0)
