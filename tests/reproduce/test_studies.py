@@ -8,6 +8,8 @@ import json
 import logging
 import os
 import signal
+import time
+import types
 from pathlib import Path
 
 import pytest
@@ -101,13 +103,18 @@ def test_killed_study_resumes_and_reuses_finished_arms(
         trained.append(Path(config.run.out).name)
         return real_train(config, **kwargs)
 
+    hour = [0.0]  # the arms' clock jumps an hour where the third arm is killed: its first invocation's wall time
+    clock = types.SimpleNamespace(monotonic=lambda: time.monotonic() + hour[0])
+
     def step(state, batch, spec, loss_of=None):  # SIGTERM during the third arm, as `kill PID` would
         out = real_step(state, batch, spec, loss_of)
         if len(trained) == 3 and state.step == 4 and not os.environ.get("_KILLED"):
             os.environ["_KILLED"] = "1"
+            hour[0] = 3600.0
             os.kill(os.getpid(), signal.SIGTERM)
         return out
 
+    monkeypatch.setattr(arms, "time", clock)
     monkeypatch.setattr(arms, "train", spy)
     monkeypatch.setattr(trainer, "train_step", step)
     monkeypatch.delenv("_KILLED", raising=False)
@@ -115,6 +122,8 @@ def test_killed_study_resumes_and_reuses_finished_arms(
         reproduce("head", tiny("head", tmp_path))
     first = (tmp_path / "arms" / "token_lr-low-s0" / "arm.json").read_text()
     assert not (tmp_path / "arms" / "gap_lr-low-s0" / "arm.json").exists()
+    tally = json.loads((tmp_path / "arms" / "gap_lr-low-s0" / arms.WALL_TALLY).read_text())["seconds"]
+    assert tally >= 3600
     trained.clear()
     with caplog.at_level(logging.INFO, logger="vitkit.train.trainer"):
         summary = reproduce("head", tiny("head", tmp_path))
@@ -124,6 +133,9 @@ def test_killed_study_resumes_and_reuses_finished_arms(
     assert [r["reused"] for r in results["arms"]] == [True, True, False, False]
     assert [r["step"] for r in results["arms"]] == [10, 10, 10, 10] and len(summary["claims"]) == 2
     assert (tmp_path / "arms" / "token_lr-low-s0" / "arm.json").read_text() == first
+    # the resumed arm's wall time counts its interrupted invocation's hour; it had counted the last invocation only
+    assert results["arms"][2]["wall_minutes"] >= 60 > results["arms"][3]["wall_minutes"]
+    assert not (tmp_path / "arms" / "gap_lr-low-s0" / arms.WALL_TALLY).exists()
 
 
 def test_a_signal_as_an_arm_finishes_stops_the_study_after_recording_it(

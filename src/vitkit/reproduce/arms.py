@@ -2,6 +2,7 @@
 
     DIR/arms/<arm>-s<seed>/            a run directory of vitkit's engine (config.json, metrics.jsonl, checkpoints/)
     DIR/arms/<arm>-s<seed>/arm.json    written last and atomically, once the arm is trained and measured
+    DIR/arms/<arm>-s<seed>/wall.json   an interrupted arm's wall time so far, until arm.json is written
 
 A re-run of the study reuses every arm with an arm.json whose config is the planned one, and calls the
 engine for the others, which resumes a killed run from its last checkpoint (train/trainer.py).  An
@@ -54,6 +55,7 @@ FEWSHOT_L2 = tuple(range(-10, 21, 2))  # ridge penalties 2^-10 .. 2^20 in steps 
 ATTENTION_IMAGES = 128  # App. D.7, Figure 11: "computed for 128 example images"
 TRAIN_FLOPS_FACTOR = 3  # forward + backward (two forward-sized matmuls per forward matmul)
 # Where a re-run may differ: output place, display, hardware, and the path of the arm it starts from (named by the arm).
+WALL_TALLY = "wall.json"  # an unfinished arm's wall seconds so far, so that its "arm min" counts every invocation
 IGNORED = {"run": ("out", "progress", "tensorboard", "threads", "device", "init_from")}
 
 
@@ -93,19 +95,34 @@ def run_train_arm(arm: Arm, path: Path, probes: Probes) -> dict[str, Any]:
     stored = reuse(arm, path, to_dict(config))
     if stored is not None:
         return stored
-    began = time.monotonic()
-    result = train(config)
-    if result["status"] == "interrupted":
-        raise StudyInterrupted(arm.key, result.get("signal", 0))
-    record = trained_record(arm, config, result)
-    checkpoint = open_checkpoint(result["checkpoint"])
-    for name in arm.measure:
-        record[name] = probes.measure(name, checkpoint, config)
-    record["wall_minutes"] = round((time.monotonic() - began) / 60, 3)
+    began, earlier = time.monotonic(), _earlier_seconds(path)
+    try:
+        result = train(config)
+        if result["status"] == "interrupted":
+            raise StudyInterrupted(arm.key, result.get("signal", 0))
+        record = trained_record(arm, config, result)
+        checkpoint = open_checkpoint(result["checkpoint"])
+        for name in arm.measure:
+            record[name] = probes.measure(name, checkpoint, config)
+    except BaseException:  # stopped or failed: this invocation's time is counted when the arm finishes
+        path.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path / WALL_TALLY, json.dumps({"seconds": earlier + time.monotonic() - began}) + "\n")
+        raise
+    record["wall_minutes"] = round((earlier + time.monotonic() - began) / 60, 3)
     write_record(path, record)
+    (path / WALL_TALLY).unlink(missing_ok=True)
     if result.get("late_signal"):  # came as the arm finished: it is whole and recorded; the study stops here
         raise StudyInterrupted(arm.key, result["late_signal"])
     return record
+
+
+def _earlier_seconds(path: Path) -> float:
+    """Wall seconds of the arm's earlier invocations that stopped before it finished (a SIGKILL'd one is not
+    counted: nothing runs to count it)."""
+    try:
+        return float(json.loads((path / WALL_TALLY).read_text())["seconds"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0.0
 
 
 def trained_record(arm: Arm, config: TrainConfig, result: dict[str, Any]) -> dict[str, Any]:
