@@ -179,3 +179,21 @@ def test_the_summary_names_the_k_of_its_top_k() -> None:
     data = ImageSet(images=images, labels=torch.tensor([0, 1, 2, 0, 1, 2, 0]), class_names=list("abc"))
     result = evaluate(model, data, size=32, mean=(0.5,) * 3, std=(0.5,) * 3, channels=3, batch_size=4).summary()
     assert result["k"] == 3 and result["top5"] == 1.0
+
+
+def test_the_step_outputs_since_the_last_record_round_trip_through_a_saved_state(tmp_path) -> None:
+    """A checkpoint keeps what the next train record averages; a damaged list is dropped, not trusted."""
+    state = _state()
+    for _ in range(2):
+        state.records.append(train_step(state, [_batch(4)], SPEC))
+    torch.save(state.state_dict(), tmp_path / "state.pt")
+    stored = torch.load(tmp_path / "state.pt", weights_only=True)
+    twin = _state()
+    twin.load_state_dict(stored)
+    assert [float(r["loss"]) for r in twin.records] == [float(r["loss"]) for r in state.records]
+    assert [r["lr"] for r in twin.records] == [1e-3, 1e-3]
+    for damaged in ([{"loss": torch.zeros(3), "skipped": False}], "records", [{"lr": 1.0}]):
+        twin.load_state_dict({**stored, "records": damaged})
+        assert twin.records == []
+    twin.load_state_dict({k: v for k, v in stored.items() if k != "records"})  # an earlier version's state
+    assert twin.records == []

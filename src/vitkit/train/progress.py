@@ -35,8 +35,8 @@ def progress_bar(enabled: bool, steps: int, start: int, stream: Any) -> Any:
 class TrainRecords:
     """Collects step outputs (0-d tensors, read only when a record is due) into train records."""
 
-    def __init__(self, step: int, batch_size: int):
-        self.pending: list[dict[str, Any]] = []
+    def __init__(self, step: int, batch_size: int, pending: list[dict[str, Any]] | None = None):
+        self.pending = pending if pending is not None else []  # the train state's: a checkpoint keeps them
         self.batch_size = batch_size
         self.last_time, self.last_step = time.monotonic(), step
 
@@ -47,7 +47,8 @@ class TrainRecords:
         """The record for the steps since the last one (None if every one was skipped); one host sync."""
         now = time.monotonic()
         images_per_s = (step - self.last_step) * self.batch_size / max(now - self.last_time, 1e-9)
-        pending, self.pending = self.pending, []
+        pending = list(self.pending)
+        self.pending.clear()
         self.last_time, self.last_step = now, step
         good = [p for p in pending if not bool(p["skipped"])]
         if not good:

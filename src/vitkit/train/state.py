@@ -7,7 +7,7 @@ layout) is `vitkit.runs`' business; when, `train/checkpointer.py`'s.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -16,6 +16,7 @@ from torch import nn
 from vitkit.train.ema import ModelEMA
 
 MAX_COUNT = 10**12  # a step or step count above this in a train state is damage (data.steps is at most 1e9)
+MAX_RECORDS = 10**6  # pending step outputs (at most run.log_every) above this in a train state are damage
 
 
 @dataclass
@@ -33,6 +34,7 @@ class TrainState:
     elapsed: float = 0.0  # seconds in the training loop, over all invocations
     startup: float = 0.0  # seconds of the first invocation's start-up (data, model, compilation)
     ended: bool = False  # the schedule's last step, at its end value, has run: a re-run takes no more
+    records: list[dict[str, Any]] = field(default_factory=list)  # step outputs since the last train record
 
     def rng_state(self) -> dict[str, torch.Tensor]:
         """This process's random streams, as uint8 tensors: torch's global CPU one (initialisation, dropout,
@@ -63,6 +65,10 @@ class TrainState:
             "elapsed": self.elapsed,
             "startup": self.startup,
             "ended": self.ended,
+            "records": [
+                {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in out.items()}
+                for out in self.records
+            ],
             "optimizer": self.optimizer.state_dict() if optimizer else None,
             "ema": self.ema.state_dict() if self.ema is not None else None,
             "rng": self.rng_state(),
@@ -75,6 +81,7 @@ class TrainState:
         self.elapsed = float(state["elapsed"])
         self.startup = float(state.get("startup", 0.0))  # absent in checkpoints of earlier versions
         self.ended = bool(state.get("ended", False))
+        self.records[:] = _records(state.get("records"))  # absent in earlier versions: the next record starts here
         if optimizer:
             self.optimizer.load_state_dict(state["optimizer"])
         if (state["ema"] is None) != (self.ema is None):
@@ -105,6 +112,16 @@ class TrainState:
             value = rng.get(key) if isinstance(rng, dict) else None
             if not isinstance(value, torch.Tensor) or value.numel() != ours[key].numel():
                 raise ValueError(f"the train state's {key} random stream is not one of this torch")
+
+
+def _records(stored: Any) -> list[dict[str, Any]]:
+    """The pending step outputs of a train state, where they are what `train_step` returns (0-d tensors,
+    numbers and bools by name); anything else is dropped, as a record's worth of means is not worth a resume."""
+    scalar = lambda v: isinstance(v, (int, float, bool)) or (isinstance(v, torch.Tensor) and v.dim() == 0)  # noqa: E731
+    if not isinstance(stored, list) or len(stored) > MAX_RECORDS:
+        return []
+    good = all(isinstance(out, dict) and {"loss", "skipped"} <= out.keys() for out in stored)
+    return list(stored) if good and all(scalar(v) for out in stored for v in out.values()) else []
 
 
 def _check_optimizer(stored: dict[str, Any], params: list[torch.Tensor]) -> None:

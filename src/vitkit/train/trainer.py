@@ -219,7 +219,7 @@ class Trainer(RunParts):
             state.startup = time.monotonic() - self.started
         self.budget.observe(state.step, state.elapsed)
         stop = self._stop_policy(plan)
-        records = TrainRecords(state.step, config.data.batch_size)
+        records = TrainRecords(state.step, config.data.batch_size, state.records)
         bar = progress_bar(config.run.progress and self.info.main, plan.steps, state.step, self.progress_stream)
         self.loop_start, self.saved_step, status = time.monotonic(), -1, "finished"
         spent = self.budget.done(state.step) or plan.steps <= state.step  # by earlier invocations: no step left
