@@ -44,7 +44,13 @@ def test_cosine_values_and_end_fraction() -> None:
 
 def test_warmup_resolution_and_scaling_rules() -> None:
     assert resolve_warmup(1000, 0, 0.05) == 50
-    assert resolve_warmup(1000, 10_000, 0.0) == 999  # never the whole run
+    # never the whole run: the last step is the decay's, at its end value (a warm-up to the last step had left
+    # it at the peak)
+    for total in (2, 5, 1000):
+        warm = resolve_warmup(total, 10_000, 0.0)
+        assert warm == total - 2 and lr_multiplier(total - 1, total, warm, "linear", end_fraction=0.1) == 0.1
+        assert lr_multiplier(total - 2, total, warm, "linear") == 1.0  # the peak is reached
+    assert resolve_warmup(1, 10_000, 0.0) == 0
     assert scaled_lr(1e-3, 512, 4096, "linear") == pytest.approx(1.25e-4)
     assert scaled_lr(1e-3, 1024, 4096, "sqrt") == pytest.approx(5e-4)
     assert scaled_lr(1e-3, 512, 4096, "none") == 1e-3

@@ -42,9 +42,10 @@ def lr_multiplier(
 
 
 def resolve_warmup(total_steps: int, warmup_steps: int, warmup_fraction: float) -> int:
-    """Warmup length in steps: explicit steps win; else a fraction of the run; never the whole run."""
+    """Warmup length in steps: explicit steps win; else a fraction of the run; never the whole run: the last
+    step is always the decay's, at its end value (a run of 2 steps or more)."""
     steps = warmup_steps if warmup_steps > 0 else int(round(warmup_fraction * total_steps))
-    return min(steps, max(total_steps - 1, 0))
+    return min(steps, max(total_steps - 2, 0))
 
 
 def scaled_lr(lr: float, batch_size: int, base_batch_size: int, rule: Literal["none", "linear", "sqrt"]) -> float:
