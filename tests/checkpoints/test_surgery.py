@@ -78,6 +78,10 @@ def test_new_head_is_zero_and_replaces_pre_logits(tmp_path, make_vit, images):
     kept = read(tmp_path / "c", num_classes=7, pre_logits="keep").model
     assert not isinstance(kept.pre_logits, nn.Identity) and kept.head.weight.shape == (7, 16)
     assert kept.config.representation_size == 16 and not kept.head.weight.detach().any()
+    half = surgery.replace_head(make_vit(representation_size=16).to(torch.bfloat16), 3, "keep")
+    assert half.head.weight.dtype == torch.bfloat16  # in the model's dtype (and device): it had been fp32 on the CPU
+    with torch.no_grad():
+        assert half(images.to(torch.bfloat16)).shape == (2, 3)
 
 
 def test_pre_logits_drop(tmp_path, make_vit):

@@ -122,7 +122,12 @@ def replace_head(model: nn.Module, num_classes: int, pre_logits: PreLogits | Non
     if num_classes < 0:
         raise ValueError(f"num_classes must be >= 0, got {num_classes}")
     if pre_logits == "keep" and has_pre_logits:  # keep the representation layer, new K-way layer on top
-        model.head = nn.Linear(model.num_features, num_classes) if num_classes else nn.Identity()
+        reference = next(model.pre_logits.parameters())  # the new head lives on the model's device, in its dtype
+        model.head = (
+            nn.Linear(model.num_features, num_classes, device=reference.device, dtype=reference.dtype)
+            if num_classes
+            else nn.Identity()
+        )
         if num_classes:
             nn.init.zeros_(model.head.weight)
             nn.init.zeros_(model.head.bias)
