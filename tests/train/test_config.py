@@ -8,6 +8,7 @@ import json
 import pytest
 
 from vitkit.data.sources import SourceInfo
+from vitkit.ssl.masked_patch import MPPConfig
 from vitkit.train.config import TrainConfig, apply_overrides, from_dict, to_dict
 from vitkit.train.plan import HostChoices, make_plan
 from vitkit.train.plan_text import plan_lines
@@ -78,6 +79,9 @@ def test_fields_of_several_groups_are_checked_together_in_any_order() -> None:
     for order in (["run.parallel=fsdp", "optim.name=adamw"], ["optim.name=adamw", "run.parallel=fsdp"]):
         config = apply_overrides(base, order)
         assert (config.run.parallel, config.optim.name) == ("fsdp", "adamw")
+    mpp = dataclasses.replace(config, mpp=MPPConfig(), run=dataclasses.replace(config.run, parallel="ddp"))
+    with pytest.raises(ValueError, match="masked patch prediction .* not supported with run.parallel='fsdp'"):
+        apply_overrides(mpp, ["run.parallel=fsdp"])  # its gathered checkpoint had failed to load into the encoder
 
 
 def test_removed_fields_of_a_stored_run_are_read_where_neutral() -> None:

@@ -12,7 +12,7 @@ both figures are reported (`one_view_note`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,10 +88,13 @@ def evaluate(
     top_k: int = 5,
     flip_views: bool = False,
     label_map: Tensor | None = None,
+    lockstep: bool = False,
 ) -> Counts:
     """Loss, top-1, top-k and the confusion matrix of `model` on `data` (uint8 images prepared as in training);
     with `flip_views`, of the logits averaged over each image and its mirror image.  `label_map` (int64, one
-    entry a data class) turns the data's labels into the model's classes, which the confusion matrix counts."""
+    entry a data class) turns the data's labels into the model's classes, which the confusion matrix counts.
+    `lockstep`: the model's forward is a collective (FSDP's all-gathers), so every process runs as many forward
+    passes, one out of batches a blank one, where the processes' shares differ in batches."""
     device = torch.device(device)
     was_training = model.training
     model.eval()
@@ -99,7 +102,15 @@ def evaluate(
     label_map = None if label_map is None else label_map.to(device)
     confusion = torch.zeros(num_classes * num_classes, dtype=torch.float64, device=device)
     sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, top-k hits, count, one-view top-1 hits
-    for images, labels in batches.eval_batches(data, batch_size, device, rank=rank, world=world, workers=workers):
+    stream = batches.eval_batches(data, batch_size, device, rank=rank, world=world, workers=workers)
+    for batch in _in_lockstep(stream, device) if lockstep and world > 1 else stream:
+        if batch is None:  # this process's share is done, another's is not: a blank pass joins its collectives
+            blank = torch.zeros(1, channels, size, size, device=device)
+            _view_logits(
+                model, blank, torch.zeros(1, dtype=torch.long, device=device), device, autocast_dtype, flip_views
+            )
+            continue
+        images, labels = batch
         inputs = eval_transform(images, size, mean, std, channels)
         labels = labels if label_map is None else label_map[labels]
         logits, one_view_hits = _view_logits(model, inputs, labels, device, autocast_dtype, flip_views)
@@ -123,6 +134,18 @@ def evaluate(
         count=int(count),
         one_view_hits=one_view if flip_views else None,
     )
+
+
+def _in_lockstep(stream: Iterator[tuple[Tensor, Tensor]], device: torch.device) -> Iterator[Any]:
+    """The batches of `stream`, then None until every process is out of them (one all-reduce a batch)."""
+    stream = iter(stream)
+    while True:
+        batch = next(stream, None)
+        more = torch.tensor([batch is not None], dtype=torch.int32, device=device)
+        torch.distributed.all_reduce(more, op=torch.distributed.ReduceOp.MAX)
+        if not more.item():
+            return
+        yield batch
 
 
 def _batch_counts(

@@ -239,6 +239,10 @@ class TrainConfig:
             )
         if self.run.parallel == "fsdp" and self.run.device == "cpu":
             raise ValueError("run.parallel='fsdp' needs CUDA; use 'ddp' on CPU")
+        if self.run.parallel == "fsdp" and self.mpp is not None:
+            raise ValueError(  # its gathered state would hold the MPP wrapper's keys, not the encoder's
+                "masked patch prediction (vitkit pretrain-mpp) is not supported with run.parallel='fsdp'; use 'ddp'"
+            )
         if self.run.parallel == "fsdp" and self.optim.ema_decay > 0:
             raise ValueError("optim.ema_decay (Polyak averaging) is not supported with run.parallel='fsdp'")
         if self.optim.name == "muon" and (self.run.parallel == "fsdp" or self.run.nan_check == "deferred"):

@@ -42,6 +42,7 @@ class EvalContext:
     rank: int = 0
     world: int = 1
     workers: int = 0
+    lockstep: bool = False  # the model's forward is a collective (FSDP): evaluator.evaluate's `lockstep`
 
 
 class Objective(Protocol):
@@ -108,6 +109,7 @@ class Classification:
             world=context.world,
             workers=context.workers,
             flip_views=self.config.eval.flip_views,
+            lockstep=context.lockstep,
         )
         return counts.summary()
 

@@ -341,6 +341,7 @@ class Trainer(RunParts):
             rank=self.info.rank,
             world=self.info.world,
             workers=config.data.workers,
+            lockstep=self.sharded,
         )
 
     def _evaluate(self, split: str, data: Any) -> dict[str, Any]:
