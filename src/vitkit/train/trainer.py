@@ -222,7 +222,7 @@ class Trainer(RunParts):
         records = TrainRecords(state.step, config.data.batch_size, state.records)
         bar = progress_bar(config.run.progress and self.info.main, plan.steps, state.step, self.progress_stream)
         self.loop_start, self.saved_step, status = time.monotonic(), -1, "finished"
-        spent = self.budget.done(state.step) or plan.steps <= state.step  # by earlier invocations: no step left
+        spent = self.budget.done(state.step) or (plan.steps_given and plan.steps <= state.step)  # by earlier runs
         if self.resumed and plan.fitted and not state.ended and spent:
             finish.log_spent(config.run.max_minutes, state.elapsed, state.step)
             status = "time_budget"
