@@ -23,7 +23,7 @@ from vitkit.train.checkpointer import Checkpointer
 from vitkit.train.config import OptimConfig, apply_overrides
 from vitkit.train.guard import NonFiniteGuard, NonFiniteLossError
 from vitkit.train.optim import build_optimizer
-from vitkit.train.plan import make_plan
+from vitkit.train.plan import augment_seed, init_seed, make_plan, resumed_seeds
 from vitkit.train.plan_text import plan_lines
 from vitkit.train.schedule import Schedule
 from vitkit.train.state import TrainState
@@ -315,3 +315,20 @@ def test_a_budget_longer_than_the_runs_own_length_says_the_steps_end_it() -> Non
     assert "end it first" not in "\n".join(plan_lines(long))  # the budget ends a 1,000-step run
     # a fine-tune's 100-epoch cap under a 1-minute budget read as its length: "46,875 steps (100.0 epochs)"
     assert "at most 1,000 steps (100.0 epochs), fewer where the budget ends first" in "\n".join(plan_lines(long))
+
+
+def test_a_run_s_random_streams_share_no_seed() -> None:
+    """Seed 0, the default, had seeded the weights, the augmentation and the first epoch's order alike: three
+    copies of one Mersenne Twister stream, offset only by what each had drawn."""
+    seeds = [
+        value
+        for seed in (0, 1, 2**32 - 1)
+        for rank in (0, 1, 2)
+        for value in (init_seed(seed, rank), augment_seed(seed, rank), *resumed_seeds(seed, rank, 7))
+    ]
+    orders = {seed * 1_000_003 + epoch for seed in (0, 1, 2**32 - 1) for epoch in range(1000)}  # data/loader.py's
+    assert len(set(seeds)) == len(seeds) and not set(seeds) & orders
+    assert all(0 <= value < 2**63 for value in seeds) and init_seed(0, 0) == init_seed(0, 0)
+    weights = torch.rand(4, generator=torch.Generator().manual_seed(init_seed(0, 0)))
+    augment = torch.rand(4, generator=torch.Generator().manual_seed(augment_seed(0, 0)))
+    assert not torch.equal(weights, augment)

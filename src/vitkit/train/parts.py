@@ -38,7 +38,7 @@ from vitkit.train.plan import (
     augment_seed,
     init_seed,
     micro_batch_size,
-    resumed_seed,
+    resumed_seeds,
     schedule_of,
     total_steps,
 )
@@ -265,9 +265,9 @@ class RunParts:
                 info.world,
             )
         if info.rank:
-            seed = resumed_seed(self.config.run.seed, info.rank, self.state.step)
-            torch.manual_seed(seed)
-            self.state.generator.manual_seed(seed)
+            weights, augment = resumed_seeds(self.config.run.seed, info.rank, self.state.step)
+            torch.manual_seed(weights)
+            self.state.generator.manual_seed(augment)
 
     def _split_sizes(self) -> dict[str, Any]:
         """Images per part and where each came from (the plan prints them)."""

@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from vitkit.data.transforms import describe_augment
@@ -40,20 +41,30 @@ def decay_name(kind: str, end_fraction: float) -> str:
 
 
 # ------------------------------------------------------------------------------------- seeds
+STREAMS = ("init", "augment", "resumed-init", "resumed-augment")  # a run's random streams (data order: data/loader.py)
+
+
+def _stream_seed(name: str, seed: int, *words: int) -> int:
+    """A 63-bit seed of stream `name` of the run seeded `seed`, by numpy's SeedSequence: the streams of one run
+    share no seed (seed 0 had seeded the weights, the augmentation and the data order all with 0)."""
+    entropy = [seed, STREAMS.index(name), *words]
+    return int(np.random.SeedSequence(entropy).generate_state(1, np.uint64)[0] >> np.uint64(1))
+
+
 def init_seed(seed: int, rank: int) -> int:
     """Global torch RNG (weights, dropout): the same init on every rank (DDP broadcasts rank 0's anyway)."""
-    return seed * 1000 + rank
+    return _stream_seed("init", seed, rank)
 
 
-def resumed_seed(seed: int, rank: int, step: int) -> int:
-    """Ranks > 0 resume from a (seed, rank, step) stream where the checkpoint lacks their own RNG states (written
-    by another number of processes, or keeping rank 0's alone)."""
-    return seed * 1000 + rank + 7 * step
+def resumed_seeds(seed: int, rank: int, step: int) -> tuple[int, int]:
+    """(global, augmentation) seeds from which ranks > 0 resume where the checkpoint lacks their own RNG states
+    (written by another number of processes, or keeping rank 0's alone)."""
+    return _stream_seed("resumed-init", seed, rank, step), _stream_seed("resumed-augment", seed, rank, step)
 
 
 def augment_seed(seed: int, rank: int) -> int:
     """The augmentation (and MPP corruption) generator on the training device."""
-    return seed * 7919 + rank
+    return _stream_seed("augment", seed, rank)
 
 
 @dataclass(frozen=True)
