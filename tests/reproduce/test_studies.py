@@ -91,6 +91,7 @@ def test_tiny_study_reports_every_arm_and_claim(tmp_path: Path, name: str) -> No
         assert trained and all(
             r["device"].split(":")[0] == device and r["train_flops"] > 0 and r["step"] > 0 for r in trained
         )
+        assert all(r["wall_minutes"] >= r["train_minutes"] for r in trained)  # an arm's wall time holds its training
 
 
 def test_killed_study_resumes_and_reuses_finished_arms(

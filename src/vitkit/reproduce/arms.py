@@ -108,7 +108,9 @@ def run_train_arm(arm: Arm, path: Path, probes: Probes) -> dict[str, Any]:
         path.mkdir(parents=True, exist_ok=True)
         atomic_write_text(path / WALL_TALLY, json.dumps({"seconds": earlier + time.monotonic() - began}) + "\n")
         raise
-    record["wall_minutes"] = round((earlier + time.monotonic() - began) / 60, 3)
+    measured = sum(record[name]["minutes"] for name in arm.measure)  # a killed invocation's kept training counts
+    wall = max(earlier + time.monotonic() - began, 60 * (record["train_minutes"] + measured))
+    record["wall_minutes"] = round(wall / 60, 3)
     write_record(path, record)
     (path / WALL_TALLY).unlink(missing_ok=True)
     if result.get("late_signal"):  # came as the arm finished: it is whole and recorded; the study stops here
@@ -117,8 +119,8 @@ def run_train_arm(arm: Arm, path: Path, probes: Probes) -> dict[str, Any]:
 
 
 def _earlier_seconds(path: Path) -> float:
-    """Wall seconds of the arm's earlier invocations that stopped before it finished (a SIGKILL'd one is not
-    counted: nothing runs to count it)."""
+    """Wall seconds of the arm's earlier invocations that stopped before it finished.  A SIGKILL'd one cannot
+    count itself: its training up to its last checkpoint is counted (the run's own clock), its start-up not."""
     try:
         return float(json.loads((path / WALL_TALLY).read_text())["seconds"])
     except (OSError, ValueError, KeyError, TypeError):

@@ -106,7 +106,7 @@ def markdown(results: dict[str, Any], analysis: Analysis) -> str:
     lines += [
         f"- data: `{results['data']}`; scale **{scale['name']}** ({unit}); {results['seeds']} seed(s)",
         f"- machine: {results['machine']}; {len(results['arms'])} arms, {results['arm_minutes']:.1f} arm-minutes "
-        f"in all (budget {results['budget_minutes']:g} min)",
+        f"in all (budget {results['budget_minutes']:g} min; a killed process counts the training its checkpoints kept)",
         "",
     ]
     lines += [f"- {note}" for note in analysis.notes] + ([""] if analysis.notes else [])
