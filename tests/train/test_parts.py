@@ -221,6 +221,11 @@ def test_a_resumed_run_estimates_the_steps_it_has_left() -> None:
     assert resumed.measured["eta_minutes"] == pytest.approx((25 * 0.2 + eval_s) / 60, abs=0.01)
     assert "the remaining 25 of 100 steps (resuming at step 75)" in "\n".join(plan_lines(resumed))
     assert "for 100 steps" in "\n".join(plan_lines(whole))
+    cut = tiny_config(Path("/unused"), "data.steps=100", "data.batch_size=100", "run.max_minutes=0.05")
+    cut = apply_overrides(cut, ["run.budget_schedule=cut"])
+    text = "\n".join(plan_lines(make_plan(cut, num_train=1000, timings=timings, eval_images=300)))
+    assert "for 100 steps" in text  # a cut budget had said nothing of itself: a 0.3-min run read as planned whole
+    assert "time budget 0.05 min, the schedule cut by it: this invocation stops when it is spent" in text
 
 
 @pytest.mark.parametrize("flip_views", [False, True])

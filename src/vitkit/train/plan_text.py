@@ -120,6 +120,11 @@ def estimate_lines(plan: Plan) -> list[str]:
         else f"{plan.steps:,} steps"
     )
     lines = [speed, f"estimated time: at least {minutes(measured['eta_minutes'])} for {steps}"]
+    if plan.budget_minutes:  # a cut budget (run.budget_schedule=cut): the schedule is the recipe's
+        lines.append(
+            f"time budget {plan.budget_minutes:g} min, the schedule cut by it: this invocation stops when it is spent "
+            "(unannealed where the steps outlast it), evaluates and saves; a re-run continues"
+        )
     if not plan.budget_minutes and measured["eta_minutes"] > LONG_RUN_MINUTES:
         lines.append(
             f"warning: this run is planned for {minutes(measured['eta_minutes'])}; "
