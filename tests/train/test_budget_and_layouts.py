@@ -288,16 +288,20 @@ def test_a_budgeted_run_resumed_after_a_long_start_up_trains_the_rest_and_ends_a
     assert lrs[-1] == pytest.approx(0.1 * resumed["plan"]["lr"])  # ended at the schedule's end value
 
 
-def test_a_finished_budgeted_run_re_run_takes_no_more_steps(tmp_path: Path, monkeypatch) -> None:
+def test_a_finished_budgeted_run_re_run_takes_no_more_steps(tmp_path: Path, monkeypatch, caplog) -> None:
     """The last step ran at the schedule's end value: a re-run finds the run ended, however its clock reads
-    (here its final evaluation is timed faster, so less of the budget is kept back for it)."""
+    (here its final evaluation is timed faster, so less of the budget is kept back for it), and says so instead
+    of a plan whose estimates and warnings would read as a run to come."""
     monkeypatch.setattr(trainer, "time", FakeTime())
     run, overrides = tmp_path / "run", ("data.steps=0", "data.epochs=0", "run.max_minutes=0.05", "run.log_every=1")
     monkeypatch.setattr(trainer.Trainer, "_eval_image_seconds", lambda self, count: 0.5 / count)
-    first = trainer.train(tiny_config(run, *overrides))
+    plans: list = []
+    first = trainer.train(tiny_config(run, *overrides), on_plan=plans.append)
     before = [r for r in _records(run) if r["split"] == "train"]
     monkeypatch.setattr(trainer.Trainer, "_eval_image_seconds", lambda self, count: 0.0)
-    again = trainer.train(tiny_config(run, *overrides))
+    with caplog.at_level(logging.INFO, logger="vitkit.train.trainer"):
+        again = trainer.train(tiny_config(run, *overrides), on_plan=plans.append)
+    assert len(plans) == 1 and f"finished at step {first['step']}: nothing left to train" in caplog.text
     assert first["status"] == again["status"] == "finished" and again["step"] == first["step"] == len(before)
     assert [r for r in _records(run) if r["split"] == "train"] == before
     assert again["test"]["top1"] == first["test"]["top1"]

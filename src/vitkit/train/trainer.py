@@ -103,14 +103,9 @@ class Trainer(RunParts):
             loss=self.config.optim.loss,
             autocast_dtype=self.autocast_dtype,
             deferred=self.deferred,
-            patch_dropout=phase.patch_dropout if self._has_rate else None,
+            patch_dropout=phase.patch_dropout if patch_dropout_of(self.config)[0] > 0 else None,  # it has PatchDropout
             ema_decay=phase.ema_decay or None,
         )
-
-    @property
-    def _has_rate(self) -> bool:
-        """Whether the model takes the scheduled PatchDropout rate (it has PatchDropout)."""
-        return patch_dropout_of(self.config)[0] > 0
 
     def _run_once(self, rate: float, side: int) -> None:
         """One forward + backward of a blank micro-batch laid out as the training ones (the warm-up's unit)."""
@@ -210,7 +205,11 @@ class Trainer(RunParts):
         config, state = self.config, self.state
         self.plan = plan = self._make_plan(self._warm_up())
         self.schedule = schedule_of(config, plan.steps, plan.lr)
-        if on_plan is not None and self.info.main:
+        if self.resumed and state.ended and self.info.main:  # its plan's estimates and warnings would read as news
+            log.info(
+                "%s finished at step %d: nothing left to train; its model is evaluated again", self.run.path, state.step
+            )
+        elif on_plan is not None and self.info.main:
             on_plan(plan)
         self.budget = Budget(plan.steps, self._usable_s() if plan.fitted else None, steps_count=plan.steps_given)
         if plan.eval_every == 0:  # keep back what the final evaluation is estimated to take
