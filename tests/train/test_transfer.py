@@ -249,11 +249,12 @@ def test_a_sweep_whose_trials_mostly_start_up_stops_and_trains_the_recipes_rate(
     monkeypatch.setattr(sweep, "train", fake_train)
     with caplog.at_level(logging.WARNING):
         result = sweep.train_with_sweep(config)
-    assert ran == [0.01, 0.05] and result["best_lr"] == 0.05  # one trial, then the final run at the set rate
+    assert ran == [0.01, 0.05] and result["final_lr"] == 0.05  # one trial, then the final run at the set rate
+    assert result["best_lr"] is None  # no rate was compared: the set rate had been recorded as the best
     assert "spent 6 s of its 10-s budget starting up" in caplog.text
     assert "--max-minutes 3 or more, with a new --out" in caplog.text
     record = json.loads((tmp_path / "s" / "sweep.json").read_text())
-    assert record["best_lr"] == 0.05 and "starting up" in record["stopped"]
+    assert record["best_lr"] is None and record["final_lr"] == 0.05 and "starting up" in record["stopped"]
 
 
 def test_trials_that_run_past_their_share_are_charged_to_the_final_run(

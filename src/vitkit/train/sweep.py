@@ -115,16 +115,17 @@ def train_with_sweep(config: TrainConfig, *, spent_s: float = 0.0, **train_kwarg
         if stopped:
             log.warning("sweep: %s", stopped)
             break
-    best = config.optim.lr if stopped else choose(config, scores, losses)
+    best = None if stopped else choose(config, scores, losses)  # a stopped sweep compared no rates
+    lr = config.optim.lr if best is None else best
     overrun = max(0.0, now() - began - trial_minutes * len(config.optim.lr_sweep) * 60)  # charged to the final run
-    record: dict[str, Any] = {"val_top1": scores, "val_loss": losses, "best_lr": best}
+    record: dict[str, Any] = {"val_top1": scores, "val_loss": losses, "best_lr": best, "final_lr": lr}
     record.update(trial_minutes=trial_minutes, final_minutes=final_minutes, **({"stopped": stopped} if stopped else {}))
     atomic_write_text(Path(config.run.out) / SWEEP_RECORD, json.dumps(record, indent=2) + "\n")
     trials_s = now() - began - overrun  # the trials' own time, which the final run's clock does not hold
-    result = train(final_config(config, best), spent_s=spent_s + overrun, **train_kwargs)
+    result = train(final_config(config, lr), spent_s=spent_s + overrun, **train_kwargs)
     if "wall_minutes" in result:  # the command's whole time, as its final line says it
         result = {**result, "wall_minutes": result["wall_minutes"] + trials_s / 60}
-    return {**result, "sweep": scores, "best_lr": best, "sweep_minutes": trials_s / 60}
+    return {**result, "sweep": scores, "best_lr": best, "final_lr": lr, "sweep_minutes": trials_s / 60}
 
 
 def choose(config: TrainConfig, scores: dict[str, float], losses: dict[str, float]) -> float:
