@@ -440,7 +440,9 @@ def test_a_flag_and_a_set_of_the_same_field_are_refused(flags: list[str], tmp_pa
 @pytest.mark.parametrize("sweep", [["--lr-sweep"], ["--set", "optim.lr_sweep=0.01,0.03"]])
 def test_a_learning_rate_with_lr_sweep_is_refused(rate: list[str], sweep: list[str], tmp_path, capsys) -> None:
     """The sweep picked among optim.lr_sweep and dropped the rate given beside it without a word."""
-    assert main(["finetune", str(tmp_path / "none"), *sweep, *rate, "--out", str(tmp_path / "r")]) == 2
+    assert (
+        main(["finetune", str(tmp_path / "none"), "--data", "digits", *sweep, *rate, "--out", str(tmp_path / "r")]) == 2
+    )
     assert "--lr-sweep picks the learning rate among optim.lr_sweep" in capsys.readouterr().err
 
 
@@ -478,3 +480,10 @@ def test_a_rename_error_names_both_paths() -> None:
 
     error = OSError(errno.EISDIR, "Is a directory", "rep/.eval.json.ab12.tmp", None, "rep/eval.json")
     assert _sentence(error) == "rep/.eval.json.ab12.tmp -> rep/eval.json: Is a directory"
+
+
+def test_finetune_needs_its_target_data(tmp_path, capsys) -> None:
+    """Without --data a fine-tune had trained on the bundled digits without a word."""
+    with pytest.raises(SystemExit) as exit_code:
+        main(["finetune", str(tmp_path / "none"), "--out", str(tmp_path / "r")])
+    assert exit_code.value.code == 2 and "--data" in capsys.readouterr().err and not (tmp_path / "r").exists()

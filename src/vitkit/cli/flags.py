@@ -79,14 +79,20 @@ def add_run_flags(parser: argparse.ArgumentParser, batch_size: int = 64) -> None
 
 
 def add_train_flags(
-    parser: argparse.ArgumentParser, *, lr_help: str = "peak learning rate", runs_root: str = "runs"
+    parser: argparse.ArgumentParser,
+    *,
+    lr_help: str = "peak learning rate",
+    runs_root: str = "runs",
+    data_required: bool = False,
 ) -> None:
-    """The flags of every training verb (train, finetune, pretrain-mpp)."""
+    """The flags of every training verb (train, finetune, pretrain-mpp); `data_required`: no default data set
+    (a fine-tune's target is the user's, not the bundled digits)."""
+    sources = "fashion-mnist:DIR, mnist:DIR, cifar10:DIR, cifar100:DIR, folder:DIR, npz:FILE, wds:DIR, hf:DIR"
     parser.add_argument(
         "--data",
-        default="digits",
-        help="data source URI: digits (default), fashion-mnist:DIR, "
-        "mnist:DIR, cifar10:DIR, cifar100:DIR, folder:DIR, npz:FILE, wds:DIR, hf:DIR",
+        required=data_required,
+        default=None if data_required else "digits",
+        help=f"data source URI: {'digits, ' if data_required else 'digits (default), '}{sources}",
     )
     parser.add_argument("--model", default=None, help="model preset (vitkit models); default: the recipe's")
     parser.add_argument(

@@ -22,7 +22,7 @@ def add_train(sub: argparse._SubParsersAction) -> None:
 def add_finetune(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("finetune", help="fine-tune a checkpoint (App. B.1.1): new zero-init head, new resolution")
     parser.add_argument("init_from", metavar="CHECKPOINT", help="any checkpoint vitkit can read, or a run directory")
-    add_train_flags(parser)
+    add_train_flags(parser, data_required=True)
     parser.add_argument(
         "--lr-sweep",
         action="store_true",
