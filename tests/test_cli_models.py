@@ -95,6 +95,10 @@ def test_flags_are_matched_whole_and_the_version_is_the_packages(capsys) -> None
     with pytest.raises(SystemExit) as exit_:
         main(["train", "--e", "1"])
     assert exit_.value.code == 2 and "unrecognized arguments: --e" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:  # the verb's usage (it had been vitkit's), and the flag meant
+        main(["train", "--max-mintues=1"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.startswith("usage: vitkit train") and "(did you mean --max-minutes?)" in err
     with pytest.raises(SystemExit) as exit_:
         main(["--version"])
     assert exit_.value.code == 0 and capsys.readouterr().out.strip() == f"vitkit {vitkit.__version__}"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import errno
 import os
 import signal
@@ -56,7 +57,21 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB", parser_class=_Parser)
     for add in VERBS:
         add(sub)
+    parser.set_defaults(verbs=sub.choices)  # each verb's parser, for its own usage on an unknown flag
     return parser
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The command line; an unknown flag is refused by its verb's parser (the verb's usage, not vitkit's),
+    naming the flag it may be a typo of."""
+    args, unknown = build_parser().parse_known_args(argv)
+    if unknown:
+        verb = args.verbs[args.verb]
+        flags = [flag for action in verb._actions for flag in action.option_strings]
+        close = [m for word in unknown for m in difflib.get_close_matches(word.split("=")[0], flags, n=1)]
+        verb.error(f"unrecognized arguments: {' '.join(unknown)}" + (f" (did you mean {close[0]}?)" if close else ""))
+    del args.verbs
+    return args
 
 
 def _version() -> str:
@@ -73,7 +88,7 @@ def main(argv: Sequence[str] | None = None, *, since_process_start: bool = False
         from vitkit.host import process_seconds
 
         started -= process_seconds()
-    args = build_parser().parse_args(argv)
+    args = _parse(argv)
     args.started = started
     try:
         if getattr(args, "out", None) == "":  # an unset shell variable: a default would be used, unsaid
