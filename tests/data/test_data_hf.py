@@ -328,6 +328,27 @@ def test_a_damaged_state_json_or_arrow_file_is_named(tmp_path: Path) -> None:
             load_split(f"hf:{root}", "train", image_size=8)
 
 
+def test_a_fifo_or_a_place_outside_the_dataset_is_refused_unread(tmp_path: Path) -> None:
+    """A FIFO among the data files had hung the reader; a state.json naming ../other read another dataset."""
+    saved, parquet = tmp_path / "saved", tmp_path / "parquet"
+    _dataset(8).save_to_disk(str(saved))
+    state = json.loads((saved / "state.json").read_text())
+    name = state["_data_files"][0]["filename"]
+    for place in ("../elsewhere.arrow", "/etc/hostname"):
+        (saved / "state.json").write_text(json.dumps({**state, "_data_files": [{"filename": place}]}))
+        with pytest.raises(ValueError, match="outside the dataset's folder"):
+            describe(f"hf:{saved}")
+    os.replace(saved / name, saved / "real.arrow")
+    os.mkfifo(saved / name)
+    (saved / "state.json").write_text(json.dumps(state))
+    (parquet / "data").mkdir(parents=True)
+    _dataset(8).to_parquet(str(parquet / "data" / "train-00000-of-00002.parquet"))
+    os.mkfifo(parquet / "data" / "train-00001-of-00002.parquet")
+    for root, fifo in ((saved, saved / name), (parquet, parquet / "data" / "train-00001-of-00002.parquet")):
+        with pytest.raises(ValueError, match=f"{fifo}: not a regular file"):
+            describe(f"hf:{root}")
+
+
 def _renamed(dataset, names: list[str]):
     """`dataset` with its ClassLabel names in another order (or others), each row keeping its class by name."""
     labels = [names.index(CLASSES[label]) if CLASSES[label] in names else 0 for label in dataset["target"]]

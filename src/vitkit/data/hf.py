@@ -23,6 +23,7 @@ import bisect
 import functools
 import json
 import logging
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -75,7 +76,7 @@ def find_splits(root: Path) -> dict[str, HFSplit]:
     for path in sorted(root.rglob("*.parquet")):
         prefix = path.name.split("-")[0].split("_")[0].split(".")[0]
         split = SPLIT_NAMES.get(path.parent.name) or SPLIT_NAMES.get(prefix)
-        parquet.setdefault(split or "", []).append(str(path))
+        parquet.setdefault(split or "", []).append(_regular(path))
         if split:
             configs.add(path.parent.parent if SPLIT_NAMES.get(path.parent.name) else path.parent)
     if len(configs) > 1:
@@ -107,10 +108,25 @@ def _naming(path: str | Path, what: str) -> Iterator[None]:
 def _arrow_split(directory: Path) -> HFSplit:
     with _naming(directory / "state.json", "datasets state.json"):
         state = json.loads((directory / "state.json").read_text())
-        files = tuple(str(directory / entry["filename"]) for entry in state.get("_data_files", []))
-    if not files:
+        names = [str(entry["filename"]) for entry in state.get("_data_files", [])]
+    for name in names:  # `save_to_disk` names its own files: another place is a damaged or hostile state.json
+        if Path(name).is_absolute() or ".." in Path(name).parts:
+            raise ValueError(f"{directory}/state.json names {name!r}, outside the dataset's folder")
+    if not names:
         raise ValueError(f"{directory}/state.json lists no Arrow data files")
-    return HFSplit("arrow", files)
+    return HFSplit("arrow", tuple(_regular(directory / name) for name in names))
+
+
+def _regular(path: Path) -> str:
+    """`path` where it is a regular file (through links: a Hub snapshot's files link to its blobs); a FIFO or
+    device would hang the Arrow reader or never end, and a missing file is named before any is read."""
+    try:
+        mode = path.stat().st_mode
+    except OSError as error:
+        raise FileNotFoundError(f"{path}: the dataset's data file is missing ({error.strerror})") from None
+    if not stat.S_ISREG(mode):
+        raise ValueError(f"{path}: not a regular file (a FIFO, device or folder is not a dataset file)")
+    return str(path)
 
 
 def schema(split: HFSplit) -> Any:
