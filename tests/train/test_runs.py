@@ -39,8 +39,9 @@ def test_load_of_a_run_is_the_load_of_its_final_checkpoint(tmp_path: Path) -> No
 
 
 def test_resuming_prints_and_runs_the_stored_config(tmp_path: Path, capsys, caplog) -> None:
-    out = tmp_path / "run"
+    out = tmp_path / "run"  # a budget that cuts the first invocation short: the re-run has steps to plan
     args = ["train", "--recipe", "small-8px-tiny", "--out", str(out), "--set", "run.threads=1", "--json"]
+    args += ["--max-minutes", "0.000001", "--set", "run.budget_schedule=cut"]
     assert main([*args, "--lr", "0.002"]) == 0
     capsys.readouterr()
     with caplog.at_level(logging.WARNING, logger="vitkit"):
