@@ -62,6 +62,18 @@ def test_a_truncated_shard_is_named_as_truncated(tmp_path: Path, caplog: pytest.
     assert "1 damaged shard(s)" in caplog.text  # the split's summary line counts the shard
 
 
+def test_an_empty_shard_is_damaged_not_a_shard_of_nothing(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A 0-byte file, what a failed copy leaves, had been read as a whole shard of no samples, --strict or not."""
+    caplog.set_level(logging.INFO)
+    paths = label_first_shards(tmp_path, [[k % 3 for k in range(10)], [k % 3 for k in range(10)]])
+    numbered_shards(tmp_path, [6], prefix="test", classes=3)
+    paths[1].write_bytes(b"")
+    with open(paths[1], "rb") as handle, pytest.raises(TarFormatError, match="empty"):
+        list(tar_members(handle))
+    assert len(load_split(f"wds:{tmp_path}", "train", image_size=8)) == 10
+    assert "1 damaged shard(s)" in caplog.text
+
+
 def test_a_truncated_indexed_shard_counts_what_it_lost(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     paths = label_first_shards(tmp_path, [[k % 3 for k in range(10)], [k % 3 for k in range(10)]])
     numbered_shards(tmp_path, [6], prefix="test", classes=3)

@@ -109,9 +109,11 @@ def tar_members(handle: BinaryIO) -> Iterator[Member]:
     while True:
         handle.seek(position)
         header = handle.read(BLOCK)
-        if not header and position:  # no end-of-archive block: the file was cut at or after a member
-            raise TarTruncatedError(_cut_after(position, end, name))
-        if not header.strip(b"\0"):  # the end-of-archive zero blocks (an empty file holds nothing)
+        if not header:  # no end-of-archive block: the file was cut at or after a member, or is empty (tar refuses it)
+            raise TarTruncatedError(
+                _cut_after(position, end, name) if position else "empty (0 bytes), not even an end-of-archive block"
+            )
+        if not header.strip(b"\0"):  # the end-of-archive zero blocks
             return
         if len(header) < BLOCK:
             raise TarTruncatedError(f"the file ends inside a header at byte {position}")
