@@ -138,3 +138,13 @@ def test_a_model_whose_class_names_repeat_is_matched_by_index() -> None:
 
     assert by_name(["tench", "crane", "goldfish", "crane"], ["crane", "tench"]) is None
     assert by_name(["tench", "crane", "goldfish"], ["crane", "tench"]).tolist() == [1, 0]
+
+
+def test_the_confusion_figure_draws_any_folder_name(tmp_path) -> None:
+    """`$5_$` was parsed as mathtext and a non-UTF-8 folder name (its bytes as surrogates) raised: `vitkit eval`
+    failed after writing its figures' JSON, its accuracy unprinted."""
+    from vitkit.eval.plots import plain, plot_confusion
+
+    odd = b"\xff\xfe".decode("utf-8", "surrogateescape")
+    path = plot_confusion([[2, 0, 0], [1, 1, 0], [0, 0, 3]], ["a", "$5_$", odd], tmp_path / "confusion.png")
+    assert path.stat().st_size > 2000 and plain(odd) == "\\xff\\xfe" and plain("$5_$") == "$5_$"

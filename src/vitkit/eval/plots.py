@@ -26,6 +26,12 @@ def save_figure(figure: plt.Figure, path: Path) -> Path:
     return path
 
 
+def plain(name: str) -> str:
+    """A class name as text a figure can draw: a folder's name that is not UTF-8 (its bytes kept as surrogates)
+    with those bytes as \\x escapes; `$` stays a dollar sign where the caller turns off mathtext."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
 def plot_confusion(confusion: Sequence[Sequence[int]], class_names: Sequence[str], path: Path) -> Path:
     """Confusion matrix: rows = true class, columns = predicted class; counts written in the cells when few."""
     matrix = np.asarray(confusion, dtype=np.int64)
@@ -36,8 +42,9 @@ def plot_confusion(confusion: Sequence[Sequence[int]], class_names: Sequence[str
     ax.set_xticks(list(ticks))
     ax.set_yticks(list(ticks))
     if size <= 50:
-        ax.set_xticklabels(class_names, rotation=90, fontsize=7)
-        ax.set_yticklabels(class_names, fontsize=7)
+        names = [plain(name) for name in class_names]
+        ax.set_xticklabels(names, rotation=90, fontsize=7, parse_math=False)
+        ax.set_yticklabels(names, fontsize=7, parse_math=False)
     if size <= 12:  # counts in the cells (text is slow to render; the JSON has them all)
         limit = matrix.max() / 2 if matrix.size else 0
         for (i, j), value in np.ndenumerate(matrix):
