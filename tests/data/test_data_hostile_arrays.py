@@ -51,6 +51,19 @@ def test_npz_images_of_another_rank_are_a_data_error(tmp_path: Path) -> None:
         describe(f"npz:{tmp_path / 'flat.npz'}")
 
 
+def test_images_of_no_pixels_are_a_data_error(tmp_path: Path) -> None:
+    """(20, 0, 0) images in an .npz or an IDX file ended in a resize traceback, after the split was read."""
+    from vitkit.data.readers import IDX_LABELS_MAGIC, read_idx_pair
+
+    np.savez(tmp_path / "z.npz", images=np.zeros((20, 0, 0, 3), np.uint8), labels=np.arange(20) % 2)
+    with pytest.raises(DataFormatError, match=r"`images` has shape \(20, 0, 0, 3\): images of no pixels"):
+        read_npz(tmp_path / "z.npz")
+    (tmp_path / "train-images-idx3-ubyte").write_bytes(struct.pack(">iiii", IDX_IMAGES_MAGIC, 20, 0, 0))
+    (tmp_path / "train-labels-idx1-ubyte").write_bytes(struct.pack(">ii", IDX_LABELS_MAGIC, 20) + bytes(20))
+    with pytest.raises(DataFormatError, match=r"images of shape \(0, 0\); expected \(H, W\) of 1 pixel or more"):
+        read_idx_pair(tmp_path, "train", 10)
+
+
 @pytest.mark.parametrize("layout", ["images", "x_train"])
 def test_an_npz_label_past_any_class_count_is_a_data_error(tmp_path: Path, layout: str) -> None:
     """One label of 1,999,999 among 0-2 planned a model of 2,000,000 classes, refused as a model error."""

@@ -98,6 +98,8 @@ def read_idx_pair(directory: Path, prefix: str, num_classes: int) -> tuple[np.nd
     labels_file = idx_path(directory, f"{prefix}-labels-idx1-ubyte")
     images = read_idx(images_file, IDX_IMAGES_MAGIC)
     labels = read_idx(labels_file, IDX_LABELS_MAGIC)
+    if images.ndim != 3 or min(images.shape[1:]) < 1:
+        raise DataFormatError(f"{images_file}: images of shape {images.shape[1:]}; expected (H, W) of 1 pixel or more")
     if len(images) != len(labels):
         raise DataFormatError(f"{images_file} has {len(images)} images but {labels_file} has {len(labels)} labels")
     if labels.size and labels.max() >= num_classes:
@@ -176,14 +178,18 @@ def to_nchw(array: np.ndarray, path: Path, key: str) -> np.ndarray:
     if array.dtype != np.uint8:
         raise DataFormatError(f"{path}: `{key}` has dtype {array.dtype}; images must be uint8 0..255")
     if array.ndim == 3:
-        return array[:, None]
-    if array.ndim != 4:
+        out = array[:, None]
+    elif array.ndim != 4:
         raise DataFormatError(f"{path}: `{key}` has shape {array.shape}; expected (N, H, W, C) or (N, C, H, W)")
-    if array.shape[1] in (1, 3) and array.shape[3] not in (1, 3):
-        return array
-    if array.shape[3] in (1, 3):
-        return array.transpose(0, 3, 1, 2)
-    raise DataFormatError(f"{path}: `{key}` has shape {array.shape}; no channel axis of size 1 or 3")
+    elif array.shape[1] in (1, 3) and array.shape[3] not in (1, 3):
+        out = array
+    elif array.shape[3] in (1, 3):
+        out = array.transpose(0, 3, 1, 2)
+    else:
+        raise DataFormatError(f"{path}: `{key}` has shape {array.shape}; no channel axis of size 1 or 3")
+    if min(out.shape[2:]) < 1:
+        raise DataFormatError(f"{path}: `{key}` has shape {array.shape}: images of no pixels")
+    return out
 
 
 def _check_npz_sizes(path: Path, archive: zipfile.ZipFile, keys: list[str]) -> None:
