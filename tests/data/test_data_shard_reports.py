@@ -92,16 +92,26 @@ def test_labels_that_leave_class_ids_without_an_image_are_a_warning(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     labels = [[k % 3 for k in range(10)], [k % 3 for k in range(10)]]
-    labels[1][4] = 97  # one stray label: sample s000014
+    labels[1][4] = 4  # one label past the others: sample s000014
     paths = label_first_shards(tmp_path, labels)
     numbered_shards(tmp_path, [6], prefix="test", classes=3)
     data = load_split(f"wds:{tmp_path}", "train", image_size=8)
-    assert data.num_classes == 98  # still trains (the stray label is a class), but says so
-    assert "94 of the 98 class ids 0..97 have no image" in caplog.text
+    assert data.num_classes == 5  # still trains (the label is a class), but says so
+    assert "1 of the 5 class ids 0..4 have no image" in caplog.text
     assert f"{paths[1]}:s000014" in caplog.text and "classes.txt" in caplog.text
     caplog.clear()
     load_split(f"wds:{tmp_path}", "test", image_size=8)
     assert "have no image" not in caplog.text  # said once
+
+
+def test_a_stray_label_that_leaves_most_class_ids_empty_is_refused(tmp_path: Path) -> None:
+    """A label of 30000 among 0..2 had trained a 30,001-class model, whose final evaluation then asked for
+    7 GB of confusion matrix."""
+    labels = [[k % 3 for k in range(10)], [k % 3 for k in range(10)]]
+    labels[1][4] = 97
+    paths = label_first_shards(tmp_path, labels)
+    with pytest.raises(ValueError, match=f"94 of the 98 class ids 0..97 have no image.*{paths[1]}:s000014"):
+        load_split(f"wds:{tmp_path}", "train", image_size=8)
 
 
 def test_contiguous_labels_say_nothing(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

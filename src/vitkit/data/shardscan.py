@@ -9,6 +9,7 @@ from array import array
 from pathlib import Path
 from typing import BinaryIO, NamedTuple
 
+from vitkit.data.readers import DataFormatError
 from vitkit.data.stream import Unit
 from vitkit.data.tarformat import Member, TarFormatError, read_member
 from vitkit.data.tarsamples import MAX_LABEL_BYTES, _groups, _name_once, _parse_label, damage_message
@@ -110,7 +111,8 @@ def shard_labels(path: Path) -> array:
 def class_names_by_scan(units: list[Unit]) -> list[str]:
     """Class names "0" .. "K-1" from the largest label in the shards (no index to name them): pass every
     split's units, so a test label above the training split's largest still names a class.  Class ids no
-    sample holds are a warning (once): a stray label would otherwise silently widen the model."""
+    sample holds are a warning (once): a stray label would otherwise silently widen the model; where they are
+    most of the ids, an error."""
     top, holder = top_label(units)
     present = 0
     for path in dict.fromkeys(unit.path for unit in units):
@@ -118,14 +120,15 @@ def class_names_by_scan(units: list[Unit]) -> list[str]:
     missing = top + 1 - present.bit_count()
     if missing > 0:
         absent = [str(i) for i in range(top + 1) if not present >> i & 1][:5]
-        _name_once(
-            f"{holder}#class-ids",
+        said = (
             f"{missing} of the {top + 1} class ids 0..{top} have no image in the shards (e.g. "
             f"{', '.join(absent)}): the labels are class indices and no {CLASS_FILE} or dataset.json names "
-            f"the classes, so the model gets {top + 1} outputs; the largest label, {top}, is {holder}'s. "
-            f"If it is a stray label, fix that sample; else put a {CLASS_FILE} beside the shards",
-            every_process=True,
+            f"the classes, so the model would get {top + 1} outputs; the largest label, {top}, is {holder}'s. "
+            f"If it is a stray label, fix that sample; else put a {CLASS_FILE} beside the shards"
         )
+        if missing > present.bit_count():  # mostly empty ids: one stray label had made a model (and its
+            raise DataFormatError(said)  # evaluation's K x K confusion matrix) of up to a million classes
+        _name_once(f"{holder}#class-ids", said, every_process=True)
     return [str(i) for i in range(top + 1)]
 
 
