@@ -96,7 +96,7 @@ def test_a_stream_with_no_usable_sample_stops_with_a_clear_error(tmp_path: Path)
     for k in range(2):
         members = [m for i in range(5) for m in ((f"s{i}.png", b"\x89PNG broken"), (f"s{i}.cls", b"1"))]
         write_tar(tmp_path / f"train-{k:06d}.tar", members)
-    numbered_shards(tmp_path, [2], prefix="test")  # a test split of its own: train is every train shard
+    numbered_shards(tmp_path, [2], prefix="test", classes=2)  # a test split of its own: train is every train shard
     data = load_split(f"wds:{tmp_path}", "train", image_size=8, max_in_memory_bytes=0)
     batches = ShardBatches(
         data,
