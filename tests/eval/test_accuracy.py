@@ -84,6 +84,23 @@ def test_checkpoint_accuracy_per_class() -> None:
     assert result.to_dict()["per_class"]["b"] == 1.0
 
 
+def test_above_the_confusion_limit_the_figures_come_from_per_class_counts(monkeypatch) -> None:
+    """21,843 classes had asked for a K x K float64 matrix a batch and another to keep (3.8 GB each), and written
+    K x K numbers into eval JSON; above the limit the accuracies are the same and no matrix is kept."""
+    from vitkit.eval import evaluator
+
+    logits = torch.eye(3)[torch.tensor([0, 1, 1, 2, 2, 2, 0])]
+    labels = torch.tensor([0, 1, 2, 2, 2, 0, 0])
+    checkpoint = Checkpoint(model=Lookup(logits), class_names=["a", "b", "c"], mean=(0.5,), std=(0.5,))
+    config = AccuracyConfig(img_size=2, device="cpu", batch_size=2)
+    dense = evaluate_checkpoint(checkpoint, _data(logits, labels), config)
+    monkeypatch.setattr(evaluator, "CONFUSION_MAX_CLASSES", 2)
+    sparse = evaluate_checkpoint(checkpoint, _data(logits, labels), config)
+    assert sparse.confusion is None and dense.confusion == [[2, 0, 1], [0, 1, 0], [0, 1, 2]]
+    assert (sparse.top1, sparse.topk, sparse.per_class) == (dense.top1, dense.topk, dense.per_class)
+    assert sparse.per_class == [2 / 3, 1.0, 2 / 3] and sparse.to_dict()["confusion"] is None
+
+
 def test_classes_named_alike_in_another_order_are_matched_by_name() -> None:
     """A folder sorts its class names (one, two, zero; 0, 1, 10, 2, ...), and a model trained on shards with a
     classes.txt or on npz keeps another order: matched by index, the names disagreed and a perfect model scored

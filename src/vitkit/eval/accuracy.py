@@ -38,7 +38,7 @@ class EvalResult:
     topk: float
     k: int
     per_class: list[float | None]  # None for a class with no test image
-    confusion: list[list[int]]
+    confusion: list[list[int]] | None  # None above evaluator.CONFUSION_MAX_CLASSES classes
     class_names: list[str]
     num_images: int
     img_size: int | None = None
@@ -98,16 +98,15 @@ def evaluate(checkpoint, images, config: AccuracyConfig) -> EvalResult:
         flip_views=config.flip_views,
         label_map=label_map,
     )
-    confusion = counts.confusion
-    totals = confusion.sum(dim=1)
+    totals, hits = counts.by_class.tolist()
     shown = names if label_map is not None else (images.class_names or names)
-    class_names = [str(c) for c in (shown or range(len(confusion)))]
+    class_names = [str(c) for c in (shown or range(len(totals)))]
     return EvalResult(
         top1=counts.top1,
         topk=counts.topk,
         k=counts.k,
-        per_class=[int(confusion[i, i]) / int(totals[i]) if totals[i] else None for i in range(len(totals))],
-        confusion=confusion.tolist(),
+        per_class=[hit / total if total else None for hit, total in zip(hits, totals, strict=True)],
+        confusion=counts.confusion.tolist() if counts.confusion is not None else None,
         class_names=class_names,
         num_images=counts.count,
         img_size=size,

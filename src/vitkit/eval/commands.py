@@ -96,8 +96,10 @@ def eval_command(
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out / f"eval_{stem}.json", json.dumps(report, indent=1) + "\n")
-        plot_confusion(result.confusion, result.class_names, out / f"confusion_{stem}.png")
-        report["out"], report["files"] = str(out), [f"eval_{stem}.json", f"confusion_{stem}.png"]
+        files = [f"eval_{stem}.json"]
+        if result.confusion is not None:
+            files.append(plot_confusion(result.confusion, result.class_names, out / f"confusion_{stem}.png").name)
+        report["out"], report["files"] = str(out), files
     return report
 
 

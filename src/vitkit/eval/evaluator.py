@@ -26,6 +26,8 @@ from vitkit.data.transforms import eval_transform
 from vitkit.device import autocast
 from vitkit.models import configs
 
+CONFUSION_MAX_CLASSES = 4096  # above, no K x K confusion matrix is kept (21,843 classes: 3.8 GB a copy)
+
 
 @dataclass(frozen=True)
 class Counts:
@@ -34,13 +36,14 @@ class Counts:
     loss_sum: float
     topk_hits: float  # images whose label is among the k highest logits
     k: int
-    confusion: Tensor  # (K, K) int64: row = true class, column = predicted class
+    confusion: Tensor | None  # (K, K) int64: row = true class, column = predicted; None above CONFUSION_MAX_CLASSES
     count: int
     one_view_hits: float | None = None  # with flip_views: images the unmirrored view alone ranks first correctly
+    by_class: Tensor | None = None  # (2, K) int64: images of each true class, and those ranked first correctly
 
     @property
     def top1(self) -> float:
-        return float(self.confusion.diagonal().sum()) / self.count
+        return float(self.by_class[1].sum()) / self.count
 
     @property
     def loss(self) -> float:
@@ -100,7 +103,9 @@ def evaluate(
     model.eval()
     num_classes = data.num_classes if label_map is None else configs.num_classes(model.config)
     label_map = None if label_map is None else label_map.to(device)
-    confusion = torch.zeros(num_classes * num_classes, dtype=torch.float64, device=device)
+    dense = num_classes <= CONFUSION_MAX_CLASSES
+    confusion = torch.zeros(num_classes * num_classes if dense else 0, dtype=torch.float64, device=device)
+    by_class = torch.zeros(2, num_classes, dtype=torch.float64, device=device)
     sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, top-k hits, count, one-view top-1 hits
     stream = batches.eval_batches(data, batch_size, device, rank=rank, world=world, workers=workers)
     for batch in _in_lockstep(stream, device) if lockstep and world > 1 else stream:
@@ -116,12 +121,12 @@ def evaluate(
         logits, one_view_hits = _view_logits(model, inputs, labels, device, autocast_dtype, flip_views)
         if logits.shape[1] != num_classes:
             raise ValueError(f"the model predicts {logits.shape[1]} classes but the data set has {num_classes}")
-        batch_confusion, batch_sums = _batch_counts(logits, labels, loss, top_k, one_view_hits)
-        confusion += batch_confusion
+        predicted, batch_sums = _batch_counts(logits, labels, loss, top_k, one_view_hits)
+        _tally(confusion if dense else None, by_class, labels, predicted)
         sums += batch_sums
     if torch.distributed.is_available() and torch.distributed.is_initialized():  # every process: the whole split
-        torch.distributed.all_reduce(sums)
-        torch.distributed.all_reduce(confusion)
+        for total in (sums, by_class, confusion):
+            torch.distributed.all_reduce(total)
     model.train(was_training)
     loss_sum, hits, count, one_view = sums.tolist()
     if count == 0:
@@ -130,10 +135,21 @@ def evaluate(
         loss_sum=loss_sum,
         topk_hits=hits,
         k=min(top_k, num_classes),
-        confusion=confusion.round().long().reshape(num_classes, num_classes).cpu(),
+        confusion=confusion.round().long().reshape(num_classes, num_classes).cpu() if dense else None,
         count=int(count),
         one_view_hits=one_view if flip_views else None,
+        by_class=by_class.round().long().cpu(),
     )
+
+
+def _tally(confusion: Tensor | None, by_class: Tensor, labels: Tensor, predicted: Tensor) -> None:
+    """Add a batch's (true, predicted) pairs to the flattened confusion counts and the per-class counts in place
+    (no K x K tensor a batch)."""
+    ones = torch.ones(len(labels), dtype=torch.float64, device=labels.device)
+    by_class[0].index_add_(0, labels, ones)
+    by_class[1].index_add_(0, labels, (predicted == labels).double())
+    if confusion is not None:
+        confusion.index_add_(0, labels * by_class.shape[1] + predicted, ones)
 
 
 def _in_lockstep(stream: Iterator[tuple[Tensor, Tensor]], device: torch.device) -> Iterator[Any]:
@@ -151,10 +167,9 @@ def _in_lockstep(stream: Iterator[tuple[Tensor, Tensor]], device: torch.device) 
 def _batch_counts(
     logits: Tensor, labels: Tensor, loss: str, top_k: int, one_view_hits: Tensor
 ) -> tuple[Tensor, Tensor]:
-    """One batch's flattened confusion counts (K*K) and its (loss sum, top-k hits, count, one-view top-1 hits)."""
+    """One batch's predicted classes (B,) and its (loss sum, top-k hits, count, one-view top-1 hits)."""
     num_classes = logits.shape[1]
     top = logits.topk(min(top_k, num_classes), dim=1).indices  # (B, k)
-    confusion = torch.bincount(labels * num_classes + top[:, 0], minlength=num_classes**2).double()
     sums = torch.stack(
         [
             _losses(logits, labels, loss).sum().double(),
@@ -163,7 +178,7 @@ def _batch_counts(
             one_view_hits.double(),
         ]
     )
-    return confusion, sums
+    return top[:, 0], sums
 
 
 def _view_logits(
