@@ -129,6 +129,10 @@ def test_a_label_beyond_classes_txt_names_its_shard_and_sample(tmp_path: Path) -
     with pytest.raises(ValueError, match="classes.txt names 3 classes") as caught:
         load_split(f"wds:{tmp_path}", "train", image_size=8)
     assert f"{paths[1]}:s000014 holds label 97" in str(caught.value)
+    splits = {"train": [{"shard": path.name, "count": 10} for path in paths]}
+    (tmp_path / "dataset.json").write_text(json.dumps({"splits": splits}))  # an index that names no classes
+    with pytest.raises(ValueError, match="classes.txt names 3 classes"):  # had dropped label 97's samples unsaid
+        load_split(f"wds:{tmp_path}", "train", image_size=8)
 
 
 def _stale_index(tmp_path: Path) -> Path:

@@ -73,7 +73,8 @@ def split_names(kind: str, path: str) -> list[str]:
 
 # ------------------------------------------------------------------------------ wds:
 def read_wds(path: str, part: str, size: int, channels: int | None, labelled: bool = True) -> ShardSet:
-    """One split of `wds:path` as a ShardSet (nothing read but the index, or the shards' headers without one).
+    """One split of `wds:path` as a ShardSet (nothing read but the index, or the shards' headers without one;
+    and their labels where a classes.txt names the classes, to refuse a label past its names).
 
     Shards with neither test-* nor val-* shards (nor such splits in dataset.json) hold out a fixed
     class-stratified test split as a folder does (vitkit.data.holdout): "test" is that hold-out, "train"
@@ -91,7 +92,7 @@ def read_wds(path: str, part: str, size: int, channels: int | None, labelled: bo
         channels = index.get("channels") or _probe_stream(units, reader)[1]
     every = [unit for found in splits.values() for unit in found]
     if labelled:
-        names = classes or class_file_names(path, None if index else every) or _names_by_scan(every, where)
+        names = classes or class_file_names(path, every) or _names_by_scan(every, where)  # a label past it: named
     else:
         names = [UNLABELLED]
     data = ShardSet(
