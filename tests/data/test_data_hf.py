@@ -485,3 +485,36 @@ def test_a_negative_label_other_than_minus_one_is_damage_not_unlabelled(tmp_path
     datasets.DatasetDict({"train": train, "test": _dataset(4, start=12, int_labels=True)}).save_to_disk(str(tmp_path))
     with pytest.raises(ValueError, match=r"row 4's label is -7; class indices are 0 or more \(-1: unlabelled\)"):
         load_split(f"hf:{tmp_path}", "train", image_size=8, val_fraction=0.0)
+
+
+@pytest.mark.parametrize("values", [["abc", "1"], [0.7, 1.7]])
+def test_a_label_column_whose_metadata_says_class_label_but_whose_type_does_not_is_refused(
+    tmp_path: Path, values: list
+) -> None:
+    """The Hugging Face metadata is the file's word: strings under a ClassLabel had failed with an unnamed "invalid
+    literal for int()", and floats were truncated to classes."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    _dataset(2).to_parquet(str(tmp_path / "made.parquet"))
+    table = pq.read_table(tmp_path / "made.parquet")
+    column = table.schema.get_field_index("target")
+    forged = table.set_column(column, "target", pa.array(values)).replace_schema_metadata(table.schema.metadata)
+    (tmp_path / "data").mkdir()
+    pq.write_table(forged, tmp_path / "data" / "train-00000-of-00001.parquet")
+    with pytest.raises(ValueError, match="no label column \\(ClassLabel or integer\\) among picture, target, weight"):
+        describe(f"hf:{tmp_path / 'data'}")
+
+
+def test_class_label_names_are_checked_as_a_class_list_is(tmp_path: Path) -> None:
+    """Names that `datasets` itself refuses (one twice) came through a file's metadata unchecked."""
+    import pyarrow.parquet as pq
+
+    _dataset(4).to_parquet(str(tmp_path / "made.parquet"))
+    table = pq.read_table(tmp_path / "made.parquet")
+    meta = table.schema.metadata[b"huggingface"].replace(b'"ant", "bee"', b'"ant", "ant"')
+    (tmp_path / "data").mkdir()
+    forged = table.replace_schema_metadata({**table.schema.metadata, b"huggingface": meta})
+    pq.write_table(forged, tmp_path / "data" / "train-00000-of-00001.parquet")
+    with pytest.raises(ValueError, match="the ClassLabel names of 'target': the class name 'ant' appears twice"):
+        describe(f"hf:{tmp_path / 'data'}")

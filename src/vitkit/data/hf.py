@@ -300,7 +300,13 @@ def _label_column(path: str, part: int, label: str, stamp: tuple[int, int]) -> n
         values = table.column(label).to_pylist()
     except (OSError, ValueError):  # ArrowInvalid/ArrowIOError are ValueError/OSError subclasses
         values = []
-    return np.array([-1 if value is None else int(value) for value in values], dtype=np.int64)
+    return np.array([_label(value) for value in values], dtype=np.int64)
+
+
+def _label(value: Any) -> int:
+    """A row's class id; -1 (no label: the row is left out) for None and for what is no whole number, which the
+    column's integer type rules out but a file's bytes need not."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else -1
 
 
 @dataclass(frozen=True)
@@ -331,7 +337,7 @@ class ParquetReader:
             if wanted is not None and j not in wanted:
                 continue
             key = f"{unit.path}:{unit.part}:{j}"
-            if j >= len(images) or labels[j] is None:
+            if j >= len(images) or _label(labels[j]) < 0:
                 yield j, Sample(key, None, None, "missing row or label")
             else:
-                yield j, Sample(key, _image_value(images[j]) or b"", self._class(int(labels[j])))
+                yield j, Sample(key, _image_value(images[j]) or b"", self._class(labels[j]))

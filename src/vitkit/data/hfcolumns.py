@@ -9,6 +9,7 @@ from typing import Any
 
 from vitkit.data.images import NoLabelsError
 from vitkit.data.imageset import NO_LABELS_HINT
+from vitkit.data.tarsamples import check_class_names
 
 IMAGE_NAMES = frozenset({"image", "img", "jpg", "jpeg", "png", "webp"})  # a plain binary column of these names
 
@@ -25,8 +26,10 @@ def choose_columns(
 
     def kind(column: str) -> str:
         feature, field = features.get(column, {}), arrow_schema.field(column)
-        if isinstance(feature, dict) and feature.get("_type") in ("Image", "ClassLabel"):
-            return feature["_type"]
+        if isinstance(feature, dict) and feature.get("_type") == "Image":
+            return "Image"
+        if isinstance(feature, dict) and feature.get("_type") == "ClassLabel":  # metadata, untrusted: the type rules
+            return "ClassLabel" if pa.types.is_integer(field.type) else "other"
         if not features and pa.types.is_struct(field.type) and field.type.get_field_index("bytes") >= 0:
             return "Image"
         if (
@@ -64,6 +67,8 @@ def choose_columns(
     class_names = features.get(label, {}).get("names") if kinds[label] == "ClassLabel" else None
     if class_names is not None and not (isinstance(class_names, list) and all(isinstance(n, str) for n in class_names)):
         raise ValueError(f"{where}: the ClassLabel names of {label!r} are not a list of strings ({class_names!r:.80})")
+    if class_names is not None:
+        check_class_names(class_names, f"{where}: the ClassLabel names of {label!r}", "class")
     return image, label, class_names
 
 
