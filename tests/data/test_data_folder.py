@@ -124,6 +124,22 @@ def test_folder_file_based_when_large(tmp_path):
     assert part.files == [lazy.files[1], lazy.files[0]] and part.labels.tolist() == [0, 0]
 
 
+def test_files_decoded_on_the_fly_name_each_unreadable_one_once_with_its_reason(tmp_path, caplog, monkeypatch):
+    """Every epoch had named the file again, without saying why it was unreadable."""
+    from vitkit.data import loader
+
+    files = make_folder(tmp_path)
+    lazy = load_split(f"folder:{tmp_path}", "train", image_size=8, max_in_memory_bytes=100)
+    bad = [lazy.files.index(files[key]) for key in ("corrupt", "truncated", "empty")]
+    monkeypatch.setattr(loader, "NAMED_SKIPS", 2)
+    reader = loader._Files(lazy, strict=False)
+    with caplog.at_level(logging.WARNING):
+        assert [reader[i] for _ in range(3) for i in bad] == [None] * 9  # three epochs
+    named = [r.message for r in caplog.records if "skipping unreadable image" in r.message]
+    assert len(named) == 2 and str(files["corrupt"]) in named[0] and "not a readable image" in named[0]
+    assert named[1].endswith("; more are counted, not named")
+
+
 def test_folder_splits_and_errors(tmp_path):
     for split, count in (("train", 6), ("val", 2)):
         for cls in ("b", "A"):

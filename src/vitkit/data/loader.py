@@ -87,11 +87,15 @@ class DeviceImages:
         return self.images[index], self.labels[index]
 
 
+NAMED_SKIPS = 10  # unreadable images a loader (each worker) names, each once; the rest are counted only
+
+
 class _Files(Dataset):
-    """Decodes one file per item; a corrupt file yields None (counted) unless `strict`."""
+    """Decodes one file per item; a corrupt file yields None (counted) unless `strict`, and is named with its
+    reason the first time, for the first NAMED_SKIPS (every epoch had named it again, without the reason)."""
 
     def __init__(self, data: ImageSet, strict: bool):
-        self.data, self.strict = data, strict
+        self.data, self.strict, self.named = data, strict, set()
 
     def __len__(self) -> int:
         return len(self.data)
@@ -99,10 +103,13 @@ class _Files(Dataset):
     def __getitem__(self, i: int) -> tuple[Tensor, int] | None:
         try:
             return self.data.read(i), int(self.data.labels[i])
-        except BadImageError:
+        except BadImageError as error:
             if self.strict:
                 raise
-            log.warning("skipping unreadable image %s", self.data.name(i))
+            if i not in self.named and len(self.named) < NAMED_SKIPS:
+                self.named.add(i)
+                last = len(self.named) == NAMED_SKIPS
+                log.warning("skipping unreadable image %s%s", error, "; more are counted, not named" if last else "")
             return None
 
 
