@@ -62,6 +62,15 @@ def test_a_truncated_shard_is_named_as_truncated(tmp_path: Path, caplog: pytest.
     assert "1 damaged shard(s)" in caplog.text  # the split's summary line counts the shard
 
 
+def test_a_hidden_file_named_like_a_shard_is_no_shard(tmp_path: Path) -> None:
+    """macOS's ._train-000000.tar beside each copied shard had been read as a damaged shard (fatal with --strict)."""
+    label_first_shards(tmp_path, [[k % 3 for k in range(10)]])
+    alone = load_split(f"wds:{tmp_path}", "train", image_size=8, strict=True)
+    (tmp_path / "._train-000000.tar").write_bytes(b"\x00\x05\x16\x07" + bytes(4092))  # AppleDouble metadata
+    data = load_split(f"wds:{tmp_path}", "train", image_size=8, strict=True)
+    assert torch.equal(data.labels, alone.labels) and data.origin == alone.origin
+
+
 def test_an_empty_shard_is_damaged_not_a_shard_of_nothing(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """A 0-byte file, what a failed copy leaves, had been read as a whole shard of no samples, --strict or not."""
     caplog.set_level(logging.INFO)

@@ -150,7 +150,7 @@ def _shard_files(spec: str) -> tuple[Path, list[Path], bool]:
     directory = Path(spec)
     if not directory.is_dir():
         raise FileNotFoundError(f"wds:{spec}: no such directory (or brace pattern of .tar files)")
-    shards = sorted(directory.glob("*.tar")) or _split_folder_shards(directory)
+    shards = _shards_in(directory) or _split_folder_shards(directory)
     packed = [p for p in directory.iterdir() if p.name.endswith((".tar.gz", ".tgz"))]
     if packed and shards:
         loading_log.warning("wds:%s: ignoring %d gzip-compressed shard(s) beside the .tar ones", spec, len(packed))
@@ -162,10 +162,16 @@ def _shard_files(spec: str) -> tuple[Path, list[Path], bool]:
     return directory, shards, False
 
 
+def _shards_in(directory: Path) -> list[Path]:
+    """The .tar files of `directory`, sorted, hidden ones left out (macOS writes a ._NAME of metadata beside each
+    file it copies to a foreign disk, which is no shard)."""
+    return sorted(p for p in directory.glob("*.tar") if not p.name.startswith("."))
+
+
 def _split_folder_shards(directory: Path) -> list[Path]:
     """The shards of DIR/train/, DIR/val/, DIR/test/ (any split word) where DIR itself holds none."""
     folders = [p for p in sorted(directory.iterdir()) if p.name in _SPLIT_NAMES and p.is_dir()]
-    return [shard for folder in folders for shard in sorted(folder.glob("*.tar"))]
+    return [shard for folder in folders for shard in _shards_in(folder)]
 
 
 def read_index(directory: Path) -> dict[str, Any] | None:
@@ -265,7 +271,7 @@ def split_units(spec: str) -> tuple[dict[str, list[Unit]], list[str] | None, dic
     else:
         counted = {
             name: [(p, -1) for p in paths]
-            for name, paths in _by_prefix(sorted(directory.glob("*.tar")) if pattern else files, directory).items()
+            for name, paths in _by_prefix(_shards_in(directory) if pattern else files, directory).items()
         }
     if pattern:  # the pattern's shards are the training split, and no other's
         known = {str(p): c for p, c in counted.get("train", [])}
