@@ -138,6 +138,12 @@ def test_a_label_beyond_classes_txt_names_its_shard_and_sample(tmp_path: Path) -
     with pytest.raises(ValueError, match="classes.txt names 3 classes") as caught:
         load_split(f"wds:{tmp_path}", "train", image_size=8)
     assert f"{paths[1]}:s000014 holds label 97" in str(caught.value)
+    (tmp_path / "classes.txt").write_bytes("\ufeffa\nb\nc\n".encode())  # a Windows editor's byte-order mark
+    with pytest.raises(ValueError, match="classes.txt names 3 classes"):
+        load_split(f"wds:{tmp_path}", "train", image_size=8)
+    from vitkit.data.large import class_file_names
+
+    assert class_file_names(str(tmp_path), None) == ["a", "b", "c"]  # the mark had stayed in the first name
     splits = {"train": [{"shard": path.name, "count": 10} for path in paths]}
     (tmp_path / "dataset.json").write_text(json.dumps({"splits": splits}))  # an index that names no classes
     with pytest.raises(ValueError, match="classes.txt names 3 classes"):  # had dropped label 97's samples unsaid
