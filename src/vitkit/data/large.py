@@ -149,9 +149,8 @@ def class_file_names(path: str, scanned: list[Unit] | None) -> list[str] | None:
     if file.stat().st_size > MAX_CLASS_FILE_BYTES:
         raise ValueError(f"{file}: {file.stat().st_size:,} bytes, more than a class list holds")
     try:
-        names = [
-            line.strip() for line in file.read_bytes().decode("utf-8-sig").split("\n")
-        ]  # a BOM dropped; \f is no line end
+        text = file.read_bytes().decode("utf-8-sig")  # a byte-order mark dropped
+        names = [line.strip() for line in text.split("\n")]  # not splitlines: \f is no line end
     except UnicodeDecodeError as error:
         raise ValueError(f"{file}: not UTF-8 text ({error})") from error
     while names and not names[-1]:
