@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -82,6 +83,8 @@ def test_the_python_predict_is_the_verbs(tmp_path: Path, rgb_checkpoint: Path, c
     verb = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["results"]
     assert vitkit.predict(rgb_checkpoint, paths, top_k=3) == verb
     assert vitkit.predict(rgb_checkpoint, [tmp_path / "missing.png"])[0]["error"].endswith("no such file")
+    os.mkfifo(tmp_path / "fifo.png")  # it exists: "no such file" had been said of it, and of /dev/zero
+    assert "not a regular file" in vitkit.predict(rgb_checkpoint, [tmp_path / "fifo.png"])[0]["error"]
     (alone,) = vitkit.predict(rgb_checkpoint, paths[0], top_k=3)  # one path, not a sequence of characters
     assert [p["index"] for p in alone["predictions"]] == [p["index"] for p in verb[0]["predictions"]]
     for ours, theirs in zip(alone["predictions"], verb[0]["predictions"]):  # a batch of one: float rounding only

@@ -97,8 +97,10 @@ def top_classes(probabilities: torch.Tensor, class_names: Sequence[str] | None, 
 
 def _decode(path: Path, checkpoint, size: int) -> torch.Tensor | str:
     """uint8 (C, size, size), or the error message for this file."""
-    if not path.is_file():
+    if not path.exists():
         return f"{path}: no such file"
+    if not path.is_file():
+        return f"{path}: not a regular file (a folder, device or FIFO is not an image)"
     try:
         return decode_input(path, checkpoint, size)
     except (ValueError, OSError) as err:  # BadImageError / DecompressionBombError are ValueErrors
