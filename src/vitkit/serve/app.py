@@ -144,7 +144,7 @@ async def _images(request: Request, explain: bool) -> Response:
         )
         if form == "png" and len(uploads) != 1:
             raise HTTPError(400, f"format=png returns one image; this request holds {len(uploads)}")
-        answers = await service.answer(uploads, top_k, explain)
+        answers = await service.answer(uploads, top_k, explain, each=multipart)
     if form == "png":
         return Response(base64.b64decode(answers[0]["overlay_png"]), media_type="image/png")
     if not multipart:

@@ -69,9 +69,9 @@ class Batcher:
         self._thread = threading.Thread(target=self._serve, name="vitkit-model", daemon=True)
         self._thread.start()
 
-    async def submit(self, payloads: Sequence[Any]) -> list[Any]:
+    async def submit(self, payloads: Sequence[Any], *, each: bool = False) -> list[Any]:
         """Queue payloads (one image each) and wait for their outputs, in order; an exception of a batch
-        that held one of them is raised here."""
+        that held one of them is raised here, or with `each` returned in its place."""
         if self._closed:
             raise BatcherClosed("the server is shutting down")
         loop = asyncio.get_running_loop()
@@ -84,7 +84,7 @@ class Batcher:
                 self._changed.notify()
         self._on_depth(depth)
         try:
-            return list(await asyncio.gather(*(job.future for job in jobs)))
+            return list(await asyncio.gather(*(job.future for job in jobs), return_exceptions=each))
         finally:
             self._inside -= 1
             for job in jobs:  # a caller that gives up (error elsewhere, disconnect) frees its places

@@ -22,6 +22,8 @@ from vitkit.serve.metrics import Metrics
 from vitkit.serve.model import ServedModel, load_model
 from vitkit.serve.worker import ModelProcessError, ProcessEngine
 
+_GONE = (BatcherClosed, ModelProcessError)  # no answer for now: 503 with Retry-After
+
 log = logging.getLogger(__name__)
 
 RETRY_AFTER = {"Retry-After": "1"}
@@ -119,15 +121,26 @@ class Service:
             self.metrics.in_flight.set(self._admitted)
 
     # ---------------------------------------------------------------------------------- answers
-    async def answer(self, uploads: Sequence[Upload], top_k: int, explain: bool) -> list[dict[str, Any]]:
-        """One answer per image: {"predictions"} (+ {"attention", "overlay_png"} when explaining)."""
+    async def answer(
+        self, uploads: Sequence[Upload], top_k: int, explain: bool, *, each: bool = False
+    ) -> list[dict[str, Any]]:
+        """One answer per image: {"predictions"} (+ {"attention", "overlay_png"} when explaining).  With `each`
+        (a form of several files) an image that does not decode is answered {"error"} in its place, and the
+        request fails only where none decodes."""
         model = self.ready()
         try:
-            answers: list[Answer] = await self.batcher.submit([Encoded(upload, explain) for upload in uploads])
-        except (BatcherClosed, ModelProcessError) as error:  # shutting down, or the model process died (and restarted)
+            answers = await self.batcher.submit([Encoded(upload, explain) for upload in uploads], each=each)
+        except _GONE as error:  # shutting down, or the model process died (and restarted)
             raise HTTPError(503, str(error), RETRY_AFTER) from error
+        failed = [answer for answer in answers if isinstance(answer, BaseException)]
+        for error in failed:  # the server's trouble, or every image's: the request's status
+            if not (isinstance(error, HTTPError) and error.status < 500) or len(failed) == len(answers):
+                raise HTTPError(503, str(error), RETRY_AFTER) if isinstance(error, _GONE) else error
         entries = []
         for answer in answers:
+            if isinstance(answer, HTTPError):
+                entries.append({"error": answer.message})
+                continue
             entry: dict[str, Any] = {
                 "predictions": top_classes(torch.from_numpy(answer.probabilities), model.class_names, top_k)
             }
