@@ -201,6 +201,12 @@ def test_files_left_out_by_their_extension_are_counted_by_kind(tmp_path, caplog)
     assert len(train) == 2
     [record] = [r for r in caplog.records if "not read" in r.getMessage()]
     assert "4 files not read by their extension (.heic 3, .txt 1)" in record.getMessage()
+    for name in ("loose.jpg", "notes.txt"):  # beside the class folders: no class, and had gone unsaid
+        (tmp_path / "train" / name).write_bytes(b"x")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="vitkit"):
+        load_split(f"folder:{tmp_path}", "train", image_size=4)
+    assert "2 files beside the class folders (.jpg 1, .txt 1) not read" in caplog.text
 
 
 def test_caltech101_10(shared_data):

@@ -23,11 +23,25 @@ def class_folders(root: Path) -> list[str]:
     """Class names of an ImageFolder-style `root`: its sub-directories, in sorted order (capitals first)."""
     if not root.is_dir():
         raise FileNotFoundError(f"{root}: not a directory")
-    names = sorted(entry.name for entry in os.scandir(root) if entry.is_dir() and not entry.name.startswith("."))
+    entries = [entry for entry in os.scandir(root) if not entry.name.startswith(".")]
+    names = sorted(entry.name for entry in entries if entry.is_dir())
     if not names:
         raise NoLabelsError(
             f"{root}: no class sub-folders (expected {root}/<class>/<image>.jpg); vitkit pretrain-mpp reads a "
             "folder of images without labels"
+        )
+    loose = Counter(
+        Path(e.name).suffix.lower() or "no extension" for e in sorted(entries, key=lambda e: e.name) if not e.is_dir()
+    )
+    key = (str(root), (("beside the class folders", loose.total()),))
+    if loose and key not in _WARNED:  # an image there has no class: it would be left out unsaid
+        _WARNED.add(key)
+        log.warning(
+            "%s: %d file%s beside the class folders (%s) not read: only the files inside a class folder are",
+            root,
+            loose.total(),
+            "" if loose.total() == 1 else "s",
+            _kinds(loose),
         )
     return names
 
