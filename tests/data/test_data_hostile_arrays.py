@@ -51,6 +51,23 @@ def test_npz_images_of_another_rank_are_a_data_error(tmp_path: Path) -> None:
         describe(f"npz:{tmp_path / 'flat.npz'}")
 
 
+def test_a_stray_npz_label_that_leaves_most_class_ids_empty_is_refused(tmp_path: Path) -> None:
+    """Label 30000 among 0..2 had planned a 30,001-class model; with class_names the classes are the user's word."""
+    from vitkit.data.sources import describe, load_split
+
+    labels = np.array([0, 1, 2, 0, 1, 2, 0, 1, 2, 30000])
+    np.savez(tmp_path / "s.npz", images=np.zeros((10, 8, 8), np.uint8), labels=labels)
+    for read in (
+        lambda: describe(f"npz:{tmp_path / 's.npz'}"),
+        lambda: load_split(f"npz:{tmp_path / 's.npz'}", "train"),
+    ):
+        with pytest.raises(DataFormatError, match="29997 of the 30001 class ids 0..30000 have no image"):
+            read()
+    few = np.array([0, 1, 3, 0, 1, 3, 0, 1, 3, 0])  # one id without an image: a class that may be absent
+    np.savez(tmp_path / "f.npz", images=np.zeros((10, 8, 8), np.uint8), labels=few)
+    assert describe(f"npz:{tmp_path / 'f.npz'}").num_classes == 4
+
+
 def test_images_of_no_pixels_are_a_data_error(tmp_path: Path) -> None:
     """(20, 0, 0) images in an .npz or an IDX file ended in a resize traceback, after the split was read."""
     from vitkit.data.readers import IDX_LABELS_MAGIC, read_idx_pair

@@ -127,10 +127,10 @@ def read_npz_split(path: Path, part: str) -> ImageSet:
         images, labels = (
             (arrays["x_test"], arrays["y_test"]) if part == "test" else (arrays["x_train"], arrays["y_train"])
         )
-        num = int(max(arrays["y_train"].max(initial=-1), arrays["y_test"].max(initial=-1))) + 1
+        num = readers.class_count([arrays["y_train"], arrays["y_test"]], path, "class_names" in arrays)
     else:
         images, labels = arrays["images"], arrays["labels"]
-        num = int(labels.max(initial=-1)) + 1
+        num = readers.class_count([labels], path, "class_names" in arrays)
     names = _class_names(arrays["class_names"], num, path) if "class_names" in arrays else list(map(str, range(num)))
     whole = _in_memory(images, labels, names)
     if "x_train" in arrays:
@@ -184,10 +184,10 @@ def _describe_npz(uri: str, path: Path) -> SourceInfo:
         if key == "images":  # the fixed 20 % test hold-out needs the labels
             labels = torch.from_numpy(archive["labels"].astype(np.int64))
             num_train = len(stratified_split(labels, FIXED_TEST_FRACTION, FIXED_TEST_SEED)[0])
-            num_classes = int(labels.max()) + 1 if len(labels) else 0
+            num_classes = readers.class_count([labels.numpy()], path, "class_names" in shapes)
         else:
             num_train = shape[0]
-            num_classes = int(max(archive["y_train"].max(initial=-1), archive["y_test"].max(initial=-1))) + 1
+            num_classes = readers.class_count([archive["y_train"], archive["y_test"]], path, "class_names" in shapes)
     return SourceInfo(
         uri=uri,
         num_train=num_train,

@@ -12,6 +12,7 @@ import gzip
 import struct
 import zipfile
 import zlib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -215,6 +216,27 @@ def _check_npz_sizes(path: Path, archive: zipfile.ZipFile, keys: list[str]) -> N
         raise DataFormatError(
             f"{path}: {', '.join(keys)} inflate to {need:,} bytes, more than the {free:,} bytes of memory available"
         )
+
+
+def mostly_empty(present: int, total: int) -> bool:
+    """Whether class ids 0..total-1 of which `present` hold an image are mostly empty: the mark of one stray label
+    (30000 among 0..2) where no class list names the classes, which is refused rather than made a model of."""
+    return total - present > present
+
+
+def class_count(label_arrays: Sequence[np.ndarray], path: Path, named: bool) -> int:
+    """K, the largest label + 1, of arrays of checked labels; a DataFormatError where no class names are given
+    (`named`) and most of the ids 0..K-1 have no image (`mostly_empty`)."""
+    arrays = [labels for labels in label_arrays if labels.size]
+    top = max((int(labels.max()) for labels in arrays), default=-1)
+    present = len(np.unique(np.concatenate(arrays))) if arrays else 0
+    if not named and mostly_empty(present, top + 1):
+        raise DataFormatError(
+            f"{path}: {top + 1 - present} of the {top + 1} class ids 0..{top} have no image: the labels are class "
+            f"indices and no class_names array names the classes; if label {top} is a stray one, fix it, else "
+            "add class_names"
+        )
+    return top + 1
 
 
 def check_labels(labels: np.ndarray, path: Path, key: str, count: int | None = None) -> None:

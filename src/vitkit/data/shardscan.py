@@ -9,7 +9,7 @@ from array import array
 from pathlib import Path
 from typing import BinaryIO, NamedTuple
 
-from vitkit.data.readers import DataFormatError
+from vitkit.data.readers import DataFormatError, mostly_empty
 from vitkit.data.stream import Unit
 from vitkit.data.tarformat import Member, TarFormatError, read_member
 from vitkit.data.tarsamples import MAX_LABEL_BYTES, _groups, _name_once, _parse_label, damage_message
@@ -126,8 +126,8 @@ def class_names_by_scan(units: list[Unit]) -> list[str]:
             f"the classes, so the model would get {top + 1} outputs; the largest label, {top}, is {holder}'s. "
             f"If it is a stray label, fix that sample; else put a {CLASS_FILE} beside the shards"
         )
-        if missing > present.bit_count():  # mostly empty ids: one stray label had made a model (and its
-            raise DataFormatError(said)  # evaluation's K x K confusion matrix) of up to a million classes
+        if mostly_empty(present.bit_count(), top + 1):  # one stray label had made a model (and its evaluation's
+            raise DataFormatError(said)  # K x K confusion matrix) of up to a million classes
         _name_once(f"{holder}#class-ids", said, every_process=True)
     return [str(i) for i in range(top + 1)]
 
