@@ -219,3 +219,27 @@ def test_an_arm_finished_with_another_config_is_refused(tmp_path: Path) -> None:
     (tmp_path / "arms" / "vit-s0" / "arm.json").write_text(json.dumps(record))
     with pytest.raises(ValueError, match="trained with another config"):
         reproduce("attention", tiny("attention", tmp_path))
+
+
+def test_an_arm_stopped_before_its_run_began_is_re_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Ctrl-C while an arm's data loaded left its wall-time tally in a folder without config.json, which the
+    re-run then refused as not a vitkit run."""
+    from vitkit.data.sources import describe
+    from vitkit.reproduce.spec import Arm
+    from vitkit.train import parts
+    from vitkit.train.recipes import get_recipe
+
+    config = get_recipe("small-8px-tiny", describe("digits"))
+    arm, out = Arm(name="a", seed=0, config=config, measure=()), tmp_path / "arms" / "a-s0"
+    real = parts.load_splits
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(parts, "load_splits", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        arms.run_train_arm(arm, out, arms.Probes())
+    assert not out.exists() or not any(out.iterdir())
+    monkeypatch.setattr(parts, "load_splits", real)
+    record = arms.run_train_arm(arm, out, arms.Probes())
+    assert record["status"] == "finished" and record["step"] > 0 and (out / "arm.json").is_file()

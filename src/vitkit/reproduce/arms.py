@@ -36,7 +36,7 @@ from vitkit.models.configs import image_size
 from vitkit.models.flops import model_flops
 from vitkit.reproduce.inspection import attention_distances
 from vitkit.reproduce.spec import Arm
-from vitkit.runs import open_checkpoint
+from vitkit.runs import CONFIG, open_checkpoint
 from vitkit.train.config import TrainConfig, to_dict
 from vitkit.train.trainer import train
 
@@ -104,9 +104,9 @@ def run_train_arm(arm: Arm, path: Path, probes: Probes) -> dict[str, Any]:
         checkpoint = open_checkpoint(result["checkpoint"])
         for name in arm.measure:
             record[name] = probes.measure(name, checkpoint, config)
-    except BaseException:  # stopped or failed: this invocation's time is counted when the arm finishes
-        path.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(path / WALL_TALLY, json.dumps({"seconds": earlier + time.monotonic() - began}) + "\n")
+    except BaseException:  # stopped or failed: this invocation's time is counted when the arm finishes, where
+        if (path / CONFIG).is_file():  # the arm is a run: before its config.json, a file would make it none
+            atomic_write_text(path / WALL_TALLY, json.dumps({"seconds": earlier + time.monotonic() - began}) + "\n")
         raise
     measured = sum(record[name]["minutes"] for name in arm.measure)  # a killed invocation's kept training counts
     wall = max(earlier + time.monotonic() - began, 60 * (record["train_minutes"] + measured))
