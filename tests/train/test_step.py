@@ -192,7 +192,9 @@ def test_the_step_outputs_since_the_last_record_round_trip_through_a_saved_state
     twin.load_state_dict(stored)
     assert [float(r["loss"]) for r in twin.records] == [float(r["loss"]) for r in state.records]
     assert [r["lr"] for r in twin.records] == [1e-3, 1e-3]
-    for damaged in ([{"loss": torch.zeros(3), "skipped": False}], "records", [{"lr": 1.0}]):
+    damaged_outputs = ([{"loss": torch.zeros(3), "skipped": False}], "records", [{"lr": 1.0}])
+    no_norm = [{"loss": torch.tensor(1.0), "lr": 1.0, "skipped": False}]  # the record would miss its grad_norm
+    for damaged in (*damaged_outputs, no_norm):
         twin.load_state_dict({**stored, "records": damaged})
         assert twin.records == []
     twin.load_state_dict({k: v for k, v in stored.items() if k != "records"})  # an earlier version's state

@@ -120,7 +120,7 @@ def _records(stored: Any) -> list[dict[str, Any]]:
     scalar = lambda v: isinstance(v, (int, float, bool)) or (isinstance(v, torch.Tensor) and v.dim() == 0)  # noqa: E731
     if not isinstance(stored, list) or len(stored) > MAX_RECORDS:
         return []
-    good = all(isinstance(out, dict) and {"loss", "skipped"} <= out.keys() for out in stored)
+    good = all(isinstance(out, dict) and {"loss", "grad_norm", "lr", "skipped"} <= out.keys() for out in stored)
     return list(stored) if good and all(scalar(v) for out in stored for v in out.values()) else []
 
 
