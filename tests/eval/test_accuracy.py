@@ -165,3 +165,4 @@ def test_the_confusion_figure_draws_any_folder_name(tmp_path) -> None:
     odd = b"\xff\xfe".decode("utf-8", "surrogateescape")
     path = plot_confusion([[2, 0, 0], [1, 1, 0], [0, 0, 3]], ["a", "$5_$", odd], tmp_path / "confusion.png")
     assert path.stat().st_size > 2000 and plain(odd) == "\\xff\\xfe" and plain("$5_$") == "$5_$"
+    assert plain("x\ud800") == "x\\ud800"  # a lone surrogate from a JSON escape (an hf or dataset.json name)

@@ -28,8 +28,12 @@ def save_figure(figure: plt.Figure, path: Path) -> Path:
 
 def plain(name: str) -> str:
     """A class name as text a figure can draw: a folder's name that is not UTF-8 (its bytes kept as surrogates)
-    with those bytes as \\x escapes; `$` stays a dollar sign where the caller turns off mathtext."""
-    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    with those bytes as \\x escapes, any other lone surrogate (a JSON escape) as \\u; `$` stays a dollar sign
+    where the caller turns off mathtext."""
+    try:
+        return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:  # a surrogate outside the escaped bytes' range
+        return name.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def plot_confusion(confusion: Sequence[Sequence[int]], class_names: Sequence[str], path: Path) -> Path:
