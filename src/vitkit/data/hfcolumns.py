@@ -29,7 +29,9 @@ def choose_columns(
         if isinstance(feature, dict) and feature.get("_type") == "Image":
             return "Image"
         if isinstance(feature, dict) and feature.get("_type") == "ClassLabel":  # metadata, untrusted: the type rules
-            return "ClassLabel" if pa.types.is_integer(field.type) else "other"
+            if not pa.types.is_integer(field.type):  # else another integer column would be taken for the labels
+                raise ValueError(f"{where}: column {column!r} is declared a ClassLabel but holds {field.type} values")
+            return "ClassLabel"
         if not features and pa.types.is_struct(field.type) and field.type.get_field_index("bytes") >= 0:
             return "Image"
         if (
