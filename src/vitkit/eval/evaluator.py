@@ -103,10 +103,7 @@ def evaluate(
     model.eval()
     num_classes = data.num_classes if label_map is None else configs.num_classes(model.config)
     label_map = None if label_map is None else label_map.to(device)
-    dense = num_classes <= CONFUSION_MAX_CLASSES
-    confusion = torch.zeros(num_classes * num_classes if dense else 0, dtype=torch.float64, device=device)
-    by_class = torch.zeros(2, num_classes, dtype=torch.float64, device=device)
-    sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, top-k hits, count, one-view top-1 hits
+    totals = _Totals(num_classes, device)
     stream = batches.eval_batches(data, batch_size, device, rank=rank, world=world, workers=workers)
     for batch in _in_lockstep(stream, device) if lockstep and world > 1 else stream:
         if batch is None:  # this process's share is done, another's is not: a blank pass joins its collectives
@@ -121,35 +118,47 @@ def evaluate(
         logits, one_view_hits = _view_logits(model, inputs, labels, device, autocast_dtype, flip_views)
         if logits.shape[1] != num_classes:
             raise ValueError(f"the model predicts {logits.shape[1]} classes but the data set has {num_classes}")
-        predicted, batch_sums = _batch_counts(logits, labels, loss, top_k, one_view_hits)
-        _tally(confusion if dense else None, by_class, labels, predicted)
-        sums += batch_sums
-    if torch.distributed.is_available() and torch.distributed.is_initialized():  # every process: the whole split
-        for total in (sums, by_class, confusion):
-            torch.distributed.all_reduce(total)
+        totals.add(*_batch_counts(logits, labels, loss, top_k, one_view_hits), labels)
     model.train(was_training)
-    loss_sum, hits, count, one_view = sums.tolist()
-    if count == 0:
-        raise ValueError("evaluation split is empty")
-    return Counts(
-        loss_sum=loss_sum,
-        topk_hits=hits,
-        k=min(top_k, num_classes),
-        confusion=confusion.round().long().reshape(num_classes, num_classes).cpu() if dense else None,
-        count=int(count),
-        one_view_hits=one_view if flip_views else None,
-        by_class=by_class.round().long().cpu(),
-    )
+    return totals.counts(top_k, flip_views)
 
 
-def _tally(confusion: Tensor | None, by_class: Tensor, labels: Tensor, predicted: Tensor) -> None:
-    """Add a batch's (true, predicted) pairs to the flattened confusion counts and the per-class counts in place
-    (no K x K tensor a batch)."""
-    ones = torch.ones(len(labels), dtype=torch.float64, device=labels.device)
-    by_class[0].index_add_(0, labels, ones)
-    by_class[1].index_add_(0, labels, (predicted == labels).double())
-    if confusion is not None:
-        confusion.index_add_(0, labels * by_class.shape[1] + predicted, ones)
+class _Totals:
+    """What an evaluation sums batch by batch (float64, on the device): loss, top-k hits, count and one-view top-1
+    hits; per true class its images and top-1 hits; the flattened confusion counts up to CONFUSION_MAX_CLASSES
+    (no K x K tensor a batch).  Every process adds its share; `counts` all-reduces them."""
+
+    def __init__(self, num_classes: int, device: torch.device) -> None:
+        self.num_classes, self.dense = num_classes, num_classes <= CONFUSION_MAX_CLASSES
+        self.confusion = torch.zeros(num_classes**2 if self.dense else 0, dtype=torch.float64, device=device)
+        self.by_class = torch.zeros(2, num_classes, dtype=torch.float64, device=device)
+        self.sums = torch.zeros(4, dtype=torch.float64, device=device)
+
+    def add(self, predicted: Tensor, sums: Tensor, labels: Tensor) -> None:
+        ones = torch.ones(len(labels), dtype=torch.float64, device=labels.device)
+        self.by_class[0].index_add_(0, labels, ones)
+        self.by_class[1].index_add_(0, labels, (predicted == labels).double())
+        if self.dense:
+            self.confusion.index_add_(0, labels * self.num_classes + predicted, ones)
+        self.sums += sums
+
+    def counts(self, top_k: int, flip_views: bool) -> Counts:
+        if torch.distributed.is_available() and torch.distributed.is_initialized():  # every process: the whole split
+            for total in (self.sums, self.by_class, self.confusion):
+                torch.distributed.all_reduce(total)
+        loss_sum, hits, count, one_view = self.sums.tolist()
+        if count == 0:
+            raise ValueError("evaluation split is empty")
+        square = (self.num_classes, self.num_classes)
+        return Counts(
+            loss_sum=loss_sum,
+            topk_hits=hits,
+            k=min(top_k, self.num_classes),
+            confusion=self.confusion.round().long().reshape(square).cpu() if self.dense else None,
+            count=int(count),
+            one_view_hits=one_view if flip_views else None,
+            by_class=self.by_class.round().long().cpu(),
+        )
 
 
 def _in_lockstep(stream: Iterator[tuple[Tensor, Tensor]], device: torch.device) -> Iterator[Any]:
