@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from vitkit.data.sources import ImageSet
 from vitkit.data.transforms import train_transform
 from vitkit.eval.evaluator import evaluate
-from vitkit.models.configs import HybridConfig, ResNetConfig
+from vitkit.models.configs import HybridConfig, ResNetConfig, image_size, in_channels
 from vitkit.ssl.masked_patch import MaskedPatchPrediction, MPPConfig, evaluate_mpp
 from vitkit.train.config import TrainConfig
 from vitkit.train.schedule import Phase
@@ -43,6 +43,23 @@ class EvalContext:
     world: int = 1
     workers: int = 0
     lockstep: bool = False  # the model's forward is a collective (FSDP): evaluator.evaluate's `lockstep`
+
+    @classmethod
+    def of(cls, config: TrainConfig, device: torch.device, autocast_dtype: torch.dtype | None, **where: Any):
+        """A run's: its model's input, its evaluation batch and workers; `where` the process's rank, world and
+        lockstep."""
+        model, data = config.model, config.data
+        return cls(
+            size=image_size(model),
+            mean=data.mean,
+            std=data.std,
+            channels=in_channels(model),
+            batch_size=config.eval.batch_size,
+            device=device,
+            autocast_dtype=autocast_dtype,
+            workers=data.workers,
+            **where,
+        )
 
 
 class Objective(Protocol):

@@ -30,7 +30,7 @@ from vitkit import host as hosts
 from vitkit.data.imageset import ImageSet
 from vitkit.device import pick_device, synchronize
 from vitkit.eval.evaluator import one_view_note
-from vitkit.models.configs import image_size, in_channels
+from vitkit.models.configs import image_size
 from vitkit.runs import RunDir, removed_if_left_empty
 from vitkit.train import compiled, distributed, finish
 from vitkit.train.assemble import Splits, blank_batch
@@ -205,26 +205,11 @@ class Trainer(RunParts):
         config, state = self.config, self.state
         self.plan = plan = self._make_plan(self._warm_up())
         self.schedule = schedule_of(config, plan.steps, plan.lr)
-        if self.resumed and state.ended and self.info.main:  # its plan's estimates and warnings would read as news
-            log.info(
-                "%s finished at step %d: nothing left to train; its model is evaluated again", self.run.path, state.step
-            )
-        elif on_plan is not None and self.info.main:
-            on_plan(plan)
-        self.budget = Budget(plan.steps, self._usable_s() if plan.fitted else None, steps_count=plan.steps_given)
-        if plan.eval_every == 0:  # keep back what the final evaluation is estimated to take
-            self.budget.reserve_s = plan.measured.get("eval_seconds", 0.0)
-        if not self.resumed:
-            state.startup = time.monotonic() - self.started
-        self.budget.observe(state.step, state.elapsed)
+        status = self._begin(plan, on_plan)
         stop = self._stop_policy(plan)
         records = TrainRecords(state.step, config.data.batch_size, state.records)
         bar = progress_bar(config.run.progress and self.info.main, plan.steps, state.step, self.progress_stream)
-        self.loop_start, self.saved_step, status = time.monotonic(), -1, "finished"
-        spent = self.budget.done(state.step) or (plan.steps_given and plan.steps <= state.step)  # by earlier runs
-        if self.resumed and plan.fitted and not state.ended and spent:
-            finish.log_spent(config.run.max_minutes, state.elapsed, state.step)
-            status = "time_budget"
+        self.loop_start, self.saved_step = time.monotonic(), -1
         batches = iter(self.batches)
         with stop:
             while not state.ended and not self.budget.done(state.step) and (raw := next(batches, None)) is not None:
@@ -264,6 +249,26 @@ class Trainer(RunParts):
         if self.info.main:  # every process stops at the same step: one says so
             finish.log_end(status, stop.signum, state.step, plan.steps, config.run.max_minutes)
         return self._finish(status, stop.signum)
+
+    def _begin(self, plan: Plan, on_plan: Callable[[Plan], None] | None) -> str:
+        """The plan said (a finished run's: that nothing is left) and the budget set; the status a run ends with
+        that takes no step ("time_budget": earlier invocations spent a fitted budget)."""
+        state = self.state
+        if self.resumed and state.ended and self.info.main:  # its plan's estimates and warnings would read as news
+            finish.log_nothing_left(self.run.path, state.step)
+        elif on_plan is not None and self.info.main:
+            on_plan(plan)
+        self.budget = Budget(plan.steps, self._usable_s() if plan.fitted else None, steps_count=plan.steps_given)
+        if plan.eval_every == 0:  # keep back what the final evaluation is estimated to take
+            self.budget.reserve_s = plan.measured.get("eval_seconds", 0.0)
+        if not self.resumed:
+            state.startup = time.monotonic() - self.started
+        self.budget.observe(state.step, state.elapsed)
+        spent = self.budget.done(state.step) or (plan.steps_given and plan.steps <= state.step)  # by earlier runs
+        if self.resumed and plan.fitted and not state.ended and spent:
+            finish.log_spent(self.config.run.max_minutes, state.elapsed, state.step)
+            return "time_budget"
+        return "finished"
 
     def _stop_policy(self, plan: Plan) -> StopPolicy:
         """Signals, a cut budget's deadline and checkpoints every run.checkpoint_minutes, on the engine's clock."""
@@ -328,19 +333,9 @@ class Trainer(RunParts):
         return self.state.model if self.sharded else self.state.module
 
     def _eval_context(self) -> EvalContext:
-        config = self.config
-        return EvalContext(
-            size=image_size(config.model),
-            mean=config.data.mean,
-            std=config.data.std,
-            channels=in_channels(config.model),
-            batch_size=config.eval.batch_size,
-            device=self.device,
-            autocast_dtype=self.autocast_dtype,
-            rank=self.info.rank,
-            world=self.info.world,
-            workers=config.data.workers,
-            lockstep=self.sharded,
+        info = self.info
+        return EvalContext.of(
+            self.config, self.device, self.autocast_dtype, rank=info.rank, world=info.world, lockstep=self.sharded
         )
 
     def _evaluate(self, split: str, data: Any) -> dict[str, Any]:
