@@ -2,7 +2,8 @@
 
 `LocalEngine` does it in the calling thread: the batcher's model thread in the server process, or
 the main thread of the model process of worker.py.  Every slot of a batch gets an `Answer` or the `HTTPError` of its own
-image (undecodable 400, decompression bomb 413), so one bad image fails its request alone.  Small
+image (undecodable 400, decompression bomb 413), so one bad image fails its request alone (in a form, its
+entry alone: service.py).  Small
 uploads are decoded inline with their batch (a hand-off costs more than decoding them); large ones
 in a thread pool, in parallel (Pillow releases the GIL while decoding).
 """

@@ -161,8 +161,8 @@ def small_8px(info: SourceInfo) -> TrainConfig:
 
     For the embedded default data set: a first run that finishes in well under a minute on a CPU.
     Command:  vitkit train            (the default data set is `digits`)
-    Expected: 98.3-99.2% test top-1 over seeds 0-3 on the 359 held-out digits (seed 0: 98.61% in 0.2 min on
-    an AVX512-BF16 host, 98.33% in 0.4 min on AVX2 without native bf16; 2-core CPUs) (rows:
+    Expected: 97.8-98.9% test top-1 over seeds 0-3 on the 359 held-out digits (seed 0: 98.33% in 0.4 min on
+    an AVX512-BF16 host, 98.61% in 0.4 min under the AVX2 emulation without native bf16; 2-core CPUs) (rows:
     benchmarks/results/train_budget.jsonl, data "digits").
     """
     model = ViTConfig(
