@@ -154,6 +154,10 @@ def test_the_plan_says_what_the_host_chose_and_why() -> None:
     assert "host: AMD EPYC (AVX2, no native bf16), 2 thread(s)" in lines
     assert "precision fp32 (auto: this CPU has no native bf16)" in lines
     assert "torch.compile: off (auto: ~2 s of eager training ...)" in lines
+    gray = apply_overrides(get_recipe("small-28px", INFO), ["model.in_chans=1"])  # a probe that saw gray images only
+    assert plan_lines(make_plan(gray, num_train=1000))[0].endswith("at 28px, 1 channel (grayscale)")
+    colour = apply_overrides(get_recipe("small-28px", INFO), ["model.in_chans=3"])
+    assert "channel" not in plan_lines(make_plan(colour, num_train=1000))[0]
 
 
 def test_the_plan_says_when_evaluation_averages_an_image_and_its_mirror() -> None:

@@ -18,7 +18,7 @@ import torch
 
 from vitkit.data.transforms import describe_augment
 from vitkit.models import build_model
-from vitkit.models.configs import image_size, replace_vit, vit_config
+from vitkit.models.configs import image_size, in_channels, replace_vit, vit_config
 from vitkit.train.budget import GraphKey, steps_that_fit
 from vitkit.train.config import OptimConfig, TrainConfig
 from vitkit.train.schedule import Schedule, resolve_warmup, scaled_lr
@@ -77,6 +77,7 @@ class Plan:
     num_train: int
     params: int
     img_size: int
+    channels: int  # of the model's input: 1 reads every image as grayscale
     processes: int
     global_batch: int
     micro_batch: int
@@ -258,6 +259,7 @@ def _from_config(config: TrainConfig) -> dict[str, Any]:
         "objective": "masked patch prediction" if config.mpp is not None else "classification",
         "params": count_params(config.model),
         "img_size": image_size(config.model),
+        "channels": in_channels(config.model),
         "optimizer": optimizer_name(config.optim),
         "decay": decay_name(config.optim.schedule, config.optim.end_lr_fraction),
         "seed": config.run.seed,

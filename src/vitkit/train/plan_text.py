@@ -26,7 +26,8 @@ def plan_lines(plan: Plan) -> list[str]:
         else f"as many steps as the budget holds (about {plan.steps:,}, {plan.epochs:.1f} epochs, estimated)"
     )
     lines = [
-        f"objective: {plan.objective}; model: {plan.params:,} parameters at {plan.img_size}px",
+        f"objective: {plan.objective}; model: {plan.params:,} parameters at {plan.img_size}px"
+        + (", 1 channel (grayscale)" if plan.channels == 1 else ""),
         f"data: {plan.data}; training split read {plan.data_path or 'in memory'}",
         *(
             f"  {name}: {part['images']:,} images from {part['from'] or plan.data}"
