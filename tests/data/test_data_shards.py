@@ -428,3 +428,15 @@ def test_one_shard_file_is_a_pattern_of_one(tmp_path: Path) -> None:
     numbered_shards(tmp_path, [3], prefix="test", start=9)
     splits, _, _ = split_units(str(tmp_path / "test-000000.tar"))  # given as the training shard: not also test
     assert [Path(u.path).name for u in splits["train"]] == ["test-000000.tar"] and "test" not in splits
+
+
+def test_the_channel_probe_looks_past_a_first_shard_of_gray_images(tmp_path: Path) -> None:
+    """A colour set whose first 16 images were gray had been read as one channel, all colour thrown away."""
+    gray = np.zeros((8, 8), np.uint8)
+    colour = np.zeros((8, 8, 3), np.uint8)
+    for k, pixels in enumerate((gray, colour)):
+        members = [
+            m for i in range(20) for m in ((f"{k}_{i:03d}.png", png(pixels)), (f"{k}_{i:03d}.cls", b"%d" % (i % 2)))
+        ]
+        write_tar(tmp_path / f"train-{k:06d}.tar", members)
+    assert describe(f"wds:{tmp_path}").channels == 3

@@ -22,6 +22,7 @@ from vitkit.data.stream import ShardSet, Unit
 from vitkit.data.tarsamples import check_class_names
 
 PROBED = 16  # images whose headers give the typical side and the channels when no index says
+PER_UNIT = 4  # ... at most this many of each shard or row group, where there are several
 MAX_CLASS_FILE_BYTES = 64 << 20
 
 
@@ -45,14 +46,22 @@ def _part(splits: dict[str, Any], part: str, where: str) -> Any:
 
 
 def _probe_stream(units: list[Unit], reader: Any) -> tuple[int, int]:
-    """(typical shorter side, channels) from the headers of the first images of the first unit."""
-    images = []
-    for unit in units:
+    """(typical shorter side, channels) from the headers of PROBED images: the first few of units spread over the
+    split (of one unit, its first PROBED), so that a run of gray images at its start does not make a colour set
+    gray."""
+    step = max(1, len(units) // (PROBED // PER_UNIT))
+    spread = units[::step][: PROBED // PER_UNIT] if len(units) > 1 else units
+    images: list[bytes] = []
+    for unit in spread:
+        taken = 0
         for _, sample in reader.samples(unit):
             if sample.image is not None:
                 images.append(sample.image)
-            if len(images) >= PROBED:
-                return probe_images(images)
+                taken += 1
+            if len(images) >= PROBED or (len(spread) > 1 and taken >= PER_UNIT):
+                break
+        if len(images) >= PROBED:
+            break
     return probe_images(images)
 
 
