@@ -88,6 +88,19 @@ def _stopped_worker(rank: int, world: int, port: int, out: str, stop_at: int, *e
     distributed.leave(0)
 
 
+def _sweep_worker(rank: int, world: int, port: int, out: str) -> None:
+    """An LR sweep of three trials and its final run on every process, one process group for all of them."""
+    from vitkit.train.sweep import train_with_sweep
+
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
+    config = tiny_config(Path(out), *ARGS, "data.val_fraction=0.2", "optim.lr_sweep=0.01,0.05,0.1")
+    result = train_with_sweep(config)
+    (Path(out).parent / f"result_{rank}.json").write_text(json.dumps(result, default=str))
+    distributed.leave(0)
+
+
 def _spawn(world: int, out: Path, *extra: str | int, timeout_s: float = 240.0, worker=_worker) -> None:
     """Run `worker` on `world` gloo processes; a process that waits on a collective its peer never reaches
     (ranks disagreeing on when to stop) fails the test at the timeout instead of hanging it."""
@@ -100,6 +113,17 @@ def _spawn(world: int, out: Path, *extra: str | int, timeout_s: float = 240.0, w
             for process in context.processes:
                 process.kill()
             pytest.fail(f"the {world} processes did not finish within {timeout_s:.0f} s")
+
+
+@pytest.mark.dist
+def test_an_lr_sweep_on_two_processes_runs_every_trial_and_its_final_run(tmp_path: Path) -> None:
+    """Each trial had left the process group and joined it again: the next trial's DDP hung in its first
+    broadcast under torchrun."""
+    _spawn(2, tmp_path / "sweep", worker=_sweep_worker, timeout_s=180.0)
+    results = [json.loads((tmp_path / f"result_{rank}.json").read_text()) for rank in (0, 1)]
+    assert [sorted(r["sweep"]) for r in results] == [["0.01", "0.05", "0.1"]] * 2
+    assert results[0]["best_lr"] == results[1]["best_lr"] and results[0]["status"] == "finished"
+    assert results[0]["test"] == results[1]["test"]  # one final run, the whole split's figures on both
 
 
 def test_shards_of_all_processes_make_the_global_batch() -> None:

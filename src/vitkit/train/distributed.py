@@ -11,11 +11,12 @@ here is a no-op.  Only rank 0 writes or logs.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import datetime
 import os
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, NoReturn
 
@@ -78,6 +79,20 @@ def setup(info: DistInfo, device: torch.device) -> bool:
 def teardown() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def held(device: torch.device) -> Iterator[None]:
+    """The process group joined for several runs of one command (an LR sweep's trials and its final run), each of
+    whose `setup` then finds it joined and leaves it be.  Left and joined again between runs, it hung in the next
+    DDP's first broadcast under torchrun (DDP keeps the group it was given alive: `leave`)."""
+    info = current()
+    joined = setup(info, device)
+    try:
+        yield
+    finally:
+        if joined:
+            teardown()
 
 
 def leave(code: int) -> NoReturn:

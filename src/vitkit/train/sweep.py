@@ -33,7 +33,9 @@ from typing import Any
 
 from vitkit.atomic import atomic_write_text
 from vitkit.data.sources import separate_val
+from vitkit.device import pick_device
 from vitkit.runs import SWEEP, SWEEP_RECORD, RunDir
+from vitkit.train import distributed
 from vitkit.train.config import TrainConfig
 from vitkit.train.trainer import train
 
@@ -99,6 +101,12 @@ def train_with_sweep(config: TrainConfig, *, spent_s: float = 0.0, **train_kwarg
     caller's start-up, is charged to the final run's budget, so the trials are equal."""
     if not config.optim.lr_sweep:
         return train(config, spent_s=spent_s, **train_kwargs)
+    info = distributed.current()
+    with distributed.held(pick_device(config.run.device, info.local_rank)):  # one process group for every run
+        return _sweep(config, spent_s, **train_kwargs)
+
+
+def _sweep(config: TrainConfig, spent_s: float, **train_kwargs: Any) -> dict[str, Any]:
     check_hold_out(config)
     RunDir(config.run.out).create()  # a directory of other files is refused before any trial
     scores: dict[str, float] = {}
@@ -113,7 +121,8 @@ def train_with_sweep(config: TrainConfig, *, spent_s: float = 0.0, **train_kwarg
         log.info("sweep lr %g: val top-1 %.2f%%, loss %.4f", lr, 100 * scores[f"{lr:g}"], losses[f"{lr:g}"])
         stopped = starved(result, trial_minutes, config)
         if stopped:
-            log.warning("sweep: %s", stopped)
+            if distributed.current().main:  # every process stops; one says why
+                log.warning("sweep: %s", stopped)
             break
     best = None if stopped else choose(config, scores, losses)  # a stopped sweep compared no rates
     lr = config.optim.lr if best is None else best
@@ -133,7 +142,7 @@ def choose(config: TrainConfig, scores: dict[str, float], losses: dict[str, floa
     best = best_lr(config.optim.lr_sweep, scores, losses)
     log.info("sweep: best lr %g (val top-1 %.2f%%); training on all of train", best, 100 * scores[f"{best:g}"])
     grid = sorted(config.optim.lr_sweep)
-    if len(grid) > 2 and best in (grid[0], grid[-1]):
+    if len(grid) > 2 and best in (grid[0], grid[-1]) and distributed.current().main:  # one process says it
         log.warning(
             "sweep: the best lr %g is at the edge of the grid; a wider optim.lr_sweep may find a better one", best
         )
