@@ -69,8 +69,8 @@ def _worker(rank: int, world: int, port: int, out: str, *extra: str) -> None:
 
 
 def _stopped_worker(rank: int, world: int, port: int, out: str, stop_at: int, *extra: str) -> None:
-    """Train as `_worker` does (without a fake clock), sending SIGTERM to this process after step `stop_at` (0:
-    never), as a user's Ctrl-C or a scheduler's preemption would."""
+    """Train as `_worker` does (without a fake clock), sending SIGTERM to rank 1 after step `stop_at` (0: never),
+    as a scheduler's preemption of one process would: every process stops there."""
     os.environ.update(
         RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
     )
@@ -78,7 +78,7 @@ def _stopped_worker(rank: int, world: int, port: int, out: str, stop_at: int, *e
 
     def step(state, batch, spec, loss_of):
         out = real_step(state, batch, spec, loss_of)
-        if state.step == stop_at:
+        if state.step == stop_at and rank == 1:
             os.kill(os.getpid(), signal.SIGTERM)
         return out
 
@@ -193,6 +193,7 @@ def test_two_processes_stopped_and_resumed_equal_an_uninterrupted_run(
     _spawn(2, stopped, 3, *random, worker=_stopped_worker)
     results = [json.loads((stopped.parent / f"result_{rank}.json").read_text()) for rank in range(2)]
     assert [(r["status"], r["step"]) for r in results] == [("interrupted", 3)] * 2
+    assert [r["signal"] for r in results] == [signal.SIGTERM] * 2  # rank 0 had said "signal 0" and exited 128
     payload = RunDir.read_state(stopped / "checkpoints" / "step_0000003")  # torch.load(weights_only=True)
     assert len(payload["rng_ranks"]) == 2  # every rank's streams, rank 0's also under "rng"
     assert torch.equal(payload["rng_ranks"][0]["augment"], payload["rng"]["augment"])

@@ -79,6 +79,7 @@ class StopPolicy:
         self.world, self.device = world, device
         self.signals = signals if signals is not None else SignalFlag()
         self.now = now
+        self.agreed_signum = 0  # the signal any process got, once they agree to stop for it
 
     def __enter__(self) -> StopPolicy:
         self.signals.__enter__()
@@ -89,7 +90,9 @@ class StopPolicy:
 
     @property
     def signum(self) -> int:
-        return self.signals.signum
+        """This process's signal, or another's that stopped every process (a peer's SIGTERM: "signal 0" had been
+        said, and exit 128)."""
+        return self.signals.signum or self.agreed_signum
 
     def check(self, agree: bool = True, *, saved_at: float | None = None) -> Verdict:
         """What to do after the step just taken, the same on every process.  `saved_at`: the clock's reading at
@@ -105,6 +108,8 @@ class StopPolicy:
         if self.world > 1:  # all processes must stop (and save) at the same step: agree at agreement steps only
             flags = [signalled, out_of_time, save]
             signalled, out_of_time, save = distributed.any_each(flags, self.device) if agree else [False] * 3
+            if signalled:  # every process is here: which signal, to say it and exit with it
+                self.agreed_signum = int(distributed.max_across(self.signals.signum, self.device))
         if signalled:
             return Verdict("interrupted")
         return Verdict("time_budget" if out_of_time else None, save)
