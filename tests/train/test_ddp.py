@@ -207,7 +207,12 @@ def test_two_processes_stopped_and_resumed_equal_an_uninterrupted_run(
         assert torch.equal(ours[key], theirs[key]), key
     with caplog.at_level(logging.WARNING, logger="vitkit.train"):  # another world size: resumes, and says it differs
         assert trainer.train(tiny_config(tmp_path / "one" / "run", *ARGS, *random))["step"] == 8
-    assert "holds the random streams of 2 process(es) and this run has 1" in caplog.text
+    assert "holds the random streams of 2 process(es) and this run has 1: only rank 0's go on" in caplog.text
+    shutil.copytree(stopped, tmp_path / "finished" / "run")  # ended with 2: a re-run with 1 draws nothing
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="vitkit.train"):
+        assert trainer.train(tiny_config(tmp_path / "finished" / "run", *ARGS, *random))["step"] == 8
+    assert "weights will differ" not in caplog.text
 
 
 def tiny_start() -> dict[str, torch.Tensor]:

@@ -255,14 +255,15 @@ class RunParts:
         if stored is not None and len(stored) == info.world:
             self.state.set_rng_state(stored[info.rank])
             return
-        if info.main and (stored is not None or info.world > 1):
+        if info.main and not self.state.ended and (stored is not None or info.world > 1):  # ended: none is drawn
             kept = "rank 0's random streams alone" if stored is None else f"the random streams of {len(stored)}"
+            how = "ranks > 0 continue from a (seed, rank, step) stream" if info.world > 1 else "only rank 0's go on"
             log.warning(
-                "the checkpoint holds %s process(es) and this run has %d: ranks > 0 continue "
-                "from a (seed, rank, step) stream, so the weights will differ from an uninterrupted run's "
-                "(resume with the same number of processes to continue exactly)",
+                "the checkpoint holds %s process(es) and this run has %d: %s, so the weights will differ from an "
+                "uninterrupted run's (resume with the same number of processes to continue exactly)",
                 kept,
                 info.world,
+                how,
             )
         if info.rank:
             weights, augment = resumed_seeds(self.config.run.seed, info.rank, self.state.step)
