@@ -7,6 +7,7 @@ Splits follow the folder rules: "test" is the test split if there is one, else t
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -50,18 +51,11 @@ def _probe_stream(units: list[Unit], reader: Any) -> tuple[int, int]:
     split (of one unit, its first PROBED), so that a run of gray images at its start does not make a colour set
     gray."""
     step = max(1, len(units) // (PROBED // PER_UNIT))
-    spread = units[::step][: PROBED // PER_UNIT] if len(units) > 1 else units
+    spread = units[::step][: PROBED // PER_UNIT]
+    each = PER_UNIT if len(spread) > 1 else PROBED
     images: list[bytes] = []
     for unit in spread:
-        taken = 0
-        for _, sample in reader.samples(unit):
-            if sample.image is not None:
-                images.append(sample.image)
-                taken += 1
-            if len(images) >= PROBED or (len(spread) > 1 and taken >= PER_UNIT):
-                break
-        if len(images) >= PROBED:
-            break
+        images += itertools.islice((s.image for _, s in reader.samples(unit) if s.image is not None), each)
     return probe_images(images)
 
 

@@ -38,8 +38,8 @@ class Counts:
     k: int
     confusion: Tensor | None  # (K, K) int64: row = true class, column = predicted; None above CONFUSION_MAX_CLASSES
     count: int
+    by_class: Tensor  # (2, K) int64: images of each true class, and those ranked first correctly
     one_view_hits: float | None = None  # with flip_views: images the unmirrored view alone ranks first correctly
-    by_class: Tensor | None = None  # (2, K) int64: images of each true class, and those ranked first correctly
 
     @property
     def top1(self) -> float:

@@ -54,8 +54,8 @@ def fewshot_draws(scale_name: str) -> int:
 FEWSHOT_L2 = tuple(range(-10, 21, 2))  # ridge penalties 2^-10 .. 2^20 in steps of 4x (eval/fewshot.py's grid, halved)
 ATTENTION_IMAGES = 128  # App. D.7, Figure 11: "computed for 128 example images"
 TRAIN_FLOPS_FACTOR = 3  # forward + backward (two forward-sized matmuls per forward matmul)
-# Where a re-run may differ: output place, display, hardware, and the path of the arm it starts from (named by the arm).
 WALL_TALLY = "wall.json"  # an unfinished arm's wall seconds so far, so that its "arm min" counts every invocation
+# Where a re-run may differ: output place, display, hardware, and the path of the arm it starts from (named by the arm).
 IGNORED = {"run": ("out", "progress", "tensorboard", "threads", "device", "init_from")}
 
 

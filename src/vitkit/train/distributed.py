@@ -82,11 +82,11 @@ def teardown() -> None:
 
 
 @contextlib.contextmanager
-def held(device: torch.device) -> Iterator[None]:
-    """The process group joined for several runs of one command (an LR sweep's trials and its final run), each of
-    whose `setup` then finds it joined and leaves it be.  Left and joined again between runs, it hung in the next
-    DDP's first broadcast under torchrun (DDP keeps the group it was given alive: `leave`)."""
-    info = current()
+def held(info: DistInfo, device: torch.device) -> Iterator[None]:
+    """The process group, joined (`setup`) for what runs inside and left after, unless already joined: a run's,
+    or that of several runs of one command (an LR sweep's trials and final run), each of which then leaves it
+    be.  Left and joined again between runs, it hung in the next DDP's first broadcast under torchrun (DDP
+    keeps the group it was given alive: `leave`)."""
     joined = setup(info, device)
     try:
         yield

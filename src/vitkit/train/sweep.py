@@ -102,7 +102,7 @@ def train_with_sweep(config: TrainConfig, *, spent_s: float = 0.0, **train_kwarg
     if not config.optim.lr_sweep:
         return train(config, spent_s=spent_s, **train_kwargs)
     info = distributed.current()
-    with distributed.held(pick_device(config.run.device, info.local_rank)):  # one process group for every run
+    with distributed.held(info, pick_device(config.run.device, info.local_rank)):  # one group for every run
         return _sweep(config, spent_s, **train_kwargs)
 
 

@@ -73,22 +73,20 @@ def train(
     device = pick_device(config.run.device, info.local_rank)
     if config.run.parallel == "fsdp" and device.type != "cuda":
         raise ValueError("run.parallel='fsdp' (FSDP2) needs CUDA; use 'ddp' on CPU")
-    joined = distributed.setup(info, device)
     threads = torch.get_num_threads()
     hosts.set_threads(config.run.threads)
     try:
-        with removed_if_left_empty(config.run.out) if info.main else nullcontext():  # rank 0 creates it
-            with RunDir(config.run.out).locked() if info.main else nullcontext():  # one run in it at a time
-                trainer = Trainer(config, info, device, started, data=data, progress_stream=progress_stream)
-                result = trainer.fit(on_plan)
-        # Leave together, so no rank tears the group down while another still works in it.  (What the
-        # process must do after that to exit cleanly: distributed.leave.)
-        distributed.barrier()
-        return result
+        with distributed.held(info, device):
+            with removed_if_left_empty(config.run.out) if info.main else nullcontext():  # rank 0 creates it
+                with RunDir(config.run.out).locked() if info.main else nullcontext():  # one run in it at a time
+                    trainer = Trainer(config, info, device, started, data=data, progress_stream=progress_stream)
+                    result = trainer.fit(on_plan)
+            # Leave together, so no rank tears the group down while another still works in it.  (What the
+            # process must do after that to exit cleanly: distributed.leave.)
+            distributed.barrier()
+            return result
     finally:
         torch.set_num_threads(threads)
-        if joined:
-            distributed.teardown()
 
 
 class Trainer(RunParts):
