@@ -166,3 +166,22 @@ def test_the_confusion_figure_draws_any_folder_name(tmp_path) -> None:
     path = plot_confusion([[2, 0, 0], [1, 1, 0], [0, 0, 3]], ["a", "$5_$", odd], tmp_path / "confusion.png")
     assert path.stat().st_size > 2000 and plain(odd) == "\\xff\\xfe" and plain("$5_$") == "$5_$"
     assert plain("x\ud800") == "x\\ud800"  # a lone surrogate from a JSON escape (an hf or dataset.json name)
+
+
+def test_tied_logits_rank_the_lower_class_first_in_every_figure() -> None:
+    """torch.topk orders tied values arbitrarily (on the CPU, six equal logits came back as 3, 5, 4, 0, 2), while
+    argmax takes the first: a zero-initialised head, which every fine-tune starts from, was scored for class 3
+    in top-1 and confusion, and the one-view top-1 beside it for class 0.  Ties go to the lower class index."""
+    from vitkit.eval.evaluator import ranked
+    from vitkit.eval.predict import top_classes
+
+    logits = torch.zeros(6, 6)
+    logits[3:, :2] = 1.0  # images 3-5: classes 0 and 1 tied above the rest
+    labels = torch.tensor([0, 3, 5, 0, 1, 2])
+    counts = _counts(logits, labels, top_k=5, batch_size=6)
+    assert counts.top1 == 2 / 6  # images 0 and 3: class 0 is first of a tie
+    assert counts.topk == 5 / 6  # top-5 is classes 0-4 for every image: only label 5 misses
+    assert counts.confusion[:, 0].sum() == 6 and counts.confusion.sum() == 6
+    assert ranked(torch.zeros(2, 6), 5).tolist() == [[0, 1, 2, 3, 4]] * 2
+    assert ranked(torch.tensor([[0.0, 2.0, 1.0, 2.0]]), 4).tolist() == [[1, 3, 2, 0]]
+    assert [c["index"] for c in top_classes(torch.full((6,), 1 / 6), None, 3)] == [0, 1, 2]

@@ -177,8 +177,7 @@ def _batch_counts(
     logits: Tensor, labels: Tensor, loss: str, top_k: int, one_view_hits: Tensor
 ) -> tuple[Tensor, Tensor]:
     """One batch's predicted classes (B,) and its (loss sum, top-k hits, count, one-view top-1 hits)."""
-    num_classes = logits.shape[1]
-    top = logits.topk(min(top_k, num_classes), dim=1).indices  # (B, k)
+    top = ranked(logits, top_k)  # (B, k)
     sums = torch.stack(
         [
             _losses(logits, labels, loss).sum().double(),
@@ -188,6 +187,12 @@ def _batch_counts(
         ]
     )
     return top[:, 0], sums
+
+
+def ranked(scores: Tensor, k: int) -> Tensor:
+    """The indices of the `k` highest of each row of `scores` (B, K), highest first, a tie to the lower index
+    (argmax's rule; torch.topk leaves ties in any order): (B, min(k, K))."""
+    return scores.sort(dim=-1, descending=True, stable=True).indices[..., : min(k, scores.shape[-1])]
 
 
 def _view_logits(

@@ -18,6 +18,7 @@ import torch
 
 from vitkit.data.images import MAX_PIXELS, decode_image
 from vitkit.device import pick_device
+from vitkit.eval.evaluator import ranked
 from vitkit.eval.features import channels, prepare, resolution
 
 log = logging.getLogger(__name__)
@@ -87,11 +88,11 @@ def class_probabilities(model: torch.nn.Module, inputs: torch.Tensor) -> torch.T
 def top_classes(probabilities: torch.Tensor, class_names: Sequence[str] | None, top_k: int) -> list[dict[str, Any]]:
     """The `top_k` most probable classes of one image's (K,) probabilities, most probable first:
     [{"class", "index", "probability"}] (the class is the index as a string without class names)."""
-    top = probabilities.topk(min(top_k, probabilities.shape[-1]))
+    indices = ranked(probabilities, top_k).tolist()
     names = class_names or []
     return [
-        {"class": names[c] if c < len(names) else str(c), "index": c, "probability": float(p)}
-        for p, c in zip(top.values.tolist(), top.indices.tolist(), strict=True)
+        {"class": names[c] if c < len(names) else str(c), "index": c, "probability": float(probabilities[c])}
+        for c in indices
     ]
 
 
