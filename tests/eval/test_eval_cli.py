@@ -261,3 +261,19 @@ def test_embed_names_each_row_by_the_file_it_was_read_from(tmp_path: Path, rgb_c
     assert main([*argv, str(tmp_path / "e.safetensors")]) == 0
     with safe_open(str(tmp_path / "e.safetensors"), "pt") as stored:
         assert json.loads(stored.metadata()["names"]) == names
+
+
+def test_eval_above_the_confusion_limit_names_the_one_file_it_wrote(
+    tmp_path: Path, digits_checkpoint: Path, capsys, monkeypatch
+) -> None:
+    """Above the confusion limit no matrix (and no plot) is written; the human-readable report named a second
+    file that did not exist and ended in an IndexError after eval_test.json was written."""
+    from vitkit.eval import evaluator
+
+    monkeypatch.setattr(evaluator, "CONFUSION_MAX_CLASSES", 5)
+    out = tmp_path / "eval"
+    assert main(["eval", str(digits_checkpoint), "--data", "digits", "--out", str(out)]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last == f"wrote {out}/eval_test.json"
+    assert sorted(p.name for p in out.iterdir()) == ["eval_test.json"]
+    assert json.loads((out / "eval_test.json").read_text())["confusion"] is None

@@ -56,7 +56,8 @@ def run_eval(args: argparse.Namespace) -> int:
         ),
     ]
     if "out" in report:
-        lines.append(f"wrote {report['out']}/{report['files'][0]} and {report['files'][1]}")
+        written = [f"{report['out']}/{name}" for name in report["files"]]  # no confusion plot above its limit
+        lines.append(f"wrote {' and '.join(written)}")
     return emit(args, report, lines)
 
 
