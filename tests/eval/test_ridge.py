@@ -101,3 +101,57 @@ def test_the_draws_of_the_shots_are_bounded() -> None:
     for seeds in (0, 1001, 10**12):
         with pytest.raises(ValueError, match="need 1 <= seeds <= 1,000"):
             FewShotConfig(seeds=seeds)
+
+
+def test_shots_are_drawn_among_the_images_that_decode(tmp_path) -> None:
+    """A set read from files (above the in-memory limit) skips an unreadable image while computing features, so
+    the pool's features came back short of the pool and the scatter failed with a shape mismatch; the shots are
+    now drawn again among the images that decode, and every probe fits k readable images a class."""
+    import numpy as np
+    from PIL import Image
+
+    import vitkit
+    from vitkit.data.imageset import ImageSet
+    from vitkit.eval.fewshot import run_fewshot
+    from vitkit.runs import open_checkpoint
+
+    model = vitkit.create_model("vit_ti16", num_classes=3, img_size=16, hidden_size=16, depth=1, num_heads=2,
+                                mlp_dim=32, patch_size=8)  # fmt: skip
+    checkpoint = open_checkpoint(vitkit.save(model, tmp_path / "ckpt", class_names=["a", "b", "c"]))
+    rng = np.random.default_rng(0)
+    files, labels = [], []
+    for c in range(2):
+        for i in range(6):
+            path = tmp_path / f"{c}_{i}.png"
+            if i % 2:  # every other file of each class is not an image
+                path.write_bytes(b"not an image")
+            else:
+                pixels = np.full((16, 16, 3), 40 + 160 * c, np.uint8) + rng.integers(0, 20, (16, 16, 3), dtype=np.uint8)
+                Image.fromarray(pixels).save(path)
+            files.append(path)
+            labels.append(c)
+    train = ImageSet(images=None, files=files, labels=torch.tensor(labels), class_names=["a", "b"], load_size=16)
+    test = train.subset(torch.tensor([0, 2, 4, 6, 8, 10]))
+    result = run_fewshot(checkpoint, train, test, FewShotConfig(shots=(2, 3), seeds=2, device="cpu"))
+    assert set(result.shots) == {2, 3} and result.shots[3]["mean"] == 1.0  # all three readable images a class
+    with pytest.raises(ValueError, match="4"):  # 3 readable images a class: 4 shots cannot be drawn
+        run_fewshot(checkpoint, train, test, FewShotConfig(shots=(4,), seeds=1, device="cpu"))
+
+
+def test_one_shot_is_the_class_prototype_classifier() -> None:
+    """With one image a class nothing can be held out, and generalised cross-validation falls as lambda grows for
+    any features: k = 1 takes the grid's largest lambda, whose probe scores a test image by its centred dot
+    product with each shot (computed here without the ridge code)."""
+    grid = [2.0**e for e in range(-10, 21)]
+    generator = torch.Generator().manual_seed(0)
+    shots = torch.randn(6, 32, generator=generator, dtype=torch.float64)
+    labels = torch.arange(6)
+    assert select_l2(shots, labels, 6, grid, folds=5, seed=0) == 2.0**20
+    assert select_l2(shots, labels, 6, grid[:12], folds=5, seed=0) == 2.0**1
+    test = shots.repeat(20, 1) + 1.5 * torch.randn(120, 32, generator=generator, dtype=torch.float64)
+    test_labels = labels.repeat(20)
+    mean = shots.mean(0)
+    prototype = ((test - mean) @ (shots - mean).T).argmax(1)
+    accuracy, l2 = fewshot_accuracy(shots, labels, test, test_labels, 6, FewShotConfig(shots=(1,)), seed=0)
+    assert l2 == 2.0**20 and accuracy == float((prototype == test_labels).double().mean())
+    assert 0.5 < accuracy < 1.0  # the noise makes mistakes, so the agreement is not trivially all-correct

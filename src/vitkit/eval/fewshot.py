@@ -6,11 +6,11 @@ Choosing lambda.  Candidates are powers of two (`FewShotConfig.l2_exponents`).  
 shots of every class are dealt into min(k, folds) class-stratified folds; each fold is held out in
 turn, the rest fitted, and the lambda with the most correct held-out predictions wins (ties: lower
 held-out squared error, then the larger lambda).  The winner is refitted on all k shots.
-Fallback for k = 1: holding out the only image of a class leaves that class without a positive
-example, so no hold-out is possible; lambda is then chosen by generalised cross-validation (GCV,
-Golub, Heath & Wahba 1979), the closed-form rotation-invariant estimate of leave-one-out squared
-error, computed on the K shots alone.  In practice it tends to pick the strongest regularisation of
-the grid, where W ~ Xc^T Yc / lambda: a class-prototype (centroid dot-product) classifier.
+For k = 1 nothing can be held out (a class would lose its only image), and no estimate made on the
+K shots alone can choose: generalised cross-validation (Golub, Heath & Wahba 1979), the closed-form
+stand-in for leave-one-out, falls as lambda grows for any features when the targets are one-hot with
+one image a class.  So k = 1 takes the largest lambda of the grid, where W ~ Xc^T Yc / lambda: the
+class-prototype classifier, each test image scored by its centred dot product with each shot.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ import torch
 from torch import Tensor
 
 from vitkit.data.fewshot import k_per_class
+from vitkit.data.images import BadImageError
+from vitkit.data.imageset import ImageSet
 from vitkit.eval.features import compute
 from vitkit.eval.ridge import l2_grid, pm1_targets, ridge_path
 
@@ -86,29 +88,13 @@ def _fold_ids(labels: Tensor, folds: int, seed: int) -> Tensor:
     return ids
 
 
-def _gcv_l2(features: Tensor, targets: Tensor, grid: list[float]) -> float:
-    """lambda minimising GCV(lambda) = n ||Y - Yhat||^2 / (n - dof)^2, dof = 1 + sum s^2 / (s^2 + lambda)."""
-    path = ridge_path(features, targets)
-    n = features.shape[0]
-    best, best_score = grid[-1], math.inf
-    for l2 in grid:
-        residual = targets.double() - path.predict(features, l2)
-        dof = 1.0 + float((path.singular**2 / (path.singular**2 + l2)).sum())
-        if n - dof <= 1e-9:
-            continue
-        score = n * float((residual**2).sum()) / (n - dof) ** 2
-        if score < best_score - 1e-12 * abs(best_score) or (math.isclose(score, best_score) and l2 > best):
-            best, best_score = l2, score
-    return best
-
-
 def select_l2(features: Tensor, labels: Tensor, num_classes: int, grid: list[float], folds: int, seed: int) -> float:
     """The lambda of `grid` with the best held-out accuracy on the few-shot set (module docstring)."""
     per_class = torch.bincount(labels, minlength=num_classes)
     shots = int(per_class[per_class > 0].min())
+    if shots < 2:  # k = 1: nothing to hold out and nothing to choose by (module docstring)
+        return max(grid)
     targets = pm1_targets(labels, num_classes)
-    if shots < 2:  # k = 1: no class can lose its only image; documented fallback
-        return _gcv_l2(features, targets, grid)
     ids = _fold_ids(labels, min(shots, folds), seed)
     correct = torch.zeros(len(grid), dtype=torch.float64)
     error = torch.zeros(len(grid), dtype=torch.float64)
@@ -176,14 +162,18 @@ def run_fewshot(checkpoint, train_set, test_set, config: FewShotConfig) -> FewSh
         raise ValueError(f"train has {train_set.num_classes} classes but test has {test_set.num_classes}")
     if train_set.num_classes < 2:  # one class: every probe is right, and says nothing
         raise ValueError(f"few-shot accuracy needs 2 classes or more; {train_set.origin} has 1")
-    draws = [(k, seed) for k in config.shots for seed in range(config.seeds)]
-    needed = torch.cat([k_per_class(train_set.labels, k, seed, train_set.class_names) for k, seed in draws])
-    pool = needed.unique()  # sorted indices of every image any draw uses
     if config.max_test is not None and config.max_test < len(test_set):
         keep = torch.randperm(len(test_set), generator=torch.Generator().manual_seed(0))[: config.max_test]
         test_set = test_set.subset(keep.sort().values)
     options = {"img_size": config.img_size, "batch_size": config.batch_size, "device": config.device}
-    pool_features, _ = compute(checkpoint, train_set.subset(pool), config.layer, **options)
+    while True:  # a set read from files skips what does not decode: draw again among the rest (finitely many)
+        draws = [(k, seed) for k in config.shots for seed in range(config.seeds)]
+        needed = torch.cat([k_per_class(train_set.labels, k, seed, train_set.class_names) for k, seed in draws])
+        pool = needed.unique()  # sorted indices of every image any draw uses
+        pool_features, _ = compute(checkpoint, train_set.subset(pool), config.layer, **options)
+        if len(pool_features) == len(pool):
+            break
+        train_set = _without_unreadable(train_set, pool)
     test_features, test_labels = compute(checkpoint, test_set, config.layer, **options)
     if pool_features.ndim != 2:
         raise ValueError(
@@ -193,3 +183,19 @@ def run_fewshot(checkpoint, train_set, test_set, config: FewShotConfig) -> FewSh
     features = torch.zeros(len(train_set), pool_features.shape[1])
     features[pool] = pool_features
     return evaluate_fewshot(features, train_set.labels, test_features, test_labels, train_set.num_classes, config)
+
+
+def _without_unreadable(train_set: ImageSet, pool: Tensor) -> ImageSet:
+    """`train_set` without the images of `pool` that do not decode (named in the log as they were skipped)."""
+    bad = []
+    for i in pool.tolist():
+        try:
+            train_set.read(i)
+        except BadImageError:
+            bad.append(i)
+    if not bad:  # every one decodes now: the set changed while it was read
+        raise ValueError(f"{train_set.origin or 'the training split'}: images failed to decode and then decoded")
+    keep = torch.ones(len(train_set), dtype=torch.bool)
+    keep[bad] = False
+    log.warning("%d drawn shots do not decode; the shots are drawn again among the other images", len(bad))
+    return train_set.subset(keep.nonzero().squeeze(1))
