@@ -127,3 +127,25 @@ def test_the_summary_gives_head_distances_to_a_tenth_of_a_pixel() -> None:
     distance["per_layer_max"] = [1.4, 7.0]
     lines = summary({"out": "o", "attention_distance": distance})["lines"]
     assert any(line.strip() == "min/max over heads per layer: 0.6-1.4, 5.2-7.0" for line in lines), lines
+
+
+def test_no_figures_names_no_figure_and_the_variance_key_says_its_components(tmp_path: Path, capsys) -> None:
+    """--no-figures printed "wrote 4 figure(s)" and inspect.json listed filters.png and the rest, none of which
+    existed; the JSON key filters_top28_variance held the top --components share (5 here), whatever 28 says."""
+    model = vitkit.create_model("vit_ti16", **{**TINY, "posemb": "learned_2d"})
+    checkpoint = vitkit.save(model, tmp_path / "ckpt", class_names=["a", "b", "c"], mean=(0.5,) * 3, std=(0.5,) * 3)
+    picture = tmp_path / "photo.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (30, 50, 3), dtype=np.uint8)).save(picture)
+    out = tmp_path / "out"
+    flags = ["--images", str(picture), "--out", str(out), "--components", "5", "--no-figures"]
+    assert main(["inspect", str(checkpoint), *flags]) == 0
+    first = capsys.readouterr().out.strip().splitlines()[0]
+    assert first.startswith(f"wrote inspect.json alone (--no-figures) to {out}")
+    assert sorted(p.name for p in out.iterdir()) == ["inspect.json"]
+    stored = json.loads((out / "inspect.json").read_text())
+    assert not [k for k, v in stored.items() if isinstance(v, dict) and "figure" in v]
+    assert main(["inspect", str(checkpoint), *flags, "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    ratio = stored["filters"]["explained_variance_ratio"]
+    assert summary["filters_components"] == len(ratio) == 5 and summary["filters_variance"] == sum(ratio)
+    assert "filters_top28_variance" not in summary

@@ -35,6 +35,7 @@ from vitkit.models.vit import PatchEmbed
 from vitkit.runs import data_reading, find_checkpoint, open_checkpoint
 
 log = logging.getLogger(__name__)
+SECTIONS = ("filters", "position_similarity", "attention_distance", "attention_rollout")  # of a report
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,7 +61,17 @@ def _notes_for_non_vit(model: torch.nn.Module) -> dict[str, str] | None:
         f"{type(model).__name__} is not a Vision Transformer: it has no patch embedding, position embeddings "
         "or attention"
     )
-    return {name: reason for name in ("filters", "position_similarity", "attention_distance", "attention_rollout")}
+    return {name: reason for name in SECTIONS}
+
+
+def _figure(name: str, drawn: bool) -> dict[str, str]:
+    """A section's "figure" entry: the PNG file it wrote, none where figures are not drawn."""
+    return {"figure": name} if drawn else {}
+
+
+def _label(title: str, section: dict[str, Any]) -> str:
+    """The start of a summary line: the paper's figure and the file drawn for it."""
+    return f"{title:<15} {section['figure']}:" if "figure" in section else f"{title}:"
 
 
 def _filters(model: torch.nn.Module, out: Path, config: InspectConfig) -> tuple[dict[str, Any], str | None]:
@@ -74,7 +85,7 @@ def _filters(model: torch.nn.Module, out: Path, config: InspectConfig) -> tuple[
     if config.draw:
         plots.plot_filters(pca.components, pca.explained_variance_ratio, out / "filters.png")
     numbers = {
-        "figure": "filters.png",
+        **_figure("filters.png", config.draw),
         "num_filters": weight.shape[0],
         "filter_shape": list(weight.shape[1:]),
         "explained_variance_ratio": pca.explained_variance_ratio.tolist(),
@@ -105,7 +116,7 @@ def _position_similarity(
     distance = ((rows[:, None] - rows[None]) ** 2 + (cols[:, None] - cols[None]) ** 2).double().sqrt()
     neighbour = distance == 1
     numbers = {
-        "figure": "position_similarity.png",
+        **_figure("position_similarity.png", draw),
         "posemb": kind,
         "grid": list(grid),
         "mean_same_row": float(flat[same_row].mean()) if same_row.any() else None,
@@ -118,6 +129,8 @@ def _position_similarity(
         numbers["shown"] = (
             f"the first of {table.shape[0]} per-layer sets (posemb_where={model.encoder_config.posemb_where!r})"
         )
+    if tuple(grid) != tuple(model.grid_size):  # --img-size: the table the model reads there, not the learned one
+        numbers["interpolated_from"] = list(model.grid_size)
     return numbers, None
 
 
@@ -203,7 +216,7 @@ def _attention_report(
         plots.plot_rollout(list(images[: len(maps)]), maps, out / "attention_rollout.png")
     return {
         "attention_distance": {
-            "figure": "attention_distance.png",
+            **_figure("attention_distance.png", config.draw),
             "pixels_per_patch": patch,
             "uniform_reference": float(patch_distances(grid, patch).mean()),  # what uniform attention would give
             "per_layer_head": distances.tolist(),
@@ -212,7 +225,7 @@ def _attention_report(
             "per_layer_max": distances.max(dim=1).values.tolist(),
         },
         "attention_rollout": {
-            "figure": "attention_rollout.png",
+            **_figure("attention_rollout.png", config.draw),
             "grid": list(grid),
             "maps": plots.relevance_maps(maps),
             **dict(zip(("centre_mass", "centre_uniform"), _centre_mass(maps), strict=True)),
@@ -284,25 +297,33 @@ def summary(report: dict[str, Any]) -> dict[str, Any]:
     short: dict[str, Any] = {
         key: report[key] for key in ("checkpoint", "out", "img_size", "num_images", "notes") if key in report
     }
-    figures = [v["figure"] for v in report.values() if isinstance(v, dict) and "figure" in v]
-    shown = f"{len(figures)} figure(s) and inspect.json" if figures else "inspect.json alone (no figure applies: notes)"
+    sections = [report[name] for name in SECTIONS if report.get(name)]
+    figures = [section["figure"] for section in sections if "figure" in section]
+    shown = (
+        f"{len(figures)} figure(s) and inspect.json"
+        if figures
+        else "inspect.json alone (--no-figures)"
+        if sections
+        else "inspect.json alone (no figure applies: notes)"
+    )
     lines = [
         f"wrote {shown} to {report.get('out')} ({report.get('num_images', 0)} images at {report.get('img_size')} px)"
     ]
     filters = report.get("filters") or {}
     if filters:
         ratio = filters["explained_variance_ratio"]
-        short["filters_top28_variance"] = sum(ratio)
+        short["filters_components"], short["filters_variance"] = len(ratio), sum(ratio)
         lines.append(
-            f"Figure 7 left   filters.png: top {len(ratio)} components explain {100 * sum(ratio):.1f}% of filter "
-            "variance"
+            f"{_label('Figure 7 left', filters)} top {len(ratio)} components explain {100 * sum(ratio):.1f}% of "
+            "filter variance"
         )
     position = report.get("position_similarity") or {}
     if position:
         keys = ("mean_same_row", "mean_same_column", "mean_neighbour", "mean_other")
         short["position_similarity"] = {key: position[key] for key in keys}
         lines.append(
-            "Figure 7 center position_similarity.png: mean cosine same row {mean_same_row:.3f}, same column "
+            _label("Figure 7 center", position)
+            + " mean cosine same row {mean_same_row:.3f}, same column "
             "{mean_same_column:.3f}, neighbours {mean_neighbour:.3f}, elsewhere {mean_other:.3f}".format(
                 **{k: (v if v is not None else float("nan")) for k, v in short["position_similarity"].items()}
             )
@@ -312,7 +333,7 @@ def summary(report: dict[str, Any]) -> dict[str, Any]:
         short["attention_distance_per_layer"] = distance["per_layer_mean"]
         short["attention_distance_uniform"] = distance["uniform_reference"]
         lines.append(
-            "Figure 7 right  attention_distance.png: mean attention distance (px) per layer: "
+            f"{_label('Figure 7 right', distance)} mean attention distance (px) per layer: "
             + ", ".join(f"{d:.1f}" for d in distance["per_layer_mean"])
             + f" (uniform attention: {distance['uniform_reference']:.1f})"
         )
@@ -331,7 +352,7 @@ def summary(report: dict[str, Any]) -> dict[str, Any]:
             if share is not None
             else "no centre share: the patch grid has under 4 patches a side"
         )
-        lines.append(f"Figure 6        attention_rollout.png: {where}")
+        lines.append(f"{_label('Figure 6', rollout)} {where}")
     for name, note in report.get("notes", {}).items():
         lines.append(f"{name}: skipped: {note}")
     short["lines"] = lines
