@@ -239,3 +239,51 @@ def test_a_hub_directory_of_pytorch_model_bin_and_model_args_alone_is_read(tmp_p
     assert checkpoint.config.num_heads == 2 and checkpoint.provenance["source"].endswith("pytorch_model.bin")
     with torch.no_grad():
         assert (checkpoint.model(images) - reference(images)).abs().max() <= 1e-5
+
+
+def test_the_head_count_an_architecture_fixes_is_read_from_its_name(tmp_path, timm_vit):
+    """timm's save_for_hf leaves num_heads out of model_args where the architecture fixes it: a SigLIP so400m
+    (1152 wide, 16 heads) was read with 18 (width / 64) and a warning, its logits off by up to 1.8; so was
+    vit_base_patch16_gap_224 (768 wide, 16 heads, not Table 1's 12)."""
+    x = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    named = (("vit_so400m_patch16_siglip_gap_256.v2_webli", 1152), ("vit_base_patch16_gap_224", 768))
+    for architecture, width in named:
+        model = _randomise(
+            timm_vit(img_size=16, patch_size=8, embed_dim=width, depth=1, num_heads=16, mlp_ratio=0.25, num_classes=3,
+                     global_pool="avg", class_token=False, fc_norm=False)
+        )  # fmt: skip
+        directory = tmp_path / architecture
+        directory.mkdir()
+        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(directory / "model.safetensors"))
+        args = {"img_size": 16, "depth": 1, "num_classes": 3, "global_pool": "avg", "class_token": False}
+        (directory / "config.json").write_text(json.dumps({"architecture": architecture, "model_args": args}))
+        read_back = read(directory)
+        assert read_back.config.num_heads == 16, architecture
+        with torch.no_grad():
+            torch.testing.assert_close(read_back.model.eval()(x), model(x), atol=2e-5, rtol=1e-4)
+    assert timm.architecture_heads("vit_so400m_patch14_siglip_224", 768) is None  # another width: not this table's
+    assert timm.architecture_heads("vit_small_patch16_224", 384) is None  # Table 1 gives timm's count
+
+
+def test_a_top_level_global_pool_without_model_args_is_heeded(tmp_path, timm_vit):
+    """Older hub directories have no model_args, and timm writes the pooling at the top level too: a class-token
+    model pooled by averaging was read as token pooling there, its logits wrong with no word."""
+    small = {"img_size": 32, "patch_size": 8, "embed_dim": 64, "depth": 1, "num_heads": 1, "num_classes": 3}
+    model = timm_vit(**small, global_pool="avg", fc_norm=False)
+    directory = _hub_dir(tmp_path, model, "root")
+    (directory / "config.json").write_text(json.dumps({"architecture": "vit_tiny_patch16_224", "global_pool": "avg"}))
+    with pytest.raises(ValueError, match="global_pool 'avg' with a class token"):
+        read(directory)
+    (directory / "config.json").write_text(json.dumps({"architecture": "vit_x", "global_pool": "token"}))
+    assert read(directory).config.pool == "token"  # the same weights, pooled by the class token: read
+
+
+def test_label_names_as_an_object_of_indices_are_read(tmp_path, make_vit):
+    """timm writes label_names as index -> name where some classes have none; that form was refused."""
+    out = write(Checkpoint(model=make_vit(gelu="exact", num_classes=4)), tmp_path / "t", to="timm")
+    meta = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**meta, "label_names": {"0": "cat", "2": "dog", "3": "emu"}}))
+    assert read(out).class_names == ["cat", "1", "dog", "emu"]
+    (out / "config.json").write_text(json.dumps({**meta, "label_names": {"0": "cat", "4": "dog"}}))
+    with pytest.raises(ValueError, match="class indices below 4"):
+        read(out)

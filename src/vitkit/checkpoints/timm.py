@@ -15,6 +15,7 @@ import json
 import logging
 import math
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from vitkit.atomic import atomic_write, atomic_write_text
 from vitkit.checkpoints import keymap, surgery
 from vitkit.checkpoints.native import Checkpoint, read_checked
 from vitkit.checkpoints.tensorfile import open_tensors
-from vitkit.checkpoints.validate import CheckpointError, mapping, naming, numbers_list, read_json, strings_list
+from vitkit.checkpoints.validate import CheckpointError, mapping, naming, numbers_list, read_json, short, strings_list
 from vitkit.models.configs import MAX_WIDTH, VIT_SIZES, ViTConfig, check_int
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,11 @@ TANH_GELU_ARCHITECTURES = frozenset(
         ("so400m_patch16", 512), ("giantopt_patch16", 256), ("giantopt_patch16", 384),
     )
 )  # fmt: skip
+# timm architectures whose head count is neither Table 1's nor width / 64 (timm 1.0's registry): a hub config.json
+# names the architecture, and its model_args leave out what the architecture fixes.  By the name's size word and
+# the width, and whole names where one size word has two counts at one width.
+TIMM_SIZE_HEADS = {("so400m", 1152): 16, ("giant", 1408): 16, ("gigantic", 1664): 16, ("giantopt", 1536): 16}
+TIMM_NAMED_HEADS = {"vit_base_patch16_gap_224": 16}
 TIMM_LAYER_NORM_EPS = 1e-6  # timm's ViT LayerNorm; `model_args` has no field for another eps
 
 BLOCK = "blocks.{i}."
@@ -88,13 +94,13 @@ def reject_unsupported(state: Mapping[str, Tensor], source: str) -> None:
 
 
 def check_pooling(global_pool: Any, class_token: bool, where: str) -> None:
-    """timm's `model_args.global_pool` where vitkit computes it: token pooling, or GAP without a class token."""
+    """timm's `global_pool` (model_args, or a config.json's top level) where vitkit computes it: token pooling, or
+    GAP without a class token."""
     if global_pool is None or global_pool == "token" or (global_pool == "avg" and not class_token):
         return
     what = "with a class token (vitkit's GAP has none)" if global_pool == "avg" else "(vitkit pools by token or GAP)"
     raise CheckpointError(
-        f"{where}: model_args.global_pool {global_pool!r} {what} is a pooling vitkit does not compute; its logits "
-        "would be wrong"
+        f"{where}: global_pool {global_pool!r} {what} is a pooling vitkit does not compute; its logits would be wrong"
     )
 
 
@@ -131,6 +137,16 @@ def add_class_posemb_row(state: dict[str, Tensor], tokens: int | None = None) ->
 # ---- config -----------------------------------------------------------------------------------------------
 
 
+def architecture_heads(architecture: Any, hidden: int) -> int | None:
+    """The head count timm's `architecture` (a hub config.json's name, maybe with a ".tag") fixes at width `hidden`
+    where Table 1 and width / 64 would give another; None where they give timm's or the name is not known."""
+    if not isinstance(architecture, str):
+        return None
+    name = architecture.split(".", 1)[0]
+    word = re.match(r"vit_([a-z0-9]+?)_", name)
+    return TIMM_NAMED_HEADS.get(name) or (TIMM_SIZE_HEADS.get((word.group(1), hidden)) if word else None)
+
+
 def guess_num_heads(hidden: int, source: str) -> int:
     """Heads are not in a fused-qkv state dict: Table 1 sizes, else head_dim 64, said in a warning."""
     table = next((v[3] for v in VIT_SIZES.values() if v[0] == hidden), None)
@@ -149,8 +165,11 @@ def guess_num_heads(hidden: int, source: str) -> int:
     return heads
 
 
-def infer_config(state: Mapping[str, Tensor], num_heads: int | None, source: str, gelu: str = "exact") -> ViTConfig:
-    """Config from tensor shapes, with timm's `model_args` (config.json: num_heads, act_layer) where given."""
+def infer_config(
+    state: Mapping[str, Tensor], num_heads: int | None, source: str, gelu: str = "exact", architecture: Any = None
+) -> ViTConfig:
+    """Config from tensor shapes, with timm's `model_args` (config.json: num_heads, act_layer) where given, and
+    the head count its `architecture` fixes where they do not say it."""
     if "patch_embed.proj.weight" not in state or "blocks.0.attn.qkv.weight" not in state:
         raise CheckpointError(
             f"{source}: not a timm ViT state dict: no patch_embed.proj.weight / blocks.0.attn.qkv.weight"
@@ -167,7 +186,7 @@ def infer_config(state: Mapping[str, Tensor], num_heads: int | None, source: str
     with naming(source):
         return ViTConfig(
             img_size=grid * patch, patch_size=patch, in_chans=in_chans, hidden_size=hidden, depth=depth,
-            num_heads=num_heads or guess_num_heads(hidden, source),
+            num_heads=num_heads or architecture_heads(architecture, hidden) or guess_num_heads(hidden, source),
             mlp_dim=keymap.shape_of(state, "blocks.0.mlp.fc1.weight", 2, source)[0], pool=pool,
             representation_size=rep, num_classes=head, qkv_bias="blocks.0.attn.qkv.bias" in state,
             gelu=gelu, layer_norm_eps=TIMM_LAYER_NORM_EPS,
@@ -193,9 +212,9 @@ def to_vitkit(path: str | os.PathLike, config: ViTConfig | None = None, max_byte
 
     def convert(tensors: dict[str, Tensor], config: ViTConfig | None) -> tuple[ViTConfig, dict[str, Tensor]]:
         reject_unsupported(tensors, source)
-        check_pooling(args.get("global_pool"), "cls_token" in tensors, where)
+        check_pooling(args.get("global_pool", meta.get("global_pool")), "cls_token" in tensors, where)  # root: older
         state = add_class_posemb_row(tensors, grid_tokens(args.get("img_size"), tensors, where))
-        config = config or infer_config(state, args.get("num_heads"), source, gelu)
+        config = config or infer_config(state, args.get("num_heads"), source, gelu, meta.get("architecture"))
         table = keymap.restrict(keymap.expand(KEY_MAP, config.depth), config)
         return config, keymap.convert(state, table, config.num_heads, source)
 
@@ -208,7 +227,7 @@ def to_vitkit(path: str | os.PathLike, config: ViTConfig | None = None, max_byte
                 std=numbers_list(pretrained["std"], f"{where}: pretrained_cfg.std", counts, positive=True),
             )
         if meta.get("label_names"):
-            names = meta["label_names"]
+            names = label_list(meta["label_names"], config.num_classes, f"{where}: label_names")
             extra["class_names"] = strings_list(names, f"{where}: label_names", config.num_classes or None)
         return extra
 
@@ -239,6 +258,18 @@ def from_vitkit(checkpoint: Checkpoint) -> dict[str, Tensor]:
     table = keymap.restrict(keymap.expand(KEY_MAP, config.depth), config)
     state = {k: v.detach().cpu().contiguous() for k, v in checkpoint.model.state_dict().items()}
     return keymap.convert_back(state, table, config.num_heads)
+
+
+def label_list(names: Any, num_classes: int, where: str) -> Any:
+    """timm's `label_names` as a list: a list as it is, or an object of class index -> name (timm writes one where
+    some indices have no name; those are named by their index)."""
+    if not isinstance(names, dict):
+        return names
+    indices = {key: int(key) for key in names if isinstance(key, str) and key.isdigit() and key.isascii()}
+    if len(indices) != len(names) or any(index >= num_classes for index in indices.values()):
+        raise CheckpointError(f"{where}: keys must be class indices below {num_classes}, got {short(list(names))}")
+    by_index = {index: names[key] for key, index in indices.items()}
+    return [by_index.get(index, str(index)) for index in range(num_classes)]
 
 
 def default_activation(meta: Mapping[str, Any]) -> str | None:
