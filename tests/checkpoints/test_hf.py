@@ -153,3 +153,37 @@ def test_an_id2label_shorter_than_the_head_is_said_not_dropped_silently(caplog) 
         assert hf_format.class_names({"id2label": {"0": "cat", "1": "dog"}}, 2, "x") == ["cat", "dog"]
         assert hf_format.class_names({}, 2, "x") is None  # none given: nothing to say
     assert not caplog.text
+
+
+def test_a_classifier_s_pooler_is_dropped_as_hf_drops_it(tmp_path, images, caplog):
+    """A ViTForImageClassification file that also holds vit.pooler.* (from a ViTModel it was built on): HF
+    ignores them, and vitkit put the pooler and tanh before the classifier, logits off by up to 0.9."""
+    from safetensors.torch import load_file, save_file
+
+    reference = _randomise_hf(transformers.ViTForImageClassification(_hf_config()))
+    reference.save_pretrained(tmp_path / "hf")
+    weights = tmp_path / "hf" / "model.safetensors"
+    state = load_file(weights)
+    generator = torch.Generator().manual_seed(4)
+    state["vit.pooler.dense.weight"] = torch.randn(32, 32, generator=generator)
+    state["vit.pooler.dense.bias"] = torch.randn(32, generator=generator)
+    save_file(state, weights, metadata={"format": "pt"})
+    with caplog.at_level("WARNING", logger="vitkit"):
+        checkpoint = read(tmp_path / "hf")
+    assert checkpoint.config.representation_size is None and "vit.pooler" in caplog.text
+    with torch.no_grad():
+        diff = (checkpoint.model(images) - reference(pixel_values=images).logits).abs().max().item()
+    assert diff <= 1e-5, diff
+
+
+def test_a_masked_image_modeling_directory_is_read_as_its_encoder(tmp_path, images):
+    """ViTForMaskedImageModeling (SimMIM) adds a mask token and a pixel decoder to the encoder; the decoder had
+    been refused as unexpected tensors, so its encoder could not be fine-tuned."""
+    reference = _randomise_hf(transformers.ViTForMaskedImageModeling(_hf_config(encoder_stride=8)))
+    reference.save_pretrained(tmp_path / "hf")
+    model = read(tmp_path / "hf").model
+    assert model.config.num_classes == 0 and model.config.representation_size is None
+    with torch.no_grad():
+        expected = reference.vit(pixel_values=images).last_hidden_state[:, 0]
+        diff = (model(images) - expected).abs().max().item()
+    assert diff <= 1e-5, diff

@@ -107,6 +107,17 @@ def rename_v5(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
     return out
 
 
+def drop_unused(state: dict[str, Tensor], source: str) -> dict[str, Tensor]:
+    """What HF's own classes do not compute: ViTForMaskedImageModeling's [mask] token and pixel decoder (its
+    encoder is the model), and a pooler beside a classifier (ViTForImageClassification has none: HF leaves
+    those tensors out as unexpected, and so does vitkit, said)."""
+    kept = {k: v for k, v in state.items() if k != "vit.embeddings.mask_token" and not k.startswith("decoder.")}
+    if "classifier.weight" in kept and any(k.startswith("vit.pooler.") for k in kept):
+        log.warning("%s: vit.pooler.* beside a classifier is left out, as ViTForImageClassification does", source)
+        kept = {k: v for k, v in kept.items() if not k.startswith("vit.pooler.")}
+    return kept
+
+
 # ---- config -----------------------------------------------------------------------------------------------
 
 
@@ -180,8 +191,7 @@ def to_vitkit(path: str | os.PathLike, config: ViTConfig | None = None, max_byte
     source = str(weights)
 
     def convert(tensors: dict[str, Tensor], config: ViTConfig | None) -> tuple[ViTConfig, dict[str, Tensor]]:
-        state = rename_v5(add_vit_prefix(tensors))
-        state.pop("vit.embeddings.mask_token", None)  # ViTForMaskedImageModeling's [mask] token: unused for inference
+        state = drop_unused(rename_v5(add_vit_prefix(tensors)), source)
         if config is None:
             with naming(where, FIELDS):
                 config = to_vit_config(hf, state, source)
