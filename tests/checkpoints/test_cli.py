@@ -170,3 +170,40 @@ def test_the_weights_file_of_a_checkpoint_directory_names_the_directory(tmp_path
     vitkit.save(make_vit(), tmp_path / "model")
     assert main(["export-onnx", str(tmp_path / "model" / "model.safetensors"), str(tmp_path / "m.onnx")]) == 2
     assert "is one file of the checkpoint directory" in capsys.readouterr().err
+
+
+def test_convert_to_official_refuses_the_npz_it_would_replace(tmp_path, make_vit, capsys):
+    """`convert SRC NAME --to official` writes NAME.npz, but the check looked at NAME: an existing NAME.npz was
+    replaced without --force.  A file in the way of a directory format is named as such."""
+    vitkit.save(make_vit(gelu="exact"), tmp_path / "src")
+    kept = tmp_path / "precious.npz"
+    kept.write_bytes(b"a model someone keeps")
+    assert main(["convert", str(tmp_path / "src"), str(tmp_path / "precious"), "--to", "official"]) == 2
+    assert "precious.npz already exists" in capsys.readouterr().err and kept.read_bytes() == b"a model someone keeps"
+    assert main(["convert", str(tmp_path / "src"), str(tmp_path / "precious"), "--to", "official", "--force"]) == 0
+    assert read(kept).config.hidden_size == make_vit().config.hidden_size
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    assert main(["convert", str(tmp_path / "src"), str(afile), "--to", "timm", "--force"]) == 2
+    assert f"{afile} is a file; --to timm writes a directory" in capsys.readouterr().err
+
+
+def test_export_onnx_with_a_new_head_checks_the_encoder_too(tmp_path, make_vit, capsys, monkeypatch):
+    """A new zero-initialised head (--num-classes) gives zero logits for every image, so "max |diff| = 0" said
+    nothing of the encoder; the check now also runs a copy with a random head through onnxruntime."""
+    pytest.importorskip("onnxruntime")
+    vitkit.save(make_vit(), tmp_path / "src")
+    checked = []
+    real = onnx_export.check_onnx
+
+    def recording(model, path):
+        checked.append(int(model.head.weight.count_nonzero()))
+        return real(model, path)
+
+    monkeypatch.setattr(onnx_export, "check_onnx", recording)
+    flags = ["--num-classes", "3", "--json"]
+    assert main(["export-onnx", str(tmp_path / "src"), str(tmp_path / "m.onnx"), *flags]) == 0
+    assert len(checked) == 2 and checked[0] == 0 and checked[1] > 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert 0 < summary["max_abs_diff"] <= 1e-4  # the random head's logits differ a little, as real numbers do
+    assert [p.name for p in tmp_path.iterdir() if p.suffix == ".onnx"] == ["m.onnx"]

@@ -321,11 +321,16 @@ def _warn_unkept(checkpoint: Checkpoint) -> None:
         )
 
 
+def npz_path(path: str | os.PathLike) -> Path:
+    """The file `write` writes for `path`: `path` itself where it ends in .npz, else `path` + ".npz"."""
+    path = Path(path)
+    return path if path.suffix == ".npz" else path.with_suffix(path.suffix + ".npz")
+
+
 def write(checkpoint: Checkpoint, path: str | os.PathLike) -> Path:
     """Write the official `.npz` atomically."""
-    path = Path(path)
     arrays = from_vitkit(checkpoint)
-    with_suffix = path if path.suffix == ".npz" else path.with_suffix(path.suffix + ".npz")
+    with_suffix = npz_path(path)
 
     def _save(tmp: Path) -> None:
         with open(tmp, "wb") as handle:  # a file object: np.savez would append ".npz" to a name

@@ -103,15 +103,17 @@ def _read_checkpoint(args: argparse.Namespace) -> Any:
 
 def run_convert(args: argparse.Namespace) -> int:
     from vitkit.atomic import remove_torn_beside
-    from vitkit.checkpoints import write
+    from vitkit.checkpoints import official, write
     from vitkit.runs import is_run_dir
 
-    dst = Path(args.dst)
+    dst = official.npz_path(args.dst) if args.to == "official" else Path(args.dst)  # the file written: NAME.npz
     if is_run_dir(dst):  # even with --force: the model would sit beside the run's checkpoints, and verbs read those
         raise ValueError(f"{dst} is a training run; write the converted model to another destination")
     remove_torn_beside(dst)  # what a killed write of dst left
     if dst.exists() and (not dst.is_dir() or any(dst.iterdir())) and not args.force:
         raise ValueError(f"{dst} already exists and is not empty; choose another destination or pass --force")
+    if args.to != "official" and dst.exists() and not dst.is_dir():
+        raise ValueError(f"{dst} is a file; --to {args.to} writes a directory: choose another destination")
     checkpoint = _read_checkpoint(args)
     created = not dst.exists()
     try:
@@ -150,7 +152,7 @@ ONNX_TOLERANCE = 1e-2  # max |logits| difference of a faithful float32 export (1
 
 def run_export_onnx(args: argparse.Namespace) -> int:
     from vitkit.atomic import remove_torn_beside
-    from vitkit.checkpoints.onnx_export import check_onnx, export_onnx, onnxruntime_available
+    from vitkit.checkpoints.onnx_export import check_export, export_onnx, onnxruntime_available
 
     if Path(args.out).is_dir():
         raise ValueError(f"{args.out} is a directory; name the .onnx file to write")
@@ -161,7 +163,7 @@ def run_export_onnx(args: argparse.Namespace) -> int:
         raise ValueError(f"{args.out} already exists; choose another file or pass --force to replace it")
     checkpoint = _read_checkpoint(args)
     out = export_onnx(checkpoint.model, args.out, opset=args.opset)
-    diff = check_onnx(checkpoint.model, out) if onnxruntime_available() else None
+    diff = check_export(checkpoint.model, out, args.opset) if onnxruntime_available() else None
     if diff is not None and not diff <= ONNX_TOLERANCE:  # NaN too
         raise ValueError(
             f"wrote {out}, but onnxruntime's logits differ from PyTorch's by up to {diff:.3g}, above the "
