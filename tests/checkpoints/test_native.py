@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import vitkit
-from vitkit.checkpoints import Checkpoint, CheckpointError, read
+from vitkit.checkpoints import Checkpoint, CheckpointError, native, read
 
 
 def test_save_load_identical_state_and_logits(tmp_path, make_vit, images):
@@ -58,12 +58,14 @@ def test_other_models_config_names_the_tensors(tmp_path, make_vit):
     vitkit.save(make_vit(), tmp_path / "a")
     vitkit.save(make_vit(depth=3, mlp_dim=48), tmp_path / "b")
     shutil.copy(tmp_path / "b" / "config.json", tmp_path / "a" / "config.json")
-    with pytest.raises(ValueError, match="SHA-256 differs"):  # the recorded hash catches the swap first
-        read(tmp_path / "a")
     meta = json.loads((tmp_path / "a" / "config.json").read_text())
-    del meta["weights_sha256"]  # a hand-edited config without the hash: the shapes still catch it
-    (tmp_path / "a" / "config.json").write_text(json.dumps(meta))
-    with pytest.raises(ValueError, match=r"missing \['blocks\.2\..*shape mismatch.*blocks\.0\.mlp\.fc1\.weight"):
+    for edit in ({}, {"weights_sha256": None}):  # with the recorded hash, and hand-edited without it
+        (tmp_path / "a" / "config.json").write_text(json.dumps({**meta, **edit}))
+        with pytest.raises(ValueError, match=r"missing \['blocks\.2\..*shape mismatch.*blocks\.0\.mlp\.fc1\.weight"):
+            read(tmp_path / "a")  # the header, read before the hash, names the tensors
+    vitkit.save(make_vit(seed=1), tmp_path / "c")  # the same shapes, other weights: the hash tells them apart
+    shutil.copy(tmp_path / "c" / "config.json", tmp_path / "a" / "config.json")
+    with pytest.raises(ValueError, match="SHA-256 differs"):
         read(tmp_path / "a")
 
 
@@ -101,3 +103,16 @@ def test_a_checkpoint_of_a_newer_format_version_is_refused_by_name(tmp_path, mak
         (tmp_path / "c" / "config.json").write_text(json.dumps({**meta, "format_version": version}))
         with pytest.raises(CheckpointError, match=re.escape(words)):
             vitkit.load(tmp_path / "c")
+
+
+def test_the_header_is_checked_before_the_weights_are_hashed(tmp_path, make_vit, monkeypatch):
+    """The whole file was hashed before its header was read: a 50 GB (sparse) model.safetensors beside a 4 MB
+    model's config.json kept a CPU busy for minutes before the header, which refuses it at once, was looked at."""
+    directory = vitkit.save(make_vit(), tmp_path / "ckpt")
+    with open(directory / "model.safetensors", "ab") as weights:
+        weights.write(bytes(1 << 20))  # a megabyte more than the header describes
+    hashed = []
+    monkeypatch.setattr(native, "_sha256", lambda path: hashed.append(path) or "0" * 64)
+    with pytest.raises(CheckpointError, match="bytes appended"):
+        native.load(directory)
+    assert hashed == []

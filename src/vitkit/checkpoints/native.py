@@ -112,8 +112,9 @@ def load(
 ) -> Checkpoint:
     """Read a directory written by `save`; every mismatch is named in a CheckpointError (a ValueError).
 
-    Order: config.json's fields, the model's size (limits.check_model, `max_bytes`), the weights' hash,
-    their header against the model on the meta device; only then the model is built and the data read.
+    Order: config.json's fields, the model's size (limits.check_model, `max_bytes`), the weights' header
+    against the model on the meta device (which bounds the file's size), their hash; only then the model is
+    built and the data read.
     """
     directory = Path(directory)
     config_path, weights_path = directory / CONFIG, directory / WEIGHTS
@@ -133,8 +134,8 @@ def load(
     config = model_config(meta.get("model"), str(config_path))
     fields = read_fields(meta, config, config_path)
     expected = limits.check_model(config, str(config_path), max_bytes)
-    check_hash(meta.get("weights_sha256"), config_path, weights_path)
-    check_fits(expected, headers.safetensors_header(weights_path), str(weights_path))
+    check_fits(expected, headers.safetensors_header(weights_path), str(weights_path))  # sizes the file: before
+    check_hash(meta.get("weights_sha256"), config_path, weights_path)  # reading all of it
     model = build_model(config)
     try:
         state = load_file(str(weights_path), device=str(map_location))
