@@ -82,3 +82,16 @@ def test_a_refused_pickle_names_the_object_and_not_torchs_advice(tmp_path):
     assert message.startswith(f"refusing to load {path}: it is not a checkpoint vitkit can read safely")
     assert "(the weights-only unpickler stopped at: " in message and "GLOBAL posix.system" in message
     assert "weights_only" not in message and "safe_globals" not in message and not marker.exists()
+
+
+def test_a_legacy_pickle_is_refused_in_one_line_without_torchs_warning(tmp_path):
+    """A legacy (non-zip) torch file of pickle protocol 4 is refused; torch's two-line UserWarning about the
+    protocol came before vitkit's one-line refusal."""
+    import warnings
+
+    path = tmp_path / "legacy.pth"
+    torch.save({"w": torch.zeros(2)}, path, _use_new_zipfile_serialization=False, pickle_protocol=4)
+    with warnings.catch_warnings(record=True) as caught, pytest.raises(ValueError, match="refusing to load"):
+        warnings.simplefilter("always")
+        read(path)
+    assert [str(w.message) for w in caught] == []

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pickle
 import struct
+import warnings
 import zipfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -81,7 +82,9 @@ def read_torch(path: Path, max_bytes: int | None) -> Tensors:
     if not mapped:
         limits.check_file(path, max_bytes)
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=mapped)
+        with warnings.catch_warnings():  # the refusal below says it in one line; torch's warning added two
+            warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
+            obj = torch.load(path, map_location="cpu", weights_only=True, mmap=mapped)
     except pickle.UnpicklingError as err:
         stop = unpickler_stop(err)
         raise CheckpointError(
