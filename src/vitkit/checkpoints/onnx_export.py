@@ -5,9 +5,12 @@ onnx / onnxruntime are the optional `onnx` extra (`pip install vitkit[onnx]`).
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import logging
+import math
 import os
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -95,6 +98,23 @@ def check_onnx(model: nn.Module, path: str | os.PathLike, batch_size: int = 3, s
     with torch.no_grad():
         torch_logits = model(x)
     return float((torch.from_numpy(onnx_logits) - torch_logits).abs().max())
+
+
+def check_export(model: nn.Module, path: str | os.PathLike, opset: int) -> float:
+    """`check_onnx` of the file `export_onnx` wrote.  A zero-initialised head (a new one: `--num-classes`) gives
+    the same logits for every image, so their agreement says nothing of the encoder: then a copy of the model
+    with a random head is exported to a temporary file and checked too, and the larger difference returned."""
+    diff = check_onnx(model, path)
+    head = getattr(model, "head", None)
+    if not isinstance(head, nn.Linear) or head.weight.count_nonzero() > 0:
+        return diff
+    probe = copy.deepcopy(model)
+    with torch.no_grad():
+        probe.head.weight.normal_(0.0, 1.0, generator=torch.Generator().manual_seed(0))
+    with tempfile.TemporaryDirectory(prefix="vitkit-onnx-") as scratch:
+        checked = export_onnx(probe, Path(scratch) / "random_head.onnx", opset=opset)
+        other = check_onnx(probe, checked)
+    return math.nan if math.isnan(diff) or math.isnan(other) else max(diff, other)
 
 
 def onnxruntime_available() -> bool:
