@@ -88,8 +88,17 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
         max_queue=args.max_queue,
         max_bodies_mb=args.max_bodies_mb,
         threads=args.threads,
-        token=args.token or os.environ.get(TOKEN_VARIABLE) or None,
+        token=args.token if args.token is not None else _token_from_environment(),
         model_process=not args.in_process,
         decode_workers=args.decode_workers,
         **limits,
     )
+
+
+def _token_from_environment() -> str | None:
+    """$VITKIT_SERVE_TOKEN; None where it is unset.  Set but empty is refused: `VITKIT_SERVE_TOKEN=$SECRET` with
+    SECRET unset would otherwise serve without authentication."""
+    token = os.environ.get(TOKEN_VARIABLE)
+    if token is not None and not token.strip():
+        raise ValueError(f"{TOKEN_VARIABLE} is set but empty; unset it to serve without a token")
+    return token

@@ -3,6 +3,7 @@ bounded queue)."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from vitkit.data.images import MAX_PIXELS
@@ -53,8 +54,8 @@ class ServeConfig:
             raise ValueError(f"--port must be in 0..65535, got {self.port}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"--threads must be at least 1, got {self.threads}")
-        if self.token is not None and not self.token.strip():
-            raise ValueError("--token must not be empty")
+        if self.token is not None and not re.fullmatch(r"[\x21-\x7e]+", self.token):  # what a browser sends as is
+            raise ValueError("--token must be one or more visible ASCII characters (no spaces), and not empty")
 
     @property
     def max_body_bytes(self) -> int:
