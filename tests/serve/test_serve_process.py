@@ -178,3 +178,19 @@ def test_serve_on_an_address_it_cannot_bind_stops_before_loading(tmp_path: Path,
     assert main(["serve", str(tmp_path / "m"), "--host", "192.0.2.1", "--port", str(free_port())]) == 2
     assert "no interface of this machine has that address: see --host" in capsys.readouterr().err
     assert "Uvicorn running" not in caplog.text and "model loaded" not in caplog.text.lower()
+
+
+def test_a_request_refused_before_any_route_is_in_the_metrics(server: str) -> None:
+    """A malformed request is answered by the connection's protocol, which the app's metrics never saw."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def refused_400() -> float:
+        text = httpx.get(f"{server}/metrics", timeout=5).text
+        samples = [s for f in text_string_to_metric_families(text) for s in f.samples]
+        return sum(
+            s.value for s in samples if s.name == "vitkit_refused_requests_total" and s.labels == {"status": "400"}
+        )
+
+    before = refused_400()
+    assert _raw_request(server, "\x00\x01 GARBAGE\r\n\r\n").startswith(b"HTTP/1.1 400")
+    assert refused_400() == before + 1

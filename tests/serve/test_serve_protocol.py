@@ -21,6 +21,7 @@ from serve_helpers import free_port  # noqa: E402 - after the skips
 from vitkit.serve.protocol import Limits, protocol_class  # noqa: E402
 
 LIMITS = Limits(max_header_bytes=2048, header_timeout_s=0.4, max_connections=4)
+REFUSED: list[int] = []  # what the protocol counted as refused (the metrics' observe_refused in vitkit serve)
 
 
 async def echo_app(scope, receive, send) -> None:
@@ -55,7 +56,7 @@ def port() -> Iterator[int]:
             echo_app,
             host="127.0.0.1",
             port=chosen,
-            http=protocol_class(LIMITS),
+            http=protocol_class(LIMITS, on_refused=REFUSED.append),
             ws="none",
             log_level="warning",
             timeout_keep_alive=5,
@@ -172,3 +173,14 @@ def test_pipelined_requests_each_have_the_header_limit(port: int) -> None:
             while chunk := sock.recv(65536):
                 received += chunk
     assert received.count(b"HTTP/1.1 200") == 61 and b"431" not in received
+
+
+def test_every_request_refused_before_the_app_is_counted(port: int) -> None:
+    """Requests the protocol answers itself (400, 431, 408) never reached the app's metrics: a flood of bad or
+    slow requests left /metrics unchanged.  The protocol reports each refusal's status."""
+    REFUSED.clear()
+    assert exchange(port, b"\x00\x01 GARBAGE\r\n\r\n")[0] == 400
+    assert exchange(port, b"GET / HTTP/1.1\r\nX-Big: " + b"a" * 5000 + b"\r\n\r\n")[0] == 431
+    assert exchange(port, b"GET / HTTP/1.1\r\nHo", wait=1.0)[0] == 408
+    good(port)
+    assert REFUSED == [400, 431, 408]

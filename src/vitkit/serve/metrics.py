@@ -34,6 +34,13 @@ class Metrics:
             buckets=batch_buckets(max_batch),
             registry=self.registry,
         )
+        self.refused = Counter(
+            "vitkit_refused_requests",
+            "Requests answered before any route by status: malformed (400), headers too large (431) or too slow "
+            "(408), more connections than allowed (503)",
+            ["status"],
+            registry=self.registry,
+        )
         self.images = Counter("vitkit_images", "Images run through the model", registry=self.registry)
         self.queue_depth = Gauge("vitkit_queue_depth", "Images waiting for a model forward", registry=self.registry)
         self.in_flight = Gauge(
@@ -43,6 +50,9 @@ class Metrics:
     def observe_request(self, route: str, status: int, seconds: float) -> None:
         self.requests.labels(route=route, status=str(status)).inc()
         self.latency.labels(route=route).observe(seconds)
+
+    def observe_refused(self, status: int) -> None:
+        self.refused.labels(status=str(status)).inc()
 
     def observe_batch(self, size: int) -> None:
         self.batch_size.observe(size)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,6 +67,7 @@ class GuardedProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with bounded headers, a header clock, a connection limit and JSON errors."""
 
     limits = Limits()  # replaced by `protocol_class`
+    on_refused: Callable[[int], None] = staticmethod(lambda status: None)  # the status of each request refused here
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -132,6 +134,7 @@ class GuardedProtocol(HttpToolsProtocol):
         if self.transport.is_closing():
             return
         log.info("refused a request from %s with %d: %s", self.client, status, message)
+        self.on_refused(status)
         self.transport.write(error_bytes(status, message, extra))
         self.transport.close()
 
@@ -188,6 +191,10 @@ class GuardedProtocol(HttpToolsProtocol):
         self._beyond_body, self._chunks, self._messages = 0, 0, self._messages + 1
 
 
-def protocol_class(limits: Limits) -> type[GuardedProtocol]:
-    """GuardedProtocol with `limits`, for uvicorn.Config(http=...)."""
-    return type("GuardedProtocol", (GuardedProtocol,), {"limits": limits})
+def protocol_class(limits: Limits, on_refused: Callable[[int], None] | None = None) -> type[GuardedProtocol]:
+    """GuardedProtocol with `limits`, for uvicorn.Config(http=...); `on_refused(status)` counts the requests it
+    answers itself (the app's metrics never see them)."""
+    fields: dict[str, Any] = {"limits": limits}
+    if on_refused is not None:
+        fields["on_refused"] = staticmethod(on_refused)
+    return type("GuardedProtocol", (GuardedProtocol,), fields)

@@ -41,7 +41,7 @@ def uvicorn_config(app: Any, config: ServeConfig) -> Any:
         timeout_graceful_shutdown=config.drain_timeout_s,
         log_level="info",
         ws="none",
-        http=protocol_class(limits),
+        http=protocol_class(limits, on_refused=app.state.service.metrics.observe_refused),
         timeout_keep_alive=5,
     )
 
