@@ -409,3 +409,28 @@ def test_a_budget_already_spent_on_resume_is_said_and_ends_as_spent(tmp_path: Pa
     assert result["status"] == "time_budget" and result["step"] == 10
     assert "the time budget of 0.2 min was spent before this invocation" in caplog.text
     assert "a larger --max-minutes trains it to its end" in caplog.text
+
+
+def test_a_muon_run_resumes_and_its_parts_moments_are_checked(tmp_path: Path, caplog) -> None:
+    """Muon runs save their optimisers as {"parts": [...]}, which the train-state check took for a damaged
+    optimiser state: every Muon recipe (MNIST, Fashion-MNIST, CIFAR-10, Tiny-ImageNet) failed to resume after
+    Ctrl-C or a kill, and a finished one to re-run.  Each part is now checked as an optimiser of its own."""
+    run = tmp_path / "run"
+    muon = ("optim.name=muon", "run.checkpoint_every=2")
+    first = trainer.train(tiny_config(run, "data.steps=4", *muon))
+    again = trainer.train(tiny_config(run, "data.steps=4", *muon))  # a finished run re-run: read, not retrained
+    assert first["status"] == again["status"] == "finished" and again["step"] == 4
+    state_file = run / "checkpoints" / "step_0000004" / STATE_FILE
+    state = torch.load(state_file, weights_only=True)
+    assert len(state["optimizer"]["parts"]) == 2
+    moments = [entry for part in state["optimizer"]["parts"] for entry in part["state"].values()]
+    assert moments and all(isinstance(entry, dict) for entry in moments)
+    part = state["optimizer"]["parts"][0]
+    index = next(iter(part["state"]))
+    name = next(k for k, v in part["state"][index].items() if isinstance(v, torch.Tensor) and v.dim() > 0)
+    part["state"][index][name] = torch.zeros(7)
+    torch.save(state, state_file)
+    with caplog.at_level(logging.WARNING, logger="vitkit"):
+        result = trainer.train(tiny_config(run, "data.steps=4", *muon))
+    assert result["status"] == "finished" and f"optimizer {name} of parameter {index} has shape (7,)" in caplog.text
+    assert "resuming from step_0000002" in caplog.text

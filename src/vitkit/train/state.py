@@ -100,7 +100,17 @@ class TrainState:
             value = state.get(key)
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNT:
                 raise ValueError(f"the train state's {key} is {value!r:.40}, not a count in 0..{MAX_COUNT:.0e}")
-        _check_optimizer(state["optimizer"], [p for g in self.optimizer.param_groups for p in g["params"]])
+        parts = getattr(self.optimizer, "parts", None)  # an OptimizerSet (Muon + AdamW) saves {"parts": [...]}
+        if parts is None:
+            _check_optimizer(state["optimizer"], _params(self.optimizer))
+        else:
+            stored = state["optimizer"].get("parts")
+            if not isinstance(stored, list) or len(stored) != len(parts):
+                raise ValueError(f"the train state's optimizer is not the {len(parts)} optimisers of this run")
+            for part, saved in zip(parts, stored, strict=True):
+                if not isinstance(saved, dict):
+                    raise ValueError("the train state's optimizer holds a part that is no optimiser state")
+                _check_optimizer(saved, _params(part))
         if self.ema is not None and isinstance(state.get("ema"), dict):
             for key, value in state["ema"].items():
                 shadow = self.ema.shadow.get(key)
@@ -122,6 +132,10 @@ def _records(stored: Any) -> list[dict[str, Any]]:
         return []
     good = all(isinstance(out, dict) and {"loss", "grad_norm", "lr", "skipped"} <= out.keys() for out in stored)
     return list(stored) if good and all(scalar(v) for out in stored for v in out.values()) else []
+
+
+def _params(optimizer: Any) -> list[torch.Tensor]:
+    return [p for group in optimizer.param_groups for p in group["params"]]
 
 
 def _check_optimizer(stored: dict[str, Any], params: list[torch.Tensor]) -> None:
