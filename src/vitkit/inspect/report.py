@@ -292,22 +292,23 @@ def inspect_command(
     return {"checkpoint": str(find_checkpoint(path)), "out": str(out), **report}
 
 
+def _written(report: dict[str, Any]) -> str:
+    """What an inspect run wrote: its figures and inspect.json, or inspect.json alone and why."""
+    sections = [report[name] for name in SECTIONS if report.get(name)]
+    figures = [section["figure"] for section in sections if "figure" in section]
+    if figures:
+        return f"{len(figures)} figure(s) and inspect.json"
+    return "inspect.json alone (--no-figures)" if sections else "inspect.json alone (no figure applies: notes)"
+
+
 def summary(report: dict[str, Any]) -> dict[str, Any]:
     """The headline numbers of an inspect report (without per-tile matrices) plus printable lines."""
     short: dict[str, Any] = {
         key: report[key] for key in ("checkpoint", "out", "img_size", "num_images", "notes") if key in report
     }
-    sections = [report[name] for name in SECTIONS if report.get(name)]
-    figures = [section["figure"] for section in sections if "figure" in section]
-    shown = (
-        f"{len(figures)} figure(s) and inspect.json"
-        if figures
-        else "inspect.json alone (--no-figures)"
-        if sections
-        else "inspect.json alone (no figure applies: notes)"
-    )
     lines = [
-        f"wrote {shown} to {report.get('out')} ({report.get('num_images', 0)} images at {report.get('img_size')} px)"
+        f"wrote {_written(report)} to {report.get('out')} ({report.get('num_images', 0)} images at "
+        f"{report.get('img_size')} px)"
     ]
     filters = report.get("filters") or {}
     if filters:
