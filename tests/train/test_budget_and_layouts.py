@@ -99,9 +99,12 @@ def test_cut_budget_keeps_the_old_guillotine(tmp_path: Path, monkeypatch) -> Non
     [("digits", False), ("mnist:/x", False), ("fashion-mnist:/x", True), ("cifar10:/x", True), ("folder:/x", True)],
 )
 def test_flips_follow_the_source(uri: str, flip: bool) -> None:
+    """In every recipe: the paper's two had flipped digits too, which a mirror does not keep."""
     size = {"digits": 8, "mnist": 28, "fashion-mnist": 28, "cifar10": 32}.get(uri.split(":")[0], 64)
     info = SourceInfo(uri=uri, num_train=1000, num_classes=10, image_size=size, channels=1, in_memory=True)
     assert get_recipe(auto_recipe_name(info), info).augment.flip is flip
+    for recipe in ("paper-pretrain", "paper-finetune", "paper-pretrain-tiny", "paper-finetune-tiny"):
+        assert get_recipe(recipe, info).augment.flip is flip, recipe
 
 
 def _images(root: Path, classes: tuple[str, ...] = ("cat", "dog"), count: int = 10) -> None:

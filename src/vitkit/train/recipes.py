@@ -62,7 +62,7 @@ def paper_pretrain(info: SourceInfo, model: str = "vit_b16") -> TrainConfig:
         recipe="paper-pretrain",
         model=base,
         data=data_config(info, batch_size=4096, micro_batch_size=128, epochs=90, workers=8),
-        augment=AugmentConfig(crop="inception", flip=True),
+        augment=AugmentConfig(crop="inception", flip=flip(info)),
         optim=OptimConfig(
             name="adamw",
             lr=1e-3,
@@ -121,7 +121,7 @@ def paper_finetune(info: SourceInfo, model: str = "vit_b16") -> TrainConfig:
         recipe="paper-finetune",
         model=preset_config(model, num_classes=info.num_classes, img_size=384, in_chans=info.channels),
         data=data_config(info, batch_size=512, micro_batch_size=64, epochs=0, steps=steps, workers=8),
-        augment=AugmentConfig(crop="inception", crop_scale=(0.05, 1.0), flip=True),
+        augment=AugmentConfig(crop="inception", crop_scale=(0.05, 1.0), flip=flip(info)),
         optim=OptimConfig(
             name="sgd",
             lr=0.003,
