@@ -253,3 +253,13 @@ def test_a_torchrun_peer_that_ended_is_one_line_naming_the_resume(monkeypatch, c
     monkeypatch.setenv("WORLD_SIZE", "1")  # alone, the same words are no peer's: not explained away
     with pytest.raises(RuntimeError, match="Connection reset by peer"):
         main(["models"])
+
+
+def test_a_brace_range_the_shell_expanded_is_named(capsys) -> None:
+    """`--data wds:DIR/train-{000000..000001}.tar` unquoted reaches vitkit as two words: argparse said only
+    "unrecognized arguments: wds:DIR/train-000001.tar"."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", "--data", "wds:d/train-000000.tar", "wds:d/train-000001.tar"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "unrecognized arguments: wds:d/train-000001.tar" in err
+    assert "the shell expanded a {a..b} range or {a,b} list in --data into several words: quote the URI" in err
