@@ -18,6 +18,7 @@ from vitkit.cli import main
 from vitkit.data.sources import SourceInfo
 from vitkit.train import trainer
 from vitkit.train.recipes import auto_recipe_name, get_recipe
+from vitkit.train.resolve import Request, resolve
 
 
 def _records(run: Path) -> list[dict]:
@@ -403,3 +404,18 @@ def test_one_label_a_class_evaluates_at_the_end_and_refuses_a_final_val_split(tm
         load_splits(tiny_config(tmp_path, *lengths, "eval.final_split=val"))
     with pytest.raises(ValueError, match="1 label per class"):
         load_splits(tiny_config(tmp_path, *lengths, "data.val_fraction=0.2"))
+
+
+def test_a_folder_one_level_too_high_names_the_folder_its_classes_are_in(tmp_path: Path) -> None:
+    """DIR/mydata/{cat,dog}/*.png given as folder:DIR is one class, "mydata": the refusal pointed a newcomer to
+    pretrain-mpp, not to the folder whose sub-folders are the classes."""
+    _images(tmp_path / "toodeep" / "mydata")
+    with pytest.raises(ValueError) as refused:
+        resolve(Request(data=f"folder:{tmp_path / 'toodeep'}", out=str(tmp_path / "run")))
+    message = str(refused.value)
+    inner = tmp_path / "toodeep" / "mydata"
+    assert "has 1 class(es)" in message and message.endswith(f"one level down: folder:{inner}")
+    _images(tmp_path / "flat", classes=("only",))  # one class of images alone: no such hint
+    with pytest.raises(ValueError) as refused:
+        resolve(Request(data=f"folder:{tmp_path / 'flat'}", out=str(tmp_path / "run2")))
+    assert "one level down" not in str(refused.value)

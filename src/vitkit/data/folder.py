@@ -32,13 +32,14 @@ def folder_roots(root: Path) -> dict[str, Path]:
     return roots
 
 
+def folders(path: Path) -> list[str]:
+    """The visible sub-folders of `path`, sorted."""
+    return sorted(p.name for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
 def _refuse_a_class_named_train(root: Path) -> None:
     """root/train that holds images and no class folders, beside other folders of images, is a class named
     "train" (vehicles/{bus,car,train}): it was read as the training split, with "no class sub-folders"."""
-
-    def folders(path: Path) -> list[str]:
-        return sorted(p.name for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))
-
     others = [name for name in folders(root) if name not in ("train", "val", "test")]
     if others and not folders(root / "train"):
         raise ValueError(
@@ -91,3 +92,15 @@ def describe_folder(uri: str, root: Path, size: int, max_in_memory_bytes: int, l
         in_memory=fits,
         access="memory" if fits else "files",
     )
+
+
+def one_class_hint(root: Path) -> str:
+    """Where a folder reads as one class whose folder holds folders of its own (DIR/data/{cat,dog}/...): the
+    classes are likely those, one level down; "" otherwise."""
+    only = folders(folder_roots(root)["train"])
+    if len(only) != 1:
+        return ""
+    inner = folder_roots(root)["train"] / only[0]
+    if not folders(inner):
+        return ""
+    return f"; its one class folder holds folders of its own, so its classes may be one level down: folder:{inner}"

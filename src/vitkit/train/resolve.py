@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vitkit.checkpoints import read
+from vitkit.data.folder import one_class_hint
 from vitkit.data.sources import SourceInfo, check_mirror_views, data_name, describe, parse_uri, separate_val
 from vitkit.data.transforms import AugmentConfig
 from vitkit.models import preset_config
@@ -120,9 +121,11 @@ def resolve(request: Request, *, source_model: ModelConfig | None = None) -> Res
             f"one step would be {batch / info.num_train:.2f} epochs; use --batch-size {info.num_train:,} or less"
         )
     if request.labelled and info.num_classes < 2:
+        kind, path = parse_uri(request.data)
         raise ValueError(
             f"{request.data} has {info.num_classes} class(es); a classifier needs at least 2 "
             "(a folder of unlabelled images trains with vitkit pretrain-mpp)"
+            + (one_class_hint(Path(path)) if kind == "folder" else "")
         )
     if not config.run.out:
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
