@@ -296,6 +296,10 @@ def test_a_budget_too_small_for_its_final_evaluation_is_warned_about() -> None:
 
     tight, ample = plan_with(45.0), plan_with(5.0)  # 50 s left after start-up, 45 or 5 of them evaluating
     assert tight.measured["train_seconds"] == pytest.approx(5.0) and ample.measured["train_seconds"] == 45.0
+    # the epochs that fit are those of the seconds left to train: "about 0.6 epochs fit" had stood beside
+    # "0 s are left to train", counted in the whole budget
+    for plan, steps in ((tight, 5.0 / 0.2), (ample, 45.0 / 0.2)):
+        assert plan.measured["fit_epochs"] == round(steps * plan.global_batch / 1000, 1)
     warned = [line for line in plan_lines(tight) if line.startswith("warning:")]
     assert warned and "5 s" in warned[0] and "45 s" in warned[0] and "--max-minutes" in warned[0]
     assert not any(line.startswith("warning:") for line in plan_lines(ample))
