@@ -419,3 +419,13 @@ def test_a_folder_one_level_too_high_names_the_folder_its_classes_are_in(tmp_pat
     with pytest.raises(ValueError) as refused:
         resolve(Request(data=f"folder:{tmp_path / 'flat'}", out=str(tmp_path / "run2")))
     assert "one level down" not in str(refused.value)
+
+
+def test_a_recipe_batch_above_a_small_set_shrinks_to_it(tmp_path: Path) -> None:
+    """small-64px's batch of 128 on 20 images made one step 6.4 epochs, so --epochs 1 trained 6; a batch the
+    user sets is still refused above the set."""
+    _images(tmp_path / "small")
+    plan = resolve(Request(data=f"folder:{tmp_path / 'small'}", out=str(tmp_path / "run"), epochs=1.0))
+    assert plan.config.data.batch_size == plan.info.num_train < 128
+    with pytest.raises(ValueError, match="is larger than the"):
+        resolve(Request(data=f"folder:{tmp_path / 'small'}", out=str(tmp_path / "run2"), batch_size=64))

@@ -120,6 +120,7 @@ def resolve(request: Request, *, source_model: ModelConfig | None = None) -> Res
             f"a batch of {batch:,} is larger than the {info.num_train:,} training images of {request.data}: "
             f"one step would be {batch / info.num_train:.2f} epochs; use --batch-size {info.num_train:,} or less"
         )
+    config = _recipe_batch_within(config, recipe_batch, info.num_train, request.world)
     if request.labelled and info.num_classes < 2:
         kind, path = parse_uri(request.data)
         raise ValueError(
@@ -257,6 +258,20 @@ def _source_normalisation(config: TrainConfig, norm: tuple[tuple[float, ...], tu
         return config
     mean, std = (tuple(float(v) for v in values) for values in norm)
     return dataclasses.replace(config, data=dataclasses.replace(config.data, mean=mean, std=std))
+
+
+def _recipe_batch_within(config: TrainConfig, recipe_batch: int, num_train: int, world: int) -> TrainConfig:
+    """A recipe's own batch above a small training set shrinks to the most of it that whole micro-batches of
+    every process hold (one step had been several epochs: --epochs 1 on 49 images ran 5.2).  A batch the user
+    set is theirs (checked above)."""
+    data = config.data
+    if data.batch_size != recipe_batch or recipe_batch <= num_train:
+        return config
+    unit = world * (data.micro_batch_size or 1)
+    batch, micro = num_train // unit * unit, data.micro_batch_size
+    if batch == 0:  # fewer images than one micro-batch a process: one pass each, no accumulation
+        batch, micro = max(world, num_train // world * world), 0
+    return dataclasses.replace(config, data=dataclasses.replace(data, batch_size=batch, micro_batch_size=micro))
 
 
 def _apply_flags(config: TrainConfig, request: Request) -> TrainConfig:
