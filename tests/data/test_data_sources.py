@@ -313,3 +313,18 @@ def test_a_class_without_training_images_is_named(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="vitkit"):
         load_split(f"npz:{tmp_path / 'c.npz'}", "train", val_fraction=0.5, seed=0)  # a hold-out: no verdict
     assert "no training image" not in caplog.text
+
+
+def test_a_bare_path_or_a_near_miss_scheme_is_named_with_the_uri_meant(tmp_path) -> None:
+    """`--data DIR` (a folder of class folders, no scheme) and `fashion_mnist:` or `Folder:` listed every
+    scheme and left the newcomer to find the one meant."""
+    (tmp_path / "photos").mkdir()
+    with pytest.raises(ValueError, match=f"did you mean folder:{tmp_path / 'photos'}"):
+        parse_uri(str(tmp_path / "photos"))
+    with pytest.raises(ValueError, match=r"did you mean fashion-mnist:/x\?"):
+        parse_uri("fashion_mnist:/x")
+    with pytest.raises(ValueError, match=r"did you mean folder:/x\?"):
+        parse_uri("Folder:/x")
+    with pytest.raises(ValueError) as refused:
+        parse_uri("nosuch:x")
+    assert "did you mean" not in str(refused.value)

@@ -40,6 +40,7 @@ reading refuses such a source and says which command takes it.
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
 import re
@@ -111,12 +112,22 @@ def parse_uri(uri: str) -> tuple[str, str]:
     if kind not in KINDS:
         raise ValueError(
             f"unknown data source {uri!r}; expected one of {', '.join(k + ':' for k in KINDS)} (digits needs no path)"
+            + _meant(uri, kind, path)
         )
     if kind != "digits" and not path:
         raise ValueError(f"data source {uri!r} needs a path: {kind}:PATH")
     if kind == "digits" and path:
         raise ValueError(f"data source 'digits' takes no path, got {uri!r}")
     return kind, path
+
+
+def _meant(uri: str, kind: str, path: str) -> str:
+    """The URI a newcomer likely meant: folder:PATH for a bare path to a directory, the scheme a near miss of one
+    (fashion_mnist:, Folder:) names; "" where none is likely."""
+    if Path(os.path.expanduser(uri)).is_dir():
+        return f"; did you mean folder:{uri}?"
+    close = difflib.get_close_matches(kind.lower().replace("_", "-"), KINDS, n=1, cutoff=0.8)
+    return f"; did you mean {close[0]}:{path}?" if close and path else ""
 
 
 def check_mirror_views(uri: str, flip_views: bool) -> None:
