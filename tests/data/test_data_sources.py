@@ -328,3 +328,19 @@ def test_a_bare_path_or_a_near_miss_scheme_is_named_with_the_uri_meant(tmp_path)
     with pytest.raises(ValueError) as refused:
         parse_uri("nosuch:x")
     assert "did you mean" not in str(refused.value)
+
+
+def test_wds_on_a_folder_of_images_names_folder(tmp_path) -> None:
+    """`wds:` on class folders of JPEGs said only "no train-* shards"."""
+    import numpy as np
+    from PIL import Image
+
+    for name in ("cat", "dog"):
+        (tmp_path / "photos" / name).mkdir(parents=True)
+        Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(tmp_path / "photos" / name / "a.JPG")
+    with pytest.raises(ValueError, match=f"read it with folder:{tmp_path / 'photos'}"):
+        load_split(f"wds:{tmp_path / 'photos'}", "train", image_size=8)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError) as refused:
+        load_split(f"wds:{tmp_path / 'empty'}", "train", image_size=8)
+    assert "folder:" not in str(refused.value)

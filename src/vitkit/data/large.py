@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from vitkit.data import hf, holdout, tarshards
-from vitkit.data.images import NoLabelsError, probe_images
+from vitkit.data.images import IMAGE_EXTENSIONS, NoLabelsError, probe_images
 from vitkit.data.imageset import NO_LABELS_HINT, UNLABELLED, VAL_HINT, ImageSet, SourceInfo, fits_in_memory
 from vitkit.data.shardscan import CLASS_FILE, top_label
 from vitkit.data.stream import ShardSet, Unit
@@ -74,6 +74,14 @@ def split_names(kind: str, path: str) -> list[str]:
     return list(tarshards.split_units(path)[0] if kind == "wds" else hf.find_splits(Path(path)))
 
 
+def folder_like(path: Path) -> bool:
+    """Whether `path` holds sub-folders (the classes of folder:) with images in them."""
+    return any(
+        child.is_dir() and any(f.name.lower().endswith(IMAGE_EXTENSIONS) for f in itertools.islice(child.iterdir(), 100))
+        for child in itertools.islice(path.iterdir(), 100)
+    )
+
+
 # ------------------------------------------------------------------------------ wds:
 def read_wds(path: str, part: str, size: int, channels: int | None, labelled: bool = True) -> ShardSet:
     """One split of `wds:path` as a ShardSet (nothing read but the index, or the shards' headers without one;
@@ -87,7 +95,9 @@ def read_wds(path: str, part: str, size: int, channels: int | None, labelled: bo
     splits, classes, index = tarshards.split_units(path)
     where = f"wds:{path}"
     if "train" not in splits:
-        raise ValueError(f"{where} has no train split (no train-* shards and none listed in dataset.json)")
+        images = Path(path).is_dir() and not any(Path(path).glob("*.tar")) and folder_like(Path(path))
+        hint = f"; it holds no .tar shards but folders of images: read it with folder:{path}" if images else ""
+        raise ValueError(f"{where} has no train split (no train-* shards and none listed in dataset.json){hint}")
     fixed = part in ("train", "test") and not {"val", "test"} & set(splits)  # no held-out split of its own
     units = splits["train"] if fixed else _part(splits, part, where)
     reader = tarshards.TarReader(labelled)
