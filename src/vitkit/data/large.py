@@ -76,9 +76,9 @@ def split_names(kind: str, path: str) -> list[str]:
 
 def folder_like(path: Path) -> bool:
     """Whether `path` holds sub-folders (the classes of folder:) with images in them."""
+    first = lambda folder: itertools.islice(folder.iterdir(), 100)  # noqa: E731 - a look, not a scan
     return any(
-        child.is_dir() and any(f.name.lower().endswith(IMAGE_EXTENSIONS) for f in itertools.islice(child.iterdir(), 100))
-        for child in itertools.islice(path.iterdir(), 100)
+        child.is_dir() and any(f.name.lower().endswith(IMAGE_EXTENSIONS) for f in first(child)) for child in first(path)
     )
 
 
