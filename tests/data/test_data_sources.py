@@ -344,3 +344,18 @@ def test_wds_on_a_folder_of_images_names_folder(tmp_path) -> None:
     with pytest.raises(ValueError) as refused:
         load_split(f"wds:{tmp_path / 'empty'}", "train", image_size=8)
     assert "folder:" not in str(refused.value)
+
+
+def test_a_set_read_from_files_on_purpose_is_not_said_to_exceed_a_limit_of_0_mb(tmp_path, caplog) -> None:
+    """`vitkit shard` reads its source from files (max_in_memory_bytes=0) and logged "more than
+    data.max_in_memory_mb (0 MB) holds", as if the user had set that."""
+    import logging
+
+    from vitkit.data.imageset import ImageSet
+    from vitkit.data.inmemory import materialise
+
+    files = ImageSet(images=None, files=[tmp_path / "a.png"], labels=torch.zeros(1, dtype=torch.long),
+                     class_names=["a"], load_size=8)  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="vitkit"):
+        kept, problems = materialise(files, strict=False, max_in_memory_bytes=0, num_workers=1)
+    assert kept is files and problems == [] and "max_in_memory_mb" not in caplog.text
