@@ -251,3 +251,15 @@ def test_predict_reads_a_folder_as_training_does(tmp_path: Path) -> None:
         Image.new("L", (4, 4)).save(path, format="PNG")
     assert expand_inputs([root]) == [root / "a" / "x.png"]
     assert expand_inputs([root / "._x.png"]) == [root / "._x.png"]  # a file named is read, hidden or not
+
+
+def test_vitkit_shard_of_one_class_does_not_suggest_a_classifier(tmp_path: Path, capsys) -> None:
+    """One labelled class folder was written and followed by "train with: vitkit train --data wds:OUT", which
+    then fails for having one class."""
+    (tmp_path / "one" / "only").mkdir(parents=True)
+    for i in range(12):
+        Image.fromarray(np.full((8, 8, 3), 20 * i, np.uint8)).save(tmp_path / "one" / "only" / f"{i}.png")
+    out = tmp_path / "wds"
+    assert main(["shard", f"folder:{tmp_path / 'one'}", "--out", str(out), "--samples-per-shard", "10"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert "vitkit train" not in last and f"vitkit pretrain-mpp --data wds:{out}" in last and "1 class" in last

@@ -63,5 +63,8 @@ def run_shard(args: argparse.Namespace) -> int:
         + (f", {counts['skipped']} unreadable left out" if counts["skipped"] else "")
         for split, counts in result["splits"].items()
     ]
-    verb = "pretrain-mpp" if args.no_labels else "train"
-    return emit(args, result, [*lines, f"train with: vitkit {verb} --data wds:{result['out']}"])
+    follow = f"train with: vitkit train --data wds:{result['out']}"
+    if args.no_labels or result["num_classes"] < 2:  # a classifier needs 2 classes; masked patch prediction none
+        one = "" if args.no_labels else "1 class, which a classifier cannot learn from; "
+        follow = f"{one}pre-train with: vitkit pretrain-mpp --data wds:{result['out']}"
+    return emit(args, result, [*lines, follow])

@@ -334,6 +334,7 @@ def _write_all(
     (out / INCOMPLETE).unlink()
     return {
         "out": str(out),
+        "num_classes": len(classes) if classes else 0,
         "splits": {
             s: {"shards": len(w.written), "samples": sum(e["count"] for e in w.written), "skipped": w.skipped}
             for s, w in splits.items()
