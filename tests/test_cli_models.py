@@ -263,3 +263,18 @@ def test_a_brace_range_the_shell_expanded_is_named(capsys) -> None:
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and "unrecognized arguments: wds:d/train-000001.tar" in err
     assert "the shell expanded a {a..b} range or {a,b} list in --data into several words: quote the URI" in err
+
+
+def test_an_interrupted_study_says_a_re_run_goes_on(monkeypatch, capsys) -> None:
+    """Ctrl-C outside an arm's training (its data loading, between arms) printed only "interrupted", with no
+    word that the finished arms are kept and the same command goes on."""
+    from vitkit.cli import studies
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(studies, "run_reproduce", interrupted)
+    assert main(["reproduce", "posemb", "--data", "digits"]) == 130
+    assert capsys.readouterr().err.strip() == (
+        "vitkit reproduce: interrupted; what it saved is kept: re-run the same command to go on"
+    )

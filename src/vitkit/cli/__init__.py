@@ -42,6 +42,7 @@ VERBS: list[Callable[[argparse._SubParsersAction], None]] = [
     data.add_shard,
     studies.add_reproduce,
 ]
+RESUMABLE = ("train", "finetune", "pretrain-mpp", "shard", "reproduce")  # a re-run of these goes on where it stopped
 
 
 class _Parser(argparse.ArgumentParser):
@@ -114,7 +115,8 @@ def main(argv: Sequence[str] | None = None, *, since_process_start: bool = False
         return 2
     except KeyboardInterrupt as stop:
         by = " by SIGTERM" if isinstance(stop, Terminated) else ""
-        print(f"vitkit {args.verb}: interrupted{by}", file=sys.stderr)
+        goes_on = "; what it saved is kept: re-run the same command to go on" if args.verb in RESUMABLE else ""
+        print(f"vitkit {args.verb}: interrupted{by}{goes_on}", file=sys.stderr)
         return 143 if by else 130
     except Exception as err:
         problem = _known_failure(err)
