@@ -184,3 +184,17 @@ def test_every_request_refused_before_the_app_is_counted(port: int) -> None:
     assert exchange(port, b"GET / HTTP/1.1\r\nHo", wait=1.0)[0] == 408
     good(port)
     assert REFUSED == [400, 431, 408]
+
+
+def test_a_transfer_coding_other_than_chunked_is_501(port: int) -> None:
+    """`Transfer-Encoding: gzip, chunked` was accepted and the gzip ignored: the compressed bytes reached the app as
+    the body, and an image upload failed as "not a readable image"."""
+    REFUSED.clear()
+    request = b"POST /x HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip, chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n"
+    status, _, body = exchange(port, request)
+    assert status == 501 and "transfer coding gzip is not supported" in json.loads(body)["error"] and REFUSED == [501]
+    plain = (
+        b"POST /x HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n3\r\nabc\r\n0\r\n\r\n"
+    )
+    status, _, body = exchange(port, plain)
+    assert status == 200 and json.loads(body)["bytes"] == 3

@@ -37,6 +37,7 @@ REASONS = {
     400: "Bad Request",
     408: "Request Timeout",
     431: "Request Header Fields Too Large",
+    501: "Not Implemented",
     503: "Service Unavailable",
 }
 
@@ -182,6 +183,11 @@ class GuardedProtocol(HttpToolsProtocol):
                 f"server busy: more than {self.limits.max_connections} connections open; retry shortly",
                 {"retry-after": "1"},
             )
+            return
+        codings = [v.decode("latin-1").lower() for k, v in self.headers if k.lower() == b"transfer-encoding"]
+        unknown = {c.strip() for coding in codings for c in coding.split(",")} - {"chunked", ""}
+        if unknown:  # RFC 9112: a transfer coding the server does not know is 501; it had been read as the body
+            self._refuse(501, f"transfer coding {', '.join(sorted(unknown))} is not supported: send the body plainly")
             return
         super().on_headers_complete()
 
