@@ -47,3 +47,21 @@ def test_a_resume_drops_metrics_lines_that_are_no_records(tmp_path) -> None:
     (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
     MetricsLog(tmp_path, enabled=True, tensorboard=False).truncate_after(5)
     assert (tmp_path / "metrics.jsonl").read_text() == '{"step": 1, "loss": 2.0}\n{"step": 2}\n'
+
+
+def test_tensorboard_that_cannot_write_is_said_and_the_log_goes_on(tmp_path, monkeypatch, caplog) -> None:
+    """Any exception from TensorBoard's writer (a run directory it cannot write included) turned its logging off
+    without a word, as if it were not installed."""
+    import logging
+    import sys
+    import types
+
+    from vitkit.metrics_log import MetricsLog
+
+    def refuse(path):
+        raise PermissionError(13, "Permission denied", path)
+
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", types.SimpleNamespace(SummaryWriter=refuse))
+    with caplog.at_level(logging.WARNING, logger="vitkit"):
+        metrics = MetricsLog(tmp_path, enabled=True, tensorboard=True)
+    assert metrics.writer is None and "TensorBoard logging is off: [Errno 13] Permission denied" in caplog.text

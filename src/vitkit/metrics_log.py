@@ -5,11 +5,14 @@ The run directory's layout is vitkit.runs's; this module owns the file's format.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any
 
 from vitkit.atomic import atomic_write_text
+
+log = logging.getLogger(__name__)
 
 METRICS = "metrics.jsonl"
 
@@ -24,10 +27,13 @@ class MetricsLog:
         if enabled and tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
-
-                self.writer = SummaryWriter(str(Path(run_dir) / "tensorboard"))
-            except Exception:  # tensorboard not installed (or broken): the JSONL log is enough
-                self.writer = None
+            except ImportError:  # tensorboard not installed: the JSONL log is enough
+                SummaryWriter = None  # noqa: N806
+            if SummaryWriter is not None:
+                try:
+                    self.writer = SummaryWriter(str(Path(run_dir) / "tensorboard"))
+                except OSError as error:  # a run directory it cannot write: said, and the JSONL log goes on
+                    log.warning("TensorBoard logging is off: %s", error)
 
     def truncate_after(self, step: int) -> None:
         """Drop records logged after `step` (written after the checkpoint a resumed run restarts from)."""
