@@ -192,11 +192,6 @@ def _warn_once(key: str, message: str) -> None:
         log.warning("%s", message)
 
 
-def autocast_dtype(precision: Precision, device: torch.device) -> torch.dtype | None:
-    """The autocast dtype of a precision setting on `device` (None = full precision)."""
-    return torch.bfloat16 if resolve_precision(precision, device) == "bf16" else None
-
-
 def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
     """`torch.autocast` for `dtype`, or a no-op for full precision."""
     return torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
