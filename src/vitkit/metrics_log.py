@@ -14,7 +14,7 @@ from vitkit.atomic import atomic_write_text
 
 log = logging.getLogger(__name__)
 
-METRICS = "metrics.jsonl"
+METRICS, TENSORBOARD = "metrics.jsonl", "tensorboard"  # a run's files of metrics
 
 
 class MetricsLog:
@@ -31,7 +31,7 @@ class MetricsLog:
                 SummaryWriter = None  # noqa: N806
             if SummaryWriter is not None:
                 try:
-                    self.writer = SummaryWriter(str(Path(run_dir) / "tensorboard"))
+                    self.writer = SummaryWriter(str(Path(run_dir) / TENSORBOARD))
                 except OSError as error:  # a run directory it cannot write: said, and the JSONL log goes on
                     log.warning("TensorBoard logging is off: %s", error)
 

@@ -62,7 +62,7 @@ def plan(context: Context) -> list:
                 model,
                 {"stage": "finetune", "init": name[3:]},
                 data={"train_fraction": labelled},
-                run={"init_from": str(context.out / "arms" / start.key / "checkpoints" / "final") if start else ""},
+                run={"init_from": str(context.arm_model(start.key)) if start else ""},
             )
             for name, start in inits.items()
         ]

@@ -17,6 +17,7 @@ from vitkit.data.sources import SourceInfo
 from vitkit.reproduce.paper import PaperClaim
 from vitkit.reproduce.scale import Scale
 from vitkit.reproduce.verdict import Verdict
+from vitkit.runs import FINAL, RunDir
 from vitkit.train.config import TrainConfig
 
 MAX_STUDY_SEEDS = 100  # repeats of every arm: beyond any study's budget
@@ -48,6 +49,9 @@ class StudyRequest:
             raise ValueError(f"--threads must be >= 0, got {self.threads}")
 
 
+ARMS = "arms"  # a study's sub-directory of arm runs
+
+
 @dataclass(frozen=True)
 class Context:
     """What planning and analysis read: the request, the data set, the scale and the arms' base config."""
@@ -61,6 +65,14 @@ class Context:
     @property
     def seeds(self) -> range:
         return range(self.request.seeds)
+
+    def arm_dir(self, key: str) -> Path:
+        """The run directory of arm `key`."""
+        return self.out / ARMS / key
+
+    def arm_model(self, key: str) -> Path:
+        """Where arm `key`'s trained model is exported (written once it has run)."""
+        return RunDir(self.arm_dir(key)).export(FINAL)
 
 
 @dataclass(frozen=True)

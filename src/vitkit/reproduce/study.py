@@ -29,6 +29,7 @@ from vitkit.reproduce.report import unit_text, write_report
 from vitkit.reproduce.scale import Scale, base_config, calibrated, scale_for, smallest_budget
 from vitkit.reproduce.spec import Analysis, Context, Study, StudyRequest
 from vitkit.reproduce.verdict import INCONCLUSIVE, Verdict
+from vitkit.runs import CONFIG
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,7 @@ def prepare_directory(study: Study, context: Context) -> Context:
         **{key: getattr(request, key) for key in study.options},
     }
     stored = json.loads(path.read_text()) if path.is_file() else {}
-    if not stored and (context.out / "config.json").is_file():  # its arms and report had mixed into the run
+    if not stored and (context.out / CONFIG).is_file():  # its arms and report had mixed into the run
         raise ValueError(f"{context.out} holds a training run (its config.json); choose another --out for the study")
     if stored:
         differs = [k for k, v in mine.items() if stored.get(k) != v]
@@ -110,7 +111,7 @@ def run_study(study: Study, request: StudyRequest) -> dict[str, Any]:
     records = []
     with num_threads(request.threads or None):  # the probes too, not only the arms' training
         for index, arm in enumerate(arms, 1):
-            record = run_arm(arm, context.out / "arms" / arm.key, probes)
+            record = run_arm(arm, context.arm_dir(arm.key), probes)
             records.append(record)
             log.info("arm %d/%d %s: %s", index, len(arms), arm.key, headline(record))
     analysis = study.analyse(context, records)

@@ -156,7 +156,7 @@ def given_encoder(path: str) -> Encoder:
 
 def trained_encoder(context: Context, pretrain: Arm) -> Encoder:
     """A pre-training arm's final checkpoint (written when it has run) and its model config (known before)."""
-    return str(context.out / "arms" / pretrain.key / "checkpoints" / "final"), pretrain.config.model
+    return str(context.arm_model(pretrain.key)), pretrain.config.model
 
 
 def finetune_arm(context: Context, g: Grid, encoder: Encoder, family: str, labels: int, seed: int) -> Arm:

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from vitkit.runs import PLOTS
+from vitkit.runs import METRICS, PLOTS
 from vitkit.train.config import TrainConfig
 from vitkit.train.plots import plot_curves
 from vitkit.train.stop import SignalFlag
@@ -77,7 +77,7 @@ def close_metrics(metrics: Any, final: dict[str, Any] | None, run_dir: Path) -> 
             metrics.write({**final, "final": True})
         metrics.close()
         try:
-            plot_curves(run_dir / "metrics.jsonl", run_dir / PLOTS / "curves.png")
+            plot_curves(run_dir / METRICS, run_dir / PLOTS / "curves.png")
         except Exception as err:
             log.warning("could not draw plots/curves.png: %s", err)
     if signals.signum:
