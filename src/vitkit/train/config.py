@@ -214,8 +214,12 @@ class RunConfig:
 
     @property
     def fitted(self) -> bool:
-        """A time budget the schedule is fitted to (it ends annealed, perhaps before its length)."""
-        return self.max_minutes > 0 and self.budget_schedule == "fit"
+        return budget_fitted(self.max_minutes, self.budget_schedule)
+
+
+def budget_fitted(max_minutes: float, budget_schedule: str) -> bool:
+    """A time budget the schedule is fitted to (it ends annealed, perhaps before its length)."""
+    return max_minutes > 0 and budget_schedule == "fit"
 
 
 @dataclass(frozen=True, kw_only=True)

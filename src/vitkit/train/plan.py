@@ -20,7 +20,7 @@ from vitkit.data.transforms import describe_augment
 from vitkit.models import build_model
 from vitkit.models.configs import image_size, in_channels, replace_vit, vit_config
 from vitkit.train.budget import GraphKey, steps_that_fit
-from vitkit.train.config import OptimConfig, TrainConfig
+from vitkit.train.config import OptimConfig, TrainConfig, budget_fitted
 from vitkit.train.schedule import Schedule, resolve_warmup, scaled_lr
 
 OPTIMIZER_NAMES = {"muon": "muon (encoder matrices{scale}) + adamw (embeddings, norms, biases, head)"}
@@ -114,7 +114,7 @@ class Plan:
 
     @property
     def fitted(self) -> bool:
-        return self.budget_minutes > 0 and self.budget_schedule == "fit"
+        return budget_fitted(self.budget_minutes, self.budget_schedule)
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)

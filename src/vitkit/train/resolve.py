@@ -240,7 +240,7 @@ def _budget_length(config: TrainConfig, request: Request) -> TrainConfig:
     LENGTH_BOUNDS_BUDGET, whose bound (its own epochs, or the one named there) ends the run where it comes
     before the budget."""
     run = config.run
-    if length_given(request) or config.data.steps > 0 or run.max_minutes <= 0 or run.budget_schedule != "fit":
+    if length_given(request) or config.data.steps > 0 or not run.fitted:
         return config
     if config.recipe in LENGTH_BOUNDS_BUDGET:
         bound = LENGTH_BOUNDS_BUDGET[config.recipe]
