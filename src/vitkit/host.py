@@ -185,7 +185,7 @@ def available_memory() -> int:
 def use_compile_cache(device: torch.device) -> str:
     """Point inductor's cache at a directory of this host class (unless the user chose one); returns it.  Every
     torch.compile of vitkit's runs under it: with torch 2.13, kernels cached under ATEN_CPU_CAPABILITY=avx2
-    corrupt the heap of an AVX-512 process that loads them (`bench --compile` had aborted in malloc)."""
+    corrupt the heap of an AVX-512 process that loads them (an abort in malloc)."""
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
     chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")

@@ -210,7 +210,7 @@ def measure_peak_flops(device: torch.device, precision: str, size: int | None = 
     """FLOP/s of the best of `repeats` square matmuls (size x size) in `precision` on `device`.
 
     The default size (2048 on CPU, 8192 on CUDA) is large enough to reach the matmul plateau; bf16 on a CPU
-    without native bf16, emulated at a few GFLOP/s, is at its plateau at 512 (2048 had taken 85 s a matmul).
+    without native bf16, emulated at a few GFLOP/s, is at its plateau at 512 (2048 takes 85 s a matmul).
     """
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     emulated = dtype == torch.bfloat16 and device.type == "cpu" and not native_bf16(device)

@@ -133,8 +133,8 @@ def image_work(config: ModelConfig) -> tuple[int, int]:
 def check_work(
     config: ModelConfig, source: str, remedy: str = "the checkpoint's config is damaged or not a model to run"
 ) -> None:
-    """Refuses a model whose one image would take more than MAX_IMAGE_FLOPS or MAX_IMAGE_BYTES: a 10-kB
-    checkpoint of an 8192-px ViT without position embeddings had run `predict` for hours."""
+    """Refuses a model whose one image would take more than MAX_IMAGE_FLOPS or MAX_IMAGE_BYTES: a checkpoint of a
+    few kB (an 8192-px ViT without position embeddings) can ask for hours of compute an image."""
     flops, biggest = image_work(config)
     if flops > MAX_IMAGE_FLOPS or biggest > MAX_IMAGE_BYTES:
         raise CheckpointError(

@@ -58,7 +58,7 @@ def unwrap(obj: Any) -> Tensors:
 
 def open_tensors(path: Path, max_bytes: int | None) -> tuple[Tensors, Callable[[], Tensors]]:
     """(name -> meta tensor, a function returning the tensors with their data).  The file's first bytes say
-    which kind it is, whatever its suffix: a safetensors file named .pt had been refused as a pickle."""
+    which kind it is, whatever its suffix (a safetensors file named .pt is read as safetensors)."""
     if path.suffix == ".safetensors" or headers.looks_safetensors(path):
         with naming(str(path)):
             header = unwrap(headers.safetensors_header(path))

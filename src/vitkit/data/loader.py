@@ -92,7 +92,7 @@ NAMED_SKIPS = 10  # unreadable images a loader (each worker) names, each once; t
 
 class _Files(Dataset):
     """Decodes one file per item; a corrupt file yields None (counted) unless `strict`, and is named with its
-    reason the first time, for the first NAMED_SKIPS (every epoch had named it again, without the reason)."""
+    reason the first time (not again each epoch), for the first NAMED_SKIPS."""
 
     def __init__(self, data: ImageSet, strict: bool):
         self.data, self.strict, self.named = data, strict, set()

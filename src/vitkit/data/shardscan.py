@@ -126,7 +126,7 @@ def class_names_by_scan(units: list[Unit]) -> list[str]:
             f"the classes, so the model would get {top + 1} outputs; the largest label, {top}, is {holder}'s. "
             f"If it is a stray label, fix that sample; else put a {CLASS_FILE} beside the shards"
         )
-        if mostly_empty(present.bit_count(), top + 1):  # one stray label had made a model (and its evaluation's
+        if mostly_empty(present.bit_count(), top + 1):  # one stray label would make a model (and its evaluation's
             raise DataFormatError(said)  # K x K confusion matrix) of up to a million classes
         _name_once(f"{holder}#class-ids", said, every_process=True)
     return [str(i) for i in range(top + 1)]

@@ -31,7 +31,7 @@ from vitkit.eval.ridge import l2_grid, pm1_targets, ridge_path
 
 log = logging.getLogger(__name__)
 
-MAX_SEEDS = 1000  # draws of the shots; 10**12 had listed that many draws and filled 24 GB
+MAX_SEEDS = 1000  # draws of the shots; each is listed before any is fitted, so the count is bounded
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,7 +1,7 @@
 """How the ViT's functions are computed: the fastest measured way, never a different function.
 
 vit.py states the paper's equations and calls these with explicit arguments (no global switches, no
-environment variables); benchmarks/cpu_kernels.py measures each choice against the one it replaced.
+environment variables); benchmarks/cpu_kernels.py measures each choice against the plain op.
 
   attention        softmax(q k^T / sqrt(D_h) + bias) v (App. A, Eq. 5-7): torch's fused SDPA kernel, or
                    matmul + softmax spelt out, the only path that can return A; `impl` picks.

@@ -41,7 +41,7 @@ class StudyRequest:
     def __post_init__(self) -> None:
         if self.budget_minutes <= 0:
             raise ValueError(f"--budget-minutes must be > 0, got {self.budget_minutes}")
-        if not 1 <= self.seeds <= MAX_STUDY_SEEDS:  # 10**12 had listed that many arms, silently, for minutes
+        if not 1 <= self.seeds <= MAX_STUDY_SEEDS:  # every arm is listed before the first runs: bounded
             raise ValueError(f"--seeds must be from 1 to {MAX_STUDY_SEEDS}, got {self.seeds}")
         if not self.out:
             raise ValueError("the study needs an output directory (--out DIR)")

@@ -53,7 +53,7 @@ def prepare_directory(study: Study, context: Context) -> Context:
         **{key: getattr(request, key) for key in study.options},
     }
     stored = json.loads(path.read_text()) if path.is_file() else {}
-    if not stored and (context.out / CONFIG).is_file():  # its arms and report had mixed into the run
+    if not stored and (context.out / CONFIG).is_file():  # a training run's directory: the study is not written in it
         raise ValueError(f"{context.out} holds a training run (its config.json); choose another --out for the study")
     if stored:
         differs = [k for k, v in mine.items() if stored.get(k) != v]

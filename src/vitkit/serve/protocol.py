@@ -186,7 +186,7 @@ class GuardedProtocol(HttpToolsProtocol):
             return
         codings = [v.decode("latin-1").lower() for k, v in self.headers if k.lower() == b"transfer-encoding"]
         unknown = {c.strip() for coding in codings for c in coding.split(",")} - {"chunked", ""}
-        if unknown:  # RFC 9112: a transfer coding the server does not know is 501; it had been read as the body
+        if unknown:  # RFC 9112: a transfer coding the server does not know is 501, not read as the body
             self._refuse(501, f"transfer coding {', '.join(sorted(unknown))} is not supported: send the body plainly")
             return
         super().on_headers_complete()

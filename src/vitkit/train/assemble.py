@@ -146,9 +146,9 @@ LARGEST_RECIPE_BATCH = 4096  # the paper's pre-training batch: no recipe's is la
 
 
 def check_batch(config: TrainConfig, num_train: int) -> None:
-    """A batch above both the training images and any recipe's is refused before anything is sized by it: a
-    hand-edited run config's batch of 1e15 had asked for petabytes.  (`resolve` refuses a batch set by flag
-    above the training images alone; a recipe's own may exceed a small set.)"""
+    """A batch above both the training images and any recipe's is refused before anything is sized by it (a
+    hand-edited run config's batch of 1e15 would ask for petabytes).  (`resolve` refuses a batch set by flag
+    above the training images alone, and shrinks a recipe's own to a small set.)"""
     batch = config.data.batch_size
     if batch > max(num_train, LARGEST_RECIPE_BATCH):
         raise ValueError(

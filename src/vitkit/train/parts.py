@@ -57,7 +57,7 @@ def reconcile(config: TrainConfig, *, length_given: bool = True) -> TrainConfig:
     (`length_given`: the request named its length, so a stored budget's own length overrides it: said)."""
     run = RunDir(config.run.out)
     merged, changed = run.reconcile(to_dict(config), LENGTH_BOUNDS_BUDGET, length_given=length_given)
-    if changed and distributed.current().main:  # one run, one warning: every process had given it
+    if changed and distributed.current().main:  # one run, one warning, from the main process
         log.warning(
             "%s already holds a run with a different config (%s); resuming it with its own config "
             "(choose another --out for a new run)",
@@ -243,7 +243,7 @@ class RunParts:
         self.resumed = True
         fitted = self.config.run.fitted  # which ends annealed before its length
         if self.state.ended and not fitted and self.length is not None and self.state.step < self.length:
-            self.state.ended = False  # made longer by hand: it had reported "finished" at 90/180 steps
+            self.state.ended = False  # made longer by hand: the steps added are trained
         log.info("resuming %s at step %d", resumed, self.state.step)
 
     def _resume_rng(self, stored: list[dict[str, torch.Tensor]] | None) -> None:

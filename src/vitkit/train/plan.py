@@ -46,7 +46,7 @@ STREAMS = ("init", "augment", "resumed-init", "resumed-augment")  # a run's rand
 
 def _stream_seed(name: str, seed: int, *words: int) -> int:
     """A 63-bit seed of stream `name` of the run seeded `seed`, by numpy's SeedSequence: the streams of one run
-    share no seed (seed 0 had seeded the weights, the augmentation and the data order all with 0)."""
+    share no seed, so the weights and the augmentation draw independently whatever the run's seed."""
     entropy = [seed, STREAMS.index(name), *words]
     return int(np.random.SeedSequence(entropy).generate_state(1, np.uint64)[0] >> np.uint64(1))
 

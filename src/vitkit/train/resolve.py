@@ -137,8 +137,8 @@ def resolve(request: Request, *, source_model: ModelConfig | None = None) -> Res
 
 
 def _claim(out: Path) -> Path:
-    """`out`, or `out-2`, `out-3` ...: the first made here, by this process (mkdir is atomic); two runs started
-    in the same second had taken one name, and the second was refused as using another's directory."""
+    """`out`, or `out-2`, `out-3` ...: the first made here, by this process (mkdir is atomic), so that two runs
+    started in the same second take two names."""
     out.parent.mkdir(parents=True, exist_ok=True)
     for number in range(1, 1000):
         path = out if number == 1 else out.with_name(f"{out.name}-{number}")
@@ -262,7 +262,7 @@ def _source_normalisation(config: TrainConfig, norm: tuple[tuple[float, ...], tu
 
 def _recipe_batch_within(config: TrainConfig, recipe_batch: int, num_train: int, world: int) -> TrainConfig:
     """A recipe's own batch above a small training set shrinks to the most of it that whole micro-batches of
-    every process hold (one step had been several epochs: --epochs 1 on 49 images ran 5.2).  A batch the user
+    every process hold, so that one step is never several epochs (--epochs 1 is one pass).  A batch the user
     set is theirs (checked above)."""
     data = config.data
     if data.batch_size != recipe_batch or recipe_batch <= num_train:

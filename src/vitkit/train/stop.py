@@ -90,8 +90,8 @@ class StopPolicy:
 
     @property
     def signum(self) -> int:
-        """This process's signal, or another's that stopped every process (a peer's SIGTERM: "signal 0" had been
-        said, and exit 128)."""
+        """This process's signal, or another's that stopped every process (a peer's SIGTERM), so that every
+        process says and exits with the signal that stopped the run."""
         return self.signals.signum or self.agreed_signum
 
     def check(self, agree: bool = True, *, saved_at: float | None = None) -> Verdict:
