@@ -11,13 +11,11 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
-import os
-import platform
-from pathlib import Path
 from typing import Any
 
 import torch
 
+from vitkit import host as hosts
 from vitkit.atomic import atomic_write_text
 from vitkit.reproduce import verdict as verdicts
 from vitkit.reproduce.spec import Analysis, Claim, Context, Study, Table
@@ -36,18 +34,11 @@ VERDICT_RULES = (
 
 
 def machine(device: str) -> str:
-    """The device in words: the GPU's name, or the CPU's model with its cores and torch threads."""
+    """The device in words: the GPU's name, or the CPU's model, host class and cores (vitkit.host)."""
     if device.startswith("cuda") and torch.cuda.is_available():
-        return f"{device} ({torch.cuda.get_device_name(torch.device(device))})"
-    name = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"cpu ({name}, {os.cpu_count()} cores)"
+        return f"{device} ({hosts.current(device).cpu})"
+    host = hosts.current()
+    return f"cpu ({host.cpu}, {host.label}, {hosts.cpus()} cores)"
 
 
 def command(study: Study, context: Context) -> str:
