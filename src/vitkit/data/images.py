@@ -36,6 +36,7 @@ import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from vitkit.data.pixels import GRAY_MODES, resize_center_crop, to_mode
+from vitkit.host import cpus
 
 try:  # optional: the `jpeg` extra
     import simplejpeg as _simplejpeg
@@ -311,6 +312,11 @@ def probe_images(sources: Sequence[Path | bytes | str]) -> tuple[int, int]:
 
 
 # ------------------------------------------------------------------------------------- folders
+def decode_workers() -> int:
+    """Decoding threads by default: one a CPU this process may use (its affinity), at most 8."""
+    return min(8, cpus())
+
+
 def decode_files(
     files: Sequence[Path | bytes],
     channels: int,
@@ -330,7 +336,7 @@ def decode_files(
     `strict`, the first raises `BadImageError`).
     """
     out = torch.empty(len(files), channels, size, size, dtype=torch.uint8)
-    workers = num_workers or min(8, os.cpu_count() or 1)
+    workers = num_workers or decode_workers()
 
     def work(i: int) -> str | None:
         try:

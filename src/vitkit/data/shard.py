@@ -34,7 +34,7 @@ from PIL import Image
 
 from vitkit.atomic import atomic_write_text, lock_directory, remove_torn, unlock_directory
 from vitkit.data import stream
-from vitkit.data.images import BadImageError, NoLabelsError, open_image, probe_images, upright
+from vitkit.data.images import BadImageError, NoLabelsError, decode_workers, open_image, probe_images, upright
 from vitkit.data.imageset import ImageSet
 from vitkit.data.sources import load_split, mirror_keeps_label, parse_uri
 from vitkit.data.tarsamples import check_class_names
@@ -309,7 +309,7 @@ def _write_all(
 ) -> dict[str, Any]:
     """Every split's shards, then dataset.json, between the INCOMPLETE mark's writing and its removal."""
     atomic_write_text(out / INCOMPLETE, "vitkit shard is writing this directory; a re-run starts it over\n")
-    workers = workers or min(8, os.cpu_count() or 1)
+    workers = workers or decode_workers()
     splits, classes, probe = {}, None, []
     first = sources.get("train") or next(iter(sources.values()))  # what a model is built for: the training split
     channels = first.images.shape[1] if first.images is not None else first.channels
