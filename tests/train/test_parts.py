@@ -341,3 +341,29 @@ def test_a_run_s_random_streams_share_no_seed() -> None:
     weights = torch.rand(4, generator=torch.Generator().manual_seed(init_seed(0, 0)))
     augment = torch.rand(4, generator=torch.Generator().manual_seed(augment_seed(0, 0)))
     assert not torch.equal(weights, augment)
+
+
+def test_a_budget_with_periodic_evaluations_still_reserves_the_final_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With an evaluation every few epochs planned, nothing was kept back for the final one until a periodic
+    evaluation had run: a 1-minute run that ended before its first (9 steps of an evaluation every 27) trained
+    for the whole budget, then evaluated past it (80 s in all).  The final evaluation is timed and kept back."""
+    from vitkit.train import trainer
+
+    budgets = []
+
+    class Recorded(trainer.Budget):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            budgets.append(self)
+
+    monkeypatch.setattr(trainer, "Budget", Recorded)
+    lengths = ("data.steps=0", "data.epochs=0", "run.max_minutes=0.1")  # the budget alone: a few seconds
+    config = tiny_config(tmp_path / "run", *lengths, "eval.every_epochs=100", "data.val_fraction=0.1")
+    plan = trainer.train(config)["plan"]
+    measured = plan["measured"]
+    images = plan["splits"]["test"]["images"] + plan["splits"]["val"]["images"]
+    assert plan["eval_every"] > plan["steps"] and images > plan["splits"]["test"]["images"]  # none periodic ran
+    assert measured["final_eval_seconds"] == pytest.approx(images * measured["eval_image_ms"] / 1000, abs=0.05)
+    assert budgets[0].reserve_s == measured["final_eval_seconds"] > 0

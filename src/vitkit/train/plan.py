@@ -324,6 +324,7 @@ def _estimate(
         "step_seconds": round(step_s, 4),
         "eta_minutes": round((left * step_s + eval_s) / 60, 2),
         "eval_seconds": round(eval_s, 1),
+        "final_eval_seconds": round(eval_images * eval_image_s, 3),  # the last of them, which a budget keeps back
         "eval_image_ms": round(eval_image_s * 1000, 4),
     }
     if fit is not None:

@@ -94,9 +94,9 @@ def estimate_lines(plan: Plan) -> list[str]:
         )
         if plan.steps_given and measured.get("fit_epochs", 0) > plan.epochs:  # the steps run out before the time
             fitted += f"; its own {plan.steps:,} steps ({plan.epochs:.1f} epochs) end it first"
-        if plan.eval_every == 0 and measured.get("eval_seconds"):  # the Budget keeps this back (trainer.fit)
+        if measured.get("final_eval_seconds"):  # the Budget keeps this back (trainer.fit)
             fitted += (
-                f", {measured['eval_seconds']:g} s kept for the final evaluation "
+                f", {measured['final_eval_seconds']:g} s kept for the final evaluation "
                 f"({measured['eval_image_ms']:.2f} ms an image, timed)"
             )
         if plan.start_step:

@@ -174,7 +174,7 @@ class Trainer(RunParts):
         if config.eval.every_epochs > 0 and not self.data.evals:
             config = dataclasses.replace(config, eval=dataclasses.replace(config.eval, every_epochs=0.0))
         fitted = config.run.fitted
-        reserve = fitted and config.eval.every_epochs <= 0  # the budget keeps the final evaluation's time: time it
+        reserve = fitted  # the budget keeps the final evaluation's time back: time it
         evals = sum(len(s) for s in self.data.evals.values()) if config.eval.every_epochs > 0 else 0
         eval_images = evals + (len(self.data.test) if self.data.test is not None else 0)
         if config.mpp is not None:  # masked patch prediction evaluates its first mpp.eval_images only
@@ -257,8 +257,8 @@ class Trainer(RunParts):
         elif on_plan is not None and self.info.main:
             on_plan(plan)
         self.budget = Budget(plan.steps, self._usable_s() if plan.fitted else None, steps_count=plan.steps_given)
-        if plan.eval_every == 0:  # keep back what the final evaluation is estimated to take
-            self.budget.reserve_s = plan.measured.get("eval_seconds", 0.0)
+        if plan.fitted:  # keep back what the final evaluation is timed to take (a periodic one re-times it)
+            self.budget.reserve_s = plan.measured.get("final_eval_seconds", 0.0)
         if not self.resumed:
             state.startup = time.monotonic() - self.started
         self.budget.observe(state.step, state.elapsed)
