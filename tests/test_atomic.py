@@ -64,4 +64,14 @@ def test_tensorboard_that_cannot_write_is_said_and_the_log_goes_on(tmp_path, mon
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", types.SimpleNamespace(SummaryWriter=refuse))
     with caplog.at_level(logging.WARNING, logger="vitkit"):
         metrics = MetricsLog(tmp_path, enabled=True, tensorboard=True)
-    assert metrics.writer is None and "TensorBoard logging is off: [Errno 13] Permission denied" in caplog.text
+    assert metrics.writer is None and "TensorBoard logging is off: PermissionError: [Errno 13]" in caplog.text
+
+    class Broken(types.ModuleType):  # an install whose import fails otherwise (old tensorboard, new protobuf)
+        def __getattr__(self, name):
+            raise TypeError("Descriptors cannot be created directly")
+
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", Broken("torch.utils.tensorboard"))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="vitkit"):
+        assert MetricsLog(tmp_path, enabled=True, tensorboard=True).writer is None
+    assert "TensorBoard logging is off: TypeError: Descriptors cannot be created directly" in caplog.text

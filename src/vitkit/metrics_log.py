@@ -27,13 +27,12 @@ class MetricsLog:
         if enabled and tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
+
+                self.writer = SummaryWriter(str(Path(run_dir) / TENSORBOARD))
             except ImportError:  # tensorboard not installed: the JSONL log is enough
-                SummaryWriter = None  # noqa: N806
-            if SummaryWriter is not None:
-                try:
-                    self.writer = SummaryWriter(str(Path(run_dir) / TENSORBOARD))
-                except OSError as error:  # a run directory it cannot write: said, and the JSONL log goes on
-                    log.warning("TensorBoard logging is off: %s", error)
+                pass
+            except Exception as error:  # noqa: BLE001 - a broken install or an unwritable directory: said, not fatal
+                log.warning("TensorBoard logging is off: %s: %s", type(error).__name__, error)
 
     def truncate_after(self, step: int) -> None:
         """Drop records logged after `step` (written after the checkpoint a resumed run restarts from)."""
