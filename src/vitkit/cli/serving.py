@@ -29,7 +29,8 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
         "--max-bodies-mb",
         type=finite_float,
         default=None,
-        help="request bodies held in memory at once, all requests (MiB; default max(256, 4 x body limit))",
+        help="request bodies held in memory at once, all requests (MiB; default max(256, 4 x body limit); at least "
+        "twice the body limit)",
     )
     parser.add_argument("--max-queue", type=int, default=256, help="requests admitted at once; more get 503")
     parser.add_argument("--threads", type=int, default=None, help="torch threads for the model (default: torch's)")

@@ -46,9 +46,11 @@ class ServeConfig:
         for name in ("max_wait_ms", "drain_timeout_s"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{_named(name)} must be 0 or more, got {getattr(self, name):g}")
-        if self.max_bodies_mb is not None and self.max_bodies_mb < self.max_body_mb:
+        if self.max_bodies_mb is not None and self.max_bodies_mb < 2 * self.max_body_mb:  # a form: body + files
             raise ValueError(
-                f"--max-bodies-mb ({self.max_bodies_mb:g}) must be at least --max-body-mb ({self.max_body_mb:g})"
+                f"--max-bodies-mb ({self.max_bodies_mb:g}) must be at least twice --max-body-mb "
+                f"({self.max_body_mb:g}): a form is held with the files parsed out of it, and one of the largest "
+                "must fit"
             )
         if not 0 <= self.port <= 65535:
             raise ValueError(f"--port must be in 0..65535, got {self.port}")
