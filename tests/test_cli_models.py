@@ -263,6 +263,10 @@ def test_a_brace_range_the_shell_expanded_is_named(capsys) -> None:
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and "unrecognized arguments: wds:d/train-000001.tar" in err
     assert "the shell expanded a {a..b} range or {a,b} list in --data into several words: quote the URI" in err
+    for argv in (["train", "cifar10:/data/cifar"], ["train", "--data", "digits", "https://example.com/x"]):
+        with pytest.raises(SystemExit):  # a forgotten --data, a stray word: no brace hint
+            main(argv)
+        assert "the shell expanded" not in capsys.readouterr().err
 
 
 def test_an_interrupted_study_says_a_re_run_goes_on(monkeypatch, capsys) -> None:

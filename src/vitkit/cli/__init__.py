@@ -15,7 +15,6 @@ import contextlib
 import difflib
 import errno
 import os
-import re
 import signal
 import sys
 import time
@@ -72,7 +71,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         flags = [flag for action in verb._actions for flag in action.option_strings]
         close = [m for word in unknown for m in difflib.get_close_matches(word.split("=")[0], flags, n=1)]
         hint = f" (did you mean {close[0]}?)" if close else ""
-        if getattr(args, "data", None) and any(re.match(r"[a-z][a-z0-9-]*:", word) for word in unknown):
+        scheme = str(getattr(args, "data", "") or "").partition(":")[0] + ":"
+        given = list(sys.argv[1:] if argv is None else argv)
+        if "--data" in given and scheme != ":" and all(word.startswith(scheme) for word in unknown):
             hint = (
                 " (the shell expanded a {a..b} range or {a,b} list in --data into several words: quote the URI, "
                 "--data 'wds:DIR/train-{000000..000009}.tar')"
