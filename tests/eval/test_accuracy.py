@@ -185,3 +185,18 @@ def test_tied_logits_rank_the_lower_class_first_in_every_figure() -> None:
     assert ranked(torch.zeros(2, 6), 5).tolist() == [[0, 1, 2, 3, 4]] * 2
     assert ranked(torch.tensor([[0.0, 2.0, 1.0, 2.0]]), 4).tolist() == [[1, 3, 2, 0]]
     assert [c["index"] for c in top_classes(torch.full((6,), 1 / 6), None, 3)] == [0, 1, 2]
+
+
+def test_ranked_equals_a_whole_stable_sort_on_rows_full_of_ties() -> None:
+    """The top-k candidates are ordered, and only rows with a tie across the k-th place sorted whole: the result
+    is the whole stable sort's, on scores drawn from a few values (ties everywhere) and on distinct ones."""
+    from vitkit.eval.evaluator import ranked
+
+    generator = torch.Generator().manual_seed(0)
+    for scores in (
+        torch.randint(0, 4, (200, 30), generator=generator).float(),
+        torch.randn(50, 1000, generator=generator),
+    ):
+        whole = scores.sort(dim=-1, descending=True, stable=True).indices
+        for k in (1, 5, 30):
+            assert torch.equal(ranked(scores, k), whole[:, :k]), k
