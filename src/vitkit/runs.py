@@ -43,7 +43,7 @@ from vitkit.atomic import (
     remove_torn,
     unlock_directory,
 )
-from vitkit.checkpoints import native
+from vitkit.checkpoints import headers, native
 from vitkit.checkpoints.validate import unreadable_now
 from vitkit.metrics_log import METRICS, MetricsLog
 
@@ -205,10 +205,11 @@ class RunDir:
 
     @staticmethod
     def _reads(path: Path) -> bool:
-        """Whether a complete step checkpoint's files read: weights matching their SHA-256, a train state that
-        loads."""
+        """Whether a complete step checkpoint's files read: weights whose header describes the file exactly (which
+        bounds the bytes hashed next) and that match their SHA-256, a train state that loads."""
         try:
             meta = json.loads((path / CONFIG).read_text())
+            headers.safetensors_header(path / native.WEIGHTS)
             native.check_hash(meta.get("weights_sha256"), path / CONFIG, path / native.WEIGHTS)
             RunDir.read_state(path)
         except UNREADABLE:

@@ -116,3 +116,15 @@ def test_the_header_is_checked_before_the_weights_are_hashed(tmp_path, make_vit,
     with pytest.raises(CheckpointError, match="bytes appended"):
         native.load(directory)
     assert hashed == []
+
+
+def test_a_step_checkpoint_s_header_is_checked_before_its_weights_are_hashed(tmp_path, make_vit, monkeypatch):
+    """A resume's check of a step checkpoint hashed its whole weights file first, as loading had."""
+    from vitkit.runs import RunDir
+
+    directory = vitkit.save(make_vit(), tmp_path / "step_0000002")
+    with open(directory / "model.safetensors", "ab") as weights:
+        weights.write(bytes(1 << 20))
+    hashed = []
+    monkeypatch.setattr(native, "_sha256", lambda path: hashed.append(path) or "0" * 64)
+    assert RunDir._reads(directory) is False and hashed == []
