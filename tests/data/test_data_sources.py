@@ -321,6 +321,14 @@ def test_a_bare_path_or_a_near_miss_scheme_is_named_with_the_uri_meant(tmp_path)
     (tmp_path / "photos").mkdir()
     with pytest.raises(ValueError, match=f"did you mean folder:{tmp_path / 'photos'}"):
         parse_uri(str(tmp_path / "photos"))
+    (tmp_path / "shards").mkdir()
+    (tmp_path / "shards" / "train-000000.tar").write_bytes(b"")
+    with pytest.raises(ValueError, match=f"did you mean wds:{tmp_path / 'shards'}"):
+        parse_uri(str(tmp_path / "shards"))
+    (tmp_path / "saved").mkdir()
+    (tmp_path / "saved" / "dataset_dict.json").write_text("{}")
+    with pytest.raises(ValueError, match=f"did you mean hf:{tmp_path / 'saved'}"):
+        parse_uri(str(tmp_path / "saved"))
     with pytest.raises(ValueError, match=r"did you mean fashion-mnist:/x\?"):
         parse_uri("fashion_mnist:/x")
     with pytest.raises(ValueError, match=r"did you mean folder:/x\?"):

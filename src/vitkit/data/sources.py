@@ -41,6 +41,7 @@ reading refuses such a source and says which command takes it.
 from __future__ import annotations
 
 import difflib
+import itertools
 import logging
 import os
 import re
@@ -124,8 +125,17 @@ def parse_uri(uri: str) -> tuple[str, str]:
 def _meant(uri: str, kind: str, path: str) -> str:
     """The URI a newcomer likely meant: folder:PATH for a bare path to a directory, the scheme a near miss of one
     (fashion_mnist:, Folder:) names; "" where none is likely."""
-    if Path(os.path.expanduser(uri)).is_dir():
-        return f"; did you mean folder:{uri}?"
+    directory = Path(os.path.expanduser(uri))
+    if directory.is_dir():  # what it holds says which reader: shards, a saved HF dataset, else image folders
+        names = {entry.name for entry in itertools.islice(directory.iterdir(), 1000)}
+        meant = (
+            "wds"
+            if any(name.endswith(".tar") for name in names) or "dataset.json" in names
+            else "hf"
+            if names & {"dataset_info.json", "dataset_dict.json", "state.json"}
+            else "folder"
+        )
+        return f"; did you mean {meant}:{uri}?"
     close = difflib.get_close_matches(kind.lower().replace("_", "-"), KINDS, n=1, cutoff=0.8)
     return f"; did you mean {close[0]}:{path}?" if close and path else ""
 
