@@ -429,3 +429,8 @@ def test_a_recipe_batch_above_a_small_set_shrinks_to_it(tmp_path: Path) -> None:
     assert plan.config.data.batch_size == plan.info.num_train < 128
     with pytest.raises(ValueError, match="is larger than the"):
         resolve(Request(data=f"folder:{tmp_path / 'small'}", out=str(tmp_path / "run2"), batch_size=64))
+    with pytest.raises(ValueError, match="is larger than the"):  # the user's, though the recipe's value
+        resolve(Request(data=f"folder:{tmp_path / 'small'}", out=str(tmp_path / "run2"), batch_size=128))
+    _images(tmp_path / "big", count=40)  # 80 images, 2 labelled a class: the 4 trained on, not the 80
+    few = resolve(Request(data=f"folder:{tmp_path / 'big'}", out=str(tmp_path / "run3"), labels_per_class=2))
+    assert few.config.data.batch_size == 4

@@ -107,7 +107,6 @@ def resolve(request: Request, *, source_model: ModelConfig | None = None) -> Res
     if source is not None and chose:  # a small-data checkpoint is fine-tuned as one, on a CPU
         name = "finetune-small" if image_size(source) < PAPER_RESOLUTION else "paper-finetune"
     config = get_recipe(name, info)
-    recipe_batch = config.data.batch_size  # a recipe's own may exceed a small set; a user's is checked below
     config = _apply_model(config, request, info, source, auto_recipe=chose)
     config = _source_normalisation(_apply_flags(config, request), norm)
     config = apply_overrides(config, request.overrides)
@@ -115,12 +114,14 @@ def resolve(request: Request, *, source_model: ModelConfig | None = None) -> Res
     config = _sweep_hold_out(config, info)
     config = _budget_length(config, request)
     batch = config.data.batch_size
-    if batch != recipe_batch and batch > info.num_train:  # set by --batch-size or --set data.batch_size
+    user_batch = request.batch_size is not None or any(o.startswith("data.batch_size=") for o in request.overrides)
+    if user_batch and batch > info.num_train:  # set by --batch-size or --set data.batch_size
         raise ValueError(
             f"a batch of {batch:,} is larger than the {info.num_train:,} training images of {request.data}: "
             f"one step would be {batch / info.num_train:.2f} epochs; use --batch-size {info.num_train:,} or less"
         )
-    config = _recipe_batch_within(config, recipe_batch, info.num_train, request.world)
+    if not user_batch:
+        config = _recipe_batch_within(config, _trained_images(config, info), request.world)
     if request.labelled and info.num_classes < 2:
         kind, path = parse_uri(request.data)
         raise ValueError(
@@ -260,12 +261,22 @@ def _source_normalisation(config: TrainConfig, norm: tuple[tuple[float, ...], tu
     return dataclasses.replace(config, data=dataclasses.replace(config.data, mean=mean, std=std))
 
 
-def _recipe_batch_within(config: TrainConfig, recipe_batch: int, num_train: int, world: int) -> TrainConfig:
-    """A recipe's own batch above a small training set shrinks to the most of it that whole micro-batches of
-    every process hold, so that one step is never several epochs (--epochs 1 is one pass).  A batch the user
-    set is theirs (checked above)."""
+def _trained_images(config: TrainConfig, info: SourceInfo) -> int:
+    """About how many images the run trains on: the source's training split, at most `labels_per_class` a class
+    and `train_fraction` of it, less the validation hold-out."""
+    count = info.num_train
+    if config.data.labels_per_class:
+        count = min(count, config.data.labels_per_class * info.num_classes)
+    count = int(count * config.data.train_fraction)
+    return max(1, int(count * (1 - config.data.val_fraction)))
+
+
+def _recipe_batch_within(config: TrainConfig, num_train: int, world: int) -> TrainConfig:
+    """A recipe's own batch above a small training set (`num_train` images trained on) shrinks to the most of it
+    that whole micro-batches of every process hold, so that one step is never several epochs (--epochs 1 is one
+    pass).  A batch the user set is theirs (refused above the source's training split)."""
     data = config.data
-    if data.batch_size != recipe_batch or recipe_batch <= num_train:
+    if data.batch_size <= num_train:
         return config
     unit = world * (data.micro_batch_size or 1)
     batch, micro = num_train // unit * unit, data.micro_batch_size
