@@ -103,7 +103,7 @@ def test_the_draws_of_the_shots_are_bounded() -> None:
             FewShotConfig(seeds=seeds)
 
 
-def test_shots_are_drawn_among_the_images_that_decode(tmp_path) -> None:
+def test_shots_are_drawn_among_the_images_that_decode(tmp_path, monkeypatch) -> None:
     """A set read from files (above the in-memory limit) skips an unreadable image while computing features, so
     the pool's features came back short of the pool and the scatter failed with a shape mismatch; the shots are
     now drawn again among the images that decode, and every probe fits k readable images a class."""
@@ -112,6 +112,7 @@ def test_shots_are_drawn_among_the_images_that_decode(tmp_path) -> None:
 
     import vitkit
     from vitkit.data.imageset import ImageSet
+    from vitkit.eval import fewshot
     from vitkit.eval.fewshot import run_fewshot
     from vitkit.runs import open_checkpoint
 
@@ -132,8 +133,18 @@ def test_shots_are_drawn_among_the_images_that_decode(tmp_path) -> None:
             labels.append(c)
     train = ImageSet(images=None, files=files, labels=torch.tensor(labels), class_names=["a", "b"], load_size=16)
     test = train.subset(torch.tensor([0, 2, 4, 6, 8, 10]))
+    computed = []
+    real = fewshot.compute
+
+    def counting(checkpoint, images, *args, **kwargs):
+        computed.append([images.name(i) for i in range(len(images))])
+        return real(checkpoint, images, *args, **kwargs)
+
+    monkeypatch.setattr(fewshot, "compute", counting)
     result = run_fewshot(checkpoint, train, test, FewShotConfig(shots=(2, 3), seeds=2, device="cpu"))
     assert set(result.shots) == {2, 3} and result.shots[3]["mean"] == 1.0  # all three readable images a class
+    shots = [name for call in computed[:-1] for name in call]  # the last call computes the test split
+    assert len(computed) > 2 and len(shots) == len(set(shots))  # a redraw computes only images not computed before
     with pytest.raises(ValueError, match="4"):  # 3 readable images a class: 4 shots cannot be drawn
         run_fewshot(checkpoint, train, test, FewShotConfig(shots=(4,), seeds=1, device="cpu"))
 

@@ -166,36 +166,52 @@ def run_fewshot(checkpoint, train_set, test_set, config: FewShotConfig) -> FewSh
         keep = torch.randperm(len(test_set), generator=torch.Generator().manual_seed(0))[: config.max_test]
         test_set = test_set.subset(keep.sort().values)
     options = {"img_size": config.img_size, "batch_size": config.batch_size, "device": config.device}
-    while True:  # a set read from files skips what does not decode: draw again among the rest (finitely many)
-        draws = [(k, seed) for k in config.shots for seed in range(config.seeds)]
-        needed = torch.cat([k_per_class(train_set.labels, k, seed, train_set.class_names) for k, seed in draws])
-        pool = needed.unique()  # sorted indices of every image any draw uses
-        pool_features, _ = compute(checkpoint, train_set.subset(pool), config.layer, **options)
-        if len(pool_features) == len(pool):
-            break
-        train_set = _without_unreadable(train_set, pool)
+    train_set, pool, pool_features = _shot_features(checkpoint, train_set, config, options)
     test_features, test_labels = compute(checkpoint, test_set, config.layer, **options)
-    if pool_features.ndim != 2:
-        raise ValueError(
-            f"layer {config.layer!r} gives {tuple(pool_features.shape[1:])} per image; few-shot needs a vector"
-        )
     # Scatter the pool back to full-set positions so k_per_class indices address it directly.
     features = torch.zeros(len(train_set), pool_features.shape[1])
     features[pool] = pool_features
     return evaluate_fewshot(features, train_set.labels, test_features, test_labels, train_set.num_classes, config)
 
 
-def _without_unreadable(train_set: ImageSet, pool: Tensor) -> ImageSet:
-    """`train_set` without the images of `pool` that do not decode (named in the log as they were skipped)."""
+def _shot_features(checkpoint, train_set: ImageSet, config: FewShotConfig, options: dict[str, Any]):
+    """(the training set the shots are drawn from, the sorted positions every draw uses, their features).  A set
+    read from files skips what does not decode: those images leave the set, the shots are drawn again among the
+    rest, and only images not computed before go through the model (each unreadable one is found once)."""
+    known: dict[int, Tensor] = {}  # features by position in the set as given
+    place = torch.arange(len(train_set))  # the position as given of each image still in the set
+    while True:
+        draws = [(k, seed) for k in config.shots for seed in range(config.seeds)]
+        needed = torch.cat([k_per_class(train_set.labels, k, seed, train_set.class_names) for k, seed in draws])
+        pool = needed.unique()  # sorted indices of every image any draw uses
+        todo = [i for i in pool.tolist() if int(place[i]) not in known]
+        if todo:
+            computed, _ = compute(checkpoint, train_set.subset(torch.tensor(todo)), config.layer, **options)
+            if computed.ndim != 2:
+                raise ValueError(
+                    f"layer {config.layer!r} gives {tuple(computed.shape[1:])} per image; few-shot needs a vector"
+                )
+            bad = _unreadable(train_set, todo) if len(computed) < len(todo) else []
+            unread = frozenset(bad)
+            good = [i for i in todo if i not in unread]
+            known.update(zip((int(place[i]) for i in good), computed, strict=True))
+            if bad:
+                keep = torch.ones(len(train_set), dtype=torch.bool)
+                keep[bad] = False
+                log.warning("%d drawn shots do not decode; the shots are drawn again among the other images", len(bad))
+                train_set, place = train_set.subset(keep.nonzero().squeeze(1)), place[keep]
+                continue
+        return train_set, pool, torch.stack([known[int(place[i])] for i in pool.tolist()])
+
+
+def _unreadable(train_set: ImageSet, positions: list[int]) -> list[int]:
+    """The `positions` of `train_set` whose images do not decode (each named in the log as it was skipped)."""
     bad = []
-    for i in pool.tolist():
+    for i in positions:
         try:
             train_set.read(i)
         except BadImageError:
             bad.append(i)
     if not bad:  # every one decodes now: the set changed while it was read
         raise ValueError(f"{train_set.origin or 'the training split'}: images failed to decode and then decoded")
-    keep = torch.ones(len(train_set), dtype=torch.bool)
-    keep[bad] = False
-    log.warning("%d drawn shots do not decode; the shots are drawn again among the other images", len(bad))
-    return train_set.subset(keep.nonzero().squeeze(1))
+    return bad
