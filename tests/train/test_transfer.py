@@ -294,3 +294,26 @@ def test_a_sweep_over_a_folder_with_its_own_val_split_scores_on_it(tmp_path: Pat
     sweep.check_hold_out(config)  # the source's own val split: nothing to hold out
     splits = load_splits(trial_config(config, 0.01))
     assert len(splits.train) == 24 and len(splits.test) == 6 and "val" in splits.test.origin
+
+
+def test_every_run_of_a_sweep_trains_at_the_precision_its_first_trial_chose(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """run.precision=auto was chosen again by each trial's timing: trials 1, 3 and 4 ran fp32 and trial 2 and the
+    final run bf16, so the rates were compared across precisions.  The first trial's choice holds for the rest."""
+    config = tiny_config(tmp_path / "s", "data.val_fraction=0.1", "optim.lr_sweep=0.01,0.1,1", "run.precision=auto")
+    seen: list[str] = []
+
+    def fake_train(trial, spent_s=0.0, **kwargs):
+        seen.append(trial.run.precision)
+        chosen = "fp32" if len(seen) == 1 else "bf16"  # what a noisy timing would pick after the first
+        picked = chosen if trial.run.precision == "auto" else trial.run.precision
+        return {"status": "finished", "val": {"top1": trial.optim.lr, "loss": 1.0}, "plan": {"precision": picked}}
+
+    monkeypatch.setattr(sweep, "train", fake_train)
+    sweep.train_with_sweep(config)
+    assert seen == ["auto", "fp32", "fp32", "fp32"]  # three trials, then the final run
+    pinned = tiny_config(tmp_path / "p", "data.val_fraction=0.1", "optim.lr_sweep=0.01,0.1", "run.precision=bf16")
+    seen.clear()
+    sweep.train_with_sweep(pinned)
+    assert seen == ["bf16", "bf16", "bf16"]  # the user's choice is left as it is

@@ -117,6 +117,7 @@ def _sweep(config: TrainConfig, spent_s: float, **train_kwargs: Any) -> dict[str
         result = train(trial_config(config, lr), **train_kwargs)
         if result["status"] not in ("finished", "time_budget"):  # interrupted: the sweep's own --out resumes it
             return {**result, "sweep": scores, "status": result["status"], "resume_out": str(config.run.out)}
+        config = same_precision(config, result)
         scores[f"{lr:g}"], losses[f"{lr:g}"] = result["val"]["top1"], result["val"]["loss"]
         log.info("sweep lr %g: val top-1 %.2f%%, loss %.4f", lr, 100 * scores[f"{lr:g}"], losses[f"{lr:g}"])
         stopped = starved(result, trial_minutes, config)
@@ -135,6 +136,16 @@ def _sweep(config: TrainConfig, spent_s: float, **train_kwargs: Any) -> dict[str
     if "wall_minutes" in result:  # the command's whole time, as its final line says it
         result = {**result, "wall_minutes": result["wall_minutes"] + trials_s / 60}
     return {**result, "sweep": scores, "best_lr": best, "final_lr": lr, "sweep_minutes": trials_s / 60}
+
+
+def same_precision(config: TrainConfig, result: dict[str, Any]) -> TrainConfig:
+    """`config` with run.precision "auto" replaced by what the first trial chose: every trial and the final run
+    train at one precision, so the rates are compared with nothing else changed (a choice made by timing can
+    go either way near its threshold)."""
+    chosen = result.get("plan", {}).get("precision")
+    if config.run.precision != "auto" or chosen not in ("bf16", "fp32"):
+        return config
+    return dataclasses.replace(config, run=dataclasses.replace(config.run, precision=chosen))
 
 
 def choose(config: TrainConfig, scores: dict[str, float], losses: dict[str, float]) -> float:
