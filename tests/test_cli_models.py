@@ -280,5 +280,5 @@ def test_an_interrupted_study_says_a_re_run_goes_on(monkeypatch, capsys) -> None
     monkeypatch.setattr(studies, "run_reproduce", interrupted)
     assert main(["reproduce", "posemb", "--data", "digits"]) == 130
     assert capsys.readouterr().err.strip() == (
-        "vitkit reproduce: interrupted; what it saved is kept: re-run the same command to go on"
+        "vitkit reproduce: interrupted; re-run the same command to go on from what it saved"
     )

@@ -261,6 +261,9 @@ def test_the_final_line_says_when_the_step_count_was_an_estimate() -> None:
     result = {"status": "time_budget", "step": 427, "steps": 294, "wall_minutes": 2.87, "run_dir": "r", "test": final}
     budget_alone = _final_line({**result, "plan": {"steps_given": False}}, config)
     assert "after 427 (~294 estimated) steps, 2.87 min (time budget spent); run: r" in budget_alone
+    # a resumed invocation's estimate is of its own warm-up, not of the run: "after 854 (~129 estimated) steps"
+    resumed = _final_line({**result, "plan": {"steps_given": False, "start_step": 40}}, config)
+    assert "after 427 steps, 2.87 min (time budget spent)" in resumed
     assert "after 427/294 steps" in _final_line({**result, "plan": {"steps_given": True}}, config)
     capped = {**result, "step": 1125, "steps": 46875, "plan": {"steps_given": True}}  # the budget ended it first
     assert "after 1125 of at most 46875 steps, 2.87 min (time budget spent)" in _final_line(capped, config)

@@ -116,7 +116,7 @@ def main(argv: Sequence[str] | None = None, *, since_process_start: bool = False
         return 2
     except KeyboardInterrupt as stop:
         by = " by SIGTERM" if isinstance(stop, Terminated) else ""
-        goes_on = "; what it saved is kept: re-run the same command to go on" if args.verb in RESUMABLE else ""
+        goes_on = "; re-run the same command to go on from what it saved" if args.verb in RESUMABLE else ""
         print(f"vitkit {args.verb}: interrupted{by}{goes_on}", file=sys.stderr)
         return 143 if by else 130
     except Exception as err:

@@ -200,6 +200,8 @@ def _final_line(result: dict[str, Any], config: Any) -> str:
     note = " (time budget spent)" if result["status"] == "time_budget" else ""
     given = result.get("plan", {}).get("steps_given", True)
     steps = f"{result['step']}/{result['steps']}" if given else f"{result['step']} (~{result['steps']} estimated)"
+    if not given and result.get("plan", {}).get("start_step"):  # a resumed run's estimate: of this invocation only
+        steps = str(result["step"])
     if given and result["status"] == "time_budget" and result["step"] < result["steps"]:  # a cap the budget cut
         steps = f"{result['step']} of at most {result['steps']}"
     done = f"after {steps} steps, {result['wall_minutes']:.2f} min{note}; run: {result['run_dir']}"
