@@ -43,7 +43,7 @@ from vitkit.atomic import (
     remove_torn,
     unlock_directory,
 )
-from vitkit.checkpoints import headers, native
+from vitkit.checkpoints import native
 from vitkit.checkpoints.validate import unreadable_now
 from vitkit.metrics_log import METRICS, MetricsLog
 
@@ -209,8 +209,7 @@ class RunDir:
         bounds the bytes hashed next) and that match their SHA-256, a train state that loads."""
         try:
             meta = json.loads((path / CONFIG).read_text())
-            headers.safetensors_header(path / native.WEIGHTS)
-            native.check_hash(meta.get("weights_sha256"), path / CONFIG, path / native.WEIGHTS)
+            native.check_weights(meta, path / CONFIG, path / native.WEIGHTS)
             RunDir.read_state(path)
         except UNREADABLE:
             return False

@@ -134,8 +134,7 @@ def load(
     config = model_config(meta.get("model"), str(config_path))
     fields = read_fields(meta, config, config_path)
     expected = limits.check_model(config, str(config_path), max_bytes)
-    check_fits(expected, headers.safetensors_header(weights_path), str(weights_path))  # sizes the file: before
-    check_hash(meta.get("weights_sha256"), config_path, weights_path)  # reading all of it
+    check_weights(meta, config_path, weights_path, expected)
     model = build_model(config)
     try:
         state = load_file(str(weights_path), device=str(map_location))
@@ -155,6 +154,18 @@ def read_fields(meta: dict[str, Any], config: ModelConfig, config_path: Path) ->
     std = numbers_list(norm.get("std", (0.5,) * 3), f"{config_path}: normalization.std", counts, positive=True)
     provenance = mapping(meta.get("provenance"), f"{config_path}: provenance")
     return {"class_names": names, "mean": mean, "std": std, "provenance": provenance}
+
+
+def check_weights(
+    meta: dict[str, Any], config_path: Path, weights_path: Path, expected: dict[str, torch.Tensor] | None = None
+) -> None:
+    """The weights file of a checkpoint directory: its header first, which must describe the file exactly (and
+    so bounds the bytes read next) and fit the model's `expected` tensors where given; then its SHA-256 against
+    the one config.json recorded."""
+    header = headers.safetensors_header(weights_path)
+    if expected is not None:
+        check_fits(expected, header, str(weights_path))
+    check_hash(meta.get("weights_sha256"), config_path, weights_path)
 
 
 def check_hash(expected: Any, config_path: Path, weights_path: Path) -> None:

@@ -74,12 +74,21 @@ def split_names(kind: str, path: str) -> list[str]:
     return list(tarshards.split_units(path)[0] if kind == "wds" else hf.find_splits(Path(path)))
 
 
-def folder_like(path: Path) -> bool:
-    """Whether `path` holds sub-folders (the classes of folder:) with images in them."""
-    first = lambda folder: itertools.islice(folder.iterdir(), 100)  # noqa: E731 - a look, not a scan
-    return any(
-        child.is_dir() and any(f.name.lower().endswith(IMAGE_EXTENSIONS) for f in first(child)) for child in first(path)
-    )
+HF_SAVED = frozenset({"dataset_info.json", "dataset_dict.json", "state.json"})  # save_to_disk's files
+
+
+def reader_for(directory: Path) -> str | None:
+    """The kind of source a directory's first entries call for: "wds" (tar shards, or vitkit's index), "hf" (a
+    dataset saved to disk), "folder" (sub-folders with images in them), None where none of these shows."""
+    first = lambda folder: list(itertools.islice(folder.iterdir(), 100))  # noqa: E731 - a look, not a scan
+    entries = first(directory)
+    names = {entry.name for entry in entries}
+    if any(name.endswith(".tar") for name in names) or tarshards.INDEX in names:
+        return "wds"
+    if names & HF_SAVED:
+        return "hf"
+    images = lambda child: any(f.name.lower().endswith(IMAGE_EXTENSIONS) for f in first(child))  # noqa: E731
+    return "folder" if any(child.is_dir() and images(child) for child in entries) else None
 
 
 # ------------------------------------------------------------------------------ wds:
@@ -95,7 +104,7 @@ def read_wds(path: str, part: str, size: int, channels: int | None, labelled: bo
     splits, classes, index = tarshards.split_units(path)
     where = f"wds:{path}"
     if "train" not in splits:
-        images = Path(path).is_dir() and not any(Path(path).glob("*.tar")) and folder_like(Path(path))
+        images = Path(path).is_dir() and reader_for(Path(path)) == "folder"
         hint = f"; it holds no .tar shards but folders of images: read it with folder:{path}" if images else ""
         raise ValueError(f"{where} has no train split (no train-* shards and none listed in dataset.json){hint}")
     fixed = part in ("train", "test") and not {"val", "test"} & set(splits)  # no held-out split of its own

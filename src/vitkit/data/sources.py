@@ -41,7 +41,6 @@ reading refuses such a source and says which command takes it.
 from __future__ import annotations
 
 import difflib
-import itertools
 import logging
 import os
 import re
@@ -127,15 +126,7 @@ def _meant(uri: str, kind: str, path: str) -> str:
     (fashion_mnist:, Folder:) names; "" where none is likely."""
     directory = Path(os.path.expanduser(uri))
     if directory.is_dir():  # what it holds says which reader: shards, a saved HF dataset, else image folders
-        names = {entry.name for entry in itertools.islice(directory.iterdir(), 1000)}
-        meant = (
-            "wds"
-            if any(name.endswith(".tar") for name in names) or "dataset.json" in names
-            else "hf"
-            if names & {"dataset_info.json", "dataset_dict.json", "state.json"}
-            else "folder"
-        )
-        return f"; did you mean {meant}:{uri}?"
+        return f"; did you mean {large.reader_for(directory) or 'folder'}:{uri}?"
     close = difflib.get_close_matches(kind.lower().replace("_", "-"), KINDS, n=1, cutoff=0.8)
     return f"; did you mean {close[0]}:{path}?" if close and path else ""
 

@@ -194,12 +194,11 @@ def ranked(scores: Tensor, k: int) -> Tensor:
     (argmax's rule; torch.topk leaves ties in any order): (B, min(k, K)).  topk's candidates are put in that
     order; only a row whose k-th value ties with a score left out is sorted whole."""
     k = min(k, scores.shape[-1])
-    values, index = scores.topk(k, dim=-1)
+    values, index = scores.topk(k, dim=-1)  # highest first
+    cut = (scores >= values[..., -1:]).sum(-1) > k  # a score left out ties with the k-th: which are kept is open
     order = index.sort(dim=-1).indices  # the candidates by class index, then stably by value
     index, values = index.gather(-1, order), values.gather(-1, order)
     index = index.gather(-1, values.sort(dim=-1, descending=True, stable=True).indices)
-    kth = values.min(dim=-1, keepdim=True).values
-    cut = (scores >= kth).sum(-1) > k  # a score left out ties with the k-th: which ones are kept is open
     if cut.any():
         index[cut] = scores[cut].sort(dim=-1, descending=True, stable=True).indices[..., :k]
     return index
