@@ -48,3 +48,10 @@ def test_vtab_subset_with_small_classes_is_as_balanced_as_possible():
     assert balanced_quota(torch.tensor([2, 10, 10]), 11, torch.Generator()).tolist()[0] == 2
     with pytest.raises(ValueError, match="needs 1000 samples"):
         vtab_subset(torch.zeros(999, dtype=torch.long), seed=0)
+
+
+def test_k_per_class_counts_a_class_with_no_images() -> None:
+    labels = torch.tensor([0, 0, 2, 2])
+    assert k_per_class(labels, 1, seed=0).tolist() in ([0, 2], [0, 3], [1, 2], [1, 3])
+    with pytest.raises(ValueError, match=r"class 1 has only 0 training images"):
+        k_per_class(labels, 1, seed=0, num_classes=3)

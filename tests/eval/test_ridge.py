@@ -166,3 +166,34 @@ def test_one_shot_is_the_class_prototype_classifier() -> None:
     accuracy, l2 = fewshot_accuracy(shots, labels, test, test_labels, 6, FewShotConfig(shots=(1,)), seed=0)
     assert l2 == 2.0**20 and accuracy == float((prototype == test_labels).double().mean())
     assert 0.5 < accuracy < 1.0  # the noise makes mistakes, so the agreement is not trivially all-correct
+
+
+def test_a_class_none_of_whose_images_decode_is_named(tmp_path) -> None:
+    """The shots of a class whose every image failed to decode were drawn from the other classes alone, and the
+    probe was scored on a test split it could never get right for that class, without a word."""
+    import numpy as np
+    from PIL import Image
+
+    import vitkit
+    from vitkit.data.imageset import ImageSet
+    from vitkit.eval.fewshot import run_fewshot
+    from vitkit.runs import open_checkpoint
+
+    model = vitkit.create_model("vit_ti16", num_classes=3, img_size=16, hidden_size=16, depth=1, num_heads=2,
+                                mlp_dim=32, patch_size=8)  # fmt: skip
+    checkpoint = open_checkpoint(vitkit.save(model, tmp_path / "ckpt", class_names=["a", "b", "c"]))
+    files, labels = [], []
+    for c in range(3):
+        for i in range(3):
+            path = tmp_path / f"{c}_{i}.png"
+            if c == 1:
+                path.write_bytes(b"not an image")
+            else:
+                Image.fromarray(np.full((16, 16, 3), 40 + 80 * c, np.uint8)).save(path)
+            files.append(path)
+            labels.append(c)
+    train = ImageSet(images=None, files=files, labels=torch.tensor(labels), class_names=["a", "b", "cat"], load_size=16)
+    test = train.subset(torch.tensor([0, 6]))
+    with pytest.raises(ValueError, match=r"class 'b' \(1\) has only 0 training images"):
+        run_fewshot(checkpoint, train, test, FewShotConfig(shots=(1,), seeds=1, device="cpu"))
+

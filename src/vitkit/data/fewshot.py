@@ -12,9 +12,12 @@ import torch
 from torch import Tensor
 
 
-def k_per_class(labels: Tensor, k: int, seed: int, class_names: Sequence[str] | None = None) -> Tensor:
-    """Indices of exactly `k` random samples of every class present in `labels` (sorted); `class_names`
-    (by class index) name a class that is too small in the error.
+def k_per_class(
+    labels: Tensor, k: int, seed: int, class_names: Sequence[str] | None = None, num_classes: int | None = None
+) -> Tensor:
+    """Indices of exactly `k` random samples of every class (sorted): classes 0 to `num_classes` - 1 where
+    it is given, else those present in `labels`; `class_names` (by class index) name a class that is too
+    small in the error.
 
     Raises:
         ValueError: a class has fewer than `k` samples, or k < 1.
@@ -24,7 +27,8 @@ def k_per_class(labels: Tensor, k: int, seed: int, class_names: Sequence[str] | 
     labels = torch.as_tensor(labels).cpu()
     generator = torch.Generator().manual_seed(seed)
     chosen = []
-    for cls in torch.unique(labels).tolist():
+    classes = range(num_classes) if num_classes is not None else torch.unique(labels).tolist()
+    for cls in classes:
         members = torch.nonzero(labels == cls).flatten()
         if len(members) < k:
             name = f"class {class_names[cls]!r} ({cls})" if class_names is not None else f"class {cls}"

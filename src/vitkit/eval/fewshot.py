@@ -182,7 +182,9 @@ def _shot_features(checkpoint, train_set: ImageSet, config: FewShotConfig, optio
     place = torch.arange(len(train_set))  # the position as given of each image still in the set
     while True:
         draws = [(k, seed) for k in config.shots for seed in range(config.seeds)]
-        needed = torch.cat([k_per_class(train_set.labels, k, seed, train_set.class_names) for k, seed in draws])
+        needed = torch.cat(
+            [k_per_class(train_set.labels, k, seed, train_set.class_names, train_set.num_classes) for k, seed in draws]
+        )
         pool = needed.unique()  # sorted indices of every image any draw uses
         todo = [i for i in pool.tolist() if int(place[i]) not in known]
         if todo:
