@@ -90,9 +90,15 @@ def _cpuinfo() -> str:
 
 
 @functools.cache
+def cpu_native_bf16() -> bool:
+    """Whether oneDNN multiplies bf16 natively on this CPU (AVX512-BF16 / AMX), read once per process."""
+    return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+@functools.cache
 def _cpu_facts() -> tuple[str, str, bool, bool, str]:
     isa = str(torch.backends.cpu.get_cpu_capability())
-    native = bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    native = cpu_native_bf16()
     amx_check = getattr(torch._C._cpu, "_is_amx_tile_supported", None)
     amx = native and isa.startswith("AVX512") and bool(amx_check and amx_check())
     return cpu_model(), isa, native, amx, cpu_id(_cpuinfo())

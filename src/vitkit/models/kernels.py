@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vitkit import host
 from vitkit.device import first_is_faster
 
 log = logging.getLogger(__name__)
@@ -88,12 +89,8 @@ def disable(name: str, dtype: torch.dtype, err: Exception) -> None:
     _probes[(name, dtype)] = False
 
 
-def _reads_native_bf16() -> bool:
-    return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
-
-
 # Read once, at import: torch.compile cannot trace the reading (each call inside a traced model broke its graph).
-_NATIVE_BF16 = _reads_native_bf16()
+_NATIVE_BF16 = host.cpu_native_bf16()
 
 
 def cpu_native_bf16() -> bool:
