@@ -196,4 +196,3 @@ def test_a_class_none_of_whose_images_decode_is_named(tmp_path) -> None:
     test = train.subset(torch.tensor([0, 6]))
     with pytest.raises(ValueError, match=r"class 'b' \(1\) has only 0 training images"):
         run_fewshot(checkpoint, train, test, FewShotConfig(shots=(1,), seeds=1, device="cpu"))
-
