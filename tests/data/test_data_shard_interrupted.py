@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from vitkit.atomic import TORN_NAME
 from vitkit.data import shard
 from vitkit.data.sources import load_split
 
@@ -20,11 +21,12 @@ def test_a_killed_shard_run_is_started_over_and_its_leftovers_are_never_read(
     """Killed after 3 of 8 shards: the same command said "already holds shards", and `wds:` trained on the 3
     shards with a new 20% test hold-out drawn from them."""
     close = shard._Shards.close
-    closed = []
+    closed, torn = [], []
 
     def dies_at_the_fourth(self) -> None:
         if len(closed) == 3:
-            Path(self._temporary()).write_bytes(b"torn")  # the next shard's temporary, cut short
+            torn.append(Path(self._temporary()))
+            torn[0].write_bytes(b"torn")  # the next shard's temporary, cut short
             raise Killed
         closed.append(self)
         close(self)
@@ -34,6 +36,7 @@ def test_a_killed_shard_run_is_started_over_and_its_leftovers_are_never_read(
     with pytest.raises(Killed):
         shard.write_shards("digits", out, samples_per_shard=200)
     assert len(list(out.glob("*.tar"))) == 3 and not (out / "dataset.json").exists()
+    assert TORN_NAME.fullmatch(torn[0].name) and torn[0].exists()  # named as every temporary vitkit writes
     with pytest.raises(ValueError, match="interrupted `vitkit shard`.*run the shard command again"):
         load_split(f"wds:{out}", "train")
     monkeypatch.setattr(shard._Shards, "close", close)

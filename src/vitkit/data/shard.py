@@ -23,6 +23,7 @@ import io
 import json
 import logging
 import os
+import secrets
 import tarfile
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -134,12 +135,15 @@ class _Shards:
         self.first: list[bytes] = []  # a few stored images, for the index's typical size
         self._handle: Any = None
         self._tar: tarfile.TarFile | None = None
+        self._tmp: Path | None = None
         self._count = 0
         self.skipped = 0  # source images left out (header does not open, unreadable)
 
     def add(self, index: int, data: bytes, ext: str, label: int) -> None:
         if self._tar is None:
-            self._handle = open(self._temporary(), "wb")
+            # named as every temporary vitkit writes (atomic.TORN_NAME), so remove_torn finds one a kill left
+            self._tmp = self.out / f".{self.split}-{len(self.written):06d}.tar.{secrets.token_hex(6)}.tmp"
+            self._handle = open(self._tmp, "xb")
             self._tar = tarfile.open(fileobj=self._handle, mode="w", format=tarfile.USTAR_FORMAT)
         _add(self._tar, f"{index:09d}.{ext}", data)
         if self.labelled:
@@ -151,7 +155,8 @@ class _Shards:
             self.close()
 
     def _temporary(self) -> Path:
-        return self.out / f".{self.split}-{len(self.written):06d}.tar.tmp"
+        assert self._tmp is not None, "no shard is open"
+        return self._tmp
 
     def close(self) -> None:
         if self._tar is None:
@@ -242,7 +247,7 @@ def _start_over(out: Path) -> None:
     """Remove what a `vitkit shard` killed in `out` wrote (every shard there is its: it began in a directory
     without any), so that the same command writes it again."""
     written = sorted(out.glob("*.tar"))
-    for path in [*written, *out.glob(".*.tar.tmp"), out / INDEX]:
+    for path in [*written, out / INDEX]:
         path.unlink(missing_ok=True)
     remove_torn(out)
     (out / INCOMPLETE).unlink()
