@@ -3,7 +3,8 @@
     .venv/bin/python benchmarks/checkpoint_parity.py
 
 Reuses the reference implementations of tests/checkpoints (numpy official forward, transformers, timm
-with torchvision stubbed); prints one line per comparison and a JSON object last.
+with torchvision stubbed); prints one line per comparison and a JSON object last, and appends them as one
+row to results/checkpoint_parity.jsonl.
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results" / "checkpoint_parity.jsonl"
 sys.path.insert(0, str(ROOT / "tests" / "checkpoints"))
 
 import test_official as off  # noqa: E402
 
 import conftest  # noqa: E402
+from vitkit.bench.records import append_row  # noqa: E402
 from vitkit.checkpoints import Checkpoint, read, write  # noqa: E402
 from vitkit.checkpoints.onnx_export import check_onnx, export_onnx  # noqa: E402
 from vitkit.models import build_model  # noqa: E402
@@ -88,6 +91,7 @@ def main() -> None:
     for key, value in out.items():
         print(f"{key:45s} {value:.3g}")
     print(json.dumps(out))
+    append_row(RESULTS, {"max_abs_difference": out})
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@
 Each precision runs `vitkit train` (the real CLI, its recipe chosen from the data) with the same
 seed and only `run.precision` changed; bf16 autocast on the CPU runs attention through the explicit
 softmax path (ViTConfig.attn_impl "auto").  The script prints every evaluation record of both runs,
-the final test accuracy and loss of each, and the wall time (noisy on a shared machine).
+the final test accuracy and loss of each, and the wall time (noisy on a shared machine), and appends one
+row to results/precision_accuracy.jsonl.
 """
 
 from __future__ import annotations
@@ -20,7 +21,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from vitkit.bench.records import append_row
+
 ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results" / "precision_accuracy.jsonl"
 
 
 def run(data: str, precision: str, out: Path, extra: list[str]) -> tuple[list[dict], float]:
@@ -71,6 +75,13 @@ def main(argv: list[str] | None = None) -> int:
         f"difference {fb['top1'] - fa['top1']:+.4f} = "
         f"{round((fb['top1'] - fa['top1']) * fa['count'])} of {fa['count']} images"
     )
+    figures = {
+        "data": args.data,
+        "top1": {"fp32": fa["top1"], "bf16": fb["top1"]},
+        "loss": {"fp32": fa["loss"], "bf16": fb["loss"]},
+        "minutes": {"fp32": round(t32 / 60, 2), "bf16": round(t16 / 60, 2)},
+    }
+    append_row(RESULTS, figures, config_changes=args.set)
     if args.json:
         print(
             json.dumps(
