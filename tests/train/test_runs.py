@@ -293,6 +293,27 @@ def test_a_finished_run_re_run_does_not_write_its_last_step_again(tmp_path: Path
     assert again["status"] == "finished" and os.stat(weights).st_ino == before
 
 
+def test_a_resume_hashes_the_step_it_resumes_from_once(tmp_path: Path, monkeypatch) -> None:
+    """The step a re-run resumed from was hashed when it was loaded and again when the run kept it (a second
+    read of the whole weights file: about a second for a ViT-B)."""
+    from vitkit.checkpoints import native
+
+    run = tmp_path / "run"
+    config = tiny_config(run, "data.steps=4", "run.checkpoint_every=2")
+    trainer.train(config)
+    hashed = []
+    real = native._sha256
+
+    def counting(path):
+        hashed.append(Path(path).resolve())
+        return real(path)
+
+    monkeypatch.setattr(native, "_sha256", counting)
+    assert trainer.train(config)["status"] == "finished"
+    weights = (run / "checkpoints" / "step_0000004" / "model.safetensors").resolve()
+    assert hashed.count(weights) == 1
+
+
 def test_a_run_directory_in_use_is_refused(tmp_path: Path) -> None:
     """Two processes on one --out both trained from step 0 and wrote every metrics record twice, or the second
     removed the first's checkpoint in the making and crashed: the directory is locked while a run trains."""
