@@ -282,3 +282,16 @@ def test_an_interrupted_study_says_a_re_run_goes_on(monkeypatch, capsys) -> None
     assert capsys.readouterr().err.strip() == (
         "vitkit reproduce: interrupted; re-run the same command to go on from what it saved"
     )
+
+
+def test_vitkit_traceback_shows_where_a_one_line_error_came_from(capsys, fast_flops, monkeypatch):
+    """An error a user can fix is one line; a bug that raises a ValueError read the same, with nothing to find it
+    by.  VITKIT_TRACEBACK=1 prints the traceback before the line."""
+    assert main(["models", "--filter", "vit_b16", "--num-classes", "-1"]) == 2
+    assert "Traceback" not in capsys.readouterr().err
+    monkeypatch.setenv("VITKIT_TRACEBACK", "1")
+    assert main(["models", "--filter", "vit_b16", "--num-classes", "-1"]) == 2
+    err = capsys.readouterr().err
+    lines = err.rstrip().splitlines()
+    assert lines[0] == "Traceback (most recent call last):" and "num_classes must be" in lines[-2]
+    assert lines[-1].startswith("vitkit models: error: num_classes must be")

@@ -112,6 +112,7 @@ def main(argv: Sequence[str] | None = None, *, since_process_start: bool = False
         IsADirectoryError,
         PermissionError,
     ) as err:
+        _traceback_if_asked()
         print(f"vitkit {args.verb}: error{_process()}: {_sentence(err)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as stop:
@@ -123,8 +124,16 @@ def main(argv: Sequence[str] | None = None, *, since_process_start: bool = False
         problem = _known_failure(err)
         if problem is None:
             raise
+        _traceback_if_asked()
         print(f"vitkit {args.verb}: error{_process()}: {problem}", file=sys.stderr)
         return 2
+
+
+def _traceback_if_asked() -> None:
+    """With VITKIT_TRACEBACK=1, the traceback of the error being handled before its one line (an error a user can
+    fix is one line; a bug reported as one is found by its traceback)."""
+    if os.environ.get("VITKIT_TRACEBACK", "") not in ("", "0"):
+        traceback.print_exc()
 
 
 class Terminated(KeyboardInterrupt):
