@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from vitkit.data.sources import SourceInfo
 from vitkit.train.config import TrainConfig, apply_overrides, to_dict
 from vitkit.train.recipes import get_recipe
@@ -85,3 +87,17 @@ def train_in_subprocess(config: TrainConfig, kill_at: int = 0) -> subprocess.Com
     return subprocess.run(
         [sys.executable, "-c", _KILLER, str(path), str(kill_at)], env=env, capture_output=True, text=True, timeout=300
     )
+
+
+def last_json(text: str) -> dict:
+    """The JSON object a verb run with --json printed on its last line."""
+    return json.loads(text.strip().splitlines()[-1])
+
+
+def class_npz(path: Path, classes: int = 4, n: int = 80) -> Path:
+    """An npz: source of `n` 8x8 images whose brightness tells their `classes` apart."""
+    rng = np.random.default_rng(0)
+    labels = np.arange(n) % classes
+    images = (rng.integers(0, 60, (n, 8, 8)) + labels[:, None, None] * 50).astype(np.uint8)
+    np.savez(path, images=images, labels=labels)
+    return path
