@@ -47,6 +47,7 @@ def test_resuming_prints_and_runs_the_stored_config(tmp_path: Path, capsys, capl
         assert main([*args, "--lr", "0.5", "--epochs", "2"]) == 0  # the same directory: the run keeps its own settings
     err = capsys.readouterr().err
     assert "optim.lr" in caplog.text and "resuming it with its own config" in caplog.text
+    assert f"to train it longer, start a new run from its weights (--set run.init_from={out}" in caplog.text
     assert "learning rate: lr 0.002" in err and "lr 0.5" not in err  # what is printed is what runs
     assert json.loads((out / "config.json").read_text())["optim"]["lr"] == 0.002
 

@@ -48,6 +48,7 @@ from vitkit.train.transfer_recipes import LENGTH_BOUNDS_BUDGET
 
 log = logging.getLogger("vitkit.train.trainer")  # the trainer's messages, wherever they are said
 
+LENGTH_KEYS = frozenset({"data.epochs", "data.steps", "run.max_minutes"})  # a request for another length
 UNBOUNDED = 2**62  # the batch streams' bound for a run whose time budget alone decides its length
 
 
@@ -58,11 +59,16 @@ def reconcile(config: TrainConfig, *, length_given: bool = True) -> TrainConfig:
     run = RunDir(config.run.out)
     merged, changed = run.reconcile(to_dict(config), LENGTH_BOUNDS_BUDGET, length_given=length_given)
     if changed and distributed.current().main:  # one run, one warning, from the main process
+        longer = set(changed) & LENGTH_KEYS
         log.warning(
             "%s already holds a run with a different config (%s); resuming it with its own config "
-            "(choose another --out for a new run)",
+            "(choose another --out for a new run%s)",
             run.path,
             ", ".join(changed[:8]),
+            f"; to train it longer, start a new run from its weights (--set run.init_from={run.path} with another "
+            f"--out and the new {', '.join(sorted(longer))})"
+            if longer
+            else "",
         )
     if not changed and run.latest() is None:
         return config
