@@ -78,7 +78,7 @@ class RunDir:
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         self.checkpoints = self.path / CHECKPOINTS
-        self._loaded: set[Path] = set()  # step checkpoints this process read whole (hashed): a resume's
+        self.loaded: set[Path] = set()  # step checkpoints read whole (hashed) by a resume: kept with no second hash
 
     def create(self) -> None:
         """The directory, made where it is free or holds a vitkit run; never over a file, or where its config.json
@@ -204,10 +204,6 @@ class RunDir:
             log.warning("%s cannot be read: set aside as %s; the run trains its steps again", damaged, aside.name)
             damaged.rename(aside)
 
-    def loaded(self, path: Path) -> None:
-        """`path`, a step checkpoint, was read whole by this process (a resume): keeping it needs no second hash."""
-        self._loaded.add(path)
-
     @staticmethod
     def _reads(path: Path) -> bool:
         """Whether a complete step checkpoint's files read: weights whose header describes the file exactly (which
@@ -230,7 +226,7 @@ class RunDir:
         self.checkpoints.mkdir(parents=True, exist_ok=True)
         name = f"step_{step:07d}"
         final, tmp = self.checkpoints / name, self.checkpoints / f".{name}.tmp"
-        if self._complete(final, with_state=True) and (final in self._loaded or self._reads(final)):  # resumed at: kept
+        if self._complete(final, with_state=True) and (final in self.loaded or self._reads(final)):  # resumed at: kept
             atomic_write_text(self.checkpoints / LATEST, name + "\n")  # (removing it first left a window)
             self._prune(name)  # a kill may have come between this step's save and its pruning
             return final

@@ -84,7 +84,7 @@ class Checkpointer:
         if found is None:
             return None
         path, payload, weights = found
-        self.run.loaded(path)
+        self.run.loaded.add(path)
         if path != candidates[0] and self.main:  # fell back: LATEST names an unreadable step
             self.run.resumed_from(path, candidates[: candidates.index(path)])
         if self.sharded:
