@@ -160,6 +160,7 @@ class FileBatches:
             persistent_workers=False,
             prefetch_factor=4 if workers else None,
             generator=streams.own_generator(),
+            worker_init_fn=streams.outlive_stop_signals,
         )
 
     def __iter__(self) -> Iterator[list[tuple[Tensor, Tensor]]]:
@@ -201,6 +202,7 @@ def eval_batches(
         collate_fn=_collate,
         pin_memory=device.type == "cuda",
         generator=streams.own_generator(),
+        worker_init_fn=streams.outlive_stop_signals,
     )
     for images, labels, _ in loader:
         if len(labels):

@@ -26,6 +26,7 @@ still waiting in the window are read again, and everything else skipped costs a 
 from __future__ import annotations
 
 import math
+import signal
 from collections.abc import Iterator
 from typing import Any, Protocol, runtime_checkable
 
@@ -65,6 +66,15 @@ class TrainBatches(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from `state` (called before __iter__ when resuming)."""
         ...
+
+
+def outlive_stop_signals(_worker_id: int) -> None:
+    """A DataLoader worker's `worker_init_fn`: ignore SIGTERM and SIGINT, which reach the workers too where they
+    are sent to the process group (torchrun, docker stop, systemd, Ctrl-C in a terminal), so that the main process
+    handles them (saves at the step, then stops) instead of failing on a dead worker.  A worker still ends when
+    its main process asks it to or dies (torch's watchdog)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def own_generator() -> torch.Generator:
@@ -290,6 +300,7 @@ class ShardBatches:
             pin_memory=self.device.type == "cuda",
             prefetch_factor=2 if self.workers else None,
             generator=own_generator(),
+            worker_init_fn=outlive_stop_signals,
         )
         step: list[tuple[Tensor, Tensor]] = []
         run = 0  # corrupt samples read one after another
@@ -344,6 +355,7 @@ def eval_batches(
         num_workers=min(workers, len(units)),
         pin_memory=device.type == "cuda",
         generator=own_generator(),
+        worker_init_fn=outlive_stop_signals,
     )
     for images, labels, _ in loader:
         if len(labels):
