@@ -152,7 +152,8 @@ class RunDir:
         pointer = self.checkpoints / LATEST
         if not pointer.is_file():
             return None
-        named = pointer.read_text().strip()
+        with open(pointer, "rb") as file:  # a step's name: more than that is damage, never read whole
+            named = file.read(64).decode("utf-8", "replace").strip()
         try:
             if _STEP.fullmatch(named) and self._complete(self.checkpoints / named, with_state):
                 return self.checkpoints / named

@@ -16,7 +16,7 @@ from helpers import tiny_config
 from safetensors.torch import load_file
 
 import vitkit
-from vitkit.runs import find_checkpoint
+from vitkit.runs import RunDir, find_checkpoint
 from vitkit.train import trainer
 
 
@@ -289,3 +289,16 @@ def test_a_train_state_of_pickled_objects_is_passed_over_without_torchs_advice(t
         assert trainer.train(config)["status"] == "finished"
     assert "step_0000004 cannot be read (it holds pickled objects other than tensors, refused unread" in caplog.text
     assert "weights_only" not in caplog.text and "likely succeed" not in caplog.text
+
+
+def test_a_huge_latest_is_not_read_whole(tmp_path: Path, caplog) -> None:
+    """checkpoints/LATEST was read whole: a 5 GB file there (a sparse one costs no disk) ended every verb on the
+    run in "out of memory"; it names no step, so the newest complete step is used, with a warning."""
+    run = tmp_path / "run"
+    trainer.train(tiny_config(run, "data.steps=4", "run.checkpoint_every=2"))
+    latest = run / "checkpoints" / "LATEST"
+    with open(latest, "r+b") as file:
+        file.truncate(5 << 30)
+    with caplog.at_level(logging.WARNING):
+        assert RunDir(run).latest() == run / "checkpoints" / "step_0000004"
+    assert "missing or incomplete" in caplog.text
