@@ -184,7 +184,7 @@ def upright(image: Image.Image) -> Image.Image:
     return ImageOps.exif_transpose(image) if orientation in range(2, 9) else image
 
 
-def _check_file(path: str | os.PathLike, name: str) -> None:
+def check_file(path: str | os.PathLike, name: str) -> None:
     """A path to decode must be a regular file of at most MAX_FILE_BYTES: a path from data (a Hugging Face row's
     `path`) can name /dev/zero, a FIFO or any large file.  A missing file is left to the reader, which names it."""
     try:
@@ -218,7 +218,7 @@ def _decode(
         raise ValueError(f"channels must be 1 or 3, got {channels}")
     name = name or _source_name(source)
     if isinstance(source, (str, os.PathLike)):
-        _check_file(source, name)
+        check_file(source, name)
     data = _read_source(source) if channels == 3 else source
     if isinstance(data, (bytes, bytearray, memoryview)) and not len(data):
         raise BadImageError(f"{name}: no image data (empty)")  # an empty file, or a row whose image is missing

@@ -35,7 +35,15 @@ from PIL import Image
 
 from vitkit.atomic import atomic_write_text, lock_directory, remove_torn, unlock_directory
 from vitkit.data import stream
-from vitkit.data.images import BadImageError, NoLabelsError, decode_workers, open_image, probe_images, upright
+from vitkit.data.images import (
+    BadImageError,
+    NoLabelsError,
+    check_file,
+    decode_workers,
+    open_image,
+    probe_images,
+    upright,
+)
 from vitkit.data.imageset import ImageSet
 from vitkit.data.sources import load_split, mirror_keeps_label, parse_uri
 from vitkit.data.tarsamples import check_class_names
@@ -84,10 +92,13 @@ def _read_bytes(source: Any) -> bytes:
     if isinstance(source, (bytes, bytearray)):
         return bytes(source)
     try:
+        check_file(source, str(source))  # a regular file of an image's size: never a 7 GB one read whole
         return Path(source).read_bytes()
     except OSError as error:
         log.warning("leaving out %s: %s", source, error)
-        return b""
+    except BadImageError as error:
+        log.warning("leaving out an image that does not open: %s", error)
+    return b""
 
 
 def _records(data: ImageSet | stream.ShardSet, seed: int) -> Iterator[tuple[int, Callable[[], Any], int]]:
@@ -96,7 +107,9 @@ def _records(data: ImageSet | stream.ShardSet, seed: int) -> Iterator[tuple[int,
         samples = stream.lane_samples(data, seed, 0, 1, 10 * stream.WINDOW, 0)
         for index in range(len(data)):
             sample = next(samples)
-            good = not sample.problem and 0 <= sample.label < data.num_classes
+            if sample.absent:  # counted by a stale index, not in the shard: dropped as training drops it
+                continue
+            good = not sample.problem and sample.label is not None and 0 <= sample.label < data.num_classes
             yield index, (lambda s=sample, g=good: s.image if g else b""), sample.label if good else -1
         return
     order = torch.randperm(len(data), generator=torch.Generator().manual_seed(seed)).tolist()

@@ -238,6 +238,11 @@ def _indexed(directory: Path, index: dict[str, Any]) -> dict[str, list[tuple[Pat
                 f"{directory / INDEX}: split {name!r} must be train, val or test, holding a list of shards"
             )
         splits[name] = [_entry(directory, name, entry) for entry in entries]
+    seen: set[Path] = set()
+    for path, _ in (pair for entries in splits.values() for pair in entries):  # each listing read as more samples
+        if path in seen:
+            raise ValueError(f"{directory / INDEX} lists {path.name} more than once; a shard belongs to one split once")
+        seen.add(path)
     return splits
 
 
