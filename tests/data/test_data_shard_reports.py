@@ -206,7 +206,10 @@ def test_a_stale_index_is_sharded_again_without_its_absent_samples(tmp_path: Pat
 
     _stale_index(tmp_path / "in")
     report = write_shards(f"wds:{tmp_path / 'in'}", tmp_path / "out", samples_per_shard=100)
-    assert report["splits"]["train"]["samples"] == 16 and len(load_split(f"wds:{tmp_path / 'out'}", "train", image_size=8)) == 16
+    assert (
+        report["splits"]["train"]["samples"] == 16
+        and len(load_split(f"wds:{tmp_path / 'out'}", "train", image_size=8)) == 16
+    )
 
 
 def test_an_index_that_lists_a_shard_twice_is_refused(tmp_path: Path) -> None:
