@@ -170,3 +170,30 @@ def test_npz_class_names_must_name_every_class_once(tmp_path: Path) -> None:
             load_split(f"npz:{tmp_path / name}.npz", "train", image_size=8)
     np.savez(tmp_path / "ok.npz", images=images, labels=labels, class_names=np.array(list("abcdefghij")))
     assert load_split(f"npz:{tmp_path}/ok.npz", "train", image_size=8).class_names == list("abcdefghij")
+
+
+def test_an_npy_header_that_does_not_parse_is_a_data_error(tmp_path: Path) -> None:
+    """numpy's header parser raised tokenize.TokenError, a traceback past every except of the reader."""
+    header = b"{'descr': (".ljust(53) + b"\n"
+    path = tmp_path / "t.npz"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("images.npy", b"\x93NUMPY\x01\x00" + struct.pack("<H", 54) + header)
+        archive.writestr("labels.npy", b"")
+    with pytest.raises(DataFormatError, match="cannot read .npz"):
+        read_npz(path)
+    from vitkit.data.readers import npz_shapes
+
+    with pytest.raises(DataFormatError, match="not a readable .npz"):
+        npz_shapes(path)
+
+
+def test_a_file_that_is_no_zip_is_not_an_npz_and_no_pickle(tmp_path: Path) -> None:
+    """np.load reads a file that is not a zip as a pickle: with pickles refused, the error advised
+    `allow_pickle=True`, the one thing never to do with a file of unknown origin."""
+    path = tmp_path / "notzip.npz"
+    path.write_bytes(b"hello")
+    with pytest.raises(DataFormatError, match="not an .npz archive") as caught:
+        read_npz(path)
+    assert "pickle" not in str(caught.value)
+    with pytest.raises(DataFormatError, match="not an .npz archive"):
+        read_npz(tmp_path)  # a directory

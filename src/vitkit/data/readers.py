@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import struct
+import tokenize
 import zipfile
 import zlib
 from collections.abc import Sequence
@@ -151,6 +152,8 @@ def read_names(path: Path) -> list[str] | None:
 
 # ----------------------------------------------------------------------------------------- NPZ
 NPZ_KEYS = (("x_train", "y_train", "x_test", "y_test"), ("images", "labels"))
+# what zipfile and numpy's .npy header parser (a Python literal, tokenised) raise on a damaged archive
+NPZ_ERRORS = (OSError, zipfile.BadZipFile, ValueError, EOFError, KeyError, tokenize.TokenError, SyntaxError)
 
 
 def _npy_header(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> tuple[tuple[int, ...], np.dtype]:
@@ -169,7 +172,7 @@ def npz_shapes(path: Path) -> dict[str, tuple[int, ...]]:
         with zipfile.ZipFile(path) as archive:
             for info in archive.infolist():
                 shapes[info.filename.removesuffix(".npy")] = _npy_header(archive, info)[0]
-    except (OSError, zipfile.BadZipFile, ValueError) as error:
+    except NPZ_ERRORS as error:
         raise DataFormatError(f"{path}: not a readable .npz archive ({error})") from error
     return shapes
 
@@ -207,7 +210,7 @@ def _check_npz_sizes(path: Path, archive: zipfile.ZipFile, keys: list[str]) -> N
                     f"{path}: `{info.filename}` claims shape {shape} ({claimed:,} bytes) but holds "
                     f"{info.file_size:,} bytes"
                 )
-    except (OSError, zipfile.BadZipFile, ValueError, EOFError, KeyError) as error:
+    except NPZ_ERRORS as error:
         if isinstance(error, DataFormatError):
             raise
         raise DataFormatError(f"{path}: cannot read .npz ({error})") from error
@@ -273,6 +276,8 @@ def npz_array(archive: Any, key: str, path: Path) -> np.ndarray:
 def read_npz(path: Path) -> dict[str, np.ndarray]:
     """The arrays of an `.npz` file, never unpickling; images are returned NCHW, labels int64.  Only the
     arrays used are read: another member may inflate to any size."""
+    if not (path.is_file() and zipfile.is_zipfile(path)):  # np.load reads any other file as a pickle, refused
+        raise DataFormatError(f"{path}: not an .npz archive (a zip of .npy arrays, as numpy.savez writes)")
     try:
         with np.load(path, allow_pickle=False) as archive:
             names = list(archive.files)
@@ -286,7 +291,7 @@ def read_npz(path: Path) -> dict[str, np.ndarray]:
             arrays = {key: npz_array(archive, key, path) for key in wanted}
     except DataFormatError:
         raise
-    except (OSError, zipfile.BadZipFile, ValueError, EOFError) as error:
+    except NPZ_ERRORS as error:
         raise DataFormatError(f"{path}: cannot read .npz ({error})") from error
     out = {}
     for image_key, label_key in zip(keys[0::2], keys[1::2]):
