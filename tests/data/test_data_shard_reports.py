@@ -106,7 +106,7 @@ def test_labels_that_leave_class_ids_without_an_image_are_a_warning(
     numbered_shards(tmp_path, [6], prefix="test", classes=3)
     data = load_split(f"wds:{tmp_path}", "train", image_size=8)
     assert data.num_classes == 5  # still trains (the label is a class), but says so
-    assert "1 of the 5 class ids 0..4 have no image" in caplog.text
+    assert "1 of the 5 class ids 0..4 have no image in the shards (e.g. 3)" in caplog.text
     assert f"{paths[1]}:s000014" in caplog.text and "classes.txt" in caplog.text
     caplog.clear()
     load_split(f"wds:{tmp_path}", "test", image_size=8)
@@ -119,8 +119,9 @@ def test_a_stray_label_that_leaves_most_class_ids_empty_is_refused(tmp_path: Pat
     labels = [[k % 3 for k in range(10)], [k % 3 for k in range(10)]]
     labels[1][4] = 97
     paths = label_first_shards(tmp_path, labels)
-    with pytest.raises(ValueError, match=f"94 of the 98 class ids 0..97 have no image.*{paths[1]}:s000014"):
+    with pytest.raises(ValueError, match=f"94 of the 98 class ids 0..97 have no image.*{paths[1]}:s000014") as caught:
         load_split(f"wds:{tmp_path}", "train", image_size=8)
+    assert "(e.g. 3, 4, 5, 6, 7)" in str(caught.value)  # the first five, read from the ids' bits in one pass
 
 
 def test_contiguous_labels_say_nothing(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

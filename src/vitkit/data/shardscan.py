@@ -5,6 +5,7 @@ label members only and cached per file (size and mtime), and the class names tha
 from __future__ import annotations
 
 import functools
+import itertools
 from array import array
 from pathlib import Path
 from typing import BinaryIO, NamedTuple
@@ -119,7 +120,8 @@ def class_names_by_scan(units: list[Unit]) -> list[str]:
         present |= int.from_bytes(_scanned(Path(path)).present, "little")
     missing = top + 1 - present.bit_count()
     if missing > 0:
-        absent = [str(i) for i in range(top + 1) if not present >> i & 1][:5]
+        bits = f"{present:b}"[::-1].ljust(top + 1, "0")  # bit i is class id i: one linear pass, not a shift an id
+        absent = list(itertools.islice((str(i) for i, bit in enumerate(bits) if bit == "0"), 5))
         said = (
             f"{missing} of the {top + 1} class ids 0..{top} have no image in the shards (e.g. "
             f"{', '.join(absent)}): the labels are class indices and no {CLASS_FILE} or dataset.json names "
