@@ -128,3 +128,26 @@ def test_a_step_checkpoint_s_header_is_checked_before_its_weights_are_hashed(tmp
     hashed = []
     monkeypatch.setattr(native, "_sha256", lambda path: hashed.append(path) or "0" * 64)
     assert RunDir._reads(directory) is False and hashed == []
+
+
+def test_fp8_weights_are_checked_for_finite_values_and_read(tmp_path, make_vit, images):
+    """safetensors' F8_E4M3 weights were accepted by the header check, then torch's isfinite, which has no fp8
+    kernel, ended the load in a NotImplementedError traceback."""
+    from safetensors.torch import load_file, save_file
+
+    directory = vitkit.save(make_vit(), tmp_path / "ckpt")
+    weights = directory / native.WEIGHTS
+    state = {k: v.to(torch.float8_e4m3fn) for k, v in load_file(weights).items()}
+    meta = json.loads((directory / native.CONFIG).read_text())
+    meta.pop("weights_sha256")  # a file made by hand, as a quantising tool writes it
+    (directory / native.CONFIG).write_text(json.dumps(meta))
+    save_file(state, weights)
+    model = vitkit.load(directory)
+    expected = {k: v.float() for k, v in state.items()}
+    assert all(torch.equal(model.state_dict()[k], expected[k]) for k in expected)
+    first = next(iter(state))
+    state[first] = state[first].clone()
+    state[first].view(-1)[0] = float("nan")
+    save_file(state, weights)
+    with pytest.raises(CheckpointError, match=f"NaN or infinite weights in 1 tensor.*{re.escape(first)} \\(1\\)"):
+        vitkit.load(directory)

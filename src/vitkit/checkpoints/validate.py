@@ -193,9 +193,8 @@ def check_fits(expected: Mapping[str, Tensor], state: Mapping[str, Tensor], sour
 
 def check_finite(state: Mapping[str, Tensor], source: str) -> None:
     """Every floating-point tensor of `state` holds finite numbers: a NaN weight makes every output NaN."""
-    bad = [
-        (k, int((~t.isfinite()).sum())) for k, t in state.items() if t.is_floating_point() and not t.isfinite().all()
-    ]
+    floats = ((k, t.float() if t.element_size() == 1 else t) for k, t in state.items() if t.is_floating_point())
+    bad = [(k, int((~t.isfinite()).sum())) for k, t in floats if not t.isfinite().all()]  # fp8 has no isfinite
     if bad:
         named = ", ".join(f"{k} ({count:,})" for k, count in bad[:5]) + (" ..." if len(bad) > 5 else "")
         raise CheckpointError(
