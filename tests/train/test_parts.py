@@ -23,7 +23,7 @@ from vitkit.train.checkpointer import Checkpointer
 from vitkit.train.config import OptimConfig, apply_overrides
 from vitkit.train.guard import NonFiniteGuard, NonFiniteLossError
 from vitkit.train.optim import build_optimizer
-from vitkit.train.plan import augment_seed, init_seed, make_plan, resumed_seeds
+from vitkit.train.plan import augment_seed, init_seed, make_plan, micro_batch_size, resumed_seeds
 from vitkit.train.plan_text import plan_lines
 from vitkit.train.schedule import Schedule
 from vitkit.train.state import TrainState
@@ -367,3 +367,14 @@ def test_a_budget_with_periodic_evaluations_still_reserves_the_final_one(
     assert plan["eval_every"] > plan["steps"] and images > plan["splits"]["test"]["images"]  # none periodic ran
     assert measured["final_eval_seconds"] == pytest.approx(images * measured["eval_image_ms"] / 1000, abs=0.05)
     assert budgets[0].reserve_s == measured["final_eval_seconds"] > 0
+
+
+def test_a_micro_batch_above_a_process_s_share_is_no_accumulation_not_an_error() -> None:
+    """`torchrun --nproc-per-node 2 ... --recipe paper-pretrain-tiny --batch-size 16` failed with "per-process batch
+    8 is not a multiple of data.micro_batch_size 16", a micro-batch the user never set; one process ran it."""
+    config = tiny_config(Path("unused"), "data.batch_size=16", "data.micro_batch_size=16")
+    assert [micro_batch_size(config, world) for world in (1, 2, 4, 16)] == [16, 8, 4, 1]
+    config = tiny_config(Path("unused"), "data.batch_size=48", "data.micro_batch_size=16")
+    assert micro_batch_size(config, 3) == 16
+    with pytest.raises(ValueError, match="per-process batch 24 is not a multiple of data.micro_batch_size 16"):
+        micro_batch_size(config, 2)  # 24 a process: the micro-batch does not divide it
