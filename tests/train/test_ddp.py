@@ -101,6 +101,21 @@ def _sweep_worker(rank: int, world: int, port: int, out: str) -> None:
     distributed.leave(0)
 
 
+def _disagreeing_worker(rank: int, world: int, port: int, out: str) -> None:
+    """Rank 1 launched with another learning rate and a smaller data set than rank 0: each writes its error."""
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
+    own = ["optim.lr=0.5", "data.train_fraction=0.5"] if rank else []
+    try:
+        trainer.train(tiny_config(Path(out), *ARGS, *own))
+        said = "trained"
+    except ValueError as error:
+        said = str(error)
+    (Path(out).parent / f"result_{rank}.json").write_text(json.dumps(said))
+    distributed.leave(0)
+
+
 def _spawn(world: int, out: Path, *extra: str | int, timeout_s: float = 240.0, worker=_worker) -> None:
     """Run `worker` on `world` gloo processes; a process that waits on a collective its peer never reaches
     (ranks disagreeing on when to stop) fails the test at the timeout instead of hanging it."""
@@ -124,6 +139,17 @@ def test_an_lr_sweep_on_two_processes_runs_every_trial_and_its_final_run(tmp_pat
     assert [sorted(r["sweep"]) for r in results] == [["0.01", "0.05", "0.1"]] * 2
     assert results[0]["best_lr"] == results[1]["best_lr"] and results[0]["status"] == "finished"
     assert results[0]["test"] == results[1]["test"]  # one final run, the whole split's figures on both
+
+
+@pytest.mark.dist
+def test_processes_launched_with_other_flags_or_data_are_refused_before_training(tmp_path: Path) -> None:
+    """Rank 1 given another --lr trained a replica of its own beside rank 0's, and the run reported figures of no
+    one model; given another data directory, it drew another hold-out.  Every process now says what differs."""
+    _spawn(2, tmp_path / "run", worker=_disagreeing_worker, timeout_s=120.0)
+    said = [json.loads((tmp_path / f"result_{rank}.json").read_text()) for rank in (0, 1)]
+    assert said[0] == said[1] and said[0].startswith("the processes of this torchrun do not agree on what to train")
+    assert "optim.lr (rank 1: 0.5, rank 0: 0.05)" in said[0] and "train images (rank 1: " in said[0]
+    assert not (tmp_path / "run" / "config.json").exists()
 
 
 def test_shards_of_all_processes_make_the_global_batch() -> None:

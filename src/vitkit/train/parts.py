@@ -78,6 +78,30 @@ def reconcile(config: TrainConfig, *, length_given: bool = True) -> TrainConfig:
         raise ValueError(f"{run.path / 'config.json'} does not read as a run's config: {error}") from None
 
 
+def _check_every_process_agrees(config: TrainConfig, data: Splits) -> None:
+    """Under torchrun, every process must train the same config on the same data: a ValueError on every process
+    naming what differs (flags given to one process only, another data directory) before any model is made."""
+    if distributed.current().world == 1:
+        return
+    facts = {
+        f"{group}.{name}": value
+        for group, fields in to_dict(config).items()
+        for name, value in (fields.items() if isinstance(fields, dict) else [("", fields)])
+    }
+    for display in ("run.progress", "run.threads"):  # each process's own, harmlessly
+        facts.pop(display, None)
+    facts.update({"train images": len(data.train), "classes": data.train.class_names})
+    facts["test images"] = len(data.test) if data.test is not None else 0
+    differ = distributed.differences_from_rank_0(facts)
+    if differ:
+        raise ValueError(
+            "the processes of this torchrun do not agree on what to train: "
+            + "; ".join(differ[:4])
+            + (" ..." if len(differ) > 4 else "")
+            + ". Give every process the same flags and the same data"
+        )
+
+
 class RunParts:
     """A run assembled from its parts (see the module docstring); the Trainer adds the loop."""
 
@@ -104,6 +128,7 @@ class RunParts:
         if not wants_test:
             self.data = dataclasses.replace(self.data, test=None, evals={})
         check_fits_data(config, self.data.train)
+        _check_every_process_agrees(config, self.data)
         self.num_train, self.micro = len(self.data.train), micro_batch_size(config, info.world)
         self.length = total_steps(config, self.num_train)  # None: the time budget alone decides
         self.objective = build_objective(config, self.data.train.num_classes, in_channels(config.model))
