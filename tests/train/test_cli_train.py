@@ -338,3 +338,11 @@ def test_a_rename_error_names_both_paths() -> None:
 
     error = OSError(errno.EISDIR, "Is a directory", "rep/.eval.json.ab12.tmp", None, "rep/eval.json")
     assert _sentence(error) == "rep/.eval.json.ab12.tmp -> rep/eval.json: Is a directory"
+
+
+def test_under_torchrun_a_run_needs_its_out(tmp_path: Path) -> None:
+    """Each process named the run by its own clock's second: two directories where the start-up crossed one."""
+    with pytest.raises(ValueError, match=r"under torchrun \(2 processes\) give --out"):
+        resolve(Request(data="digits", world=2, runs_root=str(tmp_path)))
+    assert not any(tmp_path.iterdir())
+    assert Path(resolve(Request(data="digits", runs_root=str(tmp_path))).config.run.out).parent == tmp_path

@@ -130,9 +130,10 @@ def resolve(request: Request, *, source_model: ModelConfig | None = None) -> Res
             + (one_class_hint(Path(path)) if kind == "folder" else "")
         )
     if not config.run.out:
+        if request.world > 1:  # each process would stamp its own clock's second: a name they need not agree on
+            raise ValueError(f"under torchrun ({request.world} processes) give --out: every process must name one run")
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-        out = Path(request.runs_root) / f"{data_name(request.data)}-{_model_name(request, config)}-{stamp}"
-        out = _claim(out) if request.world == 1 else out  # torchrun's processes must agree on one name
+        out = _claim(Path(request.runs_root) / f"{data_name(request.data)}-{_model_name(request, config)}-{stamp}")
         config = dataclasses.replace(config, run=dataclasses.replace(config.run, out=str(out)))
     return dataclasses.replace(_describe(config, info, name, chose, source), length_given=length_given(request))
 
