@@ -108,7 +108,11 @@ def train_with_sweep(config: TrainConfig, *, spent_s: float = 0.0, **train_kwarg
 
 def _sweep(config: TrainConfig, spent_s: float, **train_kwargs: Any) -> dict[str, Any]:
     check_hold_out(config)
-    RunDir(config.run.out).create()  # a directory of other files is refused before any trial
+    info = distributed.current()
+    device = pick_device(config.run.device, info.local_rank)
+    if info.main:  # only rank 0 writes
+        RunDir(config.run.out).create()  # a directory of other files is refused before any trial
+    distributed.barrier()
     scores: dict[str, float] = {}
     losses: dict[str, float] = {}
     trial_minutes, final_minutes = budget_split(config)
@@ -120,9 +124,10 @@ def _sweep(config: TrainConfig, spent_s: float, **train_kwargs: Any) -> dict[str
         config = same_precision(config, result)
         scores[f"{lr:g}"], losses[f"{lr:g}"] = result["val"]["top1"], result["val"]["loss"]
         log.info("sweep lr %g: val top-1 %.2f%%, loss %.4f", lr, 100 * scores[f"{lr:g}"], losses[f"{lr:g}"])
-        stopped = starved(result, trial_minutes, config)
-        if stopped:
-            if distributed.current().main:  # every process stops; one says why
+        stopped = starved(result, trial_minutes, config)  # by this process's start-up: all agree to stop
+        if distributed.any_each([bool(stopped)], device)[0]:
+            stopped = stopped or "another process's trial spent its budget starting up: the sweep stops"
+            if info.main:  # every process stops; one says why
                 log.warning("sweep: %s", stopped)
             break
     best = None if stopped else choose(config, scores, losses)  # a stopped sweep compared no rates
@@ -130,7 +135,8 @@ def _sweep(config: TrainConfig, spent_s: float, **train_kwargs: Any) -> dict[str
     overrun = max(0.0, now() - began - trial_minutes * len(config.optim.lr_sweep) * 60)  # charged to the final run
     record: dict[str, Any] = {"val_top1": scores, "val_loss": losses, "best_lr": best, "final_lr": lr}
     record.update(trial_minutes=trial_minutes, final_minutes=final_minutes, **({"stopped": stopped} if stopped else {}))
-    atomic_write_text(Path(config.run.out) / SWEEP_RECORD, json.dumps(record, indent=2) + "\n")
+    if info.main:
+        atomic_write_text(Path(config.run.out) / SWEEP_RECORD, json.dumps(record, indent=2) + "\n")
     trials_s = now() - began - overrun  # the trials' own time, which the final run's clock does not hold
     result = train(final_config(config, lr), spent_s=spent_s + overrun, **train_kwargs)
     if "wall_minutes" in result:  # the command's whole time, as its final line says it
