@@ -295,3 +295,13 @@ def test_vitkit_traceback_shows_where_a_one_line_error_came_from(capsys, fast_fl
     lines = err.rstrip().splitlines()
     assert lines[0] == "Traceback (most recent call last):" and "num_classes must be" in lines[-2]
     assert lines[-1].startswith("vitkit models: error: num_classes must be")
+
+
+def test_a_verb_of_one_process_is_refused_under_torchrun(capsys, fast_flops, monkeypatch):
+    """`torchrun --nproc-per-node 2 -m vitkit eval ...` evaluated the whole split in each process and printed
+    and wrote every line twice."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    assert main(["models", "--filter", "vit_b16"]) == 2
+    err = capsys.readouterr().err
+    assert "vitkit models runs in one process: run it without torchrun" in err and "(process 1 of 2)" in err

@@ -41,6 +41,7 @@ VERBS: list[Callable[[argparse._SubParsersAction], None]] = [
     data.add_shard,
     studies.add_reproduce,
 ]
+DISTRIBUTED = ("train", "finetune", "pretrain-mpp")  # the verbs that share one job over torchrun's processes
 RESUMABLE = ("train", "finetune", "pretrain-mpp", "shard", "reproduce")  # a re-run of these goes on where it stopped
 
 
@@ -102,6 +103,11 @@ def main(argv: Sequence[str] | None = None, *, since_process_start: bool = False
     try:
         if getattr(args, "out", None) == "":  # an unset shell variable: a default would be used, unsaid
             raise ValueError("--out is empty: give a path")
+        if os.environ.get("WORLD_SIZE", "1") not in ("", "1") and args.verb not in DISTRIBUTED:
+            raise ValueError(  # each process would do the whole job, and print and write it, again
+                f"vitkit {args.verb} runs in one process: run it without torchrun (torchrun runs "
+                f"{', '.join(DISTRIBUTED)})"
+            )
         with _terminated_as_interrupt():
             return args.handler(args)
     except (
