@@ -238,12 +238,14 @@ def test_an_error_raised_again_from_a_dataloader_worker_is_its_own_line(monkeypa
 
 def test_a_torchrun_peer_that_ended_is_one_line_naming_the_resume(monkeypatch, capsys) -> None:
     """Rank 0 printed a whole traceback ending in gloo's "Connection reset by peer" when rank 1 was killed."""
+    import vitkit.cli as cli
     import vitkit.cli.tools as tools
 
     def fail():
         raise RuntimeError("[gloo/transport/tcp/pair.cc:534] Read error [127.0.0.1]:62511: Connection reset by peer")
 
     monkeypatch.setattr(tools, "_list_models", fail)
+    monkeypatch.setattr(cli, "DISTRIBUTED", (*cli.DISTRIBUTED, "models"))  # standing in for a training verb
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert main(["models"]) == 2
