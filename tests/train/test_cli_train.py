@@ -177,14 +177,14 @@ def test_an_out_that_is_not_a_run_is_refused_and_kept(tmp_path: Path, capsys: py
     afile = tmp_path / "afile"
     afile.write_text("notes\n")
     for out, words in ((model, "is not a vitkit run"), (afile, "is a file")):
-        assert main(["train", "--epochs", "1", "--set", "data.steps=1", "--out", str(out)]) == 2
+        assert main(["train", "--set", "data.steps=1", "--out", str(out)]) == 2
         err = capsys.readouterr().err
         assert words in err and "choose another --out" in err and "Traceback" not in err
     assert json.loads((model / "config.json").read_text())["architecture"] == "vit_tiny_patch16_224"
     listed = tmp_path / "listed"  # a config.json that is no JSON object: an AttributeError traceback
     listed.mkdir()
     (listed / "config.json").write_text("[1, 2]\n")
-    assert main(["train", "--epochs", "1", "--set", "data.steps=1", "--out", str(listed)]) == 2
+    assert main(["train", "--set", "data.steps=1", "--out", str(listed)]) == 2
     assert "config.json is not a JSON object of field groups: no vitkit run's config" in capsys.readouterr().err
     assert sorted(p.name for p in model.iterdir()) == ["config.json"] and afile.read_text() == "notes\n"
 
@@ -292,6 +292,33 @@ def test_a_flag_and_a_set_of_the_same_field_are_refused(flags: list[str], tmp_pa
     flags = [str(tmp_path / "r") if flag == "R" else flag for flag in flags]
     assert main(["train", *flags]) == 2
     assert "were both given, and one would be dropped; give one of them" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--warmup-steps", "3", "--set", "optim.warmup_steps=4"],  # the plan said warmup 4
+        ["--corrupt-rate", "0.3", "--set", "mpp.corrupt_rate=0.4"],  # config.json held 0.4
+        ["--target", "pixels", "--set", "mpp.target=downsampled"],
+        ["--replace", "0.8", "0.2", "0", "--set", "mpp.replace=0.6,0.2,0.2"],
+    ],
+)
+def test_pretrain_mpp_s_own_flags_and_a_set_of_the_same_field_are_refused(flags, tmp_path, capsys) -> None:
+    assert main(["pretrain-mpp", "--out", str(tmp_path / "r"), *flags]) == 2
+    assert "were both given, and one would be dropped" in capsys.readouterr().err and not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--set", "optim.lr=0.1", "--set", "optim.lr=0.2"], "--set optim.lr was given more than once"),
+        (["--epochs", "1", "--set", "data.steps=5"], "--epochs and --set data.steps both give the run's length"),
+    ],
+)
+def test_a_field_given_twice_is_refused(flags: list[str], message: str, tmp_path, capsys) -> None:
+    """The last --set of a key won, and data.steps over --epochs, without a word."""
+    assert main(["train", "--out", str(tmp_path / "r"), *flags]) == 2
+    assert message in capsys.readouterr().err and not (tmp_path / "r").exists()
 
 
 @pytest.mark.parametrize("rate", [["--lr", "0.1"], ["--set", "optim.lr=0.1"]])

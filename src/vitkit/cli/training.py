@@ -39,20 +39,18 @@ def add_pretrain_mpp(sub: argparse._SubParsersAction) -> None:
     add_train_flags(parser, lr_help="Adam learning rate (default: the paper's 2e-4)", runs_root="runs/mpp")
     parser.add_argument(
         "--target",
-        default="mean_color",
         choices=["mean_color", "downsampled", "pixels"],
-        help="3-bit mean colour (512 classes, the paper's), 4x4 downsized 3-bit patch, or L2 on pixels",
+        help="3-bit mean colour (512 classes, the paper's; the default), 4x4 downsized 3-bit patch, or L2 on pixels",
     )
     parser.add_argument(
-        "--corrupt-rate", type=finite_float, default=0.5, help="fraction of patches corrupted (BERT: 0.15)"
+        "--corrupt-rate", type=finite_float, help="fraction of patches corrupted (default 0.5; BERT: 0.15)"
     )
     parser.add_argument(
         "--replace",
         type=finite_float,
         nargs=3,
-        default=(0.8, 0.1, 0.1),
         metavar=("MASK", "RANDOM", "KEEP"),
-        help="split of the corrupted patches: [mask] / random other patch / kept",
+        help="split of the corrupted patches: [mask] / random other patch / kept (default 0.8 0.1 0.1)",
     )
     parser.add_argument("--warmup-steps", type=int, default=None, help="default: min(10000, 5%% of the run)")
     parser.set_defaults(handler=run_train, init_from=None, lr_sweep=False, objective="mpp")
@@ -72,12 +70,22 @@ FLAG_KEYS = {
     "image_column": "data.image_column",
     "label_column": "data.label_column",
     "compile": "run.compile",
+    "warmup_steps": "optim.warmup_steps",  # pretrain-mpp's own flags
+    "target": "mpp.target",
+    "corrupt_rate": "mpp.corrupt_rate",
+    "replace": "mpp.replace",
 }
 
 
 def refuse_twice_given(args: argparse.Namespace) -> None:
     """A flag and a --set of the same field: one of the two would be dropped without a word."""
-    keys = {item.partition("=")[0].strip() for item in args.overrides}
+    listed = [item.partition("=")[0].strip() for item in args.overrides]
+    keys = set(listed)
+    twice = next((key for key in listed if listed.count(key) > 1), None)
+    if twice:
+        raise ValueError(f"--set {twice} was given more than once, and all but the last would be dropped; give it once")
+    if getattr(args, "epochs", None) is not None and "data.steps" in keys:
+        raise ValueError("--epochs and --set data.steps both give the run's length (steps count where both are set)")
     for dest, key in FLAG_KEYS.items():
         given = getattr(args, dest, None)
         if given is not None and given is not False and given != "" and key in keys:  # 0 is given; False is not
@@ -128,7 +136,9 @@ def _config(args: argparse.Namespace) -> Any:
         from vitkit.ssl.masked_patch import MPPConfig
         from vitkit.train.objectives import mpp_train_config
 
-        objective = MPPConfig(target=args.target, corrupt_rate=args.corrupt_rate, replace=tuple(args.replace))
+        replace = tuple(args.replace) if args.replace is not None else None
+        given = {"target": args.target, "corrupt_rate": args.corrupt_rate, "replace": replace}
+        objective = MPPConfig(**{name: value for name, value in given.items() if value is not None})  # else defaults
         config = mpp_train_config(config, objective, lr=args.lr, warmup_steps=args.warmup_steps)
         config = apply_overrides(config, overrides)  # --set wins over App. B.1.2's settings too
     return resolved, config
