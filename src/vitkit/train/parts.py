@@ -125,8 +125,7 @@ class RunParts:
         wants_test = config.mpp is None or config.mpp.eval_images > 0
         self.data = data or load_splits(config, need_test=wants_test)
         self.source_count = source_images(config) if data is None else None  # splits given: the caller's data
-        if not wants_test:
-            self.data = dataclasses.replace(self.data, test=None, evals={})
+        self.data = self.data if wants_test else dataclasses.replace(self.data, test=None, evals={})
         check_fits_data(config, self.data.train)
         _check_every_process_agrees(config, self.data)
         self.num_train, self.micro = len(self.data.train), micro_batch_size(config, info.world)
