@@ -373,3 +373,12 @@ def test_under_torchrun_a_run_needs_its_out(tmp_path: Path) -> None:
         resolve(Request(data="digits", world=2, runs_root=str(tmp_path)))
     assert not any(tmp_path.iterdir())
     assert Path(resolve(Request(data="digits", runs_root=str(tmp_path))).config.run.out).parent == tmp_path
+
+
+def test_a_model_too_large_an_image_to_train_is_refused_before_it_is_built(tmp_path, capsys) -> None:
+    """`vitkit train --img-size 16384` on digits built a 1.07-billion-parameter model (its position embeddings)
+    and trained it until killed; `vitkit eval` refused the same --img-size by the work of one image."""
+    assert main(["train", "--img-size", "16384", "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "the model to train: one 16384-px image through this model would take" in err
+    assert "choose a smaller --img-size or model" in err and not (tmp_path / "r").exists()

@@ -14,7 +14,7 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vitkit.checkpoints import read
+from vitkit.checkpoints import limits, read
 from vitkit.data.folder import one_class_hint
 from vitkit.data.sources import SourceInfo, check_mirror_views, data_name, describe, parse_uri, separate_val
 from vitkit.data.transforms import AugmentConfig
@@ -110,6 +110,7 @@ def resolve(request: Request, *, source_model: ModelConfig | None = None) -> Res
     config = _apply_model(config, request, info, source, auto_recipe=chose)
     config = _source_normalisation(_apply_flags(config, request), norm)
     config = apply_overrides(config, request.overrides)
+    limits.check_work(config.model, "the model to train", "choose a smaller --img-size or model")  # before any size
     check_mirror_views(request.data, config.eval.flip_views)
     config = _sweep_hold_out(config, info)
     config = _budget_length(config, request)
