@@ -359,6 +359,12 @@ def test_an_empty_out_is_refused(verb: list[str], tmp_path, capsys, monkeypatch)
     assert "--out is empty" in capsys.readouterr().err and not any(tmp_path.iterdir())
 
 
+def test_an_empty_model_is_refused(tmp_path, capsys, monkeypatch) -> None:
+    """`--model ''` trained the recipe's model without a word, where `--recipe ''` is refused."""
+    assert main(["train", "--epochs", "1", "--model", "", "--out", str(tmp_path / "r")]) == 2
+    assert "--model is empty: give a model name" in capsys.readouterr().err and not any(tmp_path.iterdir())
+
+
 def test_a_rename_error_names_both_paths() -> None:
     """os.replace's error names the destination second: dropping it named only a temporary that is gone."""
     from vitkit.cli import _sentence

@@ -101,8 +101,9 @@ def main(argv: Sequence[str] | None = None, *, since_process_start: bool = False
     args = _parse(argv)
     args.started = started
     try:
-        if getattr(args, "out", None) == "":  # an unset shell variable: a default would be used, unsaid
-            raise ValueError("--out is empty: give a path")
+        for flag, what in (("out", "a path"), ("model", "a model name (vitkit models lists them)")):
+            if getattr(args, flag, None) == "":  # an unset shell variable: a default would be used, unsaid
+                raise ValueError(f"--{flag} is empty: give {what}")
         if os.environ.get("WORLD_SIZE", "1") not in ("", "1") and args.verb not in DISTRIBUTED:
             raise ValueError(  # each process would do the whole job, and print and write it, again
                 f"vitkit {args.verb} runs in one process: run it without torchrun (torchrun runs "
