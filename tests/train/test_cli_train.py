@@ -153,6 +153,7 @@ def test_a_batch_larger_than_the_training_split_is_refused(tmp_path: Path, capsy
         assert main(["train", *flags, "--epochs", "1", "--out", str(out)]) == 2
         err = capsys.readouterr().err
         assert "larger than the 1,438 training images" in err and "Traceback" not in err and not out.exists()
+        assert "use --batch-size 1438 or less" in err  # as it can be typed: "1,438" is no integer to the flag
 
 
 def test_the_final_line_names_the_k_it_measured() -> None:

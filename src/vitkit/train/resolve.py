@@ -119,7 +119,7 @@ def resolve(request: Request, *, source_model: ModelConfig | None = None) -> Res
     if user_batch and batch > info.num_train:  # set by --batch-size or --set data.batch_size
         raise ValueError(
             f"a batch of {batch:,} is larger than the {info.num_train:,} training images of {request.data}: "
-            f"one step would be {batch / info.num_train:.2f} epochs; use --batch-size {info.num_train:,} or less"
+            f"one step would be {batch / info.num_train:.2f} epochs; use --batch-size {info.num_train} or less"
         )
     if not user_batch:
         config = _recipe_batch_within(config, _trained_images(config, info), request.world)
