@@ -228,6 +228,8 @@ def test_overrides_and_unknown_fields():
         with_overrides(PRESETS["vit_b16"], hidden=3)
     with pytest.raises(ValueError, match="unknown model 'vit_q16'"):
         create_model("vit_q16")
+    with pytest.raises(ValueError, match=r"unknown model 'vit_b17'; e\.g\. \['vit_b16', "):  # the closest first
+        create_model("vit_b17")
 
 
 @pytest.mark.parametrize("name", ["vit_b16", "r50_vit_b16", "bit_r50x1"])

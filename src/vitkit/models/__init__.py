@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
 from torch import nn
@@ -41,7 +42,7 @@ def preset_config(
 ) -> ModelConfig:
     """A named preset (see `list_models()`) with fields overridden."""
     if name not in PRESETS:
-        close = [n for n in PRESETS if n.split("_")[0] == name.split("_")[0]][:8]
+        close = difflib.get_close_matches(name, PRESETS, n=4) or [n for n in PRESETS if n[:4] == name[:4]][:8]
         raise ValueError(f"unknown model {name!r}; e.g. {close or list(PRESETS)[:8]} (vitkit models lists all)")
     return with_overrides(PRESETS[name], num_classes=num_classes, img_size=img_size, **overrides)
 
