@@ -307,3 +307,12 @@ def test_a_verb_of_one_process_is_refused_under_torchrun(capsys, fast_flops, mon
     assert main(["models", "--filter", "vit_b16"]) == 2
     err = capsys.readouterr().err
     assert "vitkit models runs in one process: run it without torchrun" in err and "(process 1 of 2)" in err
+
+
+def test_a_file_where_a_directory_is_to_be_made_is_named_so(tmp_path, capsys):
+    """`vitkit eval RUN --out afile` and `vitkit shard --out afile` said only "afile: File exists"."""
+    afile = tmp_path / "afile"
+    afile.write_text("notes\n")
+    assert main(["shard", "digits", "--out", str(afile), "--samples-per-shard", "100"]) == 2
+    assert f"{afile} already exists as a file: choose another path (--out)" in capsys.readouterr().err
+    assert afile.read_text() == "notes\n"

@@ -179,7 +179,9 @@ def _sentence(err: Exception) -> str:
     """An error's text; an OS error about a path as "PATH: what" rather than Python's "[Errno N] what: 'PATH'"."""
     if isinstance(err, OSError) and err.errno is not None and err.strerror and err.filename is not None:
         names = [name for name in (err.filename, err.filename2) if name is not None]  # a rename's: both
-        paths = (os.fsdecode(name) if isinstance(name, str | bytes | os.PathLike) else str(name) for name in names)
+        paths = [os.fsdecode(name) if isinstance(name, str | bytes | os.PathLike) else str(name) for name in names]
+        if isinstance(err, FileExistsError) and len(paths) == 1 and os.path.isfile(paths[0]):  # mkdir's, open(x)'s
+            return f"{paths[0]} already exists as a file: choose another path (--out)"
         return f"{' -> '.join(paths)}: {err.strerror}"
     text = str(err)
     if text.startswith("Caught ") and "\nOriginal Traceback" in text:  # raised again from a DataLoader worker
