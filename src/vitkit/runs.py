@@ -97,6 +97,7 @@ class RunDir:
                 "run's would replace; choose another --out for the run"
             )
         self.path.mkdir(parents=True, exist_ok=True)
+        _writable(self.path, "choose another --out")  # named now, not by the temporary of the first file written
 
     @contextmanager
     def locked(self) -> Iterator[None]:
@@ -115,15 +116,9 @@ class RunDir:
 
     def _check_checkpoints(self) -> None:
         """A ValueError where `checkpoints/` exists and cannot take a file: the first save would fail minutes in."""
-        if not self.checkpoints.exists() and not self.checkpoints.is_symlink():
-            return
-        try:
-            check_writable(self.checkpoints)
-        except OSError as error:
-            raise ValueError(
-                f"{self.checkpoints} cannot be written ({error.strerror or error}); the run saves its checkpoints "
-                "there: make it a directory this user may write, or choose another --out"
-            ) from None
+        if self.checkpoints.exists() or self.checkpoints.is_symlink():
+            _writable(self.checkpoints, "the run saves its checkpoints there: make it a directory this user may "
+                      "write, or choose another --out")  # fmt: skip
 
     def lock(self) -> int | None:
         """An exclusive lock on the directory (`atomic.lock_directory`) for as long as a run trains in it; a
@@ -318,6 +313,14 @@ class RunDir:
         return MetricsLog(self.path, enabled=enabled, tensorboard=tensorboard)
 
 
+def _writable(directory: Path, remedy: str) -> None:
+    """A ValueError naming `directory` and the `remedy` where a file cannot be made in it."""
+    try:
+        check_writable(directory)
+    except OSError as error:
+        raise ValueError(f"{directory} cannot be written ({error.strerror or error}); {remedy}") from None
+
+
 def _others(directory: Path) -> bool:
     """Whether `directory` holds what is not a run's before its config: anything but hidden files (.DS_Store,
     .git), lost+found and an LR sweep's trials and record."""
@@ -355,11 +358,8 @@ def removed_if_left_empty(path: str | os.PathLike) -> Iterator[None]:
 def is_run_dir(path: str | os.PathLike) -> bool:
     """A directory made by `vitkit train` / `pretrain-mpp` (it has checkpoints/, or config.json + metrics.jsonl)."""
     path = Path(path)
-    return (
-        path.is_dir()
-        and not native.is_native(path)
-        and ((path / CHECKPOINTS).is_dir() or ((path / CONFIG).is_file() and (path / METRICS).is_file()))
-    )
+    listed = (path / CHECKPOINTS).is_dir() or ((path / CONFIG).is_file() and (path / METRICS).is_file())
+    return path.is_dir() and not native.is_native(path) and listed
 
 
 def data_reading(path: str | os.PathLike, uri: str) -> dict[str, Any]:

@@ -3,6 +3,7 @@ printed, and `vitkit pretrain-mpp` interrupted by SIGTERM then resumed bit-ident
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -291,3 +292,18 @@ def test_a_read_only_checkpoints_directory_is_refused_before_training(tmp_path: 
             trainer.train(config)
     finally:
         (run / "checkpoints").chmod(0o755)
+
+
+def test_an_out_that_cannot_be_written_is_named_before_anything_is_written(tmp_path: Path, monkeypatch, capsys) -> None:
+    """An immutable --out (chattr +i; root ignores permissions) was named by the temporary of its config.json,
+    `.config.json.4049f1c36579.tmp: Operation not permitted`, once the data had loaded."""
+    import vitkit.runs as runs
+
+    def refused(directory):
+        raise PermissionError(errno.EPERM, "Operation not permitted", str(Path(directory) / ".probe.tmp"))
+
+    monkeypatch.setattr(runs, "check_writable", refused)
+    out = tmp_path / "run"
+    assert main(["train", "--recipe", "small-8px-tiny", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"{out} cannot be written (Operation not permitted); choose another --out" in err and ".tmp" not in err
