@@ -286,6 +286,19 @@ def test_an_interrupted_study_says_a_re_run_goes_on(monkeypatch, capsys) -> None
     )
 
 
+def test_an_interrupted_run_that_saved_nothing_says_so(monkeypatch, capsys, tmp_path) -> None:
+    """Ctrl-C while the data loaded said "re-run the same command to go on from what it saved": nothing was."""
+    from vitkit.cli import training
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(training, "run_train", interrupted)
+    out = tmp_path / "run"
+    assert main(["train", "--out", str(out)]) == 130
+    assert capsys.readouterr().err.strip() == "vitkit train: interrupted before it saved anything"
+
+
 def test_vitkit_traceback_shows_where_a_one_line_error_came_from(capsys, fast_flops, monkeypatch):
     """An error a user can fix is one line; a bug that raises a ValueError read the same, with nothing to find it
     by.  VITKIT_TRACEBACK=1 prints the traceback before the line."""

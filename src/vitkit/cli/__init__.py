@@ -125,6 +125,9 @@ def main(argv: Sequence[str] | None = None, *, since_process_start: bool = False
     except KeyboardInterrupt as stop:
         by = " by SIGTERM" if isinstance(stop, Terminated) else ""
         goes_on = "; re-run the same command to go on from what it saved" if args.verb in RESUMABLE else ""
+        out = getattr(args, "out", None)
+        if goes_on and out and not (os.path.isdir(out) and os.listdir(out)):  # stopped before it wrote anything
+            goes_on = " before it saved anything"
         print(f"vitkit {args.verb}: interrupted{by}{goes_on}", file=sys.stderr)
         return 143 if by else 130
     except Exception as err:
