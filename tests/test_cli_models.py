@@ -109,7 +109,14 @@ def test_flags_are_matched_whole_and_the_version_is_the_packages(capsys) -> None
 
 
 @pytest.mark.parametrize(
-    "argv", [["train", "--max-minutes", "nan"], ["train", "--lr", "inf"], ["pretrain-mpp", "--corrupt-rate", "nan"]]
+    "argv",
+    [
+        ["train", "--max-minutes", "nan"],
+        ["train", "--lr", "inf"],
+        ["pretrain-mpp", "--corrupt-rate", "nan"],
+        ["train", "--lr", "abc"],  # said "invalid finite_float value", a function's name
+        ["train", "--max-minutes", ""],
+    ],
 )
 def test_a_number_flag_takes_only_finite_numbers(argv: list[str], capsys) -> None:
     """argparse's float takes "nan" and "inf"; `--max-minutes nan` then trained with no budget at all."""

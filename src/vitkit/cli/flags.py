@@ -15,7 +15,10 @@ from vitkit.train.config import MAX_SEED
 
 def finite_float(text: str) -> float:
     """A float flag's value: a finite number (argparse's `float` takes "nan" and "inf")."""
-    value = float(text)
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan  # not a number at all: the same words
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
     return value
