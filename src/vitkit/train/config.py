@@ -129,7 +129,10 @@ class OptimConfig:
         if not 0.0 <= self.ema_decay < 1.0:
             raise ValueError(f"ema_decay must be in [0, 1), got {self.ema_decay}")
         if not 0.0 <= self.warmup_fraction < 1.0 or self.warmup_steps < 0 or self.warmup_max_steps < 0:
-            raise ValueError("warmup_fraction must be in [0, 1), warmup_steps and warmup_max_steps >= 0")
+            raise ValueError(
+                "need optim.warmup_fraction in [0, 1), warmup_steps and warmup_max_steps >= 0; got "
+                f"{self.warmup_fraction:g}, {self.warmup_steps}, {self.warmup_max_steps}"
+            )
         if any(lr <= 0 for lr in self.lr_sweep):
             raise ValueError(f"every lr_sweep value must be > 0, got {self.lr_sweep}")
         if not 0.0 <= self.end_lr_fraction <= 1.0 or self.base_batch_size < 0 or self.eps <= 0:
@@ -202,7 +205,10 @@ class RunConfig:
         if self.compile not in ("auto", "on", "off"):
             raise ValueError(f"run.compile must be auto, on or off, got {self.compile!r}")
         if self.checkpoint_every < 1 or self.log_every < 1 or self.nan_patience < 1:
-            raise ValueError("checkpoint_every, log_every and nan_patience must be >= 1")
+            raise ValueError(
+                "run.checkpoint_every, log_every and nan_patience must be >= 1; got "
+                f"{self.checkpoint_every}, {self.log_every}, {self.nan_patience}"
+            )
         if not self.checkpoint_minutes >= 0:  # NaN too
             raise ValueError(f"run.checkpoint_minutes must be >= 0 (0: off), got {self.checkpoint_minutes:g}")
         if self.threads < 0 or not 0 <= self.seed <= MAX_SEED:
