@@ -116,6 +116,31 @@ def _disagreeing_worker(rank: int, world: int, port: int, out: str) -> None:
     distributed.leave(0)
 
 
+def _infinite_loss_worker(rank: int, world: int, port: int, out: str) -> None:
+    """Rank 1's loss is infinite at step 2 while its gradients stay finite (a constant added): each process writes
+    the steps it skipped and its replica's weights."""
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
+    real_step, skipped, replicas = trainer.train_step, [], []
+
+    def step(state, batch, spec, loss_of):
+        def infinite_once(model, micro):
+            loss, metrics = loss_of(model, micro)
+            return (loss + float("inf"), metrics) if rank == 1 and state.step == 1 else (loss, metrics)
+
+        result = real_step(state, batch, spec, infinite_once if loss_of else None)
+        skipped.append(bool(result["skipped"]))
+        replicas.append(state.module)
+        return result
+
+    trainer.train_step = step
+    trainer.train(tiny_config(Path(out), *ARGS))
+    weights = torch.cat([p.detach().reshape(-1) for p in replicas[-1].parameters()])
+    (Path(out).parent / f"result_{rank}.json").write_text(json.dumps({"skipped": skipped, "sum": weights.sum().item()}))
+    distributed.leave(0)
+
+
 def _spawn(world: int, out: Path, *extra: str | int, timeout_s: float = 240.0, worker=_worker) -> None:
     """Run `worker` on `world` gloo processes; a process that waits on a collective its peer never reaches
     (ranks disagreeing on when to stop) fails the test at the timeout instead of hanging it."""
@@ -150,6 +175,16 @@ def test_processes_launched_with_other_flags_or_data_are_refused_before_training
     assert said[0] == said[1] and said[0].startswith("the processes of this torchrun do not agree on what to train")
     assert "optim.lr (rank 1: 0.5, rank 0: 0.05)" in said[0] and "train images (rank 1: " in said[0]
     assert not (tmp_path / "run" / "config.json").exists()
+
+
+@pytest.mark.dist
+def test_an_infinite_loss_on_one_process_skips_the_step_on_every_process(tmp_path: Path) -> None:
+    """The skip was decided from each process's own loss: rank 1 alone skipped the step and its replica drifted
+    from rank 0's for the rest of the run, the saved model being rank 0's alone."""
+    _spawn(2, tmp_path / "run", worker=_infinite_loss_worker, timeout_s=120.0)
+    said = [json.loads((tmp_path / f"result_{rank}.json").read_text()) for rank in (0, 1)]
+    assert said[0]["skipped"] == said[1]["skipped"] == [False, True, False, False]
+    assert said[0]["sum"] == said[1]["sum"]  # one model on both
 
 
 def test_shards_of_all_processes_make_the_global_batch() -> None:

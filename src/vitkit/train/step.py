@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -91,10 +92,8 @@ def train_step(state: TrainState, batch: list[Any], spec: StepSpec, loss_of: Los
         total = loss.detach().float() if total is None else total + loss.detach().float()
         for key, value in metrics.items():  # means over the micro-batches
             extras[key] = extras.get(key, 0) + value.detach().float() / len(batch)
-    mean_loss = total / max(full, 1)
     grad_norm = _clip(model, spec.clip_norm)
-    # The gradient norm is reduced over processes (DDP/FSDP), so every process takes the same decision.
-    bad = ~torch.isfinite(grad_norm + mean_loss.to(grad_norm.device) * 0)
+    mean_loss, bad = _over_processes(total / max(full, 1), grad_norm)
     skipped = _update(state, bad, spec)
     state.step += 1
     return {"loss": mean_loss, "grad_norm": grad_norm.detach(), "lr": spec.lr, "skipped": skipped, **extras}
@@ -108,6 +107,18 @@ def _clip(model: nn.Module, clip_norm: float) -> Tensor:
         else torch.nn.utils.get_total_norm([p.grad for p in params])
     )
     return norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2: a DTensor
+
+
+def _over_processes(loss: Tensor, grad_norm: Tensor) -> tuple[Tensor, Tensor]:
+    """(the loss averaged over the processes, whether the step is skipped), the same on every process: the
+    gradient norm is reduced over them (DDP/FSDP), but a loss is each one's own, and an infinite loss can come
+    with finite gradients (cross-entropy of a class whose probability underflowed): one process alone had skipped
+    the update and its replica drifted from the others'.  One small collective, on the device, with no host sync."""
+    both = torch.stack([(~torch.isfinite(grad_norm)).float(), loss.to(grad_norm.device).float()])
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    if world > 1:  # a sum: one process's infinite or NaN loss makes it non-finite on every process
+        dist.all_reduce(both, op=dist.ReduceOp.SUM)
+    return both[1] / world, (both[0] > 0) | ~torch.isfinite(both[1])
 
 
 def _update(state: TrainState, bad: Tensor, spec: StepSpec) -> bool | Tensor:
