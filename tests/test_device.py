@@ -138,3 +138,17 @@ def test_a_thread_count_beyond_the_host_s_cpus_is_capped_with_a_warning(monkeypa
     finally:
         torch.set_num_threads(before)
     assert hosts.cpus() >= 1
+
+
+def test_the_memory_available_is_bounded_by_the_process_s_address_space_limit() -> None:
+    """Under `prlimit --as=6G` on a 24 GB machine the checks said 24 GB were available, and the allocations they
+    allowed failed later as "out of memory: lower --batch-size"."""
+    import subprocess
+    import sys
+
+    script = (
+        "import resource; resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30)); "
+        "from vitkit.host import available_memory; print(available_memory())"
+    )
+    bounded = int(subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout)
+    assert 0 < bounded < 6 << 30

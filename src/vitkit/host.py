@@ -185,7 +185,22 @@ def available_memory() -> int:
             free = min(free, max(int(cap) - used, 0))
     except (OSError, ValueError):
         pass
-    return free
+    return min(free, _address_space_left())
+
+
+def _address_space_left() -> int:
+    """Bytes this process may still map under its RLIMIT_AS (`ulimit -v`, `prlimit --as`), or no bound: memory
+    the machine has is not the process's beyond its limit, and an allocation past it fails as out of memory."""
+    try:
+        import resource
+
+        limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if limit == resource.RLIM_INFINITY:
+            return 1 << 62
+        mapped = int(Path("/proc/self/statm").read_text().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        return max(limit - mapped, 0)
+    except (ImportError, OSError, ValueError, IndexError):  # no resource module (Windows), no /proc
+        return 1 << 62
 
 
 def use_compile_cache(device: torch.device) -> str:
