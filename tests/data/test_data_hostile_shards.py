@@ -288,3 +288,14 @@ def test_labels_that_do_not_parse_say_why(tmp_path: Path, name: str, content: by
     write_tar(tmp_path / "wds" / "train-000000.tar", members)
     with pytest.raises(ValueError, match=rf"no sample has a label that reads as a class index.*s0.*{why}"):
         load_split(f"wds:{tmp_path / 'wds'}", "train", image_size=8)
+
+
+def test_a_class_name_longer_than_a_name_holds_is_refused(tmp_path: Path) -> None:
+    """classes.txt with one 60 MB line took 39 s and went into every checkpoint's config.json, whose reader then
+    refused it: the run's models could not be loaded."""
+    numbered_shards(tmp_path, [10], classes=2)
+    (tmp_path / "classes.txt").write_text("a\n" + "b" * 1_001 + "\n")
+    with pytest.raises(ValueError, match="classes.txt: line 2's name is 1,001 characters, more than a class name"):
+        load_split(f"wds:{tmp_path}", "train", image_size=8)
+    (tmp_path / "classes.txt").write_text("a\n" + "b" * 1_000 + "\n")
+    assert load_split(f"wds:{tmp_path}", "train", image_size=8).class_names[1] == "b" * 1_000

@@ -38,13 +38,24 @@ def _split_name(name: str) -> tuple[str, str] | None:
     return (f"{folder}/{stem}" if folder else stem), ext.lower()
 
 
+MAX_NAME_CHARS = 1_000  # a class name: WordNet's longest glosses run to a few hundred characters
+MAX_NAMES_CHARS = 16 << 20  # all of them, well inside a checkpoint config.json's bound of 64 MiB
+
+
 def check_class_names(names: list[str], where: str, item: str) -> None:
     """Class names read from an untrusted file: none empty, none repeated, no control character but a tab;
     `item` is what an entry is called in the messages ("line", "class"), numbered from 1."""
     seen: set[str] = set()
+    if sum(len(name) for name in names) > MAX_NAMES_CHARS:  # they go into every checkpoint's config.json
+        raise ValueError(f"{where}: the class names hold more than {MAX_NAMES_CHARS:,} characters in all")
     for number, name in enumerate(names, 1):
         if not name:
             raise ValueError(f"{where}: {item} {number} is empty; a class name is needed for each class")
+        if len(name) > MAX_NAME_CHARS:
+            raise ValueError(
+                f"{where}: {item} {number}'s name is {len(name):,} characters, more than a class name holds "
+                f"({MAX_NAME_CHARS:,})"
+            )
         if any(unicodedata.category(char) == "Cc" and char != "\t" for char in name):  # a tab: words.txt's
             raise ValueError(f"{where}: {item} {number}'s name holds a control character ({name[:80]!r})")
         if name in seen:
