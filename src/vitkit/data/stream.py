@@ -69,11 +69,10 @@ class TrainBatches(Protocol):
 
 
 def outlive_stop_signals(_worker_id: int) -> None:
-    """A DataLoader worker's `worker_init_fn`: ignore SIGTERM and SIGINT, which reach the workers too where they
-    are sent to the process group (torchrun, docker stop, systemd, Ctrl-C in a terminal), so that the main process
-    handles them (saves at the step, then stops) instead of failing on a dead worker.  A worker still ends when
-    its main process asks it to or dies (torch's watchdog)."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    """A DataLoader worker's `worker_init_fn`: ignore SIGINT, which Ctrl-C in a terminal sends to every process
+    of the foreground group, so that the main process handles it (saves at the step, then stops) instead of
+    failing on a worker that ended.  SIGTERM keeps its default: multiprocessing ends a worker left running at
+    exit with it, and a worker that ignored it held the exiting process forever."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
