@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import tiny_config
+from helpers import class_npz, tiny_config
 
 from shardkit import numbered_shards
 from vitkit.checkpoints import read
@@ -26,14 +26,6 @@ from vitkit.train.sweep import budget_split, final_config, trial_config
 
 SHARDS = Path(__file__).resolve().parents[3] / "shared" / "data" / "tiny-imagenet"
 TINY_IMAGENET = SourceInfo(uri="wds:x", num_train=40_400, num_classes=202, image_size=64, channels=3, in_memory=False)
-
-
-def _npz(path: Path, classes: int = 4, n: int = 120) -> Path:
-    rng = np.random.default_rng(0)
-    labels = np.arange(n) % classes
-    images = (rng.integers(0, 60, (n, 8, 8)) + labels[:, None, None] * 50).astype(np.uint8)
-    np.savez(path, images=images, labels=labels)
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +58,7 @@ def test_64px_sources_of_tens_of_thousands_of_images_pretrain_a_vit_with_a_pre_l
 def test_finetune_of_a_small_checkpoint_picks_finetune_small_at_its_resolution(
     pretrained: Path, tmp_path: Path
 ) -> None:
-    data = f"npz:{_npz(tmp_path / 'four.npz')}"
+    data = f"npz:{class_npz(tmp_path / 'four.npz', n=120)}"
     config = resolve(Request(data=data, init_from=str(pretrained), out=str(tmp_path / "ft"))).config  # a RUN dir
     source = read(pretrained / "checkpoints" / "final").model
     assert config.recipe == "finetune-small" and config.run.init_from == str(pretrained)
@@ -87,7 +79,7 @@ def test_finetune_of_a_small_checkpoint_picks_finetune_small_at_its_resolution(
 def test_finetune_small_drops_half_the_patches_for_most_of_its_schedule(pretrained: Path, tmp_path: Path) -> None:
     """The CPU fine-tuning recipe's PatchDropout (0.5 until 80%) replaces the checkpoint's (tiny: 0.5 throughout)."""
     source = read(pretrained / "checkpoints" / "final").model.config
-    data = f"npz:{_npz(tmp_path / 'four.npz')}"
+    data = f"npz:{class_npz(tmp_path / 'four.npz', n=120)}"
     request = Request(data=data, init_from=str(pretrained), recipe="finetune-small", out=str(tmp_path / "ft"))
     model = resolve(request).config.model
     assert (source.patch_dropout, source.patch_dropout_until) == (0.5, 1.0)
@@ -108,7 +100,7 @@ def test_a_swept_run_shares_its_time_budget_between_trials_and_the_final_run(
             "finetune",
             str(pretrained),
             "--data",
-            f"npz:{_npz(tmp_path / 'f.npz')}",
+            f"npz:{class_npz(tmp_path / 'f.npz', n=120)}",
             "--recipe",
             "finetune-small-tiny",
             "--lr-sweep",
