@@ -1,6 +1,6 @@
-"""DataLoader workers outlive the Ctrl-C their main process handles: SIGINT to the terminal's process group reaches
-the workers too, and a worker that ended on it had ended the run ("DataLoader worker exited unexpectedly")
-before the main process saved.  SIGTERM still ends a worker, as multiprocessing's exit needs."""
+"""DataLoader workers outlive the stop signals their main process handles: Ctrl-C (SIGINT) and torchrun's SIGTERM
+reach the whole process group, and a worker that ended on them had ended the run ("DataLoader worker exited
+unexpectedly") before the main process saved.  SIGTERM from the main process itself still ends a worker."""
 
 from __future__ import annotations
 
@@ -76,3 +76,44 @@ print("left running")
     (tmp_path / "tests_data_workers.py").write_text(Path(__file__).read_text())
     done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "left running" in done.stdout, done.stderr
+
+
+def test_a_stop_signal_to_the_process_group_leaves_the_workers_to_the_main_process(tmp_path: Path) -> None:
+    """torchrun, systemd and `kill -TERM -PGID` signal the whole process group: the workers must go on serving the
+    main process, which saves at the step and then ends them itself (SIGTERM from their parent still ends them)."""
+    import subprocess
+    import sys
+
+    _files(tmp_path)
+    script = f"""
+import signal, time, torch
+from pathlib import Path
+from tests_data_workers import _files
+from vitkit.data.loader import FileBatches, IndexStream
+stopped = []
+signal.signal(signal.SIGTERM, lambda *_: stopped.append(1))
+data = _files(Path({str(tmp_path)!r}))
+loader = FileBatches(data, IndexStream(len(data), 0), start_step=0, total_steps=6, global_batch=4, rank=0, world=1,
+                     micro_batch=4, device=torch.device("cpu"), workers=2, strict=False)
+steps = iter(loader)
+seen = [next(steps)]
+print("ready", flush=True)
+while not stopped:
+    time.sleep(0.05)
+time.sleep(0.5)  # the signal has reached the workers too
+seen += list(steps)
+print("read", len(seen), flush=True)
+"""
+    (tmp_path / "tests_data_workers.py").write_text(Path(__file__).read_text())
+    run = subprocess.Popen(
+        [sys.executable, "-c", script],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    assert run.stdout is not None and run.stdout.readline().strip() == "ready"
+    os.killpg(run.pid, signal.SIGTERM)
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == 0 and out.split() == ["read", "6"], err

@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from vitkit.data import stream as streams
 from vitkit.data.sources import BadImageError, ImageSet
+from vitkit.data.workers import outlive_stop_signals, own_generator
 
 log = logging.getLogger(__name__)
 
@@ -159,8 +160,8 @@ class FileBatches:
             pin_memory=device.type == "cuda",
             persistent_workers=False,
             prefetch_factor=4 if workers else None,
-            generator=streams.own_generator(),
-            worker_init_fn=streams.outlive_stop_signals,
+            generator=own_generator(),
+            worker_init_fn=outlive_stop_signals,
         )
 
     def __iter__(self) -> Iterator[list[tuple[Tensor, Tensor]]]:
@@ -201,8 +202,8 @@ def eval_batches(
         num_workers=workers,
         collate_fn=_collate,
         pin_memory=device.type == "cuda",
-        generator=streams.own_generator(),
-        worker_init_fn=streams.outlive_stop_signals,
+        generator=own_generator(),
+        worker_init_fn=outlive_stop_signals,
     )
     for images, labels, _ in loader:
         if len(labels):

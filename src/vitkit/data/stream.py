@@ -26,7 +26,6 @@ still waiting in the window are read again, and everything else skipped costs a 
 from __future__ import annotations
 
 import math
-import signal
 from collections.abc import Iterator
 from typing import Any, Protocol, runtime_checkable
 
@@ -44,6 +43,7 @@ from vitkit.data.shardset import (  # noqa: F401 (read_all, sample_problem re-ex
     read_all,
     sample_problem,
 )
+from vitkit.data.workers import outlive_stop_signals, own_generator
 
 WINDOW = 1000  # shuffle window per lane, in samples (webdataset's customary buffer size)
 STATE_KIND = "vitkit-shard-stream/1"
@@ -66,20 +66,6 @@ class TrainBatches(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from `state` (called before __iter__ when resuming)."""
         ...
-
-
-def outlive_stop_signals(_worker_id: int) -> None:
-    """A DataLoader worker's `worker_init_fn`: ignore SIGINT, which Ctrl-C in a terminal sends to every process
-    of the foreground group, so that the main process handles it (saves at the step, then stops) instead of
-    failing on a worker that ended.  SIGTERM keeps its default: multiprocessing ends a worker left running at
-    exit with it, and a worker that ignored it held the exiting process forever."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def own_generator() -> torch.Generator:
-    """For a DataLoader, which otherwise draws its workers' base seed from the global RNG when it starts
-    iterating: that draw would move the dropout/augmentation stream differently in a resumed run."""
-    return torch.Generator().manual_seed(0)
 
 
 # ------------------------------------------------------------------------------ the order of a lane
