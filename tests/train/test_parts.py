@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import signal
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -17,7 +16,6 @@ from vitkit.checkpoints import native
 from vitkit.models import build_model
 from vitkit.models.configs import ViTConfig
 from vitkit.runs import LATEST, RunDir
-from vitkit.train import stop as stop_module
 from vitkit.train.budget import steps_that_fit
 from vitkit.train.checkpointer import Checkpointer
 from vitkit.train.config import OptimConfig, apply_overrides
@@ -27,7 +25,6 @@ from vitkit.train.plan import augment_seed, init_seed, make_plan, micro_batch_si
 from vitkit.train.plan_text import plan_lines
 from vitkit.train.schedule import Schedule
 from vitkit.train.state import TrainState
-from vitkit.train.stop import SignalFlag, StopPolicy, Verdict
 
 TINY = ViTConfig(img_size=8, patch_size=4, in_chans=1, num_classes=3, hidden_size=8, depth=1, num_heads=2, mlp_dim=16)
 
@@ -126,73 +123,6 @@ def test_checkpointer_round_trip_and_crash_leaves_the_last_one(tmp_path: Path, m
     saved.step = 9  # the next save cleans the torn temporary directory up
     assert checkpointer.save(saved) == run.checkpoints / "step_0000009"
     assert not list(run.checkpoints.glob(".*.tmp")) and run.latest().name == "step_0000009"
-
-
-# ---------------------------------------------------------------------------------- stop policy
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def test_stop_policy_with_a_fake_clock_and_fake_signals() -> None:
-    clock, signals = FakeClock(), SignalFlag()
-    policy = StopPolicy(started=100.0, deadline_s=10.0, signals=signals, now=clock)
-    assert policy.check() == Verdict(None, False)
-    clock.now = 110.0
-    assert policy.check() == Verdict("time_budget")
-    signals.signum = signal.SIGTERM  # a signal wins over the budget
-    assert policy.check().stop == "interrupted" and policy.signum == signal.SIGTERM
-    assert StopPolicy(started=0.0, deadline_s=None, now=lambda: 1e9).check().stop is None  # no budget: never
-
-
-def test_a_checkpoint_is_due_when_its_minutes_have_passed_since_the_last_one() -> None:
-    clock = FakeClock()
-    policy = StopPolicy(started=0.0, deadline_s=None, checkpoint_s=60.0, now=clock)
-    assert policy.check(saved_at=41.0) == Verdict(None, False)  # 59 s since the last checkpoint
-    assert policy.check(saved_at=40.0) == Verdict(None, True)  # 60 s
-    assert policy.check(agree=False, saved_at=0.0) == Verdict(None, False)  # read at agreement steps alone
-    assert not StopPolicy(started=0.0, deadline_s=None, now=clock).check(saved_at=0.0).save  # 0 minutes: off
-
-
-def test_the_budget_and_the_checkpoint_minutes_are_judged_at_one_reading_of_the_clock() -> None:
-    """One check reads the clock once: a reading that puts the checkpoint minutes behind it also puts the
-    deadline behind it, so a step never saves for the clock yet trains on past the budget."""
-    readings = iter([109.0, 110.0])
-    policy = StopPolicy(started=100.0, deadline_s=10.0, checkpoint_s=10.0, now=lambda: next(readings))
-    assert policy.check(saved_at=100.0) == Verdict(None, False)  # 9 s of both at the one reading
-    assert policy.check(saved_at=100.0) == Verdict("time_budget", True)
-
-
-def test_processes_agree_only_at_agreement_steps_in_one_collective(monkeypatch) -> None:
-    peer = {"signalled": False, "out_of_time": False, "save": False}  # what the other process reports
-    asked: list[list[bool]] = []
-
-    def any_each(flags: list[bool], device: torch.device) -> list[bool]:  # signal, time, checkpoint by the clock
-        asked.append(list(flags))
-        return [mine or theirs for mine, theirs in zip(flags, peer.values())]
-
-    monkeypatch.setattr(stop_module.distributed, "any_each", any_each)
-    clock = FakeClock()
-    policy = StopPolicy(started=100.0, deadline_s=10.0, checkpoint_s=60.0, world=2, now=clock)
-    peer["out_of_time"] = True  # the peer is out of time; this process is not
-    assert policy.check(agree=False, saved_at=0.0) == Verdict() and not asked  # between agreement steps: nothing
-    assert policy.check(agree=True, saved_at=100.0) == Verdict("time_budget")  # at one, every process stops
-    peer.update(out_of_time=False, save=True)  # the peer's clock has passed the checkpoint minutes; this one's not
-    assert policy.check(agree=True, saved_at=100.0) == Verdict(None, True)  # both save at this step
-    peer.update(signalled=True)
-    assert policy.check(agree=True, saved_at=100.0).stop == "interrupted"
-    assert len(asked) == 3 and all(len(flags) == 3 for flags in asked)  # one collective per agreement step
-
-
-def test_real_sigterm_is_caught_while_installed_and_handlers_restored() -> None:
-    before = signal.getsignal(signal.SIGTERM)
-    with StopPolicy(started=0.0, deadline_s=None) as policy:
-        os.kill(os.getpid(), signal.SIGTERM)
-        assert policy.check().stop == "interrupted"
-    assert signal.getsignal(signal.SIGTERM) == before
 
 
 # -------------------------------------------------------------------------------- the estimate

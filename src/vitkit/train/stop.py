@@ -8,8 +8,10 @@ invocation's loop began), so a `kill -9` loses at most that much training whatev
 is; it is read at agreement steps only, with any number of processes, so a run saves at the same steps on
 one process as on N under the same clock.  With several processes every flag is agreed in one collective
 (any process's reason holds for all) at agreement steps only (log and checkpoint steps), so no collective
-runs on every step and every process enters the collective save at the same step.  Clock and signals can
-be replaced in tests.
+runs on every step and every process enters the collective save at the same step.  A signal is also agreed
+between them, about every `SIGNAL_AGREE_S` seconds by the slowest process's pace: torchrun kills its processes
+30 s after it passed them its SIGTERM, and log steps can be further apart than that.  Clock and signals can be
+replaced in tests.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import torch
 from vitkit.train import distributed
 
 CPU = torch.device("cpu")  # default device of the flag tensor the processes agree over
+SIGNAL_AGREE_S = 5.0  # seconds of training between two agreements on a signal, with several processes
 
 
 class SignalFlag:
@@ -80,6 +83,8 @@ class StopPolicy:
         self.signals = signals if signals is not None else SignalFlag()
         self.now = now
         self.agreed_signum = 0  # the signal any process got, once they agree to stop for it
+        # several processes: steps between agreements on a signal, set from the pace agreed at the last one
+        self._signal_every, self._since, self._agreed_at = 1, 0, None
 
     def __enter__(self) -> StopPolicy:
         self.signals.__enter__()
@@ -105,11 +110,25 @@ class StopPolicy:
         now = self.now() if self.deadline_s is not None or due else 0.0
         out_of_time = self.deadline_s is not None and now - self.started >= self.deadline_s
         save = due and now - saved_at >= self.checkpoint_s
-        if self.world > 1:  # all processes must stop (and save) at the same step: agree at agreement steps only
-            flags = [signalled, out_of_time, save]
-            signalled, out_of_time, save = distributed.any_each(flags, self.device) if agree else [False] * 3
-            if signalled:  # every process is here: which signal, to say it and exit with it
-                self.agreed_signum = int(distributed.max_across(self.signals.signum, self.device))
+        if self.world > 1:  # all processes must stop (and save) at the same step
+            signalled, out_of_time, save = self._agree(agree, out_of_time, save)
         if signalled:
             return Verdict("interrupted")
         return Verdict("time_budget" if out_of_time else None, save)
+
+    def _agree(self, agree: bool, out_of_time: bool, save: bool) -> tuple[bool, bool, bool]:
+        """Any process's reasons, for all, in one collective: at agreement steps, and a signal alone at the steps
+        of its cadence (every process counts the same steps, and the pace it is set by is agreed)."""
+        self._since += 1
+        if not agree and self._since < self._signal_every:
+            return False, False, False
+        now = self.now()
+        pace = (now - self._agreed_at) / self._since if self._agreed_at is not None else 0.0  # seconds a step
+        mine = [float(self.signals.signum), pace] + ([float(out_of_time), float(save)] if agree else [])
+        signum, slowest, *reasons = distributed.max_each(mine, self.device)
+        if self._agreed_at is not None:
+            self._signal_every = max(1, int(SIGNAL_AGREE_S / slowest)) if slowest > 0 else 1_000_000
+        self._since, self._agreed_at = 0, now
+        self.agreed_signum = int(signum)  # the signal that stops every process, to say it and exit with it
+        out_of_time, save = (reasons[0] > 0, reasons[1] > 0) if agree else (False, False)
+        return signum > 0, out_of_time, save
