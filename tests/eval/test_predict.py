@@ -98,3 +98,12 @@ def test_predict_missing_file_and_human_output(tmp_path: Path, rgb_checkpoint: P
     assert code == 1 and "Traceback" not in out + err
     assert err.count("\n") == 1 and "nope.png" in err
     assert out.startswith(str(files["tiny"])) and "%" in out
+
+
+def test_predict_on_a_folder_without_images_is_a_users_error(tmp_path: Path, rgb_checkpoint: Path, capsys) -> None:
+    """Nothing to predict is what the user gave (status 2, as every error they can fix), not a failed image (1)."""
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "notes.txt").write_text("no images here")
+    code = main(["predict", str(rgb_checkpoint), str(tmp_path / "empty")])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and "no image files found" in err and "Traceback" not in err

@@ -142,7 +142,7 @@ def run_predict(args: argparse.Namespace) -> int:
             if "predictions" in entry:
                 top = ", ".join(f"{p['class']} {100 * p['probability']:.1f}%" for p in entry["predictions"])
                 print(shown(f"{entry['file']}: {top}"))
-    return 1 if failed or not results else 0
+    return 2 if not results else 1 if failed else 0
 
 
 def add_embed(sub: argparse._SubParsersAction) -> None:
