@@ -133,6 +133,10 @@ def test_the_final_line_says_when_the_step_count_was_an_estimate() -> None:
     assert "after 427/294 steps" in _final_line({**result, "plan": {"steps_given": True}}, config)
     capped = {**result, "step": 1125, "steps": 46875, "plan": {"steps_given": True}}  # the budget ended it first
     assert "after 1125 of at most 46875 steps, 2.87 min (time budget spent)" in _final_line(capped, config)
+    stopped = {"status": "interrupted", "step": 163, "steps": 9469, "run_dir": "r"}  # 9469: the recipe's epochs
+    fitted = _final_line({**stopped, "plan": {"budget_minutes": 3.0, "budget_schedule": "fit"}}, config)
+    assert fitted.startswith("interrupted at step 163 of at most 9469 (the time budget ends the schedule); ")
+    assert _final_line({**stopped, "plan": {}}, config).startswith("interrupted at step 163/9469; checkpoint saved")
 
 
 def test_data_a_classifier_cannot_learn_from_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

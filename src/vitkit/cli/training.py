@@ -198,14 +198,22 @@ def run_train(args: argparse.Namespace) -> int:
     return 128 + result.get("signal", 0) if result["status"] == "interrupted" else 0
 
 
+def _interrupted_line(result: dict[str, Any]) -> str:
+    """Where the stopped run is saved and how to resume it; a run the time budget ends has no fixed length."""
+    from vitkit.train.config import budget_fitted
+
+    resume, plan = result.get("resume_out"), result.get("plan", {})
+    where = f"{result['run_dir']}, a trial of the sweep in {resume}" if resume else result["run_dir"]
+    at = f"{result['step']}/{result['steps']}"
+    if budget_fitted(plan.get("budget_minutes", 0), plan.get("budget_schedule", "")):
+        at = f"{result['step']} of at most {result['steps']} (the time budget ends the schedule)"
+    again = resume or result["run_dir"]
+    return f"interrupted at step {at}; checkpoint saved in {where} (re-run with --out {again} to resume)"
+
+
 def _final_line(result: dict[str, Any], config: Any) -> str:
     if result["status"] == "interrupted":
-        resume = result.get("resume_out")
-        where = f"{result['run_dir']}, a trial of the sweep in {resume}" if resume else result["run_dir"]
-        return (
-            f"interrupted at step {result['step']}/{result['steps']}; checkpoint saved in {where} "
-            f"(re-run with --out {resume or result['run_dir']} to resume)"
-        )
+        return _interrupted_line(result)
     split = config.eval.final_split
     note = " (time budget spent)" if result["status"] == "time_budget" else ""
     given = result.get("plan", {}).get("steps_given", True)
