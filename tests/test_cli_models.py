@@ -336,3 +336,23 @@ def test_a_file_where_a_directory_is_to_be_made_is_named_so(tmp_path, capsys):
     assert main(["shard", "digits", "--out", str(afile), "--samples-per-shard", "100"]) == 2
     assert f"{afile} already exists as a file: choose another path (--out)" in capsys.readouterr().err
     assert afile.read_text() == "notes\n"
+
+
+def test_ctrl_c_while_the_command_loads_is_one_line(monkeypatch, capsys) -> None:
+    """Ctrl-C in the seconds torch takes to import ended in a KeyboardInterrupt traceback from inside an import."""
+    import importlib.abc
+    import sys
+
+    import vitkit.__main__ as entry
+
+    class Interrupted(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name == "vitkit.cli":
+                raise KeyboardInterrupt
+            return None
+
+    monkeypatch.delitem(sys.modules, "vitkit.cli", raising=False)
+    monkeypatch.setattr(sys, "meta_path", [Interrupted(), *sys.meta_path])
+    with pytest.raises(SystemExit) as stopped:
+        entry.main()
+    assert stopped.value.code == 130 and capsys.readouterr().err == "vitkit: interrupted\n"
