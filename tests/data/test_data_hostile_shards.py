@@ -299,3 +299,15 @@ def test_a_class_name_longer_than_a_name_holds_is_refused(tmp_path: Path) -> Non
         load_split(f"wds:{tmp_path}", "train", image_size=8)
     (tmp_path / "classes.txt").write_text("a\n" + "b" * 1_000 + "\n")
     assert load_split(f"wds:{tmp_path}", "train", image_size=8).class_names[1] == "b" * 1_000
+
+
+def test_class_names_are_bounded_as_a_checkpoint_writes_them(tmp_path: Path) -> None:
+    """The bound counted characters, but config.json escapes every non-ASCII one (6 bytes, 12 for an emoji):
+    16 M characters of names made a 96 MB config.json that its reader (64 MiB) refused, so the model was lost."""
+    from vitkit.data.tarsamples import MAX_NAMES_BYTES, check_class_names
+
+    names = [f"{i:03d}" + "\U0001f600" * 997 for i in range(720)]  # 720,000 characters, 8.6 MB as JSON
+    assert MAX_NAMES_BYTES == 8 << 20
+    with pytest.raises(ValueError, match=r"classes.txt: the class names take more than 8,388,608 bytes"):
+        check_class_names(names, "classes.txt", "line")
+    check_class_names(names[:600], "classes.txt", "line")  # 7.2 MB

@@ -39,15 +39,20 @@ def _split_name(name: str) -> tuple[str, str] | None:
 
 
 MAX_NAME_CHARS = 1_000  # a class name: WordNet's longest glosses run to a few hundred characters
-MAX_NAMES_CHARS = 16 << 20  # all of them, well inside a checkpoint config.json's bound of 64 MiB
+# All of them as config.json writes them (JSON, non-ASCII escaped: an emoji takes 12 bytes): a Hugging Face config
+# holds them twice with their ids, and a config.json is read up to 64 MiB.
+MAX_NAMES_BYTES = 8 << 20
 
 
 def check_class_names(names: list[str], where: str, item: str) -> None:
     """Class names read from an untrusted file: none empty, none repeated, no control character but a tab;
     `item` is what an entry is called in the messages ("line", "class"), numbered from 1."""
     seen: set[str] = set()
-    if sum(len(name) for name in names) > MAX_NAMES_CHARS:  # they go into every checkpoint's config.json
-        raise ValueError(f"{where}: the class names hold more than {MAX_NAMES_CHARS:,} characters in all")
+    if len(json.dumps(names)) > MAX_NAMES_BYTES:  # they go into every checkpoint's config.json
+        raise ValueError(
+            f"{where}: the class names take more than {MAX_NAMES_BYTES:,} bytes in all as a checkpoint's "
+            "config.json writes them"
+        )
     for number, name in enumerate(names, 1):
         if not name:
             raise ValueError(f"{where}: {item} {number} is empty; a class name is needed for each class")
