@@ -195,5 +195,27 @@ def test_a_file_that_is_no_zip_is_not_an_npz_and_no_pickle(tmp_path: Path) -> No
     with pytest.raises(DataFormatError, match="not an .npz archive") as caught:
         read_npz(path)
     assert "pickle" not in str(caught.value)
-    with pytest.raises(DataFormatError, match="not an .npz archive"):
+    with pytest.raises(DataFormatError, match="cannot read"):
         read_npz(tmp_path)  # a directory
+
+
+@pytest.mark.parametrize("start", [b"junk", "npy"])
+def test_a_zip_after_another_start_is_not_an_npz(tmp_path: Path, start) -> None:
+    """zipfile finds a zip anywhere in a file, np.load looks at its start: an .npy with an .npz appended passed the
+    check and ended in a TypeError traceback, a zip after junk in numpy's advice to allow pickles."""
+    from vitkit.data.readers import npz_shapes
+    from vitkit.data.sources import describe
+
+    head = io.BytesIO()
+    if start == "npy":
+        np.save(head, np.zeros(3))
+    else:
+        head.write(start)
+    archive = io.BytesIO()
+    np.savez(archive, images=np.zeros((4, 8, 8), np.uint8), labels=np.arange(4) % 2)
+    path = tmp_path / "hidden.npz"
+    path.write_bytes(head.getvalue() + archive.getvalue())
+    assert zipfile.is_zipfile(path)
+    for read in (read_npz, npz_shapes, lambda p: describe(f"npz:{p}")):
+        with pytest.raises(DataFormatError, match="hidden.npz: not an .npz archive"):
+            read(path)

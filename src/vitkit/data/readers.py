@@ -165,8 +165,24 @@ def _npy_header(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> tuple[tuple[
     return shape, dtype
 
 
+ZIP_STARTS = (b"PK\x03\x04", b"PK\x05\x06")  # a zip's first member, or an empty zip: what np.load takes as .npz
+
+
+def require_npz(path: Path) -> None:
+    """A DataFormatError unless `path` starts as a zip: np.load reads any other start as .npy or a pickle (refused
+    with numpy's advice to allow pickles), whatever zip follows, which zipfile finds anywhere in the file."""
+    try:
+        with open(path, "rb") as file:
+            start = file.read(4)
+    except OSError as error:
+        raise DataFormatError(f"{path}: cannot read ({error.strerror or error})") from None
+    if start not in ZIP_STARTS:
+        raise DataFormatError(f"{path}: not an .npz archive (a zip of .npy arrays, as numpy.savez writes)")
+
+
 def npz_shapes(path: Path) -> dict[str, tuple[int, ...]]:
     """Array shapes in an `.npz`, read from the `.npy` headers without decompressing the data."""
+    require_npz(path)
     shapes = {}
     try:
         with zipfile.ZipFile(path) as archive:
@@ -276,8 +292,7 @@ def npz_array(archive: Any, key: str, path: Path) -> np.ndarray:
 def read_npz(path: Path) -> dict[str, np.ndarray]:
     """The arrays of an `.npz` file, never unpickling; images are returned NCHW, labels int64.  Only the
     arrays used are read: another member may inflate to any size."""
-    if not (path.is_file() and zipfile.is_zipfile(path)):  # np.load reads any other file as a pickle, refused
-        raise DataFormatError(f"{path}: not an .npz archive (a zip of .npy arrays, as numpy.savez writes)")
+    require_npz(path)
     try:
         with np.load(path, allow_pickle=False) as archive:
             names = list(archive.files)
