@@ -304,6 +304,13 @@ def test_an_interrupted_run_that_saved_nothing_says_so(monkeypatch, capsys, tmp_
     out = tmp_path / "run"
     assert main(["train", "--out", str(out)]) == 130
     assert capsys.readouterr().err.strip() == "vitkit train: interrupted before it saved anything"
+    out.mkdir()  # its config and first metrics, but no checkpoint: a re-run starts over
+    (out / "config.json").write_text("{}")
+    assert main(["train", "--out", str(out)]) == 130
+    assert capsys.readouterr().err.strip() == "vitkit train: interrupted before it saved anything"
+    (out / "checkpoints" / "step_0000010").mkdir(parents=True)
+    assert main(["train", "--out", str(out)]) == 130
+    assert "re-run the same command to go on from what it saved" in capsys.readouterr().err
 
 
 def test_vitkit_traceback_shows_where_a_one_line_error_came_from(capsys, fast_flops, monkeypatch):

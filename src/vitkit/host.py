@@ -164,7 +164,8 @@ FALLBACK_BYTES = 8 << 30  # where the system says nothing about its memory
 
 
 def available_memory() -> int:
-    """Bytes of memory available now: MemAvailable, capped by a cgroup (container) limit."""
+    """Bytes of memory available now: MemAvailable, capped by a cgroup (container) limit and by what the
+    process's address-space limit (RLIMIT_AS, `ulimit -v`) leaves it."""
     free = None
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():

@@ -317,7 +317,10 @@ def test_pretrain_mpp_s_own_flags_and_a_set_of_the_same_field_are_refused(flags,
     ("flags", "message"),
     [
         (["--set", "optim.lr=0.1", "--set", "optim.lr=0.2"], "--set optim.lr was given more than once"),
-        (["--epochs", "1", "--set", "data.steps=5"], "--epochs and --set data.steps both give the run's length"),
+        (
+            ["--epochs", "1", "--set", "data.steps=5"],
+            "data.steps both give the run's length (steps count where both are set): give one",
+        ),
     ],
 )
 def test_a_field_given_twice_is_refused(flags: list[str], message: str, tmp_path, capsys) -> None:

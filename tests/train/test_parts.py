@@ -308,3 +308,17 @@ def test_a_micro_batch_above_a_process_s_share_is_no_accumulation_not_an_error()
     assert micro_batch_size(config, 3) == 16
     with pytest.raises(ValueError, match="per-process batch 24 is not a multiple of data.micro_batch_size 16"):
         micro_batch_size(config, 2)  # 24 a process: the micro-batch does not divide it
+
+
+def test_what_processes_must_share_is_named_as_a_user_sets_it() -> None:
+    """The recipe, a field outside the groups, was named "recipe." in the processes' disagreement message."""
+    from vitkit.train.parts import agreed_facts
+
+    class Train(list):
+        class_names = ["a", "b"]
+
+    config = tiny_config(Path("/unused"), "optim.lr=0.5")
+    facts = agreed_facts(config, SimpleNamespace(train=Train([0, 1, 1]), test=None))
+    assert facts["recipe"] == config.recipe and "recipe." not in facts and facts["optim.lr"] == 0.5
+    assert (facts["train images"], facts["classes"], facts["test images"]) == (3, ["a", "b"], 0)
+    assert "run.progress" not in facts and "run.threads" not in facts and facts["data.uri"] == config.data.uri

@@ -41,8 +41,9 @@ VERBS: list[Callable[[argparse._SubParsersAction], None]] = [
     data.add_shard,
     studies.add_reproduce,
 ]
-DISTRIBUTED = ("train", "finetune", "pretrain-mpp")  # the verbs that share one job over torchrun's processes
-RESUMABLE = ("train", "finetune", "pretrain-mpp", "shard", "reproduce")  # a re-run of these goes on where it stopped
+TRAINING = ("train", "finetune", "pretrain-mpp")  # they write a run directory, and go on from its checkpoints
+DISTRIBUTED = TRAINING  # the verbs that share one job over torchrun's processes
+RESUMABLE = (*TRAINING, "shard", "reproduce")  # a re-run of these goes on where it stopped
 
 
 class _Parser(argparse.ArgumentParser):
@@ -104,7 +105,9 @@ def main(argv: Sequence[str] | None = None, *, since_process_start: bool = False
         for flag, what in (("out", "a path"), ("model", "a model name (vitkit models lists them)")):
             if getattr(args, flag, None) == "":  # an unset shell variable: a default would be used, unsaid
                 raise ValueError(f"--{flag} is empty: give {what}")
-        if os.environ.get("WORLD_SIZE", "1") not in ("", "1") and args.verb not in DISTRIBUTED:
+        from vitkit.train.distributed import from_env
+
+        if from_env().world > 1 and args.verb not in DISTRIBUTED:
             raise ValueError(  # each process would do the whole job, and print and write it, again
                 f"vitkit {args.verb} runs in one process: run it without torchrun (torchrun runs "
                 f"{', '.join(DISTRIBUTED)})"
@@ -126,7 +129,7 @@ def main(argv: Sequence[str] | None = None, *, since_process_start: bool = False
         by = " by SIGTERM" if isinstance(stop, Terminated) else ""
         goes_on = "; re-run the same command to go on from what it saved" if args.verb in RESUMABLE else ""
         out = getattr(args, "out", None)
-        if goes_on and out and not (os.path.isdir(out) and os.listdir(out)):  # stopped before it wrote anything
+        if goes_on and out and not _saved_anything(args.verb, out):
             goes_on = " before it saved anything"
         print(f"vitkit {args.verb}: interrupted{by}{goes_on}", file=sys.stderr)
         return 143 if by else 130
@@ -137,6 +140,18 @@ def main(argv: Sequence[str] | None = None, *, since_process_start: bool = False
         _traceback_if_asked()
         print(f"vitkit {args.verb}: error{_process()}: {problem}", file=sys.stderr)
         return 2
+
+
+def _saved_anything(verb: str, out: str) -> bool:
+    """Whether an interrupted verb left what a re-run goes on from: a training run's checkpoints (with its config
+    and metrics alone it starts over), another verb's output.  True where it cannot be told."""
+    from vitkit.runs import CHECKPOINTS
+
+    where = os.path.join(out, CHECKPOINTS) if verb in TRAINING else out
+    try:
+        return os.path.isdir(where) and bool(os.listdir(where))
+    except OSError:
+        return True
 
 
 def _traceback_if_asked() -> None:
@@ -235,8 +250,13 @@ def _known_failure(err: Exception) -> str | None:
 
 def _process() -> str:
     """The error's " (process R of W)" under torchrun: every process prints its own, as one may hit it alone."""
-    world = os.environ.get("WORLD_SIZE", "1")
-    return f" (process {os.environ.get('RANK', '?')} of {world})" if world not in ("", "1") else ""
+    from vitkit.train.distributed import from_env
+
+    try:
+        info = from_env()
+    except ValueError:  # torchrun's variables half set: said where the command checks them
+        return ""
+    return f" (process {info.rank} of {info.world})" if info.world > 1 else ""
 
 
 def _entry(argv: Sequence[str] | None = None) -> Any:  # pragma: no cover - the console script and __main__

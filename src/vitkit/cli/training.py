@@ -57,7 +57,7 @@ def add_pretrain_mpp(sub: argparse._SubParsersAction) -> None:
 
 
 # Each first-class flag and the --set key of the same field, which would silently override it (--set is applied
-# after the flags); data.steps is another field than --epochs: steps count where both are set.
+# after the flags).  data.steps, another field than --epochs that would also override it, is refused beside it.
 FLAG_KEYS = {
     "epochs": "data.epochs",
     "batch_size": "data.batch_size",
@@ -85,7 +85,9 @@ def refuse_twice_given(args: argparse.Namespace) -> None:
     if twice:
         raise ValueError(f"--set {twice} was given more than once, and all but the last would be dropped; give it once")
     if getattr(args, "epochs", None) is not None and "data.steps" in keys:
-        raise ValueError("--epochs and --set data.steps both give the run's length (steps count where both are set)")
+        raise ValueError(
+            "--epochs and --set data.steps both give the run's length (steps count where both are set): give one"
+        )
     for dest, key in FLAG_KEYS.items():
         given = getattr(args, dest, None)
         if given is not None and given is not False and given != "" and key in keys:  # 0 is given; False is not
@@ -102,6 +104,7 @@ def refuse_twice_given(args: argparse.Namespace) -> None:
 def _config(args: argparse.Namespace) -> Any:
     """The resolved TrainConfig of the flags (the recipe chosen for the data, flags and --set applied)."""
     from vitkit.train.config import apply_overrides
+    from vitkit.train.distributed import from_env
     from vitkit.train.resolve import Request, resolve
 
     mpp = args.objective == "mpp"
@@ -126,7 +129,7 @@ def _config(args: argparse.Namespace) -> Any:
         quiet=args.json,
         init_from=args.init_from,
         lr_sweep=args.lr_sweep,
-        world=int(os.environ.get("WORLD_SIZE", "1")),
+        world=from_env().world,
         runs_root=args.runs_root,
         labelled=not mpp,
     )

@@ -83,16 +83,7 @@ def _check_every_process_agrees(config: TrainConfig, data: Splits) -> None:
     naming what differs (flags given to one process only, another data directory) before any model is made."""
     if distributed.current().world == 1:
         return
-    facts = {
-        f"{group}.{name}": value
-        for group, fields in to_dict(config).items()
-        for name, value in (fields.items() if isinstance(fields, dict) else [("", fields)])
-    }
-    for display in ("run.progress", "run.threads"):  # each process's own, harmlessly
-        facts.pop(display, None)
-    facts.update({"train images": len(data.train), "classes": data.train.class_names})
-    facts["test images"] = len(data.test) if data.test is not None else 0
-    differ = distributed.differences_from_rank_0(facts)
+    differ = distributed.differences_from_rank_0(agreed_facts(config, data))
     if differ:
         raise ValueError(
             "the processes of this torchrun do not agree on what to train: "
@@ -100,6 +91,23 @@ def _check_every_process_agrees(config: TrainConfig, data: Splits) -> None:
             + (" ..." if len(differ) > 4 else "")
             + ". Give every process the same flags and the same data"
         )
+
+
+def agreed_facts(config: TrainConfig, data: Splits) -> dict[str, Any]:
+    """What every process of a run must share, by the name a message gives it: "optim.lr", "recipe" (a field
+    outside the groups), "train images", "classes", "test images"."""
+    facts: dict[str, Any] = {}
+    for group, fields in to_dict(config).items():
+        facts.update(
+            {f"{group}.{name}": value for name, value in fields.items()}
+            if isinstance(fields, dict)
+            else {group: fields}
+        )
+    for display in ("run.progress", "run.threads"):  # each process's own, harmlessly
+        facts.pop(display, None)
+    facts.update({"train images": len(data.train), "classes": data.train.class_names})
+    facts["test images"] = len(data.test) if data.test is not None else 0
+    return facts
 
 
 class RunParts:
