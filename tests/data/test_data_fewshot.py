@@ -53,5 +53,5 @@ def test_vtab_subset_with_small_classes_is_as_balanced_as_possible():
 def test_k_per_class_counts_a_class_with_no_images() -> None:
     labels = torch.tensor([0, 0, 2, 2])
     assert k_per_class(labels, 1, seed=0).tolist() in ([0, 2], [0, 3], [1, 2], [1, 3])
-    with pytest.raises(ValueError, match=r"class 1 has only 0 training images"):
+    with pytest.raises(ValueError, match=r"class 1 has no usable training image"):
         k_per_class(labels, 1, seed=0, num_classes=3)

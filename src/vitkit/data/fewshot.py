@@ -32,6 +32,8 @@ def k_per_class(
         members = torch.nonzero(labels == cls).flatten()
         if len(members) < k:
             name = f"class {class_names[cls]!r} ({cls})" if class_names is not None else f"class {cls}"
+            if not len(members):  # a folder of files that do not decode: no --shots serves it
+                raise ValueError(f"{name} has no usable training image; --shots needs images of every class")
             raise ValueError(
                 f"{name} has only {len(members)} training images; --shots {k} needs {k} of each "
                 f"(at most {len(members)} here)"
