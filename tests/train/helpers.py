@@ -101,3 +101,8 @@ def class_npz(path: Path, classes: int = 4, n: int = 80) -> Path:
     images = (rng.integers(0, 60, (n, 8, 8)) + labels[:, None, None] * 50).astype(np.uint8)
     np.savez(path, images=images, labels=labels)
     return path
+
+
+def metrics_records(run: Path) -> list[dict]:
+    """Every record of a run's metrics.jsonl, in order."""
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import FakeTime, sigterm_after, tiny_config
+from helpers import FakeTime, metrics_records, sigterm_after, tiny_config
 from PIL import Image
 
 from vitkit.cli import main
@@ -19,10 +19,6 @@ from vitkit.data.sources import SourceInfo
 from vitkit.train import trainer
 from vitkit.train.recipes import auto_recipe_name, get_recipe
 from vitkit.train.resolve import Request, resolve
-
-
-def _records(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
 def test_budgeted_run_with_a_fake_clock_ends_at_the_final_learning_rate(tmp_path: Path, monkeypatch) -> None:
@@ -38,7 +34,7 @@ def test_budgeted_run_with_a_fake_clock_ends_at_the_final_learning_rate(tmp_path
             "optim.end_lr_fraction=0.1",
         )
     )
-    lrs = [r["lr"] for r in _records(run) if r["split"] == "train"]
+    lrs = [r["lr"] for r in metrics_records(run) if r["split"] == "train"]
     assert result["status"] == "finished" and 5 < result["step"] < 1_000_000 and len(lrs) == result["step"]
     assert lrs[-1] == pytest.approx(0.1 * result["plan"]["lr"])  # exactly the end value of the schedule
     assert all(b <= a + 1e-12 for a, b in zip(lrs[3:], lrs[4:]))  # decaying after warmup, never cut
@@ -54,7 +50,7 @@ def test_a_budget_alone_runs_until_the_time_is_spent(tmp_path: Path, monkeypatch
             run, "data.steps=0", "data.epochs=0", "run.max_minutes=0.05", "run.log_every=1", "optim.end_lr_fraction=0.1"
         )
     )
-    lrs = [r["lr"] for r in _records(run) if r["split"] == "train"]
+    lrs = [r["lr"] for r in metrics_records(run) if r["split"] == "train"]
     assert result["status"] == "finished" and not result["plan"]["steps_given"] and len(lrs) == result["step"] > 5
     assert lrs[-1] == pytest.approx(0.1 * result["plan"]["lr"])  # ended at the schedule's end value
 
@@ -65,7 +61,7 @@ def test_a_fitted_run_records_its_last_steps_and_only_on_its_cadence(tmp_path: P
     monkeypatch.setattr(trainer, "time", FakeTime())
     run = tmp_path / "run"
     result = trainer.train(tiny_config(run, "data.steps=0", "data.epochs=0", "run.max_minutes=0.05", "run.log_every=4"))
-    steps = [r["step"] for r in _records(run) if r["split"] == "train"]
+    steps = [r["step"] for r in metrics_records(run) if r["split"] == "train"]
     assert steps[-1] == result["step"] > 8 and all(step % 4 == 0 for step in steps[:-1])
 
 
@@ -91,7 +87,7 @@ def test_cut_budget_keeps_the_old_guillotine(tmp_path: Path, monkeypatch) -> Non
             "run.budget_schedule=cut",
         )
     )
-    lrs = [r["lr"] for r in _records(run) if r["split"] == "train"]
+    lrs = [r["lr"] for r in metrics_records(run) if r["split"] == "train"]
     assert result["status"] == "time_budget" and lrs[-1] > 0.9 * result["plan"]["lr"]  # stopped near the peak
 
 
@@ -287,7 +283,7 @@ def test_a_budgeted_run_resumed_after_a_long_start_up_trains_the_rest_and_ends_a
     monkeypatch.setattr(trainer, "train_step", real_step)
     monkeypatch.setattr(trainer.Trainer, "_warm_up", slow_warm_up)
     resumed = trainer.train(tiny_config(run, *overrides))
-    lrs = [r["lr"] for r in _records(run) if r["split"] == "train"]
+    lrs = [r["lr"] for r in metrics_records(run) if r["split"] == "train"]
     assert resumed["status"] == "finished" and resumed["step"] > 150 and len(lrs) == resumed["step"]
     assert lrs[-1] == pytest.approx(0.1 * resumed["plan"]["lr"])  # ended at the schedule's end value
 
@@ -301,13 +297,13 @@ def test_a_finished_budgeted_run_re_run_takes_no_more_steps(tmp_path: Path, monk
     monkeypatch.setattr(trainer.Trainer, "_eval_image_seconds", lambda self, count: 0.5 / count)
     plans: list = []
     first = trainer.train(tiny_config(run, *overrides), on_plan=plans.append)
-    before = [r for r in _records(run) if r["split"] == "train"]
+    before = [r for r in metrics_records(run) if r["split"] == "train"]
     monkeypatch.setattr(trainer.Trainer, "_eval_image_seconds", lambda self, count: 0.0)
     with caplog.at_level(logging.INFO, logger="vitkit.train.trainer"):
         again = trainer.train(tiny_config(run, *overrides), on_plan=plans.append)
     assert len(plans) == 1 and f"finished at step {first['step']}: nothing left to train" in caplog.text
     assert first["status"] == again["status"] == "finished" and again["step"] == first["step"] == len(before)
-    assert [r for r in _records(run) if r["split"] == "train"] == before
+    assert [r for r in metrics_records(run) if r["split"] == "train"] == before
     assert again["test"]["top1"] == first["test"]["top1"]
 
 
@@ -342,68 +338,6 @@ def test_a_grayscale_model_reads_a_colour_folder_as_eval_and_predict_do(tmp_path
     as_eval = load_split(uri, "test", image_size=8, channels=1)
     assert splits.test.images.shape == (6, 1, 8, 8)
     assert torch.equal(splits.test.images, as_eval.images) and torch.equal(splits.test.labels, as_eval.labels)
-
-
-@pytest.mark.parametrize(
-    "overrides, held_out",
-    [
-        (("data.steps=0", "data.epochs=10"), True),  # evaluations at epochs 5 and 10: a validation hold-out to read
-        (("data.steps=0", "data.epochs=1"), False),  # shorter than one evaluation period: every image trains
-        (("data.epochs=0", "data.steps=300"), True),  # 5 epochs of 1,295 images at batch 32 are 202 steps
-        (("data.epochs=0", "data.steps=30"), False),  # ... so 30 steps never reach the first evaluation
-        (("eval.every_epochs=1.0125", "data.steps=0", "data.epochs=1.0126"), False),  # a period of 40.97 steps
-        # rounds to 41, the run's ceil(40.98) steps: longer than its period in epochs, not in steps
-        (("data.steps=0", "data.epochs=0", "run.max_minutes=5"), True),  # a fitted budget decides the length later
-        (("data.steps=0", "data.epochs=1", "run.max_minutes=5"), False),  # ... bounded by one epoch
-    ],
-)
-def test_a_run_shorter_than_its_evaluation_period_holds_nothing_out(tmp_path: Path, overrides, held_out) -> None:
-    from vitkit.train.assemble import load_splits
-
-    config = tiny_config(tmp_path, "eval.every_epochs=5", *overrides)
-    splits = load_splits(config)
-    whole = len(load_splits(tiny_config(tmp_path, "eval.every_epochs=0")).train)
-    assert ("val" in splits.evals) is held_out
-    assert len(splits.train) == (whole - len(splits.evals["val"]) if held_out else whole)
-
-
-@pytest.mark.parametrize("every", ["5", "0"])
-def test_a_run_whose_final_split_is_val_holds_one_out(tmp_path: Path, every: str) -> None:
-    """eval.final_split=val reads the validation hold-out at the end, evaluating as it goes or not: never the
-    training images."""
-    from vitkit.train.assemble import load_splits
-
-    overrides = (f"eval.every_epochs={every}", "data.steps=0", "data.epochs=1", "eval.final_split=val")
-    config = tiny_config(tmp_path, *overrides)
-    splits = load_splits(config)
-    train = {tuple(image.flatten().tolist()) for image in splits.train.images}
-    held = {tuple(image.flatten().tolist()) for image in splits.test.images}
-    assert held and not train & held and "hold-out" in splits.test.origin
-
-
-def test_a_run_that_holds_nothing_out_plans_its_evaluation_at_the_end(tmp_path: Path) -> None:
-    """One epoch of 22.5 batches with an evaluation every epoch: round(22.47) = 22 falls before the 23rd and
-    last step, but no validation split was held out, so the plan says "at the end only" and evaluates once."""
-    result = trainer.train(
-        tiny_config(tmp_path, "eval.every_epochs=1", "data.steps=0", "data.epochs=1", "data.batch_size=64")
-    )
-    assert result["plan"]["steps"] == 23 and result["plan"]["eval_every"] == 0
-    assert [r["split"] for r in _records(tmp_path) if r["split"] != "train"] == ["test"]
-
-
-def test_one_label_a_class_evaluates_at_the_end_and_refuses_a_final_val_split(tmp_path: Path) -> None:
-    """A hold-out of one image a class is empty (each class keeps its only image): a run that would evaluate
-    as it goes trains on all ten images and evaluates at the end; one that must end on val is refused at the
-    start, not after training."""
-    from vitkit.train.assemble import load_splits
-
-    lengths = ("data.steps=0", "data.epochs=10", "eval.every_epochs=5", "data.labels_per_class=1")
-    splits = load_splits(tiny_config(tmp_path, *lengths))
-    assert splits.evals == {} and len(splits.train) == 10 and sorted(splits.train.labels.tolist()) == list(range(10))
-    with pytest.raises(ValueError, match="1 label per class"):
-        load_splits(tiny_config(tmp_path, *lengths, "eval.final_split=val"))
-    with pytest.raises(ValueError, match="1 label per class"):
-        load_splits(tiny_config(tmp_path, *lengths, "data.val_fraction=0.2"))
 
 
 def test_a_folder_one_level_too_high_names_the_folder_its_classes_are_in(tmp_path: Path) -> None:

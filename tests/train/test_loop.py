@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import sigterm_after, tiny_config, train_in_subprocess
+from helpers import metrics_records, sigterm_after, tiny_config, train_in_subprocess
 from safetensors.torch import load_file
 
 from vitkit.runs import LATEST, STATE_FILE
@@ -20,10 +20,6 @@ from vitkit.train.config import to_dict
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "train_tiny_losses.json"
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _records(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
 def _weights(checkpoint: Path) -> dict[str, torch.Tensor]:
@@ -38,7 +34,7 @@ def test_tiny_recipe_first_losses_match_golden(tmp_path: Path) -> None:
         pytest.skip(f"golden losses recorded with torch {golden['torch']}, this is {torch.__version__}")
     config = tiny_config(tmp_path / "run", "run.log_every=1", "data.steps=5", "run.device=cpu")
     result = trainer.train(config)
-    losses = [r["loss"] for r in _records(tmp_path / "run") if r["split"] == "train"][:5]
+    losses = [r["loss"] for r in metrics_records(tmp_path / "run") if r["split"] == "train"][:5]
     assert golden["command"] and len(golden["losses"]) == 5
     assert losses == pytest.approx(golden["losses"], rel=1e-4, abs=1e-5)
     assert result["status"] == "finished" and result["step"] == 5
@@ -49,7 +45,7 @@ def test_run_directory_layout_and_final_line(tmp_path: Path) -> None:
     trainer.train(tiny_config(run, "data.steps=6", "run.checkpoint_every=4"))
     expected = json.loads(json.dumps(to_dict(tiny_config(run, "data.steps=6", "run.checkpoint_every=4"))))
     assert json.loads((run / "config.json").read_text()) == expected
-    last = _records(run)[-1]
+    last = metrics_records(run)[-1]
     assert last["split"] == "test" and last["final"] and last["step"] == 6
     assert set(last) >= {"step", "epoch", "split", "loss", "top1", "top5"}
     assert (run / "checkpoints" / LATEST).read_text().strip() == "step_0000006"
@@ -64,7 +60,7 @@ def test_max_minutes_cut_stops_evaluates_and_saves(tmp_path: Path) -> None:
     result = trainer.train(tiny_config(run, "data.steps=50", "run.max_minutes=0.000001", "run.budget_schedule=cut"))
     assert result["status"] == "time_budget" and result["step"] == 1
     assert result["test"]["count"] == 359
-    assert _records(run)[-1]["final"] and (run / "checkpoints" / "step_0000001").is_dir()
+    assert metrics_records(run)[-1]["final"] and (run / "checkpoints" / "step_0000001").is_dir()
 
 
 class _Clock:
@@ -89,7 +85,7 @@ def test_fitted_schedule_ends_annealed_when_the_budget_is_spent(tmp_path: Path, 
         tiny_config(run, "data.steps=1000000", "run.max_minutes=0.05", "run.log_every=1", "optim.warmup_steps=5")
     )  # budget_schedule=fit is the default
     assert result["status"] == "finished" and 20 < result["step"] < 1_000_000
-    lrs = [r["lr"] for r in _records(run) if r["split"] == "train"]
+    lrs = [r["lr"] for r in metrics_records(run) if r["split"] == "train"]
     assert len(lrs) == result["step"] and max(lrs) == pytest.approx(result["plan"]["lr"], rel=0.05)
     assert all(later <= earlier for earlier, later in zip(lrs[5:], lrs[6:]))  # decays after warmup
     assert lrs[-1] < 0.02 * max(lrs)  # ended annealed, not cut at a high learning rate
@@ -137,7 +133,7 @@ def test_nan_losses_skip_then_stop_with_last_good_checkpoint(
     with pytest.raises(trainer.NonFiniteLossError, match=r"5 consecutive steps, the last at step 7.*step_0000002"):
         trainer.train(tiny_config(run, "data.steps=20", "run.checkpoint_every=2", f"run.nan_check={nan_check}"))
     assert (run / "checkpoints" / LATEST).read_text().strip() == "step_0000002"  # not overwritten during the streak
-    skipped = [r for r in _records(run) if r.get("skipped")]
+    skipped = [r for r in metrics_records(run) if r.get("skipped")]
     assert [r["step"] for r in skipped] == [3, 4, 5, 6, 7]
 
 
@@ -151,7 +147,7 @@ def test_sigterm_saves_at_step_boundary_and_returns(tmp_path: Path, monkeypatch:
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL or callable(signal.getsignal(signal.SIGTERM))
     monkeypatch.undo()
     trainer.train(tiny_config(run, *settings))  # step 3 had been in no record: between a log step and the signal
-    assert [r["step"] for r in _records(run) if r["split"] == "train"] == [2, 3, 4, 6, 8, 10]
+    assert [r["step"] for r in metrics_records(run) if r["split"] == "train"] == [2, 3, 4, 6, 8, 10]
 
 
 def test_kill_9_then_resume_equals_uninterrupted_bit_exact(tmp_path: Path) -> None:
@@ -163,7 +159,7 @@ def test_kill_9_then_resume_equals_uninterrupted_bit_exact(tmp_path: Path) -> No
     killed = train_in_subprocess(config, 13)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     assert (run / "checkpoints" / LATEST).read_text().strip() == "step_0000010"
-    assert max(r["step"] for r in _records(run)) == 12  # records past the checkpoint exist before resuming
+    assert max(r["step"] for r in metrics_records(run)) == 12  # records past the checkpoint exist before resuming
     resumed = train_in_subprocess(config, 0)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     ours, theirs = _weights(run / "checkpoints" / "step_0000016"), _weights(reference / "checkpoints" / "step_0000016")
@@ -172,7 +168,7 @@ def test_kill_9_then_resume_equals_uninterrupted_bit_exact(tmp_path: Path) -> No
         assert torch.equal(ours[key], theirs[key]), key
     strip = lambda rs: [{k: v for k, v in r.items() if k != "images_per_s"} for r in rs]  # noqa: E731
     # the log was rewound to the checkpoint too, and step 10's output, saved with it, is in step 12's record again
-    assert strip(_records(run)) == strip(_records(reference))
+    assert strip(metrics_records(run)) == strip(metrics_records(reference))
 
 
 class _Killed(BaseException):
@@ -241,7 +237,7 @@ def test_checkpoints_by_the_clock_resume_exactly(tmp_path: Path, monkeypatch, ca
     ours, theirs = _weights(run / "checkpoints" / "step_0000010"), _weights(reference / "checkpoints" / "step_0000010")
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
     strip = lambda rs: [{k: v for k, v in r.items() if k != "images_per_s"} for r in rs]  # noqa: E731
-    assert strip(_records(run)) == strip(_records(reference))
+    assert strip(metrics_records(run)) == strip(metrics_records(reference))
 
 
 def test_a_run_killed_before_its_first_checkpoint_says_it_starts_over(tmp_path: Path, monkeypatch, caplog) -> None:
@@ -249,10 +245,10 @@ def test_a_run_killed_before_its_first_checkpoint_says_it_starts_over(tmp_path: 
     with caplog.at_level(logging.WARNING, logger="vitkit"):
         assert _clocked_run(monkeypatch, run, 1.0, die_after=4) == []  # 4 s: no checkpoint yet
         assert "no checkpoint" not in caplog.text  # a new run directory: nothing to say
-        assert (run / "config.json").is_file() and max(r["step"] for r in _records(run)) == 3  # step 4 unlogged
+        assert (run / "config.json").is_file() and max(r["step"] for r in metrics_records(run)) == 3  # step 4 unlogged
         assert _clocked_run(monkeypatch, run, 1.0) == [10]
     assert f"no checkpoint in {run}: starting from step 0" in caplog.text
-    assert [r["step"] for r in _records(run) if r["split"] == "train"] == list(range(1, 11))
+    assert [r["step"] for r in metrics_records(run) if r["split"] == "train"] == list(range(1, 11))
 
 
 def test_a_failing_final_evaluation_keeps_the_trained_model(
@@ -304,54 +300,6 @@ def test_a_failing_final_evaluation_keeps_the_trained_model(
     assert report["top1"] == pytest.approx(reference["test"]["top1"])
 
 
-def _tiny_cli_run(run: Path) -> list[str]:
-    settings = ["data.steps=4", "run.precision=fp32", "run.threads=1"]
-    return ["train", "--recipe", "small-8px-tiny", "--out", str(run), *(f"--set={s}" for s in settings), "--json"]
-
-
-def test_ctrl_c_as_the_run_finishes_leaves_it_finished(tmp_path: Path, monkeypatch, capsys, caplog) -> None:
-    """A Ctrl-C landing while the curves are drawn, after the final accuracy is out, exited 130 with no
-    plot; the run had finished, and it now says so, exits 0 and draws them."""
-    import os
-
-    from vitkit.cli import main
-    from vitkit.train import finish
-
-    real = finish.plot_curves
-
-    def interrupted(*args):
-        os.kill(os.getpid(), signal.SIGINT)
-        real(*args)
-
-    monkeypatch.setattr(finish, "plot_curves", interrupted)
-    run = tmp_path / "run"
-    with caplog.at_level(logging.INFO, logger="vitkit"):
-        assert main(_tiny_cli_run(run)) == 0
-    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["status"] == "finished"
-    assert (run / "plots" / "curves.png").is_file() and _records(run)[-1]["final"] is True
-    assert f"signal {int(signal.SIGINT)} came as the run finished" in caplog.text
-
-
-def test_ctrl_c_in_the_final_evaluation_names_the_saved_model(tmp_path: Path, monkeypatch, capsys, caplog) -> None:
-    from vitkit.cli import main
-
-    real = trainer.Trainer._evaluate
-
-    def interrupted(self, split, data):
-        if split == "test":
-            raise KeyboardInterrupt
-        return real(self, split, data)
-
-    monkeypatch.setattr(trainer.Trainer, "_evaluate", interrupted)
-    run = tmp_path / "run"
-    assert main(_tiny_cli_run(run)) == 130
-    assert "interrupted" in capsys.readouterr().err
-    assert (
-        f"the trained model is saved in {run / 'checkpoints' / 'final'}: evaluate it with `vitkit eval" in caplog.text
-    )
-    assert (run / "checkpoints" / "final" / "model.safetensors").is_file()
-
-
 def test_a_train_state_that_does_not_fit_the_run_is_passed_over(tmp_path: Path, caplog) -> None:
     """An optimiser moment of the wrong shape crashed torch's fused Adam natively (SIGSEGV); a step count of
     1e15 ended the run "after 1000000000000000/675 steps".  Such a step is passed over for the one before."""
@@ -371,26 +319,6 @@ def test_a_train_state_that_does_not_fit_the_run_is_passed_over(tmp_path: Path, 
     assert result["status"] == "finished" and result["step"] == 6
     assert "optimizer exp_avg of parameter 0 has shape (7,)" in caplog.text
     assert "step is 1000000000000000, not a count" in caplog.text and "resuming from step_0000002" in caplog.text
-
-
-def test_sigterm_in_start_up_says_it_stopped_the_run(tmp_path: Path, monkeypatch, capsys) -> None:
-    """SIGTERM outside the training loop (start-up, the final save, export or evaluation) ended the process
-    without a word, where Ctrl-C said what it left; it is said now, and the exit status is 143."""
-    import os
-
-    from vitkit.cli import main
-    from vitkit.train import plan_text
-
-    real = plan_text.plan_lines
-
-    def terminated(plan):
-        os.kill(os.getpid(), signal.SIGTERM)
-        return real(plan)
-
-    monkeypatch.setattr(plan_text, "plan_lines", terminated)
-    assert main(_tiny_cli_run(tmp_path / "run")) == 143
-    assert "vitkit train: interrupted by SIGTERM" in capsys.readouterr().err
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 
 
 def test_a_budget_already_spent_on_resume_is_said_and_ends_as_spent(tmp_path: Path, monkeypatch, caplog) -> None:

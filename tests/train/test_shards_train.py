@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.multiprocessing as mp
-from helpers import tiny_config, train_in_subprocess
+from helpers import metrics_records, tiny_config, train_in_subprocess
 from safetensors.torch import load_file
 
 from shardkit import image_ids, numbered_shards, write_tar
@@ -22,10 +22,6 @@ from vitkit.train import distributed, objectives, trainer
 
 ROOT = Path(__file__).resolve().parents[2]
 STREAM = ("data.max_in_memory_mb=0", "data.batch_size=16", "data.micro_batch_size=8", "run.log_every=1")
-
-
-def _records(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
 def _shards(root: Path) -> Path:
@@ -56,10 +52,11 @@ def test_kill_9_mid_epoch_on_shards_resumes_bit_exact(tmp_path: Path, workers: i
     theirs = load_file(str(reference / "checkpoints" / "step_0000016" / "model.safetensors"))
     assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
     strip = lambda rs: [{k: v for k, v in r.items() if k != "images_per_s"} for r in rs]  # noqa: E731
-    assert strip(_records(run)) == strip(_records(reference))  # skipped_samples too: the total survives the restart
-    skips = [r.get("skipped_samples", 0) for r in _records(reference) if r["split"] == "train"]
+    # skipped_samples too: the total survives the restart
+    assert strip(metrics_records(run)) == strip(metrics_records(reference))
+    skips = [r.get("skipped_samples", 0) for r in metrics_records(reference) if r["split"] == "train"]
     assert skips == sorted(skips) and 1 <= skips[-1] <= 3  # the corrupt sample, once per epoch read (1.6-2.6 epochs)
-    assert _records(reference)[-1]["count"] == 30  # the test shard, streamed through the evaluation
+    assert metrics_records(reference)[-1]["count"] == 30  # the test shard, streamed through the evaluation
 
 
 def _free_port() -> int:
@@ -140,5 +137,5 @@ def test_uneven_shards_over_two_processes_finish(tmp_path: Path) -> None:
     ranks = _two_processes(tmp_path / "run", args)
     assert [(r["status"], r["step"]) for r in ranks] == [("finished", 30), ("finished", 30)]
     assert all(len(r["seen"]) == 120 for r in ranks) and set(ranks[0]["seen"]) | set(ranks[1]["seen"]) == set(range(69))
-    final = _records(tmp_path / "run")[-1]
+    final = metrics_records(tmp_path / "run")[-1]
     assert final["final"] and final["count"] == 7
