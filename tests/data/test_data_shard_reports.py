@@ -227,6 +227,11 @@ def test_an_index_that_lists_a_shard_twice_is_refused(tmp_path: Path) -> None:
     (tmp_path / "dataset.json").write_text(json.dumps(index))
     with pytest.raises(ValueError, match="more than once"):
         load_split(f"wds:{tmp_path}", "train", image_size=8)
+    (tmp_path / "linked.tar").symlink_to(tmp_path / "train-000000.tar")  # one file under another name
+    index["splits"]["test"] = [{"shard": "linked.tar", "count": 8}]
+    (tmp_path / "dataset.json").write_text(json.dumps(index))
+    with pytest.raises(ValueError, match="lists linked.tar more than once"):
+        load_split(f"wds:{tmp_path}", "train", image_size=8)
 
 
 def test_sharding_a_folder_reads_no_file_larger_than_an_image(tmp_path: Path, caplog) -> None:

@@ -238,11 +238,15 @@ def _indexed(directory: Path, index: dict[str, Any]) -> dict[str, list[tuple[Pat
                 f"{directory / INDEX}: split {name!r} must be train, val or test, holding a list of shards"
             )
         splits[name] = [_entry(directory, name, entry) for entry in entries]
-    seen: set[Path] = set()
+    seen: set[object] = set()
     for path, _ in (pair for entries in splits.values() for pair in entries):  # each listing read as more samples
-        if path in seen:
+        try:  # one file under two names (a link) is listed twice too
+            same: object = (path.stat().st_dev, path.stat().st_ino)
+        except OSError:  # missing: said where its split is read
+            same = path
+        if same in seen:
             raise ValueError(f"{directory / INDEX} lists {path.name} more than once; a shard belongs to one split once")
-        seen.add(path)
+        seen.add(same)
     return splits
 
 
