@@ -249,6 +249,26 @@ def test_a_sweep_whose_trials_mostly_start_up_stops_and_trains_the_recipes_rate(
     assert record["best_lr"] is None and record["final_lr"] == 0.05 and "starting up" in record["stopped"]
 
 
+def test_a_stopped_sweep_leaves_its_unused_time_to_the_final_run(tmp_path: Path, monkeypatch) -> None:
+    """With --max-minutes 1 the sweep stopped after one trial, and the final run still had its half alone: 0.5
+    minutes of a 1-minute command, its start-up taking all of it."""
+    config = tiny_config(tmp_path / "s", "data.val_fraction=0.1", "optim.lr_sweep=0.01,0.1,1", "run.max_minutes=1")
+    clock, budgets, charged = [100.0], [], []
+
+    def fake_train(trial, spent_s=0.0, **kwargs):
+        budgets.append(trial.run.max_minutes)
+        charged.append(spent_s)
+        clock[0] += 14.0  # 14 s of its 10, 6 of them starting up
+        return {"status": "time_budget", "val": {"top1": 0.5, "loss": 1.0}, "startup_seconds": 6.0}
+
+    monkeypatch.setattr(sweep, "now", lambda: clock[0])
+    monkeypatch.setattr(sweep, "train", fake_train)
+    sweep.train_with_sweep(config)
+    assert budgets == [pytest.approx(10 / 60), pytest.approx(0.5 + 20 / 60)]  # its half, and 2 trials' 10 s
+    assert charged == [0.0, pytest.approx(4.0)]  # the one trial's 4 s past its own share, once
+    assert json.loads((tmp_path / "s" / "sweep.json").read_text())["final_minutes"] == pytest.approx(0.5 + 20 / 60)
+
+
 def test_trials_that_run_past_their_share_are_charged_to_the_final_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

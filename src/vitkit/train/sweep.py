@@ -9,7 +9,8 @@ test.  Each trial is a run directory under `<out>/sweep/`, so an interrupted swe
 
 Within a time budget (`--max-minutes M`) the trials and the final run share it: the G trials take
 SWEEP_SHARE of M together (each M x SWEEP_SHARE / G, its schedule fitted to that), the final run the
-rest, less whatever the trials took beyond their share, so the whole sweep ends within M.  With the
+rest, less whatever the trials took beyond their share, so the whole sweep ends within M (a sweep that stops
+early leaves the final run the shares of the trials it did not run as well).  With the
 paper's four rates and M = 15 that is 1.9 minutes a trial and 7.5 for the final run.  Shorter trials
 than the final run favour larger rates a little; they are all the same length, so they compare the rates
 fairly with one another.  A trial that spends STARVED_SHARE of its budget or more starting up (reading
@@ -65,14 +66,15 @@ def trial_config(config: TrainConfig, lr: float) -> TrainConfig:
     )
 
 
-def final_config(config: TrainConfig, lr: float) -> TrainConfig:
-    """The final run: the chosen learning rate on the entire training set, evaluated on test."""
+def final_config(config: TrainConfig, lr: float, minutes: float | None = None) -> TrainConfig:
+    """The final run: the chosen learning rate on the entire training set, evaluated on test, in `minutes` (by
+    default its share of the budget)."""
     return dataclasses.replace(
         config,
         data=dataclasses.replace(config.data, val_fraction=0.0),
         optim=dataclasses.replace(config.optim, lr=lr, lr_sweep=()),
         eval=dataclasses.replace(config.eval, final_split="test"),
-        run=dataclasses.replace(config.run, max_minutes=budget_split(config)[1]),
+        run=dataclasses.replace(config.run, max_minutes=budget_split(config)[1] if minutes is None else minutes),
     )
 
 
@@ -132,13 +134,14 @@ def _sweep(config: TrainConfig, spent_s: float, **train_kwargs: Any) -> dict[str
             break
     best = None if stopped else choose(config, scores, losses)  # a stopped sweep compared no rates
     lr = config.optim.lr if best is None else best
-    overrun = max(0.0, now() - began - trial_minutes * len(config.optim.lr_sweep) * 60)  # charged to the final run
+    overrun = max(0.0, now() - began - trial_minutes * len(scores) * 60)  # past their shares: the final run's
+    final_minutes += trial_minutes * (len(config.optim.lr_sweep) - len(scores))  # the trials a stop left unrun
     record: dict[str, Any] = {"val_top1": scores, "val_loss": losses, "best_lr": best, "final_lr": lr}
     record.update(trial_minutes=trial_minutes, final_minutes=final_minutes, **({"stopped": stopped} if stopped else {}))
     if info.main:
         atomic_write_text(Path(config.run.out) / SWEEP_RECORD, json.dumps(record, indent=2) + "\n")
     trials_s = now() - began - overrun  # the trials' own time, which the final run's clock does not hold
-    result = train(final_config(config, lr), spent_s=spent_s + overrun, **train_kwargs)
+    result = train(final_config(config, lr, final_minutes), spent_s=spent_s + overrun, **train_kwargs)
     if "wall_minutes" in result:  # the command's whole time, as its final line says it
         result = {**result, "wall_minutes": result["wall_minutes"] + trials_s / 60}
     return {**result, "sweep": scores, "best_lr": best, "final_lr": lr, "sweep_minutes": trials_s / 60}
