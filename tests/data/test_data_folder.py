@@ -200,7 +200,7 @@ def test_files_left_out_by_their_extension_are_counted_by_kind(tmp_path, caplog)
         load_split(f"folder:{tmp_path}", "train", image_size=4)  # listed again (each split lists it): no repeat
     assert len(train) == 2
     [record] = [r for r in caplog.records if "not read" in r.getMessage()]
-    assert "4 files not read by their extension (.heic 3, .txt 1)" in record.getMessage()
+    assert "4 files not read, by extension (.heic 3, .txt 1)" in record.getMessage()
     for name in ("loose.jpg", "notes.txt"):  # beside the class folders: no class, and had gone unsaid
         (tmp_path / "train" / name).write_bytes(b"x")
     caplog.clear()

@@ -263,3 +263,14 @@ def test_vitkit_shard_of_one_class_does_not_suggest_a_classifier(tmp_path: Path,
     assert main(["shard", f"folder:{tmp_path / 'one'}", "--out", str(out), "--samples-per-shard", "10"]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert "vitkit train" not in last and f"vitkit pretrain-mpp --data wds:{out}" in last and "1 class" in last
+
+
+def test_a_flat_folder_is_said_as_images_of_one_class_and_a_plain_hold_out(tmp_path: Path, caplog) -> None:
+    """It was "40 images, 1 classes" with "a fixed 20% class-stratified hold-out": no class was read."""
+    import logging
+
+    uri = _flat_folder(tmp_path / "flat")
+    with caplog.at_level(logging.INFO, logger="vitkit"):
+        test = load_split(uri, "test", image_size=8, labelled=False)
+    assert test.origin.startswith("a fixed 20% hold-out of ") and "classes" not in caplog.text
+    assert f"{uri} test: 8 images, 1 class, in memory" in caplog.text

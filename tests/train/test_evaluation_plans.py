@@ -70,3 +70,16 @@ def test_one_label_a_class_evaluates_at_the_end_and_refuses_a_final_val_split(tm
         load_splits(tiny_config(tmp_path, *lengths, "eval.final_split=val"))
     with pytest.raises(ValueError, match="1 label per class"):
         load_splits(tiny_config(tmp_path, *lengths, "data.val_fraction=0.2"))
+
+
+def test_the_recipe_line_says_a_run_trains_on_fewer_labels_than_it_was_chosen_for() -> None:
+    """With --labels-per-class 10 the line said "chosen for ... 776 training images" of a run that trained on 100."""
+    from vitkit.train.resolve import Request, resolve
+
+    assert resolve(Request(data="digits", out="unused")).notes[0] == (
+        "recipe: small-8px (chosen for 8px images, 1,438 training images)"
+    )
+    assert resolve(Request(data="digits", out="unused", labels_per_class=10)).notes[0] == (
+        "recipe: small-8px (chosen for 8px images, 1,438 training images, of which --labels-per-class trains on "
+        "10 a class)"
+    )

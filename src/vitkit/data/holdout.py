@@ -55,8 +55,9 @@ def fixed_test_split(whole: ImageSet, part: str, where: str) -> ImageSet:
     """The fixed class-stratified test hold-out of a source without a test split (or the rest, for train)."""
     fraction = fixed_test_fraction(len(whole))
     keep, held = stratified_split(whole.labels, fraction, FIXED_TEST_SEED)
-    if part == "test":
-        return replace(whole.subset(held), origin=f"a fixed {fraction:.0%} class-stratified hold-out of {where}")
+    if part == "test":  # of unlabelled images (one class): a plain hold-out
+        kind = "class-stratified " if whole.num_classes > 1 else ""
+        return replace(whole.subset(held), origin=f"a fixed {fraction:.0%} {kind}hold-out of {where}")
     return replace(whole.subset(keep), origin=f"{where} minus the fixed {fraction:.0%} test hold-out")
 
 

@@ -143,7 +143,7 @@ def _warn_skipped(root: Path, skipped: Counter[str]) -> None:
     if skipped and key not in _WARNED:
         _WARNED.add(key)
         log.warning(
-            "%s: %d file%s not read by their extension (%s); vitkit reads %s",
+            "%s: %d file%s not read, by extension (%s); vitkit reads %s",
             root,
             skipped.total(),
             "" if skipped.total() == 1 else "s",

@@ -287,11 +287,12 @@ def _absent(split: ImageSet) -> tuple[int, str]:
 def _log_loaded(uri: str, split: str, result: ImageSet | ShardSet, damaged: int) -> None:
     """One line for a split as loaded: its size, classes, how training reads it, and what was lost."""
     log.info(
-        "%s %s: %d images, %d classes, %s%s%s",
+        "%s %s: %d images, %d class%s, %s%s%s",
         uri,
         split,
         len(result),
         result.num_classes,
+        "" if result.num_classes == 1 else "es",
         ACCESS[result.access],
         f", {result.skipped} bad files skipped" if result.skipped else "",
         f", {damaged} damaged shard(s) (named above: their samples after the damage are lost)" if damaged else "",

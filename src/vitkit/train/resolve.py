@@ -337,6 +337,8 @@ def _model_name(request: Request, config: TrainConfig) -> str:
 def _describe(config: TrainConfig, info: SourceInfo, name: str, chose: bool, source: ModelConfig | None) -> Resolved:
     """The lines printed before the run's plan: the recipe and why, warnings about the model's size."""
     how = f"chosen for {info.image_size}px images, {info.num_train:,} training images" if chose else "as requested"
+    if chose and config.data.labels_per_class > 0:  # the recipe is the source's; the run trains on fewer
+        how += f", of which --labels-per-class trains on {config.data.labels_per_class:,} a class"
     if chose and source is not None:
         how = (
             f"chosen for a checkpoint pre-trained at {image_size(source)} px; fine-tuned at "
