@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from vitkit.data import stream as streams
 from vitkit.data.sources import BadImageError, ImageSet
-from vitkit.data.workers import outlive_stop_signals, own_generator
+from vitkit.data.workers import worker_options
 
 log = logging.getLogger(__name__)
 
@@ -155,13 +155,11 @@ class FileBatches:
         self.loader = DataLoader(
             _Files(data, strict),
             batch_sampler=order,
-            num_workers=workers,
             collate_fn=_collate,
             pin_memory=device.type == "cuda",
             persistent_workers=False,
             prefetch_factor=4 if workers else None,
-            generator=own_generator(),
-            worker_init_fn=outlive_stop_signals,
+            **worker_options(workers),
         )
 
     def __iter__(self) -> Iterator[list[tuple[Tensor, Tensor]]]:
@@ -199,11 +197,9 @@ def eval_batches(
     loader = DataLoader(
         _Files(data, strict),
         batch_sampler=[i.tolist() for i in mine.split(batch_size)],
-        num_workers=workers,
         collate_fn=_collate,
         pin_memory=device.type == "cuda",
-        generator=own_generator(),
-        worker_init_fn=outlive_stop_signals,
+        **worker_options(workers),
     )
     for images, labels, _ in loader:
         if len(labels):

@@ -43,7 +43,7 @@ from vitkit.data.shardset import (  # noqa: F401 (read_all, sample_problem re-ex
     read_all,
     sample_problem,
 )
-from vitkit.data.workers import outlive_stop_signals, own_generator
+from vitkit.data.workers import worker_options
 
 WINDOW = 1000  # shuffle window per lane, in samples (webdataset's customary buffer size)
 STATE_KIND = "vitkit-shard-stream/1"
@@ -281,11 +281,9 @@ class ShardBatches:
         loader = DataLoader(
             dataset,
             batch_size=None,
-            num_workers=self.workers,
             pin_memory=self.device.type == "cuda",
             prefetch_factor=2 if self.workers else None,
-            generator=own_generator(),
-            worker_init_fn=outlive_stop_signals,
+            **worker_options(self.workers),
         )
         step: list[tuple[Tensor, Tensor]] = []
         run = 0  # corrupt samples read one after another
@@ -337,10 +335,8 @@ def eval_batches(
     loader = DataLoader(
         _EvalSamples(data, units, batch_size, strict),
         batch_size=None,
-        num_workers=min(workers, len(units)),
         pin_memory=device.type == "cuda",
-        generator=own_generator(),
-        worker_init_fn=outlive_stop_signals,
+        **worker_options(min(workers, len(units))),
     )
     for images, labels, _ in loader:
         if len(labels):

@@ -1,28 +1,50 @@
-"""What every DataLoader of vitkit's gives its worker processes: their signals and their seed source.
+"""How every DataLoader of vitkit's starts its worker processes: their signals, start method and seed source.
 
 A stop signal often reaches a whole process group: Ctrl-C in a terminal sends SIGINT to the foreground group,
 and torchrun, systemd or `kill -TERM -PGID` send SIGTERM to every process.  The main process handles both (it
 saves at the step, then stops); a worker that ended on them had ended the run first ("DataLoader worker is
 killed by signal"), and what was trained since the last step checkpoint was lost.  So a worker ignores SIGINT,
 and obeys SIGTERM only from its parent: that is how the DataLoader's shutdown and multiprocessing's exit handler
-end it, and a worker that ignored those held the exiting process forever.  Where the platform cannot tell who
-sent a signal (no `sigwaitinfo`: macOS, Windows), SIGTERM keeps torch's default.
+end it, and a worker that ignored those held the exiting process forever.
+
+Telling the sender needs `sigwaitinfo` (Linux) and a worker forked from the main process: under spawn or
+forkserver a worker has other threads before its init runs, which the block below does not reach, and a
+forkserver worker's parent is not the main process.  Where both hold, the workers are forked (Linux's default
+before Python 3.14); elsewhere (macOS, Windows) SIGTERM keeps torch's default.  What a worker starts inherits
+its ignored SIGINT and blocked SIGTERM (vitkit's readers start no process; a transform of yours may).
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 import threading
+from typing import Any
 
 import torch
+
+TELLS_SENDER = hasattr(signal, "sigwaitinfo") and "fork" in multiprocessing.get_all_start_methods()
+_IMPORTED_IN = os.getpid()  # in a worker forked from this process, its parent (spawn and forkserver import anew)
+
+
+def worker_options(workers: int) -> dict[str, Any]:
+    """The DataLoader arguments of `workers` worker processes (0: none, the data read in the main process)."""
+    options: dict[str, Any] = {
+        "num_workers": workers,
+        "generator": own_generator(),
+        "worker_init_fn": outlive_stop_signals,
+    }
+    if workers > 0 and TELLS_SENDER:
+        options["multiprocessing_context"] = "fork"
+    return options
 
 
 def outlive_stop_signals(_worker_id: int) -> None:
     """A DataLoader worker's `worker_init_fn`: SIGINT is ignored, and SIGTERM ends the worker only when its
     parent (the main process) sent it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if not hasattr(signal, "sigwaitinfo"):
+    if not TELLS_SENDER or _IMPORTED_IN != os.getppid():  # not forked from the main process: torch's default
         return
     # Blocked here, SIGTERM stays pending for the thread below (threads made later inherit the mask).
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
