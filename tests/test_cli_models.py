@@ -308,7 +308,16 @@ def test_an_interrupted_run_that_saved_nothing_says_so(monkeypatch, capsys, tmp_
     (out / "config.json").write_text("{}")
     assert main(["train", "--out", str(out)]) == 130
     assert capsys.readouterr().err.strip() == "vitkit train: interrupted before it saved anything"
-    (out / "checkpoints" / "step_0000010").mkdir(parents=True)
+    (out / "checkpoints" / "step_0000010").mkdir(parents=True)  # a step whose writing was cut: no LATEST yet
+    assert main(["train", "--out", str(out)]) == 130
+    assert capsys.readouterr().err.strip() == "vitkit train: interrupted before it saved anything"
+    trial = out / "sweep" / "lr_0.01"
+    (trial / "checkpoints").mkdir(parents=True)
+    import vitkit
+
+    vitkit.save(vitkit.create_model("vit_ti16", img_size=8, patch_size=4, num_classes=2), trial / "checkpoints" / "s")
+    (trial / "checkpoints" / "s").rename(trial / "checkpoints" / "step_0000010")
+    (trial / "checkpoints" / "LATEST").write_text("step_0000010\n")  # a sweep's first trial, saved
     assert main(["train", "--out", str(out)]) == 130
     assert "re-run the same command to go on from what it saved" in capsys.readouterr().err
 

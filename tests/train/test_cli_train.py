@@ -243,6 +243,7 @@ def test_under_torchrun_other_ranks_do_not_repeat_the_datas_warnings(monkeypatch
 
     for name in ("vitkit", *(f"vitkit.data.{name}" for name in LOADING_LOGGERS)):
         monkeypatch.setattr(logging.getLogger(name), "level", logging.NOTSET)
+    monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")
     assert not quiet_other_ranks()
     assert not logging.getLogger("vitkit.data.images").isEnabledFor(logging.WARNING)

@@ -350,6 +350,10 @@ def test_torchruns_variables_decide_the_process_group() -> None:
         from_env({"WORLD_SIZE": "2"})
     with pytest.raises(ValueError, match="RANK is set but WORLD_SIZE is not"):
         from_env({"RANK": "0"})
+    # a shell template's empty variables are unset ("invalid literal for int() with base 10: ''" ended every verb)
+    assert from_env({"RANK": "", "WORLD_SIZE": ""}) == DistInfo()
+    with pytest.raises(ValueError, match=r"WORLD_SIZE='x' is not a whole number \(torchrun sets it\)"):
+        from_env({"RANK": "0", "WORLD_SIZE": "x"})
 
 
 def test_leave_runs_the_exit_handlers_flushes_and_exits_with_the_code(tmp_path: Path) -> None:

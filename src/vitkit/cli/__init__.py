@@ -143,15 +143,22 @@ def main(argv: Sequence[str] | None = None, *, since_process_start: bool = False
 
 
 def _saved_anything(verb: str, out: str) -> bool:
-    """Whether an interrupted verb left what a re-run goes on from: a training run's checkpoints (with its config
-    and metrics alone it starts over), another verb's output.  True where it cannot be told."""
-    from vitkit.runs import CHECKPOINTS
+    """Whether an interrupted verb left what a re-run goes on from: a step checkpoint of a training run or of its
+    sweep's trials (with its config and metrics alone it starts over), another verb's output.  True where it
+    cannot be told (a re-run says what it finds)."""
+    from vitkit.runs import SWEEP, RunDir
 
-    where = os.path.join(out, CHECKPOINTS) if verb in TRAINING else out
     try:
-        return os.path.isdir(where) and bool(os.listdir(where))
-    except OSError:
+        if verb not in TRAINING:
+            return os.path.isdir(out) and bool(os.listdir(out))
+        runs = [out, *sorted(os.path.join(out, SWEEP, name) for name in _listed(os.path.join(out, SWEEP)))]
+        return any(RunDir(run).latest(with_state=False) is not None for run in runs)
+    except (OSError, ValueError):
         return True
+
+
+def _listed(directory: str) -> list[str]:
+    return os.listdir(directory) if os.path.isdir(directory) else []
 
 
 def _traceback_if_asked() -> None:
@@ -260,7 +267,7 @@ def _process() -> str:
 
 
 def _entry(argv: Sequence[str] | None = None) -> Any:  # pragma: no cover - the console script and __main__
-    if "WORLD_SIZE" not in os.environ:
+    if not os.environ.get("WORLD_SIZE"):  # a plain process (distributed.from_env's rule, without importing torch)
         sys.exit(main(argv, since_process_start=True))
     from vitkit.train import distributed  # under torchrun, perhaps with DDP's process group: see its leave
 

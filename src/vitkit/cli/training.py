@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 import time
 from typing import Any
@@ -157,7 +156,9 @@ LOADING_LOGGERS = ("sources", "inmemory", "listing", "images", "subsets", "hf", 
 def quiet_other_ranks() -> bool:
     """Whether this is the main process; under torchrun the others log only warnings, and not those of
     loading the data (LOADING_LOGGERS), which rank 0 gives."""
-    if os.environ.get("RANK", "0") == "0":
+    from vitkit.train.distributed import from_env
+
+    if from_env().main:
         return True
     logging.getLogger("vitkit").setLevel(logging.WARNING)
     for name in LOADING_LOGGERS:

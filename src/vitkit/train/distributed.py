@@ -40,16 +40,24 @@ class DistInfo:
 
 def from_env(environ: Mapping[str, str] | None = None) -> DistInfo:
     """The torchrun variables (RANK, WORLD_SIZE, LOCAL_RANK); a single process without them."""
-    env = os.environ if environ is None else environ
-    if ("WORLD_SIZE" in env) != ("RANK" in env):
+    env = {key: value for key, value in (os.environ if environ is None else environ).items() if value != ""}
+    if ("WORLD_SIZE" in env) != ("RANK" in env):  # an empty one (a shell template's) counts as unset
         given, missing = ("WORLD_SIZE", "RANK") if "WORLD_SIZE" in env else ("RANK", "WORLD_SIZE")
         raise ValueError(f"{given} is set but {missing} is not: launch with torchrun, which sets both")
     if "WORLD_SIZE" not in env:
         return DistInfo()
-    world = int(env["WORLD_SIZE"])
+    world = _count(env, "WORLD_SIZE")
     if world <= 1 and "MASTER_ADDR" not in env:  # a scheduler's RANK=0 WORLD_SIZE=1, not torchrun: a plain process
         return DistInfo()
-    return DistInfo(rank=int(env["RANK"]), world=world, local_rank=int(env.get("LOCAL_RANK", "0")), launched=True)
+    return DistInfo(rank=_count(env, "RANK"), world=world, local_rank=_count(env, "LOCAL_RANK", "0"), launched=True)
+
+
+def _count(env: Mapping[str, str], name: str, default: str | None = None) -> int:
+    value = env.get(name, default)
+    try:
+        return int(value or "")
+    except ValueError:
+        raise ValueError(f"{name}={str(value)[:40]!r} is not a whole number (torchrun sets it)") from None
 
 
 def current(environ: Mapping[str, str] | None = None) -> DistInfo:
