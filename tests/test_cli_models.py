@@ -372,3 +372,13 @@ def test_ctrl_c_while_the_command_loads_is_one_line(monkeypatch, capsys) -> None
     with pytest.raises(SystemExit) as stopped:
         entry.main()
     assert stopped.value.code == 130 and capsys.readouterr().err == "vitkit: interrupted\n"
+
+
+def test_the_root_package_loads_its_public_names_when_used() -> None:
+    """`import vitkit` imports no torch (the command's start-up, Ctrl-C); its public names are there when asked."""
+    script = (
+        "import sys, vitkit; before = 'torch' in sys.modules; names = set(dir(vitkit)); "
+        "print(before, sorted(set(vitkit.__all__) - names), callable(vitkit.create_model), 'torch' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == ["False", "[]", "True", "True"], done.stderr

@@ -52,6 +52,10 @@ def predict(
     return predict_files(checkpoint, files, PredictConfig(top_k=top_k, **options))
 
 
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
 def __getattr__(name: str) -> Any:
     if name == "save":
         from vitkit.checkpoints import save

@@ -102,3 +102,14 @@ def test_real_sigterm_is_caught_while_installed_and_handlers_restored() -> None:
         os.kill(os.getpid(), signal.SIGTERM)
         assert policy.check().stop == "interrupted"
     assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_a_clock_that_does_not_move_between_steps_keeps_a_cadence(monkeypatch) -> None:
+    """A clock coarser than a step reads 0 s a step: the cadence is then SIGNAL_AGREE_S a millisecond a step, not
+    a million steps (a signal would have waited for a log step)."""
+    peer, clock = Peer(), FakeClock()
+    monkeypatch.setattr(stop_module.distributed, "max_each", peer.max_each)
+    policy = StopPolicy(started=100.0, deadline_s=None, world=2, now=clock)
+    for _ in range(2):  # the first agreement has no pace yet; the second measures 0 s a step
+        policy.check(agree=False)
+    assert policy._signal_every == int(stop_module.SIGNAL_AGREE_S / 1e-3)

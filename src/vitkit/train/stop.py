@@ -127,7 +127,8 @@ class StopPolicy:
         mine = [float(self.signals.signum), pace] + ([float(out_of_time), float(save)] if agree else [])
         signum, slowest, *reasons = distributed.max_each(mine, self.device)
         if self._agreed_at is not None:
-            self._signal_every = max(1, int(SIGNAL_AGREE_S / slowest)) if slowest > 0 else 1_000_000
+            # a clock coarser than a step (Windows': 15.6 ms) reads 0 s a step: taken as a millisecond
+            self._signal_every = max(1, int(SIGNAL_AGREE_S / max(slowest, 1e-3)))
         self._since, self._agreed_at = 0, now
         self.agreed_signum = int(signum)  # the signal that stops every process, to say it and exit with it
         out_of_time, save = (reasons[0] > 0, reasons[1] > 0) if agree else (False, False)
