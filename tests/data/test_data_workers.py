@@ -79,37 +79,48 @@ print("left running")
     assert done.returncode == 0 and "left running" in done.stdout, done.stderr
 
 
-@pytest.mark.parametrize("method", [None, "spawn", "forkserver"])
+@pytest.mark.parametrize("method", [None, "forkserver", "a forked child"])
 def test_a_stop_signal_to_the_process_group_leaves_the_workers_to_the_main_process(tmp_path: Path, method) -> None:
     """torchrun, systemd and `kill -TERM -PGID` signal the whole process group: the workers must go on serving the
     main process, which saves at the step and then ends them itself (SIGTERM from their parent still ends them).
-    Under a spawn or forkserver default (Python 3.14's on Linux) the workers had threads the block did not reach."""
+    Under a forkserver default (Python 3.14's on Linux) the workers had threads the block did not reach; in a
+    process forked from the one that imported vitkit, the workers were not taken for the main process's."""
     import subprocess
     import sys
 
-    if method is not None and method not in multiprocessing.get_all_start_methods():
+    if method not in (None, "a forked child") and method not in multiprocessing.get_all_start_methods():
         pytest.skip(f"no {method} start method here")
     _files(tmp_path)
     script = f"""
-import multiprocessing, signal, time, torch
-if {method!r} is not None:
+import multiprocessing, signal, sys, time, torch
+if {method!r} in ("spawn", "forkserver"):
     multiprocessing.set_start_method({method!r}, force=True)
 from pathlib import Path
 from tests_data_workers import _files
 from vitkit.data.loader import FileBatches, IndexStream
-stopped = []
-signal.signal(signal.SIGTERM, lambda *_: stopped.append(1))
-data = _files(Path({str(tmp_path)!r}))
-loader = FileBatches(data, IndexStream(len(data), 0), start_step=0, total_steps=6, global_batch=4, rank=0, world=1,
-                     micro_batch=4, device=torch.device("cpu"), workers=2, strict=False)
-steps = iter(loader)
-seen = [next(steps)]
-print("ready", flush=True)
-while not stopped:
-    time.sleep(0.05)
-time.sleep(0.5)  # the signal has reached the workers too
-seen += list(steps)
-print("read", len(seen), flush=True)
+
+def main():
+    stopped = []
+    signal.signal(signal.SIGTERM, lambda *_: stopped.append(1))
+    data = _files(Path({str(tmp_path)!r}))
+    loader = FileBatches(data, IndexStream(len(data), 0), start_step=0, total_steps=6, global_batch=4, rank=0,
+                         world=1, micro_batch=4, device=torch.device("cpu"), workers=2, strict=False)
+    steps = iter(loader)
+    seen = [next(steps)]
+    print("ready", flush=True)
+    while not stopped:
+        time.sleep(0.05)
+    time.sleep(0.5)  # the signal has reached the workers too
+    seen += list(steps)
+    print("read", len(seen), flush=True)
+
+if {method!r} == "a forked child":  # the loader in a process forked after the import
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    child = multiprocessing.get_context("fork").Process(target=main)
+    child.start()
+    child.join()
+    sys.exit(child.exitcode)
+main()
 """
     (tmp_path / "tests_data_workers.py").write_text(Path(__file__).read_text())
     run = subprocess.Popen(

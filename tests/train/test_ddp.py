@@ -352,6 +352,13 @@ def test_torchruns_variables_decide_the_process_group() -> None:
         from_env({"RANK": "0"})
     # a shell template's empty variables are unset ("invalid literal for int() with base 10: ''" ended every verb)
     assert from_env({"RANK": "", "WORLD_SIZE": ""}) == DistInfo()
+    from vitkit.train import distributed  # a joined group reads LOCAL_RANK by the same rule
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(distributed.dist, "is_initialized", lambda: True)
+        patch.setattr(distributed.dist, "get_rank", lambda: 1)
+        patch.setattr(distributed.dist, "get_world_size", lambda: 2)
+        assert distributed.current({"LOCAL_RANK": ""}).local_rank == 1 % max(1, torch.cuda.device_count())
     with pytest.raises(ValueError, match=r"WORLD_SIZE='x' is not a whole number \(torchrun sets it\)"):
         from_env({"RANK": "0", "WORLD_SIZE": "x"})
 

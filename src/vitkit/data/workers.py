@@ -10,8 +10,9 @@ end it, and a worker that ignored those held the exiting process forever.
 Telling the sender needs `sigwaitinfo` (Linux) and a worker forked from the main process: under spawn or
 forkserver a worker has other threads before its init runs, which the block below does not reach, and a
 forkserver worker's parent is not the main process.  Where both hold, the workers are forked (Linux's default
-before Python 3.14); elsewhere (macOS, Windows) SIGTERM keeps torch's default.  What a worker starts inherits
-its ignored SIGINT and blocked SIGTERM (vitkit's readers start no process; a transform of yours may).
+before Python 3.14) unless spawn was chosen; elsewhere (macOS, Windows, spawn) SIGTERM keeps torch's default.
+What a worker starts inherits its ignored SIGINT and blocked SIGTERM (vitkit's readers start no process; a
+transform of yours may).
 """
 
 from __future__ import annotations
@@ -25,7 +26,16 @@ from typing import Any
 import torch
 
 TELLS_SENDER = hasattr(signal, "sigwaitinfo") and "fork" in multiprocessing.get_all_start_methods()
-_IMPORTED_IN = os.getpid()  # in a worker forked from this process, its parent (spawn and forkserver import anew)
+_forked_from: int | None = None  # in a forked process, its parent (spawn and forkserver import the module anew)
+
+
+def _before_fork() -> None:
+    global _forked_from
+    _forked_from = os.getpid()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_before_fork)
 
 
 def worker_options(workers: int) -> dict[str, Any]:
@@ -35,8 +45,8 @@ def worker_options(workers: int) -> dict[str, Any]:
         "generator": own_generator(),
         "worker_init_fn": outlive_stop_signals,
     }
-    if workers > 0 and TELLS_SENDER:
-        options["multiprocessing_context"] = "fork"
+    if workers > 0 and TELLS_SENDER and multiprocessing.get_start_method(allow_none=True) != "spawn":
+        options["multiprocessing_context"] = "fork"  # not where spawn was chosen (CUDA in a worker needs it)
     return options
 
 
@@ -44,7 +54,7 @@ def outlive_stop_signals(_worker_id: int) -> None:
     """A DataLoader worker's `worker_init_fn`: SIGINT is ignored, and SIGTERM ends the worker only when its
     parent (the main process) sent it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if not TELLS_SENDER or _IMPORTED_IN != os.getppid():  # not forked from the main process: torch's default
+    if not TELLS_SENDER or _forked_from != os.getppid():  # not forked from the main process: torch's default
         return
     # Blocked here, SIGTERM stays pending for the thread below (threads made later inherit the mask).
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})

@@ -64,9 +64,8 @@ def current(environ: Mapping[str, str] | None = None) -> DistInfo:
     """This process's place: an already joined process group (e.g. a test's), else torchrun's variables."""
     if dist.is_available() and dist.is_initialized():
         rank, world = dist.get_rank(), dist.get_world_size()
-        local = int(
-            (os.environ if environ is None else environ).get("LOCAL_RANK", rank % max(1, torch.cuda.device_count()))
-        )
+        env = {key: value for key, value in (os.environ if environ is None else environ).items() if value != ""}
+        local = _count(env, "LOCAL_RANK", str(rank % max(1, torch.cuda.device_count())))
         return DistInfo(rank=rank, world=world, local_rank=local, launched=True)
     return from_env(environ)
 
