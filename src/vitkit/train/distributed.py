@@ -40,7 +40,7 @@ class DistInfo:
 
 def from_env(environ: Mapping[str, str] | None = None) -> DistInfo:
     """The torchrun variables (RANK, WORLD_SIZE, LOCAL_RANK); a single process without them."""
-    env = {key: value for key, value in (os.environ if environ is None else environ).items() if value != ""}
+    env = _set_variables(environ)
     if ("WORLD_SIZE" in env) != ("RANK" in env):  # an empty one (a shell template's) counts as unset
         given, missing = ("WORLD_SIZE", "RANK") if "WORLD_SIZE" in env else ("RANK", "WORLD_SIZE")
         raise ValueError(f"{given} is set but {missing} is not: launch with torchrun, which sets both")
@@ -50,6 +50,11 @@ def from_env(environ: Mapping[str, str] | None = None) -> DistInfo:
     if world <= 1 and "MASTER_ADDR" not in env:  # a scheduler's RANK=0 WORLD_SIZE=1, not torchrun: a plain process
         return DistInfo()
     return DistInfo(rank=_count(env, "RANK"), world=world, local_rank=_count(env, "LOCAL_RANK", "0"), launched=True)
+
+
+def _set_variables(environ: Mapping[str, str] | None) -> dict[str, str]:
+    """The environment (`os.environ` by default) without its empty variables: a shell template's, read as unset."""
+    return {key: value for key, value in (os.environ if environ is None else environ).items() if value != ""}
 
 
 def _count(env: Mapping[str, str], name: str, default: str | None = None) -> int:
@@ -64,8 +69,7 @@ def current(environ: Mapping[str, str] | None = None) -> DistInfo:
     """This process's place: an already joined process group (e.g. a test's), else torchrun's variables."""
     if dist.is_available() and dist.is_initialized():
         rank, world = dist.get_rank(), dist.get_world_size()
-        env = {key: value for key, value in (os.environ if environ is None else environ).items() if value != ""}
-        local = _count(env, "LOCAL_RANK", str(rank % max(1, torch.cuda.device_count())))
+        local = _count(_set_variables(environ), "LOCAL_RANK", str(rank % max(1, torch.cuda.device_count())))
         return DistInfo(rank=rank, world=world, local_rank=local, launched=True)
     return from_env(environ)
 
