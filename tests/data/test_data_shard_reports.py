@@ -249,3 +249,35 @@ def test_sharding_a_folder_reads_no_file_larger_than_an_image(tmp_path: Path, ca
         report = write_shards(f"folder:{tmp_path / 'in'}", tmp_path / "out", samples_per_shard=100)
     assert "huge.png" in caplog.text and "larger than an image file may be" in caplog.text
     assert sum(split["samples"] for split in report["splits"].values()) == 6
+
+
+def pillow_halved(image: torch.Tensor) -> torch.Tensor:
+    from PIL import Image
+
+    small = Image.fromarray(image[0].numpy()).resize((4, 4), Image.Resampling.BICUBIC, reducing_gap=2.0)
+    return torch.from_numpy(np.array(small))[None]
+
+
+def image_sums(images: torch.Tensor) -> torch.Tensor:
+    return images.flatten(1).sum(1)
+
+
+def test_array_images_above_the_pixel_limit_are_refused_before_writing(tmp_path: Path, monkeypatch) -> None:
+    """Arrays were written as PNGs of any size, which `wds:` then refused one by one: shards of nothing.
+    Above the readers' pixel limit they are refused before anything is written, naming `--max-side`; with it
+    they are downscaled from the array."""
+    import vitkit.data.shard as shard
+    from shardkit import numbered_npz
+
+    source = f"npz:{numbered_npz(tmp_path / 'n.npz', 20)}"  # 8x8 images
+    monkeypatch.setattr(shard, "MAX_PIXELS", 63)
+    with pytest.raises(ValueError, match=r"8x8 .*64 pixels.*limit 63.*--max-side"):
+        shard.write_shards(source, tmp_path / "out", samples_per_shard=10)
+    assert not (tmp_path / "out").exists()
+    report = shard.write_shards(source, tmp_path / "small", samples_per_shard=10, max_side=4)
+    train = load_split(source, "train")
+    assert report["splits"]["train"]["samples"] == len(train) and report["splits"]["train"]["skipped"] == 0
+    written = load_split(f"wds:{tmp_path / 'small'}", "train", image_size=4)
+    assert written.images.shape == (len(train), 1, 4, 4)
+    halved = torch.stack([pillow_halved(image) for image in train.images])  # what thumbnail does to a file
+    assert torch.equal(torch.sort(image_sums(written.images)).values, torch.sort(image_sums(halved)).values)

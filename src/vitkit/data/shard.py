@@ -12,9 +12,11 @@ would otherwise train class by class).
 
 Files keep their original bytes (no re-encoding loss) unless `max_side` asks for a smaller longer
 side: those are downscaled (aspect kept) and re-encoded, JPEG at quality 95 for JPEG sources, else
-PNG.  Arrays (MNIST, CIFAR, npz, digits) are encoded losslessly as PNG.  A file whose header does
-not open is left out and counted.  The output is deterministic (tar headers carry no time or owner);
-each shard is written under a temporary name and renamed, and dataset.json is written last.
+PNG.  Arrays (MNIST, CIFAR, npz, digits) are encoded as PNG, losslessly unless `max_side` asks for
+them smaller; arrays whose images hold more pixels than the readers accept are refused before anything
+is written.  A file whose header does not open is left out and counted.  The output is deterministic
+(tar headers carry no time or owner); each shard is written under a temporary name and renamed, and
+dataset.json is written last.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from PIL import Image
 from vitkit.atomic import atomic_write_text, lock_directory, remove_torn, unlock_directory
 from vitkit.data import stream
 from vitkit.data.images import (
+    MAX_PIXELS,
     BadImageError,
     NoLabelsError,
     check_file,
@@ -54,10 +57,12 @@ log = logging.getLogger(__name__)
 FORMAT_EXT = {"JPEG": "jpg", "PNG": "png", "WEBP": "webp", "GIF": "gif", "BMP": "bmp", "TIFF": "tif", "PPM": "ppm"}
 
 
-def _png(pixels: torch.Tensor) -> bytes:
-    """uint8 (C, H, W) -> lossless PNG bytes (C = 1: grayscale)."""
+def _png(pixels: torch.Tensor, max_side: int | None = None) -> bytes:
+    """uint8 (C, H, W) -> lossless PNG bytes (C = 1: grayscale), downscaled to `max_side` when larger."""
     array = pixels.numpy()
     image = Image.fromarray(array[0], "L") if array.shape[0] == 1 else Image.fromarray(array.transpose(1, 2, 0), "RGB")
+    if max_side is not None:
+        image.thumbnail((max_side, max_side))  # as `_shrink` does a file, without re-opening what is in memory
     buffer = io.BytesIO()
     image.save(buffer, format="PNG")
     return buffer.getvalue()
@@ -124,9 +129,7 @@ def _encode(item: tuple[int, Callable[[], Any], int], max_side: int | None) -> t
     index, load, label = item
     raw = load()
     if isinstance(raw, torch.Tensor):
-        if max_side is not None and max(raw.shape[1:]) > max_side:
-            return _encode((index, lambda: _png(raw), label), max_side)
-        return index, _png(raw), "png", label
+        return index, _png(raw, max_side), "png", label
     data = _read_bytes(raw)
     name = f"sample {index}" if isinstance(raw, (bytes, bytearray)) else str(raw)
     shrunk = _shrink(data, max_side, name) if data and label >= 0 else None
@@ -256,6 +259,21 @@ def _open_splits(uri: str, image_column: str, label_column: str, labelled: bool)
     return sources
 
 
+def _check_array_pixels(split: str, data: ImageSet | stream.ShardSet, max_side: int | None) -> None:
+    """Arrays whose images, as written, hold more pixels than the readers accept are refused (a file's own
+    header is judged as it is read)."""
+    if not isinstance(data, ImageSet) or data.images is None:
+        return
+    height, width = data.images.shape[-2:]
+    scale = 1.0 if max_side is None else min(1.0, max_side / max(height, width))
+    written = (max(1, round(height * scale)), max(1, round(width * scale)))
+    if written[0] * written[1] > MAX_PIXELS:
+        raise ValueError(
+            f"the {split} images would be written {written[0]}x{written[1]} ({written[0] * written[1]:,} pixels), "
+            f"more than the readers accept (limit {MAX_PIXELS:,}); give --max-side to write them smaller"
+        )
+
+
 def _start_over(out: Path) -> None:
     """Remove what a `vitkit shard` killed in `out` wrote (every shard there is its: it began in a directory
     without any), so that the same command writes it again."""
@@ -297,9 +315,10 @@ def write_shards(
         if out.exists() and (any(out.glob("*.tar")) or (out / INDEX).exists()):
             raise ValueError(f"{out} already holds shards or {INDEX}; choose an empty directory")
         sources = _open_splits(uri, image_column, label_column, labelled)
-        for data in sources.values():  # names the reader would refuse are refused before anything is written
+        for split, data in sources.items():  # what the reader would refuse is refused before anything is written
             if labelled and data.class_names:
                 check_class_names(list(data.class_names), uri, "class")
+            _check_array_pixels(split, data, max_side)
         out.mkdir(parents=True, exist_ok=True)
         held = held if held is not None else _lock(out)
         return _write_all(sources, uri, out, samples_per_shard, max_side, seed, workers, labelled)
