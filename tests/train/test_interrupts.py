@@ -45,10 +45,10 @@ def test_ctrl_c_in_the_final_evaluation_names_the_saved_model(tmp_path: Path, mo
 
     real = trainer.Trainer._evaluate
 
-    def interrupted(self, split, data):
+    def interrupted(self, split, data, **how):
         if split == "test":
             raise KeyboardInterrupt
-        return real(self, split, data)
+        return real(self, split, data, **how)
 
     monkeypatch.setattr(trainer.Trainer, "_evaluate", interrupted)
     run = tmp_path / "run"
@@ -78,3 +78,34 @@ def test_sigterm_in_start_up_says_it_stopped_the_run(tmp_path: Path, monkeypatch
     assert main(_tiny_cli_run(tmp_path / "run")) == 143
     assert "vitkit train: interrupted by SIGTERM" in capsys.readouterr().err
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_sigterm_in_a_periodic_evaluation_saves_at_once_and_the_run_resumes(tmp_path: Path, monkeypatch) -> None:
+    """A SIGTERM during a periodic evaluation waited for the whole evaluation (a scheduler's SIGKILL comes 30 s
+    after its SIGTERM); the evaluation now ends before its next batch and the run saves at that step."""
+    import os
+
+    from helpers import tiny_config
+
+    from vitkit.eval import evaluator
+    from vitkit.runs import RunDir
+
+    real, calls = evaluator.eval_transform, []
+
+    def terminated(*args):
+        calls.append(1)
+        if len(calls) == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(*args)
+
+    monkeypatch.setattr(evaluator, "eval_transform", terminated)
+    overrides = ("data.steps=0", "data.epochs=2", "eval.every_epochs=1", "eval.batch_size=16")
+    config = tiny_config(tmp_path / "run", *overrides)
+    result = trainer.train(config)
+    every = result["plan"]["eval_every"]
+    assert result["status"] == "interrupted" and result["step"] == every and len(calls) == 1
+    assert RunDir(tmp_path / "run").latest().name == f"step_{every:07d}"
+    assert not [r for r in metrics_records(tmp_path / "run") if r.get("split") == "val"]  # the cut one: no record
+    resumed = trainer.train(config)
+    assert resumed["status"] == "finished" and resumed["step"] == result["steps"] > 2 * every
+    assert [r["step"] for r in metrics_records(tmp_path / "run") if r.get("split") == "val"] == [2 * every]

@@ -262,10 +262,10 @@ def test_a_failing_final_evaluation_keeps_the_trained_model(
     reference = trainer.train(tiny_config(tmp_path / "reference", "data.steps=6"))
     real = trainer.Trainer._evaluate
 
-    def dies_on_test(self, split, data):
+    def dies_on_test(self, split, data, **how):
         if split == "test":
             raise RuntimeError("could not create a primitive descriptor for the inner product forward propagation")
-        return real(self, split, data)
+        return real(self, split, data, **how)
 
     monkeypatch.setattr(trainer.Trainer, "_evaluate", dies_on_test)
     run = tmp_path / "run"

@@ -7,12 +7,13 @@ the model runs in eval mode, so results do not depend on the batch size.  With s
 evaluates a strided share and the sums are all-reduced, so every process gets the whole split's figures.
 With `flip_views` each image is also classified mirrored and the two logit vectors are averaged (test-time
 augmentation, for data whose labels survive a mirror); the counts then also carry the one-view top-1, so
-both figures are reported (`one_view_note`).
+both figures are reported (`one_view_note`).  An evaluation given `interrupted` (training's periodic ones)
+ends at the next batch after a signal, with `EvaluationInterrupted`, agreed by every process.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +28,14 @@ from vitkit.device import autocast
 from vitkit.models import configs
 
 CONFUSION_MAX_CLASSES = 4096  # above, no K x K confusion matrix is kept (21,843 classes: 3.8 GB a copy)
+
+
+class EvaluationInterrupted(Exception):
+    """A signal arrived during an evaluation given `interrupted`; `signum` is the one every process agreed."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"evaluation interrupted by signal {signum}")
+        self.signum = signum
 
 
 @dataclass(frozen=True)
@@ -92,12 +101,14 @@ def evaluate(
     flip_views: bool = False,
     label_map: Tensor | None = None,
     lockstep: bool = False,
+    interrupted: Callable[[], int] | None = None,
 ) -> Counts:
     """Loss, top-1, top-k and the confusion matrix of `model` on `data` (uint8 images prepared as in training);
     with `flip_views`, of the logits averaged over each image and its mirror image.  `label_map` (int64, one
     entry a data class) turns the data's labels into the model's classes, which the confusion matrix counts.
     `lockstep`: the model's forward is a collective (FSDP's all-gathers), so every process runs as many forward
-    passes, one out of batches a blank one, where the processes' shares differ in batches."""
+    passes, one out of batches a blank one, where the processes' shares differ in batches.  `interrupted`: this
+    process's pending signal (0: none), read before each batch; any process's ends every one's evaluation."""
     device = torch.device(device)
     was_training = model.training
     model.eval()
@@ -105,21 +116,23 @@ def evaluate(
     label_map = None if label_map is None else label_map.to(device)
     totals = _Totals(num_classes, device)
     stream = batches.eval_batches(data, batch_size, device, rank=rank, world=world, workers=workers)
-    for batch in _in_lockstep(stream, device) if lockstep and world > 1 else stream:
-        if batch is None:  # this process's share is done, another's is not: a blank pass joins its collectives
-            blank = torch.zeros(1, channels, size, size, device=device)
-            _view_logits(
-                model, blank, torch.zeros(1, dtype=torch.long, device=device), device, autocast_dtype, flip_views
-            )
-            continue
-        images, labels = batch
-        inputs = eval_transform(images, size, mean, std, channels)
-        labels = labels if label_map is None else label_map[labels]
-        logits, one_view_hits = _view_logits(model, inputs, labels, device, autocast_dtype, flip_views)
-        if logits.shape[1] != num_classes:
-            raise ValueError(f"the model predicts {logits.shape[1]} classes but the data set has {num_classes}")
-        totals.add(*_batch_counts(logits, labels, loss, top_k, one_view_hits), labels)
-    model.train(was_training)
+    try:
+        for batch in _agreed(stream, device, world, lockstep, interrupted):
+            if batch is None:  # this process's share is done, another's is not: a blank pass joins the collectives
+                if lockstep:
+                    blank = torch.zeros(1, channels, size, size, device=device)
+                    blank_labels = torch.zeros(1, dtype=torch.long, device=device)
+                    _view_logits(model, blank, blank_labels, device, autocast_dtype, flip_views)
+                continue
+            images, labels = batch
+            inputs = eval_transform(images, size, mean, std, channels)
+            labels = labels if label_map is None else label_map[labels]
+            logits, one_view_hits = _view_logits(model, inputs, labels, device, autocast_dtype, flip_views)
+            if logits.shape[1] != num_classes:
+                raise ValueError(f"the model predicts {logits.shape[1]} classes but the data set has {num_classes}")
+            totals.add(*_batch_counts(logits, labels, loss, top_k, one_view_hits), labels)
+    finally:
+        model.train(was_training)
     return totals.counts(top_k, flip_views)
 
 
@@ -161,14 +174,32 @@ class _Totals:
         )
 
 
-def _in_lockstep(stream: Iterator[tuple[Tensor, Tensor]], device: torch.device) -> Iterator[Any]:
-    """The batches of `stream`, then None until every process is out of them (one all-reduce a batch)."""
+def _agreed(
+    stream: Iterator[tuple[Tensor, Tensor]],
+    device: torch.device,
+    world: int,
+    lockstep: bool,
+    interrupted: Callable[[], int] | None,
+) -> Iterator[Any]:
+    """The batches of `stream`; where processes must agree (a collective forward, or a signal that ends every
+    process's evaluation), then None until every process is out of them, in one all-reduce a batch.  Raises
+    `EvaluationInterrupted` before the batch after a signal."""
+    if world == 1 or not (lockstep or interrupted):
+        for batch in stream:
+            if interrupted is not None and (signum := interrupted()):
+                raise EvaluationInterrupted(signum)
+            yield batch
+        return
     stream = iter(stream)
     while True:
         batch = next(stream, None)
-        more = torch.tensor([batch is not None], dtype=torch.int32, device=device)
+        mine = [float(batch is not None), float(interrupted() if interrupted else 0)]
+        more, signum = torch.tensor(mine, dtype=torch.float64, device=device), None
         torch.distributed.all_reduce(more, op=torch.distributed.ReduceOp.MAX)
-        if not more.item():
+        more, signum = more.tolist()
+        if signum:
+            raise EvaluationInterrupted(int(signum))
+        if not more:
             return
         yield batch
 

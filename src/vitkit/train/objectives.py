@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -43,6 +44,7 @@ class EvalContext:
     world: int = 1
     workers: int = 0
     lockstep: bool = False  # the model's forward is a collective (FSDP): evaluator.evaluate's `lockstep`
+    interrupted: Callable[[], int] | None = None  # a pending signal ends it (evaluator.evaluate's)
 
     @classmethod
     def of(cls, config: TrainConfig, device: torch.device, autocast_dtype: torch.dtype | None, **where: Any):
@@ -127,6 +129,7 @@ class Classification:
             workers=context.workers,
             flip_views=self.config.eval.flip_views,
             lockstep=context.lockstep,
+            interrupted=context.interrupted,
         )
         return counts.summary()
 

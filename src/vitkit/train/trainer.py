@@ -29,7 +29,7 @@ import torch
 from vitkit import host as hosts
 from vitkit.data.imageset import ImageSet
 from vitkit.device import pick_device, synchronize
-from vitkit.eval.evaluator import one_view_note
+from vitkit.eval.evaluator import EvaluationInterrupted, one_view_note
 from vitkit.models.configs import image_size
 from vitkit.runs import RunDir, removed_if_left_empty
 from vitkit.train import compiled, distributed, finish
@@ -230,9 +230,9 @@ class Trainer(RunParts):
                     self.guard.flush()
                 if at_log:
                     self._log(records, phase, bar)
-                self._evaluate_if_due()
+                cut_short = self._evaluate_if_due(stop)  # by a signal, on every process: agree on it now
                 self._observe_budget(agree)
-                reason, by_clock = stop.check(agree, saved_at=self.loop_start)  # _save restarts the loop's clock
+                reason, by_clock = stop.check(agree or cut_short, saved_at=self.loop_start)  # _save resets the clock
                 if reason and self.guard.pending:
                     self.guard.flush()  # deferred flags: account for them before saving
                 if reason and not at_log:  # the steps since the last record are in one, not lost with the process
@@ -301,15 +301,21 @@ class Trainer(RunParts):
             self.metrics.write(record)
             bar.set_postfix(loss=f"{record['loss']:.3f}", img_s=f"{record['images_per_s']:.0f}")
 
-    def _evaluate_if_due(self) -> None:
+    def _evaluate_if_due(self, stop: StopPolicy) -> bool:
+        """The periodic evaluations, if due; True where a signal ended them, on every process: the run stops at
+        once, not after an evaluation longer than a scheduler waits between its SIGTERM and its SIGKILL."""
         every, step = self.plan.eval_every, self.state.step
         if not every or step % every or step >= self.plan.steps:
-            return
+            return False
         began = time.monotonic()
-        for split, data in self.data.evals.items():
-            self.metrics.write(self._evaluate(split, data))
+        try:
+            for split, data in self.data.evals.items():
+                self.metrics.write(self._evaluate(split, data, interrupted=lambda: stop.signals.signum))
+        except EvaluationInterrupted:  # its records are not written; the run says it stopped for the signal
+            return True
         if self.plan.fitted:  # keep as long back for the final evaluation
             self.budget.reserve_s = distributed.max_across(time.monotonic() - began, self.device)
+        return False
 
     def _observe_budget(self, agree: bool) -> None:
         if self.plan.fitted and (self.info.world == 1 or agree):  # all processes: one position
@@ -330,17 +336,17 @@ class Trainer(RunParts):
         """What an evaluation runs: the sharded model under FSDP (its forward is collective), else the plain one."""
         return self.state.model if self.sharded else self.state.module
 
-    def _eval_context(self) -> EvalContext:
+    def _eval_context(self, interrupted: Callable[[], int] | None = None) -> EvalContext:
         info = self.info
-        return EvalContext.of(
-            self.config, self.device, self.autocast_dtype, rank=info.rank, world=info.world, lockstep=self.sharded
-        )
+        where = {"rank": info.rank, "world": info.world, "lockstep": self.sharded, "interrupted": interrupted}
+        return EvalContext.of(self.config, self.device, self.autocast_dtype, **where)
 
-    def _evaluate(self, split: str, data: Any) -> dict[str, Any]:
-        """The objective's evaluation of `split` (of the Polyak average when enabled, Sec. 4.1)."""
+    def _evaluate(self, split: str, data: Any, interrupted: Callable[[], int] | None = None) -> dict[str, Any]:
+        """The objective's evaluation of `split` (of the Polyak average when enabled, Sec. 4.1), which
+        `interrupted` (this process's pending signal) ends with `EvaluationInterrupted`."""
         state = self.state
         with averaged(state.ema, state.module):
-            result = self.objective.evaluate(self._eval_model, data, self._eval_context())
+            result = self.objective.evaluate(self._eval_model, data, self._eval_context(interrupted))
         record = {"step": state.step, "epoch": self._epoch(state.step), "split": split, **result}
         if self.info.main and result.get("top1") is not None:
             log.info(
