@@ -80,6 +80,11 @@ def test_guard_accounts_deferred_flags_and_stops_after_patience() -> None:
     assert "in a new run (another --out: a re-run of this one resumes its own config" in str(stop.value)  # a re-run
     # with a lower --lr resumed the stored one, and its NaN
     assert counters.skipped_steps == 4
+    unsaved = NonFiniteGuard(SimpleNamespace(nan_streak=0, skipped_steps=0), patience=1)
+    unsaved.observe(1, True)
+    with pytest.raises(NonFiniteLossError, match="none \\(no checkpoint yet\\)") as stop:
+        unsaved.flush()  # nothing saved: a re-run of the same command with a lower --lr starts over with it
+    assert str(stop.value).endswith("then re-run: with no checkpoint, the same --out starts over with the new settings")
 
 
 # --------------------------------------------------------------------------------- checkpointer

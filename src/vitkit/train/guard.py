@@ -64,12 +64,16 @@ class NonFiniteGuard:
             self.report({"step": step, "split": "train", "skipped": True, "nan_streak": self.counters.nan_streak})
             if self.counters.nan_streak >= self.patience:
                 self.unchecked.clear()
+                last_good = self.last_good()
                 raise NonFiniteLossError(
                     f"loss/gradient was NaN or Inf for {self.counters.nan_streak} consecutive steps, the last at step "
-                    f"{step}; stopped without saving. "
-                    f"Last good checkpoint: {self.last_good() or 'none (no checkpoint yet)'}. "
+                    f"{step}; stopped without saving. Last good checkpoint: {last_good or 'none (no checkpoint yet)'}. "
                     "Lower optim.lr, raise optim.warmup_steps or (where it trains in bf16) use run.precision=fp32, "
-                    "in a new run (another --out: a re-run of this one resumes its own config)"
+                    + (
+                        "in a new run (another --out: a re-run of this one resumes its own config)"
+                        if last_good
+                        else "then re-run: with no checkpoint, the same --out starts over with the new settings"
+                    )
                 )
         self.unchecked.clear()
         return skipped_steps
