@@ -5,7 +5,8 @@
 
 Both optimisers get the same matrices (the encoder blocks' 2-D weights of the recipe's model) with the same
 random gradients; each `step()` is timed after a few untimed ones (median of --steps).  Prints the two times,
-their ratio, and for reference the fused AdamW step over the same matrices.  Nothing is written.
+their ratio, and for reference the fused AdamW step over the same matrices, and appends them as a row of
+results/muon_step.jsonl (--no-record: none).
 """
 
 from __future__ import annotations
@@ -13,15 +14,18 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
+from vitkit.bench.records import append_row
 from vitkit.data.sources import SourceInfo
 from vitkit.models import build_model
 from vitkit.train.muon import StackedMuon
 from vitkit.train.optim import MUON_OPTIONS, is_hidden_matrix
 from vitkit.train.recipes import get_recipe
 
+RESULTS = Path(__file__).resolve().parent / "results" / "muon_step.jsonl"
 WARM_STEPS = 5
 
 
@@ -41,6 +45,7 @@ def main() -> int:
     parser.add_argument("--image-size", type=int, default=28)
     parser.add_argument("--channels", type=int, default=1)
     parser.add_argument("--steps", type=int, default=50, help="timed steps per optimiser")
+    parser.add_argument("--no-record", action="store_true", help="do not append a row to results/muon_step.jsonl")
     args = parser.parse_args()
     info = SourceInfo(
         uri="folder:benchmark",
@@ -64,6 +69,10 @@ def main() -> int:
     print(f"  StackedMuon (vitkit):   {ours:.2f} ms/step")
     print(f"  torch.optim.Muon:       {theirs:.2f} ms/step  ({theirs / ours:.2f}x StackedMuon's time)")
     print(f"  fused AdamW, reference: {adamw:.2f} ms/step")
+    if not args.no_record:
+        times = {"vitkit StackedMuon": ours, "torch.optim.Muon": theirs, "fused AdamW": adamw}
+        figures = {"recipe": args.recipe, "matrices": len(matrices), "shapes": [list(s) for s in shapes]}
+        append_row(RESULTS, {**figures, "ms_per_step": {k: round(v, 2) for k, v in times.items()}})
     return 0
 
 

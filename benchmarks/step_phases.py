@@ -8,7 +8,8 @@ data, compiled as the recipe says), then times `train_step` on real augmented ba
 phase of the schedule (one phase per PatchDropout rate and training side), after a few untimed steps.
 Prints, per phase: the rate, the side, ms per step (median of --steps), images/s and the data part of it;
 with --profile, torch.profiler's top operators for the first phase (matmuls against fused elementwise
-graphs against per-step overhead).  Nothing is written but a scratch run directory, removed at the end.
+graphs against per-step overhead).  Appends a row a phase to results/step_phases.jsonl (--no-record: none);
+its scratch run directory is removed at the end.
 """
 
 from __future__ import annotations

@@ -83,8 +83,12 @@ class PrecisionChoice:
 
     @property
     def dtype(self) -> torch.dtype | None:
-        """The autocast dtype (None = full precision)."""
-        return torch.bfloat16 if self.precision == "bf16" else None
+        return autocast_dtype(self.precision)
+
+
+def autocast_dtype(precision: str) -> torch.dtype | None:
+    """The autocast dtype of a precision ("bf16": bfloat16; "fp32": None, full precision)."""
+    return torch.bfloat16 if precision == "bf16" else None
 
 
 def _measured_words(speedup: float | None) -> str:

@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from vitkit import host as hosts
 from vitkit.device import autocast as device_autocast
-from vitkit.device import native_bf16, pick_device, resolve_precision, synchronize
+from vitkit.device import autocast_dtype, native_bf16, pick_device, resolve_precision, synchronize
 from vitkit.models import build_model, preset_config
 from vitkit.models.configs import HybridConfig, image_size, in_channels, num_classes
 from vitkit.models.flops import model_flops
@@ -86,7 +86,7 @@ class BenchConfig:
 
 def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
     """bf16 autocast (matmuls in bf16, reductions in fp32, weights kept fp32) or a no-op for fp32."""
-    return device_autocast(device, torch.bfloat16 if precision == "bf16" else None)
+    return device_autocast(device, autocast_dtype(precision))
 
 
 def device_name(device: torch.device) -> str:
@@ -212,7 +212,7 @@ def measure_peak_flops(device: torch.device, precision: str, size: int | None = 
     The default size (2048 on CPU, 8192 on CUDA) is large enough to reach the matmul plateau; bf16 on a CPU
     without native bf16, emulated at a few GFLOP/s, is at its plateau at 512 (2048 takes 85 s a matmul).
     """
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    dtype = autocast_dtype(precision) or torch.float32
     emulated = dtype == torch.bfloat16 and device.type == "cpu" and not native_bf16(device)
     size = size or (8192 if device.type == "cuda" else 512 if emulated else 2048)
     gen = torch.Generator(device="cpu").manual_seed(0)

@@ -3,7 +3,7 @@
 Every per-step quantity of a run (learning rate, PatchDropout phase, EMA decay) is read from the schedule
 at a position between 0 and its length L (train/schedule.py).  Without a budget the position is the step.
 With `--max-minutes M` (run.budget_schedule="fit") the position is the larger of the step (when the run has
-a length of its own: --epochs, data.steps, or a recipe's that caps a budgeted run, train/resolve.py) and
+a length of its own: --epochs, data.steps, or a recipe's that caps a budgeted run, train/transfer_recipes.py) and
 L x the fraction of the usable budget spent training; a
 budgeted run without a length of its own goes by the clock alone, its L the steps the warm-up estimates will
 fit.  The run takes its last step, at the schedule's end value, when the next position would reach L, so it

@@ -174,7 +174,7 @@ class EvalConfig:
 class RunConfig:
     """How the run executes: reproducibility, budget, checkpoints and hardware."""
 
-    out: str = ""  # run directory; "" = runs/<data>-<model>-<timestamp> (chosen by the CLI)
+    out: str = ""  # run directory; "" = runs/<data>-<model>-<timestamp> (chosen by train/resolve.py)
     seed: int = 0  # seeds init, data order, augmentation and dropout
     max_minutes: float = 0.0  # stop cleanly when spent, then evaluate and save; 0 = no budget
     # with max_minutes: fit = the schedule runs by the clock and ends annealed when the budget (whole run) is spent
@@ -185,7 +185,7 @@ class RunConfig:
     checkpoint_minutes: float = 5.0
     log_every: int = 20  # optimiser steps between train records in metrics.jsonl
     nan_patience: int = 5  # consecutive non-finite losses (each skipped) before the run stops
-    # deferred: skip on the device (fused optimiser), read at log steps; auto = deferred on CUDA
+    # deferred: skip on the device (fused optimiser), read at log steps; auto = deferred on CUDA but for FSDP/Muon
     nan_check: Literal["auto", "sync", "deferred"] = "auto"
     # "auto" = bf16 autocast where the device has native bf16 and it measures faster for the model (vitkit.device),
     # else fp32

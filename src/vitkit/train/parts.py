@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from vitkit.data.stream import ShardBatches, ShardSet
+from vitkit.device import autocast_dtype
 from vitkit.models.configs import in_channels
 from vitkit.runs import RunDir
 from vitkit.train import choices, compiled, distributed
@@ -129,7 +130,7 @@ class RunParts:
             self.run.create()
         distributed.barrier()
         self.config = config = reconcile(config)
-        torch.manual_seed(init_seed(config.run.seed, info.rank))  # init (DDP broadcasts rank 0's) and dropout
+        torch.manual_seed(init_seed(config.run.seed, info.rank))  # weights and dropout
         wants_test = config.mpp is None or config.mpp.eval_images > 0
         self.data = data or load_splits(config, need_test=wants_test)
         self.source_count = source_images(config) if data is None else None  # splits given: the caller's data
@@ -221,7 +222,7 @@ class RunParts:
             stored_precision=self.stored_precision,
             stored_compiled=self.stored_compiled,
         )
-        self.autocast_dtype = torch.bfloat16 if picked.precision == "bf16" else None
+        self.autocast_dtype = autocast_dtype(picked.precision)
         if picked.compiled:
             self.state.model = compiled.compile_for_training(self.eager, self.device)
         return picked

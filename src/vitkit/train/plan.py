@@ -52,7 +52,8 @@ def _stream_seed(name: str, seed: int, *words: int) -> int:
 
 
 def init_seed(seed: int, rank: int) -> int:
-    """Global torch RNG (weights, dropout): the same init on every rank (DDP broadcasts rank 0's anyway)."""
+    """Global torch RNG (weights, dropout), one stream a rank, so dropout differs between ranks.  DDP broadcasts
+    rank 0's weights; under FSDP each rank keeps its shard of its own draw, from the same distribution."""
     return _stream_seed("init", seed, rank)
 
 

@@ -28,7 +28,7 @@ import torch
 
 from vitkit import host as hosts
 from vitkit.data.imageset import ImageSet
-from vitkit.device import pick_device, synchronize
+from vitkit.device import autocast, pick_device, synchronize
 from vitkit.eval.evaluator import EvaluationInterrupted, one_view_note
 from vitkit.models.configs import image_size
 from vitkit.runs import RunDir, removed_if_left_empty
@@ -110,7 +110,7 @@ class Trainer(RunParts):
         generator = torch.Generator(device=self.device).manual_seed(0)
         phase = Phase(lr=0.0, patch_dropout=rate, side=side, ema_decay=0.0)
         inputs = self.objective.batch(blank_batch(self.data.train, self.micro, side, self.device), phase, generator)[0]
-        with torch.autocast(self.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
+        with autocast(self.device, self.autocast_dtype):
             loss, _ = self.objective.loss_of(self.step_spec(phase), generator)(self.state.model, inputs)
         loss.float().backward()
 
