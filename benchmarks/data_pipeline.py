@@ -18,10 +18,11 @@ augmentation (the recipe's train_transform on uint8 batches in this process; on 
 
 "decode" is what DataLoader workers do: read, decode (JPEG DCT-domain downscaling where the target
 is smaller), resize the shorter side, centre-crop, collate; images/s in the steady state after the
-first batch.  Per worker = the rate with 1 worker.  Workers needed = ceil(3,900 / per-worker rate):
-3,900 img/s is a GPU training ViT-B/16 at 224 px; at 64 px the count says what the same demand would
+first batch.  Per worker = the rate with 1 worker.  Workers needed = ceil(3,443 / per-worker rate):
+3,443 img/s is an H200 training ViT-B/16 at 224 px; at 64 px the count says what the same demand would
 take.  Rounds alternate the paths (the machine's load varies); the figures are medians and the
-ratios are taken within each round before the median.
+ratios are taken within each round before the median.  The summary is appended to
+results/data_pipeline.jsonl (--no-record: not).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from typing import Any
 
 import torch
 
+from vitkit.bench.records import append_row
 from vitkit.data import images as image_module
 from vitkit.data.loader import FileBatches, IndexStream
 from vitkit.data.shard import write_shards
@@ -50,6 +52,7 @@ from vitkit.train.recipes import get_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
+RESULTS = ROOT / "benchmarks" / "results" / "data_pipeline.jsonl"
 TARGET = 3443  # img/s ViT-B/16 trains at, 224 px, bf16, compiled, on an H200 (results/gpu.jsonl)
 CPU = torch.device("cpu")
 
@@ -213,7 +216,7 @@ def header_rates(directory: Path) -> tuple[float, float]:
 
 def augment_rate(size: int, batch: int, repeats: int) -> float:
     """The recipe's augmentation (64 px: small-64px's; 224 px: paper-pretrain's) on uint8 batches, this process."""
-    info = SourceInfo(uri="x", num_train=1000, num_classes=10, image_size=size, channels=3, in_memory=False)
+    info = SourceInfo(uri="folder:x", num_train=1000, num_classes=10, image_size=size, channels=3, in_memory=False)
     config = get_recipe("small-64px" if size <= 64 else "paper-pretrain", info)
     images = torch.randint(0, 256, (batch, 3, size, size), dtype=torch.uint8)
     labels = torch.randint(0, 10, (batch,))
@@ -315,7 +318,7 @@ def report(
                 summary[f"{name}/{size}/{path}"] = {
                     "per_worker": per_worker,
                     "ratio_to_folder": ratio,
-                    "workers_for_3900": needed,
+                    "workers_needed": needed,
                     "wall_by_workers": dict(zip(workers, row)),
                 }
                 print(f"{path:<20}{per_worker:>11.0f}{ratio:>7.2f}{needed:>7}" + "".join(f"{r:>11.0f}" for r in row))
@@ -358,6 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shared", default=str(SHARED), help="the shared data directory")
     parser.add_argument("--listing", default="", help="instead: time listing this (large) folder, e.g. 200k files")
     parser.add_argument("--json", action="store_true", help="also print one JSON object as the last line")
+    parser.add_argument("--no-record", action="store_true", help="do not append a row to results/data_pipeline.jsonl")
     args = parser.parse_args(argv)
     if args.listing:
         result = listing(Path(args.listing), args.rounds)
@@ -385,6 +389,8 @@ def main(argv: list[str] | None = None) -> int:
         f"medians of {args.rounds} rounds; {counts}"
     )
     summary = report(rates, names, sizes, workers, paths)
+    if not args.no_record:
+        append_row(RESULTS, {"data": names, "batch_size": args.batch_size, "summary": summary})
     if args.json:
         print(json.dumps({"summary": summary, "rounds": rates}))
     return 0

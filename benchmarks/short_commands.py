@@ -8,8 +8,8 @@ Targets (a 2-core CPU, any host class):
 
     name   command                                                          target
     epoch  vitkit train --data folder:DIR --epochs 1 (~600 32-px images)    < 1 minute, wall clock
-    mpp    vitkit pretrain-mpp --data fashion-mnist:DIR --max-minutes 3     >= 1,000 images/s (20x the
-           49-63 images/s it trained at on an AVX2 host when the recipes pinned bf16)
+    mpp    vitkit pretrain-mpp --data fashion-mnist:DIR --max-minutes 3     >= 1,000 images/s on an AVX2
+                                                                            host
 
 Each run is a fresh process in a fresh run directory with a cold torch.compile cache (what a user's first
 run pays).  images/s is the mean of the run's training records (metrics.jsonl), steps and epochs its last

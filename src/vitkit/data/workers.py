@@ -2,8 +2,8 @@
 
 A stop signal often reaches a whole process group: Ctrl-C in a terminal sends SIGINT to the foreground group,
 and torchrun, systemd or `kill -TERM -PGID` send SIGTERM to every process.  The main process handles both (it
-saves at the step, then stops); a worker that ended on them had ended the run first ("DataLoader worker is
-killed by signal"), and what was trained since the last step checkpoint was lost.  So a worker ignores SIGINT,
+saves at the step, then stops); a worker that ended on them would end the run first ("DataLoader worker is
+killed by signal"), losing what was trained since the last step checkpoint.  So a worker ignores SIGINT,
 and obeys SIGTERM only from its parent: that is how the DataLoader's shutdown and multiprocessing's exit handler
 end it, and a worker that ignored those held the exiting process forever.
 

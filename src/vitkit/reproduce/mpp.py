@@ -1,6 +1,6 @@
 """`mpp` (Sec. 4.6, App. B.1.2): masked patch prediction before fine-tuning, against training from scratch.
 
-Arms, per seed (benchmarks/mpp_transfer.py made a study):
+Arms, per seed:
   mpp-pretrain   masked patch prediction (ssl/masked_patch.py: 50% of patches corrupted 80/10/10, the 3-bit
                  mean colour predicted) on every training image, labels unused; 3 units
   sup-pretrain   supervised training of the same ViT on every labelled training image; 3 units
@@ -26,7 +26,7 @@ from vitkit.train.objectives import mpp_train_config
 
 LABELLED = 0.02  # of the training split is labelled for fine-tuning (Fashion-MNIST: 108 images per class)
 TINY_LABELLED = 0.25
-MPP_LR = 1e-3  # Adam lr of the MPP run (benchmarks/mpp_transfer.py; the paper's 2e-4 is for batch 4096)
+MPP_LR = 1e-3  # Adam lr of the MPP run (results/mpp_transfer.jsonl; the paper's 2e-4 is for batch 4096)
 PRETRAIN_UNITS = 3.0
 FINETUNES = ("ft-mpp", "ft-sup", "ft-scratch")
 

@@ -97,8 +97,8 @@ def teardown() -> None:
 def held(info: DistInfo, device: torch.device) -> Iterator[None]:
     """The process group, joined (`setup`) for what runs inside and left after, unless already joined: a run's,
     or that of several runs of one command (an LR sweep's trials and final run), each of which then leaves it
-    be.  Left and joined again between runs, it hung in the next DDP's first broadcast under torchrun (DDP
-    keeps the group it was given alive: `leave`)."""
+    be: DDP keeps the group it was given alive (`leave`), so a group left and joined again between runs would
+    hang the next DDP's first broadcast under torchrun."""
     joined = setup(info, device)
     try:
         yield

@@ -117,8 +117,8 @@ class Trainer(RunParts):
     def _eval_image_seconds(self, count: int) -> float:
         """Seconds per image of the final evaluation, timed through the evaluation itself (transform, forward at
         the evaluation's batch size, metrics) on up to one batch of blank images, after an untimed micro-batch.
-        A third of a training pass underestimated it twice over for a BiT ResNet on a CPU: evaluation runs
-        eagerly and without PatchDropout, and its larger batch is slower per image there."""
+        Timed, not derived from a training pass: evaluation runs eagerly, without PatchDropout, and at a larger
+        batch, which on a CPU is slower per image."""
         n = max(1, min(count, self.config.eval.batch_size))
         blank = blank_batch(self.data.train, n, image_size(self.config.model), torch.device("cpu"))[0][0]
         names = self.data.train.class_names
