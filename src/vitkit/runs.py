@@ -80,6 +80,15 @@ class RunDir:
         self.checkpoints = self.path / CHECKPOINTS
         self.loaded: set[Path] = set()  # step checkpoints read whole (hashed) by a resume: kept with no second hash
 
+    def sweep_trial(self, lr: float) -> RunDir:
+        """The run directory of its LR sweep's trial at learning rate `lr`."""
+        return RunDir(self.path / SWEEP / f"lr_{lr:g}")
+
+    def sweep_trials(self) -> list[RunDir]:
+        """The run directories of its LR sweep's trials, by name ([] without a sweep)."""
+        folder = self.path / SWEEP
+        return [RunDir(p) for p in sorted(folder.iterdir()) if p.is_dir()] if folder.is_dir() else []
+
     def create(self) -> None:
         """The directory, made where it is free or holds a vitkit run; never over a file, or where its config.json
         is another's (a model checkpoint's, a project's), which the run's config would replace."""

@@ -146,19 +146,15 @@ def _saved_anything(verb: str, out: str) -> bool:
     """Whether an interrupted verb left what a re-run goes on from: a step checkpoint of a training run or of its
     sweep's trials (with its config and metrics alone it starts over), another verb's output.  True where it
     cannot be told (a re-run says what it finds)."""
-    from vitkit.runs import SWEEP, RunDir
+    from vitkit.runs import RunDir
 
     try:
         if verb not in TRAINING:
             return os.path.isdir(out) and bool(os.listdir(out))
-        runs = [out, *sorted(os.path.join(out, SWEEP, name) for name in _listed(os.path.join(out, SWEEP)))]
-        return any(RunDir(run).latest(with_state=False) is not None for run in runs)
+        runs = [RunDir(out), *RunDir(out).sweep_trials()]
+        return any(run.latest(with_state=False) is not None for run in runs)
     except (OSError, ValueError):
         return True
-
-
-def _listed(directory: str) -> list[str]:
-    return os.listdir(directory) if os.path.isdir(directory) else []
 
 
 def _traceback_if_asked() -> None:

@@ -35,7 +35,7 @@ from typing import Any
 from vitkit.atomic import atomic_write_text
 from vitkit.data.sources import separate_val
 from vitkit.device import pick_device
-from vitkit.runs import SWEEP, SWEEP_RECORD, RunDir
+from vitkit.runs import SWEEP_RECORD, RunDir
 from vitkit.train import distributed
 from vitkit.train.config import TrainConfig
 from vitkit.train.trainer import train
@@ -57,7 +57,7 @@ def budget_split(config: TrainConfig) -> tuple[float, float]:
 
 def trial_config(config: TrainConfig, lr: float) -> TrainConfig:
     """One sweep trial: learning rate `lr`, scored on the held-out "val" split."""
-    out = Path(config.run.out) / SWEEP / f"lr_{lr:g}"
+    out = RunDir(config.run.out).sweep_trial(lr).path
     return dataclasses.replace(
         config,
         optim=dataclasses.replace(config.optim, lr=lr, lr_sweep=()),
