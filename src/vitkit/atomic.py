@@ -1,6 +1,7 @@
 """Atomic file writes (DESIGN.md "Our checkpoint", "A run"): every file vitkit writes goes to a temporary
 file in the same directory and is renamed into place, so a crash at any moment leaves either the old
-file or the new one, never a torn one.  The lowest layer: it imports nothing else of vitkit."""
+file or the new one, never a torn one; directories made for work that failed are removed again
+(`removed_if_left_empty`).  The lowest layer: it imports nothing else of vitkit."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import os
 import re
 import secrets
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 
@@ -122,3 +124,20 @@ def lock_directory(path: str | os.PathLike) -> int | None:
 def unlock_directory(descriptor: int | None) -> None:
     if descriptor is not None:
         os.close(descriptor)  # closing the descriptor releases its flock
+
+
+@contextmanager
+def removed_if_left_empty(path: str | os.PathLike) -> Iterator[None]:
+    """Around work that creates the run directory `path`: when the work fails, the directories it created on
+    the way to `path` that are still empty are removed, so a run that wrote nothing leaves nothing behind.
+    Directories that existed before are left alone, empty or not."""
+    target = Path(path).absolute()
+    created = [folder for folder in (target, *target.parents) if not folder.exists()]  # deepest first
+    try:
+        yield
+    except BaseException:
+        for folder in created:
+            with suppress(OSError):  # written to meanwhile, or already gone: keep it, and raise the real error
+                if not any(folder.iterdir()):
+                    folder.rmdir()
+        raise

@@ -27,7 +27,7 @@ import pickle
 import re
 import shutil
 from collections.abc import Callable, Collection, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -86,8 +86,7 @@ class RunDir:
 
     def sweep_trials(self) -> list[RunDir]:
         """The run directories of its LR sweep's trials, by name ([] without a sweep)."""
-        folder = self.path / SWEEP
-        return [RunDir(p) for p in sorted(folder.iterdir()) if p.is_dir()] if folder.is_dir() else []
+        return [RunDir(p) for p in sorted((self.path / SWEEP).glob("*/"))]  # "*/": directories alone
 
     def create(self) -> None:
         """The directory, made where it is free or holds a vitkit run; never over a file, or where its config.json
@@ -121,7 +120,7 @@ class RunDir:
             self._check_checkpoints()
             yield
         finally:
-            self.unlock(descriptor)
+            unlock_directory(descriptor)
 
     def _check_checkpoints(self) -> None:
         """A ValueError where `checkpoints/` exists and cannot take a file: the first save would fail minutes in."""
@@ -131,8 +130,8 @@ class RunDir:
 
     def lock(self) -> int | None:
         """An exclusive lock on the directory (`atomic.lock_directory`) for as long as a run trains in it; a
-        ValueError where another process holds it.  The descriptor to pass to `unlock`, or None where the
-        platform has no flock."""
+        ValueError where another process holds it.  The descriptor to pass to `atomic.unlock_directory`, or None
+        where the platform has no flock."""
         try:
             return lock_directory(self.path)
         except BlockingIOError:
@@ -140,10 +139,6 @@ class RunDir:
                 f"{self.path} is in use by another vitkit process (a run training there now); wait for it to end, "
                 "or choose another --out"
             ) from None
-
-    @staticmethod
-    def unlock(descriptor: int | None) -> None:
-        unlock_directory(descriptor)
 
     # ----------------------------------------------------------------------------- checkpoints
     def latest(self, *, with_state: bool = True) -> Path | None:
@@ -345,23 +340,6 @@ def _mtime(path: Path) -> float:
 def _step_number(path: Path) -> int:
     digits = re.findall(r"\d+", path.name)
     return int(digits[-1]) if digits else -1
-
-
-@contextmanager
-def removed_if_left_empty(path: str | os.PathLike) -> Iterator[None]:
-    """Around work that creates the run directory `path`: when the work fails, the directories it created on
-    the way to `path` that are still empty are removed, so a run that wrote nothing leaves nothing behind.
-    Directories that existed before are left alone, empty or not."""
-    target = Path(path).absolute()
-    created = [folder for folder in (target, *target.parents) if not folder.exists()]  # deepest first
-    try:
-        yield
-    except BaseException:
-        for folder in created:
-            with suppress(OSError):  # written to meanwhile, or already gone: keep it, and raise the real error
-                if not any(folder.iterdir()):
-                    folder.rmdir()
-        raise
 
 
 def is_run_dir(path: str | os.PathLike) -> bool:

@@ -20,6 +20,7 @@ from helpers import tiny_config
 from safetensors.torch import load_file
 
 import vitkit
+from vitkit.atomic import unlock_directory
 from vitkit.cli import main
 from vitkit.runs import find_checkpoint
 from vitkit.train import trainer
@@ -114,6 +115,7 @@ def _two_class_npz(tmp_path: Path) -> Path:
 
 MPP_KILLER = """
 import os, signal, sys
+from vitkit.atomic import unlock_directory
 from vitkit.cli import main
 from vitkit.train import trainer
 stop_at, argv = int(sys.argv[1]), sys.argv[2:]
@@ -199,7 +201,7 @@ def test_a_run_directory_in_use_is_refused(tmp_path: Path) -> None:
         with pytest.raises(ValueError, match="is in use by another vitkit process"):
             trainer.train(config)
     finally:
-        RunDir.unlock(held)
+        unlock_directory(held)
     assert trainer.train(config)["status"] == "finished"
     assert trainer.train(config)["status"] == "finished"  # released at the end: the same command again
 

@@ -27,11 +27,12 @@ from typing import Any
 import torch
 
 from vitkit import host as hosts
+from vitkit.atomic import removed_if_left_empty
 from vitkit.data.imageset import ImageSet
 from vitkit.device import autocast, pick_device, synchronize
 from vitkit.eval.evaluator import EvaluationInterrupted, one_view_note
 from vitkit.models.configs import image_size
-from vitkit.runs import RunDir, removed_if_left_empty
+from vitkit.runs import RunDir
 from vitkit.train import compiled, distributed, finish
 from vitkit.train.assemble import Splits, blank_batch
 from vitkit.train.budget import Budget
