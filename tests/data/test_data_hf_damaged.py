@@ -223,3 +223,17 @@ def test_class_label_names_are_checked_as_a_class_list_is(tmp_path: Path) -> Non
     pq.write_table(forged, tmp_path / "data" / "train-00000-of-00001.parquet")
     with pytest.raises(ValueError, match="the ClassLabel names of 'target': the class name 'ant' appears twice"):
         describe(f"hf:{tmp_path / 'data'}")
+
+
+@pytest.mark.parametrize("bad", [4, 7])
+def test_an_arrow_label_beyond_its_class_names_names_the_row(tmp_path: Path, bad: int) -> None:
+    """An Arrow split whose label column holds an index past its ClassLabel's names (damaged or hand-edited
+    metadata) ended `vitkit train` in an IndexError, or a RuntimeError in the first step; Parquet rows like it
+    are skipped by name."""
+    rows = labelled_dataset(10, int_labels=True).to_dict()
+    rows["target"][6] = bad
+    data = datasets.Dataset.from_dict(rows, features=labelled_dataset(1, int_labels=True).features)
+    data.info.features = labelled_dataset(1).features  # ClassLabel(names=CLASSES): 4 names
+    data.save_to_disk(str(tmp_path))
+    with pytest.raises(ValueError, match=rf"row 6's label is {bad}, beyond the 4 class names \(0\.\.3\)"):
+        load_split(f"hf:{tmp_path}", "train", image_size=8)

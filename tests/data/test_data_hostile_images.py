@@ -224,3 +224,29 @@ def test_a_float_image_in_the_unit_range_reads_as_that_range(tmp_path) -> None:
     assert out.flatten().tolist() == np.rint(ramp.flatten() * 255).astype(int).tolist()
     Image.fromarray(ramp * 200, "F").save(tmp_path / "bytes.tif")  # 0..200: read as it is, as before
     assert decode_image(tmp_path / "bytes.tif", channels=1).max().item() == 200
+
+
+def test_headers_are_read_from_regular_files_of_the_allowed_formats_alone(tmp_path) -> None:
+    """The header probes (image sizes, the median side a recipe is chosen from) opened any path: a FIFO named by a
+    Hugging Face row hung `vitkit train` before its first line, and every Pillow plugin parsed what it was given."""
+    import os
+    import threading
+
+    from vitkit.data.images import image_size, probe_images
+
+    os.mkfifo(tmp_path / "pipe")
+    found: list = []
+    probe = threading.Thread(
+        target=lambda: found.append((image_size(tmp_path / "pipe"), probe_images([tmp_path / "pipe"])))
+    )
+    probe.start()
+    probe.join(10)
+    hung = probe.is_alive()
+    while probe.is_alive():  # a writer that closes at once ends each of the reader's waits
+        with open(tmp_path / "pipe", "wb"):
+            pass
+        probe.join(1)
+    assert not hung and found == [(None, (0, 3))]
+    icon = encoded(Image.new("RGB", (16, 16)), "ICO")  # decodable by Pillow, not a format vitkit reads
+    assert image_size(icon) is None and probe_images([icon]) == (0, 3)
+    assert image_size(encoded(Image.new("RGB", (16, 12)), "PNG")) == (16, 12)

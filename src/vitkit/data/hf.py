@@ -221,9 +221,9 @@ class ArrowImages:
 _DROPPED: set[tuple[tuple[str, ...], str, int]] = set()  # (files, label column, rows) already said dropped
 
 
-def arrow_rows(split: HFSplit, image: str, label: str, where: str) -> tuple[ArrowImages, np.ndarray]:
-    """The split's images (lazily read) and int64 labels; unlabelled (-1) rows dropped.  Without a label
-    column (`label` ""), every row, each of class 0."""
+def arrow_rows(split: HFSplit, image: str, label: str, where: str, classes: int) -> tuple[ArrowImages, np.ndarray]:
+    """The split's images (lazily read) and int64 labels, each below `classes` (the split's class names);
+    unlabelled (-1) rows dropped.  Without a label column (`label` ""), every row, each of class 0."""
     table = open_arrow_table(split.files)
     if not label:
         return ArrowImages(split.files, image, None, count=table.num_rows), np.zeros(table.num_rows, np.int64)
@@ -234,6 +234,11 @@ def arrow_rows(split: HFSplit, image: str, label: str, where: str) -> tuple[Arro
     if (labels < -1).any():  # -1 is the Hub's "no label"; any other negative is damage
         row = int(np.flatnonzero(labels < -1)[0])
         raise ValueError(f"{where}: row {row}'s label is {labels[row]}; class indices are 0 or more (-1: unlabelled)")
+    if (labels >= classes).any():  # past the names (damaged metadata): no class to train or count it as
+        row = int(np.flatnonzero(labels >= classes)[0])
+        raise ValueError(
+            f"{where}: row {row}'s label is {labels[row]}, beyond the {classes} class names (0..{classes - 1})"
+        )
     keep = np.flatnonzero(labels >= 0)
     dropped = (tuple(split.files), label, len(labels) - len(keep))
     if dropped[2] and dropped not in _DROPPED:  # once a process: every split of a run reads these rows again

@@ -281,9 +281,12 @@ def decode_image(
 
 @contextlib.contextmanager
 def _header(source: Path | bytes | str) -> Iterator[Image.Image]:
-    """The image opened for its header (a path or encoded bytes), Pillow's bomb warning off."""
+    """The image opened for its header (a path, which must be a regular file (`check_file`), or encoded bytes)
+    by the plugins of FORMATS alone, Pillow's bomb warning off."""
+    if not isinstance(source, (bytes, bytearray)):
+        check_file(source, str(source))
     opened = io.BytesIO(source) if isinstance(source, (bytes, bytearray)) else source
-    with _pillow_bomb_warning_off(), Image.open(opened) as image:
+    with _pillow_bomb_warning_off(), Image.open(opened, formats=FORMATS) as image:
         yield image
 
 

@@ -262,7 +262,8 @@ def read_hf(
         if held_out and part in ("train", "test"):
             data = holdout.hold_out_shards(data, reader.labels(units), part, data.origin)
         return data
-    images, labels = hf.arrow_rows(split, image, label, f"{where} ({part})")
+    classes = len(label_map or class_names)  # the split's own names, or the train split's
+    images, labels = hf.arrow_rows(split, image, label, f"{where} ({part})", classes)
     if label_map:
         known = (labels >= 0) & (labels < len(label_map))
         labels[known] = np.asarray(label_map)[labels[known]]
