@@ -237,3 +237,19 @@ def test_an_arrow_label_beyond_its_class_names_names_the_row(tmp_path: Path, bad
     data.save_to_disk(str(tmp_path))
     with pytest.raises(ValueError, match=rf"row 6's label is {bad}, beyond the 4 class names \(0\.\.3\)"):
         load_split(f"hf:{tmp_path}", "train", image_size=8)
+
+
+@pytest.mark.parametrize("damage", ["footer", "columns"])
+def test_a_damaged_parquet_file_of_a_split_is_named(tmp_path: Path, damage: str) -> None:
+    """A second Parquet file that was not one, or lacked the label column, ended in pyarrow's traceback
+    ("Couldn't deserialize thrift", 'Field "target" does not exist') naming no file."""
+    (tmp_path / "data").mkdir()
+    labelled_dataset(8).to_parquet(str(tmp_path / "data" / "train-00000-of-00002.parquet"))
+    second = tmp_path / "data" / "train-00001-of-00002.parquet"
+    if damage == "footer":
+        second.write_bytes(b"PAR1" + bytes(100) + b"PAR1")
+    else:
+        datasets.Dataset.from_dict({"foo": [1, 2]}).to_parquet(str(second))
+    problem = "not a readable Parquet file" if damage == "footer" else r"its columns \(foo\) are not those of"
+    with pytest.raises(ValueError, match=rf"{second}: {problem}"):
+        load_split(f"hf:{tmp_path}", "train", image_size=8)

@@ -176,7 +176,18 @@ def open_arrow_table(files: tuple[str, ...]) -> Any:
     for path in files:
         with _naming(path, "Arrow file"):
             tables.append(pa.ipc.open_stream(pa.memory_map(path)).read_all())
-    return pa.concat_tables(tables)
+        _same_columns(path, tables[-1].schema.names, files[0], tables[0].schema.names)
+    with _naming(Path(files[0]).parent, "Arrow split (its files' column types differ)"):
+        return pa.concat_tables(tables)
+
+
+def _same_columns(path: str, names: list[str], first: str, first_names: list[str]) -> None:
+    """A ValueError naming `path` where its columns are not those of the split's `first` file."""
+    if names != first_names:
+        raise ValueError(
+            f"{path}: its columns ({', '.join(names)[:200]}) are not those of {first} "
+            f"({', '.join(first_names)[:200]}): the files of one split must share their columns"
+        )
 
 
 class ArrowImages:
@@ -250,11 +261,15 @@ def arrow_rows(split: HFSplit, image: str, label: str, where: str, classes: int)
 
 # ------------------------------------------------------------------------------ streamed (Parquet)
 def parquet_units(split: HFSplit) -> list[Unit]:
-    """One unit per Parquet row group (from the footers; no rows read)."""
+    """One unit per Parquet row group (from the footers; no rows read); every file must have the first's columns."""
     pq = _pyarrow().parquet
-    units = []
+    units, first = [], None
     for path in split.files:
-        meta = pq.ParquetFile(path).metadata
+        with _naming(path, "Parquet file"):
+            file = pq.ParquetFile(path)
+            meta, names = file.metadata, file.schema_arrow.names
+        first = first or (path, names)
+        _same_columns(path, names, *first)
         units += [Unit(path, meta.row_group(g).num_rows, g) for g in range(meta.num_row_groups)]
     return units
 
@@ -283,7 +298,11 @@ def split_labels(split: HFSplit, label: str) -> np.ndarray:
     if split.kind != "parquet":
         return label_values(open_arrow_table(split.files).column(label))
     pq = _pyarrow().parquet
-    return np.concatenate([label_values(pq.read_table(path, columns=[label]).column(label)) for path in split.files])
+    columns = []
+    for path in split.files:
+        with _naming(path, "Parquet file"):
+            columns.append(label_values(pq.read_table(path, columns=[label]).column(label)))
+    return np.concatenate(columns)
 
 
 def label_values(column: Any) -> np.ndarray:
@@ -303,7 +322,7 @@ def _label_column(path: str, part: int, label: str, stamp: tuple[int, int]) -> n
     try:
         table = _pyarrow().parquet.ParquetFile(path).read_row_group(part, columns=[label])
         values = table.column(label).to_pylist()
-    except (OSError, ValueError):  # ArrowInvalid/ArrowIOError are ValueError/OSError subclasses
+    except (OSError, ValueError, KeyError):  # ArrowInvalid/ArrowIOError are ValueError/OSError subclasses
         values = []
     return np.array([_label(value) for value in values], dtype=np.int64)
 
