@@ -47,7 +47,7 @@ def test_npz_images_of_another_rank_are_a_data_error(tmp_path: Path) -> None:
     from vitkit.data.sources import describe
 
     np.savez(tmp_path / "flat.npz", images=np.zeros((20, 64), np.uint8), labels=np.arange(20) % 2)
-    with pytest.raises(DataFormatError, match=r"images has shape \(20, 64\); expected images as \(N, H, W\)"):
+    with pytest.raises(DataFormatError, match=r"`images` has shape \(20, 64\); expected images as \(N, H, W\)"):
         describe(f"npz:{tmp_path / 'flat.npz'}")
 
 
@@ -219,3 +219,30 @@ def test_a_zip_after_another_start_is_not_an_npz(tmp_path: Path, start) -> None:
     for read in (read_npz, npz_shapes, lambda p: describe(f"npz:{p}")):
         with pytest.raises(DataFormatError, match="hidden.npz: not an .npz archive"):
             read(path)
+
+
+def test_describing_an_npz_checks_its_labels_headers_and_image_shape_as_reading_does(tmp_path: Path) -> None:
+    """`vitkit train` describes a source before it reads it: a labels header claiming 10**11 entries was
+    allocated there ("out of memory (... 745 GiB ...); lower --batch-size"), one claiming more than its member
+    holds ended in "EOF: reading array data", and images of shape (10, -8, 8) were described as -8 px."""
+    from vitkit.data.sources import describe
+
+    buffer = io.BytesIO()
+    np.lib.format.write_array(buffer, np.zeros(10, np.int64))
+    labels = buffer.getvalue().replace(b"'shape': (10,)", b"'shape': (10000000000,)", 1)
+    path = tmp_path / "lying.npz"
+    with zipfile.ZipFile(path, "w") as archive:
+        images = io.BytesIO()
+        np.lib.format.write_array(images, np.zeros((10, 8, 8), np.uint8))
+        archive.writestr("images.npy", images.getvalue())
+        archive.writestr("labels.npy", labels)
+    with pytest.raises(DataFormatError, match=r"`labels.npy` claims shape \(10000000000,\) \(80,000,000,000 bytes\)"):
+        describe(f"npz:{path}")
+    with zipfile.ZipFile(tmp_path / "negative.npz", "w") as archive:
+        archive.writestr("images.npy", images.getvalue().replace(b"(10, 8, 8)", b"(10, -8, 8)", 1))
+        archive.writestr("labels.npy", buffer.getvalue())
+    with pytest.raises(DataFormatError, match=r"`images` has shape \(10, -8, 8\); expected images as"):
+        describe(f"npz:{tmp_path / 'negative.npz'}")
+    np.savez(tmp_path / "unlabelled.npz", x_train=np.zeros((10, 8, 8), np.uint8), y_train=np.zeros(10, np.int64))
+    with pytest.raises(DataFormatError, match=r"holds \['x_train', 'y_train'\]; expected x_train, y_train, x_test"):
+        describe(f"npz:{tmp_path / 'unlabelled.npz'}")  # a KeyError traceback

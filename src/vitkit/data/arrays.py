@@ -165,21 +165,23 @@ def describe_arrays(kind: str, uri: str, root: Path) -> SourceInfo:
 
 def _describe_npz(uri: str, path: Path) -> SourceInfo:
     shapes = readers.npz_shapes(path)
-    key = "x_train" if "x_train" in shapes else "images"
-    if key not in shapes:
+    keys = next((keys for keys in readers.NPZ_KEYS if all(key in shapes for key in keys)), None)
+    if keys is None:  # images without their labels too
         raise DataFormatError(
             f"{path}: holds {sorted(shapes)}; expected x_train, y_train, x_test, y_test or images, labels"
         )
+    key, label_keys = keys[0], list(keys[1::2])
     shape = shapes[key]
-    if len(shape) not in (3, 4):
+    if len(shape) not in (3, 4) or min(shape) < 1:
         raise DataFormatError(
-            f"{path}: {key} has shape {tuple(shape)}; expected images as (N, H, W), (N, H, W, C) or (N, C, H, W)"
+            f"{path}: `{key}` has shape {tuple(shape)}; expected images as (N, H, W), (N, H, W, C) or (N, C, H, W)"
         )
     nchw = len(shape) == 4 and shape[1] in (1, 3) and shape[3] not in (1, 3)
     channels = 1 if len(shape) == 3 else (shape[1] if nchw else shape[3])
     side = shape[-1] if nchw or len(shape) == 3 else shape[2]
     with np.load(path, allow_pickle=False) as archive:  # decompresses the labels only
-        for name in ("labels",) if key == "images" else ("y_train", "y_test"):
+        readers.check_npz_sizes(path, archive.zip, label_keys)  # before numpy allocates what a header claims
+        for name in label_keys:
             readers.check_labels(readers.npz_array(archive, name, path), path, name)
         if key == "images":  # the fixed 20 % test hold-out needs the labels
             labels = torch.from_numpy(archive["labels"].astype(np.int64))

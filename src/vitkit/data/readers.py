@@ -212,7 +212,7 @@ def to_nchw(array: np.ndarray, path: Path, key: str) -> np.ndarray:
     return out
 
 
-def _check_npz_sizes(path: Path, archive: zipfile.ZipFile, keys: list[str]) -> None:
+def check_npz_sizes(path: Path, archive: zipfile.ZipFile, keys: list[str]) -> None:
     """Each member read (`keys`, of the open `archive`) may claim in its .npy header no more bytes than the member
     holds, and all of them no more than the memory available: numpy allocates what a header claims before it
     reads a byte, so a forged shape would otherwise allocate any amount."""
@@ -302,7 +302,7 @@ def read_npz(path: Path) -> dict[str, np.ndarray]:
                     f"{path}: holds {sorted(names)}; expected x_train, y_train, x_test, y_test or images, labels"
                 )
             wanted = [*keys, *(["class_names"] if "class_names" in names else [])]
-            _check_npz_sizes(path, archive.zip, wanted)  # the archive numpy opened: its headers, no second open
+            check_npz_sizes(path, archive.zip, wanted)  # the archive numpy opened: its headers, no second open
             arrays = {key: npz_array(archive, key, path) for key in wanted}
     except DataFormatError:
         raise
