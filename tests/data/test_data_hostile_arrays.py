@@ -246,3 +246,27 @@ def test_describing_an_npz_checks_its_labels_headers_and_image_shape_as_reading_
     np.savez(tmp_path / "unlabelled.npz", x_train=np.zeros((10, 8, 8), np.uint8), y_train=np.zeros(10, np.int64))
     with pytest.raises(DataFormatError, match=r"holds \['x_train', 'y_train'\]; expected x_train, y_train, x_test"):
         describe(f"npz:{tmp_path / 'unlabelled.npz'}")  # a KeyError traceback
+
+
+def test_a_cifar_file_larger_than_memory_is_refused_unread_and_its_names_file_is_bounded(tmp_path, monkeypatch) -> None:
+    """A CIFAR binary was read whole (a 77 GB sparse file: "out of memory ... lower --batch-size"), and a names
+    file that was not UTF-8 ended in a UnicodeDecodeError naming no file."""
+    from vitkit.data import readers
+    from vitkit.data.sources import describe, load_split
+
+    root = tmp_path / "cifar-100-binary"
+    root.mkdir()
+    (root / "train.bin").write_bytes(bytes(3074 * 4))
+    (root / "test.bin").write_bytes(bytes(3074 * 2))
+    monkeypatch.setattr(readers, "available_memory", lambda: 3074 * 3)
+    for call in (lambda: describe(f"cifar100:{root}"), lambda: load_split(f"cifar100:{root}", "train")):
+        with pytest.raises(DataFormatError, match=r"train\.bin: 12,296 bytes, more than the memory available \(9,222"):
+            call()
+    monkeypatch.setattr(readers, "available_memory", lambda: 1 << 40)
+    (root / "fine_label_names.txt").write_bytes(b"apple\n\xff\xfe\n")
+    with pytest.raises(DataFormatError, match=r"fine_label_names\.txt: not UTF-8 text"):
+        load_split(f"cifar100:{root}", "train")
+    with open(root / "fine_label_names.txt", "wb") as file:
+        file.truncate(readers.MAX_NAMES_FILE_BYTES + 1)
+    with pytest.raises(DataFormatError, match=r"fine_label_names\.txt: [\d,]+ bytes, more than a names file"):
+        load_split(f"cifar100:{root}", "train")

@@ -25,6 +25,7 @@ IDX_IMAGES_MAGIC = 2051  # 0x00000803: unsigned bytes, 3 dims (N, rows, cols)
 IDX_LABELS_MAGIC = 2049  # 0x00000801: unsigned bytes, 1 dim (N,)
 MAX_IDX_BYTES = 1 << 34  # data an IDX header may claim (MNIST's training images: 47 MB)
 CIFAR_PIXELS = 3 * 32 * 32  # one record's image: 1024 R, then 1024 G, then 1024 B bytes, row-major
+MAX_NAMES_FILE_BYTES = 1 << 20  # a CIFAR names file (CIFAR-100's: 0.6 KB)
 MAX_CLASSES = 1_000_000  # a label at or above this is corrupt, in any format (ImageNet-21k has 21,843 classes)
 
 
@@ -121,16 +122,9 @@ def read_cifar_bin(path: Path, label_bytes: int, num_classes: int) -> tuple[np.n
     A record is `label_bytes` label bytes then 3072 pixel bytes.  CIFAR-10 has one label byte; CIFAR-100
     has two, `<coarse><fine>`, and the fine label (the last one) is the class.
     """
-    if not path.is_file():
-        raise DataFormatError(f"{path}: missing (expected the official CIFAR binary version)")
-    data = np.fromfile(path, dtype=np.uint8)
     record = label_bytes + CIFAR_PIXELS
-    if data.size == 0 or data.size % record:
-        raise DataFormatError(
-            f"{path}: {data.size} bytes is not a whole number of {record}-byte records; "
-            "the file is truncated or not the binary version"
-        )
-    rows = data.reshape(-1, record)  # (N, label_bytes + 3072)
+    count = cifar_count(path, label_bytes)
+    rows = np.fromfile(path, dtype=np.uint8, count=count * record).reshape(-1, record)  # (N, label_bytes + 3072)
     labels = rows[:, label_bytes - 1].astype(np.int64)
     if labels.max() >= num_classes or (label_bytes == 2 and rows[:, 0].max() >= 20):
         raise DataFormatError(f"{path}: label out of range for {num_classes} classes; wrong file for this data set?")
@@ -138,16 +132,33 @@ def read_cifar_bin(path: Path, label_bytes: int, num_classes: int) -> tuple[np.n
 
 
 def cifar_count(path: Path, label_bytes: int) -> int:
+    """The records of a CIFAR binary file, from its size: a whole number of them, which fits in memory."""
     if not path.is_file():
         raise DataFormatError(f"{path}: missing (expected the official CIFAR binary version)")
-    return path.stat().st_size // (label_bytes + CIFAR_PIXELS)
+    size, record = path.stat().st_size, label_bytes + CIFAR_PIXELS
+    if size == 0 or size % record:
+        raise DataFormatError(
+            f"{path}: {size} bytes is not a whole number of {record}-byte records; "
+            "the file is truncated or not the binary version"
+        )
+    free = available_memory()
+    if size > free:
+        raise DataFormatError(f"{path}: {size:,} bytes, more than the memory available ({free:,} bytes)")
+    return size // record
 
 
 def read_names(path: Path) -> list[str] | None:
     """Class names, one per non-empty line (batches.meta.txt, fine_label_names.txt), if the file exists."""
     if not path.is_file():
         return None
-    return [line.strip() for line in path.read_text().splitlines() if line.strip()]
+    size = path.stat().st_size
+    if size > MAX_NAMES_FILE_BYTES:
+        raise DataFormatError(f"{path}: {size:,} bytes, more than a names file may be ({MAX_NAMES_FILE_BYTES:,})")
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise DataFormatError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
+    return [line.strip() for line in text.splitlines() if line.strip()]
 
 
 # ----------------------------------------------------------------------------------------- NPZ
