@@ -141,6 +141,7 @@ def test_index_entries_are_checked(tmp_path: Path, entry: object, problem: str) 
         ({"classes": ["a", "b\x0cc", "d"]}, "class 2's name holds a control character"),
         ({"channels": 7}, "'channels'"),
         ({"image_size": "big"}, "'image_size'"),
+        ({"image_size": 100_000}, r"'image_size' must be .* at most 9,459 \(the readers' pixel limit\), got 100000"),
         ({"splits": []}, "'splits'"),
     ],
 )

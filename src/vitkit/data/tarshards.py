@@ -22,12 +22,14 @@ images are compressed already).
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from vitkit.data.braces import expand_braces
+from vitkit.data.images import MAX_PIXELS
 from vitkit.data.shardscan import class_names_by_scan, damage, scan_shard, shard_labels
 from vitkit.data.stream import Sample, Unit
 from vitkit.data.tarformat import BLOCK, TarFormatError, tar_members
@@ -64,6 +66,7 @@ SPLIT_WORD = re.compile(r"(?:^|[-_.])(train|val|valid|validation|test)(?=[-_.])"
 _SPLIT_NAMES = {"train": "train", "val": "val", "valid": "val", "validation": "val", "test": "test"}
 MAX_MISSING = 100_000  # samples an index may count beyond what its shard's size can hold (the shard was cut)
 MAX_INDEX_BYTES = 64 << 20  # dataset.json larger than this is refused (a million shards take about 50 MB)
+MAX_SIDE = math.isqrt(MAX_PIXELS)  # an image's shorter side under the readers' pixel limit: 9,459
 
 
 def stale_count_message(path: str, count: int, held: int) -> str:
@@ -196,8 +199,11 @@ def read_index(directory: Path) -> dict[str, Any] | None:
         check_class_names(classes, str(path), "class")
     if channels not in (None, 1, 3) or isinstance(channels, bool):
         raise ValueError(f"{path}: 'channels' must be 1 or 3, got {channels!r:.40}")
-    if side is not None and (isinstance(side, bool) or not isinstance(side, int) or side < 0):
-        raise ValueError(f"{path}: 'image_size' must be a side length in pixels, got {side!r:.40}")
+    if side is not None and (isinstance(side, bool) or not isinstance(side, int) or not 0 <= side <= MAX_SIDE):
+        raise ValueError(
+            f"{path}: 'image_size' must be a side length in pixels, at most {MAX_SIDE:,} (the readers' pixel limit), "
+            f"got {side!r:.40}"
+        )
     return index
 
 
