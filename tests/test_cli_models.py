@@ -173,6 +173,7 @@ def test_python_m_vitkit_under_torchruns_variables_exits_with_the_commands_statu
         (["embed", "RUN", "--data", "digits", "--out", "e.npy", "--batch-size", "0"], "--batch-size: expected"),
         (["eval", "RUN", "--max-images", "-5"], "--max-images: expected an integer from 1"),
         (["fewshot", "RUN", "--data", "digits", "--max-test", "0"], "--max-test: expected an integer from 1"),
+        (["fewshot", "RUN", "--data", "digits", "--seeds", "0"], "--seeds: expected an integer from 1"),
         (["inspect", "RUN", "--num-images", "0"], "--num-images: expected an integer from 1"),
         (["train", "--batch-size", "0"], "--batch-size: expected an integer from 1"),  # named micro_batch_size
         (["train", "--seed", "9223372036854775807"], "--seed: expected an integer from 0 to 4,294,967,295"),

@@ -99,8 +99,10 @@ def test_the_draws_of_the_shots_are_bounded() -> None:
     """--seeds 10**12 had listed that many draws and filled 24 GB before the kernel killed it."""
     assert FewShotConfig(seeds=1000).seeds == 1000
     for seeds in (0, 1001, 10**12):
-        with pytest.raises(ValueError, match="need 1 <= seeds <= 1,000"):
+        with pytest.raises(ValueError, match=f"seeds must be 1 or more and at most 1,000, got {seeds}"):
             FewShotConfig(seeds=seeds)
+    with pytest.raises(ValueError, match="shots must be integers of 1 or more, got 5, 0"):
+        FewShotConfig(shots=(5, 0))
 
 
 def test_shots_are_drawn_among_the_images_that_decode(tmp_path, monkeypatch) -> None:

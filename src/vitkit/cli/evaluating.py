@@ -68,7 +68,9 @@ def add_fewshot(sub: argparse._SubParsersAction) -> None:
         "--data", required=True, help="data source URI (its train split gives the shots, test the accuracy)"
     )
     parser.add_argument("--shots", default="1,5,10,25", help="comma-separated k images per class")
-    parser.add_argument("--seeds", type=int, default=3, help="repetitions with different shots (mean +- std)")
+    parser.add_argument(
+        "--seeds", type=bounded_int(1), default=3, help="repetitions with different shots (mean +- std)"
+    )
     parser.add_argument(
         "--layer", default="features", help="representation: features (what the head reads), y, pre_logits"
     )
@@ -89,7 +91,9 @@ def run_fewshot(args: argparse.Namespace) -> int:
     try:
         shots = tuple(int(k) for k in args.shots.split(",") if k.strip())
     except ValueError:
-        raise ValueError(f"--shots must be comma-separated integers, got {args.shots!r}") from None
+        shots = ()
+    if not shots or min(shots) < 1:
+        raise ValueError(f"--shots must be comma-separated integers of 1 or more, got {args.shots!r}")
     config = FewShotConfig(
         shots=shots,
         seeds=args.seeds,

@@ -79,7 +79,7 @@ def run_model(model: nn.Module, inputs: Tensor, layer: str) -> Tensor:
         raise ValueError(f"layer {layer!r} needs a ViT; this model offers 'features', 'pre_logits' and 'logits'")
     named = model.forward_intermediates(inputs, attention_layers=())
     if layer not in named:
-        choices = ["logits", "features", *sorted(k for k in named if not k.startswith("attn"))]
+        choices = ["logits", "features", *sorted(k for k in named if not k.startswith("attn") and k != "logits")]
         raise ValueError(f"unknown layer {layer!r}; choose from {', '.join(choices)}")
     return named[layer]
 

@@ -52,9 +52,12 @@ class FewShotConfig:
 
     def __post_init__(self) -> None:
         if not self.shots or min(self.shots) < 1:
-            raise ValueError(f"shots must be positive integers, got {self.shots}")
-        if not 1 <= self.seeds <= MAX_SEEDS or self.folds < 2 or self.batch_size < 1:
-            raise ValueError(f"need 1 <= seeds <= {MAX_SEEDS:,}, batch_size >= 1 and folds >= 2")
+            raise ValueError(f"shots must be integers of 1 or more, got {', '.join(map(str, self.shots)) or 'none'}")
+        for name, value, low, high in (("seeds", self.seeds, 1, MAX_SEEDS), ("batch_size", self.batch_size, 1, None)):
+            if value < low or (high is not None and value > high):
+                raise ValueError(f"{name} must be {low} or more{f' and at most {high:,}' if high else ''}, got {value}")
+        if self.folds < 2:
+            raise ValueError(f"folds must be 2 or more, got {self.folds}")
         if not self.l2_exponents:
             raise ValueError("l2_exponents must not be empty")
 
