@@ -186,6 +186,9 @@ def test_convert_to_official_refuses_the_npz_it_would_replace(tmp_path, make_vit
     afile.write_text("x")
     assert main(["convert", str(tmp_path / "src"), str(afile), "--to", "timm", "--force"]) == 2
     assert f"{afile} is a file; --to timm writes a directory" in capsys.readouterr().err
+    named = tmp_path / "digits.npz"  # made a directory named like a file
+    assert main(["convert", str(tmp_path / "src"), str(named), "--to", "timm"]) == 2 and not named.exists()
+    assert f"{named} is named as a file (.npz); --to timm writes a directory" in capsys.readouterr().err
 
 
 def test_export_onnx_with_a_new_head_checks_the_encoder_too(tmp_path, make_vit, capsys, monkeypatch):

@@ -10,6 +10,9 @@ from typing import Any
 from vitkit.cli.flags import add_surgery_flags, bounded_int, emit, finite_float
 from vitkit.models.configs import MAX_IMG
 
+# what names a file, never a directory format's folder
+FILE_SUFFIXES = (".npz", ".npy", ".safetensors", ".pt", ".pth", ".bin", ".ckpt", ".onnx", ".h5", ".msgpack")
+
 
 def add_models(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("models", help="list the model presets (Table 1) with parameters and GFLOPs")
@@ -114,6 +117,11 @@ def run_convert(args: argparse.Namespace) -> int:
         raise ValueError(f"{dst} already exists and is not empty; choose another destination or pass --force")
     if args.to != "official" and dst.exists() and not dst.is_dir():
         raise ValueError(f"{dst} is a file; --to {args.to} writes a directory: choose another destination")
+    if args.to != "official" and not dst.exists() and dst.suffix.lower() in FILE_SUFFIXES:
+        raise ValueError(
+            f"{dst} is named as a file ({dst.suffix}); --to {args.to} writes a directory (config.json and "
+            "model.safetensors): give a directory name, or --to official for an .npz"
+        )
     checkpoint = _read_checkpoint(args)
     created = not dst.exists()
     try:
