@@ -149,3 +149,18 @@ def test_no_figures_names_no_figure_and_the_variance_key_says_its_components(tmp
     ratio = stored["filters"]["explained_variance_ratio"]
     assert summary["filters_components"] == len(ratio) == 5 and summary["filters_variance"] == sum(ratio)
     assert "filters_top28_variance" not in summary
+
+
+def test_a_second_inspect_into_the_same_folder_leaves_no_figure_of_the_first(tmp_path: Path) -> None:
+    """Inspecting again without images (or another model) left the first run's attention figures beside the new
+    inspect.json, which says they were skipped."""
+    out = tmp_path / "figures"
+    inspect_model(_checkpoint(), _images(2), out, InspectConfig())
+    assert {p.name for p in out.glob("*.png")} == {f"{name}.png" for name in
+                                                   ("filters", "position_similarity", "attention_distance", "attention_rollout")}  # fmt: skip
+    (out / "notes.png").write_bytes(b"the user's own file")
+    report = inspect_model(_checkpoint(posemb="relative"), [], out, InspectConfig())
+    assert set(report["notes"]) == {"position_similarity", "attention_distance", "attention_rollout"}
+    assert {p.name for p in out.glob("*.png")} == {"filters.png", "notes.png"}
+    inspect_model(_checkpoint(), _images(2), tmp_path / "numbers", InspectConfig(draw=False))
+    assert not list((tmp_path / "numbers").glob("*.png"))

@@ -7,7 +7,9 @@ behind them in `inspect.json` (Sec. 4.5, App. D.7).
     attention_rollout.png    Figure 6         attention rollout overlaid on input images
 
 A figure that does not apply to the model (e.g. position similarity without absolute position
-embeddings, every figure for a ResNet) is skipped and the reason is recorded under "notes".
+embeddings, every figure for a ResNet) is skipped and the reason is recorded under "notes".  Where the
+folder holds an earlier inspect.json, the figures of that run this one does not draw are removed, so that
+the folder's figures are those its inspect.json describes.
 """
 
 from __future__ import annotations
@@ -174,14 +176,14 @@ def inspect_model(
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    earlier = (out / "inspect.json").is_file()  # an earlier run's folder: its figures are vitkit's to replace
     model = checkpoint.model
     size = resolution(checkpoint, config.img_size)
     report: dict[str, Any] = {"img_size": size, "num_images": len(images), "notes": {}}
     skipped = _notes_for_non_vit(model)
     if skipped:
         report["notes"] = skipped
-        atomic_write_text(out / "inspect.json", json.dumps(report, indent=1) + "\n")
-        return report
+        return _written_report(report, out, earlier)
     report["model"] = {
         "pool": model.encoder_config.pool,
         "posemb": model.encoder_config.posemb,
@@ -202,6 +204,16 @@ def inspect_model(
         report["notes"].update(attention_distance=reason, attention_rollout=reason)
     else:
         report.update(_attention_report(checkpoint, images, size, out, config))
+    return _written_report(report, out, earlier)
+
+
+def _written_report(report: dict[str, Any], out: Path, earlier: bool) -> dict[str, Any]:
+    """`report` written as out/inspect.json, after removing the figures an `earlier` run wrote there that this
+    one did not draw (skipped, or --no-figures)."""
+    drawn = {report[name].get("figure") for name in SECTIONS if isinstance(report.get(name), dict)}
+    for name in SECTIONS:
+        if earlier and f"{name}.png" not in drawn:
+            (out / f"{name}.png").unlink(missing_ok=True)
     atomic_write_text(out / "inspect.json", json.dumps(report, indent=1) + "\n")
     return report
 
