@@ -111,7 +111,10 @@ def test_calibrated_unit_arm_fills_the_budget_at_each_models_speed() -> None:
         base,
         measure=lambda config: speeds[config.model.hidden_size],
     )
-    # 0.8 x 10 min = 480 s; one unit step costs 128/1000 + 128/1000 + 2 x 128/250 = 1.28 s -> 375 steps
-    assert scale.unit_steps == 375 and scale.images_per_s == 1000.0 and len(scale.speeds) == 2
-    assert scale.unit_minutes == pytest.approx(375 * 128 / 1000 / 60, abs=1e-3)
+    # 0.8 x 10 min = 480 s, less 3 arms x 12 s = 444 s; one unit step costs 128/1000 + 128/1000 + 2 x 128/250 =
+    # 1.28 s -> 347 steps
+    assert scale.unit_steps == 347 and scale.images_per_s == 1000.0 and len(scale.speeds) == 2
+    assert scale.unit_minutes == pytest.approx(347 * 128 / 1000 / 60, abs=1e-3)
+    many = calibrated(Scale("small", 1.0), 1.0, [(1.0, base)] * 8, base, measure=lambda c: 1000.0)
+    assert many.unit_steps == round(0.25 * 48 / (8 * 0.128)) == 12  # 8 arms' 96 s beside 48 s: a quarter trains
     assert calibrated(Scale("tiny", 0.0), 10.0, [(1.0, base)], base, measure=lambda c: 1 / 0) == Scale("tiny", 0.0)

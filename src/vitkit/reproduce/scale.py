@@ -1,8 +1,8 @@
 """How a study fits its time budget: the scale of its models, the length of its arms, its base config.
 
-`--budget-minutes` is wall-clock for the whole study.  TRAIN_SHARE of it is divided over one seed's arms
-(`Study.units` unit arms per seed; the rest pays for loading data, final evaluations and few-shot
-probes).  A unit arm is a fixed number of optimiser steps, `unit_steps`, chosen once when the study starts
+`--budget-minutes` is wall-clock for the whole study.  TRAIN_SHARE of it, less ARM_SECONDS an arm (each
+arm's data loading, final evaluation and few-shot probes), is divided over the arms (`Study.units` unit
+arms per seed; the rest of the budget pays for start-up, calibration and the report).  A unit arm is a fixed number of optimiser steps, `unit_steps`, chosen once when the study starts
 so that every arm's steps at its own model's measured training speed (`calibrate`, per distinct model)
 add up to that share of the budget; it is stored in study.json, so a re-run plans exactly the same arms.
 Arms are lengths in steps, not in time, because on a shared machine the speed changes from minute to
@@ -53,7 +53,11 @@ from vitkit.models.flops import model_flops
 from vitkit.train.config import TrainConfig
 from vitkit.train.recipes import auto_recipe_name, get_recipe
 
-TRAIN_SHARE = 0.8  # of the budget spent in training loops; the rest loads, evaluates and probes
+TRAIN_SHARE = 0.8  # of the budget spent by the arms: their training loops and ARM_SECONDS each
+# an arm's time beside its training loop: its data loaded, its final evaluation and few-shot probes (measured:
+# 12 s a Fashion-MNIST arm of the posemb study on 2 AVX2 cores, where a 3-minute study overran to 10 minutes)
+ARM_SECONDS = 12.0
+MIN_TRAINED = 0.25  # of TRAIN_SHARE, left to the training loops however many arms a budget has
 TINY_UNIT_MINUTES = 0.3
 BASE_UNIT_MINUTES = 30.0
 CALIBRATION_ROUNDS, CALIBRATION_STEPS = 3, 2  # timed rounds (median) of steps of each model
@@ -159,7 +163,7 @@ def calibrated(
     measure=calibrate,
 ) -> Scale:
     """`scale` with its unit arm in steps: the arms (units, config) at their models' measured speeds fill
-    TRAIN_SHARE of `budget_minutes`."""
+    TRAIN_SHARE of `budget_minutes`, less ARM_SECONDS an arm (at least MIN_TRAINED of that share trains)."""
     if scale.name == "tiny":
         return scale
     speeds: dict[str, float] = {}
@@ -168,7 +172,8 @@ def calibrated(
         if key not in speeds:
             speeds[key] = round(measure(config), 1)
     seconds = sum(units * config.data.batch_size / speeds[model_key(config.model)] for units, config in configs)
-    steps = max(1, round(budget_minutes * TRAIN_SHARE * 60 / seconds))
+    share = budget_minutes * TRAIN_SHARE * 60
+    steps = max(1, round(max(share - ARM_SECONDS * len(configs), MIN_TRAINED * share) / seconds))
     base_speed = speeds[model_key(base.model)]
     return dataclasses.replace(
         scale,
