@@ -156,8 +156,8 @@ def test_a_second_inspect_into_the_same_folder_leaves_no_figure_of_the_first(tmp
     inspect.json, which says they were skipped."""
     out = tmp_path / "figures"
     inspect_model(_checkpoint(), _images(2), out, InspectConfig())
-    assert {p.name for p in out.glob("*.png")} == {f"{name}.png" for name in
-                                                   ("filters", "position_similarity", "attention_distance", "attention_rollout")}  # fmt: skip
+    figures = ("filters", "position_similarity", "attention_distance", "attention_rollout")
+    assert {p.name for p in out.glob("*.png")} == {f"{name}.png" for name in figures}
     (out / "notes.png").write_bytes(b"the user's own file")
     report = inspect_model(_checkpoint(posemb="relative"), [], out, InspectConfig())
     assert set(report["notes"]) == {"position_similarity", "attention_distance", "attention_rollout"}

@@ -2,9 +2,10 @@
 
 `--budget-minutes` is wall-clock for the whole study.  TRAIN_SHARE of it, less ARM_SECONDS an arm (each
 arm's data loading, final evaluation and few-shot probes), is divided over the arms (`Study.units` unit
-arms per seed; the rest of the budget pays for start-up, calibration and the report).  A unit arm is a fixed number of optimiser steps, `unit_steps`, chosen once when the study starts
-so that every arm's steps at its own model's measured training speed (`calibrate`, per distinct model)
-add up to that share of the budget; it is stored in study.json, so a re-run plans exactly the same arms.
+arms per seed; the rest of the budget pays for start-up, calibration and the report).  A unit arm is a
+fixed number of optimiser steps, `unit_steps`, chosen once when the study starts so that every arm's
+steps at its own model's measured training speed (`calibrate`, per distinct model) add up to that share
+of the budget; it is stored in study.json, so a re-run plans exactly the same arms.
 Arms are lengths in steps, not in time, because on a shared machine the speed changes from minute to
 minute: time-budgeted arms of the same model were measured to take from 564 to 1,388 steps in the same
 1.8 minutes, which would compare the machine's load, not the models.  An arm of `units` trains
