@@ -70,11 +70,12 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
     dist.destroy_process_group()
 
 
-def _signalled_worker(rank: int, world: int, port: int, out: str) -> None:
-    """Rank 1 reads a signal before its second batch; rank 0 never does (its share is the larger)."""
+def _signalled_worker(rank: int, world: int, port: int, out: str, first: int = 2) -> None:
+    """Rank 1 reads a signal from its `first` reading on (2: before the second batch; 3: after the last one);
+    rank 0 never does (its share is the larger)."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    model, (interrupted, _) = Lookup(collective=False), signal_from_read(2 if rank else 99)
+    model, (interrupted, _) = Lookup(collective=False), signal_from_read(first if rank else 99)
     try:
         _evaluate(model, rank, world, interrupted=interrupted)
         result = {"signum": 0}
@@ -85,11 +86,12 @@ def _signalled_worker(rank: int, world: int, port: int, out: str) -> None:
     dist.destroy_process_group()
 
 
-def _run_two(worker, out: Path) -> list[dict]:
+def _run_two(worker, out: Path, *extra: int) -> list[dict]:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    context = mp.start_processes(worker, args=(2, port, str(out)), nprocs=2, join=False, start_method="spawn")
+    args = (2, port, str(out), *extra)
+    context = mp.start_processes(worker, args=args, nprocs=2, join=False, start_method="spawn")
     deadline = time.monotonic() + 120  # a process left waiting in a collective fails the test here, not hangs it
     while not context.join(timeout=1.0):
         if time.monotonic() > deadline:
@@ -115,6 +117,9 @@ def test_one_process_signal_ends_every_process_evaluation_at_the_same_batch(tmp_
     results = _run_two(_signalled_worker, tmp_path)
     assert [r["signum"] for r in results] == [int(signal.SIGTERM)] * 2
     assert [r["calls"] for r in results] == [1, 1]
+    (tmp_path / "late").mkdir()
+    results = _run_two(_signalled_worker, tmp_path / "late", 3)  # after every batch: the evaluation is whole
+    assert [r["signum"] for r in results] == [0, 0] and [r["calls"] for r in results] == [2, 1]
 
 
 def test_a_collective_forward_runs_as_often_on_every_process_and_the_figures_are_the_whole_split(tmp_path) -> None:

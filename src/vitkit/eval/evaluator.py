@@ -197,10 +197,10 @@ def _agreed(
         more, signum = torch.tensor(mine, dtype=torch.float64, device=device), None
         torch.distributed.all_reduce(more, op=torch.distributed.ReduceOp.MAX)
         more, signum = more.tolist()
+        if not more:  # every batch evaluated: whole, whatever signal came during the last one (as with one process)
+            return
         if signum:
             raise EvaluationInterrupted(int(signum))
-        if not more:
-            return
         yield batch
 
 

@@ -34,6 +34,7 @@ class TrainState:
     elapsed: float = 0.0  # seconds in the training loop, over all invocations
     startup: float = 0.0  # seconds of the first invocation's start-up (data, model, compilation)
     ended: bool = False  # the schedule's last step, at its end value, has run: a re-run takes no more
+    eval_pending: bool = False  # a signal cut this step's periodic evaluation: a re-run evaluates first
     records: list[dict[str, Any]] = field(default_factory=list)  # step outputs since the last train record
 
     def rng_state(self) -> dict[str, torch.Tensor]:
@@ -65,6 +66,7 @@ class TrainState:
             "elapsed": self.elapsed,
             "startup": self.startup,
             "ended": self.ended,
+            "eval_pending": self.eval_pending,
             "records": [
                 {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in out.items()}
                 for out in self.records
@@ -81,6 +83,7 @@ class TrainState:
         self.elapsed = float(state["elapsed"])
         self.startup = float(state.get("startup", 0.0))  # absent in checkpoints of earlier versions
         self.ended = bool(state.get("ended", False))
+        self.eval_pending = bool(state.get("eval_pending", False))
         self.records[:] = _records(state.get("records"))  # absent in earlier versions: the next record starts here
         if optimizer:
             self.optimizer.load_state_dict(state["optimizer"])

@@ -211,17 +211,15 @@ class Trainer(RunParts):
         self.loop_start, self.saved_step = time.monotonic(), -1
         batches = iter(self.batches)
         with stop:
-            while not state.ended and not self.budget.done(state.step) and (raw := next(batches, None)) is not None:
+            cut = state.eval_pending and self._evaluate_if_due(stop)  # the one a signal cut, before the next step
+            status = "interrupted" if cut else status
+            while not (cut or state.ended or self.budget.done(state.step)) and (raw := next(batches, None)) is not None:
                 position = self.budget.position(state.step)
                 state.ended = position >= plan.steps - 1
                 phase = self.schedule.at(position)
                 spec = self.step_spec(phase)
-                out = train_step(
-                    state,
-                    self.objective.batch(raw, phase, state.generator),
-                    spec,
-                    self.objective.loss_of(spec, state.generator),
-                )
+                batch = self.objective.batch(raw, phase, state.generator)
+                out = train_step(state, batch, spec, self.objective.loss_of(spec, state.generator))
                 self.guard.observe(state.step, out["skipped"])
                 records.add(out)
                 bar.update(1)
@@ -306,13 +304,15 @@ class Trainer(RunParts):
         """The periodic evaluations, if due; True where a signal ended them, on every process: the run stops at
         once, not after an evaluation longer than a scheduler waits between its SIGTERM and its SIGKILL."""
         every, step = self.plan.eval_every, self.state.step
+        self.state.eval_pending = False
         if not every or step % every or step >= self.plan.steps:
             return False
         began = time.monotonic()
         try:
             for split, data in self.data.evals.items():
                 self.metrics.write(self._evaluate(split, data, interrupted=lambda: stop.signals.signum))
-        except EvaluationInterrupted:  # its records are not written; the run says it stopped for the signal
+        except EvaluationInterrupted as cut:  # not recorded; the re-run evaluates again before its first step
+            stop.agreed_signum, self.state.eval_pending = cut.signum, True
             return True
         if self.plan.fitted:  # keep as long back for the final evaluation
             self.budget.reserve_s = distributed.max_across(time.monotonic() - began, self.device)
