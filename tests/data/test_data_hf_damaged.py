@@ -235,21 +235,31 @@ def test_an_arrow_label_beyond_its_class_names_names_the_row(tmp_path: Path, bad
     data = datasets.Dataset.from_dict(rows, features=labelled_dataset(1, int_labels=True).features)
     data.info.features = labelled_dataset(1).features  # ClassLabel(names=CLASSES): 4 names
     data.save_to_disk(str(tmp_path))
-    with pytest.raises(ValueError, match=rf"row 6's label is {bad}, beyond the 4 class names \(0\.\.3\)"):
+    with pytest.raises(ValueError, match=rf"row 6's label is {bad}, beyond the 4 classes 0\.\.3 \(the split's class"):
         load_split(f"hf:{tmp_path}", "train", image_size=8)
 
 
-@pytest.mark.parametrize("damage", ["footer", "columns"])
+@pytest.mark.parametrize("damage", ["footer", "columns", "order", "extra"])
 def test_a_damaged_parquet_file_of_a_split_is_named(tmp_path: Path, damage: str) -> None:
     """A second Parquet file that was not one, or lacked the label column, ended in pyarrow's traceback
-    ("Couldn't deserialize thrift", 'Field "target" does not exist') naming no file."""
+    ("Couldn't deserialize thrift", 'Field "target" does not exist') naming no file; one whose columns come in
+    another order or beside others reads as before."""
     (tmp_path / "data").mkdir()
     labelled_dataset(8).to_parquet(str(tmp_path / "data" / "train-00000-of-00002.parquet"))
     second = tmp_path / "data" / "train-00001-of-00002.parquet"
     if damage == "footer":
         second.write_bytes(b"PAR1" + bytes(100) + b"PAR1")
-    else:
+    elif damage == "columns":
         datasets.Dataset.from_dict({"foo": [1, 2]}).to_parquet(str(second))
-    problem = "not a readable Parquet file" if damage == "footer" else r"its columns \(foo\) are not those of"
+    else:
+        rows = labelled_dataset(4, start=8)
+        rows = rows.add_column("id", list(range(4))) if damage == "extra" else rows
+        rows.select_columns(["weight", "target", "picture", *(["id"] if damage == "extra" else [])]).to_parquet(
+            str(second)
+        )
+        parts = [load_split(f"hf:{tmp_path}", part, image_size=8) for part in ("train", "test")]
+        assert sum(len(part) for part in parts) == 12 and all(part.images is not None for part in parts)
+        return
+    problem = "not a readable Parquet file" if damage == "footer" else r"no column 'picture', 'target'"
     with pytest.raises(ValueError, match=rf"{second}: {problem}"):
         load_split(f"hf:{tmp_path}", "train", image_size=8)

@@ -248,7 +248,8 @@ def arrow_rows(split: HFSplit, image: str, label: str, where: str, classes: int)
     if (labels >= classes).any():  # past the names (damaged metadata): no class to train or count it as
         row = int(np.flatnonzero(labels >= classes)[0])
         raise ValueError(
-            f"{where}: row {row}'s label is {labels[row]}, beyond the {classes} class names (0..{classes - 1})"
+            f"{where}: row {row}'s label is {labels[row]}, beyond the {classes} classes 0..{classes - 1} (the split's "
+            "class names, or the train split's labels where none are named)"
         )
     keep = np.flatnonzero(labels >= 0)
     dropped = (tuple(split.files), label, len(labels) - len(keep))
@@ -260,16 +261,21 @@ def arrow_rows(split: HFSplit, image: str, label: str, where: str, classes: int)
 
 
 # ------------------------------------------------------------------------------ streamed (Parquet)
-def parquet_units(split: HFSplit) -> list[Unit]:
-    """One unit per Parquet row group (from the footers; no rows read); every file must have the first's columns."""
+def parquet_units(split: HFSplit, columns: tuple[str, ...]) -> list[Unit]:
+    """One unit per Parquet row group (from the footers; no rows read); every file must hold the `columns` read
+    (by name: in any order, beside any others)."""
     pq = _pyarrow().parquet
-    units, first = [], None
+    units = []
     for path in split.files:
         with _naming(path, "Parquet file"):
             file = pq.ParquetFile(path)
             meta, names = file.metadata, file.schema_arrow.names
-        first = first or (path, names)
-        _same_columns(path, names, *first)
+        missing = [column for column in columns if column and column not in names]
+        if missing:
+            raise ValueError(
+                f"{path}: no column {', '.join(map(repr, missing))} (the split's first file has it; columns here: "
+                f"{', '.join(names)[:200]}): the files of one split must share their columns"
+            )
         units += [Unit(path, meta.row_group(g).num_rows, g) for g in range(meta.num_row_groups)]
     return units
 

@@ -248,7 +248,7 @@ def read_hf(
         split, name, note = splits["val"], "validation", " (its test split holds no label: it stands in)"
     label_map = () if split is splits["train"] else hf.split_label_map(split, name, image, label, names, where)
     if split.kind == "parquet":
-        units = hf.parquet_units(split)
+        units = hf.parquet_units(split, (image, label))
         reader = hf.ParquetReader(image, label, label_map)
         channels = channels or _probe_stream(units, reader)[1]
         data = ShardSet(
