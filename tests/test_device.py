@@ -153,3 +153,17 @@ def test_the_memory_available_is_bounded_by_the_process_s_address_space_limit() 
     )
     bounded = int(subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout)
     assert (1 << 30) - (64 << 20) < bounded <= 1 << 30  # less what the few lines above mapped
+
+
+def test_a_containers_reclaimable_page_cache_counts_as_available(tmp_path) -> None:
+    """A cgroup's memory.current counts the page cache of the files it read: in a long-lived container it sits
+    near memory.max, and every file checked against the memory available was refused."""
+    from vitkit.host import cgroup_free
+
+    (tmp_path / "memory.max").write_text("1000000\n")
+    (tmp_path / "memory.current").write_text("900000\n")
+    assert cgroup_free(tmp_path) == 100_000  # no memory.stat: what is used counts whole
+    (tmp_path / "memory.stat").write_text("anon 300000\nfile 600000\nactive_file 100000\ninactive_file 500000\n")
+    assert cgroup_free(tmp_path) == 600_000
+    (tmp_path / "memory.max").write_text("max\n")
+    assert cgroup_free(tmp_path) == float("inf") and cgroup_free(tmp_path / "absent") == float("inf")

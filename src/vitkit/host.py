@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import math
 import os
 import platform
 import re
@@ -179,14 +180,27 @@ def available_memory() -> int:
         except (ValueError, OSError):
             free = None
     free = FALLBACK_BYTES if free is None or free <= 0 else free
-    try:  # cgroup v2: the container's own limit, less what it uses
-        cap = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        used = int(Path("/sys/fs/cgroup/memory.current").read_text())
-        if cap != "max":
-            free = min(free, max(int(cap) - used, 0))
+    return min(free, cgroup_free(), _address_space_left())
+
+
+def cgroup_free(root: Path = Path("/sys/fs/cgroup")) -> float:
+    """Bytes a cgroup v2 (container) limit leaves: memory.max less what the group uses but cannot reclaim (its
+    memory.current counts the page cache of every file read, which the kernel drops before it refuses memory:
+    the inactive part is counted free).  No bound (inf) without a limit."""
+    try:
+        cap = (root / "memory.max").read_text().strip()
+        used = int((root / "memory.current").read_text())
+        if cap == "max":
+            return math.inf
+        limit = int(cap)
     except (OSError, ValueError):
-        pass
-    return min(free, _address_space_left())
+        return math.inf
+    try:
+        stat = (root / "memory.stat").read_text().split()
+        inactive = int(stat[stat.index("inactive_file") + 1])
+    except (OSError, ValueError, IndexError):
+        inactive = 0
+    return max(limit - used + inactive, 0)
 
 
 def _address_space_left() -> int:
