@@ -1,5 +1,5 @@
 """Data pipeline throughput: the same JPEGs as a folder, as tar shards (wds:) and as an Arrow dataset (hf:),
-per DataLoader worker, at 64 and 224 px; and how many workers a GPU training ViT-B/16 at 3,900 img/s needs.
+per DataLoader worker, at 64 and 224 px; and how many workers an H200 training ViT-B/16 at 3,443 img/s needs.
 
     .venv/bin/python benchmarks/data_pipeline.py                    # both data sets, 64 + 224 px, 1-2 workers
     .venv/bin/python benchmarks/data_pipeline.py --data caltech --sizes 224 --workers 1,2,4,8 --rounds 5

@@ -274,6 +274,13 @@ def test_array_images_above_the_pixel_limit_are_refused_before_writing(tmp_path:
     with pytest.raises(ValueError, match=r"8x8 .*64 pixels.*limit 63.*--max-side"):
         shard.write_shards(source, tmp_path / "out", samples_per_shard=10)
     assert not (tmp_path / "out").exists()
+    with pytest.raises(ValueError, match=r"written 8x8 .*give a smaller --max-side"):
+        shard.write_shards(source, tmp_path / "still", samples_per_shard=10, max_side=9)
+
+    def reopened(*args, **kwargs):  # what the readers would refuse above their limit: an array is not re-read
+        raise AssertionError("an array image went through the file decoder")
+
+    monkeypatch.setattr(shard, "open_image", reopened)
     report = shard.write_shards(source, tmp_path / "small", samples_per_shard=10, max_side=4)
     train = load_split(source, "train")
     assert report["splits"]["train"]["samples"] == len(train) and report["splits"]["train"]["skipped"] == 0

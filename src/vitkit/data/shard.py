@@ -270,7 +270,8 @@ def _check_array_pixels(split: str, data: ImageSet | stream.ShardSet, max_side: 
     if written[0] * written[1] > MAX_PIXELS:
         raise ValueError(
             f"the {split} images would be written {written[0]}x{written[1]} ({written[0] * written[1]:,} pixels), "
-            f"more than the readers accept (limit {MAX_PIXELS:,}); give --max-side to write them smaller"
+            f"more than the readers accept (limit {MAX_PIXELS:,}); give {'a smaller ' if max_side else ''}--max-side "
+            "to write them smaller"
         )
 
 
