@@ -18,10 +18,20 @@ pytest.importorskip("httptools", reason="vitkit serve needs the serve extra: pip
 
 from serve_helpers import free_port  # noqa: E402 - after the skips
 
-from vitkit.serve.protocol import Limits, protocol_class  # noqa: E402
+from vitkit.serve.protocol import SLICE_BYTES, Limits, protocol_class  # noqa: E402
 
 LIMITS = Limits(max_header_bytes=2048, header_timeout_s=0.4, max_connections=4)
 REFUSED: list[int] = []  # what the protocol counted as refused (the metrics' observe_refused in vitkit serve)
+OPENED: list = []  # every connection's protocol, to read what it holds
+
+
+def tracked_protocol() -> type:
+    class Tracked(protocol_class(LIMITS, on_refused=REFUSED.append)):
+        def connection_made(self, transport) -> None:
+            OPENED.append(self)
+            super().connection_made(transport)
+
+    return Tracked
 
 
 async def echo_app(scope, receive, send) -> None:
@@ -56,7 +66,7 @@ def port() -> Iterator[int]:
             echo_app,
             host="127.0.0.1",
             port=chosen,
-            http=protocol_class(LIMITS, on_refused=REFUSED.append),
+            http=tracked_protocol(),
             ws="none",
             log_level="warning",
             timeout_keep_alive=5,
@@ -198,3 +208,40 @@ def test_a_transfer_coding_other_than_chunked_is_501(port: int) -> None:
     )
     status, _, body = exchange(port, plain)
     assert status == 200 and json.loads(body)["bytes"] == 3
+
+
+def test_pipelined_requests_a_client_does_not_read_wait_unparsed(port: int) -> None:
+    """A client that pipelined requests and never read their answers had every one parsed and queued (2.5 KB a
+    35-byte request: 27 MB sent grew the server by 1.8 GB); beyond max_pipelined the bytes now wait unparsed."""
+    one, count = b"GET /x HTTP/1.1\r\nHost: a\r\n\r\n", 20000
+    OPENED.clear()
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # the answers back up within a few hundred
+        sock.settimeout(30)
+        sock.connect(("127.0.0.1", port))
+        last = b"GET /x HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n"
+        sender = threading.Thread(target=sock.sendall, args=(one * count + last,))  # blocks once reading stops
+        sender.start()
+        time.sleep(1.5)
+        protocol = OPENED[-1]
+        assert len(protocol.pipeline) <= LIMITS.max_pipelined + SLICE_BYTES // len(one) + 1
+        assert len(protocol._held) > 0
+        received = b""
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := sock.recv(1 << 16):
+                received += chunk
+        sender.join()
+    assert received.count(b"HTTP/1.1 200") == count + 1  # every one answered, in turn
+
+
+def test_a_request_after_an_ignored_upgrade_is_answered(port: int) -> None:
+    """The bytes after a request with `Connection: Upgrade` were dropped: one answer for two requests."""
+    upgrade = b"GET /x HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: foo\r\n\r\n"
+    last = b"GET /x HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", port), timeout=3) as sock:
+        sock.sendall(upgrade + last)
+        received = b""
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := sock.recv(65536):
+                received += chunk
+    assert received.count(b"HTTP/1.1 200") == 2

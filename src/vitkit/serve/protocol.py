@@ -14,6 +14,10 @@ request (an idle or trickling connection is held for ever: slowloris), and answe
     headers; a request still incomplete then gets 408 and the connection closes (one that sent
     nothing is closed silently; uvicorn's keep-alive timeout closes idle ones between requests);
   - `max_connections`: open connections; a request on a connection beyond them gets 503 + Retry-After;
+  - `max_pipelined`: requests parsed ahead of their answers on one connection.  uvicorn parsed every
+    request of each read and read again after each answer, so a client that pipelined and never read
+    grew the server by 70 bytes for each byte it sent; bytes are now fed to the parser in slices of
+    SLICE_BYTES, and those beyond the limit wait, unread further, until answers make room;
   - every error it answers is JSON `{"error": ...}` with its status, like the app's own.
 
 The body is the app's business: read within `max_body_mb` and `body_timeout_s` (vitkit.serve.body).
@@ -49,6 +53,10 @@ class Limits:
     max_header_bytes: int = 64 * 1024  # request line + headers of one request
     header_timeout_s: float = 10.0  # connection (or a next request's first byte) -> end of its headers
     max_connections: int = 512  # open connections served at once; beyond: 503
+    max_pipelined: int = 64  # requests parsed on one connection ahead of their answers; beyond, bytes wait
+
+
+SLICE_BYTES = 4096  # fed to the parser at a time: what one slice may parse beyond max_pipelined or a header limit
 
 
 def error_bytes(status: int, message: str, extra: dict[str, str] | None = None) -> bytes:
@@ -76,6 +84,7 @@ class GuardedProtocol(HttpToolsProtocol):
         self._in_headers, self._header_bytes, self._trailer_bytes = True, 0, 0
         self._beyond_body, self._chunks = 0, 0  # bytes after the headers that are not body; chunks seen
         self._messages = 0  # requests parsed whole on this connection
+        self._held = b""  # received, not yet parsed: max_pipelined requests wait for their answers
         self._header_clock: asyncio.TimerHandle | None = None
 
     # ------------------------------------------------------------------------------ the connection
@@ -85,9 +94,26 @@ class GuardedProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_clock()
+        self._held = b""
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        """`data` to the parser a slice at a time while fewer than max_pipelined requests wait for their answers;
+        the rest is held, and reading paused, until `on_response_complete` makes room."""
+        data, self._held = self._held + data, b""
+        for start in range(0, len(data), SLICE_BYTES):
+            if len(self.pipeline) >= self.limits.max_pipelined and not self.transport.is_closing():
+                self._held = data[start:]
+                self.flow.pause_reading()
+                return
+            self._receive(data[start : start + SLICE_BYTES])
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()  # the next pipelined request starts; reading resumes
+        if self._held and not self.transport.is_closing():
+            self.data_received(b"")
+
+    def _receive(self, data: bytes) -> None:
         self._unset_keepalive_if_required()
         if self._in_headers:
             self._start_clock()
@@ -96,7 +122,7 @@ class GuardedProtocol(HttpToolsProtocol):
                 ended = self._messages
                 self._feed(data[:room])
                 if self._messages != ended and not self.transport.is_closing():  # pipelined: the next one afresh
-                    self.data_received(data[room:])
+                    self._receive(data[room:])
                     return
                 if self._in_headers and not self.transport.is_closing():
                     self._refuse(431, f"request headers exceed {self.limits.max_header_bytes:,} bytes")
@@ -122,10 +148,14 @@ class GuardedProtocol(HttpToolsProtocol):
             return
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            self._unsupported_upgrade_warning()  # no WebSockets here: the request is served as plain HTTP
+        except httptools.HttpParserUpgrade as upgrade:  # no WebSockets here: the request is served as plain HTTP
+            self._unsupported_upgrade_warning()
+            self._feed(data[upgrade.args[0] :] if upgrade.args else b"")  # and the requests after it are read
         except httptools.HttpParserError as error:
             self._refuse(400, f"invalid HTTP request ({error})")
+
+    def _unsupported_upgrade_warning(self) -> None:  # uvicorn's advises installing WebSocket libraries
+        log.debug("%s: an Upgrade header is ignored (no WebSockets here): the request is served as HTTP", self.client)
 
     def send_400_response(self, msg: str) -> None:
         self._refuse(400, msg)
