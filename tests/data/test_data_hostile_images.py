@@ -250,3 +250,20 @@ def test_headers_are_read_from_regular_files_of_the_allowed_formats_alone(tmp_pa
     icon = encoded(Image.new("RGB", (16, 16)), "ICO")  # decodable by Pillow, not a format vitkit reads
     assert image_size(icon) is None and probe_images([icon]) == (0, 3)
     assert image_size(encoded(Image.new("RGB", (16, 12)), "PNG")) == (16, 12)
+
+
+def test_a_jpeg_of_too_many_scans_is_refused_before_decoding(tmp_path) -> None:
+    """A 125 KB progressive JPEG whose last scan was repeated 2,000 times took 20 s to decode (every other
+    request of `vitkit serve` waited behind it); more than MAX_JPEG_SCANS scans are refused unread."""
+    from vitkit.data.images import MAX_JPEG_SCANS
+
+    data = encoded(Image.new("L", (64, 64), 128), "JPEG", progressive=True)
+    last = data.rindex(b"\xff\xda")
+    assert decode_image(data, channels=1).shape == (1, 64, 64)
+    scans = data.count(b"\xff\xda")
+    repeated = data[:-2] + data[last:-2] * (MAX_JPEG_SCANS - scans + 1) + b"\xff\xd9"
+    (tmp_path / "scans.jpg").write_bytes(repeated)
+    for channels in (1, 3):
+        for source in (repeated, tmp_path / "scans.jpg"):
+            with pytest.raises(BadImageError, match=rf"a JPEG of {MAX_JPEG_SCANS + 1} scans \(at most"):
+                decode_image(source, channels=channels)

@@ -69,6 +69,9 @@ def _source_name(source: str | os.PathLike | bytes) -> str:
 
 
 _BOMB_FILTER_LOCK = threading.Lock()
+# a JPEG's scans (SOS markers, counted in its bytes): each scan of a progressive file decodes the whole image
+# again, so 125 KB of repeated scans took 20 s; real files have 1 to about 12
+MAX_JPEG_SCANS = 100
 MAX_FILE_BYTES = 1 << 30  # an image file above this is refused unread (an uncompressed 16-bit RGB at MAX_PIXELS fits)
 
 
@@ -208,6 +211,21 @@ def _read_source(source: str | os.PathLike | bytes) -> bytes | str | os.PathLike
         return source  # Pillow raises the error, naming the file
 
 
+def _check_scans(data: bytes | bytearray | memoryview | str | os.PathLike, name: str) -> None:
+    """A BadImageError for a JPEG of more than MAX_JPEG_SCANS scans, before any is decoded (a file is read for it
+    only where it starts as a JPEG)."""
+    if isinstance(data, (str, os.PathLike)):
+        try:
+            with open(data, "rb") as handle:
+                head = handle.read(2)
+                data = head + handle.read() if head == b"\xff\xd8" else b""
+        except OSError:
+            return  # the decoder names the file
+    data = bytes(data)
+    if data[:2] == b"\xff\xd8" and (scans := data.count(b"\xff\xda")) > MAX_JPEG_SCANS:
+        raise BadImageError(f"{name}: a JPEG of {scans:,} scans (at most {MAX_JPEG_SCANS}: each decodes it again)")
+
+
 def _decode(
     source: str | os.PathLike | bytes, channels: int, size: int | None, max_pixels: int, name: str | None = None
 ) -> np.ndarray:
@@ -222,6 +240,7 @@ def _decode(
     data = _read_source(source) if channels == 3 else source
     if isinstance(data, (bytes, bytearray, memoryview)) and not len(data):
         raise BadImageError(f"{name}: no image data (empty)")  # an empty file, or a row whose image is missing
+    _check_scans(data, name)
     fast = (
         _decode_jpeg_fast(bytes(data), size, max_pixels, name)
         if isinstance(data, (bytes, bytearray, memoryview)) and channels == 3
