@@ -50,6 +50,8 @@ def test_bad_bodies_parameters_and_routes(vit_checkpoint: Path) -> None:
             "format": await client.post("/v1/explain?format=gif", content=png_bytes(8, 8), headers=PNG),
             "unknown": await client.get("/v2/predict"),
             "method": await client.get("/v1/predict"),
+            # a 307 with an empty body, its Location built from the client's Host header
+            "slash": await client.post("/v1/predict/", content=png_bytes(8, 8), headers={**PNG, "Host": "evil:666"}),
         }
 
     got = run_then_good(vit_checkpoint, ServeConfig(), requests)
@@ -64,6 +66,7 @@ def test_bad_bodies_parameters_and_routes(vit_checkpoint: Path) -> None:
     assert_error(got["format"], 400, "format")
     assert_error(got["unknown"], 404)
     assert_error(got["method"], 405)
+    assert_error(got["slash"], 404)
 
 
 def test_multipart_mistakes(vit_checkpoint: Path) -> None:
@@ -306,3 +309,23 @@ def test_the_page_is_self_contained(vit_checkpoint: Path) -> None:
     for external in ("http://", "https://", "//cdn", "<link", 'src="/', "@import"):
         assert external not in text, external  # nothing fetched from elsewhere: works offline
     assert "default-src 'none'" in page.headers["content-security-policy"]
+
+
+def test_a_request_cut_by_the_drain_timeout_is_a_json_503_and_counted() -> None:
+    """After SIGTERM, uvicorn cancels what is still running when the drain timeout passes: its own answer was a
+    text/plain 500 with two tracebacks in the log, which then said "drained and stopped"."""
+    from types import SimpleNamespace
+
+    from starlette.requests import Request
+
+    from vitkit.serve.app import _json_errors
+
+    async def slow(request):
+        raise asyncio.CancelledError("timeout graceful shutdown exceeded")
+
+    service = SimpleNamespace(cut=0)
+    scope = {"type": "http", "method": "POST", "path": "/v1/predict", "headers": [], "app": None}
+    request = Request({**scope, "app": SimpleNamespace(state=SimpleNamespace(service=service))})
+    answer = asyncio.run(_json_errors(slow)(request))
+    assert answer.status_code == 503 and answer.headers["retry-after"] == "1" and service.cut == 1
+    assert b"drain timeout passed" in answer.body and answer.media_type == "application/json"

@@ -183,6 +183,10 @@ def _json_errors(handler: Callable[[Request], Awaitable[Response]]) -> Callable[
             return await handler(request)
         except HTTPError as error:
             return error_response(error.status, error.message, error.headers)
+        except asyncio.CancelledError:  # the drain timeout passed after SIGTERM: uvicorn would answer a text 500
+            request.app.state.service.cut += 1
+            message = "the server stopped before this request was answered (its drain timeout passed); retry"
+            return error_response(503, message, {"retry-after": "1"})
         except Exception as error:  # noqa: BLE001 - no request may take the server down
             log.error("internal error on %s %s", request.method, request.url.path, exc_info=error)
             return error_response(500, f"internal error ({type(error).__name__}); the server log has the details")
@@ -225,6 +229,7 @@ def create_app(
         Route("/v1/explain", _json_errors(explain), methods=["POST"]),
     ]
     app = Starlette(routes=routes, exception_handlers={HTTPException: _router_error}, lifespan=lifespan)
+    app.router.redirect_slashes = False  # a 307 with no body, its Location taken from the client's Host: a 404
     app.add_middleware(Guard, service=service)
     app.state.service = service
     app.state.page = resources.files("vitkit.serve").joinpath("page/index.html").read_text(encoding="utf-8")

@@ -110,5 +110,6 @@ def run_server(path: str | os.PathLike, config: ServeConfig) -> int:
             signal.signal(sig, handler)
     if failures:
         return 1
-    log.info("drained and stopped")
+    cut = app.state.service.cut
+    log.info(f"stopped: {cut} request(s) cut short when the drain timeout passed" if cut else "drained and stopped")
     return 0

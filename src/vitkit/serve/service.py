@@ -58,6 +58,7 @@ class Service:
         self.batcher: Batcher | None = None
         self.bodies = BodyBudget(config.max_bodies_bytes)  # request bodies in memory, over all requests
         self._admitted = 0
+        self.cut = 0  # requests the drain timeout cut short (answered 503)
 
     # ---------------------------------------------------------------------------------- lifecycle
     async def start(self) -> None:
