@@ -70,28 +70,29 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
     dist.destroy_process_group()
 
 
-def _signalled_worker(rank: int, world: int, port: int, out: str, first: int = 2) -> None:
-    """Rank 1 reads a signal from its `first` reading on (2: before the second batch; 3: after the last one);
-    rank 0 never does (its share is the larger)."""
+def _signalled_worker(rank: int, world: int, port: int, out: str) -> None:
+    """Two evaluations where rank 1 reads a signal from its `first` reading on (2: before the second batch; 3:
+    after the last one); rank 0 never does (its share is the larger)."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    model, (interrupted, _) = Lookup(collective=False), signal_from_read(first if rank else 99)
-    try:
-        _evaluate(model, rank, world, interrupted=interrupted)
-        result = {"signum": 0}
-    except EvaluationInterrupted as stopped:
-        result = {"signum": stopped.signum}
-    dist.all_reduce(torch.ones(1))  # the group is still in step after it
-    Path(out, f"rank{rank}.json").write_text(json.dumps({**result, "calls": model.calls}))
+    results = []
+    for first in (2, 3):
+        model, (interrupted, _) = Lookup(collective=False), signal_from_read(first if rank else 99)
+        try:
+            _evaluate(model, rank, world, interrupted=interrupted)
+            results.append({"signum": 0, "calls": model.calls})
+        except EvaluationInterrupted as stopped:
+            results.append({"signum": stopped.signum, "calls": model.calls})
+        dist.all_reduce(torch.ones(1))  # the group is still in step after it
+    Path(out, f"rank{rank}.json").write_text(json.dumps(results))
     dist.destroy_process_group()
 
 
-def _run_two(worker, out: Path, *extra: int) -> list[dict]:
+def _run_two(worker, out: Path) -> list:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    args = (2, port, str(out), *extra)
-    context = mp.start_processes(worker, args=args, nprocs=2, join=False, start_method="spawn")
+    context = mp.start_processes(worker, args=(2, port, str(out)), nprocs=2, join=False, start_method="spawn")
     deadline = time.monotonic() + 120  # a process left waiting in a collective fails the test here, not hangs it
     while not context.join(timeout=1.0):
         if time.monotonic() > deadline:
@@ -114,12 +115,11 @@ def test_a_signal_ends_the_evaluation_before_its_next_batch_and_leaves_the_mode_
 def test_one_process_signal_ends_every_process_evaluation_at_the_same_batch(tmp_path) -> None:
     """Without a collective forward each process ran its share alone: a signal on one could not end the others'
     evaluation, so a run under torchrun agreed on it only after the evaluation, however long."""
-    results = _run_two(_signalled_worker, tmp_path)
-    assert [r["signum"] for r in results] == [int(signal.SIGTERM)] * 2
-    assert [r["calls"] for r in results] == [1, 1]
-    (tmp_path / "late").mkdir()
-    results = _run_two(_signalled_worker, tmp_path / "late", 3)  # after every batch: the evaluation is whole
-    assert [r["signum"] for r in results] == [0, 0] and [r["calls"] for r in results] == [2, 1]
+    (cut, cut_peer), (late, late_peer) = zip(*_run_two(_signalled_worker, tmp_path))
+    assert [r["signum"] for r in (cut, cut_peer)] == [int(signal.SIGTERM)] * 2
+    assert [r["calls"] for r in (cut, cut_peer)] == [1, 1]
+    assert [r["signum"] for r in (late, late_peer)] == [0, 0]  # after every batch: the evaluation is whole
+    assert [r["calls"] for r in (late, late_peer)] == [2, 1]
 
 
 def test_a_collective_forward_runs_as_often_on_every_process_and_the_figures_are_the_whole_split(tmp_path) -> None:
