@@ -397,3 +397,21 @@ def test_a_model_too_large_an_image_to_train_is_refused_before_it_is_built(tmp_p
     err = capsys.readouterr().err
     assert "the model to train: one 16384-px image through this model would take" in err
     assert "choose a smaller --img-size or model" in err and not (tmp_path / "r").exists()
+
+
+def test_a_run_whose_classes_changed_is_not_resumed_on_them(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A class folder replaced by another after a kill (the count of classes and images alike): the re-run resumed,
+    and each output went on learning another class (airplane's became the new class's) without a word."""
+    import numpy as np
+
+    data, out = class_npz(tmp_path / "d.npz"), tmp_path / "run"
+    with np.load(data) as arrays:
+        images, labels = arrays["images"], arrays["labels"]
+    np.savez(data, images=images, labels=labels, class_names=np.array(["ant", "bee", "cat", "dog"]))
+    argv = ["train", "--data", f"npz:{data}", "--recipe", "small-8px-tiny", "--out", str(out), "--set", "data.steps=2"]
+    assert main(argv) == 0
+    np.savez(data, images=images, labels=labels, class_names=np.array(["ant", "bee", "cat", "eel"]))
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"npz:{data}'s classes differ from those this run started with (dog, eel)" in err and "--out" in err, err

@@ -83,7 +83,8 @@ class Checkpointer:
         found = self._readable(candidates, None if self.sharded else state)
         if found is None:
             return None
-        path, payload, weights = found
+        path, payload, checkpoint = found
+        weights, payload["class_names"] = checkpoint.model.state_dict(), checkpoint.class_names  # for `load_extra`
         self.run.loaded.add(path)
         if path != candidates[0] and self.main:  # fell back: LATEST names an unreadable step
             self.run.resumed_from(path, candidates[: candidates.index(path)])
@@ -97,15 +98,15 @@ class Checkpointer:
 
     def _readable(
         self, candidates: list[Path], state: TrainState | None
-    ) -> tuple[Path, dict[str, Any], dict[str, Any]] | None:
+    ) -> tuple[Path, dict[str, Any], native.Checkpoint] | None:
         """The first of `candidates` whose train state and weights read (and whose train state fits `state`,
-        where given): (path, payload, weights)."""
+        where given): (path, payload, the step's model checkpoint)."""
         for index, path in enumerate(candidates):
             try:
                 payload = RunDir.read_state(path)
                 if state is not None:
                     state.check_state_dict(payload)
-                return path, payload, native.load(path, map_location="cpu").model.state_dict()
+                return path, payload, native.load(path, map_location="cpu")
             except OSError as error:
                 if error.errno not in NOT_NOW:
                     self._step_back(candidates, index, error)

@@ -265,6 +265,19 @@ class RunParts:
             f"new run ({self.run.path} resumes on the images it started with)"
         )
 
+    def _check_same_classes(self, stored: list[str] | None) -> None:
+        """A resumed run's outputs stand for the classes it started with: a source whose class folders changed
+        (one replaced by another, the count alike) would make each output learn another class from here on."""
+        now = self.data.train.class_names if self.config.mpp is None else None
+        if stored is None or now is None or list(stored) == list(now):
+            return
+        changed = sorted(set(stored) ^ set(now)) or ["their order"]
+        raise ValueError(
+            f"{self.config.data.uri}'s classes differ from those this run started with ({', '.join(changed)[:200]}): "
+            f"its outputs would stand for other classes; choose another --out for a new run ({self.run.path} "
+            "resumes on the classes it started with)"
+        )
+
     def _resume(self) -> None:
         def load_extra(payload: dict[str, Any]) -> None:
             self.objective.load_state_dict(payload)
@@ -272,6 +285,7 @@ class RunParts:
             self.skipped_before = int(payload.get("skipped_samples", 0))  # streamed by the earlier invocations
             self.stored_precision, self.stored_compiled = payload.get("precision"), payload.get("compiled")
             self._check_same_data(payload.get("source_images"))
+            self._check_same_classes(payload.get("class_names"))
             self._resume_rng(payload.get("rng_ranks"))
 
         resumed = self.checkpointer.restore(self.state, load_extra=load_extra)
