@@ -294,6 +294,20 @@ def test_an_interrupted_study_says_a_re_run_goes_on(monkeypatch, capsys) -> None
     )
 
 
+def test_an_interrupted_shard_says_a_re_run_starts_over(monkeypatch, capsys, tmp_path) -> None:
+    """`vitkit shard` said a re-run would "go on from what it saved"; it starts over, as its marker file says."""
+    from vitkit.data import shard
+
+    def interrupted(uri, out, *args, **kwargs):
+        Path(out).mkdir()
+        (Path(out) / "train-000000.tar").write_bytes(b"")  # a shard written before the Ctrl-C
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(shard, "write_shards", interrupted)
+    assert main(["shard", "digits", "--out", str(tmp_path / "o"), "--samples-per-shard", "9"]) == 130
+    assert capsys.readouterr().err.strip() == "vitkit shard: interrupted; re-run the same command to start it over"
+
+
 def test_an_interrupted_run_that_saved_nothing_says_so(monkeypatch, capsys, tmp_path) -> None:
     """Ctrl-C while the data loaded said "re-run the same command to go on from what it saved": nothing was."""
     from vitkit.cli import training

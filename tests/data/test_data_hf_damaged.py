@@ -263,3 +263,10 @@ def test_a_damaged_parquet_file_of_a_split_is_named(tmp_path: Path, damage: str)
     problem = "not a readable Parquet file" if damage == "footer" else r"no column 'picture', 'target'"
     with pytest.raises(ValueError, match=rf"{second}: {problem}"):
         load_split(f"hf:{tmp_path}", "train", image_size=8)
+
+
+def test_a_parquet_file_given_as_the_source_says_hf_takes_its_folder(tmp_path: Path) -> None:
+    """`--data hf:train.parquet` said "no such directory" of a file that exists, and not what to give instead."""
+    labelled_dataset(4).to_parquet(str(tmp_path / "train.parquet"))
+    with pytest.raises(ValueError, match=r"is a file; hf: takes the directory of a saved dataset or of Parquet files"):
+        describe(f"hf:{tmp_path / 'train.parquet'}")

@@ -288,3 +288,17 @@ def test_array_images_above_the_pixel_limit_are_refused_before_writing(tmp_path:
     assert written.images.shape == (len(train), 1, 4, 4)
     halved = torch.stack([pillow_halved(image) for image in train.images])  # what thumbnail does to a file
     assert torch.equal(torch.sort(image_sums(written.images)).values, torch.sort(image_sums(halved)).values)
+
+
+def test_a_source_of_no_readable_training_image_is_an_error_not_an_empty_data_set(tmp_path: Path) -> None:
+    """Parquet rows holding relative image paths, sharded from another directory: every image was left out, and
+    `vitkit shard` exited 0 with "train with: vitkit train --data wds:OUT", which then found no train split."""
+    from vitkit.data.shard import write_shards
+
+    for name in ("a", "b"):
+        (tmp_path / "in" / name).mkdir(parents=True)
+        for k in range(3):
+            (tmp_path / "in" / name / f"{k}.png").write_bytes(b"not a png")
+    with pytest.raises(ValueError, match=r"no training image could be read \(\d+ left out, each named above\)"):
+        write_shards(f"folder:{tmp_path / 'in'}", tmp_path / "out", samples_per_shard=100)
+    assert not [p for p in (tmp_path / "out").iterdir()]  # no marker, no shard: nothing half-written

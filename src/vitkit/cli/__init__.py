@@ -43,7 +43,8 @@ VERBS: list[Callable[[argparse._SubParsersAction], None]] = [
 ]
 TRAINING = ("train", "finetune", "pretrain-mpp")  # they write a run directory, and go on from its checkpoints
 DISTRIBUTED = TRAINING  # the verbs that share one job over torchrun's processes
-RESUMABLE = (*TRAINING, "shard", "reproduce")  # a re-run of these goes on where it stopped
+RESUMABLE = (*TRAINING, "reproduce")  # a re-run of these goes on where it stopped
+STARTED_OVER = ("shard",)  # a re-run of these removes what an interrupted one wrote and starts over
 
 
 class _Parser(argparse.ArgumentParser):
@@ -128,6 +129,7 @@ def main(argv: Sequence[str] | None = None, *, since_process_start: bool = False
     except KeyboardInterrupt as stop:
         by = " by SIGTERM" if isinstance(stop, Terminated) else ""
         goes_on = "; re-run the same command to go on from what it saved" if args.verb in RESUMABLE else ""
+        goes_on = "; re-run the same command to start it over" if args.verb in STARTED_OVER else goes_on
         out = getattr(args, "out", None)
         if goes_on and out and not _saved_anything(args.verb, out):
             goes_on = " before it saved anything"

@@ -59,6 +59,11 @@ class HFSplit:
 
 def find_splits(root: Path) -> dict[str, HFSplit]:
     """{train/val/test: files} of an hf: directory (see the module docstring)."""
+    if root.is_file():
+        raise ValueError(
+            f"hf:{root} is a file; hf: takes the directory of a saved dataset or of Parquet files: put it in a "
+            "folder, named train-*.parquet (or under train/), and give hf:FOLDER"
+        )
     if not root.is_dir():
         raise FileNotFoundError(f"hf:{root}: no such directory")
     if (root / "state.json").is_file():

@@ -54,6 +54,8 @@ from vitkit.data.tarshards import INCOMPLETE, INDEX, INDEX_FORMAT
 
 log = logging.getLogger(__name__)
 
+# where a Hugging Face image column holds paths (datasets' to_parquet of files), they resolve as datasets does
+PATHS_HINT = ": an image column of file paths is read from the current directory; run where they resolve"
 FORMAT_EXT = {"JPEG": "jpg", "PNG": "png", "WEBP": "webp", "GIF": "gif", "BMP": "bmp", "TIFF": "tif", "PPM": "ppm"}
 
 
@@ -355,6 +357,11 @@ def _write_all(
         classes = classes or (data.class_names if labelled else None)
         splits[split] = _write_split(data, split, out, samples_per_shard, max_side, seed, workers, labelled)
         probe = probe or splits[split].first
+        if split == "train" and not splits[split].written:  # every image unreadable: no data set to train on
+            remove_torn(out)
+            (out / INCOMPLETE).unlink()
+            raise ValueError(f"{uri}: no training image could be read ({splits[split].skipped} left out, each named "
+                             f"above){PATHS_HINT if uri.startswith('hf:') else ''}; nothing was written")  # fmt: skip
     index = {
         "format": INDEX_FORMAT,
         "source": uri,
