@@ -235,6 +235,9 @@ def test_a_budget_too_small_for_its_final_evaluation_is_warned_about() -> None:
     # "0 s are left to train", counted in the whole budget
     for plan, steps in ((tight, 5.0 / 0.2), (ample, 45.0 / 0.2)):
         assert plan.measured["fit_epochs"] == round(steps * plan.global_batch / 1000, 1)
+        # the length line gave the steps of the whole budget ("about 250") beside "0.8 epochs fit" of its 25
+        said = f"as many steps as the budget holds (about {steps:,.0f}, {plan.measured['fit_epochs']:.1f} epochs"
+        assert said in "\n".join(plan_lines(plan))
     warned = [line for line in plan_lines(tight) if line.startswith("warning:")]
     assert warned and "5 s" in warned[0] and "45 s" in warned[0] and "--max-minutes" in warned[0]
     assert not any(line.startswith("warning:") for line in plan_lines(ample))

@@ -331,7 +331,7 @@ def _estimate(
     if fit is not None:
         train_s = max((budget_s or 0.0) - eval_s, 0.0)  # what the final evaluation leaves of the usable budget
         trained = steps_that_fit(spans, train_s) if train_s > 0 else 0
-        out["fit_epochs"] = round(trained * plan.global_batch / plan.num_train, 1)
+        out["fit_steps"], out["fit_epochs"] = trained, round(trained * plan.global_batch / plan.num_train, 1)
         out["eta_minutes"] = round(plan.budget_minutes, 2)
         out["train_seconds"] = round(train_s, 1)
     return out

@@ -23,7 +23,7 @@ def plan_lines(plan: Plan) -> list[str]:
         f"{'at most ' if plan.fitted else ''}{plan.steps:,} steps ({plan.epochs:.1f} epochs)"
         + (", fewer where the budget ends first" if plan.fitted else "")
         if plan.steps_given
-        else f"as many steps as the budget holds (about {plan.steps:,}, {plan.epochs:.1f} epochs, estimated)"
+        else f"as many steps as the budget holds (about {_fit(plan)}, estimated)"
     )
     lines = [
         f"objective: {plan.objective}; model: {plan.params:,} parameters at {plan.img_size}px"
@@ -136,6 +136,14 @@ def estimate_lines(plan: Plan) -> list[str]:
 
 def minutes(value: float) -> str:
     return f"{value / 60:.1f} h" if value >= 90 else f"{value:.1f} min"
+
+
+def _fit(plan: Plan) -> str:
+    """The steps and epochs a budget without a length of its own holds: those of the seconds the final
+    evaluation leaves (the estimate line's), else the plan's length."""
+    if "fit_steps" in plan.measured:
+        return f"{plan.measured['fit_steps']:,}, {plan.measured['fit_epochs']:.1f} epochs"
+    return f"{plan.steps:,}, {plan.epochs:.1f} epochs"
 
 
 def _flip_note(plan: Plan) -> str:
