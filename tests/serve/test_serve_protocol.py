@@ -245,3 +245,19 @@ def test_a_request_after_an_ignored_upgrade_is_answered(port: int) -> None:
             while chunk := sock.recv(65536):
                 received += chunk
     assert received.count(b"HTTP/1.1 200") == 2
+
+
+@pytest.mark.parametrize(
+    "request_head",
+    [
+        b"POST /a HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: foo\r\nContent-Length: 35\r\n\r\n",
+        b"POST /a HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: h2c\r\nTransfer-Encoding: chunked\r\n\r\n",
+    ],
+)
+def test_an_upgrade_with_a_body_is_refused_not_read_as_requests(port: int, request_head: bytes) -> None:
+    """The parser reads no body of a request it takes for an upgrade: fed on, the body of one request ran as
+    another (request smuggling behind a proxy that reuses its connections)."""
+    smuggled = b"GET /smuggled HTTP/1.1\r\nHost: a\r\n\r\n"
+    body = smuggled if b"Content-Length" in request_head else b"%x\r\n%s\r\n0\r\n\r\n" % (len(smuggled), smuggled)
+    status, _, answer = exchange(port, request_head + body)
+    assert status == 400 and b"Upgrade and a body" in answer

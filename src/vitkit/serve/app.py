@@ -184,6 +184,8 @@ def _json_errors(handler: Callable[[Request], Awaitable[Response]]) -> Callable[
         except HTTPError as error:
             return error_response(error.status, error.message, error.headers)
         except asyncio.CancelledError:  # the drain timeout passed after SIGTERM: uvicorn would answer a text 500
+            if (task := asyncio.current_task()) is not None:
+                task.uncancel()  # answered here: the task is no longer being cancelled
             request.app.state.service.cut += 1
             message = "the server stopped before this request was answered (its drain timeout passed); retry"
             return error_response(503, message, {"retry-after": "1"})

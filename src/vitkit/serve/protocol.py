@@ -110,7 +110,9 @@ class GuardedProtocol(HttpToolsProtocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()  # the next pipelined request starts; reading resumes
-        if self._held and not self.transport.is_closing():
+        if len(self.pipeline) >= self.limits.max_pipelined:  # still full: the held bytes wait
+            self.flow.pause_reading()
+        elif self._held and not self.transport.is_closing():
             self.data_received(b"")
 
     def _receive(self, data: bytes) -> None:
@@ -214,12 +216,22 @@ class GuardedProtocol(HttpToolsProtocol):
                 {"retry-after": "1"},
             )
             return
+        if self.parser.should_upgrade() and self._upgrade_with_body():  # the parser would read its body as requests
+            self._refuse(400, "a request with Upgrade and a body is not served here: send it without Upgrade")
+            return
         codings = [v.decode("latin-1").lower() for k, v in self.headers if k.lower() == b"transfer-encoding"]
         unknown = {c.strip() for coding in codings for c in coding.split(",")} - {"chunked", ""}
         if unknown:  # RFC 9112: a transfer coding the server does not know is 501, not read as the body
             self._refuse(501, f"transfer coding {', '.join(sorted(unknown))} is not supported: send the body plainly")
             return
         super().on_headers_complete()
+
+    def _upgrade_with_body(self) -> bool:
+        """Whether a request the parser takes for an upgrade (which it reads no body of) has one, or is CONNECT."""
+        if self.parser.get_method() == b"CONNECT":
+            return True
+        framing = {k.lower(): v.strip() for k, v in self.headers}
+        return b"transfer-encoding" in framing or framing.get(b"content-length", b"0") != b"0"
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
