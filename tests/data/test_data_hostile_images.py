@@ -255,7 +255,7 @@ def test_headers_are_read_from_regular_files_of_the_allowed_formats_alone(tmp_pa
 def test_a_jpeg_of_too_many_scans_is_refused_before_decoding(tmp_path) -> None:
     """A 125 KB progressive JPEG whose last scan was repeated 2,000 times took 20 s to decode (every other
     request of `vitkit serve` waited behind it); more than MAX_JPEG_SCANS scans are refused unread."""
-    from vitkit.data.images import MAX_JPEG_SCANS
+    from vitkit.data.jpeg import MAX_JPEG_SCANS
 
     data = encoded(Image.new("L", (64, 64), 128), "JPEG", progressive=True)
     last = data.rindex(b"\xff\xda")
@@ -265,5 +265,23 @@ def test_a_jpeg_of_too_many_scans_is_refused_before_decoding(tmp_path) -> None:
     (tmp_path / "scans.jpg").write_bytes(repeated)
     for channels in (1, 3):
         for source in (repeated, tmp_path / "scans.jpg"):
-            with pytest.raises(BadImageError, match=rf"a JPEG of {MAX_JPEG_SCANS + 1} scans \(at most"):
+            with pytest.raises(BadImageError, match=rf"a JPEG of over {MAX_JPEG_SCANS} scans \(each decodes"):
                 decode_image(source, channels=channels)
+
+
+def test_only_a_jpegs_own_scans_count_not_bytes_that_look_like_them() -> None:
+    """Counting the bytes FF DA anywhere refused real photos: a phone's motion photo (a video after the JPEG's
+    end) or a maker note that holds them.  The markers are walked instead."""
+    import numpy as np
+
+    from vitkit.data.jpeg import MAX_JPEG_SCANS, jpeg_scans
+
+    noise = Image.fromarray(np.random.default_rng(0).integers(0, 256, (48, 64, 3), dtype=np.uint8))
+    baseline, progressive = encoded(noise, "JPEG"), encoded(noise, "JPEG", progressive=True)
+    assert jpeg_scans(baseline) == 1 and 2 < jpeg_scans(progressive) < 20
+    video = b"\xff\xda" * (MAX_JPEG_SCANS + 50)  # after EOI: a motion photo's appended MP4, in the worst case
+    exif = Image.Exif()
+    exif[0x927C] = b"\xff\xda" * (MAX_JPEG_SCANS + 50)  # MakerNote: a camera's own binary data
+    for data in (progressive + video, encoded(noise, "JPEG", exif=exif.tobytes())):
+        assert data.count(b"\xff\xda") > MAX_JPEG_SCANS and jpeg_scans(data) <= 20
+        assert decode_image(data, size=16).shape == (3, 16, 16)

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from vitkit.data.jpeg import MAX_JPEG_SCANS, jpeg_scans
 from vitkit.data.pixels import GRAY_MODES, resize_center_crop, to_mode
 from vitkit.host import cpus
 
@@ -69,9 +70,6 @@ def _source_name(source: str | os.PathLike | bytes) -> str:
 
 
 _BOMB_FILTER_LOCK = threading.Lock()
-# a JPEG's scans (SOS markers, counted in its bytes): each scan of a progressive file decodes the whole image
-# again, so 125 KB of repeated scans took 20 s; real files have 1 to about 12
-MAX_JPEG_SCANS = 100
 MAX_FILE_BYTES = 1 << 30  # an image file above this is refused unread (an uncompressed 16-bit RGB at MAX_PIXELS fits)
 
 
@@ -211,19 +209,23 @@ def _read_source(source: str | os.PathLike | bytes) -> bytes | str | os.PathLike
         return source  # Pillow raises the error, naming the file
 
 
-def _check_scans(data: bytes | bytearray | memoryview | str | os.PathLike, name: str) -> None:
-    """A BadImageError for a JPEG of more than MAX_JPEG_SCANS scans, before any is decoded (a file is read for it
-    only where it starts as a JPEG)."""
+def _check_scans(
+    data: bytes | bytearray | memoryview | str | os.PathLike, name: str
+) -> bytes | bytearray | memoryview | str | os.PathLike:
+    """`data`, or a JPEG file's bytes (read once, for the check and the decoder); a BadImageError for a JPEG of
+    more than MAX_JPEG_SCANS scans, before any is decoded."""
     if isinstance(data, (str, os.PathLike)):
         try:
             with open(data, "rb") as handle:
                 head = handle.read(2)
-                data = head + handle.read() if head == b"\xff\xd8" else b""
+                if head != b"\xff\xd8":
+                    return data
+                data = head + handle.read()
         except OSError:
-            return  # the decoder names the file
-    data = bytes(data)
-    if data[:2] == b"\xff\xd8" and (scans := data.count(b"\xff\xda")) > MAX_JPEG_SCANS:
-        raise BadImageError(f"{name}: a JPEG of {scans:,} scans (at most {MAX_JPEG_SCANS}: each decodes it again)")
+            return data  # the decoder names the file
+    if bytes(data[:2]) == b"\xff\xd8" and jpeg_scans(data) > MAX_JPEG_SCANS:
+        raise BadImageError(f"{name}: a JPEG of over {MAX_JPEG_SCANS} scans (each decodes the whole image again)")
+    return data
 
 
 def _decode(
@@ -240,7 +242,7 @@ def _decode(
     data = _read_source(source) if channels == 3 else source
     if isinstance(data, (bytes, bytearray, memoryview)) and not len(data):
         raise BadImageError(f"{name}: no image data (empty)")  # an empty file, or a row whose image is missing
-    _check_scans(data, name)
+    data = _check_scans(data, name)
     fast = (
         _decode_jpeg_fast(bytes(data), size, max_pixels, name)
         if isinstance(data, (bytes, bytearray, memoryview)) and channels == 3
