@@ -53,9 +53,10 @@ class FewShotConfig:
     def __post_init__(self) -> None:
         if not self.shots or min(self.shots) < 1:
             raise ValueError(f"shots must be integers of 1 or more, got {', '.join(map(str, self.shots)) or 'none'}")
-        for name, value, low, high in (("seeds", self.seeds, 1, MAX_SEEDS), ("batch_size", self.batch_size, 1, None)):
-            if value < low or (high is not None and value > high):
-                raise ValueError(f"{name} must be {low} or more{f' and at most {high:,}' if high else ''}, got {value}")
+        if not 1 <= self.seeds <= MAX_SEEDS:
+            raise ValueError(f"seeds must be 1 or more and at most {MAX_SEEDS:,}, got {self.seeds}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be 1 or more, got {self.batch_size}")
         if self.folds < 2:
             raise ValueError(f"folds must be 2 or more, got {self.folds}")
         if not self.l2_exponents:

@@ -268,7 +268,7 @@ class RunParts:
     def _check_same_classes(self, stored: list[str] | None) -> None:
         """A resumed run's outputs stand for the classes it started with: a source whose class folders changed
         (one replaced by another, the count alike) would make each output learn another class from here on."""
-        now = self.data.train.class_names if self.config.mpp is None else None
+        now = self.checkpointer.meta["class_names"]  # what this run saves with its steps (MPP: none)
         if stored is None or now is None or list(stored) == list(now):
             return
         changed = sorted(set(stored) ^ set(now)) or ["their order"]
