@@ -34,12 +34,12 @@ def test_mutated_requests_get_json_errors_and_no_crash(seed: Path, tmp_path: Pat
         (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03", 400),  # a TLS hello on the plain port
         (b"GET /health HTTP/1.1\r\nAuthorization: Bearer fuzz-token\r\n" + b"X: y\r\n" * 20_000 + b"\r\n", 431),
         (
-            b"POST /v1/predict HTTP/1.1\r\nAuthorization: Bearer fuzz-token\r\nContent-Type: image/png\r\n"
+            b"POST /v1/predict HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer fuzz-token\r\nContent-Type: image/png\r\n"
             b"Content-Length: 900000\r\n\r\n",
             413,
         ),
         (
-            b"POST /v1/predict HTTP/1.1\r\nAuthorization: Bearer fuzz-token\r\nContent-Type: image/png\r\n"
+            b"POST /v1/predict HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer fuzz-token\r\nContent-Type: image/png\r\n"
             b"Content-Length: 10\r\n\r\n12345",
             408,
         ),

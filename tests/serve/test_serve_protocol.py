@@ -111,6 +111,9 @@ def good(port: int) -> None:
         (b"GET / HTTP/1.1\r\nX-Big: " + b"a" * 5000 + b"\r\n\r\n", "headers exceed 2,048 bytes"),
         (b"GET / HTTP/1.1\r\n" + b"X: y\r\n" * 1000 + b"\r\n", "headers exceed 2,048 bytes"),
         (b"GET /?" + b"q" * 3000 + b" HTTP/1.1\r\n\r\n", "headers exceed 2,048 bytes"),
+        (b"GET / HTTP/1.1\r\n\r\n", "exactly one Host header"),
+        (b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", "exactly one Host header"),
+        (b"GET / HTTP/1.0\r\nHost: a\r\nhost: b\r\n\r\n", "exactly one Host header"),
     ],
 )
 def test_requests_the_app_never_sees_get_json_errors(port: int, request_bytes: bytes, problem: str) -> None:
@@ -118,6 +121,11 @@ def test_requests_the_app_never_sees_get_json_errors(port: int, request_bytes: b
     assert status == (431 if "exceed" in problem else 400) and headers["content-type"] == "application/json"
     assert problem in json.loads(body)["error"] and headers["connection"] == "close"
     good(port)
+
+
+def test_an_http_1_0_request_needs_no_host(port: int) -> None:
+    status, _, body = exchange(port, b"POST /x HTTP/1.0\r\nContent-Length: 2\r\n\r\nab")
+    assert status == 200 and json.loads(body) == {"ok": True, "bytes": 2}
 
 
 def test_a_slow_sender_gets_408_and_a_silent_one_is_closed(port: int) -> None:
@@ -131,7 +139,8 @@ def test_a_slow_sender_gets_408_and_a_silent_one_is_closed(port: int) -> None:
 
 def test_headers_and_body_in_one_packet_beyond_the_header_limit_are_served(port: int) -> None:
     body = b"z" * 10_000  # the headers fit; the bytes after them are the body, not headers
-    status, _, answer = exchange(port, b"POST / HTTP/1.1\r\nContent-Length: 10000\r\nConnection: close\r\n\r\n" + body)
+    head = b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 10000\r\nConnection: close\r\n\r\n"
+    status, _, answer = exchange(port, head + body)
     assert status == 200 and json.loads(answer)["bytes"] == 10_000
 
 

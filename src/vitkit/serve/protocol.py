@@ -216,6 +216,10 @@ class GuardedProtocol(HttpToolsProtocol):
                 {"retry-after": "1"},
             )
             return
+        hosts = sum(name.lower() == b"host" for name, _ in self.headers)
+        if hosts > 1 or (hosts == 0 and self.parser.get_http_version() == "1.1"):  # RFC 9112 section 3.2
+            self._refuse(400, "an HTTP/1.1 request needs exactly one Host header")
+            return
         if self.parser.should_upgrade() and self._upgrade_with_body():  # the parser would read its body as requests
             self._refuse(400, "a request with Upgrade and a body is not served here: send it without Upgrade")
             return
