@@ -4,6 +4,7 @@ failing batch fails only its callers, and concurrent HTTP requests really share 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from pathlib import Path
 
@@ -42,6 +43,28 @@ def test_batches_fill_up_to_max_batch_and_answers_go_to_their_callers() -> None:
 
     assert asyncio.run(scenario()) == [[i * 10] for i in range(7)] + [[70, 80, 90]]
     assert sizes == [4, 4, 2]
+
+
+def test_close_does_not_wait_past_its_limit_for_a_batch_that_hangs() -> None:
+    release = threading.Event()
+
+    def run(payloads):
+        release.wait(30)
+        return payloads
+
+    async def scenario():
+        batcher = Batcher(run, max_batch=1, max_wait_s=0.0)
+        batcher.start()
+        running = asyncio.ensure_future(batcher.submit(["first"]))
+        queued = asyncio.ensure_future(batcher.submit(["second"]))
+        await asyncio.sleep(0.1)  # the first is in the hung forward, the second waits behind it
+        await batcher.close(timeout_s=0.2)
+        outcome = await asyncio.gather(queued, return_exceptions=True)
+        release.set()
+        return outcome, await running
+
+    (queued,), running = asyncio.run(scenario())
+    assert isinstance(queued, BatcherClosed) and running == ["first"]
 
 
 def test_a_full_batch_does_not_wait_and_a_lone_one_waits_max_wait() -> None:

@@ -91,16 +91,22 @@ class Batcher:
                 if not job.future.cancel() and not job.future.cancelled():
                     job.future.exception()  # seen: a second failed image of one request is not logged as unretrieved
 
-    async def close(self) -> None:
-        """Refuse new work, finish what is queued, stop the model thread."""
+    async def close(self, timeout_s: float | None = None) -> None:
+        """Refuse new work, finish what is queued, stop the model thread; after `timeout_s` a batch still
+        running is not waited for (the thread is a daemon) and what waits gets BatcherClosed."""
         self._closed = True
         with self._changed:
             self._changed.notify()
-        if self._thread is not None:
-            while self._thread.is_alive():  # the thread finishes the queue, then ends
-                await asyncio.sleep(0.005)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while self._thread is not None and self._thread.is_alive():  # the thread finishes the queue, then ends
+            if deadline is not None and time.monotonic() >= deadline:
+                log.warning("a model batch was still running %g s after the drain: not waited for", timeout_s)
+                break
+            await asyncio.sleep(0.005)
         await asyncio.sleep(0)  # the last deliveries, scheduled by the thread, run before we return
-        for job in self._waiting:  # only left when the thread never started
+        with self._changed:
+            left, self._waiting = list(self._waiting), collections.deque()
+        for job in left:  # only left when the thread never started or was not waited for
             if not job.future.done():
                 job.future.set_exception(BatcherClosed("the server is shutting down"))
 

@@ -1,5 +1,5 @@
 """Running the app under uvicorn: SIGTERM (or Ctrl-C) stops accepting connections, lets the requests
-in flight finish (up to `drain_timeout_s`), finishes the queued batches, and exits 0."""
+in flight finish (up to `drain_timeout_s`), finishes the queued batches (again up to `drain_timeout_s`), and exits 0."""
 
 from __future__ import annotations
 

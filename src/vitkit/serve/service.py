@@ -95,7 +95,7 @@ class Service:
     async def stop(self) -> None:
         """After the HTTP server has drained: finish queued batches, stop the engine."""
         if self.batcher is not None:
-            await self.batcher.close()
+            await self.batcher.close(self.config.drain_timeout_s)
         if self.engine is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.engine.close)
 
