@@ -359,6 +359,10 @@ def test_torchruns_variables_decide_the_process_group() -> None:
         patch.setattr(distributed.dist, "get_rank", lambda: 1)
         patch.setattr(distributed.dist, "get_world_size", lambda: 2)
         assert distributed.current({"LOCAL_RANK": ""}).local_rank == 1 % max(1, torch.cuda.device_count())
+    with pytest.MonkeyPatch.context() as patch:  # a launcher without LOCAL_RANK on a 4-GPU machine: not all on GPU 0
+        patch.setattr(distributed.torch.cuda, "device_count", lambda: 4)
+        env = {"RANK": "6", "WORLD_SIZE": "8", "MASTER_ADDR": "n1"}
+        assert from_env(env).local_rank == 2 and from_env({**env, "LOCAL_RANK": "3"}).local_rank == 3
     with pytest.raises(ValueError, match=r"WORLD_SIZE='x' is not a whole number \(torchrun sets it\)"):
         from_env({"RANK": "0", "WORLD_SIZE": "x"})
 

@@ -49,7 +49,14 @@ def from_env(environ: Mapping[str, str] | None = None) -> DistInfo:
     world = _count(env, "WORLD_SIZE")
     if world <= 1 and "MASTER_ADDR" not in env:  # a scheduler's RANK=0 WORLD_SIZE=1, not torchrun: a plain process
         return DistInfo()
-    return DistInfo(rank=_count(env, "RANK"), world=world, local_rank=_count(env, "LOCAL_RANK", "0"), launched=True)
+    rank = _count(env, "RANK")
+    return DistInfo(rank=rank, world=world, local_rank=_local_rank(env, rank), launched=True)
+
+
+def _local_rank(env: Mapping[str, str], rank: int) -> int:
+    """LOCAL_RANK, or where a launcher other than torchrun left it unset, the rank modulo this machine's GPUs (so
+    that processes on one machine do not all take GPU 0)."""
+    return _count(env, "LOCAL_RANK", str(rank % max(1, torch.cuda.device_count())))
 
 
 def _set_variables(environ: Mapping[str, str] | None) -> dict[str, str]:
@@ -69,8 +76,7 @@ def current(environ: Mapping[str, str] | None = None) -> DistInfo:
     """This process's place: an already joined process group (e.g. a test's), else torchrun's variables."""
     if dist.is_available() and dist.is_initialized():
         rank, world = dist.get_rank(), dist.get_world_size()
-        local = _count(_set_variables(environ), "LOCAL_RANK", str(rank % max(1, torch.cuda.device_count())))
-        return DistInfo(rank=rank, world=world, local_rank=local, launched=True)
+        return DistInfo(rank=rank, world=world, local_rank=_local_rank(_set_variables(environ), rank), launched=True)
     return from_env(environ)
 
 
