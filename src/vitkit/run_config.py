@@ -109,6 +109,15 @@ def same_source(first: str, second: str) -> bool:
     return bool(first) and bool(second) and (first == second or _place(first) == _place(second))
 
 
+def canonical_source(spec: str) -> str:
+    """A data URI or checkpoint path with its path made real ("folder:photos" -> "folder:/home/me/photos"), for
+    comparing processes' configs; a spec without a path ("digits") as given."""
+    kind, path = _place(spec)
+    if not kind and not os.path.exists(spec):
+        return spec
+    return f"{kind}:{path}" if kind else path
+
+
 def _place(spec: str) -> tuple[str, str]:
     """A source URI or checkpoint path as (kind, real path): "folder:photos" and "folder:/home/me/photos" agree."""
     kind, sep, path = spec.partition(":")

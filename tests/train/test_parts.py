@@ -330,3 +330,19 @@ def test_what_processes_must_share_is_named_as_a_user_sets_it() -> None:
     assert facts["recipe"] == config.recipe and "recipe." not in facts and facts["optim.lr"] == 0.5
     assert (facts["train images"], facts["classes"], facts["test images"]) == (3, ["a", "b"], 0)
     assert "run.progress" not in facts and "run.threads" not in facts and facts["data.uri"] == config.data.uri
+
+
+def test_processes_agree_on_one_data_folder_however_each_spells_it(tmp_path: Path, monkeypatch) -> None:
+    from vitkit.train.parts import agreed_facts
+
+    class Train(list):
+        class_names = ["a"]
+
+    (tmp_path / "photos").mkdir()
+    monkeypatch.chdir(tmp_path)
+    spelt = ["folder:photos", "folder:./photos", f"folder:{tmp_path}/photos/", f"folder:{tmp_path}/x/../photos"]
+    uris = {
+        agreed_facts(tiny_config(tmp_path, f"data.uri={uri}"), SimpleNamespace(train=Train([0]), test=None))["data.uri"]
+        for uri in spelt
+    }
+    assert uris == {f"folder:{os.path.realpath(tmp_path / 'photos')}"}

@@ -18,6 +18,7 @@ import torch
 from vitkit.data.stream import ShardBatches, ShardSet
 from vitkit.device import autocast_dtype
 from vitkit.models.configs import in_channels
+from vitkit.run_config import canonical_source
 from vitkit.runs import RunDir
 from vitkit.train import choices, compiled, distributed
 from vitkit.train.assemble import (
@@ -106,6 +107,9 @@ def agreed_facts(config: TrainConfig, data: Splits) -> dict[str, Any]:
         )
     for display in ("run.progress", "run.threads"):  # each process's own, harmlessly
         facts.pop(display, None)
+    for path in ("data.uri", "run.init_from"):  # "folder:x", "folder:./x" and "folder:/abs/x" are one source
+        if facts.get(path):
+            facts[path] = canonical_source(facts[path])
     facts.update({"train images": len(data.train), "classes": data.train.class_names})
     facts["test images"] = len(data.test) if data.test is not None else 0
     return facts
