@@ -159,6 +159,17 @@ def test_a_short_run_decides_not_to_compile_and_says_why(tmp_path: Path) -> None
     ), plan["compile_reason"]
 
 
+def test_the_compile_decision_weighs_the_budget_left_after_start_up(tmp_path: Path) -> None:
+    """It weighed the whole --max-minutes: a run whose data took most of a budget to load could compile for
+    longer than it had left to train."""
+    result = trainer.train(
+        tiny_config(tmp_path / "run", "run.max_minutes=1", "data.epochs=0", "data.steps=0", "run.compile=auto"),
+        spent_s=57,
+    )
+    weighed = re.match(r"auto: ~(\d+) s of eager training", result["plan"]["compile_reason"])
+    assert weighed is not None and int(weighed.group(1)) <= 3, result["plan"]["compile_reason"]
+
+
 def test_a_resumed_run_keeps_its_first_invocations_compile_choice(tmp_path: Path, monkeypatch) -> None:
     """The choice was made again at every resume: under another load one run trained part compiled and part
     eager, and was not bit-identical to an uninterrupted one, as the precision, kept since, had been."""

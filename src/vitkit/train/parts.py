@@ -209,11 +209,23 @@ class RunParts:
         optim, batch = self.config.optim, self.config.data.batch_size
         return scaled_lr(optim.lr, batch, optim.base_batch_size or batch, optim.lr_scaling)
 
+    def _count_skipped(self) -> int:
+        """Corrupt samples skipped: the training split's (the same on every process) plus what every process's
+        batches dropped in this and earlier invocations.  A collective: every process calls it."""
+        streamed = self.batches.skipped
+        if self.info.world > 1:  # each process counts its own batches; the record holds the total
+            streamed = distributed.sum_across(streamed, self.device)
+        self.skipped_total = self.skipped_before + streamed
+        return self.data.train.skipped + self.skipped_total
+
+    def _training_left_s(self) -> float | None:
+        """Seconds of a time budget left to train in (None: no budget); the Trainer's, whose clock times start-up."""
+        raise NotImplementedError
+
     def _choose(self) -> HostChoices:
         """Precision and compilation for this host and model (train/choices.py); compiles when chosen."""
         config = self.config
         phases = schedule_of(config, self.length or 1, 1.0).phases(start=self.state.step / (self.length or math.inf))
-        budget = config.run.max_minutes * 60 if config.run.max_minutes > 0 else None
         picked = choices.choose(
             config,
             self.state.module,
@@ -222,7 +234,7 @@ class RunParts:
             accumulation=config.data.batch_size // self.info.world // self.micro,
             graphs=len(phases),
             steps=None if self.length is None else self.length - self.state.step,
-            budget_s=budget,
+            budget_s=self._training_left_s(),
             stored_precision=self.stored_precision,
             stored_compiled=self.stored_compiled,
         )

@@ -164,6 +164,13 @@ class Trainer(RunParts):
         and stop at the same step."""
         return distributed.min_across(max(self.config.run.max_minutes * 60 - self._startup_s(), 1.0), self.device)
 
+    def _training_left_s(self) -> float | None:
+        """The usable seconds of a time budget less what earlier invocations trained (None without a budget): the
+        run the compile decision weighs."""
+        if self.config.run.max_minutes <= 0:
+            return None
+        return max(self._usable_s() - self.state.elapsed, 0.0)
+
     def _startup_s(self) -> float:
         """The start-up charged to a fitted budget: this invocation's so far, or a resumed run's first one's."""
         return self.state.startup if self.resumed else time.monotonic() - self.started
@@ -278,15 +285,6 @@ class Trainer(RunParts):
             device=self.device,
             now=time.monotonic,
         )
-
-    def _count_skipped(self) -> int:
-        """Corrupt samples skipped: the training split's (the same on every process) plus what every process's
-        batches dropped in this and earlier invocations.  A collective: every process calls it."""
-        streamed = self.batches.skipped
-        if self.info.world > 1:  # each process counts its own batches; the record holds the total
-            streamed = distributed.sum_across(streamed, self.device)
-        self.skipped_total = self.skipped_before + streamed
-        return self.data.train.skipped + self.skipped_total
 
     def _log(self, records: TrainRecords, phase: Phase, bar: Any) -> None:
         skipped = self._count_skipped()
