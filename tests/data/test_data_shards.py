@@ -246,6 +246,20 @@ def test_stream_order_depends_on_the_seed_and_is_reshuffled_each_epoch(tmp_path:
     assert sorted(first[:24]) == sorted(first[24:]) == list(range(24)) and first[:24] != first[24:]
 
 
+def test_the_largest_seed_a_run_takes_streams_shards(tmp_path: Path) -> None:
+    """A seed above ~18 million folded past 64 bits into the lane's shuffle seed: the first batch crashed."""
+    from vitkit.data.stream import order_seed
+    from vitkit.train.config import MAX_SEED
+
+    numbered_shards(tmp_path, [8, 8, 8])
+    numbered_shards(tmp_path, [2], prefix="test", start=24)
+    data = load_split(f"wds:{tmp_path}", "train", image_size=8, max_in_memory_bytes=0)
+    first = _ids(_take(_batches(data, seed=MAX_SEED, batch=24, micro=24), 1))
+    assert sorted(first) == list(range(24))
+    assert order_seed(4612, 7, 3) == (4612 * 1_000_003 + 7) * 1_000_033 + 3  # a seed's order is what it was
+    assert 0 <= order_seed(MAX_SEED, 2**20, 2**20) < 2**64 and order_seed(9, 4) == 9 * 1_000_003 + 4
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_resuming_at_any_step_continues_the_same_stream(tmp_path: Path, workers: int) -> None:
     numbered_shards(tmp_path, [9, 4, 11, 6])

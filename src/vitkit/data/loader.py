@@ -41,7 +41,7 @@ class IndexStream:
 
     def permutation(self, epoch: int) -> Tensor:
         if self._cached is None or self._cached[0] != epoch:
-            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)  # (seed, epoch) -> order
+            generator = torch.Generator().manual_seed(streams.order_seed(self.seed, epoch))
             self._cached = (epoch, torch.randperm(self.num_samples, generator=generator))
         return self._cached[1]
 

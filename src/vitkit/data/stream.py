@@ -69,6 +69,19 @@ class TrainBatches(Protocol):
 
 
 # ------------------------------------------------------------------------------ the order of a lane
+ORDER_FACTORS = (1_000_003, 1_000_033)  # primes that fold (seed, epoch or lane, round) into one seed
+
+
+def order_seed(seed: int, *words: int) -> int:
+    """The seed of the data order at `words` of the run seeded `seed`: (seed, epoch) for an epoch's permutation,
+    (seed, lane, round) for a shard lane's shuffle window, within torch's 64 bits.  The one rule of every
+    data-order stream."""
+    folded = seed
+    for word, factor in zip(words, ORDER_FACTORS, strict=False):
+        folded = folded * factor + word
+    return folded % 2**64
+
+
 class _UnitSequence:
     """U: epoch e (positions e*n .. e*n+n-1) is a permutation of range(n) seeded by (seed, e)."""
 
@@ -78,14 +91,14 @@ class _UnitSequence:
     def __getitem__(self, position: int) -> int:
         epoch, offset = divmod(position, self.count)
         if self._cached[0] != epoch:
-            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)  # as loader.IndexStream
+            generator = torch.Generator().manual_seed(order_seed(self.seed, epoch))
             self._cached = (epoch, torch.randperm(self.count, generator=generator))
         return int(self._cached[1][offset])
 
 
 def round_order(size: int, window: int, seed: int, lane: int, round_: int) -> list[int]:
     """Input positions of a round in emission order: sorted by i + window * u_i (a windowed shuffle)."""
-    generator = torch.Generator().manual_seed((seed * 1_000_003 + lane) * 1_000_033 + round_)
+    generator = torch.Generator().manual_seed(order_seed(seed, lane, round_))
     keys = torch.arange(size, dtype=torch.float64) + window * torch.rand(size, dtype=torch.float64, generator=generator)
     return torch.argsort(keys, stable=True).tolist()
 

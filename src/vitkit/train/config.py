@@ -32,7 +32,7 @@ MAX_EPOCHS = 1e6  # beyond any run; 1e300 planned a 300-digit step count
 MAX_STEPS = 10**9  # beyond any run; 1e20 planned a warm-up that never ended
 MAX_MINUTES = 1e6  # about two years; 1e308 overflowed the plan
 MAX_WORKERS = 256  # DataLoader processes; 100,000 passed and would have forked as many
-MAX_SEED = 2**32 - 1  # seeds are multiplied (by up to 1,000,003) into torch's signed 64 bits
+MAX_SEED = 2**32 - 1  # numpy's SeedSequence and the data order (data/stream.order_seed) take any seed to here
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -329,7 +329,7 @@ def _estimate(
         "eval_image_ms": round(eval_image_s * 1000, 4),
     }
     if fit is not None:
-        train_s = max((budget_s or 0.0) - eval_s, 0.0)  # what the final evaluation leaves of the usable budget
+        train_s = max((budget_s or 0.0) - eval_s, 0.0)  # what the evaluations (periodic and final) leave of it
         trained = steps_that_fit(spans, train_s) if train_s > 0 else 0
         out["fit_steps"], out["fit_epochs"] = trained, round(trained * plan.global_batch / plan.num_train, 1)
         out["eta_minutes"] = round(plan.budget_minutes, 2)
