@@ -367,3 +367,16 @@ def test_a_set_read_from_files_on_purpose_is_not_said_to_exceed_a_limit_of_0_mb(
     with caplog.at_level(logging.INFO, logger="vitkit"):
         kept, problems = materialise(files, strict=False, max_in_memory_bytes=0, num_workers=1)
     assert kept is files and problems == [] and "max_in_memory_mb" not in caplog.text
+
+
+def test_a_fixed_sample_is_the_same_draw_every_time_in_the_splits_order() -> None:
+    from vitkit.data.imageset import ImageSet
+
+    images = torch.arange(50, dtype=torch.uint8).view(50, 1, 1, 1).expand(50, 3, 2, 2).contiguous()
+    whole = ImageSet(images=images, labels=torch.arange(50) % 5, class_names=list("abcde"))
+    drawn = whole.fixed_sample(12)
+    rows = drawn.images[:, 0, 0, 0].tolist()
+    assert rows == sorted(rows) and len(set(rows)) == 12 and drawn.labels.tolist() == [r % 5 for r in rows]
+    expected = torch.randperm(50, generator=torch.Generator().manual_seed(0))[:12].sort().values.tolist()
+    assert rows == expected and whole.fixed_sample(12).images.equal(drawn.images)
+    assert whole.fixed_sample(12, seed=1).images[:, 0, 0, 0].tolist() != rows and whole.fixed_sample(50) is whole

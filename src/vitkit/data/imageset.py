@@ -75,6 +75,14 @@ class ImageSet:
         files = self.files.take(index) if hasattr(self.files, "take") else [self.files[i] for i in index.tolist()]
         return replace(self, files=files, labels=self.labels[index])
 
+    def fixed_sample(self, count: int, seed: int = 0) -> ImageSet:
+        """`count` samples drawn by `seed` (all of them where there are no more), kept in their order here: the
+        same subset every time, for a bounded evaluation or figure."""
+        if count >= len(self):
+            return self
+        drawn = torch.randperm(len(self), generator=torch.Generator().manual_seed(seed))[:count]
+        return self.subset(drawn.sort().values)
+
     def read(self, i: int) -> torch.Tensor:
         """Sample `i` as uint8 (C, H, W); for file sets this decodes (raises `BadImageError` if corrupt)."""
         if self.images is not None:

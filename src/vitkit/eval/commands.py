@@ -10,8 +10,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from vitkit.atomic import atomic_write_text
 from vitkit.data.images import NoLabelsError
 from vitkit.data.imageset import ImageSet
@@ -41,8 +39,7 @@ def _load(path, uri: str, split: str, checkpoint, img_size: int | None, max_imag
     if max_images is not None and max_images < len(images) and images.access == "stream":
         raise ValueError("--max-images needs a random-access split; this one is streamed from shards")
     if max_images is not None and max_images < len(images):
-        keep = torch.randperm(len(images), generator=torch.Generator().manual_seed(0))[:max_images].sort().values
-        images = images.subset(keep)
+        images = images.fixed_sample(max_images)
     if images.skipped:
         log.warning("%s %s: %d unreadable files skipped", uri, split, images.skipped)
     return images

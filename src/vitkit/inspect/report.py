@@ -275,11 +275,11 @@ def load_images(paths: Sequence[str | os.PathLike], channels: int, size: int) ->
 def sample_images(
     uri: str, split: str, count: int, channels: int, size: int, seed: int = 0, reading: dict[str, Any] | None = None
 ) -> list[Tensor]:
-    """`count` images of a data split in a seeded random order, uint8 (C, H, W); `reading`: how the run read its
-    data (`vitkit.runs.data_reading`)."""
+    """`count` images of a data split drawn by `seed`, in the split's order, uint8 (C, H, W); `reading`: how the
+    run read its data (`vitkit.runs.data_reading`)."""
     images = load_split(uri, split, image_size=size, channels=1 if channels == 1 else 3, **(reading or {}))
-    order = torch.randperm(len(images), generator=torch.Generator().manual_seed(seed))[:count]
-    return [images.read(int(i)) for i in order]
+    drawn = images.fixed_sample(count, seed)
+    return [drawn.read(i) for i in range(len(drawn))]
 
 
 def inspect_command(

@@ -205,5 +205,4 @@ class Probes:
 
     def attention(self, checkpoint: Any, config: TrainConfig) -> dict[str, Any]:
         test_set = self.split(config, "test")
-        order = torch.randperm(len(test_set), generator=torch.Generator().manual_seed(0))[:ATTENTION_IMAGES]
-        return attention_distances(checkpoint, test_set.subset(order.sort().values), self.device)
+        return attention_distances(checkpoint, test_set.fixed_sample(ATTENTION_IMAGES), self.device)
