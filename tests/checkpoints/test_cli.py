@@ -68,6 +68,16 @@ def test_export_onnx_fails_where_onnxruntime_disagrees(tmp_path, make_vit, capsy
     assert main(["export-onnx", str(tmp_path / "src"), str(tmp_path / "m.onnx"), "--force"]) == 0
 
 
+def test_the_python_export_refuses_what_onnxruntime_disagrees_with(tmp_path, make_vit, monkeypatch):
+    pytest.importorskip("onnxruntime")
+    monkeypatch.setattr(onnx_export, "check_onnx", lambda model, path: 0.5)
+    with pytest.raises(ValueError, match="differ from PyTorch's by up to 0.5, above the tolerance of 0.01"):
+        onnx_export.verified_export(make_vit(), tmp_path / "m.onnx")
+    assert (tmp_path / "m.onnx").is_file()  # kept to inspect
+    monkeypatch.setattr(onnx_export, "check_onnx", lambda model, path: 0.003)
+    assert onnx_export.verified_export(make_vit(), tmp_path / "n.onnx") == (tmp_path / "n.onnx", 0.003)
+
+
 def test_convert_refuses_a_model_above_max_model_gb(tmp_path, make_vit, capsys):
     vitkit.save(make_vit(), tmp_path / "src")  # ~0.0001 GB of weights (96 kB)
     assert main(["convert", str(tmp_path / "src"), str(tmp_path / "dst"), "--max-model-gb", "0.00005"]) == 2

@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 
 MIN_OPSET = 17
 INPUT, OUTPUT = "pixels", "logits"
+TOLERANCE = 1e-2  # max |logits| difference of a faithful float32 export (1e-6 to 1e-4; a broken one: O(1))
 
 
 def _require(module: str) -> None:
@@ -115,6 +116,20 @@ def check_export(model: nn.Module, path: str | os.PathLike, opset: int) -> float
         checked = export_onnx(probe, Path(scratch) / "random_head.onnx", opset=opset)
         other = check_onnx(probe, checked)
     return math.nan if math.isnan(diff) or math.isnan(other) else max(diff, other)
+
+
+def verified_export(model: nn.Module, path: str | os.PathLike, opset: int = MIN_OPSET) -> tuple[Path, float | None]:
+    """`export_onnx`, then `check_export` where onnxruntime is installed: (the file, the largest |logits|
+    difference, None where not checked).  A ValueError where the difference passes TOLERANCE (or is NaN): the
+    export is not faithful, and the file is kept to inspect."""
+    out = export_onnx(model, path, opset=opset)
+    diff = check_export(model, out, opset) if onnxruntime_available() else None
+    if diff is not None and not diff <= TOLERANCE:  # NaN too
+        raise ValueError(
+            f"wrote {out}, but onnxruntime's logits differ from PyTorch's by up to {diff:.3g}, above the "
+            f"tolerance of {TOLERANCE:g}: the export is not faithful to the model (the file is kept to inspect)"
+        )
+    return out, diff
 
 
 def onnxruntime_available() -> bool:

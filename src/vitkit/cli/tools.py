@@ -155,12 +155,9 @@ def add_export_onnx(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=run_export_onnx)
 
 
-ONNX_TOLERANCE = 1e-2  # max |logits| difference of a faithful float32 export (1e-6 to 1e-4; a broken one: O(1))
-
-
 def run_export_onnx(args: argparse.Namespace) -> int:
     from vitkit.atomic import remove_torn_beside
-    from vitkit.checkpoints.onnx_export import check_export, export_onnx, onnxruntime_available
+    from vitkit.checkpoints.onnx_export import verified_export
 
     if Path(args.out).is_dir():
         raise ValueError(f"{args.out} is a directory; name the .onnx file to write")
@@ -170,13 +167,7 @@ def run_export_onnx(args: argparse.Namespace) -> int:
     if Path(args.out).exists() and not args.force:
         raise ValueError(f"{args.out} already exists; choose another file or pass --force to replace it")
     checkpoint = _read_checkpoint(args)
-    out = export_onnx(checkpoint.model, args.out, opset=args.opset)
-    diff = check_export(checkpoint.model, out, args.opset) if onnxruntime_available() else None
-    if diff is not None and not diff <= ONNX_TOLERANCE:  # NaN too
-        raise ValueError(
-            f"wrote {out}, but onnxruntime's logits differ from PyTorch's by up to {diff:.3g}, above the "
-            f"tolerance of {ONNX_TOLERANCE:g}: the export is not faithful to the model (the file is kept to inspect)"
-        )
+    out, diff = verified_export(checkpoint.model, args.out, opset=args.opset)
     check = (
         f"onnxruntime vs PyTorch max |diff| = {diff:.3g}"
         if diff is not None
