@@ -98,7 +98,7 @@ def base_config(info: SourceInfo, scale: Scale, *, threads: int = 0, device: str
     if not isinstance(model, ViTConfig):
         raise ValueError(f"recipe {name} trains a {type(model).__name__}; the studies start from a ViT")
     model = dataclasses.replace(model, patch_dropout=0.0)
-    # Tiny arms train in fp32, as small-8px does: on 8 px images the ResNets' last GroupNorms see 1x1 maps,
+    # Tiny arms train in fp32: on 8 px images the ResNets' last GroupNorms see 1x1 maps,
     # whose bf16 variances give non-finite gradients (measured: NaN at the second step of a (1, 1, 1) ResNet).
     precision = "fp32" if scale.name == "tiny" else config.run.precision
     if scale.name == "base":

@@ -1,7 +1,8 @@
 """torch.compile for training: whether it pays for itself on this host, its cache, and the compiler check.
 
-Compiling one graph (forward + backward) takes ~20-40 s on a 2-core CPU and a run needs one per phase of
-its schedule (PatchDropout on, then off); the compiled small recipes then step 1.3-1.5x as fast.
+Compiling one graph (forward + backward) takes ~20-70 s on a 2-core CPU (COMPILE_SECONDS) and a run needs
+one per phase of its schedule (PatchDropout on, then off); the compiled small recipes then step 1.3-1.5x as
+fast.
 `decide` compiles only where the run saves more time than compiling costs: a run of a few steps trains
 eagerly.  The trainer compiles every graph the run needs in its warm-up, before the clock starts
 (train/budget.py).  inductor's cache is reused across runs; vitkit keeps it per host class (ISA, native
