@@ -8,6 +8,7 @@
     RUN/checkpoints/final/     the evaluated model of a finished run (the Polyak average when enabled)
     RUN/checkpoints/ema/       the Polyak-averaged weights (runs with optim.ema_decay > 0)
     RUN/checkpoints/unreadable-step_NNNNNNN/   a step a resume could not read and passed over, set aside
+    RUN/sweep/lr_*/, RUN/sweep.json   an LR sweep's trial runs and its record (`--lr-sweep`)
     RUN/plots/, RUN/tensorboard/
 
 A step checkpoint is written under a temporary name and renamed, then LATEST is replaced atomically,

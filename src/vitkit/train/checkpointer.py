@@ -22,7 +22,7 @@ from vitkit.checkpoints import native
 from vitkit.checkpoints.tensorfile import unpickler_stop
 from vitkit.checkpoints.validate import NOT_NOW, unreadable_now
 from vitkit.models import build_model
-from vitkit.runs import LATEST, UNREADABLE, RunDir
+from vitkit.runs import EMA, FINAL, LATEST, UNREADABLE, RunDir
 from vitkit.train import distributed
 from vitkit.train.ema import averaged
 from vitkit.train.state import TrainState
@@ -136,7 +136,7 @@ class Checkpointer:
         """checkpoints/final: the evaluated model (the Polyak average when enabled), and checkpoints/ema."""
         if not self.main or self.sharded:
             return
-        exports = [self.run.export("final")] + ([self.run.export("ema")] if state.ema is not None else [])
+        exports = [self.run.export(FINAL)] + ([self.run.export(EMA)] if state.ema is not None else [])
         for directory in exports:  # what an export a kill cut short left there
             remove_torn(directory)
         with averaged(state.ema, state.module) as module:

@@ -32,7 +32,7 @@ from vitkit.data.imageset import ImageSet
 from vitkit.device import autocast, pick_device, synchronize
 from vitkit.eval.evaluator import EvaluationInterrupted, one_view_note
 from vitkit.models.configs import image_size
-from vitkit.runs import RunDir
+from vitkit.runs import FINAL, RunDir
 from vitkit.train import compiled, distributed, finish
 from vitkit.train.assemble import Splits, blank_batch
 from vitkit.train.budget import Budget
@@ -380,7 +380,7 @@ class Trainer(RunParts):
         if self.saved_step != state.step:
             self.checkpointer.save(state)
         self.checkpointer.export(state)
-        checkpoint = str(self.run.export("final") if not self.sharded else self.run.latest())
+        checkpoint = str(self.run.export(FINAL) if not self.sharded else self.run.latest())
         final = None
         if self.data.test is not None:
             with finish.evaluation_failure(self.run.path, config, checkpoint, self.metrics):
