@@ -44,7 +44,7 @@ from vitkit.atomic import (
     remove_torn,
     unlock_directory,
 )
-from vitkit.checkpoints import native
+from vitkit.checkpoints import native, tensorfile
 from vitkit.checkpoints.validate import unreadable_now
 from vitkit.metrics_log import METRICS, MetricsLog
 
@@ -262,8 +262,11 @@ class RunDir:
 
     @staticmethod
     def read_state(path: Path) -> dict[str, Any]:
-        """train_state.pt of a step checkpoint: tensors and plain containers only (weights_only=True)."""
-        return torch.load(Path(path) / STATE_FILE, map_location="cpu", weights_only=True)
+        """train_state.pt of a step checkpoint: tensors and plain containers only (weights_only=True), its
+        records stored as torch.save writes them (a compressed one could inflate to any size)."""
+        file = Path(path) / STATE_FILE
+        tensorfile.is_stored_zip(file)
+        return torch.load(file, map_location="cpu", weights_only=True)
 
     def model_checkpoint(self) -> Path:
         """The checkpoint this run stands for, as every verb reads it.

@@ -302,3 +302,54 @@ def test_a_huge_latest_is_not_read_whole(tmp_path: Path, caplog) -> None:
     with caplog.at_level(logging.WARNING):
         assert RunDir(run).latest() == run / "checkpoints" / "step_0000004"
     assert "missing or incomplete" in caplog.text
+
+
+def _forge_state(path: Path, change) -> None:
+    """Rewrite a step's train state with `change(state)` applied, as torch.save writes it."""
+    state = torch.load(path, weights_only=True)
+    change(state)
+    torch.save(state, path)
+
+
+def _compressed(path: Path) -> None:
+    """The same records, deflated: what a hostile train_state.pt of a few MB claiming gigabytes looks like."""
+    import zipfile
+
+    with zipfile.ZipFile(path) as source:
+        records = [(info.filename, source.read(info)) for info in source.infolist()]
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as packed:
+        for name, data in records:
+            packed.writestr(name, data)
+
+
+@pytest.mark.parametrize(
+    ("forge", "said"),
+    [
+        (_compressed, "are compressed; torch.save writes them uncompressed"),
+        (
+            lambda p: _forge_state(p, lambda s: s["rng"].update(torch=s["rng"]["torch"].float())),
+            "torch random stream is not one of this torch",
+        ),
+        (
+            lambda p: _forge_state(p, lambda s: s["data"].update(step=10**9)),
+            "data position 1000000000 is not its step 4",
+        ),
+        (lambda p: _forge_state(p, lambda s: s["data"].update(step=-3)), "data position -3 is not its step 4"),
+        (lambda p: p.write_bytes(b""), "EOFError: the file is empty or ends early"),
+    ],
+)
+def test_a_forged_train_state_is_passed_over_by_name(tmp_path: Path, caplog, forge, said: str) -> None:
+    """A deflated record inflated whole (2.4 GB from a 2 MB file); a float RNG state ended in a TypeError
+    traceback; a data position other than the step cut the run short or trained other batches; an empty file's
+    warning gave no reason."""
+    from vitkit.runs import STATE_FILE
+
+    run = tmp_path / "run"
+    config = tiny_config(run, "data.steps=4", "run.checkpoint_every=2")
+    expected = trainer.train(config)["test"]["top1"]
+    forge(run / "checkpoints" / "step_0000004" / STATE_FILE)
+    (run / "checkpoints" / "final").rename(tmp_path / "final-before")
+    with caplog.at_level(logging.WARNING):
+        result = trainer.train(config)
+    assert "step_0000004 cannot be read" in caplog.text and said in caplog.text, caplog.text
+    assert result["status"] == "finished" and result["step"] == 4 and result["test"]["top1"] == expected

@@ -78,7 +78,7 @@ def read_safetensors(path: Path) -> Tensors:
 
 def read_torch(path: Path, max_bytes: int | None) -> Tensors:
     """Tensors of a torch pickle through the weights-only unpickler (a zip file memory-mapped)."""
-    mapped = _is_stored_zip(path)
+    mapped = is_stored_zip(path)
     if not mapped:
         limits.check_file(path, max_bytes)
     try:
@@ -121,8 +121,10 @@ def unpickler_stop(err: pickle.UnpicklingError) -> str:
     return ""
 
 
-def _is_stored_zip(path: Path) -> bool:
-    # torch.save's zip container stores its records uncompressed; mmap reads them in place
+def is_stored_zip(path: Path) -> bool:
+    """Whether `path` is a zip file (torch.save's container), refusing one with compressed records: torch.save
+    stores them uncompressed, and torch.load would inflate a compressed one whole, whatever its size claims
+    (a 2 MB file took 2.4 GB).  A stored record's size is checked by torch against its tensor's."""
     if not zipfile.is_zipfile(path):
         return False
     try:

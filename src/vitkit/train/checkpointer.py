@@ -36,7 +36,7 @@ def _problem(error: BaseException) -> str:
     if isinstance(error, pickle.UnpicklingError):
         stop = unpickler_stop(error)
         return "it holds pickled objects other than tensors, refused unread" + (f" ({stop})" if stop else "")
-    return str(error)
+    return str(error).strip() or f"{type(error).__name__}: the file is empty or ends early"
 
 
 class Checkpointer:

@@ -123,8 +123,12 @@ class TrainState:
         ours = self.rng_state()
         for key in ("torch", "augment"):
             value = rng.get(key) if isinstance(rng, dict) else None
-            if not isinstance(value, torch.Tensor) or value.numel() != ours[key].numel():
+            if not isinstance(value, torch.Tensor) or value.dtype != torch.uint8 or value.numel() != ours[key].numel():
                 raise ValueError(f"the train state's {key} random stream is not one of this torch")
+        data = state.get("data")  # the data position after the last step handed out: the state's step
+        if data is not None and (not isinstance(data, dict) or data.get("step") != state["step"]):
+            position = data.get("step") if isinstance(data, dict) else data
+            raise ValueError(f"the train state's data position {position!r:.40} is not its step {state['step']}")
 
 
 def _records(stored: Any) -> list[dict[str, Any]]:
