@@ -221,6 +221,18 @@ def test_integer_or_boolean_weights_are_refused_before_the_data(tmp_path, make_v
     _refused(state, tmp_path / "a.safetensors", problem)
 
 
+def test_integer_or_boolean_arrays_of_an_official_npz_are_refused_not_cast(tmp_path, make_vit):
+    """They were cast to float32 and the model converted, its weights truncated to whole numbers."""
+    write(Checkpoint(model=make_vit()), tmp_path / "plain.npz", to="official")
+    with np.load(tmp_path / "plain.npz") as plain:
+        arrays = {key: plain[key] for key in plain.files}
+    arrays["Transformer/encoder_norm/scale"] = arrays["Transformer/encoder_norm/scale"] > 0
+    arrays["head/kernel"] = (arrays["head/kernel"] * 100).astype(np.int64)
+    np.savez(tmp_path / "w.npz", **arrays)
+    with pytest.raises(CheckpointError, match=r"w\.npz does not fit the model: not floating-point numbers \[.*bool"):
+        read(tmp_path / "w.npz")
+
+
 def test_non_finite_weights_are_refused_naming_each_tensor(tmp_path, make_vit):
     state = timm_state(make_vit)
     state["head.weight"][1, 2] = float("nan")

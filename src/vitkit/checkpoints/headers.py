@@ -156,7 +156,8 @@ ZIP_ERRORS = (
 
 
 def npz_header(path: str | Path) -> dict[str, Tensor]:
-    """name -> meta tensor (float32, as the arrays are read) of an .npz; object arrays refused unread."""
+    """name -> meta tensor of an .npz (float32 for floats, as they are read; integers and booleans keep their
+    kind, for the check that weights are floats); object arrays refused unread."""
     path = Path(path)
     try:
         with zipfile.ZipFile(path) as archive:
@@ -188,7 +189,8 @@ def _npy_header(archive: zipfile.ZipFile, info: zipfile.ZipInfo, path: Path) -> 
         raise CheckpointError(f"{path} {PICKLED} (member {short(info.filename)} is an object array)")
     if dtype.kind not in "biuf":
         raise CheckpointError(f"{where}: dtype {dtype.str} is not a number type")
-    tensor = meta_tensor(list(shape), torch.float32, where)
+    kind = {"f": torch.float32, "b": torch.bool}.get(dtype.kind, torch.int64)
+    tensor = meta_tensor(list(shape), kind, where)
     need = tensor.numel() * dtype.itemsize
     if info.file_size != header_bytes + need:
         raise CheckpointError(
