@@ -116,6 +116,20 @@ def _disagreeing_worker(rank: int, world: int, port: int, out: str) -> None:
     distributed.leave(0)
 
 
+def _locked_out_worker(rank: int, world: int, port: int, out: str) -> None:
+    """Both ranks launched on a run directory another vitkit process holds: each writes its error."""
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
+    try:
+        trainer.train(tiny_config(Path(out), *ARGS))
+        said = "trained"
+    except ValueError as error:
+        said = str(error)
+    (Path(out).parent / f"result_{rank}.json").write_text(json.dumps(said))
+    distributed.leave(0)
+
+
 def _infinite_loss_worker(rank: int, world: int, port: int, out: str) -> None:
     """Rank 1's loss is infinite at step 2 while its gradients stay finite (a constant added): each process writes
     the steps it skipped and its replica's weights."""
@@ -164,6 +178,24 @@ def test_an_lr_sweep_on_two_processes_runs_every_trial_and_its_final_run(tmp_pat
     assert [sorted(r["sweep"]) for r in results] == [["0.01", "0.05", "0.1"]] * 2
     assert results[0]["best_lr"] == results[1]["best_lr"] and results[0]["status"] == "finished"
     assert results[0]["test"] == results[1]["test"]  # one final run, the whole split's figures on both
+
+
+@pytest.mark.dist
+def test_a_run_directory_in_use_is_named_by_process_0_and_not_taken_for_a_dead_peer(tmp_path: Path) -> None:
+    """Rank 1 waited for rank 0, which alone takes the lock, and said "another process of this torchrun job
+    ended ... re-run the same command to resume it" when rank 0 left with the real reason."""
+    run = RunDir(tmp_path / "run")
+    run.create()
+    descriptor = run.lock()  # another vitkit process training there
+    try:
+        _spawn(2, tmp_path / "run", worker=_locked_out_worker, timeout_s=120.0)
+    finally:
+        from vitkit.atomic import unlock_directory
+
+        unlock_directory(descriptor)
+    said = [json.loads((tmp_path / f"result_{rank}.json").read_text()) for rank in (0, 1)]
+    assert "is in use by another vitkit process" in said[0]
+    assert said[1] == "process 0 could not lock the run directory (its message says why); nothing was trained"
 
 
 @pytest.mark.dist
@@ -365,6 +397,11 @@ def test_torchruns_variables_decide_the_process_group() -> None:
         assert from_env(env).local_rank == 2 and from_env({**env, "LOCAL_RANK": "3"}).local_rank == 3
     with pytest.raises(ValueError, match=r"WORLD_SIZE='x' is not a whole number \(torchrun sets it\)"):
         from_env({"RANK": "0", "WORLD_SIZE": "x"})
+    for rank in ("2", "-1"):  # a process group would wait 30 minutes for the ranks that never come
+        with pytest.raises(ValueError, match=rf"RANK={rank} is not in 0\.\.1 for WORLD_SIZE=2: launch with torchrun"):
+            from_env({"RANK": rank, "WORLD_SIZE": "2", "MASTER_ADDR": "h"})
+    with pytest.raises(ValueError, match="LOCAL_RANK=-3 is below 0"):
+        from_env({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "-3"})
 
 
 def test_leave_runs_the_exit_handlers_flushes_and_exits_with_the_code(tmp_path: Path) -> None:

@@ -346,3 +346,6 @@ def test_processes_agree_on_one_data_folder_however_each_spells_it(tmp_path: Pat
         for uri in spelt
     }
     assert uris == {f"folder:{os.path.realpath(tmp_path / 'photos')}"}
+    outs = {agreed_facts(tiny_config(Path(out)), SimpleNamespace(train=Train([0]), test=None))["run.out"]
+            for out in ("photos", f"{tmp_path}/photos/", "./photos")}  # fmt: skip
+    assert outs == {os.path.realpath(tmp_path / "photos")}

@@ -17,7 +17,7 @@ import json
 import os
 import sys
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, NoReturn
 
@@ -50,7 +50,12 @@ def from_env(environ: Mapping[str, str] | None = None) -> DistInfo:
     if world <= 1 and "MASTER_ADDR" not in env:  # a scheduler's RANK=0 WORLD_SIZE=1, not torchrun: a plain process
         return DistInfo()
     rank = _count(env, "RANK")
-    return DistInfo(rank=rank, world=world, local_rank=_local_rank(env, rank), launched=True)
+    if not 0 <= rank < world:  # a process group would wait 30 minutes for ranks that never come
+        raise ValueError(f"RANK={rank} is not in 0..{world - 1} for WORLD_SIZE={world}: launch with torchrun")
+    local_rank = _local_rank(env, rank)
+    if local_rank < 0:
+        raise ValueError(f"LOCAL_RANK={local_rank} is below 0: launch with torchrun, which sets it")
+    return DistInfo(rank=rank, world=world, local_rank=local_rank, launched=True)
 
 
 def _local_rank(env: Mapping[str, str], rank: int) -> int:
@@ -111,6 +116,27 @@ def held(info: DistInfo, device: torch.device) -> Iterator[None]:
     finally:
         if joined:
             teardown()
+
+
+@contextlib.contextmanager
+def entered_on_main(
+    enter: Callable[[], contextlib.AbstractContextManager], info: DistInfo, what: str
+) -> Iterator[None]:
+    """`enter()` (a context manager, e.g. the run directory's lock) held by the main process alone for the block,
+    every process told whether it could be: where it raises there, it raises on the main process and the others
+    say that process 0 could not `what`, not that a peer died.  A collective where several processes run."""
+    stack, error = contextlib.ExitStack(), None
+    with stack:
+        if info.main:
+            try:
+                stack.enter_context(enter())
+            except Exception as caught:  # noqa: BLE001 - re-raised below, once every process knows
+                error = caught
+        if info.world > 1 and any_each([error is not None], _collective_device())[0] and error is None:
+            raise ValueError(f"process 0 could not {what} (its message says why); nothing was trained")
+        if error is not None:
+            raise error
+        yield
 
 
 def leave(code: int) -> NoReturn:

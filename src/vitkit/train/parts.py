@@ -107,7 +107,7 @@ def agreed_facts(config: TrainConfig, data: Splits) -> dict[str, Any]:
         )
     for display in ("run.progress", "run.threads"):  # each process's own, harmlessly
         facts.pop(display, None)
-    for path in ("data.uri", "run.init_from"):  # "folder:x", "folder:./x" and "folder:/abs/x" are one source
+    for path in ("data.uri", "run.init_from", "run.out"):  # "folder:x", "folder:./x", "folder:/abs/x/": one source
         if facts.get(path):
             facts[path] = canonical_source(facts[path])
     facts.update({"train images": len(data.train), "classes": data.train.class_names})

@@ -79,7 +79,7 @@ def train(
     try:
         with distributed.held(info, device):
             with removed_if_left_empty(config.run.out) if info.main else nullcontext():  # rank 0 creates it
-                with RunDir(config.run.out).locked() if info.main else nullcontext():  # one run in it at a time
+                with distributed.entered_on_main(RunDir(config.run.out).locked, info, "lock the run directory"):
                     trainer = Trainer(config, info, device, started, data=data, progress_stream=progress_stream)
                     result = trainer.fit(on_plan)
             # Leave together, so no rank tears the group down while another still works in it.  (What the
