@@ -213,6 +213,13 @@ def test_the_plan_names_polyak_averaging_and_warns_where_the_run_is_too_short_fo
     long = lines("optim.ema_decay=0.999", "data.steps=5000")  # 0.999^5000 = 0.7%
     assert any(line.startswith("Polyak averaging") for line in long) and not any("starting weights" in x for x in long)
     assert not any("Polyak" in line for line in lines("data.steps=105"))
+    # under a time budget, the steps it holds: 5000 planned, 105 fit (the warning had said 5000 and stayed silent)
+    budgeted = make_plan(apply_overrides(get_recipe("small-28px", INFO), ["optim.ema_decay=0.999", "data.steps=5000"]),
+                         num_train=1000)  # fmt: skip
+    budgeted = dataclasses.replace(budgeted, measured={**budgeted.measured, "fit_steps": 105, "fit_epochs": 13.4})
+    from vitkit.train.plan_text import _average_lines
+
+    assert _average_lines(budgeted)[1].startswith("warning: after 105 steps the average still gives 90%")
 
 
 def test_the_parameter_count_of_a_mimetic_model_skips_its_svds(monkeypatch) -> None:

@@ -68,11 +68,12 @@ def _average_lines(plan: Plan) -> list[str]:
         f"Polyak averaging: decay {plan.ema_decay:g} (about the last {horizon:,.0f} steps); the evaluations and the "
         "final model use the average"
     ]
-    start = plan.ema_decay**plan.steps
+    steps = min(plan.steps, plan.measured.get("fit_steps", plan.steps))  # what a time budget holds of them
+    start = plan.ema_decay**steps
     if start > EMA_START_WEIGHT:
         lines.append(
-            f"warning: after {plan.steps:,} steps the average still gives {start:.0%} of its weight to the starting "
-            f"weights; a run this short wants optim.ema_decay <= {1 - 3 / max(plan.steps, 3):.3g} or none"
+            f"warning: after {steps:,} steps the average still gives {start:.0%} of its weight to the starting "
+            f"weights; a run this short wants optim.ema_decay <= {1 - 3 / max(steps, 3):.3g} or none"
         )
     return lines
 
