@@ -166,6 +166,12 @@ def test_the_confusion_figure_draws_any_folder_name(tmp_path) -> None:
     path = plot_confusion([[2, 0, 0], [1, 1, 0], [0, 0, 3]], ["a", "$5_$", odd], tmp_path / "confusion.png")
     assert path.stat().st_size > 2000 and plain(odd) == "\\xff\\xfe" and plain("$5_$") == "$5_$"
     assert plain("x\ud800") == "x\\ud800"  # a lone surrogate from a JSON escape (an hf or dataset.json name)
+    assert plain("café_ñ 時計") == "café_ñ \\u6642\\u8a08"  # no glyph in the figures' font: a warning each, a box
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "Glyph 26178 missing from font(s) DejaVu Sans", twice a name
+        plot_confusion([[1, 0], [0, 1]], ["時計", "b"], tmp_path / "cjk.png")
 
 
 def test_tied_logits_rank_the_lower_class_first_in_every_figure() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -28,12 +29,24 @@ def save_figure(figure: plt.Figure, path: Path) -> Path:
 
 def plain(name: str) -> str:
     """A class name as text a figure can draw: a folder's name that is not UTF-8 (its bytes kept as surrogates)
-    with those bytes as \\x escapes, any other lone surrogate (a JSON escape) as \\u; `$` stays a dollar sign
+    with those bytes as \\x escapes, any other lone surrogate (a JSON escape), and a character the figures' font
+    has no glyph for (CJK in DejaVu Sans: an empty box and a warning each), as \\u; `$` stays a dollar sign
     where the caller turns off mathtext."""
     try:
-        return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        text = name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
     except UnicodeEncodeError:  # a surrogate outside the escaped bytes' range
-        return name.encode("utf-8", "backslashreplace").decode("utf-8")
+        text = name.encode("utf-8", "backslashreplace").decode("utf-8")
+    drawn = _glyphs()
+    return "".join(c if ord(c) in drawn or c.isspace() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
+@functools.cache
+def _glyphs() -> frozenset[int]:
+    """The characters the figures' default font draws."""
+    from matplotlib import font_manager
+    from matplotlib.ft2font import FT2Font
+
+    return frozenset(FT2Font(font_manager.findfont(font_manager.FontProperties())).get_charmap())
 
 
 def plot_confusion(confusion: Sequence[Sequence[int]], class_names: Sequence[str], path: Path) -> Path:
