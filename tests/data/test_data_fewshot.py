@@ -24,8 +24,10 @@ def test_a_class_too_small_for_k_is_named_by_its_name():
     with pytest.raises(ValueError) as refused:
         k_per_class(labels, 20, seed=0, class_names=["anchor", "bonsai"])
     assert str(refused.value) == (
-        "class 'bonsai' (1) has only 12 training images; --shots 20 needs 20 of each (at most 12 here)"
+        "class 'bonsai' (index 1) has only 12 training images; --shots 20 needs 20 of each (at most 12 here)"
     )
+    with pytest.raises(ValueError, match=r"^class 'one' \(index 0\) has only 1 training image; --shots 5 needs 5"):
+        k_per_class(torch.tensor([0] + [1] * 9), 5, seed=0, class_names=["one", "many"])
 
 
 def test_vtab_subset_sizes_balance_and_disjoint():

@@ -31,11 +31,12 @@ def k_per_class(
     for cls in classes:
         members = torch.nonzero(labels == cls).flatten()
         if len(members) < k:
-            name = f"class {class_names[cls]!r} ({cls})" if class_names is not None else f"class {cls}"
+            name = f"class {class_names[cls]!r} (index {cls})" if class_names is not None else f"class {cls}"
             if not len(members):  # a folder of files that do not decode: no --shots serves it
                 raise ValueError(f"{name} has no usable training image; --shots needs images of every class")
             raise ValueError(
-                f"{name} has only {len(members)} training images; --shots {k} needs {k} of each "
+                f"{name} has only {len(members)} training image{'s' * (len(members) != 1)}; --shots {k} needs {k} "
+                "of each "
                 f"(at most {len(members)} here)"
             )
         chosen.append(members[torch.randperm(len(members), generator=generator)[:k]])
