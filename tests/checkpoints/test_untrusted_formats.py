@@ -53,6 +53,10 @@ def test_safetensors_header_claims_are_bounded_by_the_file(tmp_path, no_data_rea
     path.write_bytes(safetensors_bytes(bad, b"\0" * 4))
     with pytest.raises(CheckpointError, match=r"tensor 'w': shape must be a list of at most 8 sizes >= 0, got \[-1\]"):
         read(path)
+    empty = {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]}  # 1,000,000 of them built as many meta tensors
+    path.write_bytes(safetensors_bytes({f"t{i}": empty for i in range(100_001)}, b""))
+    with pytest.raises(CheckpointError, match=r"100,001 tensors, more than the 100,000 of any weights"):
+        read(path)
 
 
 def timm_state(make_vit) -> dict[str, torch.Tensor]:
@@ -282,3 +286,19 @@ def test_a_timm_head_bias_without_its_weight_is_named_damaged(tmp_path, make_vit
     state = timm_state(make_vit)
     del state["head.weight"]  # had been read as head-less: "unexpected ['head.bias']"
     _refused(state, tmp_path / "a.safetensors", r"a\.safetensors: head\.bias without head\.weight; the file is damaged")
+
+
+def test_a_damaged_preprocessor_or_weights_file_is_named_not_taken_for_missing(tmp_path, make_vit):
+    """An HF preprocessor_config.json that is a folder was skipped for default normalisation, silently; a vitkit
+    model.safetensors that is a folder was reported missing."""
+    model = make_vit(num_classes=0, pool="token")
+    write(Checkpoint(model=model), tmp_path / "hf", to="hf")
+    (tmp_path / "hf" / "preprocessor_config.json").unlink()
+    (tmp_path / "hf" / "preprocessor_config.json").mkdir()
+    with pytest.raises(CheckpointError, match=r"preprocessor_config\.json: cannot be read \(Is a directory\)"):
+        read(tmp_path / "hf")
+    write(Checkpoint(model=model), tmp_path / "native")
+    (tmp_path / "native" / "model.safetensors").unlink()
+    (tmp_path / "native" / "model.safetensors").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"checkpoint: model\.safetensors is not a regular file"):
+        read(tmp_path / "native")

@@ -90,6 +90,8 @@ def safetensors_header(path: str | Path) -> dict[str, Tensor]:
         raise CheckpointError(f"{path}: the safetensors header must be a JSON object, got {type(header).__name__}")
     if not isinstance(header.pop("__metadata__", None) or {}, dict):
         raise CheckpointError(f"{path}: the safetensors __metadata__ must be an object")
+    if len(header) > MAX_MEMBERS:  # each a meta tensor next: a 70 MB header of empty ones took 1.35 GB
+        raise CheckpointError(f"{path}: {len(header):,} tensors, more than the {MAX_MEMBERS:,} of any weights")
     spans, tensors = [], {}
     for name, entry in header.items():
         tensors[name], span = _safetensors_entry(entry, f"{path}: tensor {short(name)}")

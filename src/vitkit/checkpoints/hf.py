@@ -203,7 +203,7 @@ def to_vitkit(path: str | os.PathLike, config: ViTConfig | None = None, max_byte
         extra: dict[str, Any] = {"provenance": {"source": str(directory), "format": "hf"}}
         extra["class_names"] = class_names(hf, config.num_classes, where)
         pre_path = directory / PREPROCESSOR
-        if pre_path.is_file():
+        if pre_path.exists() or pre_path.is_symlink():  # a folder or dangling link there is damage, not absence
             pre, counts = read_json(pre_path), tuple(sorted({1, 3, config.in_chans}))
             if "image_mean" in pre and "image_std" in pre:
                 extra.update(

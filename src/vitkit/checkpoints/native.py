@@ -120,7 +120,8 @@ def load(
     config_path, weights_path = directory / CONFIG, directory / WEIGHTS
     for path in (config_path, weights_path):
         if not path.is_file():
-            raise FileNotFoundError(f"{directory} is not a complete vitkit checkpoint: {path.name} is missing")
+            what = "is not a regular file" if path.exists() else "is missing"
+            raise FileNotFoundError(f"{directory} is not a complete vitkit checkpoint: {path.name} {what}")
     meta = read_json(config_path)
     if meta.get("format") != FORMAT:
         raise CheckpointError(f"{config_path} is not a vitkit checkpoint config (format={short(meta.get('format'))})")
