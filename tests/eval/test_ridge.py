@@ -196,5 +196,5 @@ def test_a_class_none_of_whose_images_decode_is_named(tmp_path) -> None:
             labels.append(c)
     train = ImageSet(images=None, files=files, labels=torch.tensor(labels), class_names=["a", "b", "cat"], load_size=16)
     test = train.subset(torch.tensor([0, 6]))
-    with pytest.raises(ValueError, match=r"class 'b' \(1\) has no usable training image; --shots needs"):
+    with pytest.raises(ValueError, match=r"class 'b' \(index 1\) has no usable training image; --shots needs"):
         run_fewshot(checkpoint, train, test, FewShotConfig(shots=(1,), seeds=1, device="cpu"))
