@@ -4,7 +4,6 @@ the warm-up's estimate; each with fakes (clock, signals, a second process) inste
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from pathlib import Path
 from types import SimpleNamespace
@@ -350,13 +349,3 @@ def test_processes_agree_on_one_data_folder_however_each_spells_it(tmp_path: Pat
     outs = {agreed_facts(tiny_config(Path(out)), SimpleNamespace(train=Train([0]), test=None))["run.out"]
             for out in ("photos", f"{tmp_path}/photos/", "./photos")}  # fmt: skip
     assert outs == {os.path.realpath(tmp_path / "photos")}
-
-
-def test_a_batch_above_the_training_images_kept_shrinks_to_them(tmp_path: Path) -> None:
-    """The batch was fitted to an estimate made before loading (corrupt files, a class short of
-    --labels-per-class, the hold-out): 30 images kept trained in batches of 32, one step above an epoch."""
-    from vitkit.train import trainer
-
-    result = trainer.train(tiny_config(tmp_path / "run", "data.labels_per_class=3", "data.steps=4"))
-    assert (result["plan"]["num_train"], result["plan"]["global_batch"]) == (30, 30)
-    assert json.loads((tmp_path / "run" / "config.json").read_text())["data"]["batch_size"] == 30  # a resume's too

@@ -11,7 +11,6 @@ Where the weights come from, decided once, in this order (STYLE.md section 5):
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -141,21 +140,6 @@ def check_fits_data(config: TrainConfig, train: ImageSet) -> None:
             f"{config.data.uri} has {train.num_classes} classes but the model head has "
             f"{num_classes(config.model)} (set model.num_classes={train.num_classes})"
         )
-
-
-def batch_within(config: TrainConfig, num_train: int, world: int) -> TrainConfig:
-    """A batch above a small training set (`num_train` images trained on) shrunk to the most of it that whole
-    micro-batches of every process hold, so that one step is never several epochs (--epochs 1 is one pass).
-    `resolve` applies it to a recipe's own batch (one the user set is refused above the source's training split),
-    the run again to the images its training split kept (less corrupt files and the hold-out)."""
-    data = config.data
-    if data.batch_size <= num_train:
-        return config
-    unit = world * (data.micro_batch_size or 1)
-    batch, micro = num_train // unit * unit, data.micro_batch_size
-    if batch == 0:  # fewer images than one micro-batch a process: one pass each, no accumulation
-        batch, micro = max(world, num_train // world * world), 0
-    return dataclasses.replace(config, data=dataclasses.replace(data, batch_size=batch, micro_batch_size=micro))
 
 
 LARGEST_RECIPE_BATCH = 4096  # the paper's pre-training batch: no recipe's is larger

@@ -24,7 +24,6 @@ from vitkit.train import choices, compiled, distributed
 from vitkit.train.assemble import (
     IndexBatches,
     Splits,
-    batch_within,
     check_fits_data,
     initial_model,
     load_splits,
@@ -136,7 +135,12 @@ class RunParts:
         distributed.barrier()
         self.config = config = reconcile(config)
         torch.manual_seed(init_seed(config.run.seed, info.rank))  # weights and dropout
-        self.config = config = self._load_data(config, data)
+        wants_test = config.mpp is None or config.mpp.eval_images > 0
+        self.data = data or load_splits(config, need_test=wants_test)
+        self.source_count = source_images(config) if data is None else None  # splits given: the caller's data
+        self.data = self.data if wants_test else dataclasses.replace(self.data, test=None, evals={})
+        check_fits_data(config, self.data.train)
+        _check_every_process_agrees(config, self.data)
         self.num_train, self.micro = len(self.data.train), micro_batch_size(config, info.world)
         self.length = total_steps(config, self.num_train)  # None: the time budget alone decides
         self.objective = build_objective(config, self.data.train.num_classes, in_channels(config.model))
@@ -213,30 +217,6 @@ class RunParts:
             streamed = distributed.sum_across(streamed, self.device)
         self.skipped_total = self.skipped_before + streamed
         return self.data.train.skipped + self.skipped_total
-
-    def _load_data(self, config: TrainConfig, data: Splits | None) -> TrainConfig:
-        """The splits (`data`, or loaded), checked against the config and every process's; the config with its
-        batch within the training images kept."""
-        wants_test = config.mpp is None or config.mpp.eval_images > 0
-        self.data = data or load_splits(config, need_test=wants_test)
-        self.source_count = source_images(config) if data is None else None  # splits given: the caller's data
-        self.data = self.data if wants_test else dataclasses.replace(self.data, test=None, evals={})
-        check_fits_data(config, self.data.train)  # a batch past any recipe's is refused, not shrunk
-        config = self._batch_within_split(config)
-        _check_every_process_agrees(config, self.data)
-        return config
-
-    def _batch_within_split(self, config: TrainConfig) -> TrainConfig:
-        """The batch within the training images the split kept, which `resolve` could only estimate (corrupt files,
-        a class with fewer images than --labels-per-class, the validation hold-out), said where it shrinks."""
-        kept = len(self.data.train)
-        if config.data.batch_size <= kept:
-            return config
-        shrunk = batch_within(config, kept, self.info.world)
-        if self.info.main:
-            log.info("the batch of %d is above the %d training images kept: %d", config.data.batch_size, kept,
-                     shrunk.data.batch_size)  # fmt: skip
-        return shrunk
 
     def _training_left_s(self) -> float | None:
         """Seconds of a time budget left to train in (None: no budget); the Trainer's, whose clock times start-up."""

@@ -29,7 +29,6 @@ from vitkit.models.configs import (
     with_overrides,
 )
 from vitkit.runs import find_checkpoint
-from vitkit.train.assemble import batch_within
 from vitkit.train.config import TrainConfig, apply_overrides, optim_for
 from vitkit.train.plan import count_params
 from vitkit.train.recipes import PAPER_LR_GRID, auto_recipe_name, finetune_val_fraction, get_recipe, large_model_warning
@@ -123,7 +122,7 @@ def resolve(request: Request, *, source_model: ModelConfig | None = None) -> Res
             f"one step would be {batch / info.num_train:.2f} epochs; use --batch-size {info.num_train} or less"
         )
     if not user_batch:
-        config = batch_within(config, _trained_images(config, info), request.world)
+        config = _recipe_batch_within(config, _trained_images(config, info), request.world)
     if request.labelled and info.num_classes < 2:
         kind, path = parse_uri(request.data)
         raise ValueError(
@@ -272,6 +271,20 @@ def _trained_images(config: TrainConfig, info: SourceInfo) -> int:
         count = min(count, config.data.labels_per_class * info.num_classes)
     count = int(count * config.data.train_fraction)
     return max(1, int(count * (1 - config.data.val_fraction)))
+
+
+def _recipe_batch_within(config: TrainConfig, num_train: int, world: int) -> TrainConfig:
+    """A recipe's own batch above a small training set (`num_train` images trained on) shrinks to the most of it
+    that whole micro-batches of every process hold, so that one step is never several epochs (--epochs 1 is one
+    pass).  A batch the user set is theirs (refused above the source's training split)."""
+    data = config.data
+    if data.batch_size <= num_train:
+        return config
+    unit = world * (data.micro_batch_size or 1)
+    batch, micro = num_train // unit * unit, data.micro_batch_size
+    if batch == 0:  # fewer images than one micro-batch a process: one pass each, no accumulation
+        batch, micro = max(world, num_train // world * world), 0
+    return dataclasses.replace(config, data=dataclasses.replace(data, batch_size=batch, micro_batch_size=micro))
 
 
 def _apply_flags(config: TrainConfig, request: Request) -> TrainConfig:
