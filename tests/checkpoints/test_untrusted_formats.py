@@ -235,6 +235,12 @@ def test_integer_or_boolean_arrays_of_an_official_npz_are_refused_not_cast(tmp_p
     np.savez(tmp_path / "w.npz", **arrays)
     with pytest.raises(CheckpointError, match=r"w\.npz does not fit the model: not floating-point numbers \[.*bool"):
         read(tmp_path / "w.npz")
+    key = "Transformer/encoderblock_0/MultiHeadDotProductAttention_1/key/kernel"  # fused between float q and v
+    with np.load(tmp_path / "plain.npz") as plain:
+        arrays = {name: plain[name] for name in plain.files}
+    np.savez(tmp_path / "k.npz", **{**arrays, key: (arrays[key] * 100).astype(np.int64)})
+    with pytest.raises(CheckpointError, match=r"floating-point numbers \[.blocks\.0\.attn\.qkv\.weight: file int64"):
+        read(tmp_path / "k.npz")
 
 
 def test_non_finite_weights_are_refused_naming_each_tensor(tmp_path, make_vit):

@@ -23,13 +23,15 @@ PreLogits = Literal["keep", "drop"]
 
 def cat(parts: list[Tensor], dim: int = 0) -> Tensor:
     """`torch.cat`; on the meta device (checks of a file's header) the shape alone, as torch's meta `cat`
-    imports its compiler (~2 s) on first use."""
+    imports its compiler (~2 s) on first use, and the dtype of a part that holds no floats where one does (so
+    that the check that weights are floats sees an integer k between float q and v)."""
     if not all(p.is_meta for p in parts):
         return torch.cat(parts, dim)
     shapes = [list(p.shape) for p in parts]
     if len({len(s) for s in shapes}) != 1 or len({tuple(s[:dim] + s[dim + 1 :]) for s in shapes}) != 1:
         raise ValueError(f"cannot concatenate shapes {[tuple(s) for s in shapes]} along dimension {dim}")
-    return parts[0].new_empty([*shapes[0][:dim], sum(s[dim] for s in shapes), *shapes[0][dim + 1 :]])
+    dtype = next((p.dtype for p in parts if not p.dtype.is_floating_point), parts[0].dtype)
+    return parts[0].new_empty([*shapes[0][:dim], sum(s[dim] for s in shapes), *shapes[0][dim + 1 :]], dtype=dtype)
 
 
 def fuse_qkv(state: dict[str, Tensor], depth: int) -> dict[str, Tensor]:
