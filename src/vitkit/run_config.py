@@ -113,7 +113,7 @@ def canonical_source(spec: str) -> str:
     """A data URI or checkpoint path with its path made real ("folder:photos" -> "folder:/home/me/photos"), for
     comparing processes' configs; a spec without a path ("digits") as given."""
     kind, path = _place(spec)
-    if not kind and not os.path.exists(spec):
+    if not kind and "/" not in spec and not os.path.exists(spec):  # a name ("digits"), not a path
         return spec
     return f"{kind}:{path}" if kind else path
 

@@ -333,7 +333,10 @@ def test_what_processes_must_share_is_named_as_a_user_sets_it() -> None:
 
 
 def test_processes_agree_on_one_data_folder_however_each_spells_it(tmp_path: Path, monkeypatch) -> None:
-    from vitkit.train.parts import agreed_facts
+    """Spelt differently, one folder was refused as two; spelt the same in two working directories (two machines'
+    processes), it is still one source: a path disagrees only where neither its spelling nor its real path agree."""
+    from vitkit.train import parts
+    from vitkit.train.parts import agreed_facts, real_paths
 
     class Train(list):
         class_names = ["a"]
@@ -341,11 +344,28 @@ def test_processes_agree_on_one_data_folder_however_each_spells_it(tmp_path: Pat
     (tmp_path / "photos").mkdir()
     monkeypatch.chdir(tmp_path)
     spelt = ["folder:photos", "folder:./photos", f"folder:{tmp_path}/photos/", f"folder:{tmp_path}/x/../photos"]
-    uris = {
-        agreed_facts(tiny_config(tmp_path, f"data.uri={uri}"), SimpleNamespace(train=Train([0]), test=None))["data.uri"]
-        for uri in spelt
-    }
-    assert uris == {f"folder:{os.path.realpath(tmp_path / 'photos')}"}
-    outs = {agreed_facts(tiny_config(Path(out)), SimpleNamespace(train=Train([0]), test=None))["run.out"]
-            for out in ("photos", f"{tmp_path}/photos/", "./photos")}  # fmt: skip
-    assert outs == {os.path.realpath(tmp_path / "photos")}
+    facts = [agreed_facts(tiny_config(Path(u[7:]), f"data.uri={u}"), SimpleNamespace(train=Train([0]), test=None))
+             for u in spelt]  # fmt: skip
+    assert [f["data.uri"] for f in facts] == spelt  # as spelt, for the message
+    real = os.path.realpath(tmp_path / "photos")
+    assert [real_paths(f) for f in facts] == [{"data.uri": f"folder:{real}", "run.out": real}] * 4
+    monkeypatch.setattr(parts.distributed, "current", lambda: SimpleNamespace(world=2))
+    cases = [  # (each process's spelling, each one's real path), refused
+        (("folder:photos", "folder:/a/photos"), ("folder:/a/photos", "folder:/a/photos"), False),
+        (("folder:photos", "folder:photos"), ("folder:/m1/photos", "folder:/m2/photos"), False),  # two machines
+        (("folder:a", "folder:b"), ("folder:/a", "folder:/b"), True),
+    ]
+    for spellings, reals, refused in cases:
+
+        def differences(facts, spellings=spellings, reals=reals):  # differences_from_rank_0 over the two processes
+            pair = reals if facts["data.uri"] == reals[0] else spellings
+            return [f"data.uri (rank 1: {pair[1]}, rank 0: {pair[0]})"] if pair[0] != pair[1] else []
+
+        monkeypatch.setattr(parts.distributed, "differences_from_rank_0", differences)
+        monkeypatch.setattr(parts, "real_paths", lambda facts, reals=reals: {"data.uri": reals[0]})
+        monkeypatch.setattr(parts, "agreed_facts", lambda config, data, spellings=spellings: {"data.uri": spellings[0]})
+        if refused:
+            with pytest.raises(ValueError, match="do not agree on what to train: data.uri"):
+                parts._check_every_process_agrees(None, None)
+        else:
+            parts._check_every_process_agrees(None, None)

@@ -85,7 +85,12 @@ def _check_every_process_agrees(config: TrainConfig, data: Splits) -> None:
     naming what differs (flags given to one process only, another data directory) before any model is made."""
     if distributed.current().world == 1:
         return
-    differ = distributed.differences_from_rank_0(agreed_facts(config, data))
+    facts = agreed_facts(config, data)
+    differ = distributed.differences_from_rank_0(facts)
+    real = distributed.differences_from_rank_0(real_paths(facts))  # every process calls both collectives
+    differ = [
+        d for d in differ if d.split(" ")[0] not in PATH_KEYS or any(r.split(" ")[0] == d.split(" ")[0] for r in real)
+    ]
     if differ:
         raise ValueError(
             "the processes of this torchrun do not agree on what to train: "
@@ -93,6 +98,15 @@ def _check_every_process_agrees(config: TrainConfig, data: Splits) -> None:
             + (" ..." if len(differ) > 4 else "")
             + ". Give every process the same flags and the same data"
         )
+
+
+PATH_KEYS = ("data.uri", "run.init_from", "run.out")  # one place however spelt: the spelling or the real path agrees
+
+
+def real_paths(facts: dict[str, Any]) -> dict[str, str]:
+    """The PATH_KEYS of `facts` as real paths: "folder:photos", "folder:./photos" and "folder:/abs/photos/" name
+    one source on one machine (on several, the same relative spelling may be two real paths, and agrees)."""
+    return {key: canonical_source(facts[key]) for key in PATH_KEYS if facts.get(key)}
 
 
 def agreed_facts(config: TrainConfig, data: Splits) -> dict[str, Any]:
@@ -107,9 +121,6 @@ def agreed_facts(config: TrainConfig, data: Splits) -> dict[str, Any]:
         )
     for display in ("run.progress", "run.threads"):  # each process's own, harmlessly
         facts.pop(display, None)
-    for path in ("data.uri", "run.init_from", "run.out"):  # "folder:x", "folder:./x", "folder:/abs/x/": one source
-        if facts.get(path):
-            facts[path] = canonical_source(facts[path])
     facts.update({"train images": len(data.train), "classes": data.train.class_names})
     facts["test images"] = len(data.test) if data.test is not None else 0
     return facts
