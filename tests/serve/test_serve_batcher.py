@@ -67,6 +67,25 @@ def test_close_does_not_wait_past_its_limit_for_a_batch_that_hangs() -> None:
     assert isinstance(queued, BatcherClosed) and running == ["first"]
 
 
+def test_a_batch_that_ends_after_the_loop_closed_ends_quietly(monkeypatch) -> None:
+    """The thread close() stopped waiting for delivered to a closed loop: "Exception in thread vitkit-model"."""
+    release, crashed = threading.Event(), []
+    monkeypatch.setattr(threading, "excepthook", lambda args: crashed.append(args.exc_value))
+
+    async def scenario():
+        batcher = Batcher(lambda payloads: release.wait(30) and payloads, max_batch=1, max_wait_s=0.0)
+        batcher.start()
+        asyncio.ensure_future(batcher.submit(["hung"]))
+        await asyncio.sleep(0.1)
+        await batcher.close(timeout_s=0.05)
+        return batcher._thread
+
+    thread = asyncio.run(scenario())
+    release.set()
+    thread.join(5)
+    assert not thread.is_alive() and crashed == []
+
+
 def test_a_full_batch_does_not_wait_and_a_lone_one_waits_max_wait() -> None:
     sizes: list[int] = []
 

@@ -99,10 +99,10 @@ class Batcher:
             self._changed.notify()
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while self._thread is not None and self._thread.is_alive():  # the thread finishes the queue, then ends
-            if deadline is not None and time.monotonic() >= deadline:
+            await asyncio.sleep(0.005)
+            if deadline is not None and time.monotonic() >= deadline and self._thread.is_alive():
                 log.warning("a model batch was still running %g s after the drain: not waited for", timeout_s)
                 break
-            await asyncio.sleep(0.005)
         await asyncio.sleep(0)  # the last deliveries, scheduled by the thread, run before we return
         with self._changed:
             left, self._waiting = list(self._waiting), collections.deque()
@@ -124,7 +124,10 @@ class Batcher:
             except Exception as error:  # noqa: BLE001 - one bad batch fails its callers, not the server
                 log.exception("model forward failed for a batch of %d", len(batch))
                 outputs = [error] * len(batch)
-            self._loop.call_soon_threadsafe(self._deliver, batch, outputs)
+            try:
+                self._loop.call_soon_threadsafe(self._deliver, batch, outputs)
+            except RuntimeError:  # the loop closed while a batch close() stopped waiting for ran: nobody to answer
+                return
 
     @staticmethod
     def _deliver(batch: list[_Job], outputs: Sequence[Any]) -> None:
