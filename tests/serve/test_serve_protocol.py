@@ -111,9 +111,10 @@ def good(port: int) -> None:
         (b"GET / HTTP/1.1\r\nX-Big: " + b"a" * 5000 + b"\r\n\r\n", "headers exceed 2,048 bytes"),
         (b"GET / HTTP/1.1\r\n" + b"X: y\r\n" * 1000 + b"\r\n", "headers exceed 2,048 bytes"),
         (b"GET /?" + b"q" * 3000 + b" HTTP/1.1\r\n\r\n", "headers exceed 2,048 bytes"),
-        (b"GET / HTTP/1.1\r\n\r\n", "exactly one Host header"),
-        (b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", "exactly one Host header"),
-        (b"GET / HTTP/1.0\r\nHost: a\r\nhost: b\r\n\r\n", "exactly one Host header"),
+        (b"GET / HTTP/1.1\r\n\r\n", "needs one Host header"),
+        (b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", "needs one Host header"),
+        (b"GET / HTTP/1.0\r\nHost: a\r\nhost: b\r\n\r\n", "needs one Host header"),
+        (b"GET / HTTP/2.0\r\n\r\n", "needs one Host header"),
     ],
 )
 def test_requests_the_app_never_sees_get_json_errors(port: int, request_bytes: bytes, problem: str) -> None:

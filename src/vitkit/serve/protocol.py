@@ -217,8 +217,8 @@ class GuardedProtocol(HttpToolsProtocol):
             )
             return
         hosts = sum(name.lower() == b"host" for name, _ in self.headers)
-        if hosts > 1 or (hosts == 0 and self.parser.get_http_version() == "1.1"):  # RFC 9112 section 3.2
-            self._refuse(400, "an HTTP/1.1 request needs exactly one Host header")
+        if hosts > 1 or (hosts == 0 and self.parser.get_http_version() != "1.0"):  # RFC 9112 section 3.2
+            self._refuse(400, "a request needs one Host header (HTTP/1.0: at most one)")
             return
         if self.parser.should_upgrade() and self._upgrade_with_body():  # the parser would read its body as requests
             self._refuse(400, "a request with Upgrade and a body is not served here: send it without Upgrade")
