@@ -220,6 +220,8 @@ def test_the_plan_names_polyak_averaging_and_warns_where_the_run_is_too_short_fo
     from vitkit.train.plan_text import _average_lines
 
     assert _average_lines(budgeted)[1].startswith("warning: after 105 steps the average still gives 90%")
+    starved = dataclasses.replace(budgeted, measured={**budgeted.measured, "fit_steps": 0})
+    assert len(_average_lines(starved)) == 1  # not "after 0 steps ... optim.ema_decay <= 0"
 
 
 def test_the_parameter_count_of_a_mimetic_model_skips_its_svds(monkeypatch) -> None:

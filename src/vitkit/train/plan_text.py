@@ -70,7 +70,7 @@ def _average_lines(plan: Plan) -> list[str]:
     ]
     steps = min(plan.steps, plan.measured.get("fit_steps", plan.steps))  # what a time budget holds of them
     start = plan.ema_decay**steps
-    if start > EMA_START_WEIGHT:
+    if steps and start > EMA_START_WEIGHT:  # 0 steps: the budget's evaluations leave none, said elsewhere
         lines.append(
             f"warning: after {steps:,} steps the average still gives {start:.0%} of its weight to the starting "
             f"weights; a run this short wants optim.ema_decay <= {1 - 3 / max(steps, 3):.3g} or none"
