@@ -187,6 +187,25 @@ def test_an_empty_training_class_folder_is_refused_and_an_empty_test_one_is_not(
         describe(f"folder:{tmp_path}")
 
 
+def test_a_class_whose_every_training_file_fails_to_decode_is_refused(tmp_path):
+    """It trained anyway: a 2-class model of which one class had no image, "top-1 100.00%" on the other's."""
+    for cls, count in (("cat", 6), ("dog", 3)):
+        (tmp_path / "train" / cls).mkdir(parents=True)
+        (tmp_path / "test" / cls).mkdir(parents=True)
+        Image.new("RGB", (5, 5), RED).save(tmp_path / "test" / cls / "0.png")
+        for i in range(count):
+            path = tmp_path / "train" / cls / f"{i}.jpg"
+            if cls == "cat":
+                Image.new("RGB", (5, 5), RED).save(path)
+            else:
+                path.write_bytes(b"not a JPEG at all %d" % i)
+    with pytest.raises(ValueError, match=r"no training file of class 'dog' \(3 files\) decodes .*cannot be learnt"):
+        load_split(f"folder:{tmp_path}", "train", image_size=4)
+    assert len(load_split(f"folder:{tmp_path}", "test", image_size=4)) == 2  # the test split is read as before
+    Image.new("RGB", (5, 5), RED).save(tmp_path / "train" / "dog" / "good.png")  # one decodes: trained, 3 skipped
+    assert load_split(f"folder:{tmp_path}", "train", image_size=4).labels.tolist() == [0] * 6 + [1]
+
+
 def test_files_left_out_by_their_extension_are_counted_by_kind(tmp_path, caplog):
     """Photos from a phone (.heic) and notes beside the images are not read: one warning counts them by suffix
     so a folder whose images vitkit cannot read does not shrink unnoticed; hidden files are not counted."""

@@ -247,12 +247,30 @@ def load_split(
     )
     problems = getattr(subset, "problems", [])
     check_usable(result, uri, split, reasons, problems)
+    if split == "train" and labelled and isinstance(subset, ImageSet) and isinstance(result, ImageSet):
+        _check_no_class_lost(subset, result, uri)
     _log_loaded(uri, split, result, len(problems))
     if split == "test" and labelled and isinstance(result, ImageSet):
         _warn_untested(result)
     if split == "train" and val_fraction == 0.0 and labelled and isinstance(result, ImageSet):
         _warn_untrained(result)
     return result
+
+
+def _check_no_class_lost(listed: ImageSet, kept: ImageSet, uri: str) -> None:
+    """A ValueError where every training file of a class failed to decode: as a class folder without images, it
+    cannot be learnt (trained anyway, its figures stood on the other classes alone)."""
+    if not kept.skipped:
+        return
+    lost = sorted(set(listed.labels.tolist()) - set(kept.labels.tolist()))
+    if lost:
+        counts = torch.bincount(listed.labels, minlength=listed.num_classes)
+        named = ", ".join(f"{listed.class_names[c]!r} ({int(counts[c])} files)" for c in lost[:5])
+        raise ValueError(
+            f"{uri}: no training file of class{'es' if len(lost) > 1 else ''} {named}{' ...' if len(lost) > 5 else ''} "
+            "decodes (each is named above); a class without training images cannot be learnt: replace its files "
+            "or remove its folder"
+        )
 
 
 def _warn_untrained(train: ImageSet) -> None:
