@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from collections import Counter
 from pathlib import Path
 
@@ -309,7 +310,7 @@ def test_a_sweep_over_a_folder_with_its_own_val_split_scores_on_it(tmp_path: Pat
 
 
 def test_every_run_of_a_sweep_trains_at_the_precision_its_first_trial_chose(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """run.precision=auto was chosen again by each trial's timing: trials 1, 3 and 4 ran fp32 and trial 2 and the
     final run bf16, so the rates were compared across precisions.  The first trial's choice holds for the rest."""
@@ -323,8 +324,10 @@ def test_every_run_of_a_sweep_trains_at_the_precision_its_first_trial_chose(
         return {"status": "finished", "val": {"top1": trial.optim.lr, "loss": 1.0}, "plan": {"precision": picked}}
 
     monkeypatch.setattr(sweep, "train", fake_train)
-    sweep.train_with_sweep(config)
+    with caplog.at_level(logging.INFO, logger="vitkit"):
+        sweep.train_with_sweep(config)
     assert seen == ["auto", "fp32", "fp32", "fp32"]  # three trials, then the final run
+    assert "the other trials and the final run train in fp32, as precision auto chose for the first" in caplog.text
     pinned = tiny_config(tmp_path / "p", "data.val_fraction=0.1", "optim.lr_sweep=0.01,0.1", "run.precision=bf16")
     seen.clear()
     sweep.train_with_sweep(pinned)

@@ -154,6 +154,8 @@ def same_precision(config: TrainConfig, result: dict[str, Any]) -> TrainConfig:
     chosen = result.get("plan", {}).get("precision")
     if config.run.precision != "auto" or chosen not in ("bf16", "fp32"):
         return config
+    if distributed.current().main:  # the later plans say "as requested": this is who asked
+        log.info("sweep: the other trials and the final run train in %s, as precision auto chose for the first", chosen)
     return dataclasses.replace(config, run=dataclasses.replace(config.run, precision=chosen))
 
 
