@@ -206,20 +206,6 @@ def test_a_class_whose_every_training_file_fails_to_decode_is_refused(tmp_path):
     assert load_split(f"folder:{tmp_path}", "train", image_size=4).labels.tolist() == [0] * 6 + [1]
 
 
-def test_a_folder_of_grayscale_images_is_described_as_one_channel(tmp_path):
-    """A grayscale folder trained a 3-channel model of repeated planes, where the same images as npz, IDX, shards
-    or a Hugging Face dataset train a 1-channel one."""
-    for cls in ("cat", "dog"):
-        (tmp_path / cls).mkdir()
-        for i in range(3):
-            Image.new("L", (6, 6), 40 * i).save(tmp_path / cls / f"{i}.png")
-    assert describe(f"folder:{tmp_path}").channels == 1
-    train = load_split(f"folder:{tmp_path}", "train", image_size=4, channels=1)
-    assert train.images.shape[1] == 1
-    Image.new("RGB", (6, 6), RED).save(tmp_path / "dog" / "colour.png")  # one colour image: RGB
-    assert describe(f"folder:{tmp_path}").channels == 3
-
-
 def test_files_left_out_by_their_extension_are_counted_by_kind(tmp_path, caplog):
     """Photos from a phone (.heic) and notes beside the images are not read: one warning counts them by suffix
     so a folder whose images vitkit cannot read does not shrink unnoticed; hidden files are not counted."""

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from vitkit.data.holdout import fixed_test_split
-from vitkit.data.images import probe_images
+from vitkit.data.images import image_size as _header_size
 from vitkit.data.imageset import UNLABELLED, VAL_HINT, ImageSet, SourceInfo, fits_in_memory
 from vitkit.data.listing import class_folders, scan_flat, scan_folder
 
@@ -77,18 +77,18 @@ def read_folder(root: Path, part: str, size: int, channels: int, labelled: bool 
 
 
 def describe_folder(uri: str, root: Path, size: int, max_in_memory_bytes: int, labelled: bool = True) -> SourceInfo:
-    """The training part's counts from its listing, its typical side and channels from about 32 image headers (no
-    pixels): 1 channel where every one of them is grayscale, as for shards and Hugging Face datasets."""
+    """The training part's counts from its listing, its typical side from about 32 image headers (no pixels)."""
     part = read_folder(root, "train", size, 3, labelled)
     sample = part.files[:: max(1, len(part.files) // 32)]  # about 32 headers spread over the classes
-    typical, channels = probe_images(sample)
-    fits = fits_in_memory(len(part), channels, size, max_in_memory_bytes)
+    sides = sorted(min(s) for s in map(_header_size, sample) if s)
+    typical = sides[len(sides) // 2] if sides else 0
+    fits = fits_in_memory(len(part), 3, size, max_in_memory_bytes)
     return SourceInfo(
         uri=uri,
         num_train=len(part),
         num_classes=part.num_classes,
         image_size=typical,
-        channels=channels,
+        channels=3,
         in_memory=fits,
         access="memory" if fits else "files",
     )
