@@ -202,8 +202,15 @@ def test_a_class_whose_every_training_file_fails_to_decode_is_refused(tmp_path):
     with pytest.raises(ValueError, match=r"no training file of class 'dog' \(3 files\) decodes .*cannot be learnt"):
         load_split(f"folder:{tmp_path}", "train", image_size=4)
     assert len(load_split(f"folder:{tmp_path}", "test", image_size=4)) == 2  # the test split is read as before
+    for cls in ("emu", "fox", "gnu", "hen", "ibis", "jay"):  # many lost: counted, five named
+        (tmp_path / "train" / cls).mkdir()
+        (tmp_path / "train" / cls / "0.jpg").write_bytes(cls.encode())
+    with pytest.raises(ValueError, match=r"of 7 classes, 'dog' \(3 files\), 'emu' .*'hen' \(1 file\) and more decodes"):
+        load_split(f"folder:{tmp_path}", "train", image_size=4)
+    for cls in ("emu", "fox", "gnu", "hen", "ibis", "jay"):
+        Image.new("RGB", (5, 5), RED).save(tmp_path / "train" / cls / "1.png")
     Image.new("RGB", (5, 5), RED).save(tmp_path / "train" / "dog" / "good.png")  # one decodes: trained, 3 skipped
-    assert load_split(f"folder:{tmp_path}", "train", image_size=4).labels.tolist() == [0] * 6 + [1]
+    assert load_split(f"folder:{tmp_path}", "train", image_size=4).labels.tolist() == [0] * 6 + [1, 2, 3, 4, 5, 6, 7]
 
 
 def test_files_left_out_by_their_extension_are_counted_by_kind(tmp_path, caplog):

@@ -265,11 +265,13 @@ def _check_no_class_lost(listed: ImageSet, kept: ImageSet, uri: str) -> None:
     lost = sorted(set(listed.labels.tolist()) - set(kept.labels.tolist()))
     if lost:
         counts = torch.bincount(listed.labels, minlength=listed.num_classes)
-        named = ", ".join(f"{listed.class_names[c]!r} ({int(counts[c])} files)" for c in lost[:5])
+        sized = [(listed.class_names[c], int(counts[c])) for c in lost[:5]]
+        named = ", ".join(f"{name!r} ({count} file{'s' * (count != 1)})" for name, count in sized)
+        classes = f"class {named}" if len(lost) == 1 else f"{len(lost)} classes, {named}"
         raise ValueError(
-            f"{uri}: no training file of class{'es' if len(lost) > 1 else ''} {named}{' ...' if len(lost) > 5 else ''} "
-            "decodes (each is named above); a class without training images cannot be learnt: replace its files "
-            "or remove its folder"
+            f"{uri}: no training file of {classes}{' and more' if len(lost) > 5 else ''} decodes (the first bad "
+            "files are named above); a class without training images cannot be learnt: replace its files or "
+            "remove its folder"
         )
 
 
