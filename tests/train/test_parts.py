@@ -4,6 +4,7 @@ the warm-up's estimate; each with fakes (clock, signals, a second process) inste
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from pathlib import Path
 from types import SimpleNamespace
@@ -357,11 +358,11 @@ def test_processes_agree_on_one_data_folder_however_each_spells_it(tmp_path: Pat
     ]
     for spellings, reals, refused in cases:
 
-        def differences(facts, spellings=spellings, reals=reals):  # differences_from_rank_0 over the two processes
-            pair = reals if facts["data.uri"] == reals[0] else spellings
-            return [f"data.uri (rank 1: {pair[1]}, rank 0: {pair[0]})"] if pair[0] != pair[1] else []
+        def gathered(ours, spellings=spellings, reals=reals):  # rank 0's facts, then rank 1's
+            text = json.dumps({"data.uri": spellings[1], "data.uri (real path)": reals[1]}).encode()
+            return [ours, {"facts": torch.frombuffer(bytearray(text), dtype=torch.uint8)}]
 
-        monkeypatch.setattr(parts.distributed, "differences_from_rank_0", differences)
+        monkeypatch.setattr(parts.distributed, "all_gather_bytes", gathered)
         monkeypatch.setattr(parts, "real_paths", lambda facts, reals=reals: {"data.uri": reals[0]})
         monkeypatch.setattr(parts, "agreed_facts", lambda config, data, spellings=spellings: {"data.uri": spellings[0]})
         if refused:

@@ -253,17 +253,20 @@ def all_gather_bytes(parts: dict[str, torch.Tensor]) -> list[dict[str, torch.Ten
     ]
 
 
-def differences_from_rank_0(facts: dict[str, object]) -> list[str]:
+def differences_from_rank_0(
+    facts: dict[str, object], alike: Callable[[str, dict, dict], bool] | None = None
+) -> list[str]:
     """The keys of `facts` (JSON values: the resolved config, the data's counts) whose value on some process is
     not rank 0's, as "KEY (rank R: VALUE, rank 0: VALUE)": a collective every process calls, which gives every
     process the same answer.  Processes launched with other flags or other data would train replicas that drift
-    apart, or die in a mismatched collective, and report figures of no one model."""
+    apart, or die in a mismatched collective, and report figures of no one model.  `alike(key, theirs, ours)`
+    (their facts, rank 0's) may count two different values of `key` as one."""
     text = json.dumps(facts, sort_keys=True, default=str).encode()
     gathered = all_gather_bytes({"facts": torch.frombuffer(bytearray(text), dtype=torch.uint8)})
     ours = [json.loads(bytes(part["facts"].tolist())) for part in gathered]
     said = []
     for rank, other in enumerate(ours[1:], start=1):
         for key in sorted(set(ours[0]) | set(other)):
-            if other.get(key) != ours[0].get(key):
+            if other.get(key) != ours[0].get(key) and not (alike and alike(key, other, ours[0])):
                 said.append(f"{key} (rank {rank}: {str(other.get(key))[:60]}, rank 0: {str(ours[0].get(key))[:60]})")
     return said

@@ -86,11 +86,8 @@ def _check_every_process_agrees(config: TrainConfig, data: Splits) -> None:
     if distributed.current().world == 1:
         return
     facts = agreed_facts(config, data)
-    differ = distributed.differences_from_rank_0(facts)
-    real = distributed.differences_from_rank_0(real_paths(facts))  # every process calls both collectives
-    differ = [
-        d for d in differ if d.split(" ")[0] not in PATH_KEYS or any(r.split(" ")[0] == d.split(" ")[0] for r in real)
-    ]
+    facts.update({key + REAL: path for key, path in real_paths(facts).items()})
+    differ = distributed.differences_from_rank_0(facts, alike=_one_place)
     if differ:
         raise ValueError(
             "the processes of this torchrun do not agree on what to train: "
@@ -101,6 +98,14 @@ def _check_every_process_agrees(config: TrainConfig, data: Splits) -> None:
 
 
 PATH_KEYS = ("data.uri", "run.init_from", "run.out")  # one place however spelt: the spelling or the real path agrees
+REAL = " (real path)"  # beside a path key: its real path, which travels with the facts
+
+
+def _one_place(key: str, theirs: dict[str, Any], ours: dict[str, Any]) -> bool:
+    """Whether a path (PATH_KEYS, or its REAL form) names one place on two processes: its spelling or its real
+    path agrees."""
+    path = key.removesuffix(REAL)
+    return path in PATH_KEYS and any(theirs.get(k) == ours.get(k) for k in (path, path + REAL))
 
 
 def real_paths(facts: dict[str, Any]) -> dict[str, str]:
