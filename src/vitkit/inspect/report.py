@@ -210,10 +210,11 @@ def inspect_model(
 def _written_report(report: dict[str, Any], out: Path, earlier: bool) -> dict[str, Any]:
     """`report` written as out/inspect.json, after removing the figures an `earlier` run wrote there that this
     one did not draw (skipped, or --no-figures)."""
-    drawn = {report[name].get("figure") for name in SECTIONS if isinstance(report.get(name), dict)}
-    for name in SECTIONS:
-        if earlier and f"{name}.png" not in drawn:
-            (out / f"{name}.png").unlink(missing_ok=True)
+    if earlier:
+        drawn = {report[name].get("figure") for name in SECTIONS if isinstance(report.get(name), dict)}
+        for name in SECTIONS:
+            if f"{name}.png" not in drawn:
+                (out / f"{name}.png").unlink(missing_ok=True)
     atomic_write_text(out / "inspect.json", json.dumps(report, indent=1) + "\n")
     return report
 

@@ -14,10 +14,10 @@ request (an idle or trickling connection is held for ever: slowloris), and answe
     headers; a request still incomplete then gets 408 and the connection closes (one that sent
     nothing is closed silently; uvicorn's keep-alive timeout closes idle ones between requests);
   - `max_connections`: open connections; a request on a connection beyond them gets 503 + Retry-After;
-  - `max_pipelined`: requests parsed ahead of their answers on one connection.  uvicorn parsed every
-    request of each read and read again after each answer, so a client that pipelined and never read
-    grew the server by 70 bytes for each byte it sent; bytes are now fed to the parser in slices of
-    SLICE_BYTES, and those beyond the limit wait, unread further, until answers make room;
+  - `max_pipelined`: requests parsed ahead of their answers on one connection (uvicorn parses every
+    request of a read, so a client that pipelines and never reads would grow the server without bound):
+    bytes go to the parser in slices of SLICE_BYTES, and those beyond the limit wait, reading paused,
+    until answers make room;
   - every error it answers is JSON `{"error": ...}` with its status, like the app's own.
 
 The body is the app's business: read within `max_body_mb` and `body_timeout_s` (vitkit.serve.body).
