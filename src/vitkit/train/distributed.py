@@ -25,6 +25,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+GROUP_TIMEOUT = datetime.timedelta(minutes=30)  # a collective waits this long for a process that does not come
+
 
 @dataclass(frozen=True)
 class DistInfo:
@@ -95,7 +97,7 @@ def setup(info: DistInfo, device: torch.device) -> bool:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend, rank=info.rank, world_size=info.world, timeout=datetime.timedelta(minutes=30))
+    dist.init_process_group(backend, rank=info.rank, world_size=info.world, timeout=GROUP_TIMEOUT)
     return True
 
 

@@ -10,8 +10,9 @@ one process as on N under the same clock.  With several processes every flag is 
 (any process's reason holds for all) at agreement steps only (log and checkpoint steps), so no collective
 runs on every step and every process enters the collective save at the same step.  A signal is also agreed
 between them, about every `SIGNAL_AGREE_S` seconds by the slowest process's pace: torchrun kills its processes
-30 s after it passed them its SIGTERM, and log steps can be further apart than that.  Clock and signals can be
-replaced in tests.
+30 s after it passed them its SIGTERM, and log steps can be further apart than that.  Each step and evaluation
+batch is also progress for the stall watch (train/stall.py), which says when a process has waited far longer than
+its steps take.  Clock and signals can be replaced in tests.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any, NamedTuple
 import torch
 
 from vitkit.train import distributed
+from vitkit.train.stall import StallWatch
 
 CPU = torch.device("cpu")  # default device of the flag tensor the processes agree over
 SIGNAL_AGREE_S = 5.0  # seconds of training between two agreements on a signal, with several processes
@@ -74,6 +76,7 @@ class StopPolicy:
         deadline_s: float | None,
         checkpoint_s: float | None = None,
         world: int = 1,
+        rank: int = 0,
         device: torch.device = CPU,
         signals: SignalFlag | None = None,
         now: Callable[[], float] = time.monotonic,
@@ -82,16 +85,24 @@ class StopPolicy:
         self.world, self.device = world, device
         self.signals = signals if signals is not None else SignalFlag()
         self.now = now
+        self.watch = StallWatch(rank, world, distributed.GROUP_TIMEOUT.total_seconds() / 60)
         self.agreed_signum = 0  # the signal any process got, once they agree to stop for it
         # several processes: steps between agreements on a signal, set from the pace agreed at the last one
         self._signal_every, self._since, self._agreed_at = 1, 0, None
 
     def __enter__(self) -> StopPolicy:
         self.signals.__enter__()
+        self.watch.__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        self.watch.__exit__(*exc)
         self.signals.__exit__(*exc)
+
+    def pending_signal(self) -> int:
+        """This process's signal, asked between evaluation batches, each of which counts as progress."""
+        self.watch.beat()
+        return self.signals.signum
 
     @property
     def signum(self) -> int:
@@ -102,6 +113,7 @@ class StopPolicy:
     def check(self, agree: bool = True, *, saved_at: float | None = None) -> Verdict:
         """What to do after the step just taken, the same on every process.  `saved_at`: the clock's reading at
         the last checkpoint, or when this invocation's loop began (None: no checkpoint by the clock)."""
+        self.watch.beat()
         signalled = self.signals.signum != 0
         # a checkpoint by the clock at agreement steps alone, so every process may join in: the same steps for 1
         # process or N

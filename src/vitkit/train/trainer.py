@@ -282,6 +282,7 @@ class Trainer(RunParts):
             deadline_s=run.max_minutes * 60 if run.max_minutes > 0 and not plan.fitted else None,
             checkpoint_s=run.checkpoint_minutes * 60 or None,
             world=self.info.world,
+            rank=self.info.rank,
             device=self.device,
             now=time.monotonic,
         )
@@ -308,7 +309,7 @@ class Trainer(RunParts):
         began = time.monotonic()
         try:
             for split, data in self.data.evals.items():
-                self.metrics.write(self._evaluate(split, data, interrupted=lambda: stop.signals.signum))
+                self.metrics.write(self._evaluate(split, data, interrupted=stop.pending_signal))
         except EvaluationInterrupted as cut:  # not recorded; the re-run evaluates again before its first step
             stop.agreed_signum, self.state.eval_pending = cut.signum, True
             return True

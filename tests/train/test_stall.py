@@ -1,0 +1,120 @@
+"""The stall watch: a process of a multi-process run that waits far longer than its steps take says so, once,
+while it waits inside a collective, and says when steps go on."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from vitkit.train.stall import MIN_WAIT_S, StallWatch
+from vitkit.train.stop import StopPolicy
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_the_warning_comes_once_after_the_longer_of_the_minimum_and_twenty_slowest_steps(caplog) -> None:
+    clock = Clock()
+    watch = StallWatch(rank=1, world=2, timeout_minutes=30, now=clock)
+    assert watch.overdue() is None  # no step yet: nothing to judge by (start-up, compilation)
+    clock.t = 10 * MIN_WAIT_S
+    assert watch.overdue() is None
+    for t in (1000.0, 1001.0, 1003.0):  # steps of 1 s and 2 s
+        clock.t = t
+        watch.beat()
+    assert watch.longest == 2.0
+    clock.t = 1003.0 + MIN_WAIT_S - 0.1
+    assert watch.overdue() is None
+    clock.t = 1003.0 + MIN_WAIT_S
+    message = watch.overdue()
+    assert message is not None and message.startswith("process 1 of 2: no step for 5.0 min")
+    assert "the slowest so far took 2.0 s" in message and "30-minute timeout" in message
+    clock.t += 100.0
+    assert watch.overdue() is None  # said once
+    with caplog.at_level(logging.WARNING, logger="vitkit.train.stall"):
+        watch.beat()
+    assert [r.getMessage() for r in caplog.records] == ["process 1: its steps go on, after 6.7 min without one"]
+    assert watch.longest == 2.0  # the stall is not learnt as a step's time
+    clock.t += 1.0
+    watch.beat()
+    clock.t += MIN_WAIT_S
+    assert watch.overdue() is not None  # a second stall is said again
+
+
+def test_slow_steps_raise_the_wait_above_the_minimum() -> None:
+    clock = Clock()
+    watch = StallWatch(rank=0, world=4, timeout_minutes=30, now=clock)
+    watch.beat()
+    clock.t = 30.0  # one step of 30 s: the wait is 20 x 30 s = 10 min, not 5
+    watch.beat()
+    clock.t += 599.0
+    assert watch.overdue() is None
+    clock.t += 1.0
+    assert "no step for 10.0 min" in watch.overdue()
+
+
+def test_the_stop_policy_counts_its_checks_and_evaluation_batches_as_progress() -> None:
+    clock = Clock()
+    policy = StopPolicy(started=0.0, deadline_s=None, now=clock)
+    policy.watch.now = clock
+    clock.t = 5.0
+    policy.check()
+    clock.t = 7.0
+    assert policy.pending_signal() == 0
+    assert (policy.watch.last, policy.watch.longest) == (7.0, 2.0)
+
+
+def test_one_process_is_not_watched() -> None:
+    with StallWatch(rank=0, world=1, timeout_minutes=30) as watch:
+        assert watch._thread is None
+
+
+def _waiting_worker(rank: int, world: int, port: int, out: str) -> None:
+    """Rank 1 sleeps before the collective; rank 0 waits in it, and its watch must speak meanwhile."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    said: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("vitkit.train.stall").addHandler(handler)
+    with StallWatch(rank, world, timeout_minutes=30, min_wait_s=0.5, poll_s=0.05) as watch:
+        watch.beat()
+        if rank == 1:
+            time.sleep(3.0)
+        dist.all_reduce(torch.ones(1))
+        during = list(said)
+        watch.beat()
+    Path(out, f"rank{rank}.json").write_text(json.dumps({"during": during, "after": said[len(during) :]}))
+    dist.destroy_process_group()
+
+
+def test_a_process_waiting_in_a_gloo_collective_says_so_while_it_waits(tmp_path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    context = mp.start_processes(
+        _waiting_worker, args=(2, port, str(tmp_path)), nprocs=2, join=False, start_method="spawn"
+    )
+    deadline = time.monotonic() + 120
+    while not context.join(timeout=1.0):
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.kill()
+            raise AssertionError("the two processes did not finish their collective")
+    for rank in (0, 1):  # process 0 while it waited in gloo's all-reduce, process 1 while it slept
+        said = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert len(said["during"]) == 1 and said["during"][0].startswith(f"process {rank} of 2: no step for")
+        assert len(said["after"]) == 1 and said["after"][0].startswith(f"process {rank}: its steps go on, after")
