@@ -77,6 +77,14 @@ def test_the_stop_policy_counts_its_checks_and_evaluation_batches_as_progress() 
     assert (policy.watch.last, policy.watch.longest) == (7.0, 2.0)
 
 
+def test_after_one_step_the_warning_names_no_slowest_step() -> None:
+    clock = Clock()
+    watch = StallWatch(rank=0, world=2, timeout_minutes=30, now=clock)
+    watch.beat()
+    clock.t = MIN_WAIT_S
+    assert watch.overdue().startswith("process 0 of 2: no step for 5.0 min: a process of this job may have stopped")
+
+
 def test_one_process_is_not_watched() -> None:
     with StallWatch(rank=0, world=1, timeout_minutes=30) as watch:
         assert watch._thread is None

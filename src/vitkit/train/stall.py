@@ -64,11 +64,12 @@ class StallWatch:
             if waited < max(self.min_wait_s, FACTOR * self.longest):
                 return None
             self.warned_at = now
+        slowest = f" (the slowest so far took {_duration(self.longest)})" if self.longest else ""
         return (
-            f"process {self.rank} of {self.world}: no step for {_duration(waited)} (the slowest so far took "
-            f"{_duration(self.longest)}): a process of this job may have stopped or hung, and every process waits for "
-            f"the slowest, until the process group's {self.timeout_minutes:g}-minute timeout ends the run; a re-run of "
-            "the same command resumes from its last checkpoint"
+            f"process {self.rank} of {self.world}: no step for {_duration(waited)}{slowest}: a process of this job "
+            "may have stopped or hung, and every process waits for the slowest, until the process group's "
+            f"{self.timeout_minutes:g}-minute timeout ends the run; a re-run of the same command resumes from its "
+            "last checkpoint"
         )
 
     def _watch(self) -> None:
