@@ -118,3 +118,28 @@ def test_calibrated_unit_arm_fills_the_budget_at_each_models_speed() -> None:
     many = calibrated(Scale("small", 1.0), 1.0, [(1.0, base)] * 8, base, measure=lambda c: 1000.0)
     assert many.unit_steps == round(0.25 * 48 / (8 * 0.128)) == 12  # 8 arms' 96 s beside 48 s: a quarter trains
     assert calibrated(Scale("tiny", 0.0), 10.0, [(1.0, base)], base, measure=lambda c: 1 / 0) == Scale("tiny", 0.0)
+
+
+@pytest.mark.parametrize(("bf16_s", "expected"), [(0.5, "bf16"), (0.95, "fp32")])
+def test_calibration_times_the_precision_an_arm_chooses_by_measurement(monkeypatch, bf16_s, expected) -> None:
+    """On a host with native bf16, "auto" trains in bf16 only where the model measures 1.15x as fast in it; the
+    calibration must time that choice (it took bf16 unmeasured, and arms in fp32 then ran over their time)."""
+    from vitkit import device as devices
+    from vitkit.data.sources import describe
+    from vitkit.reproduce import scale
+    from vitkit.train import choices
+    from vitkit.train.recipes import get_recipe
+
+    config = get_recipe("small-8px", describe("digits"))
+    monkeypatch.setattr(devices, "native_bf16", lambda device: True)
+    monkeypatch.setattr(choices, "probe_pass", lambda model, cfg, images, device, dtype: bf16_s if dtype else 1.0)
+    timed: list[str] = []
+
+    def step_at(model, optimizer, images, labels, device, precision):
+        timed.append(precision)
+        return lambda: None
+
+    monkeypatch.setattr(scale, "training_step", step_at)
+    monkeypatch.setattr(scale, "time_steps", lambda step, device, steps: 0.5)
+    assert scale.calibrate(config) == config.data.batch_size / 0.5
+    assert timed == [expected]

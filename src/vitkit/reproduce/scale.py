@@ -38,7 +38,7 @@ import torch
 
 from vitkit.bench.throughput import make_optimizer, num_threads, time_steps, training_step
 from vitkit.data.sources import SourceInfo
-from vitkit.device import pick_device, resolve_precision
+from vitkit.device import pick_device
 from vitkit.models import build_model
 from vitkit.models.configs import (
     HybridConfig,
@@ -51,6 +51,7 @@ from vitkit.models.configs import (
     num_classes,
 )
 from vitkit.models.flops import model_flops
+from vitkit.train.choices import eager_precision
 from vitkit.train.config import TrainConfig
 from vitkit.train.recipes import auto_recipe_name, get_recipe
 
@@ -135,13 +136,14 @@ def timed(config: TrainConfig, units: float, scale: Scale) -> TrainConfig:
 
 def calibrate(config: TrainConfig) -> float:
     """Training images/s of `config.model` on this device (synthetic batches of the run's batch size: forward,
-    backward and AdamW step at the run's precision and threads; the median of CALIBRATION_ROUNDS rounds).  The
-    real loop adds augmentation and logging, which tiny models feel most: arms may run somewhat over."""
+    backward and AdamW step at the precision its arms will choose, "auto" timed as a run times it, and at the
+    run's threads; the median of CALIBRATION_ROUNDS rounds).  The real loop adds augmentation and logging,
+    which tiny models feel most: arms may run somewhat over."""
     device = pick_device(config.run.device)
-    precision = resolve_precision(config.run.precision, device)
     batch, size = config.data.batch_size, image_size(config.model)
     with num_threads(config.run.threads or None), torch.random.fork_rng(devices=[]):
         model = build_model(config.model).to(device).train()
+        precision = eager_precision(config.run.precision, model, config.model, device, batch).precision
         images = torch.randn(batch, in_channels(config.model), size, size, device=device)
         labels = torch.randint(0, max(num_classes(config.model), 1), (batch,), device=device)
         step = training_step(model, make_optimizer(model, device), images, labels, device, precision)

@@ -115,6 +115,15 @@ def choose(
     )
 
 
+def eager_precision(
+    requested: str, model: nn.Module, model_config: ModelConfig, device: torch.device, micro_batch: int
+) -> PrecisionChoice:
+    """The precision an eager run of `model` trains at for `requested`: "auto" timed as `choose` times it (for a
+    caller that must time what a run will train, as a study's calibration)."""
+    images = probe_batch(model_config, micro_batch)
+    return choose_precision(requested, device, lambda dtype: probe_pass(model, model_config, images, device, dtype))
+
+
 def _precision(requested: str, device: torch.device, measure, stored: str | None) -> PrecisionChoice:
     """The precision: a resumed "auto" run's first choice, unless that was bf16 and this host has no native bf16
     (a run moved from a workstation to a laptop), where it is chosen here and the change said."""
