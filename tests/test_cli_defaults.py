@@ -1,0 +1,47 @@
+"""The command line states its flags' defaults itself (so that `vitkit --help` imports no torch); they must be the
+defaults of the settings they fill, so that a command and a Python caller with no options do the same thing."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from vitkit.cli import build_parser
+
+COMMANDS = {  # command line -> (module, settings class, {field: flag's name where it differs})
+    "eval ck --data digits": ("vitkit.eval.accuracy", "AccuracyConfig", {}),
+    "fewshot ck --data digits": ("vitkit.eval.fewshot", "FewShotConfig", {}),
+    "predict ck x.png": ("vitkit.eval.predict", "PredictConfig", {}),
+    "inspect ck --out o": ("vitkit.inspect.report", "InspectConfig", {"num_components": "components"}),
+    "bench": ("vitkit.bench.throughput", "BenchConfig", {}),
+    "serve ck": ("vitkit.serve.config", "ServeConfig", {}),
+}
+
+
+@pytest.mark.parametrize("line", list(COMMANDS))
+def test_every_flag_default_is_its_settings_default(line: str) -> None:
+    import importlib
+
+    module, name, renamed = COMMANDS[line]
+    settings = getattr(importlib.import_module(module), name)
+    args, defaults = build_parser().parse_args(line.split()), settings()
+    compared = []
+    for field in dataclasses.fields(settings):
+        flag = renamed.get(field.name, field.name)
+        if not hasattr(args, flag) or getattr(args, flag) is None:  # None: the flag leaves the setting's default
+            continue
+        given, default = getattr(args, flag), getattr(defaults, field.name)
+        if isinstance(default, tuple) and isinstance(given, str):  # "1,5,10,25" for (1, 5, 10, 25)
+            given = tuple(type(default[0])(part) for part in given.split(","))
+        assert given == default, f"vitkit {line.split()[0]}: --{flag.replace('_', '-')} defaults to {given!r}"
+        compared.append(field.name)
+    assert len(compared) >= 2, compared  # the flags are found under these names
+
+
+def test_serve_with_no_flags_is_the_default_server(monkeypatch) -> None:
+    from vitkit.cli.serving import serve_config
+    from vitkit.serve.config import ServeConfig
+
+    monkeypatch.delenv("VITKIT_SERVE_TOKEN", raising=False)
+    assert serve_config(build_parser().parse_args(["serve", "ck"])) == ServeConfig()
