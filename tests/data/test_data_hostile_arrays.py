@@ -95,7 +95,7 @@ def test_an_npz_label_past_any_class_count_is_a_data_error(tmp_path: Path, layou
     else:
         np.savez(path, x_train=images, y_train=labels, x_test=images[:4], y_test=np.arange(4) % 3)
     key = "labels" if layout == "images" else "y_train"
-    expected = rf"`{key}` holds label 1999999 \(at index 7\); class labels run 0\.\.999999"
+    expected = rf"`{key}` holds label 1999999 \(at index 7\); class labels run 0\.\.1048575"
     with pytest.raises(DataFormatError, match=expected):
         describe(f"npz:{path}")
     with pytest.raises(DataFormatError, match=expected):

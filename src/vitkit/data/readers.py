@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from vitkit.bounds import MAX_CLASSES
 from vitkit.host import available_memory
 
 IDX_IMAGES_MAGIC = 2051  # 0x00000803: unsigned bytes, 3 dims (N, rows, cols)
@@ -26,7 +27,6 @@ IDX_LABELS_MAGIC = 2049  # 0x00000801: unsigned bytes, 1 dim (N,)
 MAX_IDX_BYTES = 1 << 34  # data an IDX header may claim (MNIST's training images: 47 MB)
 CIFAR_PIXELS = 3 * 32 * 32  # one record's image: 1024 R, then 1024 G, then 1024 B bytes, row-major
 MAX_NAMES_FILE_BYTES = 1 << 20  # a CIFAR names file (CIFAR-100's: 0.6 KB)
-MAX_CLASSES = 1_000_000  # a label at or above this is corrupt, in any format (ImageNet-21k has 21,843 classes)
 
 
 class DataFormatError(ValueError):

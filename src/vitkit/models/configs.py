@@ -13,6 +13,8 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
+from vitkit.bounds import MAX_CLASSES
+
 Pool = Literal["token", "gap"]
 PosEmb = Literal["none", "learned_1d", "learned_2d", "sincos_2d", "relative"]
 PosEmbWhere = Literal["input", "per_layer", "shared_per_layer"]
@@ -25,7 +27,7 @@ PatchKeep = Literal["random", "content"]
 # they make a config read from a file safe to build on the meta device; the memory limit of
 # vitkit.checkpoints.read then refuses the large ones.
 MAX_DEPTH, MAX_WIDTH, MAX_MLP, MAX_IMG = 1024, 65536, 262144, 16384
-MAX_CLASSES, MAX_CHANS, MAX_UNITS, MAX_WIDTH_FACTOR = 1 << 20, 4096, 256, 64
+MAX_CHANS, MAX_UNITS, MAX_WIDTH_FACTOR = 4096, 256, 64
 
 
 class ConfigError(ValueError):
