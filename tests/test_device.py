@@ -167,3 +167,34 @@ def test_a_containers_reclaimable_page_cache_counts_as_available(tmp_path) -> No
     assert cgroup_free(tmp_path) == 600_000
     (tmp_path / "memory.max").write_text("max\n")
     assert cgroup_free(tmp_path) == float("inf") and cgroup_free(tmp_path / "absent") == float("inf")
+
+
+def test_amx_is_read_where_torch_reports_it_and_onednn_may_use_it(monkeypatch) -> None:
+    """torch 2.13 has no `torch._C._cpu._is_amx_tile_supported`: an AMX host read as AVX512-BF16 in its records."""
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: {"amx_tile": True}, raising=False)
+    assert hosts.amx_tiles()
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: {"amx_tile": False}, raising=False)
+    assert not hosts.amx_tiles()
+    for limit, allowed in [
+        (None, True),
+        ("", True),
+        ("DEFAULT", True),
+        ("avx512_core_amx", True),
+        ("AVX10_1_512_AMX_FP16", True),
+        ("AVX512_CORE_BF16", False),
+        ("AVX2", False),
+    ]:
+        assert hosts.onednn_allows_amx(limit) is allowed, limit
+
+
+def test_the_amx_flag_agrees_with_torch_cpuinfo_on_this_host() -> None:
+    import os
+
+    host, capabilities = hosts.current(), getattr(torch.cpu, "get_capabilities", dict)()
+    expected = bool(
+        capabilities.get("amx_tile")
+        and host.native_bf16
+        and host.isa.startswith("AVX512")
+        and hosts.onednn_allows_amx(os.environ.get("ONEDNN_MAX_CPU_ISA"))
+    )
+    assert host.amx is expected and (host.label == "AMX") is expected

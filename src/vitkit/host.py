@@ -96,12 +96,30 @@ def cpu_native_bf16() -> bool:
     return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
+def amx_tiles() -> bool:
+    """Whether the CPU has AMX tiles, as torch's cpuinfo reads it (`torch.cpu.get_capabilities`, or the private
+    check of torch releases before it)."""
+    capabilities = getattr(torch.cpu, "get_capabilities", None)
+    if capabilities is not None:
+        return bool(capabilities().get("amx_tile", False))
+    check = getattr(torch._C._cpu, "_is_amx_tile_supported", None)
+    return bool(check and check())
+
+
+def onednn_allows_amx(limit: str | None) -> bool:
+    """Whether oneDNN's ISA limit (the value of ONEDNN_MAX_CPU_ISA) lets it use AMX: unset, its default, or an
+    AMX level (AVX512_CORE_AMX, AVX10_1_512_AMX_FP16, ...); AVX512_CORE_BF16 and below do not."""
+    limit = (limit or "").strip().upper()
+    return limit in ("", "DEFAULT", "ALL") or "AMX" in limit
+
+
 @functools.cache
 def _cpu_facts() -> tuple[str, str, bool, bool, str]:
     isa = str(torch.backends.cpu.get_cpu_capability())
     native = cpu_native_bf16()
-    amx_check = getattr(torch._C._cpu, "_is_amx_tile_supported", None)
-    amx = native and isa.startswith("AVX512") and bool(amx_check and amx_check())
+    amx = (
+        native and isa.startswith("AVX512") and onednn_allows_amx(os.environ.get("ONEDNN_MAX_CPU_ISA")) and amx_tiles()
+    )
     return cpu_model(), isa, native, amx, cpu_id(_cpuinfo())
 
 
