@@ -26,7 +26,7 @@ class Clock:
         return self.t
 
 
-def test_the_warning_comes_once_after_the_longer_of_the_minimum_and_twenty_slowest_steps(caplog) -> None:
+def test_the_warning_comes_once_after_the_longer_of_the_minimum_and_twenty_longest_gaps(caplog) -> None:
     clock = Clock()
     watch = StallWatch(rank=1, world=2, timeout_minutes=30, now=clock)
     assert watch.overdue() is None  # no step yet: nothing to judge by (start-up, compilation)
@@ -41,12 +41,13 @@ def test_the_warning_comes_once_after_the_longer_of_the_minimum_and_twenty_slowe
     clock.t = 1003.0 + MIN_WAIT_S
     message = watch.overdue()
     assert message is not None and message.startswith("process 1 of 2: no step for 5.0 min")
-    assert "the slowest so far took 2.0 s" in message and "30-minute timeout" in message
+    assert "(the longest wait between two so far: 2.0 s)" in message and "30-minute timeout" in message
     clock.t += 100.0
     assert watch.overdue() is None  # said once
+    caplog.clear()
     with caplog.at_level(logging.WARNING, logger="vitkit.train.stall"):
         watch.beat()
-    assert [r.getMessage() for r in caplog.records] == ["process 1: its steps go on, after 6.7 min without one"]
+    assert [r.getMessage() for r in caplog.records] == ["process 1: goes on after 6.7 min without a step"]
     assert watch.longest == 2.0  # the stall is not learnt as a step's time
     clock.t += 1.0
     watch.beat()
@@ -77,7 +78,34 @@ def test_the_stop_policy_counts_its_checks_and_evaluation_batches_as_progress() 
     assert (policy.watch.last, policy.watch.longest) == (7.0, 2.0)
 
 
-def test_after_one_step_the_warning_names_no_slowest_step() -> None:
+def test_one_long_gap_never_puts_the_warning_past_a_third_of_the_group_timeout() -> None:
+    """A 90 s checkpoint write once made 20 x 90 s = the whole 30-minute timeout: no warning could come."""
+    clock = Clock()
+    watch = StallWatch(rank=1, world=2, timeout_minutes=30, now=clock)
+    for t in (0.0, 1.0, 91.0, 92.0):
+        clock.t = t
+        watch.beat()
+    assert watch.longest == 90.0 and watch.patience_s == 600.0
+    clock.t = 92.0 + 599.0
+    assert watch.overdue() is None
+    clock.t += 1.0
+    assert "no step for 10.0 min" in watch.overdue()
+
+
+def test_a_wait_said_as_the_loop_ends_is_said_to_be_over(caplog) -> None:
+    clock = Clock()
+    with caplog.at_level(logging.WARNING, logger="vitkit.train.stall"):
+        with StallWatch(rank=0, world=1, timeout_minutes=30, now=clock) as watch:
+            watch.beat()
+            clock.t = MIN_WAIT_S
+            assert watch.overdue() is not None
+            clock.t += 60.0
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 2 and said[0].startswith("process 0 of 1: no step for 5.0 min")
+    assert said[1] == "process 0: goes on after 6.0 min without a step"
+
+
+def test_after_one_step_the_warning_names_no_longest_wait() -> None:
     clock = Clock()
     watch = StallWatch(rank=0, world=2, timeout_minutes=30, now=clock)
     watch.beat()
@@ -125,4 +153,4 @@ def test_a_process_waiting_in_a_gloo_collective_says_so_while_it_waits(tmp_path)
     for rank in (0, 1):  # process 0 while it waited in gloo's all-reduce, process 1 while it slept
         said = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert len(said["during"]) == 1 and said["during"][0].startswith(f"process {rank} of 2: no step for")
-        assert len(said["after"]) == 1 and said["after"][0].startswith(f"process {rank}: its steps go on, after")
+        assert len(said["after"]) == 1 and said["after"][0].startswith(f"process {rank}: goes on after")

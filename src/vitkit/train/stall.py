@@ -2,11 +2,12 @@
 
 Every process of a torchrun job waits inside its collectives for all the others.  One that stops (SIGSTOP, a
 hung device, a file system that no longer answers) holds the rest silently until the process group's timeout
-(`distributed.GROUP_TIMEOUT`) ends them all.  The watch is told of each step and each evaluation batch
-(`beat`); a thread of its own says once, on every process still waiting (the stopped one may be process 0),
-when none has come for `FACTOR` times the longest gap seen so far and at least `MIN_WAIT_S`; and it says when
-they go on.  It only speaks: nothing is stopped or changed, so a long legitimate wait (a large checkpoint
-written by process 0, a recompilation) costs one line.
+(`distributed.GROUP_TIMEOUT`) ends them all.  The training loop tells the watch of each step and each periodic
+evaluation batch (`beat`); a thread of its own says once, on every process still waiting (the stopped one may
+be process 0), when none has come for `FACTOR` times the longest gap between two beats so far, at least
+`MIN_WAIT_S` and at most `MAX_SHARE` of the timeout; and it says when the wait ends.  It only speaks: nothing
+is stopped or changed, so a long legitimate wait (a large checkpoint written by process 0, a recompilation)
+costs a line or two.  Start-up before the first step and the final evaluation after the loop are not watched.
 """
 
 from __future__ import annotations
@@ -20,12 +21,13 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 MIN_WAIT_S = 300.0  # never sooner: a checkpoint write or a recompilation can take minutes on a CPU
-FACTOR = 20.0  # ... and never before this many of the longest gap between two beats seen so far
+FACTOR = 20.0  # ... nor before this many of the longest gap between two beats so far
+MAX_SHARE = 1 / 3  # ... but always within this share of the group's timeout, however long one gap once was
 POLL_S = 5.0  # how often the thread looks
 
 
 class StallWatch:
-    """`beat()` after each unit of progress; `overdue()` is the warning due now, if any (the thread's test)."""
+    """`beat()` after each unit of progress; `overdue()` says the warning due now, if any (the thread's test)."""
 
     def __init__(
         self,
@@ -44,39 +46,47 @@ class StallWatch:
         self.warned_at: float | None = None  # set while a warning stands
         self._lock, self._done, self._thread = threading.Lock(), threading.Event(), None
 
+    @property
+    def patience_s(self) -> float:
+        """How long a wait goes unsaid."""
+        return min(max(self.min_wait_s, FACTOR * self.longest), MAX_SHARE * self.timeout_minutes * 60)
+
     def beat(self) -> None:
         with self._lock:
             now = self.now()
-            if self.warned_at is not None:
-                log.warning("process %d: its steps go on, after %s without one", self.rank, _duration(now - self.last))
-                self.warned_at = None
-            elif self.last is not None:  # a stall's gap would make the next one wait longer to be seen
+            if self.warned_at is None and self.last is not None:  # a stall's gap is not learnt as a step's
                 self.longest = max(self.longest, now - self.last)
+            self._end_wait(now)
             self.last = now
 
     def overdue(self) -> str | None:
-        """The warning, once a stall has lasted long enough; None before, and while one stands."""
+        """The warning, logged, once a wait has lasted `patience_s`; None before, and while one stands."""
         with self._lock:
             if self.last is None or self.warned_at is not None:
                 return None
             now = self.now()
             waited = now - self.last
-            if waited < max(self.min_wait_s, FACTOR * self.longest):
+            if waited < self.patience_s:
                 return None
             self.warned_at = now
-        slowest = f" (the slowest so far took {_duration(self.longest)})" if self.longest else ""
-        return (
-            f"process {self.rank} of {self.world}: no step for {_duration(waited)}{slowest}: a process of this job "
-            "may have stopped or hung, and every process waits for the slowest, until the process group's "
-            f"{self.timeout_minutes:g}-minute timeout ends the run; a re-run of the same command resumes from its "
-            "last checkpoint"
-        )
+            longest = f" (the longest wait between two so far: {_duration(self.longest)})" if self.longest else ""
+            message = (
+                f"process {self.rank} of {self.world}: no step for {_duration(waited)}{longest}: a process of this "
+                "job may have stopped or hung, and every process waits for the slowest, until the process group's "
+                f"{self.timeout_minutes:g}-minute timeout ends the run; a re-run of the same command resumes from "
+                "its last checkpoint"
+            )
+            log.warning(message)  # under the lock: a beat's "goes on" line cannot come before it
+        return message
+
+    def _end_wait(self, now: float) -> None:
+        if self.warned_at is not None:
+            log.warning("process %d: goes on after %s without a step", self.rank, _duration(now - self.last))
+            self.warned_at = None
 
     def _watch(self) -> None:
         while not self._done.wait(self.poll_s):
-            message = self.overdue()
-            if message:
-                log.warning(message)
+            self.overdue()
 
     def __enter__(self) -> StallWatch:
         if self.world > 1:  # a single process waits for no one
@@ -89,6 +99,8 @@ class StallWatch:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        with self._lock:  # a wait said as the loop ended (its last checkpoint's write) is said to be over
+            self._end_wait(self.now())
 
 
 def _duration(seconds: float) -> str:
