@@ -107,19 +107,22 @@ def amx_tiles() -> bool:
 
 
 def onednn_allows_amx(limit: str | None) -> bool:
-    """Whether oneDNN's ISA limit (the value of ONEDNN_MAX_CPU_ISA) lets it use AMX: unset, its default, or an
-    AMX level (AVX512_CORE_AMX, AVX10_1_512_AMX_FP16, ...); AVX512_CORE_BF16 and below do not."""
+    """Whether oneDNN's ISA limit (the value of ONEDNN_MAX_CPU_ISA, or of its older name DNNL_MAX_CPU_ISA) lets it
+    use AMX: unset, its default, or an AMX level (AVX512_CORE_AMX, AVX10_1_512_AMX_FP16, ...); AVX512_CORE_BF16
+    and below do not."""
     limit = (limit or "").strip().upper()
     return limit in ("", "DEFAULT", "ALL") or "AMX" in limit
+
+
+def _onednn_limit() -> str | None:
+    return os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA")
 
 
 @functools.cache
 def _cpu_facts() -> tuple[str, str, bool, bool, str]:
     isa = str(torch.backends.cpu.get_cpu_capability())
     native = cpu_native_bf16()
-    amx = (
-        native and isa.startswith("AVX512") and onednn_allows_amx(os.environ.get("ONEDNN_MAX_CPU_ISA")) and amx_tiles()
-    )
+    amx = native and isa.startswith("AVX512") and onednn_allows_amx(_onednn_limit()) and amx_tiles()
     return cpu_model(), isa, native, amx, cpu_id(_cpuinfo())
 
 
