@@ -10,6 +10,7 @@ import socket
 import time
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -59,12 +60,12 @@ def test_slow_steps_raise_the_wait_above_the_minimum() -> None:
     clock = Clock()
     watch = StallWatch(rank=0, world=4, timeout_minutes=30, now=clock)
     watch.beat()
-    clock.t = 30.0  # one step of 30 s: the wait is 20 x 30 s = 10 min, not 5
+    clock.t = 20.0  # one step of 20 s: the wait is 20 x 20 s = 6.7 min, not 5
     watch.beat()
-    clock.t += 599.0
+    clock.t += 399.0
     assert watch.overdue() is None
     clock.t += 1.0
-    assert "no step for 10.0 min" in watch.overdue()
+    assert "no step for 6.7 min" in watch.overdue()
 
 
 def test_the_stop_policy_counts_its_checks_and_evaluation_batches_as_progress() -> None:
@@ -103,6 +104,19 @@ def test_a_wait_said_as_the_loop_ends_is_said_to_be_over(caplog) -> None:
     said = [r.getMessage() for r in caplog.records]
     assert len(said) == 2 and said[0].startswith("process 0 of 1: no step for 5.0 min")
     assert said[1] == "process 0: goes on after 6.0 min without a step"
+
+
+def test_a_loop_that_ends_by_an_error_is_not_said_to_go_on(caplog) -> None:
+    """A peer that never came: the collective raises after the group timeout, and the run ends, not goes on."""
+    clock = Clock()
+    with caplog.at_level(logging.WARNING, logger="vitkit.train.stall"), pytest.raises(RuntimeError):
+        with StallWatch(rank=0, world=1, timeout_minutes=30, now=clock) as watch:
+            watch.beat()
+            clock.t = MIN_WAIT_S
+            assert watch.overdue() is not None
+            clock.t = 1800.0
+            raise RuntimeError("gloo: timed out")
+    assert [r.getMessage()[:27] for r in caplog.records] == ["process 0 of 1: no step for"]
 
 
 def test_after_one_step_the_warning_names_no_longest_wait() -> None:

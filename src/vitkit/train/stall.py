@@ -94,13 +94,14 @@ class StallWatch:
             self._thread.start()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, kind: type[BaseException] | None, *exc: Any) -> None:
         self._done.set()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-        with self._lock:  # a wait said as the loop ended (its last checkpoint's write) is said to be over
-            self._end_wait(self.now())
+        if kind is None:  # a wait said as the loop ended (its last checkpoint's write) is over; an error says itself
+            with self._lock:
+                self._end_wait(self.now())
 
 
 def _duration(seconds: float) -> str:
