@@ -175,27 +175,46 @@ def test_amx_is_read_where_torch_reports_it_and_onednn_may_use_it(monkeypatch) -
     assert hosts.amx_tiles()
     monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: {"amx_tile": False}, raising=False)
     assert not hosts.amx_tiles()
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    monkeypatch.setenv("DNNL_MAX_CPU_ISA", "AVX512_CORE_AMX")
+    assert hosts._onednn_limit() == "AVX2"  # oneDNN reads its new name first ...
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "")
-    monkeypatch.setenv("DNNL_MAX_CPU_ISA", "AVX512_CORE_BF16")  # the older name oneDNN still reads
-    assert hosts._onednn_limit() == "AVX512_CORE_BF16"
+    assert hosts._onednn_limit() == "AVX512_CORE_AMX"  # ... and the older one where the new is unset or empty
     for limit, allowed in [
         (None, True),
         ("", True),
-        ("DEFAULT", True),
+        ("ALL", True),
         ("avx512_core_amx", True),
         ("AVX10_1_512_AMX_FP16", True),
+        ("AVX512_BF16", True),  # not a oneDNN name: oneDNN ignores it and uses every ISA
         ("AVX512_CORE_BF16", False),
+        ("avx512_core_fp16", False),
         ("AVX2", False),
     ]:
         assert hosts.onednn_allows_amx(limit) is allowed, limit
 
 
-def test_the_amx_flag_agrees_with_torch_cpuinfo_on_this_host() -> None:
+def _cpuinfo_flags() -> set[str]:
+    for line in hosts._cpuinfo().splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def test_the_amx_flag_agrees_with_the_operating_system_on_this_host(monkeypatch) -> None:
+    """Against /proc/cpuinfo, not torch: the flag reads AMX tiles where the kernel lists them, and a oneDNN limit
+    below AMX turns it off."""
+    flags = _cpuinfo_flags()
+    if not flags:
+        pytest.skip("no /proc/cpuinfo flags here")
     host = hosts.current()
-    expected = bool(
-        hosts.amx_tiles()
-        and host.native_bf16
-        and host.isa.startswith("AVX512")
-        and hosts.onednn_allows_amx(hosts._onednn_limit())
-    )
+    expected = "amx_tile" in flags and host.native_bf16 and host.isa.startswith("AVX512")
+    expected = expected and hosts.onednn_allows_amx(hosts._onednn_limit())
     assert host.amx is expected and (host.label == "AMX") is expected
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")
+    hosts._cpu_facts.cache_clear()
+    try:
+        assert not hosts.current().amx
+    finally:
+        monkeypatch.undo()
+        hosts._cpu_facts.cache_clear()

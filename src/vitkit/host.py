@@ -106,12 +106,17 @@ def amx_tiles() -> bool:
     return bool(check and check())
 
 
+ONEDNN_BELOW_AMX = {  # oneDNN's ISA limits that keep it off AMX; any other value (an AMX level, ALL, or one it
+    # does not know, which it ignores) leaves AMX to it
+    *("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_MIC", "AVX512_MIC_4OPS", "AVX512_CORE"),
+    *("AVX512_CORE_VNNI", "AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX10_1_512"),
+}
+
+
 def onednn_allows_amx(limit: str | None) -> bool:
     """Whether oneDNN's ISA limit (the value of ONEDNN_MAX_CPU_ISA, or of its older name DNNL_MAX_CPU_ISA) lets it
-    use AMX: unset, its default, or an AMX level (AVX512_CORE_AMX, AVX10_1_512_AMX_FP16, ...); AVX512_CORE_BF16
-    and below do not."""
-    limit = (limit or "").strip().upper()
-    return limit in ("", "DEFAULT", "ALL") or "AMX" in limit
+    use AMX: unset, an AMX level (AVX512_CORE_AMX, AVX10_1_512_AMX_FP16, ...), or a value oneDNN ignores."""
+    return (limit or "").strip().upper() not in ONEDNN_BELOW_AMX
 
 
 def _onednn_limit() -> str | None:
