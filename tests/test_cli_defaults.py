@@ -58,14 +58,19 @@ def test_flags_named_other_than_their_settings_default_to_them() -> None:
     from vitkit.bench.throughput import BenchConfig
     from vitkit.checkpoints.onnx_export import verified_export
     from vitkit.eval.commands import embed_command
-    from vitkit.inspect.report import InspectConfig
+    from vitkit.inspect.report import InspectConfig, inspect_command
 
     parse = build_parser().parse_args
     assert parse(["inspect", "ck", "--out", "o"]).no_figures is (not InspectConfig().draw)
     assert parse(["bench"]).mode == "both" and BenchConfig().modes == ("inference", "training")
     embed = parse(["embed", "ck", "--data", "digits", "--out", "o"])
     keywords = inspect.signature(embed_command).parameters
-    assert (embed.batch_size, embed.device) == (keywords["batch_size"].default, keywords["device"].default)
+    assert [getattr(embed, name) for name in ("img_size", "batch_size", "device")] == [
+        keywords[name].default for name in ("img_size", "batch_size", "device")
+    ]
+    shown = parse(["inspect", "ck", "--out", "o"])
+    keywords = inspect.signature(inspect_command).parameters
+    assert (shown.split, shown.num_images) == (keywords["split"].default, keywords["num_images"].default)
     assert (
         parse(["export-onnx", "ck", "o.onnx"]).opset == inspect.signature(verified_export).parameters["opset"].default
     )
