@@ -43,7 +43,7 @@ class StallWatch:
         self.min_wait_s, self.poll_s, self.now = min_wait_s, poll_s, now
         self.longest = 0.0  # the longest gap between two beats, stalls excepted
         self.last: float | None = None  # the last beat (None: none yet, so no step time to judge by)
-        self.warned_at: float | None = None  # set while a warning stands
+        self.warned = False  # while a warning stands
         self._lock, self._done, self._thread = threading.Lock(), threading.Event(), None
 
     @property
@@ -54,7 +54,7 @@ class StallWatch:
     def beat(self) -> None:
         with self._lock:
             now = self.now()
-            if self.warned_at is None and self.last is not None:  # a stall's gap is not learnt as a step's
+            if not self.warned and self.last is not None:  # a stall's gap is not learnt as a step's
                 self.longest = max(self.longest, now - self.last)
             self._end_wait(now)
             self.last = now
@@ -62,13 +62,13 @@ class StallWatch:
     def overdue(self) -> str | None:
         """The warning, logged, once a wait has lasted `patience_s`; None before, and while one stands."""
         with self._lock:
-            if self.last is None or self.warned_at is not None:
+            if self.last is None or self.warned:
                 return None
             now = self.now()
             waited = now - self.last
             if waited < self.patience_s:
                 return None
-            self.warned_at = now
+            self.warned = True
             longest = f" (the longest wait between two so far: {_duration(self.longest)})" if self.longest else ""
             message = (
                 f"process {self.rank} of {self.world}: no step for {_duration(waited)}{longest}: a process of this "
@@ -80,9 +80,9 @@ class StallWatch:
         return message
 
     def _end_wait(self, now: float) -> None:
-        if self.warned_at is not None:
+        if self.warned:
             log.warning("process %d: goes on after %s without a step", self.rank, _duration(now - self.last))
-            self.warned_at = None
+            self.warned = False
 
     def _watch(self) -> None:
         while not self._done.wait(self.poll_s):
