@@ -40,12 +40,12 @@ class Lookup(nn.Module):
         return LOGITS[index]
 
 
-def _evaluate(model: nn.Module, rank: int = 0, world: int = 1, lockstep: bool = False, interrupted=None):
+def _evaluate(model: nn.Module, rank: int = 0, world: int = 1, lockstep: bool = False, interrupted=None, progress=None):
     images = torch.arange(len(LABELS), dtype=torch.uint8).view(-1, 1, 1, 1).expand(-1, 1, 2, 2).contiguous()
     data = ImageSet(images=images, labels=LABELS, class_names=["a", "b", "c"])
     return evaluate(
         model, data, size=2, mean=(0.5,), std=(0.5,), channels=1, batch_size=2, rank=rank, world=world,
-        lockstep=lockstep, interrupted=interrupted,
+        lockstep=lockstep, interrupted=interrupted, progress=progress,
     )  # fmt: skip
 
 
@@ -110,6 +110,13 @@ def test_a_signal_ends_the_evaluation_before_its_next_batch_and_leaves_the_mode_
     assert stopped.value.signum == signal.SIGTERM and len(reads) == 2 and model.calls == 1 and model.training
     interrupted, reads = signal_from_read(99)
     assert _evaluate(model, interrupted=interrupted).count == 5 and len(reads) == 3  # never: three batches
+
+
+def test_progress_is_told_of_every_batch_before_it_runs() -> None:
+    """A training run's stall watch hears of each batch of its final evaluation, whose end all-reduces."""
+    model, told = Lookup(collective=False), []
+    counts = _evaluate(model, progress=lambda: told.append(model.calls))
+    assert counts.count == 5 and told == [0, 1, 2]  # three batches of 2, 2 and 1, each told before its forward
 
 
 def test_one_process_signal_ends_every_process_evaluation_at_the_same_batch(tmp_path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import socket
 import time
@@ -14,7 +15,9 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from helpers import tiny_config
 
+from vitkit.train import trainer
 from vitkit.train.stall import MIN_WAIT_S, StallWatch
 from vitkit.train.stop import StopPolicy
 
@@ -125,6 +128,37 @@ def test_after_one_step_the_warning_names_no_longest_wait() -> None:
     watch.beat()
     clock.t = MIN_WAIT_S
     assert watch.overdue().startswith("process 0 of 2: no step for 5.0 min: a process of this job may have stopped")
+
+
+def test_a_watch_entered_again_watches_again_and_names_what_it_waits_for(caplog) -> None:
+    """The loop's watch is entered once more for the final save and evaluation, whose batches are its beats."""
+    clock = Clock()
+    watch = StallWatch(rank=1, world=2, timeout_minutes=30, poll_s=0.01, now=clock)
+    with watch:
+        watch.beat()
+    watch.activity = "final save or evaluation batch"
+    with caplog.at_level(logging.WARNING, logger="vitkit.train.stall"), watch:
+        assert watch._thread is not None and watch._thread.is_alive()
+        clock.t = MIN_WAIT_S
+        deadline = time.monotonic() + 30
+        while not caplog.records and time.monotonic() < deadline:  # the thread, polling every 10 ms, says it
+            time.sleep(0.01)
+        clock.t += 1.0
+        watch.beat()
+    said = [r.getMessage() for r in caplog.records]
+    assert said[0].startswith("process 1 of 2: no final save or evaluation batch for 5.0 min")
+    assert said[1:] == ["process 1: goes on after 5.0 min without a final save or evaluation batch"]
+
+
+def test_a_run_beats_the_watch_at_every_batch_of_its_final_evaluation(tmp_path, monkeypatch) -> None:
+    beats: list[str] = []
+    real = StallWatch.beat
+    monkeypatch.setattr(StallWatch, "beat", lambda watch: (beats.append(watch.activity), real(watch))[1])
+    config = tiny_config(tmp_path / "run", "data.steps=3")
+    result = trainer.train(config)
+    final = [b for b in beats if b != "step"]
+    assert result["test"]["count"] == 359 and beats[:3] == ["step"] * 3
+    assert final == ["final save or evaluation batch"] * math.ceil(359 / config.eval.batch_size)
 
 
 def test_one_process_is_not_watched() -> None:

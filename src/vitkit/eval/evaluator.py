@@ -102,13 +102,15 @@ def evaluate(
     label_map: Tensor | None = None,
     lockstep: bool = False,
     interrupted: Callable[[], int] | None = None,
+    progress: Callable[[], None] | None = None,
 ) -> Counts:
     """Loss, top-1, top-k and the confusion matrix of `model` on `data` (uint8 images prepared as in training);
     with `flip_views`, of the logits averaged over each image and its mirror image.  `label_map` (int64, one
     entry a data class) turns the data's labels into the model's classes, which the confusion matrix counts.
     `lockstep`: the model's forward is a collective (FSDP's all-gathers), so every process runs as many forward
     passes, one out of batches a blank one, where the processes' shares differ in batches.  `interrupted`: this
-    process's pending signal (0: none), read before each batch; any process's ends every one's evaluation."""
+    process's pending signal (0: none), read before each batch; any process's ends every one's evaluation.
+    `progress`: called before each batch (a training run's stall watch)."""
     device = torch.device(device)
     was_training = model.training
     model.eval()
@@ -118,6 +120,8 @@ def evaluate(
     stream = batches.eval_batches(data, batch_size, device, rank=rank, world=world, workers=workers)
     try:
         for batch in _agreed(stream, device, world, lockstep, interrupted):
+            if progress is not None:
+                progress()
             if batch is None:  # this process's share is done, another's is not: a blank pass joins the collectives
                 if lockstep:
                     blank = torch.zeros(1, channels, size, size, device=device)

@@ -45,6 +45,7 @@ class EvalContext:
     workers: int = 0
     lockstep: bool = False  # the model's forward is a collective (FSDP): evaluator.evaluate's `lockstep`
     interrupted: Callable[[], int] | None = None  # a pending signal ends it (evaluator.evaluate's)
+    progress: Callable[[], None] | None = None  # told of each batch (evaluator.evaluate's)
 
     @classmethod
     def of(cls, config: TrainConfig, device: torch.device, autocast_dtype: torch.dtype | None, **where: Any):
@@ -130,6 +131,7 @@ class Classification:
             flip_views=self.config.eval.flip_views,
             lockstep=context.lockstep,
             interrupted=context.interrupted,
+            progress=context.progress,
         )
         return counts.summary()
 

@@ -7,7 +7,9 @@ evaluation batch (`beat`); a thread of its own says once, on every process still
 be process 0), when none has come for `FACTOR` times the longest gap between two beats so far, at least
 `MIN_WAIT_S` and at most `MAX_SHARE` of the timeout; and it says when the wait ends.  It only speaks: nothing
 is stopped or changed, so a long legitimate wait (a large checkpoint written by process 0, a recompilation)
-costs a line or two.  Start-up before the first step and the final evaluation after the loop are not watched.
+costs a line or two.  After the loop it goes on watching the final save, export and evaluation, each
+evaluation batch a beat (`activity` names what it waits for).  Start-up before the first step is not
+watched: there is no step time to judge a wait by.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class StallWatch:
         self.longest = 0.0  # the longest gap between two beats, stalls excepted
         self.last: float | None = None  # the last beat (None: none yet, so no step time to judge by)
         self.warned = False  # while a warning stands
+        self.activity = "step"  # what a beat is, in the messages: a training step, then a final evaluation batch
         self._lock, self._done, self._thread = threading.Lock(), threading.Event(), None
 
     @property
@@ -71,17 +74,19 @@ class StallWatch:
             self.warned = True
             longest = f" (the longest wait between two so far: {_duration(self.longest)})" if self.longest else ""
             message = (
-                f"process {self.rank} of {self.world}: no step for {_duration(waited)}{longest}: a process of this "
-                "job may have stopped or hung, and every process waits for the slowest, until the process group's "
-                f"{self.timeout_minutes:g}-minute timeout ends the run; a re-run of the same command resumes from "
-                "its last checkpoint"
+                f"process {self.rank} of {self.world}: no {self.activity} for {_duration(waited)}{longest}: a "
+                "process of this job may have stopped or hung, and every process waits for the slowest, until the "
+                f"process group's {self.timeout_minutes:g}-minute timeout ends the run; a re-run of the same command "
+                "resumes from its last checkpoint"
             )
             log.warning(message)  # under the lock: a beat's "goes on" line cannot come before it
         return message
 
     def _end_wait(self, now: float) -> None:
         if self.warned:
-            log.warning("process %d: goes on after %s without a step", self.rank, _duration(now - self.last))
+            log.warning(
+                "process %d: goes on after %s without a %s", self.rank, _duration(now - self.last), self.activity
+            )
             self.warned = False
 
     def _watch(self) -> None:
@@ -89,6 +94,7 @@ class StallWatch:
             self.overdue()
 
     def __enter__(self) -> StallWatch:
+        self._done = threading.Event()  # a watch may be entered again: the loop's, then the final evaluation's
         if self.world > 1:  # a single process waits for no one
             self._thread = threading.Thread(target=self._watch, name="vitkit-stall-watch", daemon=True)
             self._thread.start()

@@ -252,7 +252,9 @@ class Trainer(RunParts):
         bar.close()
         if self.info.main:  # every process stops at the same step: one says so
             finish.log_end(status, stop.signum, state.step, plan.steps, config.run.max_minutes)
-        return self._finish(status, stop.signum)
+        stop.watch.activity = "final save or evaluation batch"  # a peer stopped now would hold this one too
+        with stop.watch:
+            return self._finish(status, stop.signum, stop.watch.beat)
 
     def _begin(self, plan: Plan, on_plan: Callable[[Plan], None] | None) -> str:
         """The plan said (a finished run's: that nothing is left) and the budget set; the status a run ends with
@@ -336,17 +338,16 @@ class Trainer(RunParts):
         """What an evaluation runs: the sharded model under FSDP (its forward is collective), else the plain one."""
         return self.state.model if self.sharded else self.state.module
 
-    def _eval_context(self, interrupted: Callable[[], int] | None = None) -> EvalContext:
-        info = self.info
-        where = {"rank": info.rank, "world": info.world, "lockstep": self.sharded, "interrupted": interrupted}
+    def _eval_context(self, **hooks: Callable[[], Any] | None) -> EvalContext:
+        where = {"rank": self.info.rank, "world": self.info.world, "lockstep": self.sharded, **hooks}
         return EvalContext.of(self.config, self.device, self.autocast_dtype, **where)
 
-    def _evaluate(self, split: str, data: Any, interrupted: Callable[[], int] | None = None) -> dict[str, Any]:
-        """The objective's evaluation of `split` (of the Polyak average when enabled, Sec. 4.1), which
-        `interrupted` (this process's pending signal) ends with `EvaluationInterrupted`."""
+    def _evaluate(self, split: str, data: Any, **hooks: Callable[[], Any] | None) -> dict[str, Any]:
+        """The objective's evaluation of `split` (of the Polyak average when enabled, Sec. 4.1); `hooks`: the
+        EvalContext's `interrupted` (this process's pending signal ends it) and `progress` (told of each batch)."""
         state = self.state
         with averaged(state.ema, state.module):
-            result = self.objective.evaluate(self._eval_model, data, self._eval_context(interrupted))
+            result = self.objective.evaluate(self._eval_model, data, self._eval_context(**hooks))
         record = {"step": state.step, "epoch": self._epoch(state.step), "split": split, **result}
         if self.info.main and result.get("top1") is not None:
             log.info(
@@ -361,8 +362,8 @@ class Trainer(RunParts):
             )
         return record
 
-    def _finish(self, status: str, signum: int) -> dict[str, Any]:
-        """Save, export the final model, then evaluate it: a failing evaluation loses nothing."""
+    def _finish(self, status: str, signum: int, progress: Callable[[], None]) -> dict[str, Any]:
+        """Save, export the final model, then evaluate it (told `progress`): a failing evaluation loses nothing."""
         state, config = self.state, self.config
         state.elapsed += time.monotonic() - self.loop_start
         result: dict[str, Any] = {
@@ -385,7 +386,7 @@ class Trainer(RunParts):
         final = None
         if self.data.test is not None:
             with finish.evaluation_failure(self.run.path, config, checkpoint, self.metrics):
-                final = self._evaluate(config.eval.final_split, self.data.test)
+                final = self._evaluate(config.eval.final_split, self.data.test, progress=progress)
         late = finish.close_metrics(self.metrics, final, self.run.path) if self.info.main else 0  # a signal now
         if final is not None:
             result[config.eval.final_split] = {k: v for k, v in final.items() if k not in ("step", "epoch", "split")}
