@@ -17,7 +17,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from vitkit.checkpoints import Checkpoint, CheckpointError, native, read, tensorfile, write
+from vitkit.checkpoints import Checkpoint, CheckpointError, check, native, read, tensorfile, write
 
 
 @pytest.fixture
@@ -308,3 +308,16 @@ def test_a_damaged_preprocessor_or_weights_file_is_named_not_taken_for_missing(t
     (tmp_path / "native" / "model.safetensors").mkdir()
     with pytest.raises(FileNotFoundError, match=r"checkpoint: model\.safetensors is not a regular file"):
         read(tmp_path / "native")
+
+
+@pytest.mark.parametrize("to", ["vitkit", "official", "timm", "hf"])
+def test_check_finds_a_truncated_weights_file_without_reading_its_data(tmp_path, make_vit, no_data_read, to):
+    """`check` (what `vitkit serve` asks before it binds its port) passes an intact checkpoint of every format
+    and refuses one whose weights a copy cut short, reading headers only."""
+    written = write(Checkpoint(model=make_vit()), tmp_path / ("m.npz" if to == "official" else "m"), to=to)
+    assert check(written) == to
+    weights = written if to == "official" else written / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match=re.escape(str(weights))):
+        check(written)

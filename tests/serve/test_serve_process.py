@@ -149,6 +149,23 @@ def test_serve_on_a_folder_that_is_no_checkpoint_stops_before_binding(tmp_path: 
     assert "Uvicorn running" not in caplog.text
 
 
+@pytest.mark.parametrize("damage", ["truncated", "altered"])
+def test_serve_on_a_damaged_checkpoint_stops_before_binding(tmp_path: Path, capsys, caplog, damage: str) -> None:
+    """A weights file cut short by a copy, or altered after it was written, was found by the model process
+    after the server had said it runs: uvicorn's start-up and shut-down lines around one error, exit 1."""
+    import vitkit
+
+    weights = (
+        vitkit.save(vitkit.create_model("vit_ti16", img_size=16, num_classes=2), tmp_path / "m") / "model.safetensors"
+    )
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2] if damage == "truncated" else data[:-4] + b"\x7f\x7f\x7f\x7f")
+    assert main(["serve", str(tmp_path / "m"), "--port", str(free_port())]) == 2
+    err = capsys.readouterr().err
+    why = "the file holds" if damage == "truncated" else "SHA-256"
+    assert str(weights) in err and why in err and "Uvicorn running" not in caplog.text
+
+
 def test_serve_on_a_device_this_host_has_not_stops_before_binding(tmp_path: Path, capsys, caplog) -> None:
     """--device tpu started the server, failed in its start-up and exited 1."""
     import vitkit

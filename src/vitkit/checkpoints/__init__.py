@@ -17,12 +17,12 @@ from typing import Literal
 
 from torch import nn
 
-from vitkit.checkpoints import hf, native, official, surgery, timm, validate
+from vitkit.checkpoints import headers, hf, native, official, surgery, timm, validate
 from vitkit.checkpoints.native import Checkpoint
 from vitkit.checkpoints.validate import CheckpointError, read_json
 from vitkit.models.configs import ModelConfig, image_size
 
-__all__ = ["Checkpoint", "CheckpointError", "FORMATS", "detect_format", "load", "read", "save", "write"]
+__all__ = ["Checkpoint", "CheckpointError", "FORMATS", "check", "detect_format", "load", "read", "save", "write"]
 
 Format = Literal["vitkit", "official", "timm", "hf"]
 FORMATS: tuple[str, ...] = ("vitkit", "official", "timm", "hf")
@@ -62,6 +62,25 @@ def detect_format(path: str | os.PathLike) -> Format:
         f"{path}: unknown checkpoint format (suffix {path.suffix!r}); expected a directory, an official .npz, "
         "or a timm state dict (.safetensors, .pth, .pt, .bin)"
     )
+
+
+def check(path: str | os.PathLike) -> Format:
+    """The format of the checkpoint at `path`, once the checks `read` makes before it builds a model pass,
+    where they need no weight read: a vitkit directory's config.json, the model's size and the weights' header
+    and hash; the header of an official .npz, of a .safetensors file, of an HF directory's safetensors.  A
+    torch pickle is checked by `read` alone.  Raises what `read` raises (CheckpointError: damaged)."""
+    path = Path(path)
+    validate.refuse_special_files(path)
+    kind = detect_format(path)
+    if kind == "vitkit":
+        native.check(path)
+    elif kind == "official":
+        headers.npz_header(path)
+    else:
+        weights = path / hf.WEIGHTS if path.is_dir() else path
+        if weights.is_file() and headers.looks_safetensors(weights):
+            headers.safetensors_header(weights)
+    return kind
 
 
 def read(

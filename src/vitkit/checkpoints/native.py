@@ -116,6 +116,19 @@ def load(
     against the model on the meta device (which bounds the file's size), their hash; only then the model is
     built and the data read.
     """
+    config, fields, weights_path = check(directory, max_bytes)
+    model = build_model(config)
+    try:
+        state = load_file(str(weights_path), device=str(map_location))
+    except (SafetensorError, OSError) as err:
+        raise CheckpointError(f"cannot read {weights_path}: {err}") from None
+    load_state_dict_strict(model, state, source=str(weights_path))
+    return Checkpoint(model=model, **fields)
+
+
+def check(directory: str | os.PathLike, max_bytes: int | None = None) -> tuple[ModelConfig, dict[str, Any], Path]:
+    """Every check of `load` that needs no model built and no weight read into it: (the model config, the
+    checked fields of config.json, the weights file).  The weights' hash reads the file once."""
     directory = Path(directory)
     config_path, weights_path = directory / CONFIG, directory / WEIGHTS
     for path in (config_path, weights_path):
@@ -136,13 +149,7 @@ def load(
     fields = read_fields(meta, config, config_path)
     expected = limits.check_model(config, str(config_path), max_bytes)
     check_weights(meta, config_path, weights_path, expected)
-    model = build_model(config)
-    try:
-        state = load_file(str(weights_path), device=str(map_location))
-    except (SafetensorError, OSError) as err:
-        raise CheckpointError(f"cannot read {weights_path}: {err}") from None
-    load_state_dict_strict(model, state, source=str(weights_path))
-    return Checkpoint(model=model, **fields)
+    return config, fields, weights_path
 
 
 def read_fields(meta: dict[str, Any], config: ModelConfig, config_path: Path) -> dict[str, Any]:

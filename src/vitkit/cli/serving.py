@@ -57,11 +57,11 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from vitkit.checkpoints import detect_format
+    from vitkit.checkpoints import check
     from vitkit.device import pick_device
     from vitkit.runs import find_checkpoint
 
-    detect_format(find_checkpoint(args.checkpoint))  # a path that names no checkpoint stops before the port is bound
+    check(find_checkpoint(args.checkpoint))  # a path that names no checkpoint, or a damaged one, stops before the bind
     pick_device(args.device)  # as does a device this host has not
 
     try:
