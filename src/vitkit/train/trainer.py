@@ -117,21 +117,20 @@ class Trainer(RunParts):
 
     def _eval_image_seconds(self, count: int) -> float:
         """Seconds per image of the final evaluation, timed through the evaluation itself (transform, forward at
-        the evaluation's batch size, metrics) on up to one batch of blank images, after an untimed micro-batch.
-        Timed, not derived from a training pass: evaluation runs eagerly, without PatchDropout, and at a larger
-        batch, which on a CPU is slower per image."""
+        the evaluation's batch size, metrics) on up to one batch of blank images, after an untimed one of the same
+        size: a CPU's first pass at a batch shape (allocation, kernel set-up) took twice as long, and a reserve
+        timed on it kept back twice the time the evaluation took.  Timed, not derived from a training pass:
+        evaluation runs eagerly, without PatchDropout, and at a larger batch, which on a CPU is slower per image."""
         n = max(1, min(count, self.config.eval.batch_size))
         blank = blank_batch(self.data.train, n, image_size(self.config.model), torch.device("cpu"))[0][0]
-        names = self.data.train.class_names
-        warm = min(n, max(self.micro, self.info.world))  # a batch for every process (FSDP's forward is collective)
-        sets = [ImageSet(blank[:k], torch.zeros(k, dtype=torch.long), names) for k in (warm, n)]
+        images = ImageSet(blank, torch.zeros(n, dtype=torch.long), self.data.train.class_names)
         model, context = self._eval_model, self._eval_context()
         was_training = model.training
         with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
-            self.objective.evaluate(model, sets[0], context)
+            self.objective.evaluate(model, images, context)
             synchronize(self.device)
             began = time.perf_counter()
-            evaluated = self.objective.evaluate(model, sets[1], context).get("count") or n  # MPP: its eval_images
+            evaluated = self.objective.evaluate(model, images, context).get("count") or n  # MPP: its eval_images
             synchronize(self.device)
         model.train(was_training)
         return distributed.max_across((time.perf_counter() - began) / evaluated, self.device)
