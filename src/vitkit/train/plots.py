@@ -7,6 +7,8 @@ from pathlib import Path
 from vitkit.eval.plots import plt, save_figure
 from vitkit.metrics_log import read_metrics
 
+COLOURS = {"train": "C0", "val": "C1", "test": "C2"}  # a split is one colour in both panels
+
 
 def plot_curves(metrics_path: Path, out_png: Path) -> Path:
     """Loss (train and eval) and top-1 accuracy (eval) against the optimiser step, as one PNG."""
@@ -14,12 +16,15 @@ def plot_curves(metrics_path: Path, out_png: Path) -> Path:
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
     train = [r for r in records if r.get("split") == "train" and r.get("loss") is not None]
     if train:
-        ax_loss.plot([r["step"] for r in train], [r["loss"] for r in train], label="train", lw=1)
+        ax_loss.plot(
+            [r["step"] for r in train], [r["loss"] for r in train], label="train", lw=1, color=COLOURS["train"]
+        )
     for split in ("val", "test"):
         rows = [r for r in records if r.get("split") == split and r.get("top1") is not None]
         if rows:
-            ax_loss.plot([r["step"] for r in rows], [r["loss"] for r in rows], "o-", label=split, ms=3)
-            ax_acc.plot([r["step"] for r in rows], [100 * r["top1"] for r in rows], "o-", label=f"{split} top-1", ms=3)
+            steps, style = [r["step"] for r in rows], {"ms": 3, "color": COLOURS[split]}
+            ax_loss.plot(steps, [r["loss"] for r in rows], "o-", label=split, **style)
+            ax_acc.plot(steps, [100 * r["top1"] for r in rows], "o-", label=f"{split} top-1", **style)
     ax_loss.set(xlabel="step", ylabel="loss", title="loss")
     ax_acc.set(xlabel="step", ylabel="accuracy (%)", title="top-1 accuracy")
     for ax in (ax_loss, ax_acc):
