@@ -352,6 +352,21 @@ def test_wds_on_a_folder_of_images_names_folder(tmp_path) -> None:
     with pytest.raises(ValueError) as refused:
         load_split(f"wds:{tmp_path / 'empty'}", "train", image_size=8)
     assert "folder:" not in str(refused.value)
+    (tmp_path / "split").mkdir()  # train/<class>/ and val/<class>/ say so too
+    (tmp_path / "photos").rename(tmp_path / "split" / "train")
+    with pytest.raises(ValueError, match=f"read it with folder:{tmp_path / 'split'}"):
+        load_split(f"wds:{tmp_path / 'split'}", "train", image_size=8)
+
+
+def test_folder_on_tar_shards_names_wds_and_is_not_read_as_images_without_labels(tmp_path) -> None:
+    """`folder:` on a directory of shards pointed at pretrain-mpp, which then found no image files in it."""
+    from vitkit.data.images import NoLabelsError
+
+    (tmp_path / "train-000000.tar").write_bytes(b"\0" * 1024)
+    for labelled in (True, False):
+        with pytest.raises(ValueError, match=f"it holds .tar shards: read them with wds:{tmp_path}") as refused:
+            load_split(f"folder:{tmp_path}", "train", image_size=8, labelled=labelled)
+        assert not isinstance(refused.value, NoLabelsError)
 
 
 def test_a_set_read_from_files_on_purpose_is_not_said_to_exceed_a_limit_of_0_mb(tmp_path, caplog) -> None:

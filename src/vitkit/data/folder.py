@@ -4,6 +4,7 @@ its description from the listing and a few image headers.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -63,7 +64,11 @@ def read_folder(root: Path, part: str, size: int, channels: int, labelled: bool 
     training = source == roots["train"]
     files, labels = scan_folder(source, class_names, training=training) if labelled else scan_flat(source)
     if not files:
-        raise ValueError(f"{source}: no image files (.jpg, .png, ...){' in its class folders' if labelled else ''}")
+        shards = any(name.endswith(".tar") for name in os.listdir(source))
+        hint = f"; it holds .tar shards: read them with wds:{source}" if shards else ""
+        raise ValueError(
+            f"{source}: no image files (.jpg, .png, ...){' in its class folders' if labelled else ''}{hint}"
+        )
     found = ImageSet(
         images=None,
         files=files,

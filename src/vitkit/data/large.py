@@ -104,7 +104,7 @@ def read_wds(path: str, part: str, size: int, channels: int | None, labelled: bo
     splits, classes, index = tarshards.split_units(path)
     where = f"wds:{path}"
     if "train" not in splits:
-        images = Path(path).is_dir() and reader_for(Path(path)) == "folder"
+        images = any(d.is_dir() and reader_for(d) == "folder" for d in (Path(path), Path(path) / "train"))
         hint = f"; it holds no .tar shards but folders of images: read it with folder:{path}" if images else ""
         raise ValueError(f"{where} has no train split (no train-* shards and none listed in dataset.json){hint}")
     fixed = part in ("train", "test") and not {"val", "test"} & set(splits)  # no held-out split of its own

@@ -26,10 +26,10 @@ def class_folders(root: Path) -> list[str]:
     entries = [entry for entry in os.scandir(root) if not entry.name.startswith(".")]
     names = sorted(entry.name for entry in entries if entry.is_dir())
     if not names:
-        raise NoLabelsError(
-            f"{root}: no class sub-folders (expected {root}/<class>/<image>.jpg); vitkit pretrain-mpp reads a "
-            "folder of images without labels"
-        )
+        expected = f"{root}: no class sub-folders (expected {root}/<class>/<image>.jpg)"
+        if any(entry.name.endswith(".tar") for entry in entries):  # not a folder without labels: a wds: source
+            raise ValueError(f"{expected}; it holds .tar shards: read them with wds:{root}")
+        raise NoLabelsError(f"{expected}; vitkit pretrain-mpp reads a folder of images without labels")
     loose = Counter(
         Path(e.name).suffix.lower() or "no extension" for e in sorted(entries, key=lambda e: e.name) if not e.is_dir()
     )
