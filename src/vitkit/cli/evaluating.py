@@ -122,7 +122,7 @@ def add_predict(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("predict", help="top-k classes with probabilities for image files or folders")
     parser.add_argument("checkpoint", help="checkpoint (any format) or run directory")
     parser.add_argument("images", nargs="+", help="image files (JPEG/PNG/..., any mode and size) or folders")
-    parser.add_argument("--top-k", type=int, default=5, help="classes per image")
+    parser.add_argument("--top-k", type=bounded_int(1), default=5, help="classes per image")
     add_run_flags(parser, batch_size=32)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(handler=run_predict)

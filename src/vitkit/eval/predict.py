@@ -36,14 +36,16 @@ class PredictConfig:
     device: str = "auto"  # "auto" = CUDA when available
 
     def __post_init__(self) -> None:
-        if self.top_k < 1 or self.batch_size < 1 or (self.img_size is not None and self.img_size < 1):
-            raise ValueError("--top-k, --batch-size and --img-size must be positive")
+        for field, value in (("top_k", self.top_k), ("batch_size", self.batch_size), ("img_size", self.img_size)):
+            if value is not None and value < 1:  # the command's flags refuse these first
+                raise ValueError(f"PredictConfig.{field} must be positive, got {value}")
 
 
 def expand_inputs(paths: Sequence[str | os.PathLike]) -> list[Path]:
     """Files as given, folders replaced by the image files below them (sorted, recursive; hidden files and
-    folders aside, as a training folder's)."""
+    folders aside, as a training folder's).  Folders without any are said; if nothing is left, a ValueError."""
     files: list[Path] = []
+    empty: list[str] = []
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
@@ -55,10 +57,15 @@ def expand_inputs(paths: Sequence[str | os.PathLike]) -> list[Path]:
                 and not any(part.startswith(".") for part in p.relative_to(path).parts)
             )
             if not found:
-                log.warning("%s holds no image files (%s)", path, ", ".join(IMAGE_SUFFIXES))
+                empty.append(str(path))
             files.extend(found)
         else:
             files.append(path)  # a missing file is reported by predict_files, not here
+    kinds = ", ".join(IMAGE_SUFFIXES)
+    if empty and not files:
+        raise ValueError(f"no image files ({kinds}) in {', '.join(empty)}")
+    for folder in empty:
+        log.warning("%s holds no image files (%s)", folder, kinds)
     return files
 
 
