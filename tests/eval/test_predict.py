@@ -112,8 +112,8 @@ def test_predict_on_a_folder_without_images_is_a_users_error(tmp_path: Path, rgb
 
 
 def test_a_top_k_below_one_is_refused_by_its_flag(tmp_path: Path, rgb_checkpoint: Path, capsys) -> None:
-    """ "--top-k, --batch-size and --img-size must be positive" left the user to find which of the three (the other
-    two are refused by their flags already); from Python, PredictConfig names its field."""
+    """The message "--top-k, --batch-size and --img-size must be positive" left the user to find which of the
+    three (the other two are refused by their flags already); from Python, PredictConfig names its field."""
     with pytest.raises(SystemExit) as stopped:
         main(["predict", str(rgb_checkpoint), str(tmp_path / "a.png"), "--top-k", "0"])
     err = capsys.readouterr().err
