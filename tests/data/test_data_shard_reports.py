@@ -302,3 +302,28 @@ def test_a_source_of_no_readable_training_image_is_an_error_not_an_empty_data_se
     with pytest.raises(ValueError, match=r"no training image could be read \(\d+ left out, each named above\)"):
         write_shards(f"folder:{tmp_path / 'in'}", tmp_path / "out", samples_per_shard=100)
     assert not [p for p in (tmp_path / "out").iterdir()]  # no marker, no shard: nothing half-written
+
+
+def test_the_shard_command_counts_what_did_not_open_and_keeps_what_it_did_not_decode(tmp_path: Path, capsys) -> None:
+    """ "1 unreadable left out" read as if the shards were clean, while a JPEG cut short, whose header opens, went
+    in as its bytes (training skips it, named): the line says what was checked."""
+    import io
+
+    from PIL import Image
+
+    from vitkit.cli import main
+
+    for name in ("a", "b"):
+        (tmp_path / "in" / name).mkdir(parents=True)
+        for k in range(5):
+            (tmp_path / "in" / name / f"{k}.png").write_bytes(png(np.full((8, 8), 30 * k, np.uint8)))
+    (tmp_path / "in" / "a" / "notes.jpg").write_text("not an image")
+    jpeg = io.BytesIO()
+    noise = np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)
+    Image.fromarray(noise).save(jpeg, format="JPEG")
+    (tmp_path / "in" / "b" / "cut.jpg").write_bytes(jpeg.getvalue()[: len(jpeg.getvalue()) // 2])  # header whole
+    assert main(["shard", f"folder:{tmp_path / 'in'}", "--out", str(tmp_path / "out"), "--samples-per-shard", "4"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    said = [line for line in lines if "left out" in line]
+    assert len(said) == 1 and said[0].endswith(", 1 left out, their headers do not open")
+    assert sum(int(line.split(": ")[1].split()[0]) for line in lines if " samples in " in line) == 11
