@@ -35,7 +35,7 @@ def log_end(status: str, signum: int, step: int, steps: int, budget_minutes: flo
 
 def log_nothing_left(run_dir: Path, step: int) -> None:
     """A re-run of a finished run: instead of a plan whose estimates and warnings would read as a run to come."""
-    log.info("%s finished at step %d: nothing left to train; its model is evaluated again", run_dir, step)
+    log.info("%s finished at step %d: nothing left to train; its final model is evaluated", run_dir, step)
 
 
 def log_spent(budget_minutes: float, trained_s: float, step: int) -> None:
