@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -133,6 +134,12 @@ def test_the_final_line_says_when_the_step_count_was_an_estimate() -> None:
     assert "after 427/294 steps" in _final_line({**result, "plan": {"steps_given": True}}, config)
     capped = {**result, "step": 1125, "steps": 46875, "plan": {"steps_given": True}}  # the budget ended it first
     assert "after 1125 of at most 46875 steps, 2.87 min (time budget spent)" in _final_line(capped, config)
+    # a fitted budget ends its schedule annealed before the recipe's cap: "after 72/607 steps" read as stopped at 12%
+    annealed = {**capped, "status": "finished", "step": 72, "steps": 607}
+    budget = {"steps_given": True, "budget_minutes": 3.0, "budget_schedule": "fit"}
+    line = _final_line({**annealed, "plan": budget}, config)
+    assert "after 72 (the schedule fitted to the time budget; at most 607) steps, 2.87 min; run: r" in line
+    assert "after 72/607 steps" in _final_line({**annealed, "plan": {"steps_given": True}}, config)  # no budget
     stopped = {"status": "interrupted", "step": 163, "steps": 9469, "run_dir": "r"}  # 9469: the recipe's epochs
     fitted = _final_line({**stopped, "plan": {"budget_minutes": 3.0, "budget_schedule": "fit"}}, config)
     assert fitted.startswith("interrupted at step 163 of at most 9469 (the time budget ends the schedule); ")
@@ -415,3 +422,15 @@ def test_a_run_whose_classes_changed_is_not_resumed_on_them(tmp_path: Path, caps
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert f"npz:{data}'s classes differ from those this run started with (dog, eel)" in err and "--out" in err, err
+
+
+def test_the_annealed_line_calls_a_cap_a_cap_and_an_estimate_an_estimate(caplog) -> None:
+    from vitkit.train import finish
+
+    with caplog.at_level(logging.INFO, logger="vitkit.train.trainer"):
+        finish.log_end("finished", 0, 72, 607, 3.0, given=True)  # the recipe's 100 epochs: a cap, not an estimate
+        finish.log_end("finished", 0, 72, 80, 3.0, given=False)  # the budget alone: its estimate
+    assert [r.getMessage() for r in caplog.records] == [
+        "time budget: schedule annealed at step 72 (at most 607)",
+        "time budget: schedule annealed at step 72 (about 80)",
+    ]

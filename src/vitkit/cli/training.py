@@ -216,6 +216,8 @@ def _interrupted_line(result: dict[str, Any]) -> str:
 
 
 def _final_line(result: dict[str, Any], config: Any) -> str:
+    from vitkit.train.config import budget_fitted
+
     if result["status"] == "interrupted":
         return _interrupted_line(result)
     split = config.eval.final_split
@@ -226,6 +228,10 @@ def _final_line(result: dict[str, Any], config: Any) -> str:
         steps = str(result["step"])
     if given and result["status"] == "time_budget" and result["step"] < result["steps"]:  # a cap the budget cut
         steps = f"{result['step']} of at most {result['steps']}"
+    plan = result.get("plan", {})
+    fitted = budget_fitted(plan.get("budget_minutes", 0), plan.get("budget_schedule", ""))
+    if given and fitted and result["status"] == "finished" and result["step"] < result["steps"]:  # annealed sooner
+        steps = f"{result['step']} (the schedule fitted to the time budget; at most {result['steps']})"
     done = f"after {steps} steps, {result['wall_minutes']:.2f} min{note}; run: {result['run_dir']}"
     final = result.get(split)
     if config.mpp is not None:

@@ -21,10 +21,11 @@ class EvaluationError(RuntimeError):
     """The final evaluation failed after the trained model was saved; the message names it and how to retry."""
 
 
-def log_end(status: str, signum: int, step: int, steps: int, budget_minutes: float) -> None:
-    """The line a run ends with, by how it ended."""
+def log_end(status: str, signum: int, step: int, steps: int, budget_minutes: float, given: bool = True) -> None:
+    """The line a run ends with, by how it ended; `given`: `steps` is the run's own length (a cap), else the
+    budget's estimate."""
     if status == "finished" and step < steps:
-        log.info("time budget: schedule annealed at step %d of about %d", step, steps)
+        log.info("time budget: schedule annealed at step %d (%s %d)", step, "at most" if given else "about", steps)
     if status == "time_budget":
         log.info("time budget of %.1f min spent at step %d/%d: stopping", budget_minutes, step, steps)
     if status == "interrupted":

@@ -250,7 +250,7 @@ class Trainer(RunParts):
                     break
         bar.close()
         if self.info.main:  # every process stops at the same step: one says so
-            finish.log_end(status, stop.signum, state.step, plan.steps, config.run.max_minutes)
+            finish.log_end(status, stop.signum, state.step, plan.steps, config.run.max_minutes, plan.steps_given)
         stop.watch.activity = "final save or evaluation batch"  # a peer stopped now would hold this one too
         with stop.watch:
             return self._finish(status, stop.signum, stop.watch.beat)
