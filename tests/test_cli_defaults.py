@@ -74,3 +74,22 @@ def test_flags_named_other_than_their_settings_default_to_them() -> None:
     assert (
         parse(["export-onnx", "ck", "o.onnx"]).opset == inspect.signature(verified_export).parameters["opset"].default
     )
+
+
+def test_the_serving_guide_lists_every_flag_of_serve_with_its_default() -> None:
+    """docs/serving.md's usage block had lost --max-bodies-mb, --max-pixels and --decode-workers."""
+    import re
+    from pathlib import Path
+
+    from vitkit.serve.config import ServeConfig
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "serving.md").read_text()
+    block = text[text.index("vitkit serve RUN_OR_CKPT") :].split("```")[0]
+    serve = build_parser()._subparsers._group_actions[0].choices["serve"]  # type: ignore[union-attr]
+    flags = {option for action in serve._actions for option in action.option_strings if option.startswith("--")}
+    assert flags - {"--help"} == set(re.findall(r"\[(--[a-z-]+)", block))
+    defaults = ServeConfig()
+    for flag, value in re.findall(r"\[(--[a-z-]+) (\d+(?:\.\d+)?)\]", block):
+        default = getattr(defaults, flag[2:].replace("-", "_"))
+        expected = max(256, 4 * defaults.max_body_mb) if flag == "--max-bodies-mb" else default  # its stated rule
+        assert float(value) == expected, flag
