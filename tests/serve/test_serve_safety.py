@@ -48,6 +48,10 @@ def test_bad_bodies_parameters_and_routes(vit_checkpoint: Path) -> None:
             "top_k ٣": await client.post("/v1/predict?top_k=%D9%A3", content=png_bytes(8, 8), headers=PNG),
             "top_k long": await client.post("/v1/predict?top_k=" + "1" * 5000, content=png_bytes(8, 8), headers=PNG),
             "format": await client.post("/v1/explain?format=gif", content=png_bytes(8, 8), headers=PNG),
+            # a misspelt parameter was passed over: 200 with 5 classes where the client asked for 2
+            "topk": await client.post("/v1/predict?topk=2", content=png_bytes(8, 8), headers=PNG),
+            "stray": await client.post("/v1/explain?top_k=2&verbose=1", content=png_bytes(8, 8), headers=PNG),
+            "format json": await client.post("/v1/predict?format=json&top_k=1", content=png_bytes(8, 8), headers=PNG),
             "unknown": await client.get("/v2/predict"),
             "method": await client.get("/v1/predict"),
             # a 307 with an empty body, its Location built from the client's Host header
@@ -64,6 +68,11 @@ def test_bad_bodies_parameters_and_routes(vit_checkpoint: Path) -> None:
     for name in ("top_k text", "top_k ²", "top_k ٣", "top_k long"):
         assert_error(got[name], 400, "top_k must be a positive integer")
     assert_error(got["format"], 400, "format")
+    assert_error(
+        got["topk"], 400, "unknown query parameter 'topk': /v1/predict takes top_k, format; did you mean 'top_k'?"
+    )
+    assert_error(got["stray"], 400, "unknown query parameter 'verbose': /v1/explain takes top_k, format")
+    assert got["format json"].status_code == 200 and len(got["format json"].json()["predictions"]) == 1
     assert_error(got["unknown"], 404)
     assert_error(got["method"], 405)
     assert_error(got["slash"], 404)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import difflib
 import hmac
 import logging
 import os
@@ -116,6 +117,19 @@ def _closing_if_unread(scope: Scope, receive: Receive, send: Send) -> tuple[Rece
     return watched_receive, closing_send
 
 
+def _check_parameters(request: Request) -> None:
+    """A query parameter the routes do not take (a misspelt `topk`) is refused, not silently passed over."""
+    known = ("top_k", "format")
+    for name in request.query_params:
+        if name not in known:
+            close = difflib.get_close_matches(name.lower(), known, n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            shown = name if len(name) <= 20 else f"{name[:20]}..."
+            raise HTTPError(
+                400, f"unknown query parameter {shown!r}: {request.url.path} takes {', '.join(known)}{hint}"
+            )
+
+
 def _top_k(request: Request) -> int:
     """?top_k: 1 to 9 ASCII digits, positive (str.isdigit and int() take other scripts' digits too)."""
     raw = request.query_params.get("top_k", "5")
@@ -134,6 +148,7 @@ async def _images(request: Request, explain: bool) -> Response:
             f"explain needs a Vision Transformer: {model.info['model']} has no attention "
             "weights to roll out; /v1/predict works for it",
         )
+    _check_parameters(request)
     top_k, form = _top_k(request), request.query_params.get("format", "json")
     if form not in ("json", "png") or (form == "png" and not explain):
         raise HTTPError(400, f"format must be 'json' (or 'png' on /v1/explain), got {form!r}")
