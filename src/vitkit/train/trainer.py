@@ -118,9 +118,9 @@ class Trainer(RunParts):
     def _eval_image_seconds(self, count: int) -> float:
         """Seconds per image of the final evaluation, timed through the evaluation itself (transform, forward at
         the evaluation's batch size, metrics) on up to one batch of blank images, after an untimed one of the same
-        size: a CPU's first pass at a batch shape (allocation, kernel set-up) took twice as long, and a reserve
-        timed on it kept back twice the time the evaluation took.  Timed, not derived from a training pass:
-        evaluation runs eagerly, without PatchDropout, and at a larger batch, which on a CPU is slower per image."""
+        size (a CPU's first pass at a batch shape, allocation and kernel set-up, takes about twice as long).
+        Timed, not derived from a training pass: evaluation runs eagerly, without PatchDropout, and at a larger
+        batch, which on a CPU is slower per image."""
         n = max(1, min(count, self.config.eval.batch_size))
         blank = blank_batch(self.data.train, n, image_size(self.config.model), torch.device("cpu"))[0][0]
         images = ImageSet(blank, torch.zeros(n, dtype=torch.long), self.data.train.class_names)
