@@ -310,14 +310,31 @@ def test_a_damaged_preprocessor_or_weights_file_is_named_not_taken_for_missing(t
         read(tmp_path / "native")
 
 
+@pytest.mark.parametrize("cut", ["half", "empty"])
 @pytest.mark.parametrize("to", ["vitkit", "official", "timm", "hf"])
-def test_check_finds_a_truncated_weights_file_without_reading_its_data(tmp_path, make_vit, no_data_read, to):
+def test_check_finds_a_cut_weights_file_without_reading_its_data(tmp_path, make_vit, no_data_read, to, cut):
     """`check` (what `vitkit serve` asks before it binds its port) passes an intact checkpoint of every format
-    and refuses one whose weights a copy cut short, reading headers only."""
+    and refuses one whose weights a copy cut short or left empty, reading headers only."""
     written = write(Checkpoint(model=make_vit()), tmp_path / ("m.npz" if to == "official" else "m"), to=to)
     assert check(written) == to
     weights = written if to == "official" else written / "model.safetensors"
     data = weights.read_bytes()
-    weights.write_bytes(data[: len(data) // 2])
+    weights.write_bytes(data[: len(data) // 2] if cut == "half" else b"")
     with pytest.raises(CheckpointError, match=re.escape(str(weights))):
         check(written)
+
+
+@pytest.mark.parametrize("where", ["file", "directory"])
+def test_check_opens_a_torch_pickle_as_read_does(tmp_path, make_vit, where):
+    """A cut pytorch_model.bin or .pth passed `check` unread, and the server said it ran before the load failed."""
+    if where == "file":
+        weights = tmp_path / "m.pth"
+    else:
+        written = write(Checkpoint(model=make_vit()), tmp_path / "m", to="timm")
+        (written / "model.safetensors").unlink()
+        weights = written / "pytorch_model.bin"
+    torch.save(timm_state(make_vit), weights)  # `check` opens the file; the keys are `read`'s to check
+    assert check(weights if where == "file" else weights.parent) == "timm"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    with pytest.raises(CheckpointError, match=re.escape(str(weights))):
+        check(weights if where == "file" else weights.parent)

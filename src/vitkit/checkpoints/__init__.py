@@ -17,7 +17,7 @@ from typing import Literal
 
 from torch import nn
 
-from vitkit.checkpoints import headers, hf, native, official, surgery, timm, validate
+from vitkit.checkpoints import headers, hf, native, official, surgery, tensorfile, timm, validate
 from vitkit.checkpoints.native import Checkpoint
 from vitkit.checkpoints.validate import CheckpointError, read_json
 from vitkit.models.configs import ModelConfig, image_size
@@ -65,10 +65,10 @@ def detect_format(path: str | os.PathLike) -> Format:
 
 
 def check(path: str | os.PathLike) -> Format:
-    """The format of the checkpoint at `path`, once the checks `read` makes before it builds a model pass,
-    where they need no weight read: a vitkit directory's config.json, the model's size and the weights' header
-    and hash; the header of an official .npz, of a .safetensors file, of an HF directory's safetensors.  A
-    torch pickle is checked by `read` alone.  Raises what `read` raises (CheckpointError: damaged)."""
+    """The format of the checkpoint at `path`, once the checks `read` makes of its files before it builds a model
+    pass: a vitkit directory's config.json, the model's size, the weights' header and hash; an official .npz's
+    header; a timm or HF weight file opened as `read` opens it (a safetensors header, a torch zip file
+    memory-mapped, a legacy torch file read whole).  Raises what `read` raises (CheckpointError: damaged)."""
     path = Path(path)
     validate.refuse_special_files(path)
     kind = detect_format(path)
@@ -76,10 +76,11 @@ def check(path: str | os.PathLike) -> Format:
         native.check(path)
     elif kind == "official":
         headers.npz_header(path)
-    else:
-        weights = path / hf.WEIGHTS if path.is_dir() else path
-        if weights.is_file() and headers.looks_safetensors(weights):
-            headers.safetensors_header(weights)
+    else:  # timm and HF directories name their weights alike
+        found = [path / name for name in (hf.WEIGHTS, hf.TORCH_WEIGHTS) if (path / name).is_file()]
+        weights = path if path.is_file() else (found or [None])[0]
+        if weights is not None:  # a directory without weights: `read` names what is missing
+            tensorfile.open_tensors(weights, None)
     return kind
 
 
