@@ -150,6 +150,24 @@ def test_a_watch_entered_again_watches_again_and_names_what_it_waits_for(caplog)
     assert said[1:] == ["process 1: goes on after 5.0 min without a final save or evaluation batch"]
 
 
+def test_a_wait_said_as_the_loop_ended_is_not_said_again_by_the_next_phase(caplog) -> None:
+    """A warning standing as the loop ended (a slow last save) was said over: "goes on", then at once "no final
+    save or evaluation batch for 6.8 min" from the same old beat."""
+    clock = Clock()
+    watch = StallWatch(rank=0, world=1, timeout_minutes=30, now=clock)  # no thread: the test asks
+    with watch:
+        watch.beat()
+        clock.t = MIN_WAIT_S
+        assert watch.overdue() is not None
+        clock.t += 100.0
+    watch.activity = "final save or evaluation batch"
+    with watch:
+        clock.t += 5.0
+        assert watch.overdue() is None  # judged from the end of the loop
+        clock.t += MIN_WAIT_S
+        assert watch.overdue().startswith("process 0 of 1: no final save or evaluation batch for 5.1 min")
+
+
 def test_a_run_beats_the_watch_at_every_batch_of_its_final_evaluation(tmp_path, monkeypatch) -> None:
     beats: list[str] = []
     real = StallWatch.beat

@@ -107,7 +107,10 @@ class StallWatch:
             self._thread = None
         if kind is None:  # a wait said as the loop ended (its last checkpoint's write) is over; an error says itself
             with self._lock:
-                self._end_wait(self.now())
+                now = self.now()
+                self._end_wait(now)
+                if self.last is not None:  # a watch entered again judges waits from here, not from the last beat
+                    self.last = now
 
 
 def _duration(seconds: float) -> str:
