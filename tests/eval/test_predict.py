@@ -13,7 +13,7 @@ from PIL import Image
 
 import vitkit
 from vitkit.cli import main
-from vitkit.eval.predict import PredictConfig
+from vitkit.eval.predict import PredictConfig, predict_files
 
 
 def _write_images(folder: Path) -> dict[str, Path]:
@@ -109,6 +109,8 @@ def test_predict_on_a_folder_without_images_is_a_users_error(tmp_path: Path, rgb
     out, err = capsys.readouterr()
     assert code == 2 and out == "" and "Traceback" not in err
     assert err.count("\n") == 1 and err.startswith("vitkit predict: error: no image files (") and "empty" in err
+    # from Python, an empty inbox is an empty answer (and a warning), as before
+    assert predict_files(vitkit.checkpoints.read(rgb_checkpoint), [tmp_path / "empty"], PredictConfig()) == []
 
 
 def test_a_top_k_below_one_is_refused_by_its_flag(tmp_path: Path, rgb_checkpoint: Path, capsys) -> None:

@@ -18,7 +18,7 @@ from vitkit.eval.accuracy import AccuracyConfig, evaluate
 from vitkit.eval.embed import output_paths, save_embeddings
 from vitkit.eval.features import channels, compute, require_classifier, resolution
 from vitkit.eval.fewshot import FewShotConfig, run_fewshot
-from vitkit.eval.predict import PredictConfig, predict_files
+from vitkit.eval.predict import PredictConfig, expand_inputs, predict_files
 from vitkit.runs import RunDir, data_reading, find_checkpoint, is_run_dir, open_checkpoint
 
 log = logging.getLogger(__name__)
@@ -121,10 +121,12 @@ def fewshot_command(
 
 
 def predict_command(path: str | os.PathLike, files: Sequence[str], config: PredictConfig) -> list[dict[str, Any]]:
-    """Top-k classes of image files and folders (see `predict_files`)."""
+    """Top-k classes of image files and folders (see `predict_files`); folders holding no image, and nothing
+    else given, are a ValueError before the model is read."""
+    inputs = expand_inputs(files, refuse_empty=True)
     checkpoint = open_checkpoint(path)
     require_classifier(checkpoint, path)
-    return predict_files(checkpoint, files, config)
+    return predict_files(checkpoint, inputs, config)
 
 
 def embed_command(

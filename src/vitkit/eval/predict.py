@@ -41,9 +41,10 @@ class PredictConfig:
                 raise ValueError(f"PredictConfig.{field} must be positive, got {value}")
 
 
-def expand_inputs(paths: Sequence[str | os.PathLike]) -> list[Path]:
+def expand_inputs(paths: Sequence[str | os.PathLike], *, refuse_empty: bool = False) -> list[Path]:
     """Files as given, folders replaced by the image files below them (sorted, recursive; hidden files and
-    folders aside, as a training folder's).  Folders without any are said; if nothing is left, a ValueError."""
+    folders aside, as a training folder's).  Folders without any are said; `refuse_empty`: where that leaves
+    nothing, a ValueError naming them instead (the command's one error line)."""
     files: list[Path] = []
     empty: list[str] = []
     for raw in paths:
@@ -62,7 +63,7 @@ def expand_inputs(paths: Sequence[str | os.PathLike]) -> list[Path]:
         else:
             files.append(path)  # a missing file is reported by predict_files, not here
     kinds = ", ".join(IMAGE_SUFFIXES)
-    if empty and not files:
+    if refuse_empty and empty and not files:
         raise ValueError(f"no image files ({kinds}) in {', '.join(empty)}")
     for folder in empty:
         log.warning("%s holds no image files (%s)", folder, kinds)
