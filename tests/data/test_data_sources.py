@@ -360,6 +360,9 @@ def test_wds_on_a_folder_of_images_names_folder(tmp_path) -> None:
 
 def test_folder_on_tar_shards_names_wds_and_is_not_read_as_images_without_labels(tmp_path) -> None:
     """`folder:` on a directory of shards pointed at pretrain-mpp, which then found no image files in it."""
+    import numpy as np
+    from PIL import Image
+
     from vitkit.data.images import NoLabelsError
 
     (tmp_path / "train-000000.tar").write_bytes(b"\0" * 1024)
@@ -367,6 +370,9 @@ def test_folder_on_tar_shards_names_wds_and_is_not_read_as_images_without_labels
         with pytest.raises(ValueError, match=f"it holds .tar shards: read them with wds:{tmp_path}") as refused:
             load_split(f"folder:{tmp_path}", "train", image_size=8, labelled=labelled)
         assert not isinstance(refused.value, NoLabelsError)
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(tmp_path / "a.png")  # photos beside a stray backup .tar
+    with pytest.raises(NoLabelsError, match="vitkit pretrain-mpp reads a folder of images without labels"):
+        load_split(f"folder:{tmp_path}", "train", image_size=8)
 
 
 def test_a_set_read_from_files_on_purpose_is_not_said_to_exceed_a_limit_of_0_mb(tmp_path, caplog) -> None:

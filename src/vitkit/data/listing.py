@@ -27,7 +27,9 @@ def class_folders(root: Path) -> list[str]:
     names = sorted(entry.name for entry in entries if entry.is_dir())
     if not names:
         expected = f"{root}: no class sub-folders (expected {root}/<class>/<image>.jpg)"
-        if any(entry.name.endswith(".tar") for entry in entries):  # not a folder without labels: a wds: source
+        files = [entry.name.lower() for entry in entries]
+        shards = any(name.endswith(".tar") for name in files) and not any(n.endswith(IMAGE_EXTENSIONS) for n in files)
+        if shards:  # shards and no image: a wds: source, not a folder of images without labels
             raise ValueError(f"{expected}; it holds .tar shards: read them with wds:{root}")
         raise NoLabelsError(f"{expected}; vitkit pretrain-mpp reads a folder of images without labels")
     loose = Counter(
