@@ -325,5 +325,5 @@ def test_the_shard_command_counts_what_did_not_open_and_keeps_what_it_did_not_de
     assert main(["shard", f"folder:{tmp_path / 'in'}", "--out", str(tmp_path / "out"), "--samples-per-shard", "4"]) == 0
     lines = capsys.readouterr().out.splitlines()
     said = [line for line in lines if "left out" in line]
-    assert len(said) == 1 and said[0].endswith(", 1 left out, their headers do not open")
+    assert len(said) == 1 and said[0].endswith(", 1 left out (each named above)")  # the text file, not the cut JPEG
     assert sum(int(line.split(": ")[1].split()[0]) for line in lines if " samples in " in line) == 11

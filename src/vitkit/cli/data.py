@@ -60,7 +60,7 @@ def run_shard(args: argparse.Namespace) -> int:
         raise ValueError(f"{error}; vitkit shard --no-labels writes it as shards without labels") from error
     lines = [
         f"{split}: {counts['samples']} samples in {counts['shards']} shards"
-        + (f", {counts['skipped']} left out, their headers do not open" if counts["skipped"] else "")
+        + (f", {counts['skipped']} left out (each named above)" if counts["skipped"] else "")
         for split, counts in result["splits"].items()
     ]
     follow = f"train with: vitkit train --data wds:{result['out']}"
