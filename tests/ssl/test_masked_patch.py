@@ -17,6 +17,7 @@ from vitkit.ssl.masked_patch import (
     MPPConfig,
     corrupt,
     downsampled_target,
+    evaluate_mpp,
     mean_color_target,
     mpp_loss,
     patchify,
@@ -250,3 +251,14 @@ def test_hybrid_encoder_predicts_per_backbone_cell():
     out = model(images, torch.Generator().manual_seed(0))
     assert out["predictions"].shape == (2, 16, 512)
     assert torch.equal(out["targets"], mean_color_target(to_pixels(images, (0.5,) * 3, (0.5,) * 3), 8))
+
+
+def test_evaluation_tells_progress_before_each_batch():
+    """A run's stall watch hears of each batch of MPP's final evaluation, as of a classifier's."""
+    model = MaskedPatchPrediction(tiny_vit(), MPPConfig())
+    images = torch.randint(0, 256, (10, 3, 32, 32), dtype=torch.uint8)
+    told = []
+    result = evaluate_mpp(
+        model, images, 32, (0.5,) * 3, (0.5,) * 3, torch.device("cpu"), batch_size=4, progress=lambda: told.append(1)
+    )
+    assert len(told) == 3 and math.isfinite(result["loss"])  # batches of 4, 4 and 2

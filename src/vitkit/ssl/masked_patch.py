@@ -33,6 +33,7 @@ Choices the paper leaves open, fixed here:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -269,15 +270,19 @@ def evaluate_mpp(
     device: torch.device,
     batch_size: int = 256,
     seed: int = 12345,
+    progress: Callable[[], None] | None = None,
 ) -> dict[str, float | None]:
     """MPP loss and top-1 / top-5 accuracy over the corrupted patches of held-out uint8 images (the corruption
-    is drawn from a fixed seed, so every evaluation of a run corrupts the same patches)."""
+    is drawn from a fixed seed, so every evaluation of a run corrupts the same patches); `progress` is called
+    before each batch (a training run's stall watch)."""
     was_training = model.training
     model.eval()
     generator = torch.Generator(device=device).manual_seed(seed)
     loss_sum, hits1, hits5, count = 0.0, 0.0, 0.0, 0
     classify = model.config.target != "pixels"
     for start in range(0, len(images), batch_size):
+        if progress is not None:
+            progress()
         batch = eval_transform(images[start : start + batch_size].to(device), size, mean, std, model.in_chans)
         out = model(batch, generator)
         weight = int(out["mask"].sum())

@@ -239,7 +239,9 @@ class MaskedPatchObjective:
     def evaluate(self, model: nn.Module, data: ImageSet, context: EvalContext) -> dict[str, Any]:
         count = min(self.mpp.eval_images, len(data))
         images = data.images[:count] if data.images is not None else torch.stack([data.read(i) for i in range(count)])
-        result = evaluate_mpp(self.wrapper, images, context.size, self.mpp.mean, self.mpp.std, context.device)
+        result = evaluate_mpp(
+            self.wrapper, images, context.size, self.mpp.mean, self.mpp.std, context.device, progress=context.progress
+        )
         return {**result, "count": count}
 
     def state_dict(self) -> dict[str, Any]:
