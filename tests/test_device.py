@@ -111,6 +111,16 @@ def test_the_emulated_host_is_a_cpu_without_native_bf16() -> None:
     assert policy.choose_precision("auto", CPU).precision == "fp32"
 
 
+@pytest.mark.skipif(
+    os.environ.get("ATEN_CPU_CAPABILITY", "").lower() != "default",
+    reason="the emulated host of .ci/run's third step (ATEN_CPU_CAPABILITY=default, ONEDNN_MAX_CPU_ISA=SSE41)",
+)
+def test_the_emulated_host_without_avx2_reads_default_and_trains_in_fp32() -> None:
+    host = hosts.current()
+    assert (host.isa, host.label, host.native_bf16, host.amx) == ("DEFAULT", "DEFAULT, no native bf16", False, False)
+    assert policy.choose_precision("auto", CPU).precision == "fp32"
+
+
 @pytest.mark.parametrize("requested", ["auto", "cuda"])
 def test_a_process_beyond_the_machines_gpus_is_told_what_to_do(monkeypatch, requested) -> None:
     # `torchrun --nproc_per_node 2` on a one-GPU machine: rank 1 must not die on "invalid device ordinal"
