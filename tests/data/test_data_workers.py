@@ -15,6 +15,7 @@ import pytest
 import torch
 from PIL import Image
 
+from vitkit.data import workers
 from vitkit.data.imageset import ImageSet
 from vitkit.data.loader import FileBatches, IndexStream
 
@@ -135,3 +136,50 @@ main()
     os.killpg(run.pid, signal.SIGTERM)
     out, err = run.communicate(timeout=120)
     assert run.returncode == 0 and out.split() == ["read", "6"], err
+
+
+def test_a_stop_signal_during_a_workers_start_up_waits_for_its_init(tmp_path: Path) -> None:
+    """A process-group SIGTERM between a worker's fork and its `worker_init_fn` ended the worker (torch's default)
+    and with it the run ("DataLoader worker is killed by signal: Terminated"): seen under load, where one worker
+    still started while the other had served the first batch.  Here a worker sends the group's SIGTERM itself,
+    before its init runs; the workers are forked with the stop signals blocked, so it waits for the init."""
+    import subprocess
+    import sys
+
+    if not workers.TELLS_SENDER:
+        pytest.skip("no sigwaitinfo or no fork here: workers keep torch's default SIGTERM")
+    _files(tmp_path)
+    script = f"""
+import os, signal, time, torch
+from pathlib import Path
+from tests_data_workers import _files
+from vitkit.data import workers
+from vitkit.data.loader import FileBatches, IndexStream
+
+real = workers.outlive_stop_signals
+def late(worker_id):
+    if worker_id == 1:
+        os.killpg(os.getpgid(0), signal.SIGTERM)  # the group's stop signal, before this worker's init
+        time.sleep(0.3)
+    real(worker_id)
+workers.outlive_stop_signals = late
+
+stopped = []
+signal.signal(signal.SIGTERM, lambda *_: stopped.append(1))
+data = _files(Path({str(tmp_path)!r}))
+loader = FileBatches(data, IndexStream(len(data), 0), start_step=0, total_steps=6, global_batch=4, rank=0,
+                     world=1, micro_batch=4, device=torch.device("cpu"), workers=2, strict=False)
+seen = list(loader)
+time.sleep(0.1)
+print("read", len(seen), "stopped", len(stopped), flush=True)
+"""
+    (tmp_path / "tests_data_workers.py").write_text(Path(__file__).read_text())
+    run = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        start_new_session=True,
+    )
+    assert run.returncode == 0 and run.stdout.split() == ["read", "6", "stopped", "1"], run.stderr

@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from vitkit.data import stream as streams
 from vitkit.data.sources import BadImageError, ImageSet
-from vitkit.data.workers import worker_options
+from vitkit.data.workers import started, worker_options
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +164,7 @@ class FileBatches:
 
     def __iter__(self) -> Iterator[list[tuple[Tensor, Tensor]]]:
         step: list[tuple[Tensor, Tensor]] = []
-        for images, labels, bad in self.loader:
+        for images, labels, bad in started(self.loader):
             self.skipped += bad
             step.append((images.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)))
             if len(step) == self.accum:
@@ -201,6 +201,6 @@ def eval_batches(
         pin_memory=device.type == "cuda",
         **worker_options(workers),
     )
-    for images, labels, _ in loader:
+    for images, labels, _ in started(loader):
         if len(labels):
             yield images.to(device, non_blocking=True), labels.to(device, non_blocking=True)

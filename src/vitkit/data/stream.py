@@ -43,7 +43,7 @@ from vitkit.data.shardset import (  # noqa: F401 (read_all, sample_problem re-ex
     read_all,
     sample_problem,
 )
-from vitkit.data.workers import worker_options
+from vitkit.data.workers import started, worker_options
 
 WINDOW = 1000  # shuffle window per lane, in samples (webdataset's customary buffer size)
 STATE_KIND = "vitkit-shard-stream/1"
@@ -300,7 +300,7 @@ class ShardBatches:
         )
         step: list[tuple[Tensor, Tensor]] = []
         run = 0  # corrupt samples read one after another
-        for images, labels, bad in loader:
+        for images, labels, bad in started(loader):
             self.skipped += bad
             run = 0 if len(labels) else run + bad
             if run >= len(self.data):
@@ -351,6 +351,6 @@ def eval_batches(
         pin_memory=device.type == "cuda",
         **worker_options(min(workers, len(units))),
     )
-    for images, labels, _ in loader:
+    for images, labels, _ in started(loader):
         if len(labels):
             yield images.to(device, non_blocking=True), labels.to(device, non_blocking=True)

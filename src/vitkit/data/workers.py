@@ -21,9 +21,11 @@ import multiprocessing
 import os
 import signal
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import torch
+from torch.utils.data import DataLoader
 
 TELLS_SENDER = hasattr(signal, "sigwaitinfo") and "fork" in multiprocessing.get_all_start_methods()
 _forked_from: int | None = None  # in a forked process, its parent (spawn and forkserver import the module anew)
@@ -50,13 +52,35 @@ def worker_options(workers: int) -> dict[str, Any]:
     return options
 
 
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
+def started(loader: DataLoader) -> Iterator[Any]:
+    """`iter(loader)`, its workers forked with SIGINT and SIGTERM blocked: a worker inherits the mask, so a stop
+    signal to the process group during its start-up waits for `outlive_stop_signals` instead of ending it (it
+    did, under load, before its init had run).  The main process gets a signal that came meanwhile once its
+    workers are started."""
+    context = loader.multiprocessing_context  # `worker_options` sets fork where it can tell a worker's sender
+    forks = loader.num_workers > 0 and context is not None and context.get_start_method() == "fork"
+    if not forks:
+        return iter(loader)
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        return iter(loader)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def outlive_stop_signals(_worker_id: int) -> None:
     """A DataLoader worker's `worker_init_fn`: SIGINT is ignored, and SIGTERM ends the worker only when its
     parent (the main process) sent it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked since the fork (`started`): now ignored
     if not TELLS_SENDER or _forked_from != os.getppid():  # not forked from the main process: torch's default
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
         return
-    # Blocked here, SIGTERM stays pending for the thread below (threads made later inherit the mask).
+    # Blocked (since the fork, where `started` forked it), SIGTERM stays pending for the thread below (threads made
+    # later inherit the mask).
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     threading.Thread(target=_obey_sigterm_from, args=(os.getppid(),), name="sigterm", daemon=True).start()
 
