@@ -327,3 +327,27 @@ def test_the_shard_command_counts_what_did_not_open_and_keeps_what_it_did_not_de
     said = [line for line in lines if "left out" in line]
     assert len(said) == 1 and said[0].endswith(", 1 left out (each named above)")  # the text file, not the cut JPEG
     assert sum(int(line.split(": ")[1].split()[0]) for line in lines if " samples in " in line) == 11
+
+
+def test_samples_left_out_of_a_wds_source_are_each_named(tmp_path: Path, capsys, caplog) -> None:
+    """Re-sharding `wds:` counted a sample without a label or with a bad one as left out, "each named above",
+    and named none."""
+    from vitkit.cli import main
+
+    images, _ = numbered_images(6)
+    members = []
+    for i in range(6):
+        members.append((f"s{i:06d}.png", png(images[i])))
+        if i != 1:  # s000001: no label; s000002: a label that is no number
+            members.append((f"s{i:06d}.cls", b"abc" if i == 2 else str(i % 2).encode()))
+    (tmp_path / "src").mkdir()
+    write_tar(tmp_path / "src" / "train-000000.tar", members)
+    with caplog.at_level(logging.WARNING):
+        assert (
+            main(["shard", f"wds:{tmp_path / 'src'}", "--out", str(tmp_path / "out"), "--samples-per-shard", "4"]) == 0
+        )
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.endswith(", 2 left out (each named above)") for line in lines)
+    named = [r.getMessage() for r in caplog.records if "s000001" in r.getMessage() or "s000002" in r.getMessage()]
+    assert len(named) == 2 and all(message.startswith("leaving out sample ") for message in named)
+    assert any("train-000000.tar:s000001: no label" in message for message in named)

@@ -48,6 +48,7 @@ from vitkit.data.images import (
     upright,
 )
 from vitkit.data.imageset import ImageSet
+from vitkit.data.shardset import sample_problem
 from vitkit.data.sources import load_split, mirror_keeps_label, parse_uri
 from vitkit.data.tarsamples import check_class_names
 from vitkit.data.tarshards import INCOMPLETE, INDEX, INDEX_FORMAT
@@ -116,8 +117,13 @@ def _records(data: ImageSet | stream.ShardSet, seed: int) -> Iterator[tuple[int,
             sample = next(samples)
             if sample.absent:  # counted by a stale index, not in the shard: dropped as training drops it
                 continue
-            good = not sample.problem and sample.label is not None and 0 <= sample.label < data.num_classes
-            yield index, (lambda s=sample, g=good: s.image if g else b""), sample.label if good else -1
+            problem = "no label" if sample.label is None and not sample.problem else None
+            problem = problem or sample_problem(sample, data.num_classes)
+            if problem:  # named here: the encoder only counts it
+                log.warning(
+                    "leaving out sample %s", problem if problem.startswith(sample.key) else f"{sample.key}: {problem}"
+                )
+            yield index, (lambda s=sample, g=not problem: s.image if g else b""), -1 if problem else sample.label
         return
     order = torch.randperm(len(data), generator=torch.Generator().manual_seed(seed)).tolist()
     for index in order:
