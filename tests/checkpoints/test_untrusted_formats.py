@@ -338,3 +338,11 @@ def test_check_opens_a_torch_pickle_as_read_does(tmp_path, make_vit, where):
     weights.write_bytes(weights.read_bytes()[:1000])
     with pytest.raises(CheckpointError, match=re.escape(str(weights))):
         check(weights if where == "file" else weights.parent)
+
+
+def test_check_refuses_an_hf_directory_without_weights(tmp_path, make_vit):
+    """A download that stopped after config.json passed `check`; the server bound its port, then failed to load."""
+    written = write(Checkpoint(model=make_vit(num_classes=0)), tmp_path / "hf", to="hf")
+    (written / "model.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match="has neither model.safetensors nor pytorch_model.bin"):
+        check(written)

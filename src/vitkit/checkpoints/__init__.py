@@ -78,9 +78,9 @@ def check(path: str | os.PathLike) -> Format:
         headers.npz_header(path)
     else:  # timm and HF directories name their weights alike
         found = [path / name for name in (hf.WEIGHTS, hf.TORCH_WEIGHTS) if (path / name).is_file()]
-        weights = path if path.is_file() else (found or [None])[0]
-        if weights is not None:  # a directory without weights: `read` names what is missing
-            tensorfile.open_tensors(weights, None)
+        if path.is_dir() and not found:  # as `read` says it (a download that stopped after config.json)
+            raise FileNotFoundError(f"{path} has neither {hf.WEIGHTS} nor {hf.TORCH_WEIGHTS}")
+        tensorfile.open_tensors(path if path.is_file() else found[0], None)
     return kind
 
 
