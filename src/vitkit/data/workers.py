@@ -56,10 +56,10 @@ STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 
 def started(loader: DataLoader) -> Iterator[Any]:
-    """`iter(loader)`, its workers forked with SIGINT and SIGTERM blocked: a worker inherits the mask, so a stop
-    signal to the process group during its start-up waits for `outlive_stop_signals` instead of ending it (it
-    did, under load, before its init had run).  The main process gets a signal that came meanwhile once its
-    workers are started."""
+    """`iter(loader)`, its workers forked with SIGINT and SIGTERM blocked in the forking thread: a worker inherits
+    the mask, so a stop signal to the process group during its start-up waits for `outlive_stop_signals` instead
+    of ending it.  The main process still gets such a signal: at once through another of its threads, or when
+    the mask is restored."""
     context = loader.multiprocessing_context  # `worker_options` sets fork where it can tell a worker's sender
     forks = loader.num_workers > 0 and context is not None and context.get_start_method() == "fork"
     if not forks:
