@@ -7,6 +7,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import textwrap
 import time
 from pathlib import Path
 
@@ -28,6 +29,16 @@ def _files(tmp_path: Path, count: int = 24) -> ImageSet:
         files.append(path)
     labels = torch.arange(count) % 2
     return ImageSet(images=None, files=files, labels=labels, class_names=["a", "b"], load_size=8, channels=1)
+
+
+def _loader_lines(tmp_path: Path, indent: str = "") -> str:
+    """Script lines: a SIGTERM handler that notes the signal, and FileBatches of 6 steps with 2 workers."""
+    lines = f"""stopped = []
+signal.signal(signal.SIGTERM, lambda *_: stopped.append(1))
+data = _files(Path({str(tmp_path)!r}))
+loader = FileBatches(data, IndexStream(len(data), 0), start_step=0, total_steps=6, global_batch=4, rank=0,
+                     world=1, micro_batch=4, device=torch.device("cpu"), workers=2, strict=False)"""
+    return textwrap.indent(lines, indent)
 
 
 def test_ctrl_c_to_the_workers_does_not_end_the_loader(tmp_path: Path) -> None:
@@ -101,11 +112,7 @@ from tests_data_workers import _files
 from vitkit.data.loader import FileBatches, IndexStream
 
 def main():
-    stopped = []
-    signal.signal(signal.SIGTERM, lambda *_: stopped.append(1))
-    data = _files(Path({str(tmp_path)!r}))
-    loader = FileBatches(data, IndexStream(len(data), 0), start_step=0, total_steps=6, global_batch=4, rank=0,
-                         world=1, micro_batch=4, device=torch.device("cpu"), workers=2, strict=False)
+{_loader_lines(tmp_path, "    ")}
     steps = iter(loader)
     seen = [next(steps)]
     print("ready", flush=True)
@@ -164,11 +171,7 @@ def late(worker_id):
     real(worker_id)
 workers.outlive_stop_signals = late
 
-stopped = []
-signal.signal(signal.SIGTERM, lambda *_: stopped.append(1))
-data = _files(Path({str(tmp_path)!r}))
-loader = FileBatches(data, IndexStream(len(data), 0), start_step=0, total_steps=6, global_batch=4, rank=0,
-                     world=1, micro_batch=4, device=torch.device("cpu"), workers=2, strict=False)
+{_loader_lines(tmp_path)}
 seen = list(loader)
 time.sleep(0.1)
 print("read", len(seen), "stopped", len(stopped), flush=True)
