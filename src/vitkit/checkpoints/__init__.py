@@ -76,11 +76,9 @@ def check(path: str | os.PathLike) -> Format:
         native.check(path)
     elif kind == "official":
         headers.npz_header(path)
-    else:  # timm and HF directories name their weights alike
-        found = [path / name for name in (hf.WEIGHTS, hf.TORCH_WEIGHTS) if (path / name).is_file()]
-        if path.is_dir() and not found:  # as `read` says it (a download that stopped after config.json)
-            raise FileNotFoundError(f"{path} has neither {hf.WEIGHTS} nor {hf.TORCH_WEIGHTS}")
-        tensorfile.open_tensors(path if path.is_file() else found[0], None)
+    else:
+        weights = path if path.is_file() else {"hf": hf.weights_file, "timm": timm.weights_file}[kind](path)
+        tensorfile.open_tensors(weights, None)
     return kind
 
 

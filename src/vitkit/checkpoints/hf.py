@@ -181,13 +181,20 @@ def looks_hf(path: Path) -> bool:
         return False
 
 
+def weights_file(directory: Path) -> Path:
+    """The weights of an HF directory: model.safetensors where it has one, else pytorch_model.bin; neither is a
+    FileNotFoundError (a download that stopped after config.json)."""
+    weights = directory / WEIGHTS if (directory / WEIGHTS).is_file() else directory / TORCH_WEIGHTS
+    if not weights.is_file():
+        raise FileNotFoundError(f"{directory} has neither {WEIGHTS} nor {TORCH_WEIGHTS}")
+    return weights
+
+
 def to_vitkit(path: str | os.PathLike, config: ViTConfig | None = None, max_bytes: int | None = None) -> Checkpoint:
     """Read an HF ViT directory: config.json and the header first, data once the model is known to fit."""
     directory = Path(path)
     hf, where = read_json(directory / CONFIG), str(directory / CONFIG)
-    weights = directory / WEIGHTS if (directory / WEIGHTS).is_file() else directory / TORCH_WEIGHTS
-    if not weights.is_file():
-        raise FileNotFoundError(f"{directory} has neither {WEIGHTS} nor {TORCH_WEIGHTS}")
+    weights = weights_file(directory)
     source = str(weights)
 
     def convert(tensors: dict[str, Tensor], config: ViTConfig | None) -> tuple[ViTConfig, dict[str, Tensor]]:
