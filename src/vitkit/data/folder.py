@@ -4,7 +4,6 @@ its description from the listing and a few image headers.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
@@ -12,7 +11,7 @@ import torch
 from vitkit.data.holdout import fixed_test_split
 from vitkit.data.images import image_size as _header_size
 from vitkit.data.imageset import UNLABELLED, VAL_HINT, ImageSet, SourceInfo, fits_in_memory
-from vitkit.data.listing import class_folders, scan_flat, scan_folder
+from vitkit.data.listing import class_folders, scan_flat, scan_folder, shards_instead
 
 
 def folder_roots(root: Path) -> dict[str, Path]:
@@ -64,11 +63,8 @@ def read_folder(root: Path, part: str, size: int, channels: int, labelled: bool 
     training = source == roots["train"]
     files, labels = scan_folder(source, class_names, training=training) if labelled else scan_flat(source)
     if not files:
-        shards = any(name.endswith(".tar") for name in os.listdir(source))
-        hint = f"; it holds .tar shards: read them with wds:{source}" if shards else ""
-        raise ValueError(
-            f"{source}: no image files (.jpg, .png, ...){' in its class folders' if labelled else ''}{hint}"
-        )
+        where = " in its class folders" if labelled else ""
+        raise ValueError(f"{source}: no image files (.jpg, .png, ...){where}{shards_instead(source)}")
     found = ImageSet(
         images=None,
         files=files,

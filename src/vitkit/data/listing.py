@@ -27,10 +27,8 @@ def class_folders(root: Path) -> list[str]:
     names = sorted(entry.name for entry in entries if entry.is_dir())
     if not names:
         expected = f"{root}: no class sub-folders (expected {root}/<class>/<image>.jpg)"
-        files = [entry.name.lower() for entry in entries]
-        shards = any(name.endswith(".tar") for name in files) and not any(n.endswith(IMAGE_EXTENSIONS) for n in files)
-        if shards:  # shards and no image: a wds: source, not a folder of images without labels
-            raise ValueError(f"{expected}; it holds .tar shards: read them with wds:{root}")
+        if instead := shards_instead(root):  # a wds: source, not a folder of images without labels
+            raise ValueError(expected + instead)
         raise NoLabelsError(f"{expected}; vitkit pretrain-mpp reads a folder of images without labels")
     loose = Counter(
         Path(e.name).suffix.lower() or "no extension" for e in sorted(entries, key=lambda e: e.name) if not e.is_dir()
@@ -46,6 +44,13 @@ def class_folders(root: Path) -> list[str]:
             _kinds(loose),
         )
     return names
+
+
+def shards_instead(root: Path) -> str:
+    """ "; it holds .tar shards: read them with wds:ROOT" where `root` holds .tar files and no image, else ""."""
+    names = [name.lower() for name in os.listdir(root) if not name.startswith(".")]
+    shards = any(name.endswith(".tar") for name in names) and not any(n.endswith(IMAGE_EXTENSIONS) for n in names)
+    return f"; it holds .tar shards: read them with wds:{root}" if shards else ""
 
 
 def scan_flat(root: Path) -> tuple[FileList, list[int]]:
