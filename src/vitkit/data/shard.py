@@ -117,8 +117,7 @@ def _records(data: ImageSet | stream.ShardSet, seed: int) -> Iterator[tuple[int,
             sample = next(samples)
             if sample.absent:  # counted by a stale index, not in the shard: dropped as training drops it
                 continue
-            problem = "no label" if sample.label is None and not sample.problem else None
-            problem = problem or sample_problem(sample, data.num_classes)
+            problem = sample_problem(sample, data.num_classes)  # a missing label is the reader's problem already
             if problem:  # named here: the encoder only counts it
                 log.warning(
                     "leaving out sample %s", problem if problem.startswith(sample.key) else f"{sample.key}: {problem}"
