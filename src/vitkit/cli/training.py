@@ -204,20 +204,24 @@ def run_train(args: argparse.Namespace) -> int:
 
 def _interrupted_line(result: dict[str, Any]) -> str:
     """Where the stopped run is saved and how to resume it; a run the time budget ends has no fixed length."""
-    from vitkit.train.config import budget_fitted
-
-    resume, plan = result.get("resume_out"), result.get("plan", {})
+    resume = result.get("resume_out")
     where = f"{result['run_dir']}, a trial of the sweep in {resume}" if resume else result["run_dir"]
     at = f"{result['step']}/{result['steps']}"
-    if budget_fitted(plan.get("budget_minutes", 0), plan.get("budget_schedule", "")):
+    if _fitted(result):
         at = f"{result['step']} of at most {result['steps']} (the time budget ends the schedule)"
     again = resume or result["run_dir"]
     return f"interrupted at step {at}; checkpoint saved in {where} (re-run with --out {again} to resume)"
 
 
-def _final_line(result: dict[str, Any], config: Any) -> str:
+def _fitted(result: dict[str, Any]) -> bool:
+    """Whether the run's plan fitted its schedule to a time budget (its step count is then a cap)."""
     from vitkit.train.config import budget_fitted
 
+    plan = result.get("plan", {})
+    return budget_fitted(plan.get("budget_minutes", 0), plan.get("budget_schedule", ""))
+
+
+def _final_line(result: dict[str, Any], config: Any) -> str:
     if result["status"] == "interrupted":
         return _interrupted_line(result)
     split = config.eval.final_split
@@ -228,9 +232,7 @@ def _final_line(result: dict[str, Any], config: Any) -> str:
         steps = str(result["step"])
     if given and result["status"] == "time_budget" and result["step"] < result["steps"]:  # a cap the budget cut
         steps = f"{result['step']} of at most {result['steps']}"
-    plan = result.get("plan", {})
-    fitted = budget_fitted(plan.get("budget_minutes", 0), plan.get("budget_schedule", ""))
-    if given and fitted and result["status"] == "finished" and result["step"] < result["steps"]:  # annealed sooner
+    if given and _fitted(result) and result["status"] == "finished" and result["step"] < result["steps"]:  # annealed
         steps = f"{result['step']} (the schedule fitted to the time budget; at most {result['steps']})"
     done = f"after {steps} steps, {result['wall_minutes']:.2f} min{note}; run: {result['run_dir']}"
     final = result.get(split)
