@@ -262,3 +262,23 @@ def test_evaluation_tells_progress_before_each_batch():
         model, images, 32, (0.5,) * 3, (0.5,) * 3, torch.device("cpu"), batch_size=4, progress=lambda: told.append(1)
     )
     assert len(told) == 3 and math.isfinite(result["loss"])  # batches of 4, 4 and 2
+
+
+def test_a_signal_ends_the_evaluation_before_its_next_batch_and_leaves_the_mode_as_it_was():
+    """MPP's periodic evaluation read no signal: a SIGTERM waited for every batch, past a scheduler's SIGKILL."""
+    import signal
+
+    from vitkit.eval.evaluator import EvaluationInterrupted
+
+    model = MaskedPatchPrediction(tiny_vit(), MPPConfig()).train()
+    images = torch.randint(0, 256, (10, 3, 32, 32), dtype=torch.uint8)
+    reads, forwards = [], []
+    model.register_forward_hook(lambda *_: forwards.append(1))
+
+    def interrupted() -> int:
+        reads.append(1)
+        return int(signal.SIGTERM) if len(reads) == 2 else 0
+
+    with pytest.raises(EvaluationInterrupted) as stopped:
+        evaluate_mpp(model, images, 32, (0.5,) * 3, (0.5,) * 3, torch.device("cpu"), 4, interrupted=interrupted)
+    assert stopped.value.signum == signal.SIGTERM and len(reads) == 2 and len(forwards) == 1 and model.training

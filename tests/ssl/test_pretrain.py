@@ -178,3 +178,40 @@ def test_mpp_config_keeps_hybrids_and_refuses_resnets(tmp_path):
     assert converted.model.resnet_layers == (1, 1)
     with pytest.raises(ValueError, match="ViT or hybrid"):
         mpp_train_config(dataclasses.replace(base, model=ResNetConfig(num_classes=10)))
+
+
+def test_sigterm_in_a_periodic_evaluation_saves_at_once_and_the_run_resumes(tmp_path, monkeypatch):
+    """As a classifier's: the evaluation ends before its next batch, the run saves at that step, and the re-run
+    evaluates that step before its first."""
+    import os
+    import signal
+
+    from vitkit.runs import RunDir
+    from vitkit.ssl import masked_patch
+
+    real, calls = masked_patch.eval_transform, []
+
+    def terminated(*args):
+        calls.append(1)
+        if len(calls) == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(*args)
+
+    monkeypatch.setattr(masked_patch, "eval_transform", terminated)
+    base = tiny_config(tmp_path / "run")
+    config = dataclasses.replace(
+        base,
+        eval=dataclasses.replace(base.eval, every_epochs=1.0),
+        mpp=dataclasses.replace(base.mpp, eval_images=300),
+    )
+    splits = Splits(train=image_set(), test=image_set(8, seed=1), evals={"val": image_set(300, seed=2)})  # 2 batches
+    result = train(config, data=splits)
+    every = result["plan"]["eval_every"]
+    assert result["status"] == "interrupted" and result["step"] == every and len(calls) == 1
+    assert RunDir(tmp_path / "run").latest().name == f"step_{every:07d}"
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert not [r for r in records if r.get("split") == "val"]  # the cut one: no record
+    resumed = train(config, data=splits)
+    assert resumed["status"] == "finished" and resumed["step"] == result["steps"] == 2 * every
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r.get("split") == "val"] == [every]  # not at the last step: the final one

@@ -13,7 +13,7 @@ ends at the next batch after a signal, with `EvaluationInterrupted`, agreed by e
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -119,7 +119,7 @@ def evaluate(
     totals = _Totals(num_classes, device)
     stream = batches.eval_batches(data, batch_size, device, rank=rank, world=world, workers=workers)
     try:
-        for batch in _agreed(stream, device, world, lockstep, interrupted):
+        for batch in agreed_batches(stream, device, world, lockstep, interrupted):
             if progress is not None:
                 progress()
             if batch is None:  # this process's share is done, another's is not: a blank pass joins the collectives
@@ -178,8 +178,8 @@ class _Totals:
         )
 
 
-def _agreed(
-    stream: Iterator[tuple[Tensor, Tensor]],
+def agreed_batches(
+    stream: Iterable[Any],
     device: torch.device,
     world: int,
     lockstep: bool,

@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vitkit.data.transforms import eval_transform
+from vitkit.eval.evaluator import agreed_batches
 
 Target = Literal["mean_color", "downsampled", "pixels"]
 
@@ -271,30 +272,36 @@ def evaluate_mpp(
     batch_size: int = 256,
     seed: int = 12345,
     progress: Callable[[], None] | None = None,
+    interrupted: Callable[[], int] | None = None,
+    world: int = 1,
 ) -> dict[str, float | None]:
     """MPP loss and top-1 / top-5 accuracy over the corrupted patches of held-out uint8 images (the corruption
     is drawn from a fixed seed, so every evaluation of a run corrupts the same patches); `progress` is called
-    before each batch (a training run's stall watch)."""
+    before each batch (a training run's stall watch).  `interrupted`: this process's pending signal, read before
+    each batch; any of the `world` processes' (each evaluates every image) ends every one's evaluation with
+    `EvaluationInterrupted`, as a classifier's does."""
     was_training = model.training
     model.eval()
     generator = torch.Generator(device=device).manual_seed(seed)
     loss_sum, hits1, hits5, count = 0.0, 0.0, 0.0, 0
     classify = model.config.target != "pixels"
-    for start in range(0, len(images), batch_size):
-        if progress is not None:
-            progress()
-        batch = eval_transform(images[start : start + batch_size].to(device), size, mean, std, model.in_chans)
-        out = model(batch, generator)
-        weight = int(out["mask"].sum())
-        loss_sum += float(out["loss"]) * weight
-        count += weight
-        if classify:
-            logits = out["predictions"][out["mask"]].reshape(-1, model.num_colors)  # (M*S, colours)
-            labels = out["targets"][out["mask"]].reshape(-1, 1)
-            best = logits.topk(min(5, model.num_colors), dim=-1).indices
-            hits1 += float((best[:, :1] == labels).any(-1).float().mean()) * weight
-            hits5 += float((best == labels).any(-1).float().mean()) * weight
-    model.train(was_training)
+    try:
+        for start in agreed_batches(range(0, len(images), batch_size), device, world, False, interrupted):
+            if progress is not None:
+                progress()
+            batch = eval_transform(images[start : start + batch_size].to(device), size, mean, std, model.in_chans)
+            out = model(batch, generator)
+            weight = int(out["mask"].sum())
+            loss_sum += float(out["loss"]) * weight
+            count += weight
+            if classify:
+                logits = out["predictions"][out["mask"]].reshape(-1, model.num_colors)  # (M*S, colours)
+                labels = out["targets"][out["mask"]].reshape(-1, 1)
+                best = logits.topk(min(5, model.num_colors), dim=-1).indices
+                hits1 += float((best[:, :1] == labels).any(-1).float().mean()) * weight
+                hits5 += float((best == labels).any(-1).float().mean()) * weight
+    finally:
+        model.train(was_training)
     return {
         "loss": loss_sum / count,
         "top1": hits1 / count if classify else None,

@@ -240,7 +240,15 @@ class MaskedPatchObjective:
         count = min(self.mpp.eval_images, len(data))
         images = data.images[:count] if data.images is not None else torch.stack([data.read(i) for i in range(count)])
         result = evaluate_mpp(
-            self.wrapper, images, context.size, self.mpp.mean, self.mpp.std, context.device, progress=context.progress
+            self.wrapper,
+            images,
+            context.size,
+            self.mpp.mean,
+            self.mpp.std,
+            context.device,
+            progress=context.progress,
+            interrupted=context.interrupted,
+            world=context.world,
         )
         return {**result, "count": count}
 
