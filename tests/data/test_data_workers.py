@@ -91,12 +91,13 @@ print("left running")
     assert done.returncode == 0 and "left running" in done.stdout, done.stderr
 
 
-@pytest.mark.parametrize("method", [None, "forkserver", "a forked child"])
+@pytest.mark.parametrize("method", [None, "forkserver", "spawn", "a forked child"])
 def test_a_stop_signal_to_the_process_group_leaves_the_workers_to_the_main_process(tmp_path: Path, method) -> None:
     """torchrun, systemd and `kill -TERM -PGID` signal the whole process group: the workers must go on serving the
     main process, which saves at the step and then ends them itself (SIGTERM from their parent still ends them).
     Under a forkserver default (Python 3.14's on Linux) the workers had threads the block did not reach; in a
-    process forked from the one that imported vitkit, the workers were not taken for the main process's."""
+    process forked from the one that imported vitkit, the workers were not taken for the main process's.  Spawned
+    workers (chosen, as CUDA in a worker needs) kept torch's default."""
     import subprocess
     import sys
 
@@ -186,3 +187,55 @@ print("read", len(seen), "stopped", len(stopped), flush=True)
         start_new_session=True,
     )
     assert run.returncode == 0 and run.stdout.split() == ["read", "6", "stopped", "1"], run.stderr
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_stop_signal_to_the_group_as_the_workers_start_waits_for_their_init(tmp_path: Path, method) -> None:
+    """The group's SIGTERM, from another process, 0.2 s after the loader starts its workers, while a spawned worker
+    still imports torch: spawned workers started with the signal unblocked and died of it."""
+    import subprocess
+    import sys
+
+    if not workers.TELLS_SENDER or method not in multiprocessing.get_all_start_methods():
+        pytest.skip(f"no sigwaitinfo or no {method} here")
+    _files(tmp_path)
+    script = f"""
+import multiprocessing, os, signal, subprocess, time, torch
+multiprocessing.set_start_method({method!r}, force=True)
+from pathlib import Path
+from tests_data_workers import _files
+from vitkit.data.loader import FileBatches, IndexStream
+
+if __name__ == "__main__":
+{_loader_lines(tmp_path, "    ")}
+    subprocess.Popen(["sh", "-c", "sleep 0.2; kill -TERM -" + str(os.getpgid(0))])  # not the workers' parent
+    seen = list(loader)
+    time.sleep(0.1)
+    print("read", len(seen), "stopped", len(stopped), flush=True)
+"""
+    (tmp_path / "tests_data_workers.py").write_text(Path(__file__).read_text())
+    (tmp_path / "script.py").write_text(script)
+    run = subprocess.run(
+        [sys.executable, "script.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120, start_new_session=True
+    )
+    assert run.returncode == 0 and run.stdout.split() == ["read", "6", "stopped", "1"], run.stderr
+
+
+def test_a_worker_that_cannot_tell_the_sender_leaves_the_process_group() -> None:
+    """Where SIGTERM's sender cannot be told (macOS, a forkserver's workers), a signal to the group ended a
+    worker at any time; it now leaves the group once started, and still takes SIGTERM (from its parent)."""
+    context = multiprocessing.get_context("fork")
+    answer = context.Queue()
+    child = context.Process(target=_init_as_a_worker_that_cannot_tell, args=(answer,))
+    child.start()
+    pgid, ignored_sigint, blocked = answer.get(timeout=60)
+    child.join(60)
+    assert pgid == child.pid != os.getpgid(0) and ignored_sigint and not blocked and child.exitcode == 0
+
+
+def _init_as_a_worker_that_cannot_tell(answer) -> None:
+    workers.TELLS_SENDER = False  # in this child only
+    signal.pthread_sigmask(signal.SIG_BLOCK, workers.STOP_SIGNALS)  # as `started` leaves a worker
+    workers.outlive_stop_signals(0)
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, set())
+    answer.put((os.getpgid(0), signal.getsignal(signal.SIGINT) is signal.SIG_IGN, bool(mask & workers.STOP_SIGNALS)))

@@ -7,12 +7,16 @@ killed by signal"), losing what was trained since the last step checkpoint.  So 
 and obeys SIGTERM only from its parent: that is how the DataLoader's shutdown and multiprocessing's exit handler
 end it, and a worker that ignored those held the exiting process forever.
 
-Telling the sender needs `sigwaitinfo` (Linux) and a worker forked from the main process: under spawn or
-forkserver a worker has other threads before its init runs, which the block below does not reach, and a
-forkserver worker's parent is not the main process.  Where both hold, the workers are forked (Linux's default
-before Python 3.14) unless spawn was chosen; elsewhere (macOS, Windows, spawn) SIGTERM keeps torch's default.
-What a worker starts inherits its ignored SIGINT and blocked SIGTERM (vitkit's readers start no process; a
-transform of yours may).
+Telling the sender needs `sigwaitinfo` (Linux), SIGTERM blocked in every thread of the worker, and the worker's
+parent the process that ends it.  `started` starts forked and spawned workers with the stop signals blocked
+(a thread inherits the mask, and so does a program exec'd by spawn), so all three hold for them; where
+`sigwaitinfo` exists workers are forked (Linux's default before Python 3.14) unless spawn was chosen.
+Elsewhere (macOS, a forkserver's workers) a worker cannot tell its parent's SIGTERM from the group's: once
+started it leaves the process group instead, so a signal to the group (Ctrl-C, `kill -TERM -PGID`) no longer
+reaches it, and SIGTERM keeps torch's action; a SIGTERM during its start-up, or one sent to every process of a
+cgroup (systemd's default, Slurm), still ends it there.  Windows has no process-group signals.  What a worker
+starts inherits its ignored SIGINT and blocked SIGTERM (vitkit's readers start no process; a transform of
+yours may).
 """
 
 from __future__ import annotations
@@ -22,22 +26,13 @@ import os
 import signal
 import threading
 from collections.abc import Iterator
+from multiprocessing import resource_tracker
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader
 
 TELLS_SENDER = hasattr(signal, "sigwaitinfo") and "fork" in multiprocessing.get_all_start_methods()
-_forked_from: int | None = None  # in a forked process, its parent (spawn and forkserver import the module anew)
-
-
-def _before_fork() -> None:
-    global _forked_from
-    _forked_from = os.getpid()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_before_fork)
 
 
 def worker_options(workers: int) -> dict[str, Any]:
@@ -56,14 +51,16 @@ STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 
 def started(loader: DataLoader) -> Iterator[Any]:
-    """`iter(loader)`, its workers forked with SIGINT and SIGTERM blocked in the forking thread: a worker inherits
-    the mask, so a stop signal to the process group during its start-up waits for `outlive_stop_signals` instead
-    of ending it.  The main process still gets such a signal: at once through another of its threads, or when
-    the mask is restored."""
-    context = loader.multiprocessing_context  # `worker_options` sets fork where it can tell a worker's sender
-    forks = loader.num_workers > 0 and context is not None and context.get_start_method() == "fork"
-    if not forks:
+    """`iter(loader)`, its workers forked or spawned with SIGINT and SIGTERM blocked in the starting thread: a
+    worker inherits the mask, so a stop signal to the process group during its start-up waits for
+    `outlive_stop_signals` instead of ending it.  The main process still gets such a signal: at once through
+    another of its threads, or when the mask is restored."""
+    context = loader.multiprocessing_context or multiprocessing.get_context()
+    starts_here = loader.num_workers > 0 and context.get_start_method() in ("fork", "spawn")
+    if not starts_here or not hasattr(signal, "pthread_sigmask"):  # a forkserver starts them from its own process
         return iter(loader)
+    if context.get_start_method() == "spawn":  # started later, the tracker would unblock both in this thread
+        resource_tracker.ensure_running()
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
         return iter(loader)
@@ -73,16 +70,25 @@ def started(loader: DataLoader) -> Iterator[Any]:
 
 def outlive_stop_signals(_worker_id: int) -> None:
     """A DataLoader worker's `worker_init_fn`: SIGINT is ignored, and SIGTERM ends the worker only when its
-    parent (the main process) sent it."""
+    parent (the process that made the DataLoader) sent it; where that cannot be told, the worker leaves the
+    process group."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked since the fork (`started`): now ignored
-    if not TELLS_SENDER or _forked_from != os.getppid():  # not forked from the main process: torch's default
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+    if not hasattr(signal, "pthread_sigmask"):  # Windows: no process-group signals to outlive
         return
-    # Blocked (since the fork, where `started` forked it), SIGTERM stays pending for the thread below (threads made
-    # later inherit the mask).
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-    threading.Thread(target=_obey_sigterm_from, args=(os.getppid(),), name="sigterm", daemon=True).start()
+    blocked = signal.SIGTERM in signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # since `started`
+    maker = multiprocessing.parent_process()
+    if TELLS_SENDER and blocked and maker is not None and maker.pid == os.getppid():
+        # Blocked in every thread since the worker started, SIGTERM stays pending for the thread below (threads
+        # made later inherit the mask).
+        threading.Thread(target=_obey_sigterm_from, args=(maker.pid,), name="sigterm", daemon=True).start()
+        return
+    try:
+        os.setpgid(0, 0)  # a group of its own: the group's signals no longer reach it, its parent's SIGTERM does
+    except OSError:  # a session leader (not a DataLoader worker)
+        pass
+    # A SIGTERM that came during start-up (its sender unknown: it may be the parent's) is taken now, as torch takes
+    # it: a worker that dropped its parent's would hold the exiting parent.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
 
 def _obey_sigterm_from(parent: int) -> None:
