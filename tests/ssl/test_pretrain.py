@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 import vitkit
+from signalkit import sigterm_on_first_call
 from vitkit.data.sources import ImageSet
 from vitkit.data.transforms import AugmentConfig
 from vitkit.models import create_model
@@ -183,20 +184,10 @@ def test_mpp_config_keeps_hybrids_and_refuses_resnets(tmp_path):
 def test_sigterm_in_a_periodic_evaluation_saves_at_once_and_the_run_resumes(tmp_path, monkeypatch):
     """As a classifier's: the evaluation ends before its next batch, the run saves at that step, and the re-run
     evaluates that step before its first."""
-    import os
-    import signal
-
     from vitkit.runs import RunDir
     from vitkit.ssl import masked_patch
 
-    real, calls = masked_patch.eval_transform, []
-
-    def terminated(*args):
-        calls.append(1)
-        if len(calls) == 1:
-            os.kill(os.getpid(), signal.SIGTERM)
-        return real(*args)
-
+    terminated, calls = sigterm_on_first_call(masked_patch.eval_transform)
     monkeypatch.setattr(masked_patch, "eval_transform", terminated)
     base = tiny_config(tmp_path / "run")
     config = dataclasses.replace(

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from helpers import metrics_records
 
+from signalkit import sigterm_on_first_call
 from vitkit.train import trainer
 
 
@@ -84,21 +85,12 @@ def test_sigterm_in_a_periodic_evaluation_saves_at_once_and_the_run_resumes(tmp_
     """A SIGTERM during a periodic evaluation waited for the whole evaluation (a scheduler's SIGKILL comes 30 s
     after its SIGTERM); the evaluation now ends before its next batch, the run saves at that step, and the
     re-run evaluates that step before its first step."""
-    import os
-
     from helpers import tiny_config
 
     from vitkit.eval import evaluator
     from vitkit.runs import RunDir
 
-    real, calls = evaluator.eval_transform, []
-
-    def terminated(*args):
-        calls.append(1)
-        if len(calls) == 1:
-            os.kill(os.getpid(), signal.SIGTERM)
-        return real(*args)
-
+    terminated, calls = sigterm_on_first_call(evaluator.eval_transform)
     monkeypatch.setattr(evaluator, "eval_transform", terminated)
     overrides = ("data.steps=0", "data.epochs=2", "eval.every_epochs=1", "eval.batch_size=16")
     config = tiny_config(tmp_path / "run", *overrides)
