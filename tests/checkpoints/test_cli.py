@@ -220,3 +220,27 @@ def test_export_onnx_with_a_new_head_checks_the_encoder_too(tmp_path, make_vit, 
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert 0 < summary["max_abs_diff"] <= 1e-4  # the random head's logits differ a little, as real numbers do
     assert [p.name for p in tmp_path.iterdir() if p.suffix == ".onnx"] == ["m.onnx"]
+
+
+def test_convert_and_export_refuse_to_replace_the_model_they_read(tmp_path, make_vit, images, capsys):
+    """With --force, `export-onnx CKPT CKPT/model.safetensors` replaced the weights with an ONNX file, and
+    `convert X RUN/checkpoints/final --force` a run's export, so `eval RUN` read an older step unannounced."""
+    model = make_vit()
+    vitkit.save(model, tmp_path / "ckpt")
+    weights = tmp_path / "ckpt" / "model.safetensors"
+    before = weights.read_bytes()
+    assert main(["export-onnx", str(tmp_path / "ckpt"), str(weights), "--force"]) == 2
+    assert "lies inside the checkpoint being read" in capsys.readouterr().err and weights.read_bytes() == before
+    for dst in (tmp_path / "ckpt", tmp_path):  # the source itself, a directory that holds it
+        assert main(["convert", str(tmp_path / "ckpt"), str(dst), "--to", "timm", "--force"]) == 2
+        assert "is, holds or lies inside the checkpoint being read" in capsys.readouterr().err
+    run = tmp_path / "run"
+    vitkit.save(model, run / "checkpoints" / "final")
+    (run / "config.json").write_text("{}")
+    final = run / "checkpoints" / "final"
+    assert main(["convert", str(tmp_path / "ckpt"), str(final), "--to", "timm", "--force"]) == 2
+    assert f"lies inside the checkpoints of the training run {run.resolve()}" in capsys.readouterr().err
+    with torch.no_grad():
+        assert torch.equal(read(final).model.eval()(images), model.eval()(images))
+    assert main(["export-onnx", str(run), str(run / "model.onnx")]) == 0  # beside a run's checkpoints: its own
+    assert (run / "model.onnx").stat().st_size > 1000

@@ -104,6 +104,22 @@ def _read_checkpoint(args: argparse.Namespace) -> Any:
     )
 
 
+def _refuse_overlap(src: str, dst: Path) -> None:
+    """Refuse (even with --force) a destination that is the source, holds it or lies inside it (a run directory's
+    own files aside: only its checkpoints/ are read), or lies inside any run's checkpoints/: replacing it
+    would destroy the model being read, or a run's export that every verb reads."""
+    from vitkit.runs import CHECKPOINTS, is_run_dir
+
+    source, target = Path(src).resolve(), dst.resolve()
+    guarded = source / CHECKPOINTS if is_run_dir(source) else source
+    if target == guarded or guarded in target.parents or target in source.parents or target == source:
+        raise ValueError(f"{dst} is, holds or lies inside the checkpoint being read ({src}); write it elsewhere")
+    for parent in target.parents:
+        if parent.name == CHECKPOINTS and is_run_dir(parent.parent):
+            run = parent.parent
+            raise ValueError(f"{dst} lies inside the checkpoints of the training run {run}; write it elsewhere")
+
+
 def run_convert(args: argparse.Namespace) -> int:
     from vitkit.atomic import remove_torn_beside
     from vitkit.checkpoints import official, write
@@ -112,6 +128,7 @@ def run_convert(args: argparse.Namespace) -> int:
     dst = official.npz_path(args.dst) if args.to == "official" else Path(args.dst)  # the file written: NAME.npz
     if is_run_dir(dst):  # even with --force: the model would sit beside the run's checkpoints, and verbs read those
         raise ValueError(f"{dst} is a training run; write the converted model to another destination")
+    _refuse_overlap(args.src, dst)
     remove_torn_beside(dst)  # what a killed write of dst left
     if dst.exists() and (not dst.is_dir() or any(dst.iterdir())) and not args.force:
         raise ValueError(f"{dst} already exists and is not empty; choose another destination or pass --force")
@@ -163,6 +180,7 @@ def run_export_onnx(args: argparse.Namespace) -> int:
         raise ValueError(f"{args.out} is a directory; name the .onnx file to write")
     if not Path(args.out).parent.is_dir():
         raise ValueError(f"{Path(args.out).parent} does not exist; make it, or name a .onnx file elsewhere")
+    _refuse_overlap(args.src, Path(args.out))
     remove_torn_beside(args.out)  # what a killed export left
     if Path(args.out).exists() and not args.force:
         raise ValueError(f"{args.out} already exists; choose another file or pass --force to replace it")
