@@ -275,3 +275,57 @@ def test_a_form_reserves_its_parsed_files_beside_its_body() -> None:
     uploads, multipart = asyncio.run(scenario())
     assert multipart and [len(u.data) for u in uploads] == [len(image)] * 3
     assert sum(taken) == len(body) + 3 * len(image)
+
+
+def test_a_model_process_still_loading_is_ended_by_cancel(vit_checkpoint: Path) -> None:
+    """A server stopped while its model process loaded (or warmed up a large --max-batch) waited for the load,
+    however long, before it exited."""
+    engine = ProcessEngine(vit_checkpoint, ServeConfig(), start=False)
+    failure: list[BaseException] = []
+    starting = threading.Thread(target=lambda: _record_failure(engine.start, failure))
+    starting.start()
+    while engine._process is None or not engine._process.is_alive():  # spawned: it still imports torch
+        time.sleep(0.005)
+    child = engine._process
+    engine.cancel()
+    starting.join(60)
+    assert not starting.is_alive() and engine.description is None
+    assert isinstance(failure[0], ModelProcessError) and "was stopped while loading" in str(failure[0])
+    assert not child.is_alive() and child.exitcode == -signal.SIGKILL
+
+
+def test_stopping_the_service_while_it_loads_is_no_load_failure(vit_checkpoint: Path) -> None:
+    from vitkit.serve.service import Service
+
+    failures: list[str] = []
+    service = Service(vit_checkpoint, ServeConfig(), on_load_failure=failures.append)
+
+    async def start_then_stop() -> None:
+        loading = asyncio.get_running_loop().create_task(service.start())
+        while service._starting is None or service._starting._process is None:
+            await asyncio.sleep(0.005)
+        child = service._starting._process
+        await service.stop()
+        await loading
+        assert not child.is_alive()
+
+    asyncio.run(start_then_stop())
+    assert failures == [] and service.load_error is None and service.engine is None
+
+
+def _record_failure(call, failures: list[BaseException]) -> None:
+    try:
+        call()
+    except BaseException as error:  # noqa: BLE001 - the test reads it
+        failures.append(error)
+
+
+def test_max_batch_is_bounded_before_anything_loads(tmp_path: Path, capsys) -> None:
+    """`--max-batch 100000` was taken, and the warm-up's one batch of that size grew the model process to 16 GB
+    for a 205k-parameter model."""
+    from vitkit.cli import main
+    from vitkit.serve.config import MAX_BATCH
+
+    assert ServeConfig(max_batch=MAX_BATCH).max_batch == 1024
+    assert main(["serve", str(tmp_path / "nowhere"), "--max-batch", "100000"]) == 2
+    assert "--max-batch must be at most 1024, got 100000" in capsys.readouterr().err

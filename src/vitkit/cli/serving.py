@@ -61,6 +61,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from vitkit.device import pick_device
     from vitkit.runs import find_checkpoint
 
+    config = serve_config(args)  # a bad flag first: it costs nothing to check
     check(find_checkpoint(args.checkpoint))  # a path that names no checkpoint, or a damaged one, stops before the bind
     pick_device(args.device)  # as does a device this host has not
 
@@ -71,7 +72,7 @@ def run_serve(args: argparse.Namespace) -> int:
             f"vitkit serve needs the serve extra ({error.name} is missing): pip install 'vitkit[serve]'"
         ) from error
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
-    return run_server(args.checkpoint, serve_config(args))
+    return run_server(args.checkpoint, config)
 
 
 def serve_config(args: argparse.Namespace) -> ServeConfig:

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 from vitkit.data.images import MAX_PIXELS
 
+MAX_BATCH = 1024  # --max-batch at most: a batch this size is run to warm up, memory and all
+
 
 @dataclass(frozen=True, kw_only=True)
 class ServeConfig:
@@ -51,6 +53,11 @@ class ServeConfig:
                 f"--max-bodies-mb ({self.max_bodies_mb:g}) must be at least twice --max-body-mb "
                 f"({self.max_body_mb:g}): a form is held with the files parsed out of it, and one of the largest "
                 "must fit"
+            )
+        if self.max_batch > MAX_BATCH:  # a full batch is warmed up before /health says ready
+            raise ValueError(
+                f"--max-batch must be at most {MAX_BATCH}, got {self.max_batch}: one forward of that many images "
+                "runs at start-up (a request brings at most --max-files)"
             )
         if not 0 <= self.port <= 65535:
             raise ValueError(f"--port must be in 0..65535, got {self.port}")

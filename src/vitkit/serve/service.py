@@ -59,6 +59,8 @@ class Service:
         self.bodies = BodyBudget(config.max_bodies_bytes)  # request bodies in memory, over all requests
         self._admitted = 0
         self.cut = 0  # requests the drain timeout cut short (answered 503)
+        self._starting: ProcessEngine | None = None  # a model process still loading, which `stop` ends
+        self._stopping = False
 
     # ---------------------------------------------------------------------------------- lifecycle
     async def start(self) -> None:
@@ -66,6 +68,8 @@ class Service:
         try:
             self.engine = await asyncio.get_running_loop().run_in_executor(None, self._start_engine)
         except Exception as error:  # noqa: BLE001 - any failure to load is reported, then the server stops
+            if self._stopping:  # `stop` ended the load: no failure
+                return
             reason = (
                 str(error) if isinstance(error, ModelProcessError) else f"{type(error).__name__}: {error}"
             )  # the child names its own
@@ -89,11 +93,20 @@ class Service:
 
     def _start_engine(self) -> LocalEngine | ProcessEngine:
         if self.config.model_process:
-            return ProcessEngine(self.path, self.config)
+            self._starting = ProcessEngine(self.path, self.config, start=False)
+            if self._stopping:  # `stop` came before this thread began
+                self._starting.cancel()
+            self._starting.start()
+            return self._starting
         return LocalEngine.start(self.path, self.config, self._load)
 
     async def stop(self) -> None:
-        """After the HTTP server has drained: finish queued batches, stop the engine."""
+        """After the HTTP server has drained: finish queued batches, stop the engine.  A model process still
+        loading is ended (an in-process load cannot be: the exit waits for it)."""
+        self._stopping = True
+        if self.engine is None and self._starting is not None:
+            log.info("stopping before the model was ready")
+            self._starting.cancel()
         if self.batcher is not None:
             await self.batcher.close(self.config.drain_timeout_s)
         if self.engine is not None:

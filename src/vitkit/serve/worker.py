@@ -41,11 +41,28 @@ class ProcessEngine:
     """Runs batches in a child process; `run` blocks the calling thread (the batcher's model thread) while
     the child works, without holding the GIL."""
 
-    def __init__(self, path: str | os.PathLike, config: ServeConfig) -> None:
+    def __init__(self, path: str | os.PathLike, config: ServeConfig, *, start: bool = True) -> None:
         self.path, self.config = str(path), config
         self._process: Any = None
         self._conn: Connection | None = None
-        self.description = self._start()  # what the HTTP side reads; a restarted process serves the same checkpoint
+        self._cancelled = False
+        self.description: Description | None = None  # what the HTTP side reads; a restart serves the same checkpoint
+        if start:
+            self.start()
+
+    def start(self) -> Description:
+        """Start the model process and wait until it has loaded and warmed up (blocks: call it off the event loop;
+        `cancel` from another thread ends the wait)."""
+        self.description = self._start()
+        return self.description
+
+    def cancel(self) -> None:
+        """The server stops before the model is ready: end the process still loading or warming up (it ignores
+        SIGTERM), so `start` raises ModelProcessError at once instead of the exit waiting for the load."""
+        self._cancelled = True
+        process = self._process
+        if process is not None and process.is_alive():
+            process.kill()
 
     def run(self, payloads: Sequence[Encoded]) -> list[Answer | HTTPError]:
         """One `Answer` or `HTTPError` per image; a child that dies in the batch fails it and is restarted."""
@@ -90,12 +107,14 @@ class ProcessEngine:
         self._process.start()
         theirs.close()
         self._conn = ours
+        if self._cancelled:  # `cancel` came while the process started
+            self._process.kill()
         try:
             kind, value = ours.recv()
         except EOFError as error:
-            raise ModelProcessError(
-                f"the model process exited with {self._reap()} while loading {self.path}"
-            ) from error
+            code = self._reap()
+            ended = "was stopped" if self._cancelled else f"exited with {code}"
+            raise ModelProcessError(f"the model process {ended} while loading {self.path}") from error
         if kind != "ready":
             self._reap()
             raise ModelProcessError(value)
