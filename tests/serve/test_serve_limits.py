@@ -329,3 +329,23 @@ def test_max_batch_is_bounded_before_anything_loads(tmp_path: Path, capsys) -> N
     assert ServeConfig(max_batch=MAX_BATCH).max_batch == 1024
     assert main(["serve", str(tmp_path / "nowhere"), "--max-batch", "100000"]) == 2
     assert "--max-batch must be at most 1024, got 100000" in capsys.readouterr().err
+
+
+def test_a_stop_signal_to_the_group_while_the_model_process_starts_leaves_it_to_the_server(
+    vit_checkpoint: Path,
+) -> None:
+    """Ctrl-C or a group's SIGTERM reached the model process while it imported torch, before it ignored them: it
+    died, and the server reported a load failure and exited 1 where it had been asked to stop."""
+    engine = ProcessEngine(vit_checkpoint, ServeConfig(), start=False)
+    failure: list[BaseException] = []
+    starting = threading.Thread(target=lambda: _record_failure(engine.start, failure))
+    starting.start()
+    while engine._process is None or not engine._process.is_alive():
+        time.sleep(0.005)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        os.kill(engine._process.pid, sig)
+    starting.join(120)
+    try:
+        assert failure == [] and engine.description is not None and engine._process.is_alive()
+    finally:
+        engine.close()

@@ -21,6 +21,7 @@ yours may).
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import signal
@@ -51,19 +52,30 @@ STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 
 def started(loader: DataLoader) -> Iterator[Any]:
-    """`iter(loader)`, its workers forked or spawned with SIGINT and SIGTERM blocked in the starting thread: a
-    worker inherits the mask, so a stop signal to the process group during its start-up waits for
-    `outlive_stop_signals` instead of ending it.  The main process still gets such a signal: at once through
-    another of its threads, or when the mask is restored."""
-    context = loader.multiprocessing_context or multiprocessing.get_context()
-    starts_here = loader.num_workers > 0 and context.get_start_method() in ("fork", "spawn")
-    if not starts_here or not hasattr(signal, "pthread_sigmask"):  # a forkserver starts them from its own process
+    """`iter(loader)`, its workers started with the stop signals blocked (`stop_signals_blocked`), so a stop
+    signal to the process group during a worker's start-up waits for `outlive_stop_signals` instead of ending
+    it."""
+    if loader.num_workers == 0:
         return iter(loader)
-    if context.get_start_method() == "spawn":  # started later, the tracker would unblock both in this thread
+    context = loader.multiprocessing_context or multiprocessing.get_context()
+    with stop_signals_blocked(context.get_start_method()):
+        return iter(loader)
+
+
+@contextlib.contextmanager
+def stop_signals_blocked(start_method: str) -> Iterator[None]:
+    """SIGINT and SIGTERM blocked in this thread while it starts processes by fork or spawn: a child inherits the
+    mask (across spawn's exec too), and unblocks them once it has set how it takes them.  This process still
+    gets such a signal: at once through another of its threads, or when the mask is restored.  (A forkserver
+    starts its children from its own process: nothing to block here.)"""
+    if start_method not in ("fork", "spawn") or not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    if start_method == "spawn":  # started later, the tracker would unblock both in this thread
         resource_tracker.ensure_running()
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
-        return iter(loader)
+        yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 

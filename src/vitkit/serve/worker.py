@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
+from vitkit.data.workers import STOP_SIGNALS, stop_signals_blocked
 from vitkit.serve.body import HTTPError
 from vitkit.serve.config import ServeConfig
 from vitkit.serve.engine import Answer, Description, Encoded
@@ -104,7 +105,8 @@ class ProcessEngine:
         self._process = context.Process(
             target=serve_batches, args=(theirs, self.path, self.config), name="vitkit-model", daemon=True
         )
-        self._process.start()
+        with stop_signals_blocked("spawn"):  # until the child ignores them: a group's Ctrl-C ended it while loading
+            self._process.start()
         theirs.close()
         self._conn = ours
         if self._cancelled:  # `cancel` came while the process started
@@ -137,8 +139,10 @@ def serve_batches(conn: Connection, path: str, config: ServeConfig) -> None:
     from vitkit.serve.engine import LocalEngine
     from vitkit.serve.model import load_model
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)  # the server decides when this process ends
+    if hasattr(signal, "pthread_sigmask"):  # POSIX
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # blocked since it started: now ignored
     try:
         engine = LocalEngine.start(path, config, load_model)
     except Exception as error:  # noqa: BLE001 - reported to the server, which exits with the message
