@@ -266,3 +266,16 @@ def test_metrics_count_requests_by_route_and_status_and_time_them(vit_checkpoint
     # warm-up forwards are not counted: three lone images, three forwards of one image
     assert metric(text, "vitkit_batch_size_count") == 3 and metric(text, "vitkit_batch_size_bucket", le="1.0") == 3
     assert metric(text, "vitkit_queue_depth") == 0 and metric(text, "vitkit_requests_in_flight") == 0
+
+
+def test_health_names_the_classes_as_the_predictions_do_where_the_checkpoint_has_none(tmp_path: Path) -> None:
+    """A checkpoint without class names (an official .npz) reported "classes": [] while its predictions said
+    "0", "1", ..."""
+    from vitkit.eval.predict import top_classes
+
+    model = vitkit.create_model(
+        "vit_ti16", num_classes=3, img_size=32, patch_size=8, hidden_size=32, depth=1, num_heads=2, mlp_dim=64
+    )
+    served = load_model(vitkit.save(model, tmp_path / "unnamed"), "cpu")
+    predicted = top_classes(torch.tensor([0.2, 0.5, 0.3]), served.class_names, 3)
+    assert served.info()["classes"] == ["0", "1", "2"] and [p["class"] for p in predicted] == ["1", "2", "0"]

@@ -5,6 +5,7 @@ token)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import threading
@@ -161,7 +162,9 @@ def test_a_dead_model_process_fails_only_its_batch_and_is_restarted(vit_checkpoi
         engine.close()
 
 
-def test_a_dead_model_process_is_a_503_with_retry_after_and_the_server_goes_on(vit_checkpoint: Path) -> None:
+def test_a_dead_model_process_is_a_503_with_retry_after_and_the_server_goes_on(vit_checkpoint: Path, caplog) -> None:
+    """The death is logged in lines that say it, without the two chained tracebacks of an unforeseen error."""
+
     async def requests(client):
         service = client._transport.app.state.service
         service.engine._conn.send = lambda payloads: os.kill(
@@ -172,9 +175,12 @@ def test_a_dead_model_process_is_a_503_with_retry_after_and_the_server_goes_on(v
             "/v1/predict", content=png_bytes(32, 32), headers=PNG
         )  # then run_then_good's good request
 
-    failed = run_then_good(vit_checkpoint, ServeConfig(max_wait_ms=0), requests)
+    with caplog.at_level(logging.INFO, logger="vitkit"):
+        failed = run_then_good(vit_checkpoint, ServeConfig(max_wait_ms=0), requests)
     assert_error(failed, 503, "model process died")
     assert failed.headers["retry-after"] == "1"
+    assert "a batch of 1 failed: the model process died in this batch (exit code -9)" in caplog.text
+    assert not [record for record in caplog.records if record.exc_info]
 
 
 def test_the_decoding_limits_are_flags_of_serve() -> None:

@@ -4,6 +4,7 @@ JSON {"error"}, and the server keeps answering after each."""
 from __future__ import annotations
 
 import asyncio
+import gzip
 import struct
 import zlib
 from pathlib import Path
@@ -41,6 +42,13 @@ def test_bad_bodies_parameters_and_routes(vit_checkpoint: Path) -> None:
             "text": await client.post("/v1/predict", content=b"hello", headers={"Content-Type": "text/plain"}),
             "json": await client.post("/v1/explain", content=b"{}", headers={"Content-Type": "application/json"}),
             "no type": await client.post("/v1/predict", content=png_bytes(8, 8), headers={"Content-Type": ""}),
+            # a coded body was decoded as it came: "not a readable image", where the coding was the trouble
+            "gzip": await client.post(
+                "/v1/predict", content=gzip.compress(png_bytes(8, 8)), headers={**PNG, "Content-Encoding": "gzip"}
+            ),
+            "identity": await client.post(
+                "/v1/predict?top_k=1", content=png_bytes(8, 8), headers={**PNG, "Content-Encoding": "identity"}
+            ),
             "top_k": await client.post("/v1/predict?top_k=0", content=png_bytes(8, 8), headers=PNG),
             "top_k text": await client.post("/v1/predict?top_k=two", content=png_bytes(8, 8), headers=PNG),
             # str.isdigit() takes a superscript two that int() refuses, and int() refuses 5,000 digits: both were 500s
@@ -50,6 +58,7 @@ def test_bad_bodies_parameters_and_routes(vit_checkpoint: Path) -> None:
             "format": await client.post("/v1/explain?format=gif", content=png_bytes(8, 8), headers=PNG),
             # a misspelt parameter was passed over: 200 with 5 classes where the client asked for 2
             "topk": await client.post("/v1/predict?topk=2", content=png_bytes(8, 8), headers=PNG),
+            "twice": await client.post("/v1/predict?top_k=2&top_k=3", content=png_bytes(8, 8), headers=PNG),
             "stray": await client.post("/v1/explain?top_k=2&verbose=1", content=png_bytes(8, 8), headers=PNG),
             "format json": await client.post("/v1/predict?format=json&top_k=1", content=png_bytes(8, 8), headers=PNG),
             "unknown": await client.get("/v2/predict"),
@@ -62,8 +71,11 @@ def test_bad_bodies_parameters_and_routes(vit_checkpoint: Path) -> None:
     assert_error(got["garbage"], 400, "not a readable image")
     assert_error(got["truncated"], 400, "corrupt or truncated")
     assert_error(got["empty"], 400, "empty body")
-    for name in ("text", "json", "no type"):
+    for name in ("text", "json"):
         assert_error(got[name], 415, "unsupported content type")
+    assert_error(got["no type"], 415, "no Content-Type: send one image with Content-Type image/*")
+    assert_error(got["gzip"], 415, "unsupported Content-Encoding 'gzip'")
+    assert got["identity"].status_code == 200 and len(got["identity"].json()["predictions"]) == 1
     assert_error(got["top_k"], 400, "top_k")
     for name in ("top_k text", "top_k ²", "top_k ٣", "top_k long"):
         assert_error(got[name], 400, "top_k must be a positive integer")
@@ -72,6 +84,7 @@ def test_bad_bodies_parameters_and_routes(vit_checkpoint: Path) -> None:
         got["topk"], 400, "unknown query parameter 'topk': /v1/predict takes top_k, format; did you mean 'top_k'?"
     )
     assert_error(got["stray"], 400, "unknown query parameter 'verbose': /v1/explain takes top_k, format")
+    assert_error(got["twice"], 400, "query parameter 'top_k' given more than once")  # 3 was taken, unsaid
     assert got["format json"].status_code == 200 and len(got["format json"].json()["predictions"]) == 1
     assert_error(got["unknown"], 404)
     assert_error(got["method"], 405)
@@ -117,7 +130,7 @@ def test_multipart_mistakes(vit_checkpoint: Path) -> None:
     got = run_then_good(vit_checkpoint, ServeConfig(max_files=2), requests)
     assert_error(got["no file"], 400, "no 'file' field")
     assert_error(got["text field"], 400, "not a file upload")
-    assert_error(got["too many"], 413, "more than 2 parts in one form: send at most 2 images a request")
+    assert_error(got["too many"], 413, "more than 2 parts in one form: send at most 2 a request ('file' fields)")
     assert_error(got["png of two"], 400, "format=png")
     # a form answers each file, as `vitkit predict` does; one bad file had failed the whole request
     assert got["bad second"].status_code == 200

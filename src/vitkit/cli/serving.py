@@ -20,9 +20,11 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("serve", help="HTTP inference server: /v1/predict, /v1/explain, /metrics and a web page")
     parser.add_argument("checkpoint", help="checkpoint (any format) or run directory")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
-    parser.add_argument("--port", type=int, default=8000, help="TCP port")
+    parser.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
     parser.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda, cuda:1, ...")
-    parser.add_argument("--max-batch", type=int, default=32, help="images per model forward at most")
+    parser.add_argument(
+        "--max-batch", type=int, default=32, help="images per model forward at most (default 32, at most 1024)"
+    )
     parser.add_argument("--max-wait-ms", type=finite_float, default=5.0, help="how long a batch waits to fill up")
     parser.add_argument("--max-body-mb", type=finite_float, default=8.0, help="request body limit in MiB")
     parser.add_argument(

@@ -97,11 +97,13 @@ def top_classes(probabilities: torch.Tensor, class_names: Sequence[str] | None, 
     """The `top_k` most probable classes of one image's (K,) probabilities, most probable first:
     [{"class", "index", "probability"}] (the class is the index as a string without class names)."""
     indices = ranked(probabilities, top_k).tolist()
+    return [{"class": class_label(class_names, c), "index": c, "probability": float(probabilities[c])} for c in indices]
+
+
+def class_label(class_names: Sequence[str] | None, index: int) -> str:
+    """Class `index`'s name, or the index as a string where the model has no name for it."""
     names = class_names or []
-    return [
-        {"class": names[c] if c < len(names) else str(c), "index": c, "probability": float(probabilities[c])}
-        for c in indices
-    ]
+    return names[index] if index < len(names) else str(index)
 
 
 def _decode(path: Path, checkpoint, size: int) -> torch.Tensor | str:

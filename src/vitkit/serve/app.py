@@ -118,9 +118,12 @@ def _closing_if_unread(scope: Scope, receive: Receive, send: Send) -> tuple[Rece
 
 
 def _check_parameters(request: Request) -> None:
-    """A query parameter the routes do not take (a misspelt `topk`) is refused, not silently passed over."""
+    """A query parameter the routes do not take (a misspelt `topk`), or one given twice, is refused, not silently
+    passed over."""
     known = ("top_k", "format")
     for name in request.query_params:
+        if len(request.query_params.getlist(name)) > 1 and name in known:  # which one was meant?
+            raise HTTPError(400, f"query parameter {name!r} given more than once")
         if name not in known:
             close = difflib.get_close_matches(name.lower(), known, n=1, cutoff=0.6)
             hint = f"; did you mean {close[0]!r}?" if close else ""

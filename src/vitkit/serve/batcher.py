@@ -43,6 +43,8 @@ class Batcher:
         on_depth: called with the number of waiting payloads whenever it changes (metrics).
         others: given the callers inside, how many requests are still on their way to `submit` (0: nobody
             to wait for); by default always some, so a batch waits `max_wait_s` to fill up.
+        foreseen: exceptions of `run` that say all there is (a model process that died, and was restarted):
+            logged in one line, where any other is logged with its traceback.
     """
 
     def __init__(
@@ -53,8 +55,9 @@ class Batcher:
         max_wait_s: float,
         on_depth: Callable[[int], None] = lambda depth: None,
         others: Callable[[int], int] = lambda inside: 1,
+        foreseen: tuple[type[Exception], ...] = (),
     ) -> None:
-        self._run, self._max_batch, self._max_wait = run, max_batch, max_wait_s
+        self._run, self._max_batch, self._max_wait, self._foreseen = run, max_batch, max_wait_s, foreseen
         self._on_depth, self._others = on_depth, others
         self._inside = 0  # callers between submit and their answer (changed on the event loop only)
         self._waiting: collections.deque[_Job] = collections.deque()
@@ -122,7 +125,10 @@ class Batcher:
                 if len(outputs) != len(batch):
                     raise RuntimeError(f"the model returned {len(outputs)} outputs for {len(batch)} inputs")
             except Exception as error:  # noqa: BLE001 - one bad batch fails its callers, not the server
-                log.exception("model forward failed for a batch of %d", len(batch))
+                if isinstance(error, self._foreseen):
+                    log.error("a batch of %d failed: %s", len(batch), error)
+                else:
+                    log.exception("model forward failed for a batch of %d", len(batch))
                 outputs = [error] * len(batch)
             try:
                 self._loop.call_soon_threadsafe(self._deliver, batch, outputs)

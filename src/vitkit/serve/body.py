@@ -70,14 +70,18 @@ def media_type(request: Request) -> str:
 
 
 def check_content_type(request: Request) -> None:
-    """415 unless the body is an image (image/*) or a multipart form."""
+    """415 unless the body is an image (image/*) or a multipart form, sent without a content coding (RFC 9110
+    section 8.4: a coding the server does not apply is a 415)."""
     kind = media_type(request)
+    send = "send one image with Content-Type image/* or a multipart/form-data form with 'file' fields"
+    if not kind:
+        raise HTTPError(415, f"no Content-Type: {send}")
     if not (kind.startswith("image/") or kind == "multipart/form-data"):
-        shown = kind or "none"
+        raise HTTPError(415, f"unsupported content type {kind[:60]!r}: {send}")
+    coding = request.headers.get("content-encoding", "identity").strip().lower()
+    if coding != "identity":
         raise HTTPError(
-            415,
-            f"unsupported content type {shown!r}: send one image with Content-Type image/* "
-            "or a multipart/form-data form with 'file' fields",
+            415, f"unsupported Content-Encoding {coding[:40]!r}: send the image's own bytes (PNG, JPEG, ...) uncoded"
         )
 
 
@@ -140,7 +144,7 @@ async def _multipart(request: Request, body: bytes, max_files: int) -> list[Uplo
         form = await parser.parse()
     except MultiPartException as error:
         if error.message.startswith("Too many"):  # a valid form, beyond what one request may carry
-            message = f"more than {max_files} parts in one form: send at most {max_files} images a request"
+            message = f"more than {max_files} parts in one form: send at most {max_files} a request ('file' fields)"
             raise HTTPError(413, message) from error
         raise HTTPError(400, f"malformed multipart form: {error.message}") from error
     try:

@@ -17,7 +17,7 @@ from PIL import Image
 from torch import Tensor
 
 from vitkit.eval.features import prepare, require_classifier
-from vitkit.eval.predict import class_probabilities, decode_input
+from vitkit.eval.predict import class_label, class_probabilities, decode_input
 from vitkit.inspect.attention import attention_rollout, rollout_map
 from vitkit.models.configs import config_to_dict, num_classes
 
@@ -65,7 +65,7 @@ class ServedModel:
         return {
             "model": f"{type(self.model).__name__} ({fields})" if fields else type(self.model).__name__,
             "checkpoint": self.source,
-            "classes": self.class_names,
+            "classes": [class_label(self.class_names, c) for c in range(num_classes(self.model.config))],
             "num_classes": num_classes(self.model.config),
             "resolution": self.size,
             "channels": self.channels,

@@ -84,6 +84,7 @@ class Service:
             max_wait_s=self.config.max_wait_ms / 1000,
             others=lambda inside: self._admitted - inside,
             on_depth=self.metrics.queue_depth.set,
+            foreseen=(ModelProcessError,),
         )
         self.batcher.start()
         self.model = self.engine.description
