@@ -243,3 +243,39 @@ def test_an_arm_stopped_before_its_run_began_is_re_run(tmp_path: Path, monkeypat
     monkeypatch.setattr(parts, "load_splits", real)
     record = arms.run_train_arm(arm, out, arms.Probes())
     assert record["status"] == "finished" and record["step"] > 0 and (out / "arm.json").is_file()
+
+
+def test_a_study_whose_arms_learned_little_has_no_verdict(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """At the small scale's lowest budgets the arms' evaluations left them a few steps: every arm sat near chance
+    (12.4% on MNIST), and the report still said "reproduced" (the variants "differ little") and "not
+    reproduced"."""
+    from vitkit.reproduce import study
+    from vitkit.reproduce.scale import Scale
+
+    monkeypatch.setattr(study, "scale_for", lambda budget, units: Scale("small", 0.01))
+    monkeypatch.setattr(study, "calibrated", lambda scale, *_, **__: dataclasses.replace(scale, unit_steps=1))
+    reproduce("posemb", tiny("posemb", tmp_path))
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["scale"]["name"] == "small" and max(r["test"]["top1"] for r in results["arms"]) < 0.19
+    assert all(c["verdict"] == "inconclusive" for c in results["claims"])
+    assert all(c["reason"].startswith("the arms learned little: their median test top-1 is") for c in results["claims"])
+
+
+def test_learned_little_and_the_overrun_line() -> None:
+    from vitkit.reproduce.report import markdown
+    from vitkit.reproduce.spec import Analysis
+    from vitkit.reproduce.study import learned_little
+
+    def arms(*tops: float) -> list[dict]:
+        return [{"test": {"top1": top}} for top in tops]
+
+    assert learned_little(arms(0.12, 0.13, 0.90), 10) is not None  # the median arm, at 13%, under 19%
+    assert learned_little(arms(0.12, 0.19, 0.90), 10) is None and learned_little(arms(0.55), 2) is None
+    assert learned_little([{"test": None}], 10) is None and "chance 50.0%" in learned_little(arms(0.54), 2)
+    results = {
+        "title": "t", "command": "c", "data": "d", "seeds": 1, "machine": "m", "arms": [], "budget_minutes": 3,
+        "scale": {"name": "small", "unit_steps": 12, "unit_minutes": 0.1, "images_per_s": 100.0},
+        "arm_minutes": 7.7,
+    }  # fmt: skip
+    assert "**over the budget**: the arms took 7.7 min of 3" in markdown(results, Analysis(claims=[]))
+    assert "over the budget" not in markdown({**results, "arm_minutes": 3.5}, Analysis(claims=[]))

@@ -267,6 +267,12 @@ def test_a_budget_too_small_for_its_final_evaluation_is_warned_about() -> None:
     assert len(warned) == 1 and "the start-up took 30 s of the 12-s budget" in warned[0] and "ends late" in warned[0]
     slow = dataclasses.replace(tight, measured={**tight.measured, "startup_seconds": 10.0})  # the evaluation's fault
     assert "start-up took" not in "\n".join(plan_lines(slow)) and "45 s" in "\n".join(plan_lines(slow))
+    assert "ends late" not in "\n".join(plan_lines(slow))  # 10 + 5 + 45 s: within the minute
+    # an evaluation longer than what start-up left: a 0.4-min fine-tune ran 1.6 min, its warning silent on it
+    over = plan_with(75.0)
+    over = dataclasses.replace(over, measured={**over.measured, "startup_seconds": 10.0})
+    warned = [line for line in plan_lines(over) if line.startswith("warning:")]
+    assert warned and "(75 s): the run ends late, after about 1.4 min" in warned[0]
 
 
 def test_a_budget_longer_than_the_runs_own_length_says_the_steps_end_it() -> None:

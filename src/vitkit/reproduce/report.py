@@ -20,6 +20,8 @@ from vitkit.atomic import atomic_write_text
 from vitkit.reproduce import verdict as verdicts
 from vitkit.reproduce.spec import Analysis, Claim, Context, Study, Table
 
+OVERRUN = 1.25  # arm minutes beyond this many budgets are said, in the log and the report
+
 VERDICT_RULES = (
     f"Each claim is reduced to one number per seed and tested with its seed spread (reproduce/verdict.py): "
     f"mean +- {verdicts.Z:g} standard errors, the seed standard deviation pooled over the study's arms.  "
@@ -98,8 +100,14 @@ def markdown(results: dict[str, Any], analysis: Analysis) -> str:
         f"- data: `{results['data']}`; scale **{scale['name']}** ({unit}); {results['seeds']} seed(s)",
         f"- machine: {results['machine']}; {len(results['arms'])} arms, {results['arm_minutes']:.1f} arm-minutes "
         f"in all (budget {results['budget_minutes']:g} min; a killed process counts the training its checkpoints kept)",
-        "",
     ]
+    if results["arm_minutes"] > OVERRUN * results["budget_minutes"]:
+        lines.append(
+            f"- **over the budget**: the arms took {results['arm_minutes']:.1f} min of "
+            f"{results['budget_minutes']:g}; their start-up and evaluations cost more on this machine than the plan "
+            "allowed"
+        )
+    lines.append("")
     lines += [f"- {note}" for note in analysis.notes] + ([""] if analysis.notes else [])
     lines += ["## Verdicts", "", "| claim | paper | verdict |", "| --- | --- | --- |"]
     lines += [f"| {c.claim} | {c.paper.where} | **{c.verdict.status}** |" for c in analysis.claims]

@@ -55,10 +55,11 @@ from vitkit.train.choices import eager_precision
 from vitkit.train.config import TrainConfig
 from vitkit.train.recipes import auto_recipe_name, get_recipe
 
-TRAIN_SHARE = 0.8  # of the budget spent by the arms: their training loops and ARM_SECONDS each
-# an arm's time beside its training loop: its data loaded, its final evaluation and few-shot probes (measured:
-# 12 s a Fashion-MNIST arm of the posemb study on 2 AVX2 cores, where a 3-minute study overran to 10 minutes)
+TRAIN_SHARE = 0.8  # of the budget spent by the arms: their training loops and the time beside them
+# an arm's time beside its training loop and its evaluations' forward passes: start-up and its data loaded
+# (measured: 12 s a Fashion-MNIST arm of the posemb study on 2 AVX2 cores, evaluations included)
 ARM_SECONDS = 12.0
+FORWARD_SHARE = 1 / 3  # a forward pass of an image costs about this share of a training step's (TRAIN_FLOPS_FACTOR)
 MIN_TRAINED = 0.25  # of TRAIN_SHARE, left to the training loops however many arms a budget has
 TINY_UNIT_MINUTES = 0.3
 BASE_UNIT_MINUTES = 30.0
@@ -74,11 +75,13 @@ class Scale:
     unit_steps: int = 0  # optimiser steps of an arm of one unit (tiny: the -tiny recipe's)
     images_per_s: float = 0.0  # the calibration: training speed of the base model when the study started
     speeds: dict = field(default_factory=dict)  # model (family and size) -> calibrated training images/s
+    beside_s: float = 0.0  # the arms' estimated seconds beside their training loops, in all (start-up, evaluations)
 
 
-def smallest_budget(units: float) -> float:
-    """The smallest budget (minutes) at which `units` units of arms train at the small scale, not the tiny one."""
-    return TINY_UNIT_MINUTES * units / TRAIN_SHARE
+def smallest_budget(units: float, beside_s: float = 0.0) -> float:
+    """The smallest budget (minutes) at which `units` units of arms train at the small scale, not the tiny one,
+    where the arms' time beside their training loops is `beside_s` seconds in all (Scale.beside_s)."""
+    return (TINY_UNIT_MINUTES * units + beside_s / 60) / TRAIN_SHARE
 
 
 def scale_for(budget_minutes: float, units: float) -> Scale:
@@ -164,9 +167,13 @@ def calibrated(
     configs: Sequence[tuple[float, TrainConfig]],
     base: TrainConfig,
     measure=calibrate,
+    *,
+    eval_images: int = 0,
 ) -> Scale:
     """`scale` with its unit arm in steps: the arms (units, config) at their models' measured speeds fill
-    TRAIN_SHARE of `budget_minutes`, less ARM_SECONDS an arm (at least MIN_TRAINED of that share trains)."""
+    TRAIN_SHARE of `budget_minutes`, less each arm's time beside its training loop: ARM_SECONDS and the forward
+    passes of its `eval_images` (at least MIN_TRAINED of that share trains).  The tiny scale where what is left
+    trains a unit arm for less than TINY_UNIT_MINUTES: its arms would sit near chance."""
     if scale.name == "tiny":
         return scale
     speeds: dict[str, float] = {}
@@ -174,9 +181,13 @@ def calibrated(
         key = model_key(config.model)
         if key not in speeds:
             speeds[key] = round(measure(config), 1)
-    seconds = sum(units * config.data.batch_size / speeds[model_key(config.model)] for units, config in configs)
+    speed = [speeds[model_key(config.model)] for _, config in configs]
+    seconds = sum(units * config.data.batch_size / v for (units, config), v in zip(configs, speed, strict=True))
+    beside = sum(ARM_SECONDS + eval_images * FORWARD_SHARE / v for v in speed)
     share = budget_minutes * TRAIN_SHARE * 60
-    steps = max(1, round(max(share - ARM_SECONDS * len(configs), MIN_TRAINED * share) / seconds))
+    if share - beside < TINY_UNIT_MINUTES * 60 * sum(units for units, _ in configs):
+        return Scale("tiny", 0.0, beside_s=round(beside, 1))
+    steps = max(1, round(max(share - beside, MIN_TRAINED * share) / seconds))
     base_speed = speeds[model_key(base.model)]
     return dataclasses.replace(
         scale,
@@ -184,6 +195,7 @@ def calibrated(
         images_per_s=base_speed,
         speeds=speeds,
         unit_minutes=round(steps * base.data.batch_size / base_speed / 60, 3),
+        beside_s=round(beside, 1),
     )
 
 

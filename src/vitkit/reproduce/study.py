@@ -16,6 +16,7 @@ import dataclasses
 import json
 import logging
 import math
+import statistics
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -24,8 +25,8 @@ from typing import Any
 from vitkit.atomic import atomic_write_text
 from vitkit.bench.throughput import num_threads
 from vitkit.data.sources import describe
-from vitkit.reproduce.arms import FEWSHOT_SHOTS, Probes, fewshot_draws, run_train_arm
-from vitkit.reproduce.report import unit_text, write_report
+from vitkit.reproduce.arms import FEWSHOT_DRAWS, FEWSHOT_SHOTS, Probes, fewshot_draws, run_train_arm
+from vitkit.reproduce.report import OVERRUN, unit_text, write_report
 from vitkit.reproduce.scale import Scale, base_config, calibrated, scale_for, smallest_budget
 from vitkit.reproduce.spec import Analysis, Context, Study, StudyRequest
 from vitkit.reproduce.verdict import INCONCLUSIVE, Verdict
@@ -69,14 +70,9 @@ def prepare_directory(study: Study, context: Context) -> Context:
     elif scale.name != "tiny" and study.run_arm is None:  # arms that train: their speed sets the unit
         provisional = dataclasses.replace(context, scale=dataclasses.replace(scale, unit_steps=1))
         arms = study.plan(provisional)
-        scale = calibrated(scale, request.budget_minutes, [(a.units, a.config) for a in arms], context.base)
-        log.info(
-            "calibration: %d model(s) timed; the base model trains %.0f images/s; a unit arm is %d steps of %d images",
-            len(scale.speeds),
-            scale.images_per_s,
-            scale.unit_steps,
-            context.base.data.batch_size,
-        )
+        configs = [(a.units, a.config) for a in arms]
+        scale = calibrated(scale, request.budget_minutes, configs, context.base, eval_images=eval_images(context))
+        log.info("calibration: %s", calibration_text(scale, context.base.data.batch_size))
     if scale.name != context.scale.name:  # a stored plan at another scale than this --seeds alone would give
         base = base_config(context.info, scale, threads=request.threads, device=request.device)
         context = dataclasses.replace(context, base=base)
@@ -85,6 +81,23 @@ def prepare_directory(study: Study, context: Context) -> Context:
     record = {**mine, "seeds": request.seeds, "scale": asdict(scale)}
     atomic_write_text(path, json.dumps(record, indent=1) + "\n")
     return context
+
+
+def eval_images(context: Context) -> int:
+    """The images an arm's evaluations pass forward: its final test evaluation, and the few-shot probe's test
+    features and its largest shots of every class in every draw."""
+    tests = len(Probes(context.request.device).split(context.base, "test"))
+    return 2 * tests + max(FEWSHOT_SHOTS) * context.info.num_classes * FEWSHOT_DRAWS
+
+
+def calibration_text(scale: Scale, batch: int) -> str:
+    beside = f"about {scale.beside_s / 60:.1f} min of the arms' start-up and evaluations"
+    if scale.name == "tiny":
+        return f"{beside} leave too little to train at the small scale: tiny scale"
+    return (
+        f"{len(scale.speeds)} model(s) timed; the base model trains {scale.images_per_s:.0f} images/s; {beside}; a "
+        f"unit arm is {scale.unit_steps} steps of {batch} images"
+    )
 
 
 def run_study(study: Study, request: StudyRequest) -> dict[str, Any]:
@@ -116,18 +129,55 @@ def run_study(study: Study, request: StudyRequest) -> dict[str, Any]:
             log.info("arm %d/%d %s: %s", index, len(arms), arm.key, headline(record))
     analysis = study.analyse(context, records)
     if tiny:  # the speed study's too: its tiny pair is no pair of comparable cost (4-5x apart in FLOPs)
-        analysis = mechanics_only(analysis, smallest_budget(study.units * request.seeds))
-    return write_report(study, context, records, analysis, minutes=(time.monotonic() - began) / 60)
+        minimum = smallest_budget(study.units * request.seeds, context.scale.beside_s)
+        analysis = without_verdicts(analysis, mechanics_only(minimum))
+    elif why := learned_little(records, context.info.num_classes):
+        analysis = without_verdicts(analysis, why)
+    minutes = (time.monotonic() - began) / 60
+    summary = write_report(study, context, records, analysis, minutes=minutes)
+    if summary["arm_minutes"] > OVERRUN * request.budget_minutes:
+        log.warning(
+            "study %s: its arms took %.1f min of its %g-min budget: their start-up and evaluations cost more here "
+            "than the plan allowed (the report says so)",
+            study.name,
+            summary["arm_minutes"],
+            request.budget_minutes,
+        )
+    return summary
 
 
-def mechanics_only(analysis: Analysis, minimum_minutes: float) -> Analysis:
-    """Every verdict of a tiny-scale study made inconclusive: its arms train 10 steps per unit of length (a test of
-    the mechanics) and sit near chance, so an effect between them says nothing of the paper's claim."""
-    why = (
+LEARNED_SHARE = 0.1  # arms "learned" where the median test top-1 lies this share of the way from chance to 100%
+
+
+def mechanics_only(minimum_minutes: float) -> str:
+    """Why a tiny-scale study has no verdict: its arms train 10 steps per unit of length (a test of the mechanics)
+    and sit near chance, so an effect between them says nothing of the paper's claim."""
+    return (
         "tiny scale: every arm is a tiny model run for a few steps (10 per unit of its length), a test of the "
         "mechanics, not of the claim; give "
         f"--budget-minutes {math.ceil(minimum_minutes)} or more (per seed count as now) for a verdict"
     )
+
+
+def learned_little(records: list[dict[str, Any]], num_classes: int) -> str | None:
+    """Why a study has no verdict where its arms sit near chance (the median arm's test top-1 below LEARNED_SHARE
+    of the way from chance to 100%): an effect between untrained arms says nothing of the claim, and arms that all
+    learned nothing "differ little".  None where they learned."""
+    tops = [r["test"]["top1"] for r in records if (r.get("test") or {}).get("top1") is not None]
+    if not tops or num_classes < 2:
+        return None
+    chance = 1 / num_classes
+    floor, median = chance + LEARNED_SHARE * (1 - chance), statistics.median(tops)
+    if median >= floor:
+        return None
+    return (
+        f"the arms learned little: their median test top-1 is {100 * median:.1f}%, chance {100 * chance:.1f}% (a "
+        f"verdict needs {100 * floor:.1f}%); give a larger --budget-minutes"
+    )
+
+
+def without_verdicts(analysis: Analysis, why: str) -> Analysis:
+    """Every verdict of `analysis` made inconclusive for the reason `why`, the measured one kept beside it."""
     claims = [
         dataclasses.replace(claim, verdict=Verdict(INCONCLUSIVE, f"{why}. Measured: {claim.verdict.reason}"))
         for claim in analysis.claims

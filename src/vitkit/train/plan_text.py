@@ -111,9 +111,12 @@ def estimate_lines(plan: Plan) -> list[str]:
                 "evaluates, and ends late: a larger --max-minutes trains more"
             )
         elif left is not None and left < TIGHT_BUDGET * whole:
+            evaluation = measured["eval_seconds"]
+            late = startup + evaluation > whole  # the evaluation alone outlasts what start-up left
+            ending = f": the run ends late, after about {minutes((startup + left + evaluation) / 60)}" if late else ""
             lines.append(
                 f"warning: of the {plan.budget_minutes:g}-min budget, {left:g} s are left to train after start-up "
-                f"and the final evaluation ({measured['eval_seconds']:g} s); a larger --max-minutes trains more"
+                f"and the final evaluation ({evaluation:g} s){ending}; a larger --max-minutes trains more"
             )
         return lines
     steps = (
