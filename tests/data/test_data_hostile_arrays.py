@@ -270,3 +270,25 @@ def test_a_cifar_file_larger_than_memory_is_refused_unread_and_its_names_file_is
         file.truncate(readers.MAX_NAMES_FILE_BYTES + 1)
     with pytest.raises(DataFormatError, match=r"fine_label_names\.txt: [\d,]+ bytes, more than a names file"):
         load_split(f"cifar100:{root}", "train")
+
+
+def test_a_folder_of_images_or_shards_under_a_built_in_scheme_names_the_scheme_that_reads_it(tmp_path: Path) -> None:
+    """`cifar10:` on a folder of JPEGs said only "data_batch_1.bin: missing", though a typo'd scheme gets a hint."""
+    from PIL import Image
+
+    from vitkit.data.sources import describe
+
+    photos = tmp_path / "photos"
+    (photos / "train" / "cat").mkdir(parents=True)
+    Image.new("RGB", (8, 8)).save(photos / "train" / "cat" / "a.jpg")
+    for uri in (f"cifar10:{photos}", f"mnist:{photos}"):
+        with pytest.raises(DataFormatError, match=f"; it holds image files: read them with folder:{photos}$"):
+            describe(uri)
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    (shards / "train-000000.tar").write_bytes(b"")
+    with pytest.raises(DataFormatError, match=f"; it holds .tar shards: read them with wds:{shards}$"):
+        describe(f"fashion-mnist:{shards}")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataFormatError, match="train-images-idx3-ubyte exists$"):
+        describe(f"mnist:{tmp_path / 'empty'}")

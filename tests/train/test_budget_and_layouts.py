@@ -301,8 +301,10 @@ def test_a_finished_budgeted_run_re_run_takes_no_more_steps(tmp_path: Path, monk
     monkeypatch.setattr(trainer.Trainer, "_eval_image_seconds", lambda self, count: 0.0)
     with caplog.at_level(logging.INFO, logger="vitkit.train.trainer"):
         again = trainer.train(tiny_config(run, *overrides), on_plan=plans.append)
-    said = f"finished at step {first['step']}: nothing left to train; its final model is evaluated"
+    said = f"finished at step {first['step']}: nothing left to train (another --epochs or --max-minutes does not"
     assert len(plans) == 1 and said in caplog.text  # not "again": a signal may have cut the first evaluation short
+    assert f"start a new one from its weights with --set run.init_from={run})" in caplog.text
+    assert "schedule annealed at step" not in caplog.text  # "(about 581)": the new budget's estimate, taken for news
     assert first["status"] == again["status"] == "finished" and again["step"] == first["step"] == len(before)
     assert [r for r in metrics_records(run) if r["split"] == "train"] == before
     assert again["test"]["top1"] == first["test"]["top1"]

@@ -131,6 +131,9 @@ def test_the_final_line_says_when_the_step_count_was_an_estimate() -> None:
     # a resumed invocation's estimate is of its own warm-up, not of the run: "after 854 (~129 estimated) steps"
     resumed = _final_line({**result, "plan": {"steps_given": False, "start_step": 40}}, config)
     assert "after 427 steps, 2.87 min (time budget spent)" in resumed
+    # "after 328 steps, 0.12 min" of a re-run of a 2-minute run: this invocation's minutes only
+    whole = _final_line({**result, "minutes": 2.01, "plan": {"steps_given": False, "start_step": 40}}, config)
+    assert "after 427 steps, 2.87 min this time, 2.01 min trained in all (time budget spent)" in whole
     assert "after 427/294 steps" in _final_line({**result, "plan": {"steps_given": True}}, config)
     capped = {**result, "step": 1125, "steps": 46875, "plan": {"steps_given": True}}  # the budget ended it first
     assert "after 1125 of at most 46875 steps, 2.87 min (time budget spent)" in _final_line(capped, config)

@@ -332,3 +332,17 @@ def test_every_run_of_a_sweep_trains_at_the_precision_its_first_trial_chose(
     seen.clear()
     sweep.train_with_sweep(pinned)
     assert seen == ["bf16", "bf16", "bf16"]  # the user's choice is left as it is
+
+
+def test_a_grayscale_checkpoint_fine_tuned_on_colour_images_says_it_drops_the_colour(
+    pretrained: Path, tmp_path: Path
+) -> None:
+    """Only the plan's "1 channel (grayscale)" told that an MPP encoder of MNIST saw colour photos in gray."""
+    rng = np.random.default_rng(0)
+    labels = np.arange(80) % 4
+    np.savez(tmp_path / "rgb.npz", images=rng.integers(0, 255, (80, 8, 8, 3), dtype=np.uint8), labels=labels)
+    assert read(pretrained / "checkpoints" / "final").config.in_chans == 1
+    warnings = resolve(Request(data=f"npz:{tmp_path / 'rgb.npz'}", init_from=str(pretrained))).warnings
+    assert any("the checkpoint reads 1 channel (grayscale): the 3-channel images of npz:" in w for w in warnings)
+    gray = resolve(Request(data=f"npz:{class_npz(tmp_path / 'gray.npz')}", init_from=str(pretrained))).warnings
+    assert not any("grayscale" in w for w in gray)

@@ -234,7 +234,10 @@ def _final_line(result: dict[str, Any], config: Any) -> str:
         steps = f"{result['step']} of at most {result['steps']}"
     if given and _fitted(result) and result["status"] == "finished" and result["step"] < result["steps"]:  # annealed
         steps = f"{result['step']} (the schedule fitted to the time budget; at most {result['steps']})"
-    done = f"after {steps} steps, {result['wall_minutes']:.2f} min{note}; run: {result['run_dir']}"
+    took = f"{result['wall_minutes']:.2f} min"
+    if result.get("plan", {}).get("start_step") and "minutes" in result:  # resumed: the run's whole training too
+        took += f" this time, {result['minutes']:.2f} min trained in all"
+    done = f"after {steps} steps, {took}{note}; run: {result['run_dir']}"
     final = result.get(split)
     if config.mpp is not None:
         held = (

@@ -9,6 +9,7 @@ inside numpy.  Nothing here unpickles: `.npz` files are opened with `allow_pickl
 from __future__ import annotations
 
 import gzip
+import os
 import struct
 import tokenize
 import zipfile
@@ -39,7 +40,31 @@ def idx_path(directory: Path, stem: str) -> Path:
     for name in (f"{stem}.gz", stem):
         if (directory / name).is_file():
             return directory / name
-    raise DataFormatError(f"{directory}: neither {stem}.gz nor {stem} exists")
+    raise DataFormatError(f"{directory}: neither {stem}.gz nor {stem} exists{folder_instead(directory)}")
+
+
+def folder_instead(root: Path, depth: int = 3, looked: int = 256) -> str:
+    """ "; it holds image files: read them with folder:ROOT" where an image lies within `depth` levels of `root`
+    (a train/<class>/ or <class>/ layout) among the first `looked` entries of each directory; the wds: hint where
+    it holds .tar shards (listing.shards_instead); else ""."""
+    from vitkit.data.images import IMAGE_EXTENSIONS
+    from vitkit.data.listing import shards_instead
+
+    def has_images(directory: Path, left: int) -> bool:
+        try:
+            with os.scandir(directory) as entries:
+                for _, entry in zip(range(looked), entries):
+                    if entry.is_file() and entry.name.lower().endswith(IMAGE_EXTENSIONS):
+                        return True
+                    if left > 1 and entry.is_dir() and not entry.name.startswith(".") and has_images(entry, left - 1):
+                        return True
+        except OSError:
+            return False
+        return False
+
+    if has_images(root, depth):
+        return f"; it holds image files: read them with folder:{root}"
+    return shards_instead(root) if root.is_dir() else ""
 
 
 def _read_bytes(path: Path, limit: int | None = None) -> bytes:
@@ -134,7 +159,9 @@ def read_cifar_bin(path: Path, label_bytes: int, num_classes: int) -> tuple[np.n
 def cifar_count(path: Path, label_bytes: int) -> int:
     """The records of a CIFAR binary file, from its size: a whole number of them, which fits in memory."""
     if not path.is_file():
-        raise DataFormatError(f"{path}: missing (expected the official CIFAR binary version)")
+        raise DataFormatError(
+            f"{path}: missing (expected the official CIFAR binary version){folder_instead(path.parent)}"
+        )
     size, record = path.stat().st_size, label_bytes + CIFAR_PIXELS
     if size == 0 or size % record:
         raise DataFormatError(

@@ -52,8 +52,9 @@ def load_splits(config: TrainConfig, *, need_test: bool = True) -> Splits:
 
     Evaluation during training never reads the final test images: it reads the source's own validation
     split where it has one apart from its test split, else a class-stratified hold-out of train
-    (`data.val_fraction`, or 10% capped at 5,000 images when the run evaluates as it goes or ends on val).  With
-    `data.labels_per_class` that hold-out comes out of the N images per class.  A run whose evaluation period,
+    (`data.val_fraction`, or 10% capped at about 5,000 images, each class rounding its share, when the run
+    evaluates as it goes or ends on val).  With `data.labels_per_class` that hold-out comes out of the N images
+    per class.  A run whose evaluation period,
     in steps of the held-out training split, is not shorter than the run evaluates at the end only, and trains
     on the 10% again.
     """

@@ -36,7 +36,14 @@ def log_end(status: str, signum: int, step: int, steps: int, budget_minutes: flo
 
 def log_nothing_left(run_dir: Path, step: int) -> None:
     """A re-run of a finished run: instead of a plan whose estimates and warnings would read as a run to come."""
-    log.info("%s finished at step %d: nothing left to train; its final model is evaluated", run_dir, step)
+    log.info(
+        "%s finished at step %d: nothing left to train (another --epochs or --max-minutes does not lengthen a run "
+        "whose schedule has annealed: start a new one from its weights with --set run.init_from=%s); its final "
+        "model is evaluated",
+        run_dir,
+        step,
+        run_dir,
+    )
 
 
 def log_spent(budget_minutes: float, trained_s: float, step: int) -> None:

@@ -349,6 +349,11 @@ def _describe(config: TrainConfig, info: SourceInfo, name: str, chose: bool, sou
     warning = large_model_warning(count_params(config.model), info.num_train, from_scratch=not config.run.init_from)
     if warning:
         warnings.append(warning)
+    if source is not None and in_channels(source) == 1 and info.channels > 1:  # the plan's "1 channel" alone
+        warnings.append(
+            f"the checkpoint reads 1 channel (grayscale): the {info.channels}-channel images of {info.uri} are "
+            "converted to grayscale, their colour unseen"
+        )
     return Resolved(config=config, info=info, notes=notes, warnings=warnings)
 
 

@@ -249,7 +249,7 @@ class Trainer(RunParts):
                     status = reason or status
                     break
         bar.close()
-        if self.info.main:  # every process stops at the same step: one says so
+        if self.info.main and not self.ended_before:  # every process stops at the same step: one says so
             finish.log_end(status, stop.signum, state.step, plan.steps, config.run.max_minutes, plan.steps_given)
         stop.watch.activity = "final save or evaluation batch"  # a peer stopped now would hold this one too
         with stop.watch:
@@ -259,7 +259,8 @@ class Trainer(RunParts):
         """The plan said (a finished run's: that nothing is left) and the budget set; the status a run ends with
         that takes no step ("time_budget": earlier invocations spent a fitted budget)."""
         state = self.state
-        if self.resumed and state.ended and self.info.main:  # its plan's estimates and warnings would read as news
+        self.ended_before = self.resumed and state.ended  # its plan's estimates and warnings would read as news
+        if self.ended_before and self.info.main:
             finish.log_nothing_left(self.run.path, state.step)
         elif on_plan is not None and self.info.main:
             on_plan(plan)
