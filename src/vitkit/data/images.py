@@ -13,9 +13,7 @@ is refused, a palette with transparency goes through RGBA, and a 1x1 image is re
 JPEGs decoded to RGB go through `simplejpeg` (libjpeg-turbo, the `jpeg` extra) when it is installed,
 with the same power-of-two DCT-domain scaling Pillow's `draft` uses, so the pixels are identical and
 only the time differs (benchmarks/data_pipeline.py: 1.5-4x on 32 px JPEGs); anything it declines
-(CMYK, damaged data, a scale it would choose differently) falls back to Pillow.  One damage it finds that
-Pillow does not: a scan that ends before the pixels its header claims (Pillow fills them with grey where an
-end marker follows) is a `BadImageError` with it, decoded without it.
+(CMYK, damaged data, a scale it would choose differently) falls back to Pillow.
 """
 
 from __future__ import annotations
@@ -160,10 +158,8 @@ def _decode_jpeg_fast(data: bytes, size: int | None, max_pixels: int, name: str)
     shape = (-(-height // scale), -(-width // scale))
     try:
         array = _simplejpeg.decode_jpeg(data, colorspace="RGB", min_height=shape[0], min_width=shape[1], strict=True)
-    except (ValueError, TypeError) as error:  # damaged data (Pillow names it), or a simplejpeg without `strict`
-        if "premature end" in str(error).lower():  # pixels missing, which Pillow fills with grey where EOI follows
-            raise BadImageError(f"{name}: corrupt or truncated image (JPEG: {error})") from error
-        return None  # other warnings (extraneous bytes before a marker) are benign: Pillow decodes those as ever
+    except (ValueError, TypeError):  # damaged data (Pillow names it), or a simplejpeg without `strict`
+        return None
     if array.shape[:2] != shape:  # libjpeg-turbo chose an M/8 scale Pillow would not: keep Pillow's pixels
         return None
     return Image.fromarray(array, "RGB")
