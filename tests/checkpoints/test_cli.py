@@ -244,3 +244,7 @@ def test_convert_and_export_refuse_to_replace_the_model_they_read(tmp_path, make
         assert torch.equal(read(final).model.eval()(images), model.eval()(images))
     assert main(["export-onnx", str(run), str(run / "model.onnx")]) == 0  # beside a run's checkpoints: its own
     assert (run / "model.onnx").stat().st_size > 1000
+    mine = tmp_path / "project" / "checkpoints"  # a folder of that name, no run's: every path under it was refused
+    mine.mkdir(parents=True)
+    assert main(["export-onnx", str(tmp_path / "ckpt"), str(mine / "vit.onnx")]) == 0
+    assert main(["convert", str(tmp_path / "ckpt"), str(mine / "vit-timm"), "--to", "timm"]) == 0

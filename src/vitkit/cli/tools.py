@@ -108,15 +108,15 @@ def _refuse_overlap(src: str, dst: Path) -> None:
     """Refuse (even with --force) a destination that is the source, holds it or lies inside it (a run directory's
     own files aside: only its checkpoints/ are read), or lies inside any run's checkpoints/: replacing it
     would destroy the model being read, or a run's export that every verb reads."""
-    from vitkit.runs import CHECKPOINTS, is_run_dir
+    from vitkit.runs import CHECKPOINTS, CONFIG, FINAL, LATEST, is_run_dir
 
     source, target = Path(src).resolve(), dst.resolve()
     guarded = source / CHECKPOINTS if is_run_dir(source) else source
     if target == guarded or guarded in target.parents or target in source.parents or target == source:
         raise ValueError(f"{dst} is, holds or lies inside the checkpoint being read ({src}); write it elsewhere")
-    for parent in target.parents:
-        if parent.name == CHECKPOINTS and is_run_dir(parent.parent):
-            run = parent.parent
+    for parent in target.parents:  # a run's: its config beside, or its LATEST or final inside (any folder is not)
+        run = parent.parent
+        if parent.name == CHECKPOINTS and any(p.exists() for p in (run / CONFIG, parent / LATEST, parent / FINAL)):
             raise ValueError(f"{dst} lies inside the checkpoints of the training run {run}; write it elsewhere")
 
 
