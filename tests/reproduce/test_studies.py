@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
 import signal
 import time
@@ -82,6 +83,12 @@ def test_tiny_study_reports_every_arm_and_claim(tmp_path: Path, name: str) -> No
     for number in GOLDEN_QUOTED.get(name, []):
         assert number in report
     assert name != "posemb" or "(2 draws)" in report  # the tiny probe's, not the "5 draws" it had said
+    if name == "posemb":  # the budget it names counts each arm's start-up: the one it named came out tiny again
+        from vitkit.reproduce.scale import ARM_SECONDS, TINY_UNIT_MINUTES, TRAIN_SHARE
+
+        units, count = get_study(name).units, len(results["arms"])
+        advised = math.ceil((TINY_UNIT_MINUTES * units + ARM_SECONDS * count / 60) / TRAIN_SHARE)
+        assert f"--budget-minutes {advised} or more" in results["claims"][0]["reason"] and advised == 4
     assert "+- 0.00 |" not in report  # a one-seed table cell has no spread to show: a measured zero, it had read
     for figure in results["figures"]:
         assert (tmp_path / figure["file"]).stat().st_size > 2000 and f"]({figure['file']})" in report
@@ -258,7 +265,7 @@ def test_a_study_whose_arms_learned_little_has_no_verdict(tmp_path: Path, monkey
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["scale"]["name"] == "small" and max(r["test"]["top1"] for r in results["arms"]) < 0.19
     assert all(c["verdict"] == "inconclusive" for c in results["claims"])
-    assert all(c["reason"].startswith("the arms learned little: their median test top-1 is") for c in results["claims"])
+    assert all(c["reason"].startswith("the arms learned little: the best test top-1 is") for c in results["claims"])
 
 
 def test_learned_little_and_the_overrun_line() -> None:
@@ -269,8 +276,9 @@ def test_learned_little_and_the_overrun_line() -> None:
     def arms(*tops: float) -> list[dict]:
         return [{"test": {"top1": top}} for top in tops]
 
-    assert learned_little(arms(0.12, 0.13, 0.90), 10) is not None  # the median arm, at 13%, under 19%
-    assert learned_little(arms(0.12, 0.19, 0.90), 10) is None and learned_little(arms(0.55), 2) is None
+    assert learned_little(arms(0.12, 0.13, 0.18), 10) is not None  # the best arm, at 18%, under 19%
+    # arms near chance by design (few labels, from scratch) beside one that learned: verdicts stand
+    assert learned_little(arms(0.10, 0.11, 0.90), 10) is None and learned_little(arms(0.55), 2) is None
     assert learned_little([{"test": None}], 10) is None and "chance 50.0%" in learned_little(arms(0.54), 2)
     results = {
         "title": "t", "command": "c", "data": "d", "seeds": 1, "machine": "m", "arms": [], "budget_minutes": 3,
@@ -279,3 +287,5 @@ def test_learned_little_and_the_overrun_line() -> None:
     }  # fmt: skip
     assert "**over the budget**: the arms took 7.7 min of 3" in markdown(results, Analysis(claims=[]))
     assert "over the budget" not in markdown({**results, "arm_minutes": 3.5}, Analysis(claims=[]))
+    tiny = {**results, "scale": {"name": "tiny", "unit_steps": 0}}  # fixed steps: the budget does not govern them
+    assert "over the budget" not in markdown(tiny, Analysis(claims=[]))

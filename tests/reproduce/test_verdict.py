@@ -111,19 +111,20 @@ def test_calibrated_unit_arm_fills_the_budget_at_each_models_speed() -> None:
         base,
         measure=lambda config: speeds[config.model.hidden_size],
     )
-    # 0.8 x 10 min = 480 s, less 3 arms x 12 s = 444 s; one unit step costs 128/1000 + 128/1000 + 2 x 128/250 =
-    # 1.28 s -> 347 steps
-    assert scale.unit_steps == 347 and scale.images_per_s == 1000.0 and len(scale.speeds) == 2
-    assert scale.unit_minutes == pytest.approx(347 * 128 / 1000 / 60, abs=1e-3)
-    assert scale.beside_s == 36.0
-    # 0.8 x 3 min = 144 s, less 2 arms x (12 s + 20,000 forward images at a third of 1000 training images/s) =
-    # 77.3 s: 66.7 s train 2 unit arms, over the 0.3 min each the small scale needs
-    evaluated = calibrated(Scale("small", 1.0), 3.0, [(1.0, base)] * 2, base, lambda c: 1000.0, eval_images=20_000)
-    assert evaluated.name == "small" and evaluated.beside_s == pytest.approx(2 * (12 + 20_000 / 3000), abs=0.1)
+    # 0.8 x 10 min = 480 s, less 3 arms x 5 s = 465 s; one unit step costs 128/1000 + 128/1000 + 2 x 128/250 =
+    # 1.28 s -> 363 steps
+    assert scale.unit_steps == 363 and scale.images_per_s == 1000.0 and len(scale.speeds) == 2
+    assert scale.unit_minutes == pytest.approx(363 * 128 / 1000 / 60, abs=1e-3) and scale.beside_s == 15.0
+    # 0.8 x 3 min = 144 s, less 2 arms x (5 s + 20,000 forward images at a third of 1000 training images/s) =
+    # 63.3 s: 80.7 s train 2 unit arms, over the 0.3 min each the small scale needs
+    evaluated = calibrated(
+        Scale("small", 1.0), 3.0, [(1.0, base)] * 2, base, lambda c: 1000.0, eval_images=[20_000, 20_000]
+    )
+    assert evaluated.name == "small" and evaluated.beside_s == pytest.approx(2 * (5 + 20_000 / 3000), abs=0.1)
     assert evaluated.unit_steps == round((144 - evaluated.beside_s) / (2 * 0.128))
-    # 8 arms' 96 s beside 48 s: the arms would train a few steps and sit near chance (they trained a quarter)
+    # 8 arms' 40 s beside 48 s: the arms would train a few steps and sit near chance (they trained a quarter)
     many = calibrated(Scale("small", 1.0), 1.0, [(1.0, base)] * 8, base, measure=lambda c: 1000.0)
-    assert many == Scale("tiny", 0.0, beside_s=96.0)
+    assert many == Scale("tiny", 0.0, beside_s=40.0)
     assert calibrated(Scale("tiny", 0.0), 10.0, [(1.0, base)], base, measure=lambda c: 1 / 0) == Scale("tiny", 0.0)
 
 

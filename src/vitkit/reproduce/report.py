@@ -101,7 +101,7 @@ def markdown(results: dict[str, Any], analysis: Analysis) -> str:
         f"- machine: {results['machine']}; {len(results['arms'])} arms, {results['arm_minutes']:.1f} arm-minutes "
         f"in all (budget {results['budget_minutes']:g} min; a killed process counts the training its checkpoints kept)",
     ]
-    if results["arm_minutes"] > OVERRUN * results["budget_minutes"]:
+    if scale["name"] != "tiny" and results["arm_minutes"] > OVERRUN * results["budget_minutes"]:  # tiny: fixed steps
         lines.append(
             f"- **over the budget**: the arms took {results['arm_minutes']:.1f} min of "
             f"{results['budget_minutes']:g}; their start-up and evaluations cost more on this machine than the plan "

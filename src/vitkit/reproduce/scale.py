@@ -57,8 +57,9 @@ from vitkit.train.recipes import auto_recipe_name, get_recipe
 
 TRAIN_SHARE = 0.8  # of the budget spent by the arms: their training loops and the time beside them
 # an arm's time beside its training loop and its evaluations' forward passes: start-up and its data loaded
-# (measured: 12 s a Fashion-MNIST arm of the posemb study on 2 AVX2 cores, evaluations included)
-ARM_SECONDS = 12.0
+# (measured: 12 s a Fashion-MNIST arm of the posemb study on 2 AVX2 cores, of which about 7 s were the
+# evaluations' 21,000 forward passes, counted apart)
+ARM_SECONDS = 5.0
 FORWARD_SHARE = 1 / 3  # a forward pass of an image costs about this share of a training step's (TRAIN_FLOPS_FACTOR)
 MIN_TRAINED = 0.25  # of TRAIN_SHARE, left to the training loops however many arms a budget has
 TINY_UNIT_MINUTES = 0.3
@@ -168,12 +169,13 @@ def calibrated(
     base: TrainConfig,
     measure=calibrate,
     *,
-    eval_images: int = 0,
+    eval_images: Sequence[int] = (),
 ) -> Scale:
     """`scale` with its unit arm in steps: the arms (units, config) at their models' measured speeds fill
     TRAIN_SHARE of `budget_minutes`, less each arm's time beside its training loop: ARM_SECONDS and the forward
-    passes of its `eval_images` (at least MIN_TRAINED of that share trains).  The tiny scale where what is left
-    trains a unit arm for less than TINY_UNIT_MINUTES: its arms would sit near chance."""
+    passes of its evaluations, `eval_images` an arm (none where not given; at least MIN_TRAINED of that share
+    trains).  The tiny scale where what is left trains a unit arm for less than TINY_UNIT_MINUTES: its arms
+    would sit near chance."""
     if scale.name == "tiny":
         return scale
     speeds: dict[str, float] = {}
@@ -183,7 +185,8 @@ def calibrated(
             speeds[key] = round(measure(config), 1)
     speed = [speeds[model_key(config.model)] for _, config in configs]
     seconds = sum(units * config.data.batch_size / v for (units, config), v in zip(configs, speed, strict=True))
-    beside = sum(ARM_SECONDS + eval_images * FORWARD_SHARE / v for v in speed)
+    evaluated = list(eval_images) or [0] * len(configs)
+    beside = sum(ARM_SECONDS + images * FORWARD_SHARE / v for images, v in zip(evaluated, speed, strict=True))
     share = budget_minutes * TRAIN_SHARE * 60
     if share - beside < TINY_UNIT_MINUTES * 60 * sum(units for units, _ in configs):
         return Scale("tiny", 0.0, beside_s=round(beside, 1))
