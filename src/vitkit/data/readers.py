@@ -21,6 +21,8 @@ from typing import Any
 import numpy as np
 
 from vitkit.bounds import MAX_CLASSES
+from vitkit.data.images import IMAGE_EXTENSIONS
+from vitkit.data.listing import shards_instead
 from vitkit.host import available_memory
 
 IDX_IMAGES_MAGIC = 2051  # 0x00000803: unsigned bytes, 3 dims (N, rows, cols)
@@ -47,8 +49,6 @@ def folder_instead(root: Path, depth: int = 3, looked: int = 256) -> str:
     """ "; it holds image files: read them with folder:ROOT" where an image lies within `depth` levels of `root`
     (a train/<class>/ or <class>/ layout) among the first `looked` entries of each directory; the wds: hint where
     it holds .tar shards (listing.shards_instead); else ""."""
-    from vitkit.data.images import IMAGE_EXTENSIONS
-    from vitkit.data.listing import shards_instead
 
     def has_images(directory: Path, left: int) -> bool:
         try:
