@@ -112,7 +112,7 @@ def _refuse_overlap(src: str, dst: Path) -> None:
 
     source, target = Path(src).resolve(), dst.resolve()
     guarded = source / CHECKPOINTS if is_run_dir(source) else source
-    if target == guarded or guarded in target.parents or target in source.parents or target == source:
+    if target in (source, guarded, *source.parents) or guarded in target.parents:
         raise ValueError(f"{dst} is, holds or lies inside the checkpoint being read ({src}); write it elsewhere")
     for parent in target.parents:  # a run's: its config beside, or its LATEST or final inside (any folder is not)
         run = parent.parent

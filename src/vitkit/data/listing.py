@@ -53,6 +53,28 @@ def shards_instead(root: Path) -> str:
     return f"; it holds .tar shards: read them with wds:{root}" if shards else ""
 
 
+def folder_instead(root: Path, depth: int = 3, looked: int = 256) -> str:
+    """ "; it holds image files: read them with folder:ROOT" where an image lies within `depth` levels of `root`
+    (a train/<class>/ or <class>/ layout) among the first `looked` entries of each directory; the wds: hint where
+    it holds .tar shards (`shards_instead`); else ""."""
+
+    def has_images(directory: Path, left: int) -> bool:
+        try:
+            with os.scandir(directory) as entries:
+                for _, entry in zip(range(looked), entries):
+                    if entry.is_file() and entry.name.lower().endswith(IMAGE_EXTENSIONS):
+                        return True
+                    if left > 1 and entry.is_dir() and not entry.name.startswith(".") and has_images(entry, left - 1):
+                        return True
+        except OSError:
+            return False
+        return False
+
+    if has_images(root, depth):
+        return f"; it holds image files: read them with folder:{root}"
+    return shards_instead(root) if root.is_dir() else ""
+
+
 def scan_flat(root: Path) -> tuple[FileList, list[int]]:
     """Every image file under `root` (recursive, sorted), all of class 0: a folder read without labels."""
     skipped: Counter[str] = Counter()

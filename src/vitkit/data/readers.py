@@ -9,7 +9,6 @@ inside numpy.  Nothing here unpickles: `.npz` files are opened with `allow_pickl
 from __future__ import annotations
 
 import gzip
-import os
 import struct
 import tokenize
 import zipfile
@@ -21,8 +20,7 @@ from typing import Any
 import numpy as np
 
 from vitkit.bounds import MAX_CLASSES
-from vitkit.data.images import IMAGE_EXTENSIONS
-from vitkit.data.listing import shards_instead
+from vitkit.data.listing import folder_instead
 from vitkit.host import available_memory
 
 IDX_IMAGES_MAGIC = 2051  # 0x00000803: unsigned bytes, 3 dims (N, rows, cols)
@@ -43,28 +41,6 @@ def idx_path(directory: Path, stem: str) -> Path:
         if (directory / name).is_file():
             return directory / name
     raise DataFormatError(f"{directory}: neither {stem}.gz nor {stem} exists{folder_instead(directory)}")
-
-
-def folder_instead(root: Path, depth: int = 3, looked: int = 256) -> str:
-    """ "; it holds image files: read them with folder:ROOT" where an image lies within `depth` levels of `root`
-    (a train/<class>/ or <class>/ layout) among the first `looked` entries of each directory; the wds: hint where
-    it holds .tar shards (listing.shards_instead); else ""."""
-
-    def has_images(directory: Path, left: int) -> bool:
-        try:
-            with os.scandir(directory) as entries:
-                for _, entry in zip(range(looked), entries):
-                    if entry.is_file() and entry.name.lower().endswith(IMAGE_EXTENSIONS):
-                        return True
-                    if left > 1 and entry.is_dir() and not entry.name.startswith(".") and has_images(entry, left - 1):
-                        return True
-        except OSError:
-            return False
-        return False
-
-    if has_images(root, depth):
-        return f"; it holds image files: read them with folder:{root}"
-    return shards_instead(root) if root.is_dir() else ""
 
 
 def _read_bytes(path: Path, limit: int | None = None) -> bytes:

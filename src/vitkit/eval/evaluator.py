@@ -119,9 +119,7 @@ def evaluate(
     totals = _Totals(num_classes, device)
     stream = batches.eval_batches(data, batch_size, device, rank=rank, world=world, workers=workers)
     try:
-        for batch in agreed_batches(stream, device, world, lockstep, interrupted):
-            if progress is not None:
-                progress()
+        for batch in agreed_batches(stream, device, world, lockstep, interrupted, progress):
             if batch is None:  # this process's share is done, another's is not: a blank pass joins the collectives
                 if lockstep:
                     blank = torch.zeros(1, channels, size, size, device=device)
@@ -184,10 +182,25 @@ def agreed_batches(
     world: int,
     lockstep: bool,
     interrupted: Callable[[], int] | None,
+    progress: Callable[[], None] | None = None,
 ) -> Iterator[Any]:
     """The batches of `stream`; where processes must agree (a collective forward, or a signal that ends every
     process's evaluation), then None until every process is out of them, in one all-reduce a batch.  Raises
-    `EvaluationInterrupted` before the batch after a signal."""
+    `EvaluationInterrupted` before the batch after a signal.  `progress`: called as each is handed on (a
+    training run's stall watch)."""
+    for batch in _agreed(stream, device, world, lockstep, interrupted):
+        if progress is not None:
+            progress()
+        yield batch
+
+
+def _agreed(
+    stream: Iterable[Any],
+    device: torch.device,
+    world: int,
+    lockstep: bool,
+    interrupted: Callable[[], int] | None,
+) -> Iterator[Any]:
     if world == 1 or not (lockstep or interrupted):
         for batch in stream:
             if interrupted is not None and (signum := interrupted()):

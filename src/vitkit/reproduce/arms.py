@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from vitkit.atomic import atomic_write_text
-from vitkit.data.sources import ImageSet, load_split
+from vitkit.data.sources import ImageSet, SourceInfo, load_split
 from vitkit.eval.accuracy import AccuracyConfig, evaluate
 from vitkit.eval.fewshot import FewShotConfig, run_fewshot
 from vitkit.models.configs import image_size
@@ -159,6 +159,20 @@ def trained_record(arm: Arm, config: TrainConfig, result: dict[str, Any]) -> dic
 def write_record(path: Path, record: dict[str, Any]) -> None:
     path.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path / "arm.json", json.dumps(record, indent=1) + "\n")
+
+
+def evaluation_images(arm: Arm, tests: int, info: SourceInfo) -> int:
+    """The images `arm`'s evaluations pass forward: its final test evaluation of `tests` images, then what it
+    measures (`Probes.measure`): the few-shot probe's test features and its largest shots of every class in
+    every draw, its validation hold-out, the attention images."""
+    count = tests
+    if "fewshot" in arm.measure:
+        count += tests + max(FEWSHOT_SHOTS) * info.num_classes * FEWSHOT_DRAWS
+    if "val" in arm.measure:  # the study's hold-out of the training split (scale.VAL_FRACTION)
+        count += round(arm.config.data.val_fraction * info.num_train)
+    if "attention" in arm.measure:
+        count += ATTENTION_IMAGES
+    return count
 
 
 class Probes:

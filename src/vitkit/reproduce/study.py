@@ -23,11 +23,11 @@ from typing import Any
 
 from vitkit.atomic import atomic_write_text
 from vitkit.bench.throughput import num_threads
-from vitkit.data.sources import SourceInfo, describe
-from vitkit.reproduce.arms import ATTENTION_IMAGES, FEWSHOT_DRAWS, FEWSHOT_SHOTS, Probes, fewshot_draws, run_train_arm
+from vitkit.data.sources import describe
+from vitkit.reproduce.arms import FEWSHOT_SHOTS, Probes, evaluation_images, fewshot_draws, run_train_arm
 from vitkit.reproduce.report import OVERRUN, unit_text, write_report
-from vitkit.reproduce.scale import ARM_SECONDS, VAL_FRACTION, Scale, base_config, calibrated, scale_for, smallest_budget
-from vitkit.reproduce.spec import Analysis, Arm, Context, Study, StudyRequest
+from vitkit.reproduce.scale import ARM_SECONDS, Scale, base_config, calibrated, scale_for, smallest_budget
+from vitkit.reproduce.spec import Analysis, Context, Study, StudyRequest
 from vitkit.reproduce.verdict import INCONCLUSIVE, Verdict
 from vitkit.runs import CONFIG
 
@@ -72,7 +72,7 @@ def prepare_directory(study: Study, context: Context, probes: Probes | None = No
         arms = study.plan(provisional)
         configs, probes = [(a.units, a.config) for a in arms], probes or Probes(request.device)
         tests = len(probes.split(context.base, "test"))
-        evaluated = [eval_images(arm, tests, context.info) for arm in arms]
+        evaluated = [evaluation_images(arm, tests, context.info) for arm in arms]
         scale = calibrated(scale, request.budget_minutes, configs, context.base, eval_images=evaluated)
         log.info("calibration: %s", calibration_text(scale, context.base.data.batch_size))
     if scale.name != context.scale.name:  # a stored plan at another scale than this --seeds alone would give
@@ -83,20 +83,6 @@ def prepare_directory(study: Study, context: Context, probes: Probes | None = No
     record = {**mine, "seeds": request.seeds, "scale": asdict(scale)}
     atomic_write_text(path, json.dumps(record, indent=1) + "\n")
     return context
-
-
-def eval_images(arm: Arm, tests: int, info: SourceInfo) -> int:
-    """The images an arm's evaluations pass forward: its final test evaluation of `tests` images, then what it
-    measures (arms.Probes): the few-shot probe's test features and its largest shots of every class in every
-    draw, the validation hold-out, the attention images."""
-    count = tests
-    if "fewshot" in arm.measure:
-        count += tests + max(FEWSHOT_SHOTS) * info.num_classes * FEWSHOT_DRAWS
-    if "val" in arm.measure:
-        count += round(VAL_FRACTION * info.num_train)
-    if "attention" in arm.measure:
-        count += ATTENTION_IMAGES
-    return count
 
 
 def calibration_text(scale: Scale, batch: int) -> str:

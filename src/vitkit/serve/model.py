@@ -62,11 +62,12 @@ class ServedModel:
         fields = ", ".join(
             f"{key}={config[key]}" for key in ("hidden_size", "depth", "num_heads", "patch_size") if key in config
         )
+        classes = num_classes(self.model.config)
         return {
             "model": f"{type(self.model).__name__} ({fields})" if fields else type(self.model).__name__,
             "checkpoint": self.source,
-            "classes": [class_label(self.class_names, c) for c in range(num_classes(self.model.config))],
-            "num_classes": num_classes(self.model.config),
+            "classes": [class_label(self.class_names, c) for c in range(classes)],
+            "num_classes": classes,
             "resolution": self.size,
             "channels": self.channels,
             "device": str(self.device),

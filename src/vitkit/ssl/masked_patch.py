@@ -286,9 +286,8 @@ def evaluate_mpp(
     loss_sum, hits1, hits5, count = 0.0, 0.0, 0.0, 0
     classify = model.config.target != "pixels"
     try:
-        for start in agreed_batches(range(0, len(images), batch_size), device, world, False, interrupted):
-            if progress is not None:
-                progress()
+        starts = range(0, len(images), batch_size)
+        for start in agreed_batches(starts, device, world, False, interrupted, progress):
             batch = eval_transform(images[start : start + batch_size].to(device), size, mean, std, model.in_chans)
             out = model(batch, generator)
             weight = int(out["mask"].sum())

@@ -54,9 +54,8 @@ def load_splits(config: TrainConfig, *, need_test: bool = True) -> Splits:
     split where it has one apart from its test split, else a class-stratified hold-out of train
     (`data.val_fraction`, or 10% capped at about 5,000 images, each class rounding its share, when the run
     evaluates as it goes or ends on val).  With `data.labels_per_class` that hold-out comes out of the N images
-    per class.  A run whose evaluation period,
-    in steps of the held-out training split, is not shorter than the run evaluates at the end only, and trains
-    on the 10% again.
+    per class.  A run whose evaluation period, in steps of the held-out training split, is not shorter than the
+    run evaluates at the end only, and trains on the 10% again.
     """
     uri, data = config.data.uri, config.data
     columns = _columns(config)
