@@ -195,3 +195,19 @@ def test_the_model_traces_as_one_graph(dtype, rate) -> None:
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype is not None):
         explained = torch._dynamo.explain(model)(torch.randn(4, 1, 28, 28), patch_dropout=rate)
     assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons[:1]
+
+
+def test_a_failed_probe_names_the_error_not_the_library_advice(monkeypatch, caplog) -> None:
+    """oneDNN's error ends in advice about ONEDNN_VERBOSE that means nothing to a user: the log gives the error."""
+    monkeypatch.setattr(kernels, "_probes", {})
+    text = (
+        "could not create a primitive descriptor for the inner product forward propagation primitive. "
+        "Run workload with environment variable ONEDNN_VERBOSE=all to get additional diagnostic information."
+    )
+
+    def check() -> bool:
+        raise RuntimeError(text)
+
+    assert not kernels.probed("a fused kernel", torch.bfloat16, check)
+    (message,) = [r.getMessage() for r in caplog.records if "is off on this host" in r.getMessage()]
+    assert f"(RuntimeError: {text.split('. ')[0]})" in message and "ONEDNN_VERBOSE" not in message

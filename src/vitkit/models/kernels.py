@@ -65,7 +65,7 @@ def probed(name: str, dtype: torch.dtype, check: Callable[[], bool]) -> bool:
                 _probes[key] = bool(check())
             why = "its result differs from the plain ops'"
         except Exception as err:  # any failure of a fast path means: use the plain ops
-            _probes[key], why = False, f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0][:200]}"
+            _probes[key], why = False, f"{type(err).__name__}: {first_sentence(err)}"
         if not _probes[key]:
             log.warning(
                 "kernels: %s in %s is off on this host (%s); the plain ops run instead",
@@ -76,6 +76,14 @@ def probed(name: str, dtype: torch.dtype, check: Callable[[], bool]) -> bool:
     return _probes[key]
 
 
+def first_sentence(err: Exception) -> str:
+    """What went wrong, without the advice a library appends ("could not create a primitive descriptor ...",
+    not oneDNN's "Run workload with environment variable ONEDNN_VERBOSE=all ..."): its first line's first
+    sentence, at most 200 characters."""
+    line = (str(err).strip().splitlines() or [""])[0]
+    return line.split(". ", 1)[0].removesuffix(".")[:200]
+
+
 def disable(name: str, dtype: torch.dtype, err: Exception) -> None:
     """Turn kernel `name` off at `dtype` after it failed mid-run (logged once); callers fall back."""
     if _probes.get((name, dtype), True):
@@ -84,7 +92,7 @@ def disable(name: str, dtype: torch.dtype, err: Exception) -> None:
             name,
             str(dtype).removeprefix("torch."),
             type(err).__name__,
-            (str(err).strip().splitlines() or [""])[0][:200],
+            first_sentence(err),
         )
     _probes[(name, dtype)] = False
 
