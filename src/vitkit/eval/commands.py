@@ -13,7 +13,7 @@ from typing import Any
 from vitkit.atomic import atomic_write_text
 from vitkit.data.images import NoLabelsError
 from vitkit.data.imageset import ImageSet
-from vitkit.data.sources import data_name, load_split
+from vitkit.data.sources import check_named_split, data_name, load_split
 from vitkit.eval.accuracy import AccuracyConfig, evaluate
 from vitkit.eval.embed import output_paths, save_embeddings
 from vitkit.eval.features import channels, compute, require_classifier, resolution
@@ -28,6 +28,7 @@ def _load(path, uri: str, split: str, checkpoint, img_size: int | None, max_imag
     """A split of `uri` as the checkpoint reads it (its resolution and channels; a run's own hf columns), with
     its labels where it has them: a masked-patch-prediction run read its own data without them, but probing or
     embedding its encoder needs them; a source without labels reads as that run read it."""
+    check_named_split(uri, split)
     reading = {**data_reading(path, uri), **(columns or {})}  # the flags' columns over the run's
     common = dict(image_size=resolution(checkpoint, img_size), channels=1 if channels(checkpoint) == 1 else 3)
     try:

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from vitkit.atomic import atomic_write_text
-from vitkit.data.sources import decode_image, load_split
+from vitkit.data.sources import check_named_split, decode_image, load_split
 from vitkit.device import pick_device
 from vitkit.eval.features import channels, prepare, resolution
 from vitkit.inspect import plots
@@ -278,6 +278,7 @@ def sample_images(
 ) -> list[Tensor]:
     """`count` images of a data split drawn by `seed`, in the split's order, uint8 (C, H, W); `reading`: how the
     run read its data (`vitkit.runs.data_reading`)."""
+    check_named_split(uri, split)
     images = load_split(uri, split, image_size=size, channels=1 if channels == 1 else 3, **(reading or {}))
     drawn = images.fixed_sample(count, seed)
     return [drawn.read(i) for i in range(len(drawn))]
