@@ -122,3 +122,56 @@ def test_a_top_k_below_one_is_refused_by_its_flag(tmp_path: Path, rgb_checkpoint
     assert stopped.value.code == 2 and "argument --top-k: expected an integer from 1 up, got '0'" in err
     with pytest.raises(ValueError, match=r"^PredictConfig.top_k must be positive, got 0$"):
         PredictConfig(top_k=0)
+
+
+def test_predict_decodes_a_batch_at_a_time(tmp_path: Path, rgb_checkpoint: Path, monkeypatch) -> None:
+    """A folder of many photos is read a batch at a time (it had decoded every file before the first forward
+    pass: 100,000 photos at 224 px held 15 GB); a bad file in a batch leaves the others' predictions."""
+    from vitkit.eval import predict
+
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    for i in range(7):
+        Image.new("RGB", (20, 20), (30 * i, 0, 0)).save(folder / f"{i}.png")
+    (folder / "3.png").write_bytes(b"not an image")
+    decoded, widest = [0], [0]
+    real_decode, real_probabilities = predict._decode, predict.class_probabilities
+
+    def decode(*args, **kwargs):
+        decoded[0] += 1
+        return real_decode(*args, **kwargs)
+
+    monkeypatch.setattr(predict, "_decode", decode)
+
+    def probabilities(model, inputs):
+        widest[0] = max(widest[0], decoded[0] - inputs.shape[0])  # decoded and not yet passed forward
+        decoded[0] = 0
+        return real_probabilities(model, inputs)
+
+    monkeypatch.setattr(predict, "class_probabilities", probabilities)
+    checkpoint = vitkit.checkpoints.read(rgb_checkpoint)
+    results = predict_files(checkpoint, [folder], PredictConfig(batch_size=2))
+    alone = [predict_files(checkpoint, [folder / f"{i}.png"], PredictConfig())[0] for i in range(7)]
+    assert widest == [1]  # at most the bad file beside its batch
+    for batched, single in zip(results, alone, strict=True):  # the same classes, equal up to float rounding
+        got_all, want_all = batched.get("predictions", []), single.get("predictions", [])
+        assert [p["index"] for p in got_all] == [p["index"] for p in want_all]
+        for got, want in zip(got_all, want_all, strict=True):
+            assert got["probability"] == pytest.approx(want["probability"], rel=1e-4, abs=1e-7)
+    assert "error" in results[3] and sum("predictions" in r for r in results) == 6
+
+
+def test_predict_max_pixels_is_a_flag(tmp_path: Path, rgb_checkpoint: Path, capsys) -> None:
+    """The decompression-bomb limit is Pillow's by default; a user with large photos raises it (as serve's)."""
+    image = tmp_path / "wide.png"
+    Image.new("RGB", (300, 200), (90, 10, 10)).save(image)
+    assert main(["predict", str(rgb_checkpoint), str(image), "--max-pixels", "50000", "--json"]) == 1
+    assert "60,000 pixels" in capsys.readouterr().err
+    assert main(["predict", str(rgb_checkpoint), str(image), "--max-pixels", "60000", "--json"]) == 0
+    assert main_refuses(["predict", str(rgb_checkpoint), str(image), "--max-pixels", "0"], capsys)
+
+
+def main_refuses(argv: list[str], capsys) -> bool:
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    return stop.value.code == 2 and "--max-pixels" in capsys.readouterr().err

@@ -194,8 +194,10 @@ def test_the_decoding_limits_are_flags_of_serve() -> None:
     assert (config.max_pixels, config.decode_workers) == (25_000_000, 1)
     default = serve_config(build_parser().parse_args(["serve", "run"]))
     assert (default.max_pixels, default.decode_workers) == (ServeConfig().max_pixels, 2)
+    with pytest.raises(SystemExit):  # refused by its flag, as predict's (vitkit.cli.flags.add_max_pixels)
+        build_parser().parse_args(["serve", "run", "--max-pixels", "0"])
     with pytest.raises(ValueError, match="--max-pixels must be at least 1, got 0"):
-        serve_config(build_parser().parse_args(["serve", "run", "--max-pixels", "0"]))
+        ServeConfig(max_pixels=0)
     for flags, words in (  # each named every bound of several fields, two of them no flags
         (["--max-body-mb", "0"], "--max-body-mb must be above 0, got 0"),
         (["--max-wait-ms", "-1"], "--max-wait-ms must be 0 or more, got -1"),

@@ -9,7 +9,7 @@ import argparse
 import json
 import sys
 
-from vitkit.cli.flags import add_column_flags, add_run_flags, bounded_int, columns_of, emit, shown
+from vitkit.cli.flags import add_column_flags, add_max_pixels, add_run_flags, bounded_int, columns_of, emit, shown
 
 
 def add_eval(sub: argparse._SubParsersAction) -> None:
@@ -121,8 +121,9 @@ def run_fewshot(args: argparse.Namespace) -> int:
 def add_predict(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("predict", help="top-k classes with probabilities for image files or folders")
     parser.add_argument("checkpoint", help="checkpoint (any format) or run directory")
-    parser.add_argument("images", nargs="+", help="image files (JPEG/PNG/..., any mode and size) or folders")
+    parser.add_argument("images", nargs="+", help="image files (JPEG/PNG/..., any mode, up to --max-pixels) or folders")
     parser.add_argument("--top-k", type=bounded_int(1), default=5, help="classes per image")
+    add_max_pixels(parser)
     add_run_flags(parser, batch_size=32)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(handler=run_predict)
@@ -132,7 +133,13 @@ def run_predict(args: argparse.Namespace) -> int:
     from vitkit.eval.commands import predict_command
     from vitkit.eval.predict import PredictConfig
 
-    config = PredictConfig(top_k=args.top_k, img_size=args.img_size, batch_size=args.batch_size, device=args.device)
+    config = PredictConfig(
+        top_k=args.top_k,
+        img_size=args.img_size,
+        batch_size=args.batch_size,
+        device=args.device,
+        max_pixels=args.max_pixels,
+    )
     results = predict_command(args.checkpoint, args.images, config)
     failed = [r for r in results if "error" in r]
     for entry in failed:

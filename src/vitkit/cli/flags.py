@@ -9,6 +9,7 @@ import unicodedata
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from vitkit.data.images import MAX_PIXELS
 from vitkit.models.configs import MAX_IMG
 from vitkit.train.config import MAX_SEED
 
@@ -39,6 +40,17 @@ def bounded_int(low: int, high: int | None = None) -> Callable[[str], int]:
 
     parse.__name__ = "integer"  # argparse names the type in "invalid <name> value"
     return parse
+
+
+def add_max_pixels(parser: argparse.ArgumentParser) -> None:
+    """--max-pixels: the decompression-bomb guard of the verbs that decode a user's image files."""
+    parser.add_argument(
+        "--max-pixels",
+        type=bounded_int(1),
+        default=MAX_PIXELS,
+        help=f"largest image accepted, in pixels, read from its header (default {MAX_PIXELS:,}: Pillow's limit; "
+        "Pillow refuses more than twice that itself); decoding one at the limit can take over 1 GB",
+    )
 
 
 def add_surgery_flags(parser: argparse.ArgumentParser) -> None:

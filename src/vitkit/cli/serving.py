@@ -8,7 +8,7 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from vitkit.cli.flags import finite_float
+from vitkit.cli.flags import add_max_pixels, finite_float
 
 TOKEN_VARIABLE = "VITKIT_SERVE_TOKEN"  # the bearer token, where a flag would show it in `ps`
 
@@ -36,13 +36,7 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--max-queue", type=int, default=256, help="requests admitted at once; more get 503")
     parser.add_argument("--threads", type=int, default=None, help="torch threads for the model (default: torch's)")
-    parser.add_argument(
-        "--max-pixels",
-        type=int,
-        default=None,
-        help="largest image accepted, in pixels, read from its header (default 89,478,485: Pillow's limit); "
-        "decoding one at the limit can take over 1 GB",
-    )
+    add_max_pixels(parser)
     parser.add_argument("--decode-workers", type=int, default=2, help="threads decoding large uploads at once")
     parser.add_argument(
         "--in-process",
@@ -81,7 +75,6 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
     """The server's settings from the command's flags."""
     from vitkit.serve.config import ServeConfig
 
-    limits = {"max_pixels": args.max_pixels} if args.max_pixels is not None else {}
     return ServeConfig(
         host=args.host,
         port=args.port,
@@ -95,7 +88,7 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
         token=args.token if args.token is not None else _token_from_environment(),
         model_process=not args.in_process,
         decode_workers=args.decode_workers,
-        **limits,
+        max_pixels=args.max_pixels,
     )
 
 

@@ -34,9 +34,11 @@ class PredictConfig:
     img_size: int | None = None  # input resolution; None = the checkpoint's
     batch_size: int = 32  # images per forward pass (outputs do not depend on it)
     device: str = "auto"  # "auto" = CUDA when available
+    max_pixels: int = MAX_PIXELS  # larger images are refused from their header (decompression bombs)
 
     def __post_init__(self) -> None:
-        for field, value in (("top_k", self.top_k), ("batch_size", self.batch_size), ("img_size", self.img_size)):
+        sizes = (("top_k", self.top_k), ("batch_size", self.batch_size), ("img_size", self.img_size))
+        for field, value in (*sizes, ("max_pixels", self.max_pixels)):
             if value is not None and value < 1:  # the command's flags refuse these first
                 raise ValueError(f"PredictConfig.{field} must be positive, got {value}")
 
@@ -106,14 +108,14 @@ def class_label(class_names: Sequence[str] | None, index: int) -> str:
     return names[index] if index < len(names) else str(index)
 
 
-def _decode(path: Path, checkpoint, size: int) -> torch.Tensor | str:
+def _decode(path: Path, checkpoint, size: int, max_pixels: int = MAX_PIXELS) -> torch.Tensor | str:
     """uint8 (C, size, size), or the error message for this file."""
     if not path.exists():
         return f"{path}: no such file"
     if not path.is_file():
         return f"{path}: not a regular file (a folder, device or FIFO is not an image)"
     try:
-        return decode_input(path, checkpoint, size)
+        return decode_input(path, checkpoint, size, max_pixels=max_pixels)
     except (ValueError, OSError) as err:  # BadImageError / DecompressionBombError are ValueErrors
         message = str(err)
         return message if str(path) in message else f"{path}: {message}"
@@ -122,23 +124,29 @@ def _decode(path: Path, checkpoint, size: int) -> torch.Tensor | str:
 @torch.no_grad()
 def predict_files(checkpoint, paths: Sequence[str | os.PathLike], config: PredictConfig) -> list[dict[str, Any]]:
     """One entry per input file, in order: {"file", "predictions": [{"class", "index", "probability"}]}
-    or {"file", "error"}."""
+    or {"file", "error"}.  Files are decoded a batch at a time, so a folder of any size fits in memory."""
     model = checkpoint.model.eval()
     device = pick_device(config.device)
     model.to(device)
     size = resolution(checkpoint, config.img_size)
     files = expand_inputs(paths)
-    decoded = [(path, _decode(path, checkpoint, size)) for path in files]
-    good = [(i, image) for i, (_, image) in enumerate(decoded) if not isinstance(image, str)]
+    results: list[dict[str, Any]] = []
+    for start in range(0, len(files), config.batch_size):
+        results += _predict_batch(model, checkpoint, files[start : start + config.batch_size], size, device, config)
+    return results
+
+
+def _predict_batch(model, checkpoint, files: list[Path], size: int, device, config: PredictConfig) -> list[dict]:
+    """`predict_files` of one batch of files: those that decode pass forward together."""
+    decoded = [_decode(path, checkpoint, size, config.max_pixels) for path in files]
     results: list[dict[str, Any]] = [
         {"file": str(path), "error": image} if isinstance(image, str) else {"file": str(path)}
-        for path, image in decoded
+        for path, image in zip(files, decoded, strict=True)
     ]
-    for start in range(0, len(good), config.batch_size):
-        chunk = good[start : start + config.batch_size]
-        probabilities = class_probabilities(
-            model, torch.cat([model_input(image, checkpoint, size, device) for _, image in chunk])
-        )
-        for row, (index, _) in enumerate(chunk):
+    good = [(i, image) for i, image in enumerate(decoded) if not isinstance(image, str)]
+    if good:
+        inputs = torch.cat([model_input(image, checkpoint, size, device) for _, image in good])
+        probabilities = class_probabilities(model, inputs)
+        for row, (index, _) in enumerate(good):
             results[index]["predictions"] = top_classes(probabilities[row], checkpoint.class_names, config.top_k)
     return results
