@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -248,3 +249,37 @@ def test_convert_and_export_refuse_to_replace_the_model_they_read(tmp_path, make
     mine.mkdir(parents=True)
     assert main(["export-onnx", str(tmp_path / "ckpt"), str(mine / "vit.onnx")]) == 0
     assert main(["convert", str(tmp_path / "ckpt"), str(mine / "vit-timm"), "--to", "timm"]) == 0
+
+
+def test_export_onnx_of_a_resnet_with_a_zero_head_checks_the_encoder_too(tmp_path, monkeypatch):
+    """A BiT ResNet's head is `head.fc` inside a Sequential: its zero head was not probed, so "max |diff| = 0"
+    compared two zero tensors and said nothing of the encoder."""
+    pytest.importorskip("onnxruntime")
+    model = vitkit.create_model("bit_r50x1", num_classes=3, img_size=32, layers=(1, 1))
+    assert model.head.fc.weight.count_nonzero() == 0
+    checked = []
+    real = onnx_export.check_onnx
+
+    def recording(probe, path):
+        checked.append(int(probe.head.fc.weight.count_nonzero()))
+        return real(probe, path)
+
+    monkeypatch.setattr(onnx_export, "check_onnx", recording)
+    _, diff = onnx_export.verified_export(model, tmp_path / "r.onnx")
+    assert len(checked) == 2 and checked[0] == 0 and checked[1] == 3 * model.num_features
+    assert 0 < diff <= 1e-4
+
+
+def test_an_export_interrupted_in_its_check_leaves_no_file(tmp_path, make_vit, monkeypatch):
+    """Ctrl-C during the onnxruntime check had left the unchecked file in place, and the re-run was refused
+    ("already exists; ... --force"); the file is now renamed into place only once checked."""
+    pytest.importorskip("onnxruntime")
+
+    def interrupted(model, path, opset):
+        assert Path(path).name.endswith(".tmp")  # the file checked is the one not yet in place
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(onnx_export, "check_export", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        onnx_export.verified_export(make_vit(), tmp_path / "m.onnx")
+    assert list(tmp_path.iterdir()) == []

@@ -12,6 +12,7 @@ import math
 import os
 import tempfile
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -54,10 +55,17 @@ def newest_opset() -> int | None:
     return newest if isinstance(newest, int) else None
 
 
-def export_onnx(model: nn.Module, path: str | os.PathLike, opset: int = MIN_OPSET, batch_size: int = 2) -> Path:
+def export_onnx(
+    model: nn.Module,
+    path: str | os.PathLike,
+    opset: int = MIN_OPSET,
+    batch_size: int = 2,
+    check: Callable[[Path], None] | None = None,
+) -> Path:
     """Write `model` (eval mode, fp32, CPU) as ONNX with a dynamic batch axis; input (B, C, H, W) "pixels".
 
-    The input resolution is the model's `img_size`; change it with `read(..., img_size=N)` first.
+    The input resolution is the model's `img_size`; change it with `read(..., img_size=N)` first.  `check(file)`
+    runs on the written file before it is renamed into place: a check cut short leaves no file.
     """
     _require("onnx")
     if opset < MIN_OPSET:
@@ -71,17 +79,19 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, opset: int = MIN_OPSE
     path = Path(path)
 
     def _export(tmp: Path) -> None:
+        import onnx
+
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")  # the TorchScript tracer warns about Python-level shape checks
             torch.onnx.export(
                 _Logits(model), (example,), str(tmp), opset_version=opset, input_names=[INPUT], output_names=[OUTPUT],
                 dynamic_axes={INPUT: {0: "batch"}, OUTPUT: {0: "batch"}}, dynamo=False,
             )  # fmt: skip
+        onnx.checker.check_model(str(tmp))
+        if check is not None:
+            check(tmp)
 
     atomic_write(path, _export)
-    import onnx
-
-    onnx.checker.check_model(str(path))
     log.info("wrote %s (opset %d, input %s x %d x %d)", path, opset, chans, size, size)
     return path
 
@@ -106,24 +116,39 @@ def check_export(model: nn.Module, path: str | os.PathLike, opset: int) -> float
     the same logits for every image, so their agreement says nothing of the encoder: then a copy of the model
     with a random head is exported to a temporary file and checked too, and the larger difference returned."""
     diff = check_onnx(model, path)
-    head = getattr(model, "head", None)
-    if not isinstance(head, nn.Linear) or head.weight.count_nonzero() > 0:
+    if not head_weights(model) or any(weight.count_nonzero() > 0 for weight in head_weights(model)):
         return diff
     probe = copy.deepcopy(model)
+    generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
-        probe.head.weight.normal_(0.0, 1.0, generator=torch.Generator().manual_seed(0))
+        for weight in head_weights(probe):
+            weight.normal_(0.0, 1.0, generator=generator)
     with tempfile.TemporaryDirectory(prefix="vitkit-onnx-") as scratch:
         checked = export_onnx(probe, Path(scratch) / "random_head.onnx", opset=opset)
         other = check_onnx(probe, checked)
     return math.nan if math.isnan(diff) or math.isnan(other) else max(diff, other)
 
 
+def head_weights(model: nn.Module) -> list[torch.Tensor]:
+    """The weights of the model's classification head (a ViT's `head`, a ResNet's `head.fc`); none without one."""
+    head = getattr(model, "head", None)
+    if not isinstance(head, nn.Module):
+        return []
+    return [param for name, param in head.named_parameters() if name.rsplit(".", 1)[-1] == "weight"]
+
+
 def verified_export(model: nn.Module, path: str | os.PathLike, opset: int = MIN_OPSET) -> tuple[Path, float | None]:
     """`export_onnx`, then `check_export` where onnxruntime is installed: (the file, the largest |logits|
     difference, None where not checked).  A ValueError where the difference passes TOLERANCE (or is NaN): the
-    export is not faithful, and the file is kept to inspect."""
-    out = export_onnx(model, path, opset=opset)
-    diff = check_export(model, out, opset) if onnxruntime_available() else None
+    export is not faithful, and the file is kept to inspect.  The check runs before the file is in place, so an
+    interrupted check leaves no unchecked file."""
+    found: dict[str, float | None] = {"diff": None}
+
+    def check(written: Path) -> None:
+        found["diff"] = check_export(model, written, opset) if onnxruntime_available() else None
+
+    out = export_onnx(model, path, opset=opset, check=check)
+    diff = found["diff"]
     if diff is not None and not diff <= TOLERANCE:  # NaN too
         raise ValueError(
             f"wrote {out}, but onnxruntime's logits differ from PyTorch's by up to {diff:.3g}, above the "
