@@ -89,3 +89,41 @@ def test_a_shrunk_photo_keeps_its_exif_orientation(tmp_path: Path) -> None:
         member = next(m for m in tar.getmembers() if m.name.endswith(".jpg"))
         image = decode_image(tar.extractfile(member).read())
     assert image.shape == (3, 30, 20)  # upright: 20 wide, 30 high
+
+
+@pytest.mark.parametrize("failure", [OSError(28, "No space left on device"), KeyboardInterrupt()])
+def test_a_shard_run_that_fails_removes_what_it_wrote(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failure) -> None:
+    """A full disk had left the shard being written (a third of a 300-KB disk) and the finished ones: the
+    message said to free space, and vitkit's own leftovers held it.  A run that fails (or is stopped with
+    Ctrl-C) removes its shards, its temporary and its mark; a re-run starts over as before."""
+    close = shard._Shards.close
+    closed = []
+
+    def fails_at_the_third(self) -> None:
+        if len(closed) == 2:
+            Path(self._temporary()).write_bytes(b"x" * 1000)
+            raise failure
+        closed.append(self)
+        close(self)
+
+    monkeypatch.setattr(shard._Shards, "close", fails_at_the_third)
+    (tmp_path / "kept").mkdir()
+    for out in (tmp_path / "new" / "shards", tmp_path / "kept"):
+        closed.clear()
+        with pytest.raises(type(failure)):
+            shard.write_shards("digits", out, samples_per_shard=200)
+    assert not (tmp_path / "new").exists()  # made for the run, removed with it
+    assert (tmp_path / "kept").is_dir() and not any((tmp_path / "kept").iterdir())  # the user's, as it was
+
+
+def test_shard_writes_only_into_an_empty_or_new_directory(tmp_path: Path) -> None:
+    """`--out` is "empty or new" (its help): a run directory or a folder of the user's files was written into."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text("{}\n")
+    with pytest.raises(ValueError, match=r"run is not empty \(it holds metrics.jsonl\); shard into an empty or new"):
+        shard.write_shards("digits", out, samples_per_shard=500)
+    assert sorted(p.name for p in out.iterdir()) == ["metrics.jsonl"]
+    (out / "metrics.jsonl").unlink()
+    (out / ".DS_Store").write_text("")  # a hidden file of the desktop's is not the user's data
+    assert shard.write_shards("digits", out, samples_per_shard=500)["splits"]["train"]["samples"] == 1438

@@ -27,28 +27,20 @@ import logging
 import os
 import secrets
 import tarfile
-from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import torch
-from PIL import Image
-
-from vitkit.atomic import atomic_write_text, lock_directory, remove_torn, unlock_directory
+from vitkit.atomic import atomic_write_text, lock_directory, remove_torn, removed_if_left_empty, unlock_directory
 from vitkit.data import stream
 from vitkit.data.images import (
     MAX_PIXELS,
-    BadImageError,
     NoLabelsError,
-    check_file,
     decode_workers,
-    open_image,
     probe_images,
-    upright,
 )
 from vitkit.data.imageset import ImageSet
-from vitkit.data.shardset import sample_problem
+from vitkit.data.shard_records import encode, records
 from vitkit.data.sources import load_split, mirror_keeps_label, parse_uri
 from vitkit.data.tarsamples import check_class_names
 from vitkit.data.tarshards import INCOMPLETE, INDEX, INDEX_FORMAT
@@ -57,90 +49,6 @@ log = logging.getLogger(__name__)
 
 # where a Hugging Face image column holds paths (datasets' to_parquet of files), they resolve as datasets does
 PATHS_HINT = ": an image column of file paths is read from the current directory; run where they resolve"
-FORMAT_EXT = {"JPEG": "jpg", "PNG": "png", "WEBP": "webp", "GIF": "gif", "BMP": "bmp", "TIFF": "tif", "PPM": "ppm"}
-
-
-def _png(pixels: torch.Tensor, max_side: int | None = None) -> bytes:
-    """uint8 (C, H, W) -> lossless PNG bytes (C = 1: grayscale), downscaled to `max_side` when larger."""
-    array = pixels.numpy()
-    image = Image.fromarray(array[0], "L") if array.shape[0] == 1 else Image.fromarray(array.transpose(1, 2, 0), "RGB")
-    if max_side is not None:
-        image.thumbnail((max_side, max_side))  # as `_shrink` does a file, without re-opening what is in memory
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
-    return buffer.getvalue()
-
-
-def _shrink(data: bytes, max_side: int | None, name: str) -> tuple[bytes, str] | None:
-    """(bytes, extension), downscaled to `max_side` when larger; None when the header does not open or claims
-    more pixels than the readers accept (refused before any pixel is decoded)."""
-    try:
-        with open_image(data, name=name) as image:
-            fmt = image.format
-            if max_side is None or max(image.size) <= max_side:
-                return data, FORMAT_EXT.get(fmt, "png" if fmt is None else fmt.lower())
-            image.thumbnail((max_side, max_side))  # aspect kept; JPEGs are reduced in the DCT domain first
-            image = upright(image)  # its EXIF orientation, which the new file does not carry
-            if fmt == "JPEG":
-                image = image.convert("L" if image.mode == "L" else "RGB")
-            elif image.mode not in ("1", "L", "LA", "P", "RGB", "RGBA", "I;16"):
-                image = image.convert("RGB")
-            buffer = io.BytesIO()
-            image.save(buffer, format="JPEG" if fmt == "JPEG" else "PNG", **({"quality": 95} if fmt == "JPEG" else {}))
-            return buffer.getvalue(), "jpg" if fmt == "JPEG" else "png"
-    except BadImageError as error:  # the message names the file
-        log.warning("leaving out an image that does not open: %s", error)
-        return None
-    except Exception as error:  # noqa: BLE001 - any undecodable file is left out and counted
-        log.warning("leaving out an image that does not open: %s: %s", name, error)
-        return None
-
-
-def _read_bytes(source: Any) -> bytes:
-    if isinstance(source, (bytes, bytearray)):
-        return bytes(source)
-    try:
-        check_file(source, str(source))  # a regular file of an image's size: never a 7 GB one read whole
-        return Path(source).read_bytes()
-    except OSError as error:
-        log.warning("leaving out %s: %s", source, error)
-    except BadImageError as error:
-        log.warning("leaving out an image that does not open: %s", error)
-    return b""
-
-
-def _records(data: ImageSet | stream.ShardSet, seed: int) -> Iterator[tuple[int, Callable[[], Any], int]]:
-    """(source index, a loader of the raw image, label) in the written order."""
-    if isinstance(data, stream.ShardSet):  # front to back, one pass: epoch 0 of a single lane (window-shuffled)
-        samples = stream.lane_samples(data, seed, 0, 1, 10 * stream.WINDOW, 0)
-        for index in range(len(data)):
-            sample = next(samples)
-            if sample.absent:  # counted by a stale index, not in the shard: dropped as training drops it
-                continue
-            problem = sample_problem(sample, data.num_classes)  # a missing label is the reader's problem already
-            if problem:  # named here: the encoder only counts it
-                log.warning(
-                    "leaving out sample %s", problem if problem.startswith(sample.key) else f"{sample.key}: {problem}"
-                )
-            yield index, (lambda s=sample, g=not problem: s.image if g else b""), -1 if problem else sample.label
-        return
-    order = torch.randperm(len(data), generator=torch.Generator().manual_seed(seed)).tolist()
-    for index in order:
-        if data.images is not None:
-            yield index, (lambda i=index: data.images[i]), int(data.labels[index])
-        else:
-            yield index, (lambda i=index: data.files[i]), int(data.labels[index])
-
-
-def _encode(item: tuple[int, Callable[[], Any], int], max_side: int | None) -> tuple[int, bytes, str, int] | None:
-    index, load, label = item
-    raw = load()
-    if isinstance(raw, torch.Tensor):
-        return index, _png(raw, max_side), "png", label
-    data = _read_bytes(raw)
-    name = f"sample {index}" if isinstance(raw, (bytes, bytearray)) else str(raw)
-    shrunk = _shrink(data, max_side, name) if data and label >= 0 else None
-    return (index, *shrunk, label) if shrunk else None
 
 
 def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
@@ -205,10 +113,10 @@ def _write_split(
     labelled: bool = True,
 ) -> _Shards:
     shards, skipped = _Shards(out, split, per_shard, labelled), 0
-    items = _records(data, seed)
+    items = records(data, seed)
     with ThreadPoolExecutor(workers) as pool:  # Pillow releases the GIL while it decodes and encodes
         while batch := [item for _, item in zip(range(256), items)]:
-            for encoded in pool.map(lambda item: _encode(item, max_side), batch):
+            for encoded in pool.map(lambda item: encode(item, max_side), batch):
                 if encoded is None:
                     skipped += 1
                 else:
@@ -283,14 +191,19 @@ def _check_array_pixels(split: str, data: ImageSet | stream.ShardSet, max_side: 
 
 
 def _start_over(out: Path) -> None:
-    """Remove what a `vitkit shard` killed in `out` wrote (every shard there is its: it began in a directory
-    without any), so that the same command writes it again."""
+    """Remove what a `vitkit shard` killed in `out` wrote, so that the same command writes it again."""
+    log.info("%s: removed the %d shard(s) an interrupted run wrote; writing them again", out, _remove_written(out))
+
+
+def _remove_written(out: Path) -> int:
+    """Remove what a `vitkit shard` wrote in `out` (every shard there is its: it began in an empty directory):
+    its shards, index, temporaries and mark; returns the number of shards."""
     written = sorted(out.glob("*.tar"))
     for path in [*written, out / INDEX]:
         path.unlink(missing_ok=True)
     remove_torn(out)
-    (out / INCOMPLETE).unlink()
-    log.info("%s: removed the %d shard(s) an interrupted run wrote; writing them again", out, len(written))
+    (out / INCOMPLETE).unlink(missing_ok=True)
+    return len(written)
 
 
 def write_shards(
@@ -320,18 +233,34 @@ def write_shards(
     try:
         if interrupted:
             _start_over(out)
-        if out.exists() and (any(out.glob("*.tar")) or (out / INDEX).exists()):
-            raise ValueError(f"{out} already holds shards or {INDEX}; choose an empty directory")
+        _check_empty(out)
         sources = _open_splits(uri, image_column, label_column, labelled)
         for split, data in sources.items():  # what the reader would refuse is refused before anything is written
             if labelled and data.class_names:
                 check_class_names(list(data.class_names), uri, "class")
             _check_array_pixels(split, data, max_side)
-        out.mkdir(parents=True, exist_ok=True)
-        held = held if held is not None else _lock(out)
-        return _write_all(sources, uri, out, samples_per_shard, max_side, seed, workers, labelled)
+        with removed_if_left_empty(out):
+            out.mkdir(parents=True, exist_ok=True)
+            held = held if held is not None else _lock(out)
+            try:
+                return _write_all(sources, uri, out, samples_per_shard, max_side, seed, workers, labelled)
+            except (Exception, KeyboardInterrupt, SystemExit):  # a full disk, Ctrl-C: nothing half-written stays
+                _remove_written(out)
+                raise
     finally:
         unlock_directory(held)
+
+
+def _check_empty(out: Path) -> None:
+    """`out` is new or empty (hidden files aside): shards and their index are written into nothing of the user's."""
+    visible = sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) if out.is_dir() else []
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{out} is a file; give a new or empty directory")
+    if any(out.glob("*.tar")) or (out / INDEX).exists():
+        raise ValueError(f"{out} already holds shards or {INDEX}; choose an empty directory")
+    if visible:
+        listed = ", ".join(visible[:3]) + (", ..." if len(visible) > 3 else "")
+        raise ValueError(f"{out} is not empty (it holds {listed}); shard into an empty or new directory")
 
 
 def _lock(out: Path) -> int | None:
@@ -363,8 +292,6 @@ def _write_all(
         splits[split] = _write_split(data, split, out, samples_per_shard, max_side, seed, workers, labelled)
         probe = probe or splits[split].first
         if split == "train" and not splits[split].written:  # every image unreadable: no data set to train on
-            remove_torn(out)
-            (out / INCOMPLETE).unlink()
             raise ValueError(f"{uri}: no training image could be read ({splits[split].skipped} left out, each named "
                              f"above){PATHS_HINT if uri.startswith('hf:') else ''}; nothing was written")  # fmt: skip
     index = {
