@@ -267,6 +267,7 @@ def test_array_images_above_the_pixel_limit_are_refused_before_writing(tmp_path:
     Above the readers' pixel limit they are refused before anything is written, naming `--max-side`; with it
     they are downscaled from the array."""
     import vitkit.data.shard as shard
+    import vitkit.data.shard_records as shard_records
     from shardkit import numbered_npz
 
     source = f"npz:{numbered_npz(tmp_path / 'n.npz', 20)}"  # 8x8 images
@@ -280,7 +281,7 @@ def test_array_images_above_the_pixel_limit_are_refused_before_writing(tmp_path:
     def reopened(*args, **kwargs):  # what the readers would refuse above their limit: an array is not re-read
         raise AssertionError("an array image went through the file decoder")
 
-    monkeypatch.setattr(shard, "open_image", reopened)
+    monkeypatch.setattr(shard_records, "open_image", reopened)
     report = shard.write_shards(source, tmp_path / "small", samples_per_shard=10, max_side=4)
     train = load_split(source, "train")
     assert report["splits"]["train"]["samples"] == len(train) and report["splits"]["train"]["skipped"] == 0

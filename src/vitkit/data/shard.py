@@ -254,8 +254,6 @@ def write_shards(
 def _check_empty(out: Path) -> None:
     """`out` is new or empty (hidden files aside): shards and their index are written into nothing of the user's."""
     visible = sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) if out.is_dir() else []
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"{out} is a file; give a new or empty directory")
     if any(out.glob("*.tar")) or (out / INDEX).exists():
         raise ValueError(f"{out} already holds shards or {INDEX}; choose an empty directory")
     if visible:
