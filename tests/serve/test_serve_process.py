@@ -175,6 +175,16 @@ def test_serve_on_a_device_this_host_has_not_stops_before_binding(tmp_path: Path
     assert "unknown device 'tpu'" in capsys.readouterr().err and "Uvicorn running" not in caplog.text
 
 
+def test_serve_on_an_encoder_without_a_head_stops_before_binding(tmp_path: Path, capsys, caplog) -> None:
+    """A pretrain-mpp encoder bound the port, started uvicorn, then exited 1 with "has no classification head";
+    eval and predict refuse it at once (exit 2), and so does serve now, where config.json says so."""
+    import vitkit
+
+    vitkit.save(vitkit.create_model("vit_ti16", img_size=16, num_classes=0), tmp_path / "encoder")
+    assert main(["serve", str(tmp_path / "encoder"), "--port", str(free_port())]) == 2
+    assert "has no classification head" in capsys.readouterr().err and "Uvicorn running" not in caplog.text
+
+
 def test_serve_on_an_address_it_cannot_bind_stops_before_loading(tmp_path: Path, capsys, caplog) -> None:
     """A port in use or a host that is no address here ended in uvicorn's bare socket error, exit 1,
     after the model had loaded; the flag at fault is named instead, before anything starts."""

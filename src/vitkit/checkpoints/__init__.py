@@ -22,7 +22,10 @@ from vitkit.checkpoints.native import Checkpoint
 from vitkit.checkpoints.validate import CheckpointError, read_json
 from vitkit.models.configs import ModelConfig, image_size
 
-__all__ = ["Checkpoint", "CheckpointError", "FORMATS", "check", "detect_format", "load", "read", "save", "write"]
+__all__ = [
+    *("Checkpoint", "CheckpointError", "FORMATS", "check", "checked", "detect_format"),
+    *("load", "read", "save", "write"),
+]
 
 Format = Literal["vitkit", "official", "timm", "hf"]
 FORMATS: tuple[str, ...] = ("vitkit", "official", "timm", "hf")
@@ -69,17 +72,23 @@ def check(path: str | os.PathLike) -> Format:
     pass: a vitkit directory's config.json, the model's size, the weights' header and hash; an official .npz's
     header; a timm or HF weight file opened as `read` opens it (a safetensors header, a torch zip file
     memory-mapped, a legacy torch file read whole).  Raises what `read` raises (CheckpointError: damaged)."""
+    return checked(path)[0]
+
+
+def checked(path: str | os.PathLike) -> tuple[Format, ModelConfig | None]:
+    """`check`, with the model config where the files state it (a vitkit directory's config.json; None for the
+    other formats, whose model is known once their weights are read)."""
     path = Path(path)
     validate.refuse_special_files(path)
     kind = detect_format(path)
     if kind == "vitkit":
-        native.check(path)
-    elif kind == "official":
+        return kind, native.check(path)[0]
+    if kind == "official":
         headers.npz_header(path)
     else:
         weights = path if path.is_file() else {"hf": hf.weights_file, "timm": timm.weights_file}[kind](path)
         tensorfile.open_tensors(weights, None)
-    return kind
+    return kind, None
 
 
 def read(

@@ -53,12 +53,16 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from vitkit.checkpoints import check
+    from vitkit.checkpoints import checked
     from vitkit.device import pick_device
+    from vitkit.eval.features import require_classifier
     from vitkit.runs import find_checkpoint
 
     config = serve_config(args)  # a bad flag first: it costs nothing to check
-    check(find_checkpoint(args.checkpoint))  # a path that names no checkpoint, or a damaged one, stops before the bind
+    found = find_checkpoint(args.checkpoint)
+    _, model = checked(found)  # a path that names no checkpoint, or a damaged one, stops before the bind
+    if model is not None:  # as does an encoder without a head, where config.json says so
+        require_classifier(model, found)
     pick_device(args.device)  # as does a device this host has not
 
     try:

@@ -18,7 +18,7 @@ from vitkit.checkpoints import Checkpoint, limits
 from vitkit.data.loader import eval_batches
 from vitkit.data.transforms import eval_transform
 from vitkit.device import pick_device
-from vitkit.models.configs import image_size, in_channels, num_classes, with_overrides
+from vitkit.models.configs import ModelConfig, image_size, in_channels, num_classes, with_overrides
 
 log = logging.getLogger(__name__)
 
@@ -40,10 +40,11 @@ def channels(checkpoint: Checkpoint) -> int:
     return in_channels(checkpoint.model.config)
 
 
-def require_classifier(checkpoint: Checkpoint, where: str | os.PathLike) -> None:
-    """A ValueError unless the checkpoint has a classification head: an encoder's (num_classes 0) output is its
-    representation, which read as class scores would be noise."""
-    if num_classes(checkpoint.model.config) == 0:
+def require_classifier(checkpoint: Checkpoint | ModelConfig, where: str | os.PathLike) -> None:
+    """A ValueError unless the checkpoint (or its model config) has a classification head: an encoder's
+    (num_classes 0) output is its representation, which read as class scores would be noise."""
+    config = checkpoint.model.config if isinstance(checkpoint, Checkpoint) else checkpoint
+    if num_classes(config) == 0:
         raise ValueError(
             f"{where} has no classification head (an encoder, as pretrain-mpp and convert --num-classes 0 write "
             f"it): fine-tune it on labelled images first (vitkit finetune {where} --data URI); vitkit fewshot and "
