@@ -375,7 +375,17 @@ def find_checkpoint(path: str | os.PathLike) -> Path:
         raise FileNotFoundError(f"{path} does not exist (expected a checkpoint or a run directory)")
     if path.name == CHECKPOINTS and path.is_dir() and not native.is_native(path):  # RUN/checkpoints given
         path = path.parent
-    return RunDir(path).model_checkpoint() if is_run_dir(path) else path
+    if not is_run_dir(path):
+        return path
+    found = RunDir(path).model_checkpoint()
+    if found.name not in (FINAL, EMA) and (path, found) not in _NAMED_UNFINISHED:  # once a process, not each read
+        _NAMED_UNFINISHED.add((path, found))
+        log.warning("%s has no final model (its run has not finished, or is training now): using %s, its last "
+                    "checkpoint", path, found.name)  # fmt: skip
+    return found
+
+
+_NAMED_UNFINISHED: set[tuple[Path, Path]] = set()
 
 
 def open_checkpoint(path: str | os.PathLike, **read_options: Any) -> native.Checkpoint:

@@ -39,6 +39,20 @@ def test_load_of_a_run_is_the_load_of_its_final_checkpoint(tmp_path: Path) -> No
     assert find_checkpoint(run / "checkpoints") == find_checkpoint(run)  # RUN/checkpoints names the run too
 
 
+def test_a_run_without_a_final_model_is_named_so_once(tmp_path: Path, caplog) -> None:
+    """`convert RUN`, `export-onnx RUN` and `predict RUN` of an unfinished run (killed, or still training) took
+    its last step checkpoint, an un-annealed model, without a word; the warning names it, once a process."""
+    run = tmp_path / "run"
+    trainer.train(tiny_config(run, "data.steps=4", "run.checkpoint_every=3"))
+    shutil.rmtree(run / "checkpoints" / "final")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="vitkit.runs"):
+        found = [find_checkpoint(run), find_checkpoint(run)]
+    assert found[0] == found[1] and found[0].name.startswith("step_")
+    (message,) = [r.getMessage() for r in caplog.records]
+    assert f"{run} has no final model (its run has not finished, or is training now): using {found[0].name}" in message
+
+
 def test_resuming_prints_and_runs_the_stored_config(tmp_path: Path, capsys, caplog) -> None:
     out = tmp_path / "run"  # a budget that cuts the first invocation short: the re-run has steps to plan
     args = ["train", "--recipe", "small-8px-tiny", "--out", str(out), "--set", "run.threads=1", "--json"]
