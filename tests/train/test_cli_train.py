@@ -133,7 +133,7 @@ def test_the_final_line_says_when_the_step_count_was_an_estimate() -> None:
     assert "after 427 steps, 2.87 min (time budget spent)" in resumed
     # "after 328 steps, 0.12 min" of a re-run of a 2-minute run: this invocation's minutes only
     whole = _final_line({**result, "minutes": 2.01, "plan": {"steps_given": False, "start_step": 40}}, config)
-    assert "after 427 steps, 2.87 min this time, 2.01 min trained in all (time budget spent)" in whole
+    assert "after 427 steps, 2.87 min this time with its start-up, 2.01 min of training in all (time budget" in whole
     assert "after 427/294 steps" in _final_line({**result, "plan": {"steps_given": True}}, config)
     capped = {**result, "step": 1125, "steps": 46875, "plan": {"steps_given": True}}  # the budget ended it first
     assert "after 1125 of at most 46875 steps, 2.87 min (time budget spent)" in _final_line(capped, config)
@@ -147,6 +147,13 @@ def test_the_final_line_says_when_the_step_count_was_an_estimate() -> None:
     fitted = _final_line({**stopped, "plan": {"budget_minutes": 3.0, "budget_schedule": "fit"}}, config)
     assert fitted.startswith("interrupted at step 163 of at most 9469 (the time budget ends the schedule); ")
     assert _final_line({**stopped, "plan": {}}, config).startswith("interrupted at step 163/9469; checkpoint saved")
+    # the budget alone sets the length: "interrupted at step 43 of at most 37" read as past a cap; it is an estimate
+    estimated = {**stopped, "step": 43, "steps": 37}
+    budget_alone = {"budget_minutes": 1.5, "budget_schedule": "fit", "steps_given": False}
+    line = _final_line({**estimated, "plan": budget_alone}, config)
+    assert line.startswith("interrupted at step 43 (~37 estimated; the time budget ends the schedule); ")
+    resumed = _final_line({**estimated, "plan": {**budget_alone, "start_step": 20}}, config)
+    assert resumed.startswith("interrupted at step 43 (the time budget ends the schedule); ")
 
 
 def test_data_a_classifier_cannot_learn_from_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -206,9 +206,13 @@ def _interrupted_line(result: dict[str, Any]) -> str:
     """Where the stopped run is saved and how to resume it; a run the time budget ends has no fixed length."""
     resume = result.get("resume_out")
     where = f"{result['run_dir']}, a trial of the sweep in {resume}" if resume else result["run_dir"]
+    plan = result.get("plan", {})
     at = f"{result['step']}/{result['steps']}"
-    if _fitted(result):
-        at = f"{result['step']} of at most {result['steps']} (the time budget ends the schedule)"
+    if _fitted(result):  # the step count is the recipe's cap, or (not given) the warm-up's estimate of the budget
+        step, steps, ends = result["step"], result["steps"], "the time budget ends the schedule"
+        at = f"{step} of at most {steps} ({ends})"
+        if not plan.get("steps_given", True):
+            at = f"{step} ({ends})" if plan.get("start_step") else f"{step} (~{steps} estimated; {ends})"
     again = resume or result["run_dir"]
     return f"interrupted at step {at}; checkpoint saved in {where} (re-run with --out {again} to resume)"
 
@@ -236,7 +240,7 @@ def _final_line(result: dict[str, Any], config: Any) -> str:
         steps = f"{result['step']} (the schedule fitted to the time budget; at most {result['steps']})"
     took = f"{result['wall_minutes']:.2f} min"
     if result.get("plan", {}).get("start_step") and "minutes" in result:  # resumed: the run's whole training too
-        took += f" this time, {result['minutes']:.2f} min trained in all"
+        took += f" this time with its start-up, {result['minutes']:.2f} min of training in all"
     done = f"after {steps} steps, {took}{note}; run: {result['run_dir']}"
     final = result.get(split)
     if config.mpp is not None:
