@@ -283,3 +283,14 @@ def test_an_export_interrupted_in_its_check_leaves_no_file(tmp_path, make_vit, m
     with pytest.raises(KeyboardInterrupt):
         onnx_export.verified_export(make_vit(), tmp_path / "m.onnx")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_convert_names_an_empty_destination_and_a_file_in_the_way(tmp_path, make_vit, capsys):
+    """`convert SRC ""` said ". is, holds or lies inside the checkpoint being read", and a file in the way
+    "already exists and is not empty" (it was a 0-byte file)."""
+    vitkit.save(make_vit(), tmp_path / "ckpt")
+    assert main(["convert", str(tmp_path / "ckpt"), "", "--to", "timm"]) == 2
+    assert "the destination is empty" in capsys.readouterr().err
+    (tmp_path / "afile.txt").write_bytes(b"")
+    assert main(["convert", str(tmp_path / "ckpt"), str(tmp_path / "afile.txt"), "--to", "timm"]) == 2
+    assert f"{tmp_path / 'afile.txt'} already exists and is a file;" in capsys.readouterr().err

@@ -125,13 +125,16 @@ def run_convert(args: argparse.Namespace) -> int:
     from vitkit.checkpoints import official, write
     from vitkit.runs import is_run_dir
 
+    if not args.dst.strip():
+        raise ValueError("the destination is empty: name the file or directory to write")
     dst = official.npz_path(args.dst) if args.to == "official" else Path(args.dst)  # the file written: NAME.npz
     if is_run_dir(dst):  # even with --force: the model would sit beside the run's checkpoints, and verbs read those
         raise ValueError(f"{dst} is a training run; write the converted model to another destination")
     _refuse_overlap(args.src, dst)
     remove_torn_beside(dst)  # what a killed write of dst left
     if dst.exists() and (not dst.is_dir() or any(dst.iterdir())) and not args.force:
-        raise ValueError(f"{dst} already exists and is not empty; choose another destination or pass --force")
+        what = "is not empty" if dst.is_dir() else "is a file"
+        raise ValueError(f"{dst} already exists and {what}; choose another destination or pass --force")
     if args.to != "official" and dst.exists() and not dst.is_dir():
         raise ValueError(f"{dst} is a file; --to {args.to} writes a directory: choose another destination")
     if args.to != "official" and not dst.exists() and dst.suffix.lower() in FILE_SUFFIXES:
