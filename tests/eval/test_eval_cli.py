@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from PIL import Image
 from safetensors import safe_open
@@ -278,3 +279,17 @@ def test_eval_above_the_confusion_limit_names_the_one_file_it_wrote(
     assert last == f"wrote {out}/eval_test.json"
     assert sorted(p.name for p in out.iterdir()) == ["eval_test.json"]
     assert json.loads((out / "eval_test.json").read_text())["confusion"] is None
+
+
+@pytest.mark.parametrize("shots", ["1,,5", "0,5", "five", ""])
+def test_fewshot_refuses_shots_that_name_no_count(digits_checkpoint: Path, shots: str, capsys) -> None:
+    """`--shots 1,,5` was read as "1,5", a slip taken silently."""
+    assert main(["fewshot", str(digits_checkpoint), "--data", "digits", "--shots", shots]) == 2
+    assert f"--shots must be comma-separated integers of 1 or more, got {shots!r}" in capsys.readouterr().err
+
+
+def test_inspect_refuses_no_overlays_by_its_flag(digits_checkpoint: Path, capsys) -> None:
+    """--num-overlays 0 was refused as "num_components, num_overlays and batch_size must be positive"."""
+    with pytest.raises(SystemExit):
+        main(["inspect", str(digits_checkpoint), "--num-overlays", "0"])
+    assert "argument --num-overlays: expected an integer from 1 up, got '0'" in capsys.readouterr().err

@@ -89,7 +89,7 @@ def run_fewshot(args: argparse.Namespace) -> int:
     from vitkit.eval.fewshot import FewShotConfig
 
     try:
-        shots = tuple(int(k) for k in args.shots.split(",") if k.strip())
+        shots = tuple(int(k) for k in args.shots.split(","))  # "1,,5" names no count between its commas
     except ValueError:
         shots = ()
     if not shots or min(shots) < 1:
@@ -198,7 +198,7 @@ def add_inspect(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--data", default=None, help="data source URI: images for the attention figures")
     parser.add_argument("--split", choices=("train", "val", "test"), default="test", help="split of --data")
     parser.add_argument("--num-images", type=bounded_int(1), default=32, help="images drawn from --data")
-    parser.add_argument("--num-overlays", type=int, default=8, help="images shown in the rollout figure")
+    parser.add_argument("--num-overlays", type=bounded_int(1), default=8, help="images shown in the rollout figure")
     parser.add_argument("--components", type=int, default=28, help="filter principal components shown")
     parser.add_argument("--no-figures", action="store_true", help="numbers (inspect.json) only, no PNG files")
     add_run_flags(parser, batch_size=8)
