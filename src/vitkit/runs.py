@@ -28,22 +28,14 @@ import pickle
 import re
 import shutil
 from collections.abc import Callable, Collection, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from vitkit import run_config
-from vitkit.atomic import (
-    atomic_write,
-    atomic_write_text,
-    check_writable,
-    fsync_dir,
-    lock_directory,
-    remove_torn,
-    unlock_directory,
-)
+from vitkit import atomic, run_config
+from vitkit.atomic import atomic_write_text, fsync_dir
 from vitkit.checkpoints import native, tensorfile
 from vitkit.checkpoints.validate import unreadable_now
 from vitkit.metrics_log import METRICS, MetricsLog
@@ -57,6 +49,7 @@ CONFIG, STATE_FILE, PLOTS = "config.json", "train_state.pt", "plots"
 UNREADABLE = (ValueError, RuntimeError, OSError, EOFError, AttributeError, pickle.UnpicklingError)
 SWEEP, SWEEP_RECORD = "sweep", "sweep.json"  # an LR sweep's trials and record, written before the run's config
 KEEP = 2  # step checkpoints kept besides the newest
+_NAMED_UNFINISHED: set[tuple[Path, Path]] = set()  # run directories said to have no final model (find_checkpoint)
 UNREADABLE_PREFIX = "unreadable-"  # a step a resume passed over, kept beside the others (never resumed from)
 _SAID: set[tuple[str, str, str]] = set()  # (LATEST, what it names, the step used) already warned of
 FULL_DISK = 1 << 20  # bytes free below which a failed write is taken for a full disk
@@ -117,11 +110,11 @@ class RunDir:
         descriptor = self.lock()
         try:
             for directory in (self.path, self.path / PLOTS, self.checkpoints):
-                remove_torn(directory)
+                atomic.remove_torn(directory)
             self._check_checkpoints()
             yield
         finally:
-            unlock_directory(descriptor)
+            atomic.unlock_directory(descriptor)
 
     def _check_checkpoints(self) -> None:
         """A ValueError where `checkpoints/` exists and cannot take a file: the first save would fail minutes in."""
@@ -134,7 +127,7 @@ class RunDir:
         ValueError where another process holds it.  The descriptor to pass to `atomic.unlock_directory`, or None
         where the platform has no flock."""
         try:
-            return lock_directory(self.path)
+            return atomic.lock_directory(self.path)
         except BlockingIOError:
             raise ValueError(
                 f"{self.path} is in use by another vitkit process (a run training there now); wait for it to end, "
@@ -235,7 +228,7 @@ class RunDir:
             shutil.rmtree(torn, ignore_errors=True)
         try:
             write_model(tmp)
-            atomic_write(tmp / STATE_FILE, lambda path: _save_state(payload, path))
+            atomic.atomic_write(tmp / STATE_FILE, lambda path: _save_state(payload, path))
             fsync_dir(tmp)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)  # not left on a full disk
@@ -324,7 +317,7 @@ class RunDir:
 def _writable(directory: Path, remedy: str) -> None:
     """A ValueError naming `directory` and the `remedy` where a file cannot be made in it."""
     try:
-        check_writable(directory)
+        atomic.check_writable(directory)
     except OSError as error:
         raise ValueError(f"{directory} cannot be written ({error.strerror or error}); {remedy}") from None
 
@@ -378,14 +371,20 @@ def find_checkpoint(path: str | os.PathLike) -> Path:
     if not is_run_dir(path):
         return path
     found = RunDir(path).model_checkpoint()
-    if found.name not in (FINAL, EMA) and (path, found) not in _NAMED_UNFINISHED:  # once a process, not each read
-        _NAMED_UNFINISHED.add((path, found))
-        log.warning("%s has no final model (its run has not finished, or is training now): using %s, its last "
-                    "checkpoint", path, found.name)  # fmt: skip
+    _name_unfinished(path, found)
     return found
 
 
-_NAMED_UNFINISHED: set[tuple[Path, Path]] = set()
+def _name_unfinished(run: Path, found: Path) -> None:
+    """Warn, once a process, where a run stands for a step checkpoint for want of `final` (FSDP writes none)."""
+    if found.name in (FINAL, EMA) or (run / CHECKPOINTS / FINAL).exists() or (run, found) in _NAMED_UNFINISHED:
+        return
+    with suppress(OSError, ValueError):  # a damaged config.json is for the verbs that read it to name
+        if ((RunDir(run).stored_config() or {}).get("run") or {}).get("parallel") == "fsdp":
+            return
+    _NAMED_UNFINISHED.add((run, found))
+    log.warning("%s has no final model (its run has not finished, or is training now): using %s, its last "
+                "checkpoint", run, found.name)  # fmt: skip
 
 
 def open_checkpoint(path: str | os.PathLike, **read_options: Any) -> native.Checkpoint:

@@ -51,6 +51,22 @@ def test_a_run_without_a_final_model_is_named_so_once(tmp_path: Path, caplog) ->
     assert found[0] == found[1] and found[0].name.startswith("step_")
     (message,) = [r.getMessage() for r in caplog.records]
     assert f"{run} has no final model (its run has not finished, or is training now): using {found[0].name}" in message
+    # a finished FSDP run writes no final export, and a copy can leave final older than LATEST's target: not said
+    for other in ("fsdp", "copied"):
+        again = tmp_path / other
+        shutil.copytree(run, again)
+        if other == "fsdp":
+            stored = json.loads((again / "config.json").read_text())
+            stored["run"]["parallel"] = "fsdp"
+            (again / "config.json").write_text(json.dumps(stored))
+        else:
+            trainer.train(tiny_config(tmp_path / "whole", "data.steps=4", "run.checkpoint_every=3"))
+            shutil.copytree(tmp_path / "whole" / "checkpoints" / "final", again / "checkpoints" / "final")
+            os.utime(again / "checkpoints" / "final" / "config.json", (1, 1))
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="vitkit.runs"):
+            assert find_checkpoint(again).name.startswith("step_")
+        assert not caplog.records
 
 
 def test_resuming_prints_and_runs_the_stored_config(tmp_path: Path, capsys, caplog) -> None:
@@ -318,7 +334,7 @@ def test_an_out_that_cannot_be_written_is_named_before_anything_is_written(tmp_p
     def refused(directory):
         raise PermissionError(errno.EPERM, "Operation not permitted", str(Path(directory) / ".probe.tmp"))
 
-    monkeypatch.setattr(runs, "check_writable", refused)
+    monkeypatch.setattr(runs.atomic, "check_writable", refused)
     out = tmp_path / "run"
     assert main(["train", "--recipe", "small-8px-tiny", "--out", str(out)]) == 2
     err = capsys.readouterr().err

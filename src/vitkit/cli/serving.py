@@ -72,7 +72,7 @@ def run_serve(args: argparse.Namespace) -> int:
             f"vitkit serve needs the serve extra ({error.name} is missing): pip install 'vitkit[serve]'"
         ) from error
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
-    return run_server(args.checkpoint, config)
+    return run_server(found, config)  # the checkpoint found, which the model process then opens as it is
 
 
 def serve_config(args: argparse.Namespace) -> ServeConfig:
