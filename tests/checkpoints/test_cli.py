@@ -277,6 +277,7 @@ def test_an_export_interrupted_in_its_check_leaves_no_file(tmp_path, make_vit, m
 
     def interrupted(model, path, opset):
         assert Path(path).name.endswith(".tmp")  # the file checked is the one not yet in place
+        (Path(path).parent / "encoder.blocks.0.weight").write_bytes(b"0")  # a model over 2 GB: its tensors beside
         raise KeyboardInterrupt
 
     monkeypatch.setattr(onnx_export, "check_export", interrupted)
@@ -293,4 +294,7 @@ def test_convert_names_an_empty_destination_and_a_file_in_the_way(tmp_path, make
     assert "the destination is empty" in capsys.readouterr().err
     (tmp_path / "afile.txt").write_bytes(b"")
     assert main(["convert", str(tmp_path / "ckpt"), str(tmp_path / "afile.txt"), "--to", "timm"]) == 2
-    assert f"{tmp_path / 'afile.txt'} already exists and is a file;" in capsys.readouterr().err
+    assert f"{tmp_path / 'afile.txt'} is a file; --to timm writes a directory" in capsys.readouterr().err  # no --force
+    (tmp_path / "old.npz").write_bytes(b"")
+    assert main(["convert", str(tmp_path / "ckpt"), str(tmp_path / "old.npz"), "--to", "official"]) == 2
+    assert f"{tmp_path / 'old.npz'} already exists and is a file; choose another" in capsys.readouterr().err

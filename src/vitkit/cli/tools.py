@@ -132,11 +132,11 @@ def run_convert(args: argparse.Namespace) -> int:
         raise ValueError(f"{dst} is a training run; write the converted model to another destination")
     _refuse_overlap(args.src, dst)
     remove_torn_beside(dst)  # what a killed write of dst left
+    if args.to != "official" and dst.exists() and not dst.is_dir():  # --force would not help
+        raise ValueError(f"{dst} is a file; --to {args.to} writes a directory: choose another destination")
     if dst.exists() and (not dst.is_dir() or any(dst.iterdir())) and not args.force:
         what = "is not empty" if dst.is_dir() else "is a file"
         raise ValueError(f"{dst} already exists and {what}; choose another destination or pass --force")
-    if args.to != "official" and dst.exists() and not dst.is_dir():
-        raise ValueError(f"{dst} is a file; --to {args.to} writes a directory: choose another destination")
     if args.to != "official" and not dst.exists() and dst.suffix.lower() in FILE_SUFFIXES:
         raise ValueError(
             f"{dst} is named as a file ({dst.suffix}); --to {args.to} writes a directory (config.json and "
