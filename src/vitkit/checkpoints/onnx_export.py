@@ -91,7 +91,14 @@ def export_onnx(
         if check is not None:
             check(tmp)
 
-    atomic_write(path, _export)
+    before = set(path.parent.iterdir())
+    try:
+        atomic_write(path, _export)
+    except BaseException:  # a model over 2 GB writes its tensors beside the file: not left loose either
+        for written in set(path.parent.iterdir()) - before:
+            if written.is_file():
+                written.unlink(missing_ok=True)
+        raise
     log.info("wrote %s (opset %d, input %s x %d x %d)", path, opset, chans, size, size)
     return path
 
