@@ -245,7 +245,8 @@ def write_shards(
             try:
                 return _write_all(sources, uri, out, samples_per_shard, max_side, seed, workers, labelled)
             except (Exception, KeyboardInterrupt, SystemExit):  # a full disk, Ctrl-C: nothing half-written stays
-                _remove_written(out)
+                if (out / INCOMPLETE).exists():  # not once the set is complete (its mark removed)
+                    _remove_written(out)
                 raise
     finally:
         unlock_directory(held)

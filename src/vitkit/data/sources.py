@@ -162,16 +162,11 @@ def separate_val(uri: str) -> bool:
 def check_named_split(uri: str, split: str) -> None:
     """A command's `--split`, where a source's val split stands in for its test split (a folder of train/ and
     val/ only, val-* shards without test-*): "val" would score the test images, so it is refused (ValueError)."""
-    if split != "val":
+    if split != "val" or separate_val(uri):
         return
     kind, path = parse_uri(uri)
-    if kind in ("wds", "hf"):
-        names = set(large.split_names(kind, path))
-        stands_in = "val" in names and "test" not in names
-    else:
-        roots = folder.folder_roots(Path(path)) if kind == "folder" else {}
-        stands_in = "val" in roots and roots["val"] == roots.get("test")
-    if stands_in:
+    names = large.split_names(kind, path) if kind in ("wds", "hf") else []
+    if "val" in (folder.folder_roots(Path(path)) if kind == "folder" else names):
         raise ValueError(
             f"{uri}: its val split is also its test split (it has no test split of its own), so --split val would "
             "score the test images: use --split test (a training run validates on a hold-out of its train split)"
