@@ -8,7 +8,8 @@ device synchronisations, and the reported figure is the median over repeats, so 
 
 FLOPs are analytic (models/flops.py): the forward count per image, and three times that for a
 training step (the backward pass costs two forwards).  MFU = achieved FLOP/s / peak FLOP/s, with the
-peak either given or measured here as the best rate of a large square matmul in the same precision.
+peak either given or measured here as the best rate of a large square matmul in the same precision (in fp32
+for bf16 on a CPU without native bf16: `peak_precision`).
 """
 
 from __future__ import annotations
