@@ -211,3 +211,20 @@ def test_a_failed_probe_names_the_error_not_the_library_advice(monkeypatch, capl
     assert not kernels.probed("a fused kernel", torch.bfloat16, check)
     (message,) = [r.getMessage() for r in caplog.records if "is off on this host" in r.getMessage()]
     assert f"(RuntimeError: {text.split('. ')[0]})" in message and "ONEDNN_VERBOSE" not in message
+
+
+def test_a_forward_pass_does_not_load_torch_onnx() -> None:
+    """The fast paths asked `torch.onnx.is_in_onnx_export()` on every forward pass, which loads `torch.onnx`; on
+    torch releases before 2.5 that imports onnxruntime where installed: on an emulated ARM host, where onnxruntime
+    itself fails to load, the first GELU of torch 2.4.1 crashed the process."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, torch, vitkit\n"
+        "model = vitkit.create_model('vit_ti16', img_size=16, num_classes=2, patch_size=8, depth=1)\n"
+        "model(torch.zeros(2, 3, 16, 16)).sum().backward()\n"
+        "print('torch.onnx' in sys.modules)\n"
+    )
+    loaded = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "False"

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -47,8 +48,15 @@ def eager_cpu(x: Tensor) -> bool:
         x.device.type == "cpu"
         and not torch.compiler.is_compiling()
         and not torch.jit.is_tracing()
-        and not torch.onnx.is_in_onnx_export()
+        and not _in_onnx_export()
     )
+
+
+def _in_onnx_export() -> bool:
+    """Whether an ONNX export is tracing, asked only where `torch.onnx` is loaded (an export loads it): loading it
+    to ask, as every forward pass did, imports onnxruntime on torch releases before 2.5, where installed."""
+    onnx = sys.modules.get("torch.onnx")
+    return onnx is not None and onnx.is_in_onnx_export()
 
 
 # ---------------------------------------------------------------------------------------- guards
