@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import getpass
 import logging
 import math
 import os
 import platform
 import re
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -244,12 +246,25 @@ def _address_space_left() -> int:
         return 1 << 62
 
 
+def default_cache_dir() -> str:
+    """Inductor's own cache directory, where TORCHINDUCTOR_CACHE_DIR is unset: torch's function where this
+    release has it (torch 2.5 and later), else the directory releases before it use (the temporary directory's
+    torchinductor_USER)."""
+    try:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir as torchs
+    except ImportError:
+        try:
+            user = getpass.getuser()
+        except (KeyError, ModuleNotFoundError, OSError):  # no name for this uid (a container's)
+            user = f"uid_{os.getuid()}" if hasattr(os, "getuid") else "unknown_user"
+        return os.path.join(tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
+    return torchs()
+
+
 def use_compile_cache(device: torch.device) -> str:
     """Point inductor's cache at a directory of this host class (unless the user chose one); returns it.  Every
     torch.compile of vitkit's runs under it: with torch 2.13, kernels cached under ATEN_CPU_CAPABILITY=avx2
     corrupt the heap of an AVX-512 process that loads them (an abort in malloc)."""
-    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-
     chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     if chosen and os.path.abspath(chosen) != os.path.abspath(default_cache_dir()):
         return chosen

@@ -6,6 +6,7 @@ import dataclasses
 import logging
 import os
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -145,6 +146,23 @@ def test_inductors_cache_is_kept_per_host_class(monkeypatch) -> None:
     assert other != path and other.endswith(f"vitkit-{other_isa}-nobf16-" + torch.__version__.replace("+", "-"))
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/tmp/my-cache")  # the user's choice stands
     assert hosts.use_compile_cache(torch.device("cpu")) == "/tmp/my-cache"
+
+
+def test_the_cache_directory_of_a_torch_release_without_cache_dir_utils(monkeypatch) -> None:
+    """torch before 2.5 has no `torch._inductor.runtime.cache_dir_utils`: every compiled run (and bench --compile)
+    died with ModuleNotFoundError there (seen with torch 2.4.1); its default directory is the temporary one's
+    torchinductor_USER, which the host-class directory goes under."""
+    import tempfile
+
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    assert hosts.default_cache_dir() == default_cache_dir()  # torch's own, where it has one
+    monkeypatch.setitem(sys.modules, "torch._inductor.runtime.cache_dir_utils", None)  # import fails: an older torch
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setattr(hosts.getpass, "getuser", lambda: "ada/lovelace")
+    older = os.path.join(tempfile.gettempdir(), "torchinductor_ada_lovelace")
+    assert hosts.default_cache_dir() == older
+    assert hosts.use_compile_cache(torch.device("cpu")).startswith(older + os.sep + "vitkit-")
 
 
 def test_a_short_run_decides_not_to_compile_and_says_why(tmp_path: Path) -> None:
