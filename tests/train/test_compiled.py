@@ -130,7 +130,7 @@ def test_no_compiler_keeps_the_eager_model(monkeypatch) -> None:
 
 
 def test_inductors_cache_is_kept_per_host_class(monkeypatch) -> None:
-    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    from vitkit.host import default_cache_dir
 
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     path = hosts.use_compile_cache(torch.device("cpu"))
