@@ -99,6 +99,10 @@ def test_tanh_gelu_compiled_for_the_cpu_is_the_sigmoid_form() -> None:
     torch.testing.assert_close(exact, F.gelu(x), rtol=0, atol=0)
 
 
+@pytest.mark.skipif(
+    not hasattr(torch.compiler, "_is_exporting_flag") and not hasattr(torch.compiler, "is_exporting"),
+    reason="torch before 2.6 says nothing of an export in progress: its exported graphs hold the sigmoid form",
+)
 @pytest.mark.parametrize("strict", [False, True])
 def test_tanh_gelu_exports_as_torch_op(strict: bool) -> None:
     """torch.export keeps torch's gelu: exported graphs (ONNX, other runtimes) see the op they know."""
