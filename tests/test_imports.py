@@ -161,3 +161,21 @@ def test_no_other_function_level_imports() -> None:
     }
     assert sorted(found - set(LAZY_IMPORTS)) == [], "import at module level (or list it, with its reason)"
     assert sorted(set(LAZY_IMPORTS) - found) == [], "no longer imported in a function: remove from LAZY_IMPORTS"
+
+
+# torch APIs vitkit uses at import, each with the first release that has it: the declared floor covers them all
+TORCH_APIS = {("torch.optim", "Muon"): (2, 9)}  # train/muon.py subclasses it
+
+
+def test_the_declared_torch_floor_has_every_api_vitkit_imports() -> None:
+    """pyproject said torch>=2.4, and `vitkit train` died at import on 2.4.1 (torch.optim.Muon came in 2.9)."""
+    import importlib
+    import re
+
+    import torch
+
+    text = (ROOT.parents[1] / "pyproject.toml").read_text()
+    floor = tuple(int(part) for part in re.search(r'"torch>=(\d+)\.(\d+)', text).groups())
+    assert floor >= max(TORCH_APIS.values())
+    for (module, name), release in TORCH_APIS.items():  # the table holds what this torch has
+        assert hasattr(importlib.import_module(module), name) and torch.__version__ >= f"{release[0]}.{release[1]}"
