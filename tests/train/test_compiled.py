@@ -82,7 +82,14 @@ def test_warm_up_runs_each_phase_and_leaves_no_trace() -> None:
     assert not module.training
 
 
-def test_compiling_pays_for_itself_or_the_run_trains_eagerly() -> None:
+@pytest.fixture
+def a_cpp_compiler(monkeypatch) -> None:
+    """The decision weighs compile time only where a C++ compiler is found: these tests weigh it on a host
+    without one too (they failed there, five of them, reading "no C++ compiler")."""
+    monkeypatch.setattr(compiled, "cpp_compiler", lambda: "/usr/bin/c++")
+
+
+def test_compiling_pays_for_itself_or_the_run_trains_eagerly(a_cpp_compiler) -> None:
     cpu = torch.device("cpu")
     at = {"graph_s": (30.0, "estimated")}  # 30 s a graph
     short = compiled.decide("auto", cpu, graphs=2, eager_step_s=0.5, steps=3, budget_s=None, **at)  # ~1.5 s
@@ -165,7 +172,7 @@ def test_the_cache_directory_of_a_torch_release_without_cache_dir_utils(monkeypa
     assert hosts.use_compile_cache(torch.device("cpu")).startswith(older + os.sep + "vitkit-")
 
 
-def test_a_short_run_decides_not_to_compile_and_says_why(tmp_path: Path) -> None:
+def test_a_short_run_decides_not_to_compile_and_says_why(tmp_path: Path, a_cpp_compiler) -> None:
     # the cost is this host class's stored measurement where one exists: seconds, or minutes from 60 s
     result = trainer.train(tiny_config(tmp_path / "run", "data.steps=3", "run.compile=auto"))
     plan = result["plan"]
@@ -177,7 +184,7 @@ def test_a_short_run_decides_not_to_compile_and_says_why(tmp_path: Path) -> None
     ), plan["compile_reason"]
 
 
-def test_the_compile_decision_weighs_the_budget_left_after_start_up(tmp_path: Path) -> None:
+def test_the_compile_decision_weighs_the_budget_left_after_start_up(tmp_path: Path, a_cpp_compiler) -> None:
     """It weighed the whole --max-minutes: a run whose data took most of a budget to load could compile for
     longer than it had left to train."""
     result = trainer.train(
@@ -240,7 +247,7 @@ class _Exploding(torch.nn.Module):
         raise RuntimeError("C++ compile failed: g++ exited with status 1")
 
 
-def test_failed_compilation_trains_eagerly(tmp_path: Path, caplog, monkeypatch) -> None:
+def test_failed_compilation_trains_eagerly(tmp_path: Path, caplog, monkeypatch, a_cpp_compiler) -> None:
     """The warm-up's failure is reported and the run goes on eagerly: same weights as a plain eager run."""
     monkeypatch.setattr(compiled, "compile_for_training", lambda model, device: _Exploding())
     overrides = ("data.steps=4", "model.patch_dropout=0.5", "model.patch_dropout_until=0.5")
@@ -273,7 +280,7 @@ def test_a_runs_precision_follows_the_host(tmp_path) -> None:
     )  # the tiny config trains on one thread
 
 
-def test_a_compiled_runs_precision_is_measured_at_its_own_matmul(monkeypatch) -> None:
+def test_a_compiled_runs_precision_is_measured_at_its_own_matmul(monkeypatch, a_cpp_compiler) -> None:
     """Compiled, the casts autocast adds are fused away: the choice weighs the model's MLP matmul at its rows."""
     from vitkit.device import PRECISION_ROUNDS
     from vitkit.train import choices
