@@ -123,7 +123,8 @@ def check_export(model: nn.Module, path: str | os.PathLike, opset: int) -> float
     the same logits for every image, so their agreement says nothing of the encoder: then a copy of the model
     with a random head is exported to a temporary file and checked too, and the larger difference returned."""
     diff = check_onnx(model, path)
-    if not head_weights(model) or any(weight.count_nonzero() > 0 for weight in head_weights(model)):
+    weights = head_weights(model)
+    if not weights or any(weight.count_nonzero() > 0 for weight in weights):
         return diff
     probe = copy.deepcopy(model)
     generator = torch.Generator().manual_seed(0)

@@ -165,8 +165,11 @@ def check_named_split(uri: str, split: str) -> None:
     if split != "val" or separate_val(uri):
         return
     kind, path = parse_uri(uri)
-    names = large.split_names(kind, path) if kind in ("wds", "hf") else []
-    if "val" in (folder.folder_roots(Path(path)) if kind == "folder" else names):
+    if kind in ("wds", "hf"):
+        splits = large.split_names(kind, path)
+    else:
+        splits = list(folder.folder_roots(Path(path))) if kind == "folder" else []
+    if "val" in splits:  # a val split, and (separate_val: no) none of its own beside the test split
         raise ValueError(
             f"{uri}: its val split is also its test split (it has no test split of its own), so --split val would "
             "score the test images: use --split test (a training run validates on a hold-out of its train split)"
