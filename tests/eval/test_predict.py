@@ -175,3 +175,17 @@ def main_refuses(argv: list[str], capsys) -> bool:
     with pytest.raises(SystemExit) as stop:
         main(argv)
     return stop.value.code == 2 and "--max-pixels" in capsys.readouterr().err
+
+
+def test_a_dangling_link_in_a_folder_is_an_error_not_skipped(tmp_path: Path, rgb_checkpoint: Path, capsys) -> None:
+    """A link to a moved photo inside a folder is reported as the same link given by name is, naming its target."""
+    files = _write_images(tmp_path / "images")
+    (tmp_path / "images" / "moved.jpg").symlink_to(tmp_path / "elsewhere" / "moved.jpg")
+    code = main(["predict", str(rgb_checkpoint), str(tmp_path / "images"), "--json"])
+    out, err = capsys.readouterr()
+    assert code == 1 and "Traceback" not in out + err
+    results = {Path(r["file"]).name: r for r in json.loads(out.strip().splitlines()[-1])["results"]}
+    assert set(results) == {path.name for path in files.values()} | {"moved.jpg"}
+    error = results["moved.jpg"]["error"]
+    assert "moved.jpg" in error and "link" in error and str(tmp_path / "elsewhere") in error
+    assert err.strip().splitlines() == [f"vitkit predict: error: {error}"]

@@ -45,8 +45,9 @@ class PredictConfig:
 
 def expand_inputs(paths: Sequence[str | os.PathLike], *, refuse_empty: bool = False) -> list[Path]:
     """Files as given, folders replaced by the image files below them (sorted, recursive; hidden files and
-    folders aside, as a training folder's).  Folders without any are said; `refuse_empty`: where that leaves
-    nothing, a ValueError naming them instead (the command's one error line)."""
+    folders aside, as a training folder's; a link to a missing file kept, to be reported).  Folders without
+    any are said; `refuse_empty`: where that leaves nothing, a ValueError naming them instead (the command's
+    one error line)."""
     files: list[Path] = []
     empty: list[str] = []
     for raw in paths:
@@ -55,7 +56,7 @@ def expand_inputs(paths: Sequence[str | os.PathLike], *, refuse_empty: bool = Fa
             found = sorted(
                 p
                 for p in path.rglob("*")
-                if p.is_file()
+                if (p.is_file() or _dangling(p))
                 and p.suffix.lower() in IMAGE_SUFFIXES
                 and not any(part.startswith(".") for part in p.relative_to(path).parts)
             )
@@ -108,8 +109,15 @@ def class_label(class_names: Sequence[str] | None, index: int) -> str:
     return names[index] if index < len(names) else str(index)
 
 
+def _dangling(path: Path) -> bool:
+    """A symbolic link whose target does not exist."""
+    return path.is_symlink() and not path.exists()
+
+
 def _decode(path: Path, checkpoint, size: int, max_pixels: int = MAX_PIXELS) -> torch.Tensor | str:
     """uint8 (C, size, size), or the error message for this file."""
+    if _dangling(path):
+        return f"{path}: a symbolic link to {os.readlink(path)}, which does not exist"
     if not path.exists():
         return f"{path}: no such file"
     if not path.is_file():
