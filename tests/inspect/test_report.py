@@ -164,3 +164,19 @@ def test_a_second_inspect_into_the_same_folder_leaves_no_figure_of_the_first(tmp
     assert {p.name for p in out.glob("*.png")} == {"filters.png", "notes.png"}
     inspect_model(_checkpoint(), _images(2), tmp_path / "numbers", InspectConfig(draw=False))
     assert not list((tmp_path / "numbers").glob("*.png"))
+
+
+def test_inspect_replaces_a_figure_not_its_own_only_with_force(tmp_path: Path, capsys) -> None:
+    """A folder holding a filters.png but no inspect.json is not an earlier inspect's: its file was overwritten
+    without a word, where `embed` asks for --force.  An earlier inspect's folder is still replaced as before."""
+    checkpoint = vitkit.save(vitkit.create_model("vit_ti16", **TINY), tmp_path / "ckpt")
+    out = tmp_path / "thesis"
+    out.mkdir()
+    (out / "filters.png").write_bytes(b"the user's own figure")
+    assert main(["inspect", str(checkpoint), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "filters.png" in err and "--force" in err and "inspect.json" in err
+    assert (out / "filters.png").read_bytes() == b"the user's own figure" and not (out / "inspect.json").exists()
+    assert main(["inspect", str(checkpoint), "--out", str(out), "--force"]) == 0
+    assert (out / "filters.png").read_bytes().startswith(b"\x89PNG") and (out / "inspect.json").is_file()
+    assert main(["inspect", str(checkpoint), "--out", str(out)]) == 0  # now an earlier inspect's folder

@@ -203,6 +203,7 @@ def add_inspect(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-figures", action="store_true", help="numbers (inspect.json) only, no PNG files")
     add_run_flags(parser, batch_size=8)
     parser.add_argument("--out", required=True, help="output folder")
+    parser.add_argument("--force", action="store_true", help="replace figures in a folder without inspect.json")
     parser.add_argument("--json", action="store_true", help="print one JSON object (summary numbers)")
     add_column_flags(parser)
     parser.set_defaults(handler=run_inspect)
@@ -229,6 +230,7 @@ def run_inspect(args: argparse.Namespace) -> int:
             split=args.split,
             num_images=args.num_images,
             columns=columns_of(args),
+            force=args.force,
         )
     )
     return emit(args, report, report["lines"])

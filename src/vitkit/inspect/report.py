@@ -9,7 +9,8 @@ behind them in `inspect.json` (Sec. 4.5, App. D.7).
 A figure that does not apply to the model (e.g. position similarity without absolute position
 embeddings, every figure for a ResNet) is skipped and the reason is recorded under "notes".  Where the
 folder holds an earlier inspect.json, the figures of that run this one does not draw are removed, so that
-the folder's figures are those its inspect.json describes.
+the folder's figures are those its inspect.json describes; figures in a folder without one are replaced only
+with --force.
 """
 
 from __future__ import annotations
@@ -294,8 +295,12 @@ def inspect_command(
     split: str = "test",
     num_images: int = 32,
     columns: dict[str, str] | None = None,
+    force: bool = False,
 ) -> dict[str, Any]:
-    """Open a checkpoint (or a run's final one), gather images (files and/or a data split) and write the figures."""
+    """Open a checkpoint (or a run's final one), gather images (files and/or a data split) and write the figures;
+    figures in a folder that is not an earlier inspect's (no inspect.json) are replaced only with `force`."""
+    if not force:
+        _check_foreign_figures(Path(out))
     checkpoint = open_checkpoint(path)
     size, chans = resolution(checkpoint, config.img_size), channels(checkpoint)
     images = load_images(image_files, chans, size)
@@ -304,6 +309,19 @@ def inspect_command(
         images += sample_images(data, split, num_images, chans, size, reading=reading)
     report = inspect_model(checkpoint, images, out, config)
     return {"checkpoint": str(find_checkpoint(path)), "out": str(out), **report}
+
+
+def _check_foreign_figures(out: Path) -> None:
+    """ValueError where `out` holds a file named as one of the figures but no inspect.json: someone else's."""
+    if (out / "inspect.json").is_file():
+        return
+    taken = [f"{name}.png" for name in SECTIONS if (out / f"{name}.png").exists()]
+    if taken:
+        named = ", ".join(taken)
+        raise ValueError(
+            f"{out} holds {named} but no inspect.json (not an earlier inspect's figures); "
+            "choose another --out or pass --force to replace"
+        )
 
 
 def _written(report: dict[str, Any]) -> str:
