@@ -180,3 +180,34 @@ def test_inspect_replaces_a_figure_not_its_own_only_with_force(tmp_path: Path, c
     assert main(["inspect", str(checkpoint), "--out", str(out), "--force"]) == 0
     assert (out / "filters.png").read_bytes().startswith(b"\x89PNG") and (out / "inspect.json").is_file()
     assert main(["inspect", str(checkpoint), "--out", str(out)]) == 0  # now an earlier inspect's folder
+
+
+def test_the_rollout_overlays_are_not_the_first_classes_of_a_sorted_folder(tmp_path: Path) -> None:
+    """The overlays are the first --num-overlays of the drawn images: read in the split's order, a folder sorted
+    by class showed its first two or three classes only.  Each image's one grey level here is its class."""
+    from vitkit.inspect.report import sample_images
+
+    for split in ("train", "test"):
+        for label in range(8):
+            (tmp_path / split / f"class{label}").mkdir(parents=True)
+            for i in range(3):
+                Image.new("L", (8, 8), 20 + 30 * label).save(tmp_path / split / f"class{label}" / f"{i}.png")
+    drawn = sample_images(f"folder:{tmp_path}", "test", 24, channels=1, size=8)
+    labels = [round((int(image[0, 4, 4]) - 20) / 30) for image in drawn]
+    assert sorted(labels) == sorted(list(range(8)) * 3)  # all 24, each once
+    assert len(set(labels[:8])) >= 5  # in the split's order: 3 classes
+
+
+def test_inspect_draws_its_images_from_a_streamed_split(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A split too large to decode up front is streamed from its shards; drawing inspect's images from one was an
+    AttributeError traceback (a streamed split had no fixed_sample)."""
+    from vitkit.data import imageset
+    from vitkit.data.shard import write_shards
+
+    write_shards("digits", tmp_path / "wds", 100)
+    checkpoint = vitkit.save(vitkit.create_model("vit_ti16", **{**TINY, "in_chans": 1}), tmp_path / "ckpt")
+    monkeypatch.setattr(imageset, "MAX_FILES_IN_MEMORY", 0)  # every split is "large": streamed
+    flags = ["--data", f"wds:{tmp_path / 'wds'}", "--num-images", "5", "--num-overlays", "3", "--no-figures"]
+    assert main(["inspect", str(checkpoint), *flags, "--out", str(tmp_path / "out")]) == 0
+    report = json.loads((tmp_path / "out" / "inspect.json").read_text())
+    assert report["num_images"] == 5

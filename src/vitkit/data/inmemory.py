@@ -13,7 +13,7 @@ import torch
 
 from vitkit.data.images import MAX_PIXELS, BadImageError, decode_files
 from vitkit.data.imageset import MAX_FILES_IN_MEMORY, EmptySplitError, ImageSet, fits_in_memory
-from vitkit.data.stream import ShardSet, read_all, sample_problem
+from vitkit.data.stream import Sample, ShardSet, read_all, sample_problem
 from vitkit.data.tarsamples import loading
 
 log = logging.getLogger(__name__)
@@ -22,11 +22,14 @@ MAX_LOGGED = 10  # corrupt samples named one by one in the log; the rest are cou
 SHOWN = 3  # problems quoted in an EmptySplitError
 
 
-def _sample_sources(subset: ShardSet, strict: bool) -> tuple[list[bytes], torch.Tensor, list[str], list[str]]:
-    """(encoded images, labels, names) of a streamed split's usable samples, and each unusable one's problem
-    (`strict`: the first is a BadImageError)."""
-    with loading():  # every process reads every shard: the main process names what is damaged
-        samples = read_all(subset)
+def _sample_sources(
+    subset: ShardSet, strict: bool, samples: list[Sample] | None = None
+) -> tuple[list[bytes], torch.Tensor, list[str], list[str]]:
+    """(encoded images, labels, names) of a streamed split's usable samples (or of `samples` read from it), and
+    each unusable one's problem (`strict`: the first is a BadImageError)."""
+    if samples is None:
+        with loading():  # every process reads every shard: the main process names what is damaged
+            samples = read_all(subset)
     problems = [sample_problem(sample, subset.num_classes) for sample in samples]
     kept = [i for i, problem in enumerate(problems) if not problem]
     reasons = [f"{samples[i].key}: {problem}" for i, problem in enumerate(problems) if problem]
@@ -78,8 +81,38 @@ def materialise(
             "streamed from shards" if subset.access == "stream" else "decoded on the fly",
         )
         return subset, []
+    return _decoded(subset, strict=strict, num_workers=num_workers, max_pixels=max_pixels)
+
+
+def drawn_sample(data: ImageSet | ShardSet, count: int, seed: int = 0) -> ImageSet:
+    """`count` samples drawn by `seed` (all where there are no more), in their order in the split: the same ones
+    whether `data` is in memory, read from files (`ImageSet.fixed_sample`) or streamed, whose drawn samples are
+    read from the shards that hold them and decoded into memory (a corrupt one skipped and counted)."""
+    if not isinstance(data, ShardSet):
+        return data.fixed_sample(count, seed)
+    drawn = torch.randperm(len(data), generator=torch.Generator().manual_seed(seed))[:count].sort().values.tolist()
+    samples: list[Sample] = []
+    start = 0
+    for unit in data.units:
+        wanted = frozenset(position - start for position in drawn if start <= position < start + unit.count)
+        if wanted:
+            samples += [sample for _, sample in data.reader.samples(unit, min(wanted), wanted) if not sample.absent]
+        start += unit.count
+    return _decoded(data, strict=False, num_workers=0, max_pixels=data.max_pixels, samples=samples)[0]
+
+
+def _decoded(
+    subset: ImageSet | ShardSet,
+    *,
+    strict: bool,
+    num_workers: int | None,
+    max_pixels: int,
+    samples: list[Sample] | None = None,
+) -> tuple[ImageSet, list[str]]:
+    """`materialise`'s decoding of a set read from files or shards (or of `samples` of the latter)."""
+    size, channels = subset.load_size, subset.channels
     if isinstance(subset, ShardSet):
-        sources, labels, names, reasons = _sample_sources(subset, strict)
+        sources, labels, names, reasons = _sample_sources(subset, strict, samples)
     else:
         sources, labels, names, reasons = subset.files, subset.labels, _Names(subset), []
     images, good, errors = decode_files(

@@ -13,6 +13,7 @@ from typing import Any
 from vitkit.atomic import atomic_write_text
 from vitkit.data.images import NoLabelsError
 from vitkit.data.imageset import ImageSet
+from vitkit.data.inmemory import drawn_sample
 from vitkit.data.sources import check_named_split, data_name, load_split
 from vitkit.eval.accuracy import AccuracyConfig, evaluate
 from vitkit.eval.embed import output_paths, save_embeddings
@@ -37,10 +38,8 @@ def _load(path, uri: str, split: str, checkpoint, img_size: int | None, max_imag
         if reading.get("labelled", True):
             raise
         images = load_split(uri, split, **common, **reading)
-    if max_images is not None and max_images < len(images) and images.access == "stream":
-        raise ValueError("--max-images needs a random-access split; this one is streamed from shards")
     if max_images is not None and max_images < len(images):
-        images = images.fixed_sample(max_images)
+        images = drawn_sample(images, max_images)
     if images.skipped:
         log.warning("%s %s: %d unreadable files skipped", uri, split, images.skipped)
     return images

@@ -26,6 +26,7 @@ from torch import Tensor
 from vitkit.data.fewshot import k_per_class
 from vitkit.data.images import BadImageError
 from vitkit.data.imageset import ImageSet
+from vitkit.data.inmemory import drawn_sample
 from vitkit.eval.features import compute
 from vitkit.eval.ridge import l2_grid, pm1_targets, ridge_path
 
@@ -167,7 +168,7 @@ def run_fewshot(checkpoint, train_set, test_set, config: FewShotConfig) -> FewSh
     if train_set.num_classes < 2:  # one class: every probe is right, and says nothing
         raise ValueError(f"few-shot accuracy needs 2 classes or more; {train_set.origin} has 1")
     if config.max_test is not None and config.max_test < len(test_set):
-        test_set = test_set.fixed_sample(config.max_test)
+        test_set = drawn_sample(test_set, config.max_test)
     options = {"img_size": config.img_size, "batch_size": config.batch_size, "device": config.device}
     train_set, pool, pool_features = _shot_features(checkpoint, train_set, config, options)
     test_features, test_labels = compute(checkpoint, test_set, config.layer, **options)

@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from vitkit.atomic import atomic_write_text
+from vitkit.data.inmemory import drawn_sample
 from vitkit.data.sources import check_named_split, decode_image, load_split
 from vitkit.device import pick_device
 from vitkit.eval.features import channels, prepare, resolution
@@ -277,12 +278,14 @@ def load_images(paths: Sequence[str | os.PathLike], channels: int, size: int) ->
 def sample_images(
     uri: str, split: str, count: int, channels: int, size: int, seed: int = 0, reading: dict[str, Any] | None = None
 ) -> list[Tensor]:
-    """`count` images of a data split drawn by `seed`, in the split's order, uint8 (C, H, W); `reading`: how the
-    run read its data (`vitkit.runs.data_reading`)."""
+    """`count` images of a data split drawn by `seed`, uint8 (C, H, W), in an order drawn by `seed` too: the
+    rollout figure shows the first --num-overlays, which in the split's order are a sorted folder's first
+    classes.  `reading`: how the run read its data (`vitkit.runs.data_reading`)."""
     check_named_split(uri, split)
     images = load_split(uri, split, image_size=size, channels=1 if channels == 1 else 3, **(reading or {}))
-    drawn = images.fixed_sample(count, seed)
-    return [drawn.read(i) for i in range(len(drawn))]
+    drawn = drawn_sample(images, count, seed)
+    order = torch.randperm(len(drawn), generator=torch.Generator().manual_seed(seed))
+    return [drawn.read(int(i)) for i in order]
 
 
 def inspect_command(

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from vitkit.atomic import atomic_write_text
+from vitkit.data.inmemory import drawn_sample
 from vitkit.data.sources import ImageSet, SourceInfo, load_split
 from vitkit.eval.accuracy import AccuracyConfig, evaluate
 from vitkit.eval.fewshot import FewShotConfig, run_fewshot
@@ -219,4 +220,4 @@ class Probes:
 
     def attention(self, checkpoint: Any, config: TrainConfig) -> dict[str, Any]:
         test_set = self.split(config, "test")
-        return attention_distances(checkpoint, test_set.fixed_sample(ATTENTION_IMAGES), self.device)
+        return attention_distances(checkpoint, drawn_sample(test_set, ATTENTION_IMAGES), self.device)
