@@ -274,3 +274,19 @@ def test_bench_mfu_of_emulated_bf16_is_against_the_fp32_peak(monkeypatch) -> Non
     assert peaks == ["bf16"] and result["peak_source"] == "measured (fp32 matmul; bf16 is not native here)"
     row = result["inference"]
     assert row["mfu"] == pytest.approx(row["achieved_flops"] / 1e12)
+
+
+def test_a_peak_below_what_the_model_reached_is_said(capsys: pytest.CaptureFixture[str]) -> None:
+    """--peak-tflops below the rate the run reached printed an MFU above 100% without a word."""
+    argv = ["bench", "--img-size", "32", "--num-classes", "10", "--batch-size", "2", "--precision", "fp32"]
+    argv += ["--warmup", "0", "--steps", "1", "--repeats", "1", "--device", "cpu", "--mode", "inference"]
+    argv += ["--set", "depth=1", "--set", "patch_size=8", "--peak-tflops", "1e-9"]  # 1 kFLOP/s
+    assert main(argv) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[3].split()[-2] == ">999%" and len(table) == 5
+    assert "above 100%" in table[4] and "--peak-tflops" in table[4]
+    assert main([*argv, "--json"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["inference"]["mfu"] > 1 and "above 100%" in result["mfu_note"]
+    assert main([*argv[:-1], "1000", "--json"]) == 0  # a petaflop: no note
+    assert "mfu_note" not in json.loads(capsys.readouterr().out.strip().splitlines()[-1])

@@ -322,7 +322,21 @@ def _run_benchmark(config: BenchConfig) -> dict[str, Any]:
         summary.update(warmup_s=warmup_s, peak_memory_bytes=memory.bytes, memory_kind=memory.kind)
         result[mode] = summary
         log.info("%s %s: %.1f images/s", config.model, mode, summary["images_per_s"])
-    return result
+    note = mfu_note(result)
+    return {**result, "mfu_note": note} if note else result
+
+
+def mfu_note(result: dict[str, Any]) -> str | None:
+    """What an MFU above 100% means: the peak it is against is below the rate the run reached (a given peak too
+    low, or a measured one disturbed); None where every MFU is a fraction of its peak."""
+    above = [mode for mode in ("inference", "training") if mode in result and (result[mode]["mfu"] or 0) > 1]
+    if not above:
+        return None
+    remedy = "pass the hardware's peak to --peak-tflops" if result["peak_source"] == "given" else "measure again"
+    return (
+        f"MFU above 100% ({', '.join(above)}): the peak, {result['peak_flops'] / 1e12:.3g} TFLOP/s "
+        f"({result['peak_source']}), is below what the run reached; {remedy}"
+    )
 
 
 def format_table(result: dict[str, Any]) -> str:
@@ -338,13 +352,13 @@ def format_table(result: dict[str, Any]) -> str:
         if mode not in result:
             continue
         r = result[mode]
-        mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "-"
+        mfu = "-" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%" if r["mfu"] < 10 else ">999%"  # column width
         mem = f"{r['peak_memory_bytes'] / 2**20:.0f}" if r["peak_memory_bytes"] is not None else "-"
         lines.append(
             f"{mode:<10}{r['images_per_s']:>10.1f}{1e3 * r['seconds_per_step']:>10.1f}"
             f"{r['flops_per_image'] / 1e9:>11.3f}{r['achieved_flops'] / 1e12:>9.3f}{mfu:>8}{mem:>10}"
         )
-    return "\n".join(lines)
+    return "\n".join([*lines, result["mfu_note"]] if result.get("mfu_note") else lines)
 
 
 @contextlib.contextmanager
