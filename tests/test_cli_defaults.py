@@ -93,3 +93,19 @@ def test_the_serving_guide_lists_every_flag_of_serve_with_its_default() -> None:
         default = getattr(defaults, flag[2:].replace("-", "_"))
         expected = max(256, 4 * defaults.max_body_mb) if flag == "--max-bodies-mb" else default  # its stated rule
         assert float(value) == expected, flag
+
+
+def test_every_seed_flag_takes_the_same_seeds() -> None:
+    """`train --seed` took 0 .. 2**32 - 1 and `shard --seed` 0 .. 2**63 - 1: one rule, written once."""
+    import argparse
+
+    from vitkit.train.config import MAX_SEED
+
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+    seeded = {name: a for name, p in commands.items() for a in p._actions if a.dest == "seed"}
+    assert {"train", "shard", "finetune", "pretrain-mpp"} <= set(seeded)
+    for name, action in seeded.items():
+        assert action.type(str(MAX_SEED)) == MAX_SEED and action.type("0") == 0, name
+        for bad in (str(MAX_SEED + 1), "-1"):
+            with pytest.raises(argparse.ArgumentTypeError, match="from 0 to 4,294,967,295"):
+                action.type(bad)

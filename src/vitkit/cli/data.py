@@ -7,6 +7,7 @@ import logging
 import sys
 
 from vitkit.cli.flags import add_column_flags, bounded_int, emit
+from vitkit.train.config import MAX_SEED
 
 
 def add_shard(sub: argparse._SubParsersAction) -> None:
@@ -20,12 +21,12 @@ def add_shard(sub: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--max-side",
-        type=int,
+        type=bounded_int(1),
         default=None,
         help="downscale images whose longer side is larger (re-encoded); default: keep every file's original bytes",
     )
     parser.add_argument(
-        "--seed", type=bounded_int(0, 2**63 - 1), default=0, help="seed of the fixed order the samples are written in"
+        "--seed", type=bounded_int(0, MAX_SEED), default=0, help="seed of the fixed order the samples are written in"
     )
     parser.add_argument("--workers", type=bounded_int(1), default=None, help="encoding threads (default: min(8, CPUs))")
     add_column_flags(parser)
