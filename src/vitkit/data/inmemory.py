@@ -11,9 +11,10 @@ import logging
 
 import torch
 
-from vitkit.data.images import MAX_PIXELS, BadImageError, decode_files
+from vitkit.data.images import MAX_PIXELS, BadImageError, decode_files, decode_image
 from vitkit.data.imageset import MAX_FILES_IN_MEMORY, EmptySplitError, ImageSet, fits_in_memory
-from vitkit.data.stream import Sample, ShardSet, read_all, sample_problem
+from vitkit.data.shardset import Sample, name_once
+from vitkit.data.stream import ShardSet, read_all, sample_problem
 from vitkit.data.tarsamples import loading
 
 log = logging.getLogger(__name__)
@@ -22,14 +23,11 @@ MAX_LOGGED = 10  # corrupt samples named one by one in the log; the rest are cou
 SHOWN = 3  # problems quoted in an EmptySplitError
 
 
-def _sample_sources(
-    subset: ShardSet, strict: bool, samples: list[Sample] | None = None
-) -> tuple[list[bytes], torch.Tensor, list[str], list[str]]:
-    """(encoded images, labels, names) of a streamed split's usable samples (or of `samples` read from it), and
-    each unusable one's problem (`strict`: the first is a BadImageError)."""
-    if samples is None:
-        with loading():  # every process reads every shard: the main process names what is damaged
-            samples = read_all(subset)
+def _sample_sources(subset: ShardSet, strict: bool) -> tuple[list[bytes], torch.Tensor, list[str], list[str]]:
+    """(encoded images, labels, names) of a streamed split's usable samples, and each unusable one's problem
+    (`strict`: the first is a BadImageError)."""
+    with loading():  # every process reads every shard: the main process names what is damaged
+        samples = read_all(subset)
     problems = [sample_problem(sample, subset.num_classes) for sample in samples]
     kept = [i for i, problem in enumerate(problems) if not problem]
     reasons = [f"{samples[i].key}: {problem}" for i, problem in enumerate(problems) if problem]
@@ -81,38 +79,8 @@ def materialise(
             "streamed from shards" if subset.access == "stream" else "decoded on the fly",
         )
         return subset, []
-    return _decoded(subset, strict=strict, num_workers=num_workers, max_pixels=max_pixels)
-
-
-def drawn_sample(data: ImageSet | ShardSet, count: int, seed: int = 0) -> ImageSet:
-    """`count` samples drawn by `seed` (all where there are no more), in their order in the split: the same ones
-    whether `data` is in memory, read from files (`ImageSet.fixed_sample`) or streamed, whose drawn samples are
-    read from the shards that hold them and decoded into memory (a corrupt one skipped and counted)."""
-    if not isinstance(data, ShardSet):
-        return data.fixed_sample(count, seed)
-    drawn = torch.randperm(len(data), generator=torch.Generator().manual_seed(seed))[:count].sort().values.tolist()
-    samples: list[Sample] = []
-    start = 0
-    for unit in data.units:
-        wanted = frozenset(position - start for position in drawn if start <= position < start + unit.count)
-        if wanted:
-            samples += [sample for _, sample in data.reader.samples(unit, min(wanted), wanted) if not sample.absent]
-        start += unit.count
-    return _decoded(data, strict=False, num_workers=0, max_pixels=data.max_pixels, samples=samples)[0]
-
-
-def _decoded(
-    subset: ImageSet | ShardSet,
-    *,
-    strict: bool,
-    num_workers: int | None,
-    max_pixels: int,
-    samples: list[Sample] | None = None,
-) -> tuple[ImageSet, list[str]]:
-    """`materialise`'s decoding of a set read from files or shards (or of `samples` of the latter)."""
-    size, channels = subset.load_size, subset.channels
     if isinstance(subset, ShardSet):
-        sources, labels, names, reasons = _sample_sources(subset, strict, samples)
+        sources, labels, names, reasons = _sample_sources(subset, strict)
     else:
         sources, labels, names, reasons = subset.files, subset.labels, _Names(subset), []
     images, good, errors = decode_files(
@@ -128,6 +96,64 @@ def _decoded(
         origin=subset.origin,
         names=[str(names[i]) for i in good],
     ), reasons + errors
+
+
+def drawn_sample(data: ImageSet | ShardSet, count: int, seed: int = 0) -> ImageSet:
+    """`count` samples drawn by `seed` (all where there are no more), in their order in the split: the same ones
+    whether `data` is in memory, read from files (`ImageSet.fixed_sample`) or streamed (`samples_at`)."""
+    if not isinstance(data, ShardSet):
+        return data.fixed_sample(count, seed)
+    drawn = torch.randperm(len(data), generator=torch.Generator().manual_seed(seed))[:count].sort().values
+    return samples_at(data, drawn.tolist())[0]
+
+
+def samples_at(data: ShardSet, positions: list[int]) -> tuple[ImageSet, list[int]]:
+    """(the samples of a streamed split at sorted `positions` decoded into memory, the positions that did not
+    decode): only the shards holding one are read, and a corrupt sample is skipped, counted and named."""
+    images, labels, names, bad = [], [], [], []
+    for position, sample in _read_at(data, positions):
+        problem = "not in its shard" if sample.absent else sample_problem(sample, data.num_classes)
+        if not problem:
+            try:
+                decoded = decode_image(
+                    sample.image, data.channels, size=data.load_size, max_pixels=data.max_pixels, name=sample.key
+                )
+            except BadImageError as error:
+                problem = str(error)
+            else:
+                images.append(decoded)
+                labels.append(sample.label)
+                names.append(sample.key)
+                continue
+        name_once(sample.key, problem)
+        bad.append(position)
+    side = data.load_size or 0
+    stacked = torch.stack(images) if images else torch.empty(0, data.channels, side, side, dtype=torch.uint8)
+    kept = ImageSet(
+        images=stacked,
+        labels=torch.tensor(labels, dtype=torch.int64),
+        class_names=data.class_names,
+        load_size=data.load_size,
+        skipped=len(bad),
+        channels=data.channels,
+        origin=data.origin,
+        names=names,
+    )
+    return kept, bad
+
+
+def _read_at(data: ShardSet, positions: list[int]) -> list[tuple[int, Sample]]:
+    """(position, sample) of a streamed split at sorted `positions`, reading each unit that holds one once."""
+    found, start, index = [], 0, 0
+    for unit in data.units:
+        wanted = []
+        while index < len(positions) and positions[index] < start + unit.count:
+            wanted.append(positions[index] - start)
+            index += 1
+        if wanted:
+            found += [(start + o, sample) for o, sample in data.reader.samples(unit, wanted[0], frozenset(wanted))]
+        start += unit.count
+    return found
 
 
 def check_usable(result: ImageSet | ShardSet, uri: str, split: str, reasons: list[str], damage: list[str]) -> None:

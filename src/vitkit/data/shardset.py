@@ -134,6 +134,12 @@ def decode_samples(samples: list[Sample], data: ShardSet, strict: bool) -> tuple
     return stacked, torch.tensor(labels, dtype=torch.int64), len(samples) - len(images)
 
 
+def label_index(data: ShardSet) -> Tensor:
+    """The class index of every sample of the split in unit order, -1 where none is readable: only the label
+    members (or column) are read, so a split of any size fits (what few-shot draws its shots by)."""
+    return torch.tensor([label for labels in data.reader.labels(data.units) for label in labels], dtype=torch.int64)
+
+
 def read_all(data: ShardSet) -> list[Sample]:
     """Every sample of the split in unit order (for small splits that are decoded into memory), absent ones
     (counted by an index out of date) left out."""

@@ -26,7 +26,8 @@ from torch import Tensor
 from vitkit.data.fewshot import k_per_class
 from vitkit.data.images import BadImageError
 from vitkit.data.imageset import ImageSet
-from vitkit.data.inmemory import drawn_sample
+from vitkit.data.inmemory import drawn_sample, samples_at
+from vitkit.data.shardset import ShardSet, label_index
 from vitkit.eval.features import compute
 from vitkit.eval.ridge import l2_grid, pm1_targets, ridge_path
 
@@ -139,15 +140,19 @@ def evaluate_fewshot(
     test_labels: Tensor,
     num_classes: int,
     config: FewShotConfig,
+    pool: Tensor | None = None,
 ) -> FewShotResult:
-    """Few-shot accuracy for every k and seed from precomputed features of the whole train pool."""
+    """Few-shot accuracy for every k and seed from precomputed features: `train_features` are those of the
+    training images at the sorted positions `pool` (None: of every image), `train_labels` of every image (-1:
+    not to be drawn)."""
     result = FewShotResult(num_classes=num_classes, num_test=len(test_labels), layer=config.layer)
     for k in config.shots:
         runs = []
         for seed in range(config.seeds):
-            index = k_per_class(train_labels, k, seed)
+            index = k_per_class(train_labels, k, seed, num_classes=num_classes)
+            rows = index if pool is None else torch.searchsorted(pool, index)
             accuracy, l2 = fewshot_accuracy(
-                train_features[index], train_labels[index], test_features, test_labels, num_classes, config, seed
+                train_features[rows], train_labels[index], test_features, test_labels, num_classes, config, seed
             )
             runs.append({"seed": seed, "accuracy": accuracy, "l2": l2})
             log.info("few-shot k=%d seed=%d: accuracy %.4f (lambda 2^%d)", k, seed, accuracy, round(math.log2(l2)))
@@ -160,8 +165,8 @@ def evaluate_fewshot(
 def run_fewshot(checkpoint, train_set, test_set, config: FewShotConfig) -> FewShotResult:
     """Few-shot linear accuracy of a checkpoint's frozen representation (Sec. 4.1).
 
-    Only the images some (k, seed) draw uses are passed through the model; `train_set` and
-    `test_set` are `vitkit.data.sources.ImageSet`s with the same classes.
+    Only the images some (k, seed) draw uses are passed through the model; `train_set` and `test_set` are splits
+    of `vitkit.data.sources.load_split` with the same classes, in memory, read from files or streamed.
     """
     if train_set.num_classes != test_set.num_classes:
         raise ValueError(f"train has {train_set.num_classes} classes but test has {test_set.num_classes}")
@@ -170,44 +175,49 @@ def run_fewshot(checkpoint, train_set, test_set, config: FewShotConfig) -> FewSh
     if config.max_test is not None and config.max_test < len(test_set):
         test_set = drawn_sample(test_set, config.max_test)
     options = {"img_size": config.img_size, "batch_size": config.batch_size, "device": config.device}
-    train_set, pool, pool_features = _shot_features(checkpoint, train_set, config, options)
+    labels, pool, pool_features = _shot_features(checkpoint, train_set, config, options)
     test_features, test_labels = compute(checkpoint, test_set, config.layer, **options)
-    # Scatter the pool back to full-set positions so k_per_class indices address it directly.
-    features = torch.zeros(len(train_set), pool_features.shape[1])
-    features[pool] = pool_features
-    return evaluate_fewshot(features, train_set.labels, test_features, test_labels, train_set.num_classes, config)
+    return evaluate_fewshot(pool_features, labels, test_features, test_labels, train_set.num_classes, config, pool)
 
 
-def _shot_features(checkpoint, train_set: ImageSet, config: FewShotConfig, options: dict[str, Any]):
-    """(the training set the shots are drawn from, the sorted positions every draw uses, their features).  A set
-    read from files skips what does not decode: those images leave the set, the shots are drawn again among the
-    rest, and only images not computed before go through the model (each unreadable one is found once)."""
-    known: dict[int, Tensor] = {}  # features by position in the set as given
-    place = torch.arange(len(train_set))  # the position as given of each image still in the set
+def _shot_features(checkpoint, train_set, config: FewShotConfig, options: dict[str, Any]):
+    """(the label of every training image, -1 for those that do not decode; the sorted positions every draw uses;
+    their features).  An image that does not decode leaves the draws, which are made again among the rest, and
+    only images not computed before go through the model (each unreadable one is found once)."""
+    streamed = isinstance(train_set, ShardSet)
+    labels = label_index(train_set) if streamed else train_set.labels.clone()
+    known: dict[int, Tensor] = {}  # features by position
     while True:
         draws = [(k, seed) for k in config.shots for seed in range(config.seeds)]
         needed = torch.cat(
-            [k_per_class(train_set.labels, k, seed, train_set.class_names, train_set.num_classes) for k, seed in draws]
+            [k_per_class(labels, k, seed, train_set.class_names, train_set.num_classes) for k, seed in draws]
         )
-        pool = needed.unique()  # sorted indices of every image any draw uses
-        todo = [i for i in pool.tolist() if int(place[i]) not in known]
+        pool = needed.unique()  # sorted positions of every image any draw uses
+        todo = [i for i in pool.tolist() if i not in known]
         if todo:
-            computed, _ = compute(checkpoint, train_set.subset(torch.tensor(todo)), config.layer, **options)
-            if computed.ndim != 2:
-                raise ValueError(
-                    f"layer {config.layer!r} gives {tuple(computed.shape[1:])} per image; few-shot needs a vector"
-                )
-            bad = _unreadable(train_set, todo) if len(computed) < len(todo) else []
+            computed, bad = _features_at(checkpoint, train_set, todo, config.layer, options)
             unread = frozenset(bad)
-            good = [i for i in todo if i not in unread]
-            known.update(zip((int(place[i]) for i in good), computed, strict=True))
+            known.update(zip((i for i in todo if i not in unread), computed, strict=True))
             if bad:
-                keep = torch.ones(len(train_set), dtype=torch.bool)
-                keep[bad] = False
+                labels[bad] = -1
                 log.warning("%d drawn shots do not decode; the shots are drawn again among the other images", len(bad))
-                train_set, place = train_set.subset(keep.nonzero().squeeze(1)), place[keep]
                 continue
-        return train_set, pool, torch.stack([known[int(place[i])] for i in pool.tolist()])
+        return labels, pool, torch.stack([known[i] for i in pool.tolist()])
+
+
+def _features_at(checkpoint, train_set, positions: list[int], layer: str, options: dict[str, Any]):
+    """(the features of the images at `positions` that decode, in order; the positions that do not)."""
+    if isinstance(train_set, ShardSet):
+        decoded, bad = samples_at(train_set, positions)
+        if not len(decoded):
+            return torch.empty(0), bad
+        computed, _ = compute(checkpoint, decoded, layer, **options)
+    else:
+        computed, _ = compute(checkpoint, train_set.subset(torch.tensor(positions)), layer, **options)
+        bad = _unreadable(train_set, positions) if len(computed) < len(positions) else []
+    if computed.ndim != 2:
+        raise ValueError(f"layer {layer!r} gives {tuple(computed.shape[1:])} per image; few-shot needs a vector")
+    return computed, bad
 
 
 def _unreadable(train_set: ImageSet, positions: list[int]) -> list[int]:
