@@ -229,6 +229,9 @@ def _known_failure(err: Exception) -> str | None:
     text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
     if (isinstance(err, OSError) and err.errno in NO_SPACE) or "No space left on device" in str(err):
         if any(word in str(err) for word in ("/dev/shm", "shared memory", "/torch_")):
+            lines = str(err).splitlines()  # a worker's error: "Caught RuntimeError in DataLoader worker ...", then it
+            text = next((line.strip() for line in lines if "No space left on device" in line), text)
+            text = text.removeprefix("RuntimeError: ")
             return (
                 f"shared memory (/dev/shm) is full ({text}): DataLoader workers pass batches through it; use "
                 "--set data.workers=0, or give the container more (docker run --shm-size)"

@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from vitkit.data import stream as streams
 from vitkit.data.sources import BadImageError, ImageSet
-from vitkit.data.workers import started, worker_options
+from vitkit.data.workers import shared_in_worker, started, worker_options
 
 log = logging.getLogger(__name__)
 
@@ -117,10 +117,10 @@ class _Files(Dataset):
 def _collate(items: list[tuple[Tensor, int] | None]) -> tuple[Tensor, Tensor, int]:
     good = [item for item in items if item is not None]
     if not good:
-        return torch.empty(0, dtype=torch.uint8), torch.empty(0, dtype=torch.int64), len(items)
+        return shared_in_worker((torch.empty(0, dtype=torch.uint8), torch.empty(0, dtype=torch.int64), len(items)))
     images = torch.stack([image for image, _ in good])  # (B, C, H, W) uint8
     labels = torch.tensor([label for _, label in good], dtype=torch.int64)
-    return images, labels, len(items) - len(good)
+    return shared_in_worker((images, labels, len(items) - len(good)))
 
 
 class FileBatches:

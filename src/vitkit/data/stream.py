@@ -43,7 +43,7 @@ from vitkit.data.shardset import (  # noqa: F401 (read_all, sample_problem re-ex
     read_all,
     sample_problem,
 )
-from vitkit.data.workers import started, worker_options
+from vitkit.data.workers import shared_in_worker, started, worker_options
 
 WINDOW = 1000  # shuffle window per lane, in samples (webdataset's customary buffer size)
 STATE_KIND = "vitkit-shard-stream/1"
@@ -294,6 +294,7 @@ class ShardBatches:
         loader = DataLoader(
             dataset,
             batch_size=None,
+            collate_fn=shared_in_worker,
             pin_memory=self.device.type == "cuda",
             prefetch_factor=2 if self.workers else None,
             **worker_options(self.workers),
@@ -348,6 +349,7 @@ def eval_batches(
     loader = DataLoader(
         _EvalSamples(data, units, batch_size, strict),
         batch_size=None,
+        collate_fn=shared_in_worker,
         pin_memory=device.type == "cuda",
         **worker_options(min(workers, len(units))),
     )

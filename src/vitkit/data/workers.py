@@ -22,6 +22,7 @@ yours may).
 from __future__ import annotations
 
 import contextlib
+import errno
 import multiprocessing
 import os
 import signal
@@ -31,7 +32,7 @@ from multiprocessing import resource_tracker
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, get_worker_info
 
 TELLS_SENDER = hasattr(signal, "sigwaitinfo") and "fork" in multiprocessing.get_all_start_methods()
 
@@ -58,6 +59,14 @@ def started(loader: DataLoader) -> Iterator[Any]:
     if loader.num_workers == 0:
         return iter(loader)
     context = loader.multiprocessing_context or multiprocessing.get_context()
+    try:  # the workers' queues need POSIX semaphores, in /dev/shm: a missing or read-only one fails here, unnamed
+        context.Lock()
+    except OSError as err:
+        raise ValueError(
+            f"DataLoader workers cannot start: no usable shared memory ({err.strerror}; /dev/shm "
+            f"{'is missing' if err.errno == errno.ENOENT else 'is not writable'}?): use --set data.workers=0, "
+            "or give the container a writable /dev/shm (docker run --shm-size)"
+        ) from err
     with stop_signals_blocked(context.get_start_method()):
         return iter(loader)
 
@@ -113,3 +122,15 @@ def own_generator() -> torch.Generator:
     """For a DataLoader, which otherwise draws its workers' base seed from the global RNG when it starts
     iterating: that draw would move the dropout/augmentation stream differently in a resumed run."""
     return torch.Generator().manual_seed(0)
+
+
+def shared_in_worker(batch: Any) -> Any:
+    """A batch's tensors moved into shared memory (/dev/shm) in the DataLoader worker itself, as torch's
+    default_collate allocates them.  Otherwise the worker's queue moves them there in its feeder thread, which only
+    prints an error (a full /dev/shm: "unable to allocate shared memory") and drops the batch, and the main process
+    waits for it forever; raised here, the error reaches the main process as the worker's."""
+    if get_worker_info() is not None:
+        for item in batch if isinstance(batch, tuple | list) else (batch,):
+            if isinstance(item, torch.Tensor):
+                item.share_memory_()
+    return batch

@@ -1,0 +1,104 @@
+"""DataLoader workers hand their batches over in shared memory (/dev/shm).  Where it is full (Docker's 64 MB
+default), the worker's queue thread only printed "unable to allocate shared memory" and dropped the batch, and
+the main process waited for it forever, deaf to Ctrl-C; the worker now moves the batch there itself, so the
+error reaches the main process.  A /dev/shm that is missing or read-only is said as such."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from shardkit import numbered_shards
+
+FULL = "unable to allocate shared memory(shm) for file </torch_1_0>: No space left on device (28)"
+
+
+def _script(kind: str, root: Path) -> str:
+    """Batches of 6 steps with 1 worker, every move into shared memory failing as a full /dev/shm fails."""
+    return textwrap.dedent(
+        f"""
+        import sys, torch
+        from pathlib import Path
+
+        def full(*args, **kwargs):
+            raise RuntimeError({FULL!r})
+
+        torch.UntypedStorage._share_fd_cpu_ = full  # inherited by the forked workers
+        torch.UntypedStorage._share_filename_cpu_ = full
+        from vitkit.data.sources import load_split
+        from vitkit.data.loader import FileBatches, IndexStream
+        from vitkit.data.stream import ShardBatches
+        cpu, root = torch.device("cpu"), Path({str(root)!r})
+        if {kind!r} == "files":
+            data = load_split(f"folder:{{root}}", "train", image_size=8, max_in_memory_bytes=0, val_fraction=0.0)
+            batches = FileBatches(data, IndexStream(len(data), 0), start_step=0, total_steps=6, global_batch=4,
+                                  rank=0, world=1, micro_batch=4, device=cpu, workers=1, strict=False)
+        else:
+            data = load_split(f"wds:{{root}}", "train", image_size=8, max_in_memory_bytes=0, val_fraction=0.0)
+            batches = ShardBatches(data, seed=0, global_batch=4, rank=0, world=1, micro_batch=4, device=cpu,
+                                   workers=1, strict=False)
+        try:
+            for _ in zip(range(6), batches):
+                pass
+        except RuntimeError as error:
+            from vitkit.cli import _known_failure
+            print("raised:", str(error).replace(chr(10), " "))
+            print("said:", _known_failure(error))
+        """
+    )
+
+
+@pytest.mark.parametrize("kind", ["files", "shards"])
+def test_a_full_shared_memory_is_an_error_not_a_hang(tmp_path: Path, kind: str) -> None:
+    if kind == "files":
+        for i in range(16):
+            (tmp_path / "train" / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
+            Image.fromarray(np.full((8, 8), i * 10, np.uint8)).save(tmp_path / "train" / f"c{i % 2}" / f"{i}.png")
+    else:
+        numbered_shards(tmp_path, [8, 8], classes=2)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _script(kind, tmp_path)], capture_output=True, text=True, timeout=120
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("the loader waited for a batch its worker had dropped")
+    assert done.returncode == 0, done.stderr
+    raised, said = done.stdout.splitlines()
+    assert raised.startswith("raised:") and "unable to allocate shared memory" in raised
+    assert said.startswith(f"said: shared memory (/dev/shm) is full ({FULL}): DataLoader workers pass batches")
+    assert "data.workers=0" in said
+
+
+@pytest.mark.parametrize(("errno", "strerror"), [(30, "Read-only file system"), (2, "No such file or directory")])
+def test_no_usable_shared_memory_is_said_before_the_workers_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, errno: int, strerror: str
+) -> None:
+    """A read-only /dev/shm was called a read-only disk with advice to write elsewhere (--out), and a missing one
+    "[Errno 2] No such file or directory" naming nothing: the workers' queue lock could not be made there."""
+    import multiprocessing
+
+    import torch
+
+    from vitkit.data.loader import FileBatches, IndexStream
+    from vitkit.data.sources import load_split
+
+    def no_lock(self, *args, **kwargs):
+        raise OSError(errno, strerror)
+
+    monkeypatch.setattr(multiprocessing.context.BaseContext, "Lock", no_lock)
+    for i in range(4):
+        (tmp_path / "train" / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
+        Image.fromarray(np.full((8, 8), i * 10, np.uint8)).save(tmp_path / "train" / f"c{i % 2}" / f"{i}.png")
+    data = load_split(f"folder:{tmp_path}", "train", image_size=8, max_in_memory_bytes=0, val_fraction=0.0)
+    batches = FileBatches(data, IndexStream(len(data), 0), start_step=0, total_steps=2, global_batch=2, rank=0,
+                          world=1, micro_batch=2, device=torch.device("cpu"), workers=1, strict=False)  # fmt: skip
+    where = "is missing" if errno == 2 else "is not writable"
+    said = f"no usable shared memory \\({strerror}; /dev/shm {where}\\?\\): use --set data.workers=0"
+    with pytest.raises(ValueError, match=said):
+        next(iter(batches))
