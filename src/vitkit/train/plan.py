@@ -328,9 +328,12 @@ def _estimate(
         "final_eval_seconds": round(eval_images * eval_image_s, 3),  # the last of them, which a budget keeps back
         "eval_image_ms": round(eval_image_s * 1000, 4),
     }
-    if fit is not None:
-        train_s = max((budget_s or 0.0) - eval_s, 0.0)  # what the evaluations (periodic and final) leave of it
+    if fit is not None:  # the final evaluation kept back, the periodic ones of the steps that fit beside them
+        final_s = eval_images * eval_image_s
+        periodic_s = final_s / plan.eval_every if plan.eval_every else 0.0  # a step's share of one
+        train_s = max((budget_s or 0.0) - final_s, 0.0) * step_s / (step_s + periodic_s)
         trained = steps_that_fit(spans, train_s) if train_s > 0 else 0
+        out["eval_seconds"] = round(final_s + periodic_s * trained, 1)
         out["fit_steps"], out["fit_epochs"] = trained, round(trained * plan.global_batch / plan.num_train, 1)
         out["eta_minutes"] = round(plan.budget_minutes, 2)
         out["train_seconds"] = round(train_s, 1)

@@ -114,9 +114,10 @@ def estimate_lines(plan: Plan) -> list[str]:
             evaluation = measured["eval_seconds"]
             late = startup + evaluation > whole  # the evaluation alone outlasts what start-up left
             ending = f": the run ends late, after about {minutes((startup + left + evaluation) / 60)}" if late else ""
+            which = "the evaluations" if plan.eval_every else "the final evaluation"  # periodic: of the steps that fit
             lines.append(
                 f"warning: of the {plan.budget_minutes:g}-min budget, {left:g} s are left to train after start-up "
-                f"and the final evaluation ({evaluation:g} s){ending}; a larger --max-minutes trains more"
+                f"and {which} ({evaluation:g} s){ending}; a larger --max-minutes trains more"
             )
         return lines
     steps = (
