@@ -48,7 +48,7 @@ def run_eval(args: argparse.Namespace) -> int:
     k = next(key for key in report if key.startswith("top") and key[3:].isdigit() and key != "top1")
     lines = [
         f"model {report['checkpoint']}",
-        f"{args.data} {args.split}: {report['num_images']} images at {report['img_size']} px",
+        f"{args.data} {args.split}: {report['num_images']} images at {report['img_size']} px{_held(report)}",
         f"top-1 {100 * report['top1']:.2f}%   top-{k[3:]} {100 * report[k]:.2f}%{one_view_note(report)}",
         *(
             f"  {name:<24} {'-' if value is None else f'{100 * value:.1f}%'}"
@@ -58,7 +58,17 @@ def run_eval(args: argparse.Namespace) -> int:
     if "out" in report:
         written = [f"{report['out']}/{name}" for name in report["files"]]  # no confusion plot above its limit
         lines.append(f"wrote {' and '.join(written)}")
+    else:  # a checkpoint file, not a run directory: no default folder
+        lines.append(f"wrote nothing (--out DIR keeps eval_{args.split}.json and its confusion matrix)")
     return emit(args, report, lines)
+
+
+def _held(report: dict) -> str:
+    """Where the scored images are a hold-out of a source without a test split, which (and what scores the rest)."""
+    origin = report.get("origin", "")
+    if report["split"] != "test" or "hold-out of" not in origin:
+        return ""
+    return f" ({origin}; --split train scores the others)"
 
 
 def add_fewshot(sub: argparse._SubParsersAction) -> None:

@@ -86,6 +86,8 @@ def eval_command(
     images = _load(path, data, split, checkpoint, config.img_size, max_images, columns)
     result = evaluate(checkpoint, images, config)
     report = {"checkpoint": str(find_checkpoint(path)), "data": data, "split": split, **result.to_dict()}
+    if images.origin:
+        report["origin"] = images.origin  # e.g. the fixed hold-out of a folder without test/, which is not all of it
     stem, default = split, default_out(path, "eval")
     if out is None and default is not None and (RunDir(path).stored_config() or {}).get("data", {}).get("uri") != data:
         stem = f"{data_name(data)}_{split}"  # not the run's own data: beside its own figures, not over them
