@@ -221,3 +221,20 @@ def test_a_request_refused_before_any_route_is_in_the_metrics(server: str) -> No
     before = refused_400()
     assert _raw_request(server, "\x00\x01 GARBAGE\r\n\r\n").startswith(b"HTTP/1.1 400")
     assert refused_400() == before + 1
+
+
+@pytest.mark.parametrize("to", ["timm", "hf", "official"])
+def test_serve_on_a_foreign_encoder_without_a_head_stops_before_binding(
+    tmp_path: Path, capsys, caplog, to: str
+) -> None:
+    """Only a vitkit checkpoint's config.json stated its head before the bind: a timm, HF or official file without
+    one bound the port, started uvicorn and exited 1.  Their headers say it too (no head tensor)."""
+    import vitkit
+    from vitkit.checkpoints import Checkpoint, checked, write
+
+    encoder = vitkit.create_model("vit_ti16", img_size=16, patch_size=8, hidden_size=32, depth=1, num_heads=2,
+                                  mlp_dim=64, num_classes=0)  # fmt: skip
+    written = write(Checkpoint(model=encoder), tmp_path / f"encoder-{to}", to=to)
+    assert checked(written)[1] == encoder.config
+    assert main(["serve", str(written), "--port", str(free_port())]) == 2
+    assert "has no classification head" in capsys.readouterr().err and "Uvicorn running" not in caplog.text

@@ -17,7 +17,7 @@ from typing import Literal
 
 from torch import nn
 
-from vitkit.checkpoints import headers, hf, native, official, surgery, tensorfile, timm, validate
+from vitkit.checkpoints import hf, native, official, surgery, timm, validate
 from vitkit.checkpoints.native import Checkpoint
 from vitkit.checkpoints.validate import CheckpointError, read_json
 from vitkit.models.configs import ModelConfig, image_size
@@ -75,20 +75,16 @@ def check(path: str | os.PathLike) -> Format:
     return checked(path)[0]
 
 
-def checked(path: str | os.PathLike) -> tuple[Format, ModelConfig | None]:
-    """`check`, with the model config where the files state it (a vitkit directory's config.json; None for the
-    other formats, whose model is known once their weights are read)."""
+def checked(path: str | os.PathLike) -> tuple[Format, ModelConfig]:
+    """`check`, with the model the files hold: a vitkit directory's config.json, or what the weights' header of
+    another format gives (its names and shapes, as `read` infers the model before reading any data)."""
     path = Path(path)
     validate.refuse_special_files(path)
     kind = detect_format(path)
     if kind == "vitkit":
         return kind, native.check(path)[0]
-    if kind == "official":
-        headers.npz_header(path)
-    else:
-        weights = path if path.is_file() else {"hf": hf.weights_file, "timm": timm.weights_file}[kind](path)
-        tensorfile.open_tensors(weights, None)
-    return kind, None
+    reading = {"official": official.reading, "timm": timm.reading, "hf": hf.reading}[kind]
+    return kind, reading(path).model_config()
 
 
 def read(

@@ -25,7 +25,7 @@ from torch import Tensor
 
 from vitkit.atomic import atomic_write, atomic_write_text
 from vitkit.checkpoints import keymap, surgery
-from vitkit.checkpoints.native import Checkpoint, read_checked
+from vitkit.checkpoints.native import Checkpoint, Reading
 from vitkit.checkpoints.tensorfile import open_tensors
 from vitkit.checkpoints.validate import CheckpointError, mapping, naming, numbers_list, read_json, short
 from vitkit.models.configs import ViTConfig
@@ -192,6 +192,11 @@ def weights_file(directory: Path) -> Path:
 
 def to_vitkit(path: str | os.PathLike, config: ViTConfig | None = None, max_bytes: int | None = None) -> Checkpoint:
     """Read an HF ViT directory: config.json and the header first, data once the model is known to fit."""
+    return reading(path, max_bytes).checkpoint(config, max_bytes)
+
+
+def reading(path: str | os.PathLike, max_bytes: int | None = None) -> Reading:
+    """An HF ViT directory opened: config.json and the weights' header read, their data when asked."""
     directory = Path(path)
     hf, where = read_json(directory / CONFIG), str(directory / CONFIG)
     weights = weights_file(directory)
@@ -220,7 +225,7 @@ def to_vitkit(path: str | os.PathLike, config: ViTConfig | None = None, max_byte
         return extra
 
     header, load = open_tensors(weights, max_bytes)
-    return read_checked(convert, header, load, config, source, max_bytes, fields)
+    return Reading(convert, header, load, source, fields)
 
 
 def to_hf_config(checkpoint: Checkpoint) -> dict[str, Any]:

@@ -221,6 +221,28 @@ def read_checked(
     return build_checkpoint(config, state, source, **extra)
 
 
+@dataclass(frozen=True)
+class Reading:
+    """A foreign file opened for the two passes of one `convert` (`read_checked`): its header now, its data when
+    asked."""
+
+    convert: Convert
+    header: dict[str, torch.Tensor]
+    load: Callable[[], dict[str, torch.Tensor]]
+    source: str
+    fields: Callable[[ModelConfig], dict[str, Any]] = lambda config: {}
+
+    def model_config(self, config: ModelConfig | None = None, max_bytes: int | None = None) -> ModelConfig:
+        """The model the file holds, from its header alone (names and shapes), checked to fit `max_bytes`."""
+        config, shapes = self.convert(self.header, config)
+        check_fits(limits.check_model(config, self.source, max_bytes), shapes, self.source)
+        return config
+
+    def checkpoint(self, config: ModelConfig | None = None, max_bytes: int | None = None) -> Checkpoint:
+        """The checkpoint: `read_checked`."""
+        return read_checked(self.convert, self.header, self.load, config, self.source, max_bytes, self.fields)
+
+
 def load_state_dict_strict(model: nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
     """Copy `state` into `model`, naming every missing, unexpected, mis-shaped or non-finite tensor on failure."""
     check_fits(model.state_dict(), state, source)

@@ -27,13 +27,14 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 from vitkit.atomic import atomic_write
 from vitkit.checkpoints import headers, keymap, surgery
-from vitkit.checkpoints.native import Checkpoint, read_checked
+from vitkit.checkpoints.native import Checkpoint, Reading
 from vitkit.checkpoints.validate import CheckpointError, naming
 from vitkit.models.configs import MAX_DEPTH, HybridConfig, ViTConfig
 
@@ -253,6 +254,14 @@ def to_vitkit(
     path: str | os.PathLike, config: ViTConfig | HybridConfig | None = None, max_bytes: int | None = None
 ) -> Checkpoint:
     """Read an official `.npz`; its config is inferred from the shapes unless `config` is given."""
+    checkpoint = reading(path).checkpoint(config, max_bytes)
+    log.info("read official checkpoint %s: %s", path, checkpoint.config)
+    return checkpoint
+
+
+def reading(path: str | os.PathLike, max_bytes: int | None = None) -> Reading:
+    """An official `.npz` opened: its header read, its arrays when asked (`max_bytes`: as the other formats take
+    it; an .npz's header is read without its data)."""
     path = Path(path)
     source = str(path)
 
@@ -267,17 +276,10 @@ def to_vitkit(
     def load() -> dict[str, torch.Tensor]:
         return {k: torch.from_numpy(np.asarray(v, dtype=np.float32)) for k, v in read_arrays(path).items()}
 
-    checkpoint = read_checked(
-        convert,
-        headers.npz_header(path),
-        load,
-        config,
-        source,
-        max_bytes,
-        lambda config: {"provenance": {"source": source, "format": "official"}},
-    )
-    log.info("read official checkpoint %s: %s", path, checkpoint.config)
-    return checkpoint
+    def fields(config: ViTConfig | HybridConfig) -> dict[str, Any]:
+        return {"provenance": {"source": source, "format": "official"}}
+
+    return Reading(convert, headers.npz_header(path), load, source, fields)
 
 
 def from_vitkit(checkpoint: Checkpoint) -> dict[str, np.ndarray]:

@@ -25,7 +25,7 @@ from torch import Tensor
 
 from vitkit.atomic import atomic_write, atomic_write_text
 from vitkit.checkpoints import keymap, surgery
-from vitkit.checkpoints.native import Checkpoint, read_checked
+from vitkit.checkpoints.native import Checkpoint, Reading
 from vitkit.checkpoints.tensorfile import open_tensors
 from vitkit.checkpoints.validate import CheckpointError, mapping, naming, numbers_list, read_json, short, strings_list
 from vitkit.models.configs import MAX_WIDTH, VIT_SIZES, ViTConfig, check_int
@@ -198,6 +198,11 @@ def infer_config(
 
 def to_vitkit(path: str | os.PathLike, config: ViTConfig | None = None, max_bytes: int | None = None) -> Checkpoint:
     """Read a timm ViT state dict (file or hub directory): header first, data once the model is known to fit."""
+    return reading(path, max_bytes).checkpoint(config, max_bytes)
+
+
+def reading(path: str | os.PathLike, max_bytes: int | None = None) -> Reading:
+    """A timm ViT state dict (file or hub directory) opened: its header read, its data when asked."""
     path = Path(path)
     meta: dict[str, Any] = {}
     if path.is_dir():
@@ -232,7 +237,7 @@ def to_vitkit(path: str | os.PathLike, config: ViTConfig | None = None, max_byte
         return extra
 
     header, load = open_tensors(path, max_bytes)
-    return read_checked(convert, header, load, config, source, max_bytes, fields)
+    return Reading(convert, header, load, source, fields)
 
 
 def from_vitkit(checkpoint: Checkpoint) -> dict[str, Tensor]:

@@ -61,8 +61,7 @@ def run_serve(args: argparse.Namespace) -> int:
     config = serve_config(args)  # a bad flag first: it costs nothing to check
     found = find_checkpoint(args.checkpoint)
     _, model = checked(found)  # a path that names no checkpoint, or a damaged one, stops before the bind
-    if model is not None:  # as does an encoder without a head, where config.json says so
-        require_classifier(model, found)
+    require_classifier(model, found)  # as does an encoder without a head, in any format
     pick_device(args.device)  # as does a device this host has not
 
     try:
