@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import shutil
+import statistics
 from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
@@ -34,7 +35,8 @@ log = logging.getLogger("vitkit.train")
 # compiling one training graph into a cold cache on a 2-core CPU, until this host class has measured its own:
 # 20-40 s measured with AVX-512 and native bf16, 71 s on an AVX2 CPU (AMD EPYC, Zen 3)
 COMPILE_SECONDS = 45.0
-MEASURED_FILE = "vitkit-compile-seconds.json"  # in the host class's cache dir: the slowest compile seen, per graph
+MEASURED_FILE = "vitkit-compile-seconds.json"  # in the host class's cache dir: the last cold compiles, per graph
+RECENT = 5  # cold compiles kept: their median is the next decision's cost
 COMPILED_SPEEDUP = 1.3  # eager step time / compiled step time, the least measured for the small recipes
 
 
@@ -94,27 +96,43 @@ def _duration(seconds: float) -> str:
 
 
 def graph_seconds(device: torch.device) -> tuple[float, str]:
-    """Seconds compiling one training graph costs here, and where the figure comes from: the slowest compile
-    measured on this host class (kept in its cache dir), else COMPILE_SECONDS."""
-    try:
-        measured = float(json.loads(Path(hosts.use_compile_cache(device), MEASURED_FILE).read_text())["per_graph_s"])
-    except (OSError, ValueError, KeyError, TypeError):
+    """Seconds compiling one training graph into a cold cache costs here, and where the figure comes from: the
+    median of the last RECENT cold compiles measured on this host class (kept in its cache dir), else
+    COMPILE_SECONDS."""
+    recent = _recent_compiles(device)
+    if not recent:
         return COMPILE_SECONDS, "estimated"
-    if not 0 < measured < 86_400:
-        return COMPILE_SECONDS, "estimated"
-    return measured, "measured on this host class"
+    return statistics.median(recent), "measured on this host class"
 
 
-def remember_graph_seconds(device: torch.device, per_graph_s: float) -> None:
-    """Keep the slowest compile seen on this host class for the next run's decision (best effort)."""
-    known, where = graph_seconds(device)
-    slowest = per_graph_s if where == "estimated" else max(per_graph_s, known)
+def _recent_compiles(device: torch.device) -> list[float]:
+    """The seconds a graph of the last cold compiles took here, oldest first ([] where none is known or the file
+    is not one vitkit wrote; a file of one figure, "per_graph_s", is read as one compile)."""
     try:
-        atomic_write_text(
-            Path(hosts.use_compile_cache(device), MEASURED_FILE), json.dumps({"per_graph_s": round(slowest, 1)})
-        )
+        kept = json.loads(Path(hosts.use_compile_cache(device), MEASURED_FILE).read_text())
+        recent = kept.get("recent_s", [kept.get("per_graph_s")])
+        recent = [float(seconds) for seconds in recent][-RECENT:]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return []
+    return recent if all(0 < seconds < 86_400 for seconds in recent) else []
+
+
+def remember_graph_seconds(device: torch.device, per_graph_s: float, *, cold: bool) -> None:
+    """Keep a compile's seconds a graph for the next run's decision (best effort): only a `cold` one, which
+    compiled a graph its cache did not hold, and only the last RECENT of them, so one made under load passes."""
+    if not cold:
+        return
+    recent = [*_recent_compiles(device), round(per_graph_s, 1)][-RECENT:]
+    text = json.dumps({"per_graph_s": statistics.median(recent), "recent_s": recent})
+    try:
+        atomic_write_text(Path(hosts.use_compile_cache(device), MEASURED_FILE), text)
     except OSError as err:
         log.debug("could not keep the compile time (%s)", err)
+
+
+def _cache_misses() -> int:
+    """Graphs inductor has compiled in this process that its cache did not hold."""
+    return int(torch._dynamo.utils.counters["inductor"].get("fxgraph_cache_miss", 0))
 
 
 def compile_for_training(model: nn.Module, device: torch.device) -> nn.Module:
@@ -140,6 +158,7 @@ def warm_up_compiled(
         log.info(
             "torch.compile: compiling %d graph(s) before the first step (tens of seconds each on a CPU)", len(phases)
         )
+    misses = _cache_misses()
     try:
         seconds, timings = warm_up(module, phases, run_once, device, timed=timed)
     except Exception as err:
@@ -159,5 +178,5 @@ def warm_up_compiled(
         log.info(
             "torch.compile: %d graph(s) (PatchDropout rate, side) %s compiled in %.0f s", len(phases), phases, seconds
         )
-        remember_graph_seconds(device, seconds / max(len(phases), 1))
+        remember_graph_seconds(device, seconds / max(len(phases), 1), cold=_cache_misses() > misses)
     return timings, ""
