@@ -149,6 +149,11 @@ def test_shots_are_drawn_among_the_images_that_decode(tmp_path, monkeypatch) -> 
     assert len(computed) > 2 and len(shots) == len(set(shots))  # a redraw computes only images not computed before
     with pytest.raises(ValueError, match="4"):  # 3 readable images a class: 4 shots cannot be drawn
         run_fewshot(checkpoint, train, test, FewShotConfig(shots=(4,), seeds=1, device="cpu"))
+    # a round of draws none of whose images decodes: "the data set is empty" ended the probe; the shots are drawn
+    # again, until class 1's one readable image is drawn (files 7, 9 and 11 are no images, here twice each)
+    odd = train.subset(torch.tensor([0, 2, 4, 7, 9, 11, 7, 9, 11, 10]))
+    result = run_fewshot(checkpoint, odd, test, FewShotConfig(shots=(1,), seeds=3, device="cpu"))
+    assert [run["seed"] for run in result.shots[1]["runs"]] == [0, 1, 2]
 
 
 def test_one_shot_is_the_class_prototype_classifier() -> None:

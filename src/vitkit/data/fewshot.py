@@ -28,8 +28,13 @@ def k_per_class(
     generator = torch.Generator().manual_seed(seed)
     chosen = []
     classes = range(num_classes) if num_classes is not None else torch.unique(labels).tolist()
+    order = torch.argsort(labels, stable=True)  # each class's members in ascending position, found once
+    sorted_labels = labels[order]
     for cls in classes:
-        members = torch.nonzero(labels == cls).flatten()
+        key = torch.tensor(cls, dtype=labels.dtype)
+        members = order[
+            int(torch.searchsorted(sorted_labels, key)) : int(torch.searchsorted(sorted_labels, key, right=True))
+        ]
         if len(members) < k:
             name = f"class {class_names[cls]!r} (index {cls})" if class_names is not None else f"class {cls}"
             if not len(members):  # a folder of files that do not decode: no --shots serves it

@@ -100,7 +100,9 @@ def materialise(
 
 def drawn_sample(data: ImageSet | ShardSet, count: int, seed: int = 0) -> ImageSet:
     """`count` samples drawn by `seed` (all where there are no more), in their order in the split: the same ones
-    whether `data` is in memory, read from files (`ImageSet.fixed_sample`) or streamed (`samples_at`)."""
+    whether `data` is in memory, read from files (`ImageSet.fixed_sample`) or streamed (`samples_at`), where every
+    sample decodes (a split decoded into memory has left out those that do not, which moves the positions after
+    them)."""
     if not isinstance(data, ShardSet):
         return data.fixed_sample(count, seed)
     drawn = torch.randperm(len(data), generator=torch.Generator().manual_seed(seed))[:count].sort().values

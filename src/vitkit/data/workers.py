@@ -63,9 +63,8 @@ def started(loader: DataLoader) -> Iterator[Any]:
         context.Lock()
     except OSError as err:
         raise ValueError(
-            f"DataLoader workers cannot start: no usable shared memory ({err.strerror}; /dev/shm "
-            f"{'is missing' if err.errno == errno.ENOENT else 'is not writable'}?): use --set data.workers=0, "
-            "or give the container a writable /dev/shm (docker run --shm-size)"
+            f"DataLoader workers cannot start: no usable shared memory ({err.strerror}{_shm_cause(err.errno)}): "
+            "use --set data.workers=0, or give the container a writable /dev/shm (docker run --shm-size)"
         ) from err
     with stop_signals_blocked(context.get_start_method()):
         return iter(loader)
@@ -124,13 +123,28 @@ def own_generator() -> torch.Generator:
     return torch.Generator().manual_seed(0)
 
 
+def _shm_cause(number: int | None) -> str:
+    """What a semaphore's errno says of /dev/shm, for the message ("" where it says nothing certain)."""
+    if number in (errno.ENOENT, errno.ENOSYS):
+        return "; /dev/shm is missing?"
+    if number in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return "; /dev/shm is not writable?"
+    return "; /dev/shm is full?" if number == errno.ENOSPC else ""
+
+
 def shared_in_worker(batch: Any) -> Any:
-    """A batch's tensors moved into shared memory (/dev/shm) in the DataLoader worker itself, as torch's
-    default_collate allocates them.  Otherwise the worker's queue moves them there in its feeder thread, which only
-    prints an error (a full /dev/shm: "unable to allocate shared memory") and drops the batch, and the main process
-    waits for it forever; raised here, the error reaches the main process as the worker's."""
+    """A batch's tensors (in tuples and lists, at any depth) moved into shared memory (/dev/shm) in the DataLoader
+    worker itself: one copy, which the worker's queue would otherwise make in its feeder thread, where a full
+    /dev/shm ("unable to allocate shared memory") only prints an error and drops the batch, and the main process
+    waits for it forever.  Raised here, the error reaches the main process as the worker's."""
     if get_worker_info() is not None:
-        for item in batch if isinstance(batch, tuple | list) else (batch,):
-            if isinstance(item, torch.Tensor):
-                item.share_memory_()
+        _share(batch)
     return batch
+
+
+def _share(item: Any) -> None:
+    if isinstance(item, torch.Tensor):
+        item.share_memory_()
+    elif isinstance(item, tuple | list):
+        for part in item:
+            _share(part)

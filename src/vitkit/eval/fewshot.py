@@ -150,7 +150,7 @@ def evaluate_fewshot(
         runs = []
         for seed in range(config.seeds):
             index = k_per_class(train_labels, k, seed, num_classes=num_classes)
-            rows = index if pool is None else torch.searchsorted(pool, index)
+            rows = index if pool is None else _rows_of(pool, index)
             accuracy, l2 = fewshot_accuracy(
                 train_features[rows], train_labels[index], test_features, test_labels, num_classes, config, seed
             )
@@ -213,11 +213,25 @@ def _features_at(checkpoint, train_set, positions: list[int], layer: str, option
             return torch.empty(0), bad
         computed, _ = compute(checkpoint, decoded, layer, **options)
     else:
-        computed, _ = compute(checkpoint, train_set.subset(torch.tensor(positions)), layer, **options)
+        try:
+            computed, _ = compute(checkpoint, train_set.subset(torch.tensor(positions)), layer, **options)
+        except ValueError:  # "the data set is empty" where none of them decodes; any other error stands
+            bad = _unreadable(train_set, positions)
+            if len(bad) < len(positions):
+                raise
+            return torch.empty(0), bad
         bad = _unreadable(train_set, positions) if len(computed) < len(positions) else []
     if computed.ndim != 2:
         raise ValueError(f"layer {layer!r} gives {tuple(computed.shape[1:])} per image; few-shot needs a vector")
     return computed, bad
+
+
+def _rows_of(pool: Tensor, index: Tensor) -> Tensor:
+    """The rows of the sorted positions `pool` that hold the positions `index` (ValueError where one is not)."""
+    rows = torch.searchsorted(pool, index).clamp(max=len(pool) - 1)
+    if not torch.equal(pool[rows], index):
+        raise ValueError("the features given do not cover the images drawn: pool must hold every drawn position")
+    return rows
 
 
 def _unreadable(train_set: ImageSet, positions: list[int]) -> list[int]:

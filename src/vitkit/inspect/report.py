@@ -302,7 +302,7 @@ def inspect_command(
 ) -> dict[str, Any]:
     """Open a checkpoint (or a run's final one), gather images (files and/or a data split) and write the figures;
     figures in a folder that is not an earlier inspect's (no inspect.json) are replaced only with `force`."""
-    if not force:
+    if not force and config.draw:  # --no-figures replaces none
         _check_foreign_figures(Path(out))
     checkpoint = open_checkpoint(path)
     size, chans = resolution(checkpoint, config.img_size), channels(checkpoint)
@@ -322,8 +322,8 @@ def _check_foreign_figures(out: Path) -> None:
     if taken:
         named = ", ".join(taken)
         raise ValueError(
-            f"{out} holds {named} but no inspect.json (not an earlier inspect's figures); "
-            "choose another --out or pass --force to replace"
+            f"{out} holds {named} but no inspect.json (another program's figures, or an inspect stopped before "
+            "it finished); choose another --out or pass --force to replace"
         )
 
 

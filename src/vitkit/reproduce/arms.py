@@ -30,6 +30,7 @@ import torch
 
 from vitkit.atomic import atomic_write_text
 from vitkit.data.inmemory import drawn_sample
+from vitkit.data.shardset import ShardSet, label_index
 from vitkit.data.sources import ImageSet, SourceInfo, load_split
 from vitkit.eval.accuracy import AccuracyConfig, evaluate
 from vitkit.eval.fewshot import FewShotConfig, run_fewshot
@@ -207,7 +208,9 @@ class Probes:
 
     def fewshot(self, checkpoint: Any, config: TrainConfig) -> dict[str, Any]:
         train_set, test_set = self.split(config, "train"), self.split(config, "test")
-        shots = tuple(k for k in self.shots if k <= int(torch.bincount(train_set.labels).min()))
+        labels = label_index(train_set) if isinstance(train_set, ShardSet) else train_set.labels
+        smallest = int(torch.bincount(labels[labels >= 0], minlength=train_set.num_classes).min())
+        shots = tuple(k for k in self.shots if k <= smallest)
         probe = FewShotConfig(
             shots=shots or (1,), seeds=self.draws, l2_exponents=FEWSHOT_L2, batch_size=500, device=self.device
         )

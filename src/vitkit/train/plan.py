@@ -333,7 +333,8 @@ def _estimate(
         periodic_s = final_s / plan.eval_every if plan.eval_every else 0.0  # a step's share of one
         train_s = max((budget_s or 0.0) - final_s, 0.0) * step_s / (step_s + periodic_s)
         trained = steps_that_fit(spans, train_s) if train_s > 0 else 0
-        out["eval_seconds"] = round(final_s + periodic_s * trained, 1)
+        run = min(trained, plan.steps - plan.start_step) if plan.steps_given else trained  # its own steps end it
+        out["eval_seconds"] = round(final_s + periodic_s * run, 1)
         out["fit_steps"], out["fit_epochs"] = trained, round(trained * plan.global_batch / plan.num_train, 1)
         out["eta_minutes"] = round(plan.budget_minutes, 2)
         out["train_seconds"] = round(train_s, 1)
