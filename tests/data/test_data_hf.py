@@ -264,6 +264,36 @@ def test_an_unlabelled_test_split_gives_way_to_validation(tmp_path: Path, withhe
     test = load_split(f"hf:{tmp_path}", "test", image_size=8)
     assert image_ids(test.images) == list(range(30, 36))
     assert "validation split" in test.origin and "test split holds no label" in test.origin
+    _validation_is_the_test_split(f"hf:{tmp_path}", tmp_path / "shards")
+
+
+def _validation_is_the_test_split(uri: str, shards: Path) -> None:
+    """Validation standing in for the test split is the test split: a run validates on a hold-out of train (it
+    validated on the test images), `--split val` is refused, and `vitkit shard` writes it once (val-* and test-*
+    shards were byte-identical)."""
+    from vitkit.data.sources import check_named_split, separate_val
+
+    assert not separate_val(uri)
+    val = load_split(uri, "val", image_size=8, val_fraction=0.2)
+    assert "hold-out" in val.origin and set(image_ids(val.images)) < set(range(30))
+    with pytest.raises(ValueError, match="its val split is also its test split"):
+        check_named_split(uri, "val")
+    write_shards(uri, shards, 100)
+    assert sorted(p.name for p in shards.glob("*.tar")) == ["train-000000.tar", "val-000000.tar"]
+
+
+def test_a_test_split_without_the_label_column_gives_way(tmp_path: Path) -> None:
+    """A competition's test split holds images only: reading it was a KeyError traceback ('Field "label" does not
+    exist in schema').  It is a test split without labels: validation stands in, or the fixed test hold-out."""
+    images_only = labelled_dataset(6, start=36).remove_columns("target")
+    splits = {"train": labelled_dataset(30), "validation": labelled_dataset(6, start=30), "test": images_only}
+    datasets.DatasetDict(splits).save_to_disk(str(tmp_path / "with_val"))
+    test = load_split(f"hf:{tmp_path / 'with_val'}", "test", image_size=8)
+    assert image_ids(test.images) == list(range(30, 36)) and "test split holds no label" in test.origin
+    _validation_is_the_test_split(f"hf:{tmp_path / 'with_val'}", tmp_path / "shards")
+    datasets.DatasetDict({"train": labelled_dataset(30), "test": images_only}).save_to_disk(str(tmp_path / "alone"))
+    test = load_split(f"hf:{tmp_path / 'alone'}", "test", image_size=8)  # the fixed 20% hold-out of train
+    assert set(image_ids(test.images)) < set(range(30)) and "hold-out" in test.origin
 
 
 def test_a_plain_parquet_column_of_image_bytes_named_image_is_the_image_column(tmp_path: Path) -> None:

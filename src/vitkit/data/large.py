@@ -70,8 +70,26 @@ def index_mirror_rule(path: str) -> bool | None:
 
 
 def split_names(kind: str, path: str) -> list[str]:
-    """The splits a wds: or hf: source holds of its own."""
-    return list(tarshards.split_units(path)[0] if kind == "wds" else hf.find_splits(Path(path)))
+    """The splits a wds: or hf: source holds of its own (an hf: test split without labels is not one)."""
+    return list(tarshards.split_units(path)[0] if kind == "wds" else labelled_splits(path)[0])
+
+
+def labelled_splits(path: str, label: str | None = None) -> tuple[dict[str, Any], bool]:
+    """(the splits of `hf:path`, less a test split that holds no label, and whether it was left out): a
+    benchmark's withheld answers (every label -1 or none) or a competition's images alone, for which the validation
+    split, or the fixed test hold-out of train, stands in.  `label`: the label column ("": read without labels;
+    None: the train split's, as chosen without flags, where one is)."""
+    splits = hf.find_splits(Path(path))
+    if "test" not in splits or "train" not in splits:
+        return splits, False
+    if label is None:
+        try:
+            label = hf.choose_columns(hf.schema(splits["train"]), "", "", f"hf:{path}", True)[1]
+        except ValueError:  # several label columns: the flags choose, so the split names stay as they are
+            return splits, False
+    if not label or not _unlabelled(splits["test"], label):
+        return splits, False
+    return {name: split for name, split in splits.items() if name != "test"}, True
 
 
 HF_SAVED = frozenset({"dataset_info.json", "dataset_dict.json", "state.json"})  # save_to_disk's files
@@ -239,13 +257,14 @@ def read_hf(
     splits = hf.find_splits(Path(path))
     if "train" not in splits:
         raise ValueError(f"{where} has no train split (found: {', '.join(sorted(splits))})")
+    image, label, names = hf.choose_columns(hf.schema(splits["train"]), image_column, label_column, where, labelled)
+    splits, withheld = labelled_splits(path, label)
     held_out = splits.keys() == {"train"}  # one split alone: the fixed test hold-out of every source without one
     split = splits["train"] if held_out and part == "test" else _part(splits, part, where)
-    image, label, names = hf.choose_columns(hf.schema(splits["train"]), image_column, label_column, where, labelled)
     class_names = _hf_classes(splits["train"], label, names)
     name, note = _split_name(splits, split, part)
-    if part == "test" and split is splits.get("test") and "val" in splits and label and _unlabelled(split, label):
-        split, name, note = splits["val"], "validation", " (its test split holds no label: it stands in)"
+    if withheld and part == "test" and not held_out:
+        note = " (its test split holds no label: it stands in)"
     label_map = () if split is splits["train"] else hf.split_label_map(split, name, image, label, names, where)
     if split.kind == "parquet":
         units = hf.parquet_units(split, (image, label))
@@ -281,7 +300,9 @@ def read_hf(
 
 
 def _unlabelled(split: hf.HFSplit, label: str) -> bool:
-    """Whether no row of `split` has a label (-1 or none: a benchmark's hidden test labels)."""
+    """Whether no row of `split` has a label (-1 or none: a benchmark's hidden test labels; no such column)."""
+    if label not in hf.schema(split).names:
+        return True
     labels = hf.split_labels(split, label)
     if labels.dtype.kind not in "iu":  # a column of nulls only (untyped), or of another kind: its readers judge it
         return bool(len(labels)) and all(value is None for value in labels)
