@@ -5,7 +5,8 @@
                                is the final evaluation
     RUN/checkpoints/step_NNNNNNN/   the model in vitkit's format + train_state.pt (optimiser, RNG, data position)
     RUN/checkpoints/LATEST     the name of the newest complete step_* checkpoint
-    RUN/checkpoints/final/     the evaluated model of a finished run (the Polyak average when enabled)
+    RUN/checkpoints/final/     the evaluated model of a finished run (the Polyak average when enabled; the step
+                               it is of in its provenance: vitkit.run_model picks it by that)
     RUN/checkpoints/ema/       the Polyak-averaged weights (runs with optim.ema_decay > 0)
     RUN/checkpoints/unreadable-step_NNNNNNN/   a step a resume could not read and passed over, set aside
     RUN/sweep/lr_*/, RUN/sweep.json   an LR sweep's trial runs and its record (`--lr-sweep`)
@@ -39,11 +40,12 @@ from vitkit.atomic import atomic_write_text, fsync_dir
 from vitkit.checkpoints import native, tensorfile
 from vitkit.checkpoints.validate import unreadable_now
 from vitkit.metrics_log import METRICS, MetricsLog
+from vitkit.run_model import EMA, FINAL, standing, step_number
 
 log = logging.getLogger(__name__)
 _STEP = re.compile(r"step_\d+")  # a step checkpoint's name (save_step writes 7 digits)
 
-CHECKPOINTS, LATEST, FINAL, EMA = "checkpoints", "LATEST", "final", "ema"
+CHECKPOINTS, LATEST = "checkpoints", "LATEST"
 CONFIG, STATE_FILE, PLOTS = "config.json", "train_state.pt", "plots"
 # What reading a damaged step checkpoint raises (a failed SHA-256, a cut-short or garbled train_state.pt)
 UNREADABLE = (ValueError, RuntimeError, OSError, EOFError, AttributeError, pickle.UnpicklingError)
@@ -160,7 +162,7 @@ class RunDir:
                 f"{pointer} names {named[:80]!r}, which is missing or incomplete, and no other step checkpoint is "
                 f"complete; remove {pointer} to start over"
             )
-        newest = max(steps, key=_step_number)
+        newest = max(steps, key=step_number)
         said = (str(pointer.resolve()), named, newest.name)
         if said in _SAID:  # a resume and the verbs read LATEST several times
             return newest
@@ -182,9 +184,9 @@ class RunDir:
         older = [
             p
             for p in self.checkpoints.glob("step_*")
-            if _STEP.fullmatch(p.name) and _step_number(p) < _step_number(first) and self._complete(p, True)
+            if _STEP.fullmatch(p.name) and step_number(p) < step_number(first) and self._complete(p, True)
         ]
-        return [first, *sorted(older, key=_step_number, reverse=True)]
+        return [first, *sorted(older, key=step_number, reverse=True)]
 
     def resumed_from(self, path: Path, passed: list[Path]) -> None:
         """Point LATEST at `path`, the step a resume fell back to, and set aside the unreadable newer steps it
@@ -262,31 +264,8 @@ class RunDir:
         return torch.load(file, map_location="cpu", weights_only=True)
 
     def model_checkpoint(self) -> Path:
-        """The checkpoint this run stands for, as every verb reads it.
-
-        The `final` export, else the `ema` one, when it is at least as new as LATEST's target (a finished
-        run's model, the Polyak average when enabled; `ema` is what the run's own evaluations use), else
-        LATEST's target.  Without LATEST: `final`, then the newest complete checkpoint by time and step number.
-        """
-        candidates = (
-            [p for p in self.checkpoints.iterdir() if p.is_dir() and not p.name.startswith(".") and native.is_native(p)]
-            if self.checkpoints.is_dir()
-            else []
-        )
-        if not candidates:
-            raise FileNotFoundError(
-                f"{self.checkpoints} holds no complete vitkit checkpoint "
-                "(a folder with config.json + model.safetensors); has the run saved one yet?"
-            )
-        latest = self.latest(with_state=False)
-        if latest is not None:
-            exports = (self.checkpoints / name for name in (FINAL, EMA))
-            return next((p for p in exports if native.is_native(p) and _mtime(p) >= _mtime(latest)), latest)
-        by_name = {p.name: p for p in candidates}
-        for name in (FINAL, "last", "latest"):
-            if name in by_name:
-                return by_name[name]
-        return max(candidates, key=lambda p: (_mtime(p), _step_number(p)))
+        """The checkpoint this run stands for, as every verb reads it (`vitkit.run_model.standing`)."""
+        return standing(self.checkpoints, lambda: self.latest(with_state=False))
 
     # -------------------------------------------------------------------------------- config
     def stored_config(self) -> dict[str, Any] | None:
@@ -328,15 +307,6 @@ def _others(directory: Path) -> bool:
     return any(
         p.name not in (SWEEP, SWEEP_RECORD, "lost+found") and not p.name.startswith(".") for p in directory.iterdir()
     )
-
-
-def _mtime(path: Path) -> float:
-    return (path / native.CONFIG).stat().st_mtime
-
-
-def _step_number(path: Path) -> int:
-    digits = re.findall(r"\d+", path.name)
-    return int(digits[-1]) if digits else -1
 
 
 def is_run_dir(path: str | os.PathLike) -> bool:

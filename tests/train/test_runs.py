@@ -39,6 +39,20 @@ def test_load_of_a_run_is_the_load_of_its_final_checkpoint(tmp_path: Path) -> No
     assert find_checkpoint(run / "checkpoints") == find_checkpoint(run)  # RUN/checkpoints names the run too
 
 
+def test_a_copied_run_stands_for_its_final_model_whatever_its_files_times(tmp_path: Path) -> None:
+    """`cp -r` (no -p), scp or unzip give a run's files the times of the copy, in its order: a final export
+    copied before the last step checkpoint looked older than it, and every verb read the step checkpoint.  The
+    export records the step it is of."""
+    run = tmp_path / "run"
+    trainer.train(tiny_config(run, "data.steps=4", "run.checkpoint_every=3"))
+    final = run / "checkpoints" / "final"
+    assert json.loads((final / "config.json").read_text())["provenance"]["step"] == 4
+    latest = run / "checkpoints" / (run / "checkpoints" / "LATEST").read_text().strip()
+    before = latest.joinpath("config.json").stat().st_mtime - 60
+    os.utime(final / "config.json", (before, before))
+    assert latest.name == "step_0000004" and find_checkpoint(run) == final
+
+
 def test_a_run_without_a_final_model_is_named_so_once(tmp_path: Path, caplog) -> None:
     """`convert RUN`, `export-onnx RUN` and `predict RUN` of an unfinished run (killed, or still training) took
     its last step checkpoint, an un-annealed model, without a word; the warning names it, once a process."""
@@ -51,7 +65,7 @@ def test_a_run_without_a_final_model_is_named_so_once(tmp_path: Path, caplog) ->
     assert found[0] == found[1] and found[0].name.startswith("step_")
     (message,) = [r.getMessage() for r in caplog.records]
     assert f"{run} has no final model (its run has not finished, or is training now): using {found[0].name}" in message
-    # a finished FSDP run writes no final export, and a copy can leave final older than LATEST's target: not said
+    # a finished FSDP run writes no final export, and a final of an earlier step than LATEST's target: not said
     for other in ("fsdp", "copied"):
         again = tmp_path / other
         shutil.copytree(run, again)
@@ -62,7 +76,9 @@ def test_a_run_without_a_final_model_is_named_so_once(tmp_path: Path, caplog) ->
         else:
             trainer.train(tiny_config(tmp_path / "whole", "data.steps=4", "run.checkpoint_every=3"))
             shutil.copytree(tmp_path / "whole" / "checkpoints" / "final", again / "checkpoints" / "final")
-            os.utime(again / "checkpoints" / "final" / "config.json", (1, 1))
+            stored = json.loads((again / "checkpoints" / "final" / "config.json").read_text())
+            stored["provenance"]["step"] = 3  # of an earlier step than LATEST's step_0000004
+            (again / "checkpoints" / "final" / "config.json").write_text(json.dumps(stored))
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="vitkit.runs"):
             assert find_checkpoint(again).name.startswith("step_")

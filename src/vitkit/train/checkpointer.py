@@ -139,9 +139,10 @@ class Checkpointer:
         exports = [self.run.export(FINAL)] + ([self.run.export(EMA)] if state.ema is not None else [])
         for directory in exports:  # what an export a kill cut short left there
             remove_torn(directory)
+        meta = {**self.meta, "provenance": {**self.meta.get("provenance", {}), "step": state.step}}  # runs.newer
         with averaged(state.ema, state.module) as module:
             for directory in exports:  # ema: the name runs.find_checkpoint prefers over LATEST
-                native.save(module, directory, **self.meta)
+                native.save(module, directory, **meta)
 
 
 def _plain_copy(module: torch.nn.Module, weights: dict[str, Any]) -> torch.nn.Module:
