@@ -75,3 +75,40 @@ def test_tensorboard_that_cannot_write_is_said_and_the_log_goes_on(tmp_path, mon
     with caplog.at_level(logging.WARNING, logger="vitkit"):
         assert MetricsLog(tmp_path, enabled=True, tensorboard=True).writer is None
     assert "TensorBoard logging is off: TypeError: Descriptors cannot be created directly" in caplog.text
+
+
+@pytest.mark.skipif(not hasattr(os, "register_at_fork"), reason="no fork")
+def test_a_killed_process_s_directory_lock_goes_with_it_not_with_its_children(tmp_path) -> None:
+    """A run killed with kill -9 left its DataLoader workers, forked with a copy of its lock, alive for about 5 s,
+    and a re-run in that time was refused: "in use by another vitkit process".  A forked child drops its copy."""
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+
+    from vitkit.atomic import lock_directory, unlock_directory
+
+    script = textwrap.dedent(
+        f"""
+        import os, signal, sys, time
+        from vitkit.atomic import lock_directory
+        assert lock_directory({str(tmp_path)!r}) is not None
+        child = os.fork()
+        if child == 0:
+            quiet = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(quiet, 1), os.dup2(quiet, 2)  # the test reads the parent's output to its end
+            time.sleep(60)
+            os._exit(0)
+        print(child, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    child = int(done.stdout.split()[0])
+    try:
+        os.kill(child, 0)  # the child outlives its parent
+        descriptor = lock_directory(tmp_path)
+        assert descriptor is not None
+        unlock_directory(descriptor)
+    finally:
+        os.kill(child, signal.SIGKILL)

@@ -101,6 +101,22 @@ def fsync_dir(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
+_HELD: set[int] = set()  # the descriptors of the directory locks this process holds
+
+
+def _drop_inherited_locks() -> None:
+    """In a forked child (a DataLoader worker): close its copies of the parent's directory locks, so that a lock
+    goes with the process that took it; a killed run's workers had held it for the seconds they outlived it."""
+    for descriptor in _HELD:
+        with suppress(OSError):
+            os.close(descriptor)
+    _HELD.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_drop_inherited_locks)
+
+
 def lock_directory(path: str | os.PathLike) -> int | None:
     """An exclusive lock on a directory (flock on the directory itself: no file is left behind, and a killed
     process's lock goes with it): the descriptor that holds it, or None where the platform or the file system
@@ -118,11 +134,13 @@ def lock_directory(path: str | os.PathLike) -> int | None:
     except OSError:  # a file system without flock (some network ones): no lock
         os.close(descriptor)
         return None
+    _HELD.add(descriptor)
     return descriptor
 
 
 def unlock_directory(descriptor: int | None) -> None:
     if descriptor is not None:
+        _HELD.discard(descriptor)
         os.close(descriptor)  # closing the descriptor releases its flock
 
 
