@@ -211,8 +211,10 @@ def test_corrupt_members_are_skipped_and_counted(tmp_path: Path, caplog: pytest.
     strict = ShardBatches(
         data, seed=0, global_batch=10, rank=0, world=1, micro_batch=10, device=CPU, workers=0, strict=True
     )
-    with pytest.raises(BadImageError, match="sample"):
+    with pytest.raises(BadImageError, match="sample") as raised:
         _take(strict, 1)
+    key = str(tmp_path / "train-000001.tar:a")
+    assert str(raised.value).startswith(f"sample {key}: ") and str(raised.value).count(key) == 1  # named once
 
 
 def test_lanes_split_each_epoch_disjointly_and_never_run_dry(tmp_path: Path) -> None:

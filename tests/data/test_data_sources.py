@@ -329,6 +329,15 @@ def test_a_bare_path_or_a_near_miss_scheme_is_named_with_the_uri_meant(tmp_path)
     (tmp_path / "saved" / "dataset_dict.json").write_text("{}")
     with pytest.raises(ValueError, match=f"did you mean hf:{tmp_path / 'saved'}"):
         parse_uri(str(tmp_path / "saved"))
+    for name, kind in (("fashion", "fashion-mnist"), ("digits-idx", "mnist")):  # IDX files: not a folder of classes
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "train-images-idx3-ubyte.gz").write_bytes(b"")
+        with pytest.raises(ValueError, match=f"did you mean {kind}:{tmp_path / name}"):
+            parse_uri(str(tmp_path / name))
+    (tmp_path / "cifar").mkdir()
+    (tmp_path / "cifar" / "data_batch_1.bin").write_bytes(b"")
+    with pytest.raises(ValueError, match=f"did you mean cifar10:{tmp_path / 'cifar'}"):
+        parse_uri(str(tmp_path / "cifar"))
     with pytest.raises(ValueError, match=r"did you mean fashion-mnist:/x\?"):
         parse_uri("fashion_mnist:/x")
     with pytest.raises(ValueError, match=r"did you mean folder:/x\?"):

@@ -126,8 +126,10 @@ def decode_samples(samples: list[Sample], data: ShardSet, strict: bool) -> tuple
                 continue
             except BadImageError as error:
                 problem = str(error)
-        if strict:
-            raise BadImageError(f"sample {sample.key}: {problem}")
+        if strict:  # the decoder's message names the sample already
+            raise BadImageError(
+                f"sample {problem if problem.startswith(f'{sample.key}: ') else f'{sample.key}: {problem}'}"
+            )
         name_once(sample.key, problem)
     side = data.load_size or 0
     stacked = torch.stack(images) if images else torch.empty(0, data.channels, side, side, dtype=torch.uint8)

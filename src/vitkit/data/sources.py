@@ -41,6 +41,7 @@ reading refuses such a source and says which command takes it.
 from __future__ import annotations
 
 import difflib
+import itertools
 import logging
 import os
 import re
@@ -121,12 +122,23 @@ def parse_uri(uri: str) -> tuple[str, str]:
     return kind, path
 
 
+def _array_kind(directory: Path) -> str | None:
+    """The array reader a directory's files call for: IDX files (Fashion-MNIST where the folder's name says so,
+    else MNIST), CIFAR's binary batches; None for any other."""
+    names = {path.name for path in itertools.islice(directory.iterdir(), 100)}  # a look, not a scan
+    if names & {"train-images-idx3-ubyte", "train-images-idx3-ubyte.gz"}:
+        return "fashion-mnist" if "fashion" in directory.resolve().name.lower() else "mnist"
+    if "data_batch_1.bin" in names or "cifar-10-batches-bin" in names:
+        return "cifar10"
+    return "cifar100" if "train.bin" in names or "cifar-100-binary" in names else None
+
+
 def _meant(uri: str, kind: str, path: str) -> str:
     """The URI a newcomer likely meant: folder:PATH for a bare path to a directory, the scheme a near miss of one
     (fashion_mnist:, Folder:) names; "" where none is likely."""
     directory = Path(os.path.expanduser(uri))
-    if directory.is_dir():  # what it holds says which reader: shards, a saved HF dataset, else image folders
-        return f"; did you mean {large.reader_for(directory) or 'folder'}:{uri}?"
+    if directory.is_dir():  # what it holds says which reader: arrays, shards, a saved HF dataset, else image folders
+        return f"; did you mean {_array_kind(directory) or large.reader_for(directory) or 'folder'}:{uri}?"
     close = difflib.get_close_matches(kind.lower().replace("_", "-"), KINDS, n=1, cutoff=0.8)
     return f"; did you mean {close[0]}:{path}?" if close and path else ""
 

@@ -57,7 +57,7 @@ class ServeConfig:
         if self.max_batch > MAX_BATCH:  # a full batch is warmed up before /health says ready
             raise ValueError(
                 f"--max-batch must be at most {MAX_BATCH}, got {self.max_batch}: one forward of that many images "
-                "runs at start-up (a request brings at most --max-files)"
+                f"runs at start-up (a form brings at most {self.max_files})"
             )
         if not 0 <= self.port <= 65535:
             raise ValueError(f"--port must be in 0..65535, got {self.port}")

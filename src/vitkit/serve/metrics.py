@@ -37,7 +37,7 @@ class Metrics:
         self.refused = Counter(
             "vitkit_refused_requests",
             "Requests answered before any route by status: malformed (400), headers too large (431) or too slow "
-            "(408), more connections than allowed (503)",
+            "(408), a transfer coding not supported (501), more connections than allowed (503)",
             ["status"],
             registry=self.registry,
         )
