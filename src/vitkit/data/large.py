@@ -133,6 +133,8 @@ def read_wds(path: str, part: str, size: int, channels: int | None, labelled: bo
     every = [unit for found in splits.values() for unit in found]
     if labelled:
         names = classes or class_file_names(path, every) or _names_by_scan(every, where)  # a label past it: named
+        if not classes and top_label(every)[0] < 0:  # classes.txt names them, yet no label reads as an index
+            _names_by_scan(every, where)  # the one line it says where no label reads
     else:
         names = [UNLABELLED]
     data = ShardSet(
@@ -156,7 +158,10 @@ def _names_by_scan(units: list[Unit], where: str) -> list[str]:
         return tarshards.class_names_by_scan(units)
     unparsed = next((problem for problem in _label_problems(units) if "label ." in problem), "")
     if unparsed:
-        raise ValueError(f"{where}: no sample has a label that reads as a class index; the first: {unparsed}")
+        raise ValueError(
+            f"{where}: no sample has a label that reads as a class index; the first: {unparsed} (a .cls member or "
+            f'a .json "label" holds the class index, a line of classes.txt; shards without labels: {NO_LABELS_HINT})'
+        )
     damaged = tarshards.damage(units)
     if damaged:  # a shard that is no tar at all (gzip data under a .tar name) holds no label either
         raise ValueError(f"{where}: no sample has a label, and {len(damaged)} shard(s) are damaged: {damaged[0]}")
