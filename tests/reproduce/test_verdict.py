@@ -151,3 +151,13 @@ def test_calibration_times_the_precision_an_arm_chooses_by_measurement(monkeypat
     monkeypatch.setattr(scale, "time_steps", lambda step, device, steps: 0.5)
     assert scale.calibrate(config) == config.data.batch_size / 0.5
     assert timed == [expected]
+
+
+def test_a_tiny_study_names_the_budget_for_a_verdict_as_timed_or_as_a_floor() -> None:
+    """A study at --budget-minutes 1 (not calibrated) said "give --budget-minutes 4 or more (per seed count as
+    now)"; at 4 it calibrated, was still tiny, and said 8.  An uncalibrated figure is a floor, and says so."""
+    from vitkit.reproduce.study import mechanics_only
+
+    timed, floor = mechanics_only(7.2, calibrated=True), mechanics_only(3.4, calibrated=False)
+    assert "give --budget-minutes 8 or more, with --seeds as now, for a verdict" in timed and "floor" not in timed
+    assert "give --budget-minutes 4 or more" in floor and floor.endswith("may ask for more")

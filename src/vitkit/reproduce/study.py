@@ -127,7 +127,7 @@ def run_study(study: Study, request: StudyRequest) -> dict[str, Any]:
     if tiny:  # the speed study's too: its tiny pair is no pair of comparable cost (4-5x apart in FLOPs)
         beside = context.scale.beside_s or ARM_SECONDS * len(arms)  # not calibrated: what every arm takes at least
         minimum = smallest_budget(study.units * request.seeds, beside)
-        analysis = without_verdicts(analysis, mechanics_only(minimum))
+        analysis = without_verdicts(analysis, mechanics_only(minimum, calibrated=bool(context.scale.beside_s)))
     elif why := learned_little(records, context.info.num_classes):
         analysis = without_verdicts(analysis, why)
     minutes = (time.monotonic() - began) / 60
@@ -146,13 +146,18 @@ def run_study(study: Study, request: StudyRequest) -> dict[str, Any]:
 LEARNED_SHARE = 0.1  # arms "learned" where the best test top-1 lies this share of the way from chance to 100%
 
 
-def mechanics_only(minimum_minutes: float) -> str:
+def mechanics_only(minimum_minutes: float, *, calibrated: bool) -> str:
     """Why a tiny-scale study has no verdict: its arms train 10 steps per unit of length (a test of the mechanics)
-    and sit near chance, so an effect between them says nothing of the paper's claim."""
+    and sit near chance, so an effect between them says nothing of the paper's claim.  The budget it names is
+    timed on this host where the study was `calibrated`, else a floor (the arms' start-up and evaluations not yet
+    timed here)."""
+    floor = (
+        "" if calibrated else "; that is a floor: its arms' start-up is timed here at that budget, and may ask for more"
+    )
     return (
         "tiny scale: every arm is a tiny model run for a few steps (10 per unit of its length), a test of the "
-        "mechanics, not of the claim; give "
-        f"--budget-minutes {math.ceil(minimum_minutes)} or more (per seed count as now) for a verdict"
+        f"mechanics, not of the claim; give --budget-minutes {math.ceil(minimum_minutes)} or more, with --seeds as "
+        f"now, for a verdict{floor}"
     )
 
 
