@@ -397,3 +397,11 @@ def test_the_root_package_loads_its_public_names_when_used() -> None:
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.stdout.split() == ["False", "[]", "True", "True"], done.stderr
+
+
+def test_a_filter_that_matches_no_model_is_said(capsys, fast_flops):
+    """`--filter nomatch` printed the table's header alone and exited 0."""
+    assert main(["models", "--filter", "vit_q16"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.strip() == "vitkit models: error: no model name contains 'vit_q16'; vitkit models lists all"

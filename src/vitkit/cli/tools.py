@@ -52,6 +52,8 @@ def run_models(args: argparse.Namespace) -> int:
             "gflops": round(model_flops(config) / 1e9, 2),
         }
         rows.append(row)
+    if not rows:
+        raise ValueError(f"no model name contains {args.filter!r}; vitkit models lists all")
     header = f"{'name':<14}{'layers':>7}{'hidden':>8}{'mlp':>7}{'heads':>6}{'params':>14}{'img':>6}{'GFLOPs':>9}"
     return emit(
         args,
