@@ -139,7 +139,7 @@ def lock_directory(path: str | os.PathLike) -> int | None:
 
 
 def unlock_directory(descriptor: int | None) -> None:
-    if descriptor is not None:
+    if descriptor in _HELD:  # not in a forked child, which closed its copy and may have reused the number
         _HELD.discard(descriptor)
         os.close(descriptor)  # closing the descriptor releases its flock
 

@@ -49,12 +49,14 @@ def step_number(path: Path) -> int:
 
 
 def _as_new(export: Path, latest: Path) -> bool:
-    """Whether an export is of LATEST's step or a later one: by the step it records, which a copy keeps (`cp -r`
-    gives the files the copy's times, in its order), else by its time."""
+    """Whether an export is the model of LATEST's step or a later one.  By the step it records, which a copy keeps
+    (`cp -r` gives the files the copy's times, in its order): of LATEST's step, it is; of an earlier one, the run
+    trained on.  Of a later step (an earlier run's, where LATEST was removed to start over; or a last step whose
+    checkpoint was not saved), and where it records none, by time."""
     with suppress(OSError, ValueError, TypeError, KeyError, AttributeError):
         step = json.loads((export / native.CONFIG).read_text())["provenance"]["step"]
-        if isinstance(step, int):
-            return step >= step_number(latest)
+        if type(step) is int and step <= step_number(latest):  # not a bool
+            return step == step_number(latest)
     return _mtime(export) >= _mtime(latest)
 
 

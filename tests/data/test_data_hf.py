@@ -291,6 +291,21 @@ def test_a_test_split_without_the_label_column_gives_way(tmp_path: Path) -> None
     test = load_split(f"hf:{tmp_path / 'with_val'}", "test", image_size=8)
     assert image_ids(test.images) == list(range(30, 36)) and "test split holds no label" in test.origin
     _validation_is_the_test_split(f"hf:{tmp_path / 'with_val'}", tmp_path / "shards")
+    # read without labels (pretrain-mpp, shard --no-labels) the test split is one of its splits
+    from vitkit.data.sources import separate_val
+
+    assert separate_val(f"hf:{tmp_path / 'with_val'}", {"labelled": False})
+    test = load_split(f"hf:{tmp_path / 'with_val'}", "test", image_size=8, labelled=False)
+    assert image_ids(test.images) == list(range(36, 42))
+    write_shards(f"hf:{tmp_path / 'with_val'}", tmp_path / "unlabelled", 100, labelled=False)
+    assert len(list((tmp_path / "unlabelled").glob("test-*.tar"))) == 1
+    # two label columns: the one the flags choose says whether the test split holds labels
+    two = {name: ds.add_column("coarse", [0] * len(ds)) for name, ds in splits.items() if name != "test"}
+    datasets.DatasetDict({**two, "test": images_only}).save_to_disk(str(tmp_path / "two"))
+    chosen = {"label_column": "target"}
+    assert not separate_val(f"hf:{tmp_path / 'two'}", chosen)
+    val = load_split(f"hf:{tmp_path / 'two'}", "val", image_size=8, val_fraction=0.2, **chosen)
+    assert set(image_ids(val.images)) < set(range(30))  # a hold-out of train, not the validation split
     datasets.DatasetDict({"train": labelled_dataset(30), "test": images_only}).save_to_disk(str(tmp_path / "alone"))
     test = load_split(f"hf:{tmp_path / 'alone'}", "test", image_size=8)  # the fixed 20% hold-out of train
     assert set(image_ids(test.images)) < set(range(30)) and "hold-out" in test.origin

@@ -51,6 +51,13 @@ def test_a_copied_run_stands_for_its_final_model_whatever_its_files_times(tmp_pa
     before = latest.joinpath("config.json").stat().st_mtime - 60
     os.utime(final / "config.json", (before, before))
     assert latest.name == "step_0000004" and find_checkpoint(run) == final
+    # started over (LATEST removed): the new run's step 2 stands for it, not the earlier run's final of step 4
+    for step in (run / "checkpoints").glob("step_*"):
+        shutil.rmtree(step)
+    trainer.train(tiny_config(tmp_path / "other", "data.steps=2", "run.checkpoint_every=2"))
+    shutil.copytree(tmp_path / "other" / "checkpoints" / "step_0000002", run / "checkpoints" / "step_0000002")
+    (run / "checkpoints" / "LATEST").write_text("step_0000002\n")
+    assert find_checkpoint(run).name == "step_0000002"
 
 
 def test_a_run_without_a_final_model_is_named_so_once(tmp_path: Path, caplog) -> None:

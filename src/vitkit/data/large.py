@@ -8,7 +8,8 @@ Splits follow the folder rules: "test" is the test split if there is one, else t
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+import os
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -69,25 +70,29 @@ def index_mirror_rule(path: str) -> bool | None:
     return rule if isinstance(rule, bool) else None
 
 
-def split_names(kind: str, path: str) -> list[str]:
-    """The splits a wds: or hf: source holds of its own (an hf: test split without labels is not one)."""
-    return list(tarshards.split_units(path)[0] if kind == "wds" else labelled_splits(path)[0])
-
-
-def labelled_splits(path: str, label: str | None = None) -> tuple[dict[str, Any], bool]:
-    """(the splits of `hf:path`, less a test split that holds no label, and whether it was left out): a
-    benchmark's withheld answers (every label -1 or none) or a competition's images alone, for which the validation
-    split, or the fixed test hold-out of train, stands in.  `label`: the label column ("": read without labels;
-    None: the train split's, as chosen without flags, where one is)."""
+def split_names(kind: str, path: str, reading: Mapping[str, Any] | None = None) -> list[str]:
+    """The splits a wds: or hf: source holds of its own, as `reading` (load_split's `image_column`,
+    `label_column`, `labelled`) reads it: an hf: test split without labels is none for a reading of labels."""
+    if kind == "wds":
+        return list(tarshards.split_units(path)[0])
     splits = hf.find_splits(Path(path))
-    if "test" not in splits or "train" not in splits:
-        return splits, False
-    if label is None:
-        try:
-            label = hf.choose_columns(hf.schema(splits["train"]), "", "", f"hf:{path}", True)[1]
-        except ValueError:  # several label columns: the flags choose, so the split names stay as they are
-            return splits, False
-    if not label or not _unlabelled(splits["test"], label):
+    reading = reading or {}
+    if not reading.get("labelled", True) or "train" not in splits:
+        return list(splits)
+    try:
+        label = hf.choose_columns(
+            hf.schema(splits["train"]), reading.get("image_column", ""), reading.get("label_column", ""), path, True
+        )[1]
+    except ValueError:  # no label column, or several and none chosen: reading it is refused, naming them
+        return list(splits)
+    return list(labelled_splits(splits, label)[0])
+
+
+def labelled_splits(splits: dict[str, Any], label: str) -> tuple[dict[str, Any], bool]:
+    """(an hf: source's `splits` less a test split that holds no `label`, and whether it was left out): a
+    benchmark's withheld answers (every label -1 or none) or a competition's images alone, for which the validation
+    split, or the fixed test hold-out of train, stands in.  `label` "": read without labels, nothing left out."""
+    if "test" not in splits or "train" not in splits or not label or not _unlabelled(splits["test"], label):
         return splits, False
     return {name: split for name, split in splits.items() if name != "test"}, True
 
@@ -263,7 +268,7 @@ def read_hf(
     if "train" not in splits:
         raise ValueError(f"{where} has no train split (found: {', '.join(sorted(splits))})")
     image, label, names = hf.choose_columns(hf.schema(splits["train"]), image_column, label_column, where, labelled)
-    splits, withheld = labelled_splits(path, label)
+    splits, withheld = labelled_splits(splits, label)
     held_out = splits.keys() == {"train"}  # one split alone: the fixed test hold-out of every source without one
     split = splits["train"] if held_out and part == "test" else _part(splits, part, where)
     class_names = _hf_classes(splits["train"], label, names)
@@ -304,8 +309,19 @@ def read_hf(
     return holdout.fixed_test_split(rows, part, where) if held_out and part in ("train", "test") else rows
 
 
+_UNLABELLED: dict[tuple[Any, ...], bool] = {}  # (the split's files as they stand, label) -> `_unlabelled`
+
+
 def _unlabelled(split: hf.HFSplit, label: str) -> bool:
-    """Whether no row of `split` has a label (-1 or none: a benchmark's hidden test labels; no such column)."""
+    """Whether no row of `split` has a label (-1 or none: a benchmark's hidden test labels; no such column), read
+    once a process while its files stay as they are (every command asks it several times)."""
+    key = (label, *((f, os.stat(f).st_size, os.stat(f).st_mtime_ns) for f in map(str, split.files)))
+    if key not in _UNLABELLED:
+        _UNLABELLED[key] = _read_unlabelled(split, label)
+    return _UNLABELLED[key]
+
+
+def _read_unlabelled(split: hf.HFSplit, label: str) -> bool:
     if label not in hf.schema(split).names:
         return True
     labels = hf.split_labels(split, label)

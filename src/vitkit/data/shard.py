@@ -133,8 +133,9 @@ def _write_split(
     return shards
 
 
-def _source_splits(uri: str) -> list[str]:
-    """The splits `uri` holds as its own (not "test" standing in for "val", nor a held-out part)."""
+def _source_splits(uri: str, reading: dict[str, Any]) -> list[str]:
+    """The splits `uri` holds as its own (not "test" standing in for "val", nor a held-out part), as `reading`
+    (load_split's columns and `labelled`) reads it."""
     kind, path = parse_uri(uri)
     if kind == "folder":  # test: DIR/test, else DIR/val (written as val), else the fixed hold-out of the files
         root = Path(path) / "train" if (Path(path) / "train").is_dir() else None
@@ -146,7 +147,7 @@ def _source_splits(uri: str) -> list[str]:
     if kind in ("wds", "hf"):
         from vitkit.data.large import split_names
 
-        names = split_names(kind, path)
+        names = split_names(kind, path, reading)
         if not {"val", "test"} & set(names):  # no held-out split of its own: its fixed hold-out is written as test
             return ["train", "test"]
         return [s for s in ("train", "val", "test") if s in names]
@@ -157,7 +158,8 @@ def _open_splits(uri: str, image_column: str, label_column: str, labelled: bool)
     """Every split of `uri` opened (nothing decoded) before anything is written; a split without labels beside
     a labelled train split is named."""
     sources: dict[str, Any] = {}
-    for split in _source_splits(uri):
+    reading = {"image_column": image_column, "label_column": label_column, "labelled": labelled}
+    for split in _source_splits(uri, reading):
         try:
             sources[split] = load_split(
                 uri,

@@ -45,8 +45,9 @@ import itertools
 import logging
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -123,11 +124,11 @@ def parse_uri(uri: str) -> tuple[str, str]:
 
 
 def _array_kind(directory: Path) -> str | None:
-    """The array reader a directory's files call for: IDX files (Fashion-MNIST where the folder's name says so,
+    """The array reader a directory's files call for: IDX files (Fashion-MNIST where the folder's path says so,
     else MNIST), CIFAR's binary batches; None for any other."""
     names = {path.name for path in itertools.islice(directory.iterdir(), 100)}  # a look, not a scan
     if names & {"train-images-idx3-ubyte", "train-images-idx3-ubyte.gz"}:
-        return "fashion-mnist" if "fashion" in directory.resolve().name.lower() else "mnist"
+        return "fashion-mnist" if "fashion" in str(directory.resolve()).lower() else "mnist"  # FashionMNIST/raw
     if "data_batch_1.bin" in names or "cifar-10-batches-bin" in names:
         return "cifar10"
     return "cifar100" if "train.bin" in names or "cifar-100-binary" in names else None
@@ -161,24 +162,26 @@ def mirror_keeps_label(uri: str) -> bool | None:
     return MIRROR_KEEPS_LABEL.get(kind)
 
 
-def separate_val(uri: str) -> bool:
+def separate_val(uri: str, reading: Mapping[str, Any] | None = None) -> bool:
     """Whether a source has a validation split of its own, apart from its test split (folder DIR/val + DIR/test,
-    val-* beside test-* shards, a validation beside a test split)."""
+    val-* beside test-* shards, a validation beside a labelled test split), as `reading` (load_split's
+    `image_column`, `label_column`, `labelled`) reads it."""
     kind, path = parse_uri(uri)
     if kind in ("wds", "hf"):
-        return {"val", "test"} <= set(large.split_names(kind, path))
+        return {"val", "test"} <= set(large.split_names(kind, path, reading))
     roots = folder.folder_roots(Path(path)) if kind == "folder" else {}
     return "val" in roots and roots["val"] != roots.get("test")
 
 
-def check_named_split(uri: str, split: str) -> None:
+def check_named_split(uri: str, split: str, reading: Mapping[str, Any] | None = None) -> None:
     """A command's `--split`, where a source's val split stands in for its test split (a folder of train/ and
-    val/ only, val-* shards without test-*): "val" would score the test images, so it is refused (ValueError)."""
-    if split != "val" or separate_val(uri):
+    val/ only, val-* shards without test-*): "val" would score the test images, so it is refused (ValueError).
+    `reading`: as `separate_val`."""
+    if split != "val" or separate_val(uri, reading):
         return
     kind, path = parse_uri(uri)
     if kind in ("wds", "hf"):
-        splits = large.split_names(kind, path)
+        splits = large.split_names(kind, path, reading)
     else:
         splits = list(folder.folder_roots(Path(path))) if kind == "folder" else []
     if "val" in splits:  # a val split, and (separate_val: no) none of its own beside the test split

@@ -29,8 +29,8 @@ def _load(path, uri: str, split: str, checkpoint, img_size: int | None, max_imag
     """A split of `uri` as the checkpoint reads it (its resolution and channels; a run's own hf columns), with
     its labels where it has them: a masked-patch-prediction run read its own data without them, but probing or
     embedding its encoder needs them; a source without labels reads as that run read it."""
-    check_named_split(uri, split)
     reading = {**data_reading(path, uri), **(columns or {})}  # the flags' columns over the run's
+    check_named_split(uri, split, reading)
     common = dict(image_size=resolution(checkpoint, img_size), channels=1 if channels(checkpoint) == 1 else 3)
     try:
         images = load_split(uri, split, **common, **{**reading, "labelled": True})

@@ -281,7 +281,7 @@ def sample_images(
     """`count` images of a data split drawn by `seed`, uint8 (C, H, W), in an order drawn by `seed` too: the
     rollout figure shows the first --num-overlays, which in the split's order are a sorted folder's first
     classes.  `reading`: how the run read its data (`vitkit.runs.data_reading`)."""
-    check_named_split(uri, split)
+    check_named_split(uri, split, reading)
     images = load_split(uri, split, image_size=size, channels=1 if channels == 1 else 3, **(reading or {}))
     drawn = drawn_sample(images, count, seed)
     order = torch.randperm(len(drawn), generator=torch.Generator().manual_seed(seed))

@@ -58,7 +58,7 @@ def load_splits(config: TrainConfig, *, need_test: bool = True) -> Splits:
     run evaluates at the end only, and trains on the 10% again.
     """
     uri, data = config.data.uri, config.data
-    columns = _columns(config)
+    columns = reading_of(config)
     common = dict(
         image_size=image_size(config.model),
         channels=1 if in_channels(config.model) == 1 else None,  # L before resizing, as eval and predict read
@@ -69,7 +69,7 @@ def load_splits(config: TrainConfig, *, need_test: bool = True) -> Splits:
     )
     periodic = evaluates_as_it_goes(config)
     val_fraction = data.val_fraction
-    final, own_val = config.eval.final_split, separate_val(uri)
+    final, own_val = config.eval.final_split, separate_val(uri, columns)
     if data.labels_per_class == 1 and not own_val:  # a hold-out of one image a class is empty
         if final == "val" or val_fraction > 0:
             raise ValueError(
@@ -101,7 +101,7 @@ def load_splits(config: TrainConfig, *, need_test: bool = True) -> Splits:
     return Splits(train=train, test=test, evals=evals)
 
 
-def _columns(config: TrainConfig) -> dict[str, Any]:
+def reading_of(config: TrainConfig) -> dict[str, Any]:
     """How the run reads its source: hf: columns; masked patch prediction reads sources without labels too
     (data/sources.py, "Labels")."""
     data = config.data
@@ -111,7 +111,7 @@ def _columns(config: TrainConfig) -> dict[str, Any]:
 def source_images(config: TrainConfig) -> int:
     """The training images of the run's source as its listing counts them (files, rows, samples of an index),
     before any hold-out or subset, decoded or not: what a resumed run checks its source against."""
-    return describe(config.data.uri, **_columns(config)).num_train
+    return describe(config.data.uri, **reading_of(config)).num_train
 
 
 def evaluates_as_it_goes(config: TrainConfig, num_train: int | None = None) -> bool:

@@ -139,7 +139,7 @@ class Checkpointer:
         exports = [self.run.export(FINAL)] + ([self.run.export(EMA)] if state.ema is not None else [])
         for directory in exports:  # what an export a kill cut short left there
             remove_torn(directory)
-        meta = {**self.meta, "provenance": {**self.meta.get("provenance", {}), "step": state.step}}  # runs.newer
+        meta = {**self.meta, "provenance": {**self.meta.get("provenance", {}), "step": state.step}}  # run_model
         with averaged(state.ema, state.module) as module:
             for directory in exports:  # ema: the name runs.find_checkpoint prefers over LATEST
                 native.save(module, directory, **meta)

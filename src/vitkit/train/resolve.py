@@ -29,6 +29,7 @@ from vitkit.models.configs import (
     with_overrides,
 )
 from vitkit.runs import find_checkpoint
+from vitkit.train.assemble import reading_of
 from vitkit.train.config import TrainConfig, apply_overrides, optim_for
 from vitkit.train.plan import count_params
 from vitkit.train.recipes import PAPER_LR_GRID, auto_recipe_name, finetune_val_fraction, get_recipe, large_model_warning
@@ -224,7 +225,7 @@ def _sweep_hold_out(config: TrainConfig, info: SourceInfo) -> TrainConfig:
     """A learning-rate sweep's held-out share, where none is set: App. B.1.1's by the labelled images' count
     (with data.labels_per_class, the N x K images the hold-out is taken from)."""
     data = config.data
-    if not config.optim.lr_sweep or data.val_fraction > 0 or separate_val(data.uri):  # scored on its own val
+    if not config.optim.lr_sweep or data.val_fraction > 0 or separate_val(data.uri, reading_of(config)):  # its own
         return config
     labelled = info.num_train
     if data.labels_per_class:

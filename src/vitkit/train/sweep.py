@@ -37,6 +37,7 @@ from vitkit.data.sources import separate_val
 from vitkit.device import pick_device
 from vitkit.runs import SWEEP_RECORD, RunDir
 from vitkit.train import distributed
+from vitkit.train.assemble import reading_of
 from vitkit.train.config import TrainConfig
 from vitkit.train.trainer import train
 
@@ -86,7 +87,7 @@ def best_lr(grid: tuple[float, ...], scores: dict[str, float], losses: dict[str,
 
 def check_hold_out(config: TrainConfig) -> None:
     """Refuse a sweep whose held-out split would be empty, before any trial trains on it."""
-    if separate_val(config.data.uri) and config.data.val_fraction <= 0:
+    if separate_val(config.data.uri, reading_of(config)) and config.data.val_fraction <= 0:
         return  # the source's own validation split
     if config.data.val_fraction <= 0:
         raise ValueError("optim.lr_sweep needs data.val_fraction > 0 (the held-out split the trials are scored on)")
