@@ -11,9 +11,9 @@ import logging
 
 import torch
 
-from vitkit.data.images import MAX_PIXELS, BadImageError, decode_files, decode_image
+from vitkit.data.images import MAX_PIXELS, BadImageError, decode_files
 from vitkit.data.imageset import MAX_FILES_IN_MEMORY, EmptySplitError, ImageSet, fits_in_memory
-from vitkit.data.shardset import Sample, name_once
+from vitkit.data.shardset import Sample, decode_sample, name_once
 from vitkit.data.stream import ShardSet, read_all, sample_problem
 from vitkit.data.tarsamples import loading
 
@@ -114,21 +114,14 @@ def samples_at(data: ShardSet, positions: list[int]) -> tuple[ImageSet, list[int
     decode): only the shards holding one are read, and a corrupt sample is skipped, counted and named."""
     images, labels, names, bad = [], [], [], []
     for position, sample in _read_at(data, positions):
-        problem = "not in its shard" if sample.absent else sample_problem(sample, data.num_classes)
-        if not problem:
-            try:
-                decoded = decode_image(
-                    sample.image, data.channels, size=data.load_size, max_pixels=data.max_pixels, name=sample.key
-                )
-            except BadImageError as error:
-                problem = str(error)
-            else:
-                images.append(decoded)
-                labels.append(sample.label)
-                names.append(sample.key)
-                continue
-        name_once(sample.key, problem)
-        bad.append(position)
+        image = "not in its shard" if sample.absent else decode_sample(sample, data)
+        if isinstance(image, str):
+            name_once(sample.key, image)
+            bad.append(position)
+            continue
+        images.append(image)
+        labels.append(sample.label)
+        names.append(sample.key)
     side = data.load_size or 0
     stacked = torch.stack(images) if images else torch.empty(0, data.channels, side, side, dtype=torch.uint8)
     kept = ImageSet(

@@ -114,26 +114,30 @@ def decode_samples(samples: list[Sample], data: ShardSet, strict: bool) -> tuple
     images, labels = [], []
     samples = [sample for sample in samples if not sample.absent]
     for sample in samples:
-        problem = sample_problem(sample, data.num_classes)
-        if not problem:
-            try:
-                images.append(
-                    decode_image(
-                        sample.image, data.channels, size=data.load_size, max_pixels=data.max_pixels, name=sample.key
-                    )
-                )
-                labels.append(sample.label)
-                continue
-            except BadImageError as error:
-                problem = str(error)
+        image = decode_sample(sample, data)
+        if not isinstance(image, str):
+            images.append(image)
+            labels.append(sample.label)
+            continue
         if strict:  # the decoder's message names the sample already
-            raise BadImageError(
-                f"sample {problem if problem.startswith(f'{sample.key}: ') else f'{sample.key}: {problem}'}"
-            )
-        name_once(sample.key, problem)
+            raise BadImageError(f"sample {image if image.startswith(f'{sample.key}: ') else f'{sample.key}: {image}'}")
+        name_once(sample.key, image)
     side = data.load_size or 0
     stacked = torch.stack(images) if images else torch.empty(0, data.channels, side, side, dtype=torch.uint8)
     return stacked, torch.tensor(labels, dtype=torch.int64), len(samples) - len(images)
+
+
+def decode_sample(sample: Sample, data: ShardSet) -> Tensor | str:
+    """A sample's image as `data` reads it, uint8 (C, S, S), or what makes it unusable."""
+    problem = sample_problem(sample, data.num_classes)
+    if problem:
+        return problem
+    try:
+        return decode_image(
+            sample.image, data.channels, size=data.load_size, max_pixels=data.max_pixels, name=sample.key
+        )
+    except BadImageError as error:
+        return str(error)
 
 
 def label_index(data: ShardSet) -> Tensor:
