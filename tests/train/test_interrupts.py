@@ -102,3 +102,29 @@ def test_sigterm_in_a_periodic_evaluation_saves_at_once_and_the_run_resumes(tmp_
     resumed = trainer.train(config)
     assert resumed["status"] == "finished" and resumed["step"] == result["steps"] > 2 * every
     assert [r["step"] for r in metrics_records(tmp_path / "run") if r.get("split") == "val"] == [every, 2 * every]
+
+
+def test_a_second_ctrl_c_stops_a_step_that_never_ends(tmp_path: Path, monkeypatch, capfd) -> None:
+    """The first Ctrl-C saves at the step's end; a step that does not end (a hung reader) held the run until
+    SIGKILL whatever was pressed.  A second Ctrl-C now stops it at once, and the CLI says nothing was saved."""
+    import os
+    import threading
+    import time
+
+    from vitkit.cli import main
+
+    def hung(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)
+        threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+        raise AssertionError("the second Ctrl-C did not stop the step")
+
+    monkeypatch.setattr(trainer, "train_step", hung)
+    run = tmp_path / "run"
+    assert main(_tiny_cli_run(run)) == 130
+    err = capfd.readouterr().err
+    assert "SIGINT: saving a checkpoint before the next step; another Ctrl-C stops at once" in err
+    assert "vitkit train: interrupted before it saved anything" in err
+    assert not (run / "checkpoints").exists() or not any((run / "checkpoints").iterdir())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 
+import pytest
 import torch
 
 from vitkit.train import stop as stop_module
@@ -113,3 +114,27 @@ def test_a_clock_that_does_not_move_between_steps_keeps_a_cadence(monkeypatch) -
     for _ in range(2):  # the first agreement has no pace yet; the second measures 0 s a step
         policy.check(agree=False)
     assert policy._signal_every == int(stop_module.SIGNAL_AGREE_S / 1e-3)
+
+
+def test_a_second_signal_stops_at_once_and_the_first_is_said_at_once(capfd) -> None:
+    """The first Ctrl-C is acknowledged when it lands (the save waits for the step's end); a second raises there
+    and then, as a step that never ends would otherwise hold the run until SIGKILL."""
+    with StopPolicy(started=0.0, deadline_s=None) as policy:
+        os.kill(os.getpid(), signal.SIGINT)
+        assert policy.signals.signum == signal.SIGINT
+        assert "another Ctrl-C stops at once" in capfd.readouterr().err
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGTERM)
+    quiet = SignalFlag()  # a flag that does not escalate (the run's final record) keeps the last signal
+    with quiet:
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGTERM)
+    assert quiet.signum == signal.SIGTERM and capfd.readouterr().err == ""
+
+
+def test_another_process_escalates_without_saying_it(capfd) -> None:
+    with StopPolicy(started=0.0, deadline_s=None, world=2, rank=1) as policy:
+        os.kill(os.getpid(), signal.SIGINT)
+        assert policy.signals.signum == signal.SIGINT and capfd.readouterr().err == ""
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)

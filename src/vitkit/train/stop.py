@@ -17,6 +17,7 @@ its steps take.  Clock and signals can be replaced in tests.
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -29,14 +30,21 @@ from vitkit.train import distributed
 from vitkit.train.stall import StallWatch
 
 CPU = torch.device("cpu")  # default device of the flag tensor the processes agree over
+STOPPING = "saving a checkpoint before the next step; another Ctrl-C stops at once, losing the steps since the last one"
 SIGNAL_AGREE_S = 5.0  # seconds of training between two agreements on a signal, with several processes
 
 
 class SignalFlag:
-    """Set by SIGTERM/SIGINT while installed (handlers only in the main thread); `signum` is the last one."""
+    """Set by SIGTERM/SIGINT while installed (handlers only in the main thread); `signum` is the last one.
 
-    def __init__(self) -> None:
+    With `escalate` (a training loop's), a second signal raises KeyboardInterrupt there and then: a step that
+    does not end (a hung reader, a long compile) is stopped, losing what was trained since the last checkpoint.
+    `said` is written to stderr at the first, at once, since the save waits for the step's end.
+    """
+
+    def __init__(self, *, escalate: bool = False, said: str = "") -> None:
         self.signum = 0
+        self.escalate, self.said = escalate, said
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> SignalFlag:
@@ -46,7 +54,11 @@ class SignalFlag:
         return self
 
     def _handle(self, signum: int, frame: Any) -> None:
+        if self.signum and self.escalate:
+            raise KeyboardInterrupt  # the second: at once
         self.signum = signum
+        if self.said:  # os.write, not print: the handler may run inside the main thread's own write to stderr
+            os.write(2, f"vitkit: {signal.Signals(signum).name}: {self.said}\n".encode())
 
     def __exit__(self, *exc: Any) -> None:
         for signum, handler in self._previous.items():
@@ -83,7 +95,7 @@ class StopPolicy:
     ):
         self.started, self.deadline_s, self.checkpoint_s = started, deadline_s, checkpoint_s
         self.world, self.device = world, device
-        self.signals = signals if signals is not None else SignalFlag()
+        self.signals = signals if signals is not None else SignalFlag(escalate=True, said=STOPPING if rank == 0 else "")
         self.now = now
         self.watch = StallWatch(rank, world, distributed.GROUP_TIMEOUT.total_seconds() / 60)
         self.agreed_signum = 0  # the signal any process got, once they agree to stop for it
