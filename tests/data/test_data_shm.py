@@ -112,3 +112,56 @@ def test_no_usable_shared_memory_is_said_before_the_workers_start(
     said = f"no usable shared memory ({strerror}{where}): use --set data.workers=0"
     with pytest.raises(ValueError, match=re.escape(said)):
         next(iter(batches))
+
+
+@pytest.mark.parametrize(
+    ("each_mb", "lanes", "fit"),
+    [
+        (10, False, (2, 4)),  # 8 in flight and the one held: 90 MB of the 100 free
+        (20, False, (2, 1)),  # 3 fit beside the one held: fewer prefetched first
+        (40, False, (1, 1)),  # then fewer workers
+        (60, False, (0, 1)),  # then none: decoded in the main process
+        (25, True, (2, 1)),  # a stream's lanes are its order: only the prefetch shrinks
+    ],
+)
+def test_workers_are_fitted_to_the_shared_memory_free(monkeypatch, caplog, each_mb: int, lanes: bool, fit) -> None:
+    """Docker's 64-MB /dev/shm was found full at the first batch that did not fit (an error after start-up); the
+    batches in flight are now fitted to the free space before the workers start, and the change is said."""
+    monkeypatch.setattr(workers, "_free_bytes", lambda path: 100 * 2**20)
+    assert workers.fitted(2, 4, each_mb * 2**20, lanes=lanes) == fit
+    assert ("need 180 MB" in caplog.text) == (each_mb == 20)
+    assert workers.fitted(2, 4, 10 * 2**20, lanes=lanes) == (2, 4)
+
+
+def test_lanes_that_cannot_fit_are_refused_before_the_first_batch(monkeypatch) -> None:
+    monkeypatch.setattr(workers, "_free_bytes", lambda path: 100 * 2**20)
+    with pytest.raises(
+        ValueError, match=re.escape("has 100 MB free, and 2 DataLoader worker(s) with 2 batches of 60.0")
+    ):
+        workers.fitted(2, 2, 60 * 2**20, lanes=True)
+    monkeypatch.setattr(workers, "_free_bytes", lambda path: None)  # no /dev/shm to read (macOS): as asked
+    assert workers.fitted(2, 2, 60 * 2**20, lanes=True) == (2, 2)
+
+
+def test_a_small_shared_memory_decodes_the_same_batches_in_the_main_process(tmp_path: Path, monkeypatch) -> None:
+    import torch
+
+    from vitkit.data.loader import FileBatches, IndexStream
+    from vitkit.data.sources import load_split
+
+    for i in range(8):
+        (tmp_path / "train" / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
+        Image.fromarray(np.full((8, 8), i * 10, np.uint8)).save(tmp_path / "train" / f"c{i % 2}" / f"{i}.png")
+    data = load_split(f"folder:{tmp_path}", "train", image_size=8, max_in_memory_bytes=0, val_fraction=0.0)
+
+    def batches(count: int) -> tuple[int, list]:
+        made = FileBatches(data, IndexStream(len(data), 0), start_step=0, total_steps=3, global_batch=4, rank=0,
+                           world=1, micro_batch=4, device=torch.device("cpu"), workers=count, strict=False)  # fmt: skip
+        return made.loader.num_workers, [(x.clone(), y.clone()) for step in made for x, y in step]
+
+    monkeypatch.setattr(workers, "_free_bytes", lambda path: 300)  # a batch is 4 x 3 x 8 x 8 = 768 bytes
+    fitted, got = batches(2)
+    monkeypatch.undo()
+    assert fitted == 0
+    reference = batches(0)[1]
+    assert len(got) == 3 and all(torch.equal(a, b) and torch.equal(c, d) for (a, c), (b, d) in zip(got, reference))

@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from vitkit.data import stream as streams
 from vitkit.data.sources import BadImageError, ImageSet
-from vitkit.data.workers import shared_in_worker, started, worker_options
+from vitkit.data.workers import batch_bytes, shared_in_worker, started, worker_options
 
 log = logging.getLogger(__name__)
 
@@ -158,8 +158,7 @@ class FileBatches:
             collate_fn=_collate,
             pin_memory=device.type == "cuda",
             persistent_workers=False,
-            prefetch_factor=4 if workers else None,
-            **worker_options(workers),
+            **worker_options(workers, each=batch_bytes(data, micro_batch), prefetch=4),
         )
 
     def __iter__(self) -> Iterator[list[tuple[Tensor, Tensor]]]:
@@ -199,7 +198,7 @@ def eval_batches(
         batch_sampler=[i.tolist() for i in mine.split(batch_size)],
         collate_fn=_collate,
         pin_memory=device.type == "cuda",
-        **worker_options(workers),
+        **worker_options(workers, each=batch_bytes(data, batch_size)),
     )
     for images, labels, _ in started(loader):
         if len(labels):

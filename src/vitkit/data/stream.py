@@ -43,7 +43,7 @@ from vitkit.data.shardset import (  # noqa: F401 (read_all, sample_problem re-ex
     read_all,
     sample_problem,
 )
-from vitkit.data.workers import shared_in_worker, started, worker_options
+from vitkit.data.workers import batch_bytes, shared_in_worker, started, worker_options
 
 WINDOW = 1000  # shuffle window per lane, in samples (webdataset's customary buffer size)
 STATE_KIND = "vitkit-shard-stream/1"
@@ -296,8 +296,7 @@ class ShardBatches:
             batch_size=None,
             collate_fn=shared_in_worker,
             pin_memory=self.device.type == "cuda",
-            prefetch_factor=2 if self.workers else None,
-            **worker_options(self.workers),
+            **worker_options(self.workers, each=batch_bytes(self.data, self.micro), lanes=True),
         )
         step: list[tuple[Tensor, Tensor]] = []
         run = 0  # corrupt samples read one after another
@@ -351,7 +350,7 @@ def eval_batches(
         batch_size=None,
         collate_fn=shared_in_worker,
         pin_memory=device.type == "cuda",
-        **worker_options(min(workers, len(units))),
+        **worker_options(min(workers, len(units)), each=batch_bytes(data, batch_size)),
     )
     for images, labels, _ in started(loader):
         if len(labels):

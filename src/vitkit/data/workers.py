@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import multiprocessing
 import os
 import signal
@@ -34,19 +35,67 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, get_worker_info
 
+log = logging.getLogger(__name__)
 TELLS_SENDER = hasattr(signal, "sigwaitinfo") and "fork" in multiprocessing.get_all_start_methods()
 
 
-def worker_options(workers: int) -> dict[str, Any]:
-    """The DataLoader arguments of `workers` worker processes (0: none, the data read in the main process)."""
+def worker_options(workers: int, *, each: int = 0, prefetch: int = 2, lanes: bool = False) -> dict[str, Any]:
+    """The DataLoader arguments of `workers` worker processes (0: none, the data read in the main process), each
+    with `prefetch` batches of `each` bytes in flight, as many as fit in shared memory (`fitted`)."""
+    workers, prefetch = fitted(workers, prefetch, each, lanes=lanes)
     options: dict[str, Any] = {
         "num_workers": workers,
+        "prefetch_factor": prefetch if workers else None,
         "generator": own_generator(),
         "worker_init_fn": outlive_stop_signals,
     }
     if workers > 0 and TELLS_SENDER and multiprocessing.get_start_method(allow_none=True) != "spawn":
         options["multiprocessing_context"] = "fork"  # not where spawn was chosen (CUDA in a worker needs it)
     return options
+
+
+SHARED_MEMORY = "/dev/shm"  # where Linux's DataLoader workers put the batches they pass (Docker's default: 64 MB)
+_said: set[tuple[int, ...]] = set()  # each adjustment is said once a process, not at every evaluation
+
+
+def fitted(workers: int, prefetch: int, each: int, *, lanes: bool = False) -> tuple[int, int]:
+    """(workers, prefetch) whose batches in flight, workers x prefetch and the one the main process holds, fit in
+    90% of the shared memory free now: fewer prefetched batches first, then fewer workers, then none (decoded
+    in the main process), said once.  `lanes`: the workers are the data's order (a streamed split's lanes),
+    so only the prefetch may shrink, and what still does not fit is refused before the first batch.
+    Unchanged where the free space cannot be read (macOS keeps shared memory elsewhere) or is ample."""
+    free = _free_bytes(SHARED_MEMORY) if workers and each else None
+    if free is None:
+        return workers, prefetch
+    room = int(free * 0.9) // each - 1
+    if workers * prefetch <= room:
+        return workers, prefetch
+    fit = (workers, max(1, room // workers)) if room >= workers or lanes else (max(room, 0), 1)
+    need = (workers * prefetch + 1) * each
+    said = (
+        f"shared memory ({SHARED_MEMORY}) has {free / 2**20:.0f} MB free, and {workers} DataLoader worker(s) with "
+        f"{prefetch} batches of {each / 2**20:.1f} MB each in flight need {need / 2**20:.0f} MB"
+    )
+    if fit[0] and fit[0] * fit[1] > room:
+        raise ValueError(f"{said}: use --set data.workers=0, or give the container more (docker run --shm-size)")
+    using = f"{fit[0]} worker(s), {fit[1]} batch(es) each in flight" if fit[0] else "none (decoded in the main process)"
+    if (workers, prefetch, each, *fit) not in _said:
+        _said.add((workers, prefetch, each, *fit))
+        log.warning("%s: using %s; docker run --shm-size gives them room", said, using)
+    return fit
+
+
+def batch_bytes(data: Any, batch: int) -> int:
+    """The bytes of a batch of `data` (an ImageSet or ShardSet) as its files decode: uint8 at the load size."""
+    return batch * data.channels * (data.load_size or 0) ** 2
+
+
+def _free_bytes(path: str) -> int | None:
+    try:
+        stats = os.statvfs(path)
+    except (OSError, AttributeError):  # no such folder; Windows has no statvfs
+        return None
+    return stats.f_bavail * stats.f_frsize
 
 
 STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
