@@ -144,12 +144,13 @@ def _meant(uri: str, kind: str, path: str) -> str:
     return f"; did you mean {close[0]}:{path}?" if close and path else ""
 
 
-def check_mirror_views(uri: str, flip_views: bool) -> None:
-    """Refuse mirror-image views (test-time flips) of a source whose mirror images change the label (digits)."""
+def check_mirror_views(uri: str, flip_views: bool, asked_by: str = "--flip-views") -> None:
+    """Refuse mirror-image views (test-time flips) of a source whose mirror images change the label (digits);
+    `asked_by` is the flag or setting that asked for them."""
     if flip_views and mirror_keeps_label(uri) is False:
         raise ValueError(
             f"{uri}: a mirror image changes the label here (digits, handwriting), so averaging each image with its "
-            "mirror image (flip views) would mix classes; leave out --flip-views / eval.flip_views"
+            f"mirror image (flip views) would mix classes; leave out {asked_by}"
         )
 
 

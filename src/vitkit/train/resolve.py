@@ -112,7 +112,7 @@ def resolve(request: Request, *, source_model: ModelConfig | None = None) -> Res
     config = _source_normalisation(_apply_flags(config, request), norm)
     config = apply_overrides(config, request.overrides)
     limits.check_work(config.model, "the model to train", "choose a smaller --img-size or model")  # before any size
-    check_mirror_views(request.data, config.eval.flip_views)
+    check_mirror_views(request.data, config.eval.flip_views, "eval.flip_views=true")
     config = _sweep_hold_out(config, info)
     config = _budget_length(config, request)
     batch = config.data.batch_size
