@@ -274,13 +274,13 @@ def test_gzip_compressed_shards_are_named_as_such(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("name", "content", "why"),
     [
-        ("cls", b"zero", "is not a class index"),
-        ("json", b'{"label": "zero"}', 'no integer "label" or "cls" field'),
+        ("cls", b"0x1", "is not a class index"),
+        ("json", b'{"label": 1.5}', 'no integer "label" or "cls" field'),
     ],
 )
 def test_labels_that_do_not_parse_say_why(tmp_path: Path, name: str, content: bytes, why: str) -> None:
-    """Every label a name, not a class index: the error said "no sample has a label (a .cls or .json member)",
-    which the shards contradict."""
+    """Every label neither a class index nor a class name: the error said "no sample has a label (a .cls or .json
+    member)", which the shards contradict."""
     from shardkit import numbered_images, png
 
     images, _ = numbered_images(4)

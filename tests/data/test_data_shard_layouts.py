@@ -73,7 +73,7 @@ def test_the_channel_probe_looks_past_a_first_shard_of_gray_images(tmp_path: Pat
 
 
 def test_labels_that_are_no_class_index_are_refused_up_front_beside_a_class_file(tmp_path: Path) -> None:
-    """.json labels that are class names ("cat") beside a classes.txt: every sample was skipped as corrupt one line
+    """.json labels that are no class index (1.5) beside a classes.txt: every sample was skipped as corrupt one line
     at a time, after a plan "for 0px images", where without classes.txt the same shards were one line up front."""
     import json
 
@@ -83,7 +83,7 @@ def test_labels_that_are_no_class_index_are_refused_up_front_beside_a_class_file
     for i in range(4):
         members += [
             (f"s{i}.png", png(np.full((8, 8), i, np.uint8))),
-            (f"s{i}.json", json.dumps({"label": "cat"}).encode()),
+            (f"s{i}.json", json.dumps({"label": 1.5}).encode()),
         ]
     write_tar(tmp_path / "train-000000.tar", members)
     with pytest.raises(ValueError, match="no sample has a label that reads as a class index; the first: .*s0"):

@@ -19,9 +19,9 @@ import torch
 from vitkit.data import hf, holdout, tarshards
 from vitkit.data.images import IMAGE_EXTENSIONS, NoLabelsError, probe_images
 from vitkit.data.imageset import NO_LABELS_HINT, UNLABELLED, VAL_HINT, ImageSet, SourceInfo, fits_in_memory
-from vitkit.data.shardscan import CLASS_FILE, top_label
+from vitkit.data.shardscan import CLASS_FILE, name_label, top_label
 from vitkit.data.stream import ShardSet, Unit
-from vitkit.data.tarsamples import check_class_names
+from vitkit.data.tarsamples import ClassNames, check_class_names
 
 PROBED = 16  # images whose headers give the typical side and the channels when no index says
 PER_UNIT = 4  # ... at most this many of each shard or row group, where there are several
@@ -117,7 +117,8 @@ def reader_for(directory: Path) -> str | None:
 # ------------------------------------------------------------------------------ wds:
 def read_wds(path: str, part: str, size: int, channels: int | None, labelled: bool = True) -> ShardSet:
     """One split of `wds:path` as a ShardSet (nothing read but the index, or the shards' headers without one;
-    and their labels where a classes.txt names the classes, to refuse a label past its names).
+    and their labels where a classes.txt names the classes, to refuse a label past its names).  Labels that are
+    class names ("n01443537" in a .cls, "label": "cat" in a .json) are read as their line of classes.txt.
 
     Shards with neither test-* nor val-* shards (nor such splits in dataset.json) hold out a fixed
     class-stratified test split as a folder does (vitkit.data.holdout): "test" is that hold-out, "train"
@@ -132,16 +133,20 @@ def read_wds(path: str, part: str, size: int, channels: int | None, labelled: bo
         raise ValueError(f"{where} has no train split (no train-* shards and none listed in dataset.json){hint}")
     fixed = part in ("train", "test") and not {"val", "test"} & set(splits)  # no held-out split of its own
     units = splits["train"] if fixed else _part(splits, part, where)
-    reader = tarshards.TarReader(labelled)
-    if not channels:
-        channels = index.get("channels") or _probe_stream(units, reader)[1]
     every = [unit for found in splits.values() for unit in found]
+    by_name = None  # classes.txt's names, through which labels that are class names are read
     if labelled:
-        names = classes or class_file_names(path, every) or _names_by_scan(every, where)  # a label past it: named
-        if not classes and top_label(every)[0] < 0:  # classes.txt names them, yet no label reads as an index
-            _names_by_scan(every, where)  # the one line it says where no label reads
+        listed = None if classes else class_file_names(path, every)  # a label past it, or not in it: named
+        names = classes or listed or _names_by_scan(every, path)
+        if not classes and top_label(every)[0] < 0 and not name_label(every)[0]:  # classes.txt, yet no label reads
+            _names_by_scan(every, path)  # the one line it says where no label reads
+        if listed:
+            by_name = ClassNames(str(_class_file(path)), {name: i for i, name in enumerate(listed)})
     else:
         names = [UNLABELLED]
+    reader = tarshards.TarReader(labelled, by_name)
+    if not channels:
+        channels = index.get("channels") or _probe_stream(units, reader)[1]
     data = ShardSet(
         units=units,
         reader=reader,
@@ -156,11 +161,20 @@ def read_wds(path: str, part: str, size: int, channels: int | None, labelled: bo
     return data
 
 
-def _names_by_scan(units: list[Unit], where: str) -> list[str]:
-    """Class names from the labels the shards hold; shards without any label are an error, which names the first
-    label member that does not parse where there are some."""
+def _names_by_scan(units: list[Unit], path: str) -> list[str]:
+    """Class names from the labels the shards hold (no classes.txt beside them); shards without any label that
+    reads as a class index are an error, which says how to read labels that are class names, or else names the
+    first label member that does not parse."""
+    where = f"wds:{path}"
     if top_label(units)[0] >= 0:
         return tarshards.class_names_by_scan(units)
+    name, holder = name_label(units)
+    if name:
+        raise ValueError(
+            f"{where}: the labels are class names, not class indices ({holder} holds {name[:80]!r}), and no "
+            f"{CLASS_FILE} lists the classes: write {_class_file(path)}, one class name a line (line i = class i), "
+            "holding every name the labels use"
+        )
     unparsed = next((problem for problem in _label_problems(units) if "label ." in problem), "")
     if unparsed:
         raise ValueError(
@@ -191,9 +205,7 @@ def class_file_names(path: str, scanned: list[Unit] | None) -> list[str] | None:
     Read as untrusted input: UTF-8, at most MAX_CLASS_FILE_BYTES, no empty or repeated name.  With `scanned`
     (the units whose labels were counted by a scan), a label beyond the names is an error naming both.
     """
-    spec = Path(path)
-    directory = spec if spec.is_dir() else Path(tarshards.expand_braces(path)[0]).parent
-    file = directory / CLASS_FILE
+    file = _class_file(path)
     if not file.is_file():
         return None
     if file.stat().st_size > MAX_CLASS_FILE_BYTES:
@@ -214,7 +226,19 @@ def class_file_names(path: str, scanned: list[Unit] | None) -> list[str] | None:
             f"{file} names {len(names)} classes, but {holder} holds label {top}: fix that sample's label, "
             f"or name every class in {file} (line i = class i)"
         )
+    unknown, holder = name_label(scanned or [], frozenset(names))
+    if unknown:
+        raise ValueError(
+            f"{holder}: its label {unknown[:80]!r} is a class name that {file} does not hold (it names "
+            f"{len(names)} classes, one a line): add it to {file}, or fix that sample's label"
+        )
     return names
+
+
+def _class_file(path: str) -> Path:
+    """Where CLASS_FILE is for `wds:path`: in the directory of the shards (of the pattern's first)."""
+    spec = Path(path)
+    return (spec if spec.is_dir() else Path(tarshards.expand_braces(path)[0]).parent) / CLASS_FILE
 
 
 def describe_wds(uri: str, path: str, size: int, max_in_memory_bytes: int, labelled: bool = True) -> SourceInfo:

@@ -6,16 +6,16 @@ from __future__ import annotations
 
 import functools
 import itertools
+import sys
 from array import array
+from collections.abc import Container, Mapping
 from pathlib import Path
 from typing import BinaryIO, NamedTuple
 
 from vitkit.data.readers import DataFormatError, mostly_empty
 from vitkit.data.stream import Unit
 from vitkit.data.tarformat import Member, TarFormatError, read_member
-from vitkit.data.tarsamples import MAX_LABEL_BYTES, _groups, _name_once, _parse_label, damage_message
-
-CLASS_FILE = "classes.txt"  # beside wds: shards without an index naming the classes: one name a line
+from vitkit.data.tarsamples import CLASS_FILE, MAX_LABEL_BYTES, _groups, _label_value, _name_once, damage_message
 
 
 class ShardScan(NamedTuple):
@@ -26,22 +26,23 @@ class ShardScan(NamedTuple):
     problem: str  # the damage found, or ""
     top_key: str  # the key of the first sample holding `top`
     present: bytes  # bit i of byte i // 8 (least significant first) set: some sample has label i
+    names: tuple[str, ...]  # the class names labels hold instead of an index, in the order met (interned)
 
 
 @functools.lru_cache(maxsize=4096)
 def _scan(path: str, stamp: tuple[int, int]) -> ShardScan:
     """A shard without an index entry, read from its headers and label members only; a damaged shard counts
     the samples before the damage and is named in the log once."""
-    count, top, problem, top_key, present = 0, -1, "", "", bytearray()
+    count, top, problem, top_key, present, names = 0, -1, "", "", bytearray(), {}
     with open(path, "rb") as handle:
         try:
             for key, members in _groups(handle):
                 count += 1
-                label = next(((e, m) for e, m in members if e.rsplit(".", 1)[-1] in ("cls", "json")), None)
-                if label is None:
-                    continue
-                value = _read_label(handle, *label)
-                if value is None:
+                label = _label_member(members)
+                value = None if label is None else _read_label(handle, *label)
+                if isinstance(value, str):  # one string for every shard's copy of a name
+                    names.setdefault(sys.intern(value), None)
+                if value is None or isinstance(value, str):
                     continue
                 if value > top:
                     top, top_key = value, key
@@ -51,13 +52,19 @@ def _scan(path: str, stamp: tuple[int, int]) -> ShardScan:
         except TarFormatError as error:  # what could be read counts; the reader stops at the same place
             problem = damage_message(path, count, error)
             _name_once(path, problem, every_process=True)
-    return ShardScan(count, top, problem, top_key, bytes(present))
+    return ShardScan(count, top, problem, top_key, bytes(present), tuple(names))
 
 
-def _read_label(handle: BinaryIO, name: str, member: Member) -> int | None:
-    """The class a .cls or .json member holds, or None where it does not parse (a damaged file raises)."""
+def _label_member(members: list[tuple[str, Member]]) -> tuple[str, Member] | None:
+    """The (extension, member) a scan reads a sample's label from: its first .cls or .json member."""
+    return next(((e, m) for e, m in members if e.rsplit(".", 1)[-1] in ("cls", "json")), None)
+
+
+def _read_label(handle: BinaryIO, name: str, member: Member) -> int | str | None:
+    """The class index or class name a .cls or .json member holds, or None where it does not parse (a damaged
+    file raises)."""
     try:
-        return _parse_label(name, read_member(handle, member))
+        return _label_value(name, read_member(handle, member))
     except TarFormatError:  # a ValueError too: damage ends the scan, a bad label only skips the sample
         raise
     except (ValueError, UnicodeDecodeError):
@@ -85,28 +92,64 @@ def top_label(units: list[Unit]) -> tuple[int, str]:
     return max(found, key=lambda item: item[0], default=(-1, ""))
 
 
+def name_label(units: list[Unit], known: Container[str] = ()) -> tuple[str, str]:
+    """(the first class name that labels of these shards hold and `known` lacks, "SHARD:KEY" of the first sample
+    holding it), or ("", "")."""
+    for path in dict.fromkeys(unit.path for unit in units):
+        for name in _scanned(Path(path)).names:
+            if name not in known:
+                return name, f"{path}:{_holder(path, name)}"
+    return "", ""
+
+
+def _holder(path: str, name: str) -> str:
+    """The key of the first sample of a shard whose label is the class name `name` (read again: a scan keeps the
+    names alone, not a key each)."""
+    with open(path, "rb") as handle:
+        try:
+            for key, members in _groups(handle):
+                label = _label_member(members)
+                if label is not None and _read_label(handle, *label) == name:
+                    return key
+        except TarFormatError:
+            pass
+    return "?"
+
+
+class _Labels(NamedTuple):
+    codes: array  # a sample's class index, -1 where it has none readable, -2 - j where it is names[j]
+    names: tuple[str, ...]  # the class names labels hold instead of an index
+
+
 @functools.lru_cache(maxsize=1024)
-def _labels(path: str, stamp: tuple[int, int]) -> array:
-    """The label of every sample of a shard in order, -1 where it has none readable (.cls before .json, as the
-    reader); the samples before any damage only (`_scan` names the damage).  8 bytes a sample in the cache."""
-    labels = array("q")
+def _labels(path: str, stamp: tuple[int, int]) -> _Labels:
+    """The label of every sample of a shard in order (.cls before .json, as the reader); the samples before any
+    damage only (`_scan` names the damage).  8 bytes a sample in the cache."""
+    labels, names = array("q"), {}
     with open(path, "rb") as handle:
         try:
             for _, members in _groups(handle):
                 found = [(e, m) for e, m in members if e.rsplit(".", 1)[-1] in ("cls", "json")]
                 label = min(found, key=lambda em: em[0].rsplit(".", 1)[-1] != "cls", default=None)
                 value = _read_label(handle, *label) if label is not None and label[1].size <= MAX_LABEL_BYTES else None
+                if isinstance(value, str):
+                    value = -2 - names.setdefault(sys.intern(value), len(names))
                 labels.append(-1 if value is None else value)
         except TarFormatError:
             pass
-    return labels
+    return _Labels(labels, tuple(names))
 
 
-def shard_labels(path: Path) -> array:
-    """The class index of every sample of the shard at `path` (-1: none readable); reads label members only
-    (do not modify the array: it is cached while the shard's size and mtime hold)."""
+def shard_labels(path: Path, classes: Mapping[str, int] | None = None) -> array:
+    """The class index of every sample of the shard at `path` (-1: none readable), a class name read through
+    `classes` (-1 where it names none); reads label members only (do not modify the array: it is cached while
+    the shard's size and mtime hold)."""
     stat = path.stat()
-    return _labels(str(path), (stat.st_size, stat.st_mtime_ns))
+    codes, names = _labels(str(path), (stat.st_size, stat.st_mtime_ns))
+    if not names:
+        return codes
+    index = [(classes or {}).get(name, -1) for name in names]
+    return array("q", (code if code >= -1 else index[-2 - code] for code in codes))
 
 
 def class_names_by_scan(units: list[Unit]) -> list[str]:

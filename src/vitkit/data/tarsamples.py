@@ -11,7 +11,7 @@ import logging
 import re
 import unicodedata
 from collections.abc import Iterator
-from typing import BinaryIO
+from typing import BinaryIO, NamedTuple
 
 from vitkit.data.images import IMAGE_EXTENSIONS
 from vitkit.data.readers import MAX_CLASSES
@@ -23,8 +23,10 @@ loading_log = logging.getLogger("vitkit.data.tarshards.loading")  # ... where ev
 _loading: contextvars.ContextVar[bool] = contextvars.ContextVar("vitkit_shards_loading", default=False)
 
 _IMAGE_EXTS = frozenset(ext.lstrip(".") for ext in IMAGE_EXTENSIONS)
+CLASS_FILE = "classes.txt"  # beside wds: shards without an index naming the classes: one name a line
 MAX_LABEL_BYTES = 1 << 16  # a label member larger than this is corrupt
 _DIGITS = re.compile(rb"\s*[0-9]+\s*")  # what a .cls label member holds
+_NUMBER = re.compile(r"[-+]?(0[xob][0-9a-f_]+|[0-9_]*\.?[0-9_]+(e[-+]?[0-9]+)?)", re.ASCII | re.IGNORECASE)  # no name
 MAX_IMAGE_BYTES = 1 << 29  # an image member larger than this (512 MiB) is corrupt, and not read
 _named: set[str] = set()  # shards already named in this process's log: a damaged shard is named once
 
@@ -68,12 +70,23 @@ def check_class_names(names: list[str], where: str, item: str) -> None:
         seen.add(name)
 
 
-def _parse_label(ext: str, data: bytes) -> int:
-    """The class index of a .cls (text) or .json label member; ValueError when it holds none in 0..MAX_CLASSES-1."""
+class ClassNames(NamedTuple):
+    """The classes through which a label that is a class name is read: the names of CLASS_FILE."""
+
+    file: str  # the CLASS_FILE, for the messages
+    index: dict[str, int]  # name -> class index (its line, from 0)
+
+
+def _label_value(ext: str, data: bytes) -> int | str:
+    """The class index, or the class name, a .cls (text) or .json label member holds; ValueError when it holds
+    neither (a name holds a letter: "1_0", "+3" or an Arabic-Indic three is no index and no name)."""
     if len(data) > MAX_LABEL_BYTES:
         raise ValueError(f"{len(data):,} bytes, more than a label holds")
     if ext.rsplit(".", 1)[-1] == "cls":
         if not _DIGITS.fullmatch(data):  # int() also reads "1_0" as 10, and other scripts' digits
+            name = data.decode("utf-8", "replace").strip()
+            if _is_name(name):
+                return name
             raise ValueError(f"{data[:20]!r} is not a class index (ASCII digits)")
         value = int(data)
     else:
@@ -82,6 +95,8 @@ def _parse_label(ext: str, data: bytes) -> int:
         except RecursionError as error:  # nesting deeper than the parser's stack: not a label record
             raise ValueError("JSON nested too deeply") from error
         value = record.get("label", record.get("cls")) if isinstance(record, dict) else None
+        if isinstance(value, str) and _is_name(value.strip()):
+            return value.strip()
         if isinstance(value, bool) or not isinstance(value, int):
             raise ValueError('no integer "label" or "cls" field')
     if not 0 <= value < MAX_CLASSES:
@@ -89,9 +104,41 @@ def _parse_label(ext: str, data: bytes) -> int:
     return value
 
 
-def _assemble(key: str, members: list[tuple[str, Member]], handle: BinaryIO, labelled: bool = True) -> Sample:
-    """Image bytes and label of one group of members (or what is wrong with it); without `labelled`, no label
-    member is read and every image is class 0."""
+def _is_name(text: str) -> bool:
+    """Whether a label's text is a class name: a letter in it, no number in another notation (0x1, 1e3), no
+    control character or undecodable byte (read as U+FFFD), not longer than a name."""
+    if len(text) > MAX_NAME_CHARS or "\ufffd" in text or not any(char.isalpha() for char in text):
+        return False
+    if _NUMBER.fullmatch(text):
+        return False
+    return not any(unicodedata.category(char) == "Cc" for char in text)
+
+
+def _parse_label(ext: str, data: bytes, classes: ClassNames | None = None) -> int:
+    """The class index of a .cls (text) or .json label member, a class name read through `classes`; ValueError
+    when it holds none in 0..MAX_CLASSES-1, or a name that `classes` lacks."""
+    value = _label_value(ext, data)
+    if not isinstance(value, str):
+        return value
+    if classes is None:
+        raise ValueError(
+            f"{value[:80]!r} is a class name, not a class index (ASCII digits); a {CLASS_FILE} beside the shards, "
+            "one class name a line, reads such names"
+        )
+    if value not in classes.index:
+        raise ValueError(f"{value[:80]!r} is not a class named in {classes.file}")
+    return classes.index[value]
+
+
+def _assemble(
+    key: str,
+    members: list[tuple[str, Member]],
+    handle: BinaryIO,
+    labelled: bool = True,
+    classes: ClassNames | None = None,
+) -> Sample:
+    """Image bytes and label of one group of members (or what is wrong with it), a class name read through
+    `classes`; without `labelled`, no label member is read and every image is class 0."""
     image = next((m for ext, m in members if ext.rsplit(".", 1)[-1] in _IMAGE_EXTS), None)
     label = next(((ext, m) for ext, m in members if ext.rsplit(".", 1)[-1] == "cls"), None) or next(
         ((ext, m) for ext, m in members if ext.rsplit(".", 1)[-1] == "json"), None
@@ -106,7 +153,7 @@ def _assemble(key: str, members: list[tuple[str, Member]], handle: BinaryIO, lab
         big = label[1] if label[1].size > MAX_LABEL_BYTES else image
         return Sample(key, None, None, f"member {big.name!r} of {big.size:,} bytes is too large to be read")
     try:
-        value = _parse_label(label[0], read_member(handle, label[1]))
+        value = _parse_label(label[0], read_member(handle, label[1]), classes)
     except TarFormatError:
         raise
     except (ValueError, UnicodeDecodeError) as error:

@@ -35,6 +35,7 @@ from vitkit.data.stream import Sample, Unit
 from vitkit.data.tarformat import BLOCK, TarFormatError, tar_members
 from vitkit.data.tarsamples import (
     MAX_CLASSES,
+    ClassNames,
     _assemble,
     _groups,
     _name_once,
@@ -82,18 +83,20 @@ class TarReader:
 
     A sample's key is "SHARD:KEY" (the shard's path and its members' common name), so every message
     about a sample names its file.  Made with `labelled=False` (an objective that uses no labels), no label
-    member is read and every image is class 0; otherwise a sample without a label is corrupt.
+    member is read and every image is class 0; otherwise a sample without a label is corrupt.  A label that is a
+    class name ("cat" for "3") is read through `classes` (the names of a classes.txt).
     """
 
-    def __init__(self, labelled: bool = True) -> None:
+    def __init__(self, labelled: bool = True, classes: ClassNames | None = None) -> None:
         self.labelled = labelled
+        self.classes = classes
 
     def labels(self, units: list[Unit]) -> list[list[int]]:
         """The label of each of a unit's `count` samples (-1 where none is readable or the shard ends early;
         read without labels, 0 for every sample the shard holds)."""
         found = []
         for unit in units:
-            labels = list(shard_labels(Path(unit.path))[: unit.count])
+            labels = list(shard_labels(Path(unit.path), self.classes and self.classes.index)[: unit.count])
             labels = labels if self.labelled else [0] * len(labels)
             found.append(labels + [-1] * (unit.count - len(labels)))
         return found
@@ -118,7 +121,7 @@ class TarReader:
                         )
                         return
                     if index >= start and (wanted is None or index in wanted):
-                        yield index, _assemble(f"{unit.path}:{key}", members, handle, self.labelled)
+                        yield index, _assemble(f"{unit.path}:{key}", members, handle, self.labelled, self.classes)
                     seen = index + 1
         except (TarFormatError, OSError) as error:
             problem = f"unreadable shard ({type(error).__name__}: {error})"
