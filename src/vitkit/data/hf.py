@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from vitkit.data import hfnames
 from vitkit.data.hfcolumns import choose_columns
 from vitkit.data.stream import Sample, Unit
 
@@ -237,13 +238,18 @@ class ArrowImages:
 _DROPPED: set[tuple[tuple[str, ...], str, int]] = set()  # (files, label column, rows) already said dropped
 
 
-def arrow_rows(split: HFSplit, image: str, label: str, where: str, classes: int) -> tuple[ArrowImages, np.ndarray]:
-    """The split's images (lazily read) and int64 labels, each below `classes` (the split's class names);
-    unlabelled (-1) rows dropped.  Without a label column (`label` ""), every row, each of class 0."""
+def arrow_rows(
+    split: HFSplit, image: str, label: str, where: str, classes: int, names: tuple[str, ...] = ()
+) -> tuple[ArrowImages, np.ndarray]:
+    """The split's images (lazily read) and int64 labels, each below `classes` (the split's class names), a label
+    column of strings read through the train split's `names`; unlabelled (-1) rows dropped.  Without a label
+    column (`label` ""), every row, each of class 0."""
     table = open_arrow_table(split.files)
     if not label:
         return ArrowImages(split.files, image, None, count=table.num_rows), np.zeros(table.num_rows, np.int64)
     labels = label_values(table.column(label))
+    if names:
+        labels = hfnames.encode(labels, names, where)
     if labels.dtype.kind not in "iu":
         raise ValueError(f"{where}: label column {label!r} is {labels.dtype}, not integer class indices")
     labels = labels.astype(np.int64)
@@ -285,10 +291,10 @@ def parquet_units(split: HFSplit, columns: tuple[str, ...]) -> list[Unit]:
     return units
 
 
-def row_group_labels(units: list[Unit], label: str) -> list[list[int]]:
-    """The label of every row of each row group (`Unit.part`), -1 where it has none or the row group is
-    unreadable; all 0 without a label column (`label` "").  One column read, once a process while the file's
-    size and mtime hold: what a fixed hold-out is drawn from."""
+def row_group_labels(units: list[Unit], label: str, names: tuple[str, ...] = ()) -> list[list[int]]:
+    """The label of every row of each row group (`Unit.part`), strings read through `names`, -1 where it has none
+    or the row group is unreadable; all 0 without a label column (`label` "").  One column read, once a process
+    while the file's size and mtime hold: what a fixed hold-out is drawn from."""
     if not label:
         return [[0] * unit.count for unit in units]
     found = []
@@ -298,7 +304,7 @@ def row_group_labels(units: list[Unit], label: str) -> list[list[int]]:
         except OSError:
             values = []
         else:
-            values = _label_column(unit.path, unit.part, label, (stat.st_size, stat.st_mtime_ns)).tolist()
+            values = _label_column(unit.path, unit.part, label, (stat.st_size, stat.st_mtime_ns), names).tolist()
         found.append(values[: unit.count] + [-1] * (unit.count - len(values)))
     return found
 
@@ -325,7 +331,7 @@ def label_values(column: Any) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=4096)
-def _label_column(path: str, part: int, label: str, stamp: tuple[int, int]) -> np.ndarray:
+def _label_column(path: str, part: int, label: str, stamp: tuple[int, int], names: tuple[str, ...]) -> np.ndarray:
     """The `label` column of row group `part` of a Parquet file as int64, -1 where a row has none, and empty
     where the row group is unreadable (its rows stay on the train side, read as corrupt).  `stamp` (size,
     mtime) keys the cache, which holds 8 bytes a row, and an unreadable row group's answer too: every split
@@ -335,7 +341,7 @@ def _label_column(path: str, part: int, label: str, stamp: tuple[int, int]) -> n
         values = table.column(label).to_pylist()
     except (OSError, ValueError, KeyError):  # ArrowInvalid/ArrowIOError are ValueError/OSError subclasses
         values = []
-    return np.array([_label(value) for value in values], dtype=np.int64)
+    return np.array(hfnames.indices(values, names) if names else [_label(value) for value in values], dtype=np.int64)
 
 
 def _label(value: Any) -> int:
@@ -351,9 +357,11 @@ class ParquetReader:
     image_column: str
     label_column: str  # "": a dataset without labels, every row of class 0
     label_map: tuple[int, ...] = ()  # the train split's class of each of this split's (`split_label_map`)
+    label_names: tuple[str, ...] = ()  # a label column of strings: the train split's (vitkit.data.hfnames)
 
     def labels(self, units: list[Unit]) -> list[list[int]]:
-        return [[self._class(label) for label in unit] for unit in row_group_labels(units, self.label_column)]
+        found = row_group_labels(units, self.label_column, self.label_names)
+        return [[self._class(label) for label in unit] for unit in found]
 
     def _class(self, label: int) -> int:
         return self.label_map[label] if 0 <= label < len(self.label_map) else label
@@ -365,6 +373,7 @@ class ParquetReader:
             table = pq.ParquetFile(unit.path).read_row_group(unit.part, columns=columns)
             images = table.column(self.image_column).to_pylist()
             labels = table.column(self.label_column).to_pylist() if self.label_column else [0] * len(images)
+            labels = hfnames.indices(labels, self.label_names) if self.label_names else labels
         except (OSError, ValueError) as error:  # ArrowInvalid/ArrowIOError are ValueError/OSError subclasses
             images, labels = [], []
             log.warning("%s row group %d is unreadable (%s); its samples count as corrupt", unit.path, unit.part, error)

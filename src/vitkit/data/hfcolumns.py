@@ -12,6 +12,13 @@ from vitkit.data.imageset import NO_LABELS_HINT
 from vitkit.data.tarsamples import check_class_names
 
 IMAGE_NAMES = frozenset({"image", "img", "jpg", "jpeg", "png", "webp"})  # a plain binary column of these names
+LABEL_NAMES = frozenset({"label", "labels", "class", "category"})  # a column of class-name strings, unchosen
+IMAGE_HINT = (
+    "vitkit reads an image column of PIL images or encoded image bytes (a datasets.Image() feature) and resizes and "
+    "normalises the images itself: save the dataset from before the image processor's map, or make an image column "
+    "from 0-255 pixel values: ds.map(lambda row: {'image': PIL.Image.fromarray(numpy.asarray(row['pixel_values'], "
+    "numpy.uint8))}).cast_column('image', datasets.Image()) (transpose (C, H, W) values to (H, W, C) first)"
+)
 
 
 def choose_columns(
@@ -40,10 +47,13 @@ def choose_columns(
             and (pa.types.is_binary(field.type) or pa.types.is_large_binary(field.type))
         ):
             return "Image"  # encoded image bytes as pandas or pyarrow write them, named as such
-        return "int" if pa.types.is_integer(field.type) else "other"
+        if is_strings(arrow_schema, column):
+            return "string"
+        return "int" if pa.types.is_integer(field.type) else "tensor" if _tensor(field.type) else "other"
 
     kinds = {column: kind(column) for column in names}
     images = [c for c in names if kinds[c] == "Image"]
+    _refuse_tensors(arrow_schema, kinds, image_column, images, where)
     image = _pick(image_column, images, "image", names, where)
     field = arrow_schema.field(image)
     if kinds[image] != "Image" and not (pa.types.is_binary(field.type) or pa.types.is_large_binary(field.type)):
@@ -52,19 +62,17 @@ def choose_columns(
     if not labelled:
         return image, "", None
     labels = [c for c in names if kinds[c] == "ClassLabel"] or [c for c in names if kinds[c] == "int"]
+    labels = labels or [c for c in names if kinds[c] == "string" and c.lower() in LABEL_NAMES]
     if not labels and not label_column:
         raise NoLabelsError(
-            f"{where}: no label column (ClassLabel or integer) among {', '.join(names)}; choose one with "
-            f"--label-column NAME (string labels: encode them first with Dataset.class_encode_column), or train "
-            "without labels: "
-            f"{NO_LABELS_HINT}"
+            f"{where}: no label column (ClassLabel, integer, or class-name strings named label) among "
+            f"{', '.join(names)}; choose one with --label-column NAME, or train without labels: {NO_LABELS_HINT}"
         )
     label = _pick(label_column, labels, "label", names, where)
-    if kinds[label] not in ("ClassLabel", "int"):
-        hint = " (Dataset.class_encode_column turns names into a ClassLabel)" if kinds[label] == "other" else ""
+    if kinds[label] not in ("ClassLabel", "int", "string"):
         raise ValueError(
-            f"{where}: label column {label!r} holds {arrow_schema.field(label).type} values, not class ids{hint}; "
-            f"label columns: {_listed(labels)}"
+            f"{where}: label column {label!r} holds {arrow_schema.field(label).type} values, not class ids or "
+            f"class names; label columns: {_listed(labels)}"
         )
     class_names = features.get(label, {}).get("names") if kinds[label] == "ClassLabel" else None
     if class_names is not None and not (isinstance(class_names, list) and all(isinstance(n, str) for n in class_names)):
@@ -72,6 +80,40 @@ def choose_columns(
     if class_names is not None:
         check_class_names(class_names, f"{where}: the ClassLabel names of {label!r}", "class")
     return image, label, class_names
+
+
+def _refuse_tensors(arrow_schema: Any, kinds: dict[str, str], image_column: str, images: list[str], where: str) -> None:
+    """A ValueError where the image column, chosen or the only candidate, holds an image processor's pixel values:
+    no --image-column can help, so it says what is read instead."""
+    if image_column:
+        tensors = [image_column] if kinds.get(image_column) == "tensor" else []
+    else:
+        tensors = [] if images else [column for column, kind in kinds.items() if kind == "tensor"]
+    if tensors:
+        raise ValueError(
+            f"{where}: column {tensors[0]!r} holds preprocessed pixel tensors ({arrow_schema.field(tensors[0]).type}), "
+            f"not images; {IMAGE_HINT}"
+        )
+
+
+def is_strings(arrow_schema: Any, column: str) -> bool:
+    """Whether `column` holds strings (class names, where it is the label column: vitkit.data.hfnames)."""
+    import pyarrow as pa
+
+    kind = arrow_schema.field(column).type
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind)
+
+
+def _tensor(kind: Any) -> bool:
+    """Whether an Arrow type is nested lists of numbers, two deep or more: pixel values (an image processor's
+    `pixel_values`, a datasets.Array3D), not an image."""
+    import pyarrow as pa
+
+    depth = 0
+    kind = kind.storage_type if isinstance(kind, pa.ExtensionType) else kind
+    while pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+        kind, depth = kind.value_type, depth + 1
+    return depth >= 2 and (pa.types.is_floating(kind) or pa.types.is_integer(kind))
 
 
 def _features(arrow_schema: Any, where: str) -> dict[str, Any]:

@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from vitkit.data import hf, holdout, tarshards
+from vitkit.data import hf, hfnames, holdout, tarshards
+from vitkit.data.hfcolumns import is_strings
 from vitkit.data.images import IMAGE_EXTENSIONS, NoLabelsError, probe_images
 from vitkit.data.imageset import NO_LABELS_HINT, UNLABELLED, VAL_HINT, ImageSet, SourceInfo, fits_in_memory
 from vitkit.data.shardscan import CLASS_FILE, name_label, top_label
@@ -258,12 +259,16 @@ def describe_wds(uri: str, path: str, size: int, max_in_memory_bytes: int, label
 
 
 # ------------------------------------------------------------------------------ hf:
-def _hf_classes(train: hf.HFSplit, label: str, names: list[str] | None) -> list[str]:
+def _hf_classes(train: hf.HFSplit, label: str, names: list[str] | None, where: str) -> list[str]:
+    """The classes: the ClassLabel's `names`, else the train split's sorted strings (a label column of class
+    names), else "0" .. the largest label."""
     if names:
         return list(names)
     if not label:  # read without labels
         return [UNLABELLED]
     labels = hf.split_labels(train, label)
+    if is_strings(hf.schema(train), label):
+        return hfnames.string_classes(labels, label, where)
     top = int(np.max(labels, initial=-1))
     if top < 0:
         raise ValueError(f"{train.files[0]}: the label column {label!r} holds no class index >= 0")
@@ -295,14 +300,17 @@ def read_hf(
     splits, withheld = labelled_splits(splits, label)
     held_out = splits.keys() == {"train"}  # one split alone: the fixed test hold-out of every source without one
     split = splits["train"] if held_out and part == "test" else _part(splits, part, where)
-    class_names = _hf_classes(splits["train"], label, names)
+    class_names = _hf_classes(splits["train"], label, names, where)
+    by_name = tuple(class_names) if label and not names and is_strings(hf.schema(splits["train"]), label) else ()
     name, note = _split_name(splits, split, part)
+    if by_name and split is not splits["train"]:  # a string the train split lacks: named before any row is read
+        hfnames.encode(hf.split_labels(split, label), by_name, f"{where} {name} split")
     if withheld and part == "test" and not held_out:
         note = " (its test split holds no label: it stands in)"
     label_map = () if split is splits["train"] else hf.split_label_map(split, name, image, label, names, where)
     if split.kind == "parquet":
         units = hf.parquet_units(split, (image, label))
-        reader = hf.ParquetReader(image, label, label_map)
+        reader = hf.ParquetReader(image, label, label_map, by_name)
         channels = channels or _probe_stream(units, reader)[1]
         data = ShardSet(
             units=units,
@@ -316,7 +324,7 @@ def read_hf(
             data = holdout.hold_out_shards(data, reader.labels(units), part, data.origin)
         return data
     classes = len(label_map or class_names)  # the split's own names, or the train split's
-    images, labels = hf.arrow_rows(split, image, label, f"{where} ({part})", classes)
+    images, labels = hf.arrow_rows(split, image, label, f"{where} ({part})", classes, by_name)
     if label_map:
         known = (labels >= 0) & (labels < len(label_map))
         labels[known] = np.asarray(label_map)[labels[known]]

@@ -1,0 +1,46 @@
+"""Hugging Face label columns of class-name strings (a `Value("string")`, not a `ClassLabel`): the train split's
+sorted unique strings are the classes, in that order, and every split's strings are read as their index."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from vitkit.data.readers import MAX_CLASSES
+from vitkit.data.tarsamples import check_class_names
+
+
+def string_classes(values: np.ndarray, label: str, where: str) -> list[str]:
+    """The classes of the train split's string labels `values` (None: unlabelled): its sorted unique strings."""
+    names = sorted({value for value in values if value is not None})
+    if not names:
+        raise ValueError(f"{where}: the label column {label!r} holds no class name")
+    if len(names) > MAX_CLASSES:
+        raise ValueError(
+            f"{where}: the label column {label!r} holds {len(names):,} class names, more than {MAX_CLASSES:,}"
+        )
+    check_class_names(names, f"{where}: the label column {label!r}", "class")
+    return names
+
+
+def encode(values: np.ndarray, names: Sequence[str], where: str) -> np.ndarray:
+    """int64 class index of each string label (-1 where a row has none); a ValueError naming the first row whose
+    string is none of the train split's `names`."""
+    index = {name: i for i, name in enumerate(names)}
+    codes = np.array([-1 if value is None else index.get(value, -2) for value in values], dtype=np.int64)
+    if (codes == -2).any():
+        row = int(np.flatnonzero(codes == -2)[0])
+        raise ValueError(
+            f"{where}: row {row} is labelled {str(values[row])[:80]!r}, not one of the train split's {len(names)} "
+            f"classes ({', '.join(names)[:200]}): the classes of a label column of strings are the train split's "
+            "strings; fix that row's label, or drop it"
+        )
+    return codes
+
+
+def indices(values: list[Any], names: Sequence[str]) -> list[int]:
+    """The class index of each string label, -1 where a row has none or one of no class (read as corrupt)."""
+    index = {name: i for i, name in enumerate(names)}
+    return [index.get(value, -1) if isinstance(value, str) else -1 for value in values]
