@@ -238,3 +238,24 @@ def test_serve_on_a_foreign_encoder_without_a_head_stops_before_binding(
     assert checked(written)[1] == encoder.config
     assert main(["serve", str(written), "--port", str(free_port())]) == 2
     assert "has no classification head" in capsys.readouterr().err and "Uvicorn running" not in caplog.text
+
+
+def test_what_a_foreign_header_makes_us_assume_is_said_once(tmp_path: Path, monkeypatch, caplog) -> None:
+    """The check before the bind and the model process each read a timm file's header, and each said its guessed
+    head count: the check now says nothing of it, and the model process's load says it."""
+    from safetensors.torch import save_file
+
+    import vitkit
+    from vitkit.checkpoints import Checkpoint, timm
+    from vitkit.serve import server
+    from vitkit.serve.model import load_model
+
+    model = vitkit.create_model("vit_ti16", img_size=16, patch_size=8, num_classes=2)
+    written = tmp_path / "m.safetensors"  # timm's weights alone: no config.json to give the head count
+    save_file(dict(timm.from_vitkit(Checkpoint(model=model))), str(written))
+    monkeypatch.setattr(server, "run_server", lambda found, config: 0)  # the model process is not started
+    with caplog.at_level("WARNING", logger="vitkit"):
+        assert main(["serve", str(written), "--port", str(free_port())]) == 0
+        assert "num_heads is not recorded" not in caplog.text
+        load_model(written, "cpu")
+    assert caplog.text.count("num_heads is not recorded") == 1

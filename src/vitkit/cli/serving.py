@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from vitkit.cli.flags import add_max_pixels, finite_float
@@ -60,7 +62,8 @@ def run_serve(args: argparse.Namespace) -> int:
 
     config = serve_config(args)  # a bad flag first: it costs nothing to check
     found = find_checkpoint(args.checkpoint)
-    _, model = checked(found)  # a path that names no checkpoint, or a damaged one, stops before the bind
+    with _quiet("vitkit.checkpoints"):  # what its header makes us assume is said once, as the model process loads it
+        _, model = checked(found)  # a path that names no checkpoint, or a damaged one, stops before the bind
     require_classifier(model, found)  # as does an encoder without a head, in any format
     pick_device(args.device)  # as does a device this host has not
 
@@ -102,3 +105,15 @@ def _token_from_environment() -> str | None:
     if token is not None and not token.strip():
         raise ValueError(f"{TOKEN_VARIABLE} is set but empty; unset it to serve without a token")
     return token
+
+
+@contextlib.contextmanager
+def _quiet(name: str) -> Iterator[None]:
+    """The logger `name`'s warnings left unsaid for a while (errors still said)."""
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
