@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -424,3 +425,33 @@ def test_leave_runs_the_exit_handlers_flushes_and_exits_with_the_code(tmp_path: 
     assert done.returncode == 3, done.stderr[-2000:]
     assert done.stdout == "buffered, no newline" and done.stderr == "to stderr"
     assert marker.read_text() == "yes" and Path(f"{marker}-thread").read_text() == "done"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_process_waiting_for_peers_that_never_start_says_so_and_stops_on_a_signal(tmp_path: Path, sig) -> None:
+    """WORLD_SIZE=2 with one process started waited in the rendezvous, in C++, for 30 minutes: silent, and deaf
+    to Ctrl-C and SIGTERM (only SIGKILL ended it).  The wait is now said, and either signal ends it at once."""
+    script = (
+        "import sys; from vitkit.train import distributed; distributed.WAIT_SAID_S = 0.5; from vitkit.cli import main; "
+        f"sys.exit(main(['train', '--recipe', 'small-8px-tiny', '--out', {str(tmp_path / 'run')!r}]))"
+    )
+    env = {**os.environ, "WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(_free_port()), "OMP_NUM_THREADS": "1"}  # fmt: skip
+    process = subprocess.Popen([sys.executable, "-c", script], env=env, stderr=subprocess.PIPE, text=True)
+    guard = threading.Timer(60, process.kill)  # a silent wait: killed, and failed below, not waited for
+    guard.start()
+    said = ""
+    while "waiting at 127.0.0.1" not in said:
+        line = process.stderr.readline()
+        assert line, f"ended, or waited 60 s without a word: {said}"
+        said += line
+    guard.cancel()
+    assert "for the other processes to join (each of the WORLD_SIZE=2 must start" in said
+    process.send_signal(sig)
+    try:
+        code = process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        pytest.fail("the rendezvous did not stop on the signal")
+    assert code == (130 if sig == signal.SIGINT else 143)
+    assert "vitkit train: interrupted" in process.stderr.read()

@@ -26,6 +26,7 @@ import torch.distributed as dist
 from torch import nn
 
 GROUP_TIMEOUT = datetime.timedelta(minutes=30)  # a collective waits this long for a process that does not come
+WAIT_SAID_S = 10.0  # a rendezvous that waits longer for the other processes says so
 
 
 @dataclass(frozen=True)
@@ -96,9 +97,39 @@ def setup(info: DistInfo, device: torch.device) -> bool:
         return False
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend, rank=info.rank, world_size=info.world, timeout=GROUP_TIMEOUT)
+    _join("nccl" if device.type == "cuda" else "gloo", info)
     return True
+
+
+def _join(backend: str, info: DistInfo) -> None:
+    """`init_process_group` in a thread while this one waits in Python: the rendezvous waits in C++ for every
+    process of WORLD_SIZE, deaf to Ctrl-C and SIGTERM, for up to GROUP_TIMEOUT where one never starts (a
+    hand-set WORLD_SIZE, a node not launched), and said nothing.  A wait past WAIT_SAID_S is said; a signal
+    stops it (the thread, a daemon, is left to the process's exit)."""
+    failed: list[BaseException] = []
+
+    def join() -> None:
+        try:
+            dist.init_process_group(backend, rank=info.rank, world_size=info.world, timeout=GROUP_TIMEOUT)
+        except BaseException as error:  # noqa: BLE001 - raised again in the waiting thread
+            failed.append(error)
+
+    thread = threading.Thread(target=join, name="vitkit-rendezvous", daemon=True)
+    thread.start()
+    thread.join(WAIT_SAID_S)
+    if thread.is_alive():
+        where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+        print(
+            f"process {info.rank} of {info.world}: waiting at {where} for the other processes to join (each of the "
+            f"WORLD_SIZE={info.world} must start: torchrun starts them); it waits up to "
+            f"{GROUP_TIMEOUT.total_seconds() / 60:.0f} min, Ctrl-C stops it",
+            file=sys.stderr,
+            flush=True,
+        )
+    while thread.is_alive():
+        thread.join(0.2)  # in Python between waits: a signal's handler runs
+    if failed:
+        raise failed[0]
 
 
 def teardown() -> None:
