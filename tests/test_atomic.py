@@ -112,3 +112,28 @@ def test_a_killed_process_s_directory_lock_goes_with_it_not_with_its_children(tm
         unlock_directory(descriptor)
     finally:
         os.kill(child, signal.SIGKILL)
+
+
+def test_a_written_file_reaches_the_disk_before_its_rename(tmp_path, monkeypatch) -> None:
+    """Only directories were flushed: after a power cut the renamed name could stand on an empty file."""
+    events = []
+    monkeypatch.setattr(os, "fsync", lambda fd: events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"))))
+    real_replace = os.replace
+    monkeypatch.setattr(os, "replace", lambda a, b: (events.append(("replace", str(a))), real_replace(a, b)))
+    atomic_write_text(tmp_path / "a.json", "{}")
+    (_, flushed), (_, renamed) = events
+    assert events[0][0] == "fsync" and flushed == renamed and (tmp_path / "a.json").read_text() == "{}"
+
+
+def test_a_full_disk_names_the_file_whoever_raised_it(tmp_path) -> None:
+    """safetensors' own error on a full disk named no file ("Error while serializing: I/O error: No space left on
+    device (os error 28)"), so a run's message could not say what it was writing."""
+    import errno
+
+    def full(tmp):
+        raise RuntimeError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    with pytest.raises(OSError) as raised:
+        atomic_write(tmp_path / "model.safetensors", full)
+    assert raised.value.errno == errno.ENOSPC and raised.value.filename == str(tmp_path / "model.safetensors")
+    assert "(os error 28)" in str(raised.value.__cause__) and os.listdir(tmp_path) == []

@@ -192,7 +192,7 @@ def test_integer_flags_are_bounded_where_they_are_parsed(argv: list[str], messag
     "error, message",
     [
         (RuntimeError("DefaultCPUAllocator: not enough memory: you tried to allocate 2500000000000 bytes."), "memory"),
-        (OSError(28, "No space left on device"), "no space left on the device"),
+        (OSError(28, "No space left on device", "/mnt/run/m.safetensors"), "device: '/mnt/run/m.safetensors'); free"),
         (RuntimeError("unable to write to file </torch_81_2>: No space left on device (28)"), "data.workers=0"),
         (MemoryError(), "memory"),
         (OSError(30, "Read-only file system", "/mnt/ro/run/metrics.jsonl"), "/mnt/ro/run/metrics.jsonl: Read-only"),
@@ -210,6 +210,7 @@ def test_running_out_of_memory_or_disk_is_one_error_line(error, message, monkeyp
     assert main(["models"]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+    assert ("/dev/shm" in err) == ("data.workers=0" in message)  # a full disk is not said to be shared memory
 
 
 def test_an_opset_newer_than_torch_exports_is_named(tmp_path, capsys) -> None:

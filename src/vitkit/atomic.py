@@ -5,6 +5,7 @@ file or the new one, never a torn one; directories made for work that failed are
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import secrets
@@ -18,7 +19,9 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], object]) -> No
     """Call `write(tmp_path)`, then rename the temporary file onto `path` (same directory, so atomic).
 
     The file gets the permissions `open()` would give it (0o666 less the umask), not mkstemp's private 0o600,
-    also where `write` re-creates the file with its own (safetensors writes 0o600).
+    also where `write` re-creates the file with its own (safetensors writes 0o600).  Its contents reach the disk
+    before the rename (a power cut after it could otherwise leave the new name on an empty file).  A full disk
+    is an OSError naming `path`, whoever raised it (safetensors' own error names no file).
     """
     path = Path(path)
     tmp = _create_temporary(path)
@@ -26,10 +29,25 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], object]) -> No
         mode = stat.S_IMODE(os.stat(tmp).st_mode)
         write(Path(tmp))
         os.chmod(tmp, mode)
+        _flush(tmp)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as error:
         Path(tmp).unlink(missing_ok=True)
+        if "No space left on device" in str(error) and not getattr(error, "filename", None):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)) from error
         raise
+
+
+def _flush(file: str) -> None:
+    """The file's contents written to the disk (fsync), where the platform allows."""
+    fd = os.open(file, os.O_RDWR)
+    try:
+        os.fsync(fd)
+    except OSError as error:  # a full disk or a failed device is an error; a file system without fsync is not
+        if error.errno not in (errno.EINVAL, errno.ENOTSUP):
+            raise
+    finally:
+        os.close(fd)
 
 
 def _create_temporary(path: Path) -> str:

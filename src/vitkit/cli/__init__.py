@@ -236,10 +236,7 @@ def _known_failure(err: Exception) -> str | None:
                 f"shared memory (/dev/shm) is full ({text}): DataLoader workers pass batches through it; use "
                 "--set data.workers=0, or give the container more (docker run --shm-size)"
             )
-        return (
-            f"no space left on the device ({text}); free some, or write elsewhere (--out). Where it is /dev/shm "
-            "(DataLoader workers' shared memory), --set data.workers=0"
-        )
+        return f"no space left on the device ({text}); free some, or write elsewhere (--out)"
     if (
         isinstance(err, MemoryError)
         or type(err).__name__ == "OutOfMemoryError"
