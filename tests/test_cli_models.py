@@ -309,6 +309,9 @@ def test_an_interrupted_shard_says_a_re_run_starts_over(monkeypatch, capsys, tmp
     assert capsys.readouterr().err.strip() == "vitkit shard: interrupted; re-run the same command to start it over"
 
 
+NOTHING_SAVED = "vitkit train: interrupted before its first checkpoint: a re-run starts it over"
+
+
 def test_an_interrupted_run_that_saved_nothing_says_so(monkeypatch, capsys, tmp_path) -> None:
     """Ctrl-C while the data loaded said "re-run the same command to go on from what it saved": nothing was."""
     from vitkit.cli import training
@@ -319,14 +322,14 @@ def test_an_interrupted_run_that_saved_nothing_says_so(monkeypatch, capsys, tmp_
     monkeypatch.setattr(training, "run_train", interrupted)
     out = tmp_path / "run"
     assert main(["train", "--out", str(out)]) == 130
-    assert capsys.readouterr().err.strip() == "vitkit train: interrupted before it saved anything"
+    assert capsys.readouterr().err.strip() == NOTHING_SAVED
     out.mkdir()  # its config and first metrics, but no checkpoint: a re-run starts over
     (out / "config.json").write_text("{}")
     assert main(["train", "--out", str(out)]) == 130
-    assert capsys.readouterr().err.strip() == "vitkit train: interrupted before it saved anything"
+    assert capsys.readouterr().err.strip() == NOTHING_SAVED
     (out / "checkpoints" / "step_0000010").mkdir(parents=True)  # a step whose writing was cut: no LATEST yet
     assert main(["train", "--out", str(out)]) == 130
-    assert capsys.readouterr().err.strip() == "vitkit train: interrupted before it saved anything"
+    assert capsys.readouterr().err.strip() == NOTHING_SAVED
     trial = out / "sweep" / "lr_0.01"
     (trial / "checkpoints").mkdir(parents=True)
     import vitkit

@@ -126,5 +126,5 @@ def test_a_second_ctrl_c_stops_a_step_that_never_ends(tmp_path: Path, monkeypatc
     assert main(_tiny_cli_run(run)) == 130
     err = capfd.readouterr().err
     assert "SIGINT: saving a checkpoint before the next step; another Ctrl-C stops at once" in err
-    assert "vitkit train: interrupted before it saved anything" in err
+    assert "vitkit train: interrupted before its first checkpoint: a re-run starts it over" in err
     assert not (run / "checkpoints").exists() or not any((run / "checkpoints").iterdir())

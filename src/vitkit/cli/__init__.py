@@ -132,7 +132,9 @@ def main(argv: Sequence[str] | None = None, *, since_process_start: bool = False
         goes_on = "; re-run the same command to start it over" if args.verb in STARTED_OVER else goes_on
         out = getattr(args, "out", None)
         if goes_on and out and not _saved_anything(args.verb, out):
-            goes_on = " before it saved anything"
+            # a training run may have written its config.json and first metrics: nothing a re-run goes on from
+            first = " before its first checkpoint: a re-run starts it over"
+            goes_on = first if args.verb in TRAINING else " before it saved anything"
         print(f"vitkit {args.verb}: interrupted{by}{goes_on}", file=sys.stderr)
         return 143 if by else 130
     except Exception as err:
