@@ -115,7 +115,7 @@ def test_a_second_ctrl_c_stops_a_step_that_never_ends(tmp_path: Path, monkeypatc
 
     def hung(*args, **kwargs):
         os.kill(os.getpid(), signal.SIGINT)
-        threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
+        threading.Timer(1.2, os.kill, (os.getpid(), signal.SIGINT)).start()  # pressed again, a second later
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             time.sleep(0.05)

@@ -116,15 +116,22 @@ def test_a_clock_that_does_not_move_between_steps_keeps_a_cadence(monkeypatch) -
     assert policy._signal_every == int(stop_module.SIGNAL_AGREE_S / 1e-3)
 
 
-def test_a_second_signal_stops_at_once_and_the_first_is_said_at_once(capfd) -> None:
-    """The first Ctrl-C is acknowledged when it lands (the save waits for the step's end); a second raises there
-    and then, as a step that never ends would otherwise hold the run until SIGKILL."""
-    with StopPolicy(started=0.0, deadline_s=None) as policy:
-        os.kill(os.getpid(), signal.SIGINT)
-        assert policy.signals.signum == signal.SIGINT
-        assert "another Ctrl-C stops at once" in capfd.readouterr().err
+def test_a_second_ctrl_c_stops_at_once_and_the_first_is_said_at_once(capfd) -> None:
+    """The first stop signal is acknowledged when it lands (the save waits for the step's end); a Ctrl-C a second
+    or more after it raises there and then, as a step that never ends would otherwise hold the run until SIGKILL.
+    The same stop delivered twice (to the process and to its group) or a later SIGTERM does not escalate."""
+    clock = FakeClock()
+    flag = SignalFlag(escalate=True, said=stop_module.STOPPING, now=clock)
+    with StopPolicy(started=0.0, deadline_s=None, signals=flag):
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert flag.signum == signal.SIGTERM and "another Ctrl-C stops at once" in capfd.readouterr().err
+        clock.now += 0.5
+        os.kill(os.getpid(), signal.SIGINT)  # within a second: the same stop, forwarded
+        clock.now += 5.0
+        os.kill(os.getpid(), signal.SIGTERM)  # a scheduler's SIGTERM again: it waits for the save
+        assert flag.signum == signal.SIGTERM and capfd.readouterr().err == ""
         with pytest.raises(KeyboardInterrupt):
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGINT)
     quiet = SignalFlag()  # a flag that does not escalate (the run's final record) keeps the last signal
     with quiet:
         os.kill(os.getpid(), signal.SIGINT)
@@ -132,9 +139,25 @@ def test_a_second_signal_stops_at_once_and_the_first_is_said_at_once(capfd) -> N
     assert quiet.signum == signal.SIGTERM and capfd.readouterr().err == ""
 
 
+def test_a_broken_stderr_does_not_cost_the_save(monkeypatch) -> None:
+    """`vitkit train 2>&1 | tee log`: the terminal's Ctrl-C ends tee first, and the acknowledgement's write to the
+    broken pipe raised out of the handler, ending the run without its checkpoint."""
+
+    def broken(fd, data):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(stop_module.os, "write", broken)
+    with StopPolicy(started=0.0, deadline_s=None) as policy:
+        os.kill(os.getpid(), signal.SIGINT)
+        assert policy.check().stop == "interrupted"
+
+
 def test_another_process_escalates_without_saying_it(capfd) -> None:
+    clock = FakeClock()
     with StopPolicy(started=0.0, deadline_s=None, world=2, rank=1) as policy:
+        policy.signals.now = clock
         os.kill(os.getpid(), signal.SIGINT)
         assert policy.signals.signum == signal.SIGINT and capfd.readouterr().err == ""
+        clock.now += 1.0
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGINT)

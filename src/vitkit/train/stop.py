@@ -17,6 +17,7 @@ its steps take.  Clock and signals can be replaced in tests.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -31,20 +32,25 @@ from vitkit.train.stall import StallWatch
 
 CPU = torch.device("cpu")  # default device of the flag tensor the processes agree over
 STOPPING = "saving a checkpoint before the next step; another Ctrl-C stops at once, losing the steps since the last one"
+ESCALATE_AFTER_S = 1.0  # a Ctrl-C this long after the first stop signal stops at once; sooner: the same stop
 SIGNAL_AGREE_S = 5.0  # seconds of training between two agreements on a signal, with several processes
 
 
 class SignalFlag:
     """Set by SIGTERM/SIGINT while installed (handlers only in the main thread); `signum` is the last one.
 
-    With `escalate` (a training loop's), a second signal raises KeyboardInterrupt there and then: a step that
-    does not end (a hung reader, a long compile) is stopped, losing what was trained since the last checkpoint.
+    With `escalate` (a training loop's), a Ctrl-C (SIGINT) at least ESCALATE_AFTER_S after the first signal raises
+    KeyboardInterrupt there and then: a step that does not end (a hung reader, a long compile) is stopped, losing
+    what was trained since the last checkpoint.  One stop delivered twice does not escalate: SIGTERM sent to a
+    process and again to its group (torchrun under a cgroup-wide stop), or a Ctrl-C a wrapper forwards as well.
+    A step stuck inside one C call (a collective waiting for a dead peer) runs no handler until it returns.
     `said` is written to stderr at the first, at once, since the save waits for the step's end.
     """
 
-    def __init__(self, *, escalate: bool = False, said: str = "") -> None:
+    def __init__(self, *, escalate: bool = False, said: str = "", now: Callable[[], float] = time.monotonic) -> None:
         self.signum = 0
-        self.escalate, self.said = escalate, said
+        self.escalate, self.said, self.now = escalate, said, now
+        self._first = 0.0  # the clock's reading at the first signal
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> SignalFlag:
@@ -54,11 +60,14 @@ class SignalFlag:
         return self
 
     def _handle(self, signum: int, frame: Any) -> None:
-        if self.signum and self.escalate:
-            raise KeyboardInterrupt  # the second: at once
-        self.signum = signum
-        if self.said:  # os.write, not print: the handler may run inside the main thread's own write to stderr
-            os.write(2, f"vitkit: {signal.Signals(signum).name}: {self.said}\n".encode())
+        if self.signum and self.escalate and signum == signal.SIGINT and self.now() - self._first >= ESCALATE_AFTER_S:
+            raise KeyboardInterrupt  # a second Ctrl-C: at once
+        first, self.signum = not self.signum, signum
+        if first:
+            self._first = self.now()
+        if first and self.said:  # os.write, not print: the handler may run inside the main thread's write to stderr
+            with contextlib.suppress(OSError):  # a closed or broken stderr (`| tee` ended by the same Ctrl-C)
+                os.write(2, f"vitkit: {signal.Signals(signum).name}: {self.said}\n".encode())
 
     def __exit__(self, *exc: Any) -> None:
         for signum, handler in self._previous.items():
