@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from shardkit import image_ids, numbered_images
@@ -110,3 +111,28 @@ def test_preprocessed_pixel_values_are_refused_saying_what_is_read(tmp_path: Pat
 def test_class_label_columns_read_as_before(tmp_path: Path) -> None:
     labelled_dataset(12).save_to_disk(str(tmp_path / "ds"))
     assert load_split(f"hf:{tmp_path / 'ds'}", "train", image_size=8).class_names == CLASSES
+
+
+@pytest.mark.parametrize("kind", ["string", "int64"])
+def test_a_column_named_label_is_the_label_beside_other_integer_columns(tmp_path: Path, kind: str) -> None:
+    """A string `label` beside an integer `image_id` took the ids for labels (1,040 classes, a warning of 1,000
+    with no image); two integer columns were refused as ambiguous though one is named `label`."""
+    rows = named_dataset(16).to_dict()
+    rows["image_id"] = list(range(1000, 1016))
+    if kind == "int64":
+        rows["label"] = [NAMES.index(name) for name in rows["label"]]
+    features = datasets.Features(
+        {"picture": datasets.Image(), "label": datasets.Value(kind), "image_id": datasets.Value("int64")}
+    )
+    datasets.Dataset.from_dict(rows, features=features).save_to_disk(str(tmp_path))
+    train = load_split(f"hf:{tmp_path}", "train", image_size=8, val_fraction=0.0)
+    assert len(train.class_names) == 4 and sorted(set(train.labels.tolist())) == [0, 1, 2, 3]
+
+
+def test_class_names_written_in_digits_are_in_numeric_order() -> None:
+    """Strings "0".."10" sorted as text made "2" class 3 (after "10"), where a .cls "2" in shards is class 2."""
+    from vitkit.data.hfnames import string_classes
+
+    values = np.array([*(str(k) for k in (10, 2, 0, 1, 3, 4, 5, 6, 7, 8, 9)), None], dtype=object)  # None: no label
+    assert string_classes(values, "label", "hf:x") == [str(k) for k in range(11)]
+    assert string_classes(np.array(["b10", "b2"], dtype=object), "label", "hf:x") == ["b10", "b2"]  # text: as text

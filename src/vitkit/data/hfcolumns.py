@@ -61,8 +61,7 @@ def choose_columns(
         raise ValueError(f"{where}: image column {image!r} holds {what}, not images; image columns: {_listed(images)}")
     if not labelled:
         return image, "", None
-    labels = [c for c in names if kinds[c] == "ClassLabel"] or [c for c in names if kinds[c] == "int"]
-    labels = labels or [c for c in names if kinds[c] == "string" and c.lower() in LABEL_NAMES]
+    labels = _label_candidates(names, kinds)
     if not labels and not label_column:
         raise NoLabelsError(
             f"{where}: no label column (ClassLabel, integer, or class-name strings named label) among "
@@ -134,6 +133,16 @@ def _features(arrow_schema: Any, where: str) -> dict[str, Any]:
 
 def _listed(columns: list[str]) -> str:
     return ", ".join(columns) or "none"
+
+
+def _label_candidates(names: list[str], kinds: dict[str, str]) -> list[str]:
+    """The columns that may be the label: the ClassLabel ones, else the integer ones and the strings named as a
+    label; of several, the one named as a label (`label` beside an `image_id`)."""
+    labels = [c for c in names if kinds[c] == "ClassLabel"] or [
+        c for c in names if kinds[c] == "int" or (kinds[c] == "string" and c.lower() in LABEL_NAMES)
+    ]
+    named = [c for c in labels if c.lower() in LABEL_NAMES]
+    return named if len(labels) > 1 and len(named) == 1 else labels
 
 
 def _pick(chosen: str, candidates: list[str], what: str, names: list[str], where: str) -> str:

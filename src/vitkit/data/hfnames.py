@@ -13,8 +13,11 @@ from vitkit.data.tarsamples import check_class_names
 
 
 def string_classes(values: np.ndarray, label: str, where: str) -> list[str]:
-    """The classes of the train split's string labels `values` (None: unlabelled): its sorted unique strings."""
+    """The classes of the train split's string labels `values` (None: unlabelled): its sorted unique strings, in
+    numeric order where every one is a number written in digits ("2" before "10", as an index reads them)."""
     names = sorted({value for value in values if value is not None})
+    if names and all(name.isascii() and name.isdigit() for name in names):
+        names.sort(key=int)
     if not names:
         raise ValueError(f"{where}: the label column {label!r} holds no class name")
     if len(names) > MAX_CLASSES:
