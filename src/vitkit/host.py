@@ -166,6 +166,15 @@ def cpus() -> int:
         return os.cpu_count() or 1
 
 
+def processes_here() -> int:
+    """The processes of this job on this machine (torchrun's LOCAL_WORLD_SIZE; 1 without it), which share its
+    memory and /dev/shm."""
+    try:
+        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
+
+
 def set_threads(requested: int) -> int:
     """Set torch's intra-op threads to `requested` (0: leave torch's setting), capped at `cpus()` with a warning:
     torch crashes (SIGSEGV) or hangs at tens of thousands.  The threads now set."""

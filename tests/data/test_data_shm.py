@@ -165,3 +165,13 @@ def test_a_small_shared_memory_decodes_the_same_batches_in_the_main_process(tmp_
     assert fitted == 0
     reference = batches(0)[1]
     assert len(got) == 3 and all(torch.equal(a, b) and torch.equal(c, d) for (a, c), (b, d) in zip(got, reference))
+
+
+def test_torchruns_processes_on_a_machine_share_its_shared_memory(monkeypatch) -> None:
+    """Each process took 90% of the free /dev/shm for itself, though its peers start their workers at once: two
+    at 224 px in Docker's 64 MB kept 4 workers each, and both filled it at their first batch."""
+    monkeypatch.setattr(workers, "_free_bytes", lambda path: 100 * 2**20)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert workers.fitted(2, 4, 10 * 2**20) == (2, 1)  # 90% of 50 MB each: 3 batches beside the one held
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    assert workers.fitted(2, 4, 10 * 2**20) == (2, 4)

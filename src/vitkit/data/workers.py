@@ -35,6 +35,8 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, get_worker_info
 
+from vitkit.host import processes_here
+
 log = logging.getLogger(__name__)
 TELLS_SENDER = hasattr(signal, "sigwaitinfo") and "fork" in multiprocessing.get_all_start_methods()
 
@@ -60,13 +62,15 @@ _said: set[tuple[int, ...]] = set()  # each adjustment is said once a process, n
 
 def fitted(workers: int, prefetch: int, each: int, *, lanes: bool = False) -> tuple[int, int]:
     """(workers, prefetch) whose batches in flight, workers x prefetch and the one the main process holds, fit in
-    90% of the shared memory free now: fewer prefetched batches first, then fewer workers, then none (decoded
+    90% of this process's share of the shared memory free now (torchrun's processes on this machine share it):
+    fewer prefetched batches first, then fewer workers, then none (decoded
     in the main process), said once.  `lanes`: the workers are the data's order (a streamed split's lanes),
     so only the prefetch may shrink, and what still does not fit is refused before the first batch.
     Unchanged where the free space cannot be read (macOS keeps shared memory elsewhere) or is ample."""
     free = _free_bytes(SHARED_MEMORY) if workers and each else None
     if free is None:
         return workers, prefetch
+    free //= processes_here()  # torchrun's processes on this machine start their workers at once
     room = int(free * 0.9) // each - 1
     if workers * prefetch <= room:
         return workers, prefetch
@@ -77,7 +81,10 @@ def fitted(workers: int, prefetch: int, each: int, *, lanes: bool = False) -> tu
         f"{prefetch} batches of {each / 2**20:.1f} MB each in flight need {need / 2**20:.0f} MB"
     )
     if fit[0] and fit[0] * fit[1] > room:
-        raise ValueError(f"{said}: use --set data.workers=0, or give the container more (docker run --shm-size)")
+        raise ValueError(
+            f"{said}: give the container more (docker run --shm-size), or start over with --set data.workers=0 (a "
+            "stream's workers are its order: a run resumes with the workers it started with)"
+        )
     using = f"{fit[0]} worker(s), {fit[1]} batch(es) each in flight" if fit[0] else "none (decoded in the main process)"
     if (workers, prefetch, each, *fit) not in _said:
         _said.add((workers, prefetch, each, *fit))
