@@ -99,3 +99,16 @@ def test_every_verb_reads_class_name_labels_through_classes_txt(tmp_path: Path, 
     predictions = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["results"][0]["predictions"]
     assert sorted(p["class"] for p in predictions) == sorted(NAMES)
     assert all(NAMES[p["index"]] == p["class"] for p in predictions)
+
+
+def test_the_scan_reads_the_label_the_reader_reads(tmp_path: Path) -> None:
+    """A sample with a .json naming a class before a .cls holding its index: the reader takes the .cls, but the
+    scan of the labels took whichever came first, and refused the shards as labelled by class names."""
+    images, labels = numbered_images(8, classes=2)
+    members = []
+    for i in range(8):
+        name = json.dumps({"label": "cat"}).encode()
+        members += [(f"s{i:06d}.png", png(images[i])), (f"s{i:06d}.json", name), (f"s{i:06d}.cls", b"%d" % labels[i])]
+    write_tar(tmp_path / "train-000000.tar", members)
+    train = load_split(f"wds:{tmp_path}", "train", image_size=8, val_fraction=0.0)
+    assert train.class_names == ["0", "1"] and train.labels.tolist() == [labels[i] for i in image_ids(train.images)]

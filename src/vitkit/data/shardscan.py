@@ -56,8 +56,9 @@ def _scan(path: str, stamp: tuple[int, int]) -> ShardScan:
 
 
 def _label_member(members: list[tuple[str, Member]]) -> tuple[str, Member] | None:
-    """The (extension, member) a scan reads a sample's label from: its first .cls or .json member."""
-    return next(((e, m) for e, m in members if e.rsplit(".", 1)[-1] in ("cls", "json")), None)
+    """The (extension, member) a sample's label is read from, as the reader reads it: its .cls, else its .json."""
+    found = [(e, m) for e, m in members if e.rsplit(".", 1)[-1] in ("cls", "json")]
+    return min(found, key=lambda em: em[0].rsplit(".", 1)[-1] != "cls", default=None)
 
 
 def _read_label(handle: BinaryIO, name: str, member: Member) -> int | str | None:
@@ -129,8 +130,7 @@ def _labels(path: str, stamp: tuple[int, int]) -> _Labels:
     with open(path, "rb") as handle:
         try:
             for _, members in _groups(handle):
-                found = [(e, m) for e, m in members if e.rsplit(".", 1)[-1] in ("cls", "json")]
-                label = min(found, key=lambda em: em[0].rsplit(".", 1)[-1] != "cls", default=None)
+                label = _label_member(members)
                 value = _read_label(handle, *label) if label is not None and label[1].size <= MAX_LABEL_BYTES else None
                 if isinstance(value, str):
                     value = -2 - names.setdefault(sys.intern(value), len(names))
