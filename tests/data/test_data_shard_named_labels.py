@@ -112,3 +112,14 @@ def test_the_scan_reads_the_label_the_reader_reads(tmp_path: Path) -> None:
     write_tar(tmp_path / "train-000000.tar", members)
     train = load_split(f"wds:{tmp_path}", "train", image_size=8, val_fraction=0.0)
     assert train.class_names == ["0", "1"] and train.labels.tolist() == [labels[i] for i in image_ids(train.images)]
+
+
+def test_class_name_labels_are_read_through_an_index_naming_the_classes(tmp_path: Path) -> None:
+    """With a dataset.json listing the classes, a classes.txt was not read and neither was the index's list: every
+    sample labelled by name was skipped as corrupt, and the split was refused as empty."""
+    labels = named_shards(tmp_path, count=30, classes_txt=False)
+    entries = [{"shard": f"train-{k:06d}.tar", "count": 10} for k in range(3)]
+    (tmp_path / "dataset.json").write_text(json.dumps({"splits": {"train": entries}, "classes": NAMES}))
+    train = load_split(f"wds:{tmp_path}", "train", image_size=8, val_fraction=0.0)
+    assert len(train) == 24  # the 30 less the fixed 20% test hold-out: none skipped
+    assert train.class_names == NAMES and train.labels.tolist() == [labels[i] for i in image_ids(train.images)]

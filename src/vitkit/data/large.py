@@ -135,14 +135,15 @@ def read_wds(path: str, part: str, size: int, channels: int | None, labelled: bo
     fixed = part in ("train", "test") and not {"val", "test"} & set(splits)  # no held-out split of its own
     units = splits["train"] if fixed else _part(splits, part, where)
     every = [unit for found in splits.values() for unit in found]
-    by_name = None  # classes.txt's names, through which labels that are class names are read
+    by_name = None  # the classes' names, through which labels that are class names are read
     if labelled:
         listed = None if classes else class_file_names(path, every)  # a label past it, or not in it: named
         names = classes or listed or _names_by_scan(every, path)
         if not classes and top_label(every)[0] < 0 and not name_label(every)[0]:  # classes.txt, yet no label reads
             _names_by_scan(every, path)  # the one line it says where no label reads
-        if listed:
-            by_name = ClassNames(str(_class_file(path)), {name: i for i, name in enumerate(listed)})
+        if listed or classes:  # classes.txt's names, or those an index (dataset.json) gives
+            file = _class_file(path) if listed else _class_file(path).with_name(tarshards.INDEX)
+            by_name = ClassNames(str(file), {name: i for i, name in enumerate(listed or classes)})
     else:
         names = [UNLABELLED]
     reader = tarshards.TarReader(labelled, by_name)
