@@ -117,12 +117,23 @@ def test_a_killed_process_s_directory_lock_goes_with_it_not_with_its_children(tm
 def test_a_written_file_reaches_the_disk_before_its_rename(tmp_path, monkeypatch) -> None:
     """Only directories were flushed: after a power cut the renamed name could stand on an empty file."""
     events = []
-    monkeypatch.setattr(os, "fsync", lambda fd: events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"))))
+    monkeypatch.setattr(os, "fsync", lambda fd: events.append(("fsync", os.fstat(fd).st_ino)))
     real_replace = os.replace
-    monkeypatch.setattr(os, "replace", lambda a, b: (events.append(("replace", str(a))), real_replace(a, b)))
+    monkeypatch.setattr(os, "replace", lambda a, b: (events.append(("replace", os.stat(a).st_ino)), real_replace(a, b)))
     atomic_write_text(tmp_path / "a.json", "{}")
     (_, flushed), (_, renamed) = events
     assert events[0][0] == "fsync" and flushed == renamed and (tmp_path / "a.json").read_text() == "{}"
+
+
+@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="POSIX permissions, which root passes")
+def test_a_file_its_owner_may_not_write_is_still_written(tmp_path) -> None:
+    """Under a umask that leaves the owner no write, flushing through a writable descriptor was refused."""
+    old = os.umask(0o277)
+    try:
+        atomic_write_text(tmp_path / "a.json", "{}")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "a.json").read_text() == "{}"
 
 
 def test_a_full_disk_names_the_file_whoever_raised_it(tmp_path) -> None:

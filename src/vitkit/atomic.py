@@ -38,13 +38,19 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], object]) -> No
         raise
 
 
+NO_FSYNC = {errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS}  # a file system that cannot: no error
+
+
 def _flush(file: str) -> None:
     """The file's contents written to the disk (fsync), where the platform allows."""
-    fd = os.open(file, os.O_RDWR)
+    try:
+        fd = os.open(file, os.O_RDWR)  # Windows flushes only a file open for writing
+    except PermissionError:  # a umask that leaves the owner no write: POSIX flushes a read-only descriptor too
+        fd = os.open(file, os.O_RDONLY)
     try:
         os.fsync(fd)
     except OSError as error:  # a full disk or a failed device is an error; a file system without fsync is not
-        if error.errno not in (errno.EINVAL, errno.ENOTSUP):
+        if error.errno not in NO_FSYNC:
             raise
     finally:
         os.close(fd)
