@@ -455,3 +455,16 @@ def test_a_process_waiting_for_peers_that_never_start_says_so_and_stops_on_a_sig
         pytest.fail("the rendezvous did not stop on the signal")
     assert code == (130 if sig == signal.SIGINT else 143)
     assert "vitkit train: interrupted" in process.stderr.read()
+
+
+def test_a_join_is_refused_while_an_interrupted_one_still_waits(monkeypatch) -> None:
+    """A library caller that catches the interrupt and goes on would have a second join race the first, which
+    could still make the default group behind its back when the peers come."""
+    waiting = threading.Event()
+    left = threading.Thread(target=waiting.wait, daemon=True)
+    left.start()
+    monkeypatch.setattr(distributed, "_joining", left)
+    info = distributed.DistInfo(rank=0, world=2, launched=True)
+    with pytest.raises(RuntimeError, match="an earlier, interrupted join of the process group is still waiting"):
+        distributed.setup(info, torch.device("cpu"))
+    waiting.set()

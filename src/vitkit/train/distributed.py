@@ -27,6 +27,7 @@ from torch import nn
 
 GROUP_TIMEOUT = datetime.timedelta(minutes=30)  # a collective waits this long for a process that does not come
 WAIT_SAID_S = 10.0  # a rendezvous that waits longer for the other processes says so
+_joining: threading.Thread | None = None  # the thread of the last join, which a signal may have left waiting
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,10 @@ def _join(backend: str, info: DistInfo) -> None:
     """`init_process_group` in a thread while this one waits in Python: the rendezvous waits in C++ for every
     process of WORLD_SIZE, deaf to Ctrl-C and SIGTERM, for up to GROUP_TIMEOUT where one never starts (a
     hand-set WORLD_SIZE, a node not launched), and said nothing.  A wait past WAIT_SAID_S is said; a signal
-    stops it (the thread, a daemon, is left to the process's exit)."""
+    stops it (the thread, a daemon, is left to the process's exit; a later join while it waits is refused)."""
+    global _joining
+    if _joining is not None and _joining.is_alive():
+        raise RuntimeError("an earlier, interrupted join of the process group is still waiting for its peers")
     failed: list[BaseException] = []
 
     def join() -> None:
@@ -114,7 +118,7 @@ def _join(backend: str, info: DistInfo) -> None:
         except BaseException as error:  # noqa: BLE001 - raised again in the waiting thread
             failed.append(error)
 
-    thread = threading.Thread(target=join, name="vitkit-rendezvous", daemon=True)
+    thread = _joining = threading.Thread(target=join, name="vitkit-rendezvous", daemon=True)
     thread.start()
     thread.join(WAIT_SAID_S)
     if thread.is_alive():
