@@ -331,3 +331,24 @@ def test_a_val_split_asked_of_a_one_split_dataset_names_its_test_hold_out(tmp_pa
     labelled_dataset(12).save_to_disk(str(tmp_path))
     with pytest.raises(ValueError, match=r"no val split \(it has: train, and its fixed test hold-out\)"):
         load_split(f"hf:{tmp_path}", "val")
+
+
+def test_channels_and_side_are_probed_across_a_class_sorted_split(tmp_path: Path) -> None:
+    """Rows built from class folders are sorted by class, and the first 16 (one grayscale class, of small images)
+    made a colour set grayscale, at the small class's side; folder: of the same images said 3 channels."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    def encoded(mode: str, side: int, k: int) -> dict:
+        out = io.BytesIO()
+        Image.fromarray(np.full((side, side, 3), k, np.uint8)).convert(mode).save(out, format="PNG")
+        return {"bytes": out.getvalue(), "path": None}
+
+    pictures = [encoded("L", 8, k) for k in range(20)] + [encoded("RGB", 24, k) for k in range(40)]
+    features = datasets.Features({"picture": datasets.Image(), "target": datasets.ClassLabel(names=["a", "b"])})
+    rows = {"picture": pictures, "target": [0] * 20 + [1] * 40}
+    datasets.Dataset.from_dict(rows, features=features).save_to_disk(str(tmp_path))
+    info = describe(f"hf:{tmp_path}")
+    assert (info.channels, info.image_size) == (3, 24)

@@ -320,6 +320,13 @@ def image_size(path: Path | bytes) -> tuple[int, int] | None:
         return None
 
 
+def spread(count: int, probed: int) -> list[int]:
+    """`probed` positions spread evenly over `count` rows, to probe: rows are often sorted by class, and the first
+    few of one class (a grayscale one, a smaller one) said the channels and side of the whole split."""
+    taken = min(probed, count)
+    return [round(k * (count - 1) / (taken - 1)) for k in range(taken)] if taken > 1 else list(range(taken))
+
+
 def probe_images(sources: Sequence[Path | bytes | str]) -> tuple[int, int]:
     """(median shorter side, channels) of a few encoded images, from their headers; channels is 1 when all
     are grayscale, else 3.  (0, 3) when none opens."""

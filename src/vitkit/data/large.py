@@ -18,7 +18,7 @@ import torch
 
 from vitkit.data import hf, hfnames, holdout, tarshards
 from vitkit.data.hfcolumns import is_strings
-from vitkit.data.images import IMAGE_EXTENSIONS, NoLabelsError, probe_images
+from vitkit.data.images import IMAGE_EXTENSIONS, NoLabelsError, probe_images, spread
 from vitkit.data.imageset import NO_LABELS_HINT, UNLABELLED, VAL_HINT, ImageSet, SourceInfo, fits_in_memory
 from vitkit.data.shardscan import CLASS_FILE, name_label, top_label
 from vitkit.data.stream import ShardSet, Unit
@@ -53,10 +53,10 @@ def _probe_stream(units: list[Unit], reader: Any) -> tuple[int, int]:
     split (of one unit, its first PROBED), so that a run of gray images at its start does not make a colour set
     gray."""
     step = max(1, len(units) // (PROBED // PER_UNIT))
-    spread = units[::step][: PROBED // PER_UNIT]
-    each = PER_UNIT if len(spread) > 1 else PROBED
+    chosen = units[::step][: PROBED // PER_UNIT]
+    each = PER_UNIT if len(chosen) > 1 else PROBED
     images: list[bytes] = []
-    for unit in spread:
+    for unit in chosen:
         images += itertools.islice((s.image for _, s in reader.samples(unit) if s.image is not None), each)
     return probe_images(images)
 
@@ -329,7 +329,7 @@ def read_hf(
     if label_map:
         known = (labels >= 0) & (labels < len(label_map))
         labels[known] = np.asarray(label_map)[labels[known]]
-    channels = channels or probe_images([images[i] for i in range(min(PROBED, len(images)))])[1]
+    channels = channels or probe_images([images[i] for i in spread(len(images), PROBED)])[1]
     rows = ImageSet(
         images=None,
         files=images,
@@ -383,7 +383,7 @@ def describe_hf(
     if isinstance(data, ShardSet):
         side = _probe_stream(data.units, data.reader)[0]
     else:
-        side = probe_images([data.files[i] for i in range(min(PROBED, len(data)))])[0]
+        side = probe_images([data.files[i] for i in spread(len(data), PROBED)])[0]
     fits = fits_in_memory(len(data), data.channels, size, max_in_memory_bytes)
     return SourceInfo(
         uri=uri,
