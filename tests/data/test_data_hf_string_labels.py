@@ -136,3 +136,16 @@ def test_class_names_written_in_digits_are_in_numeric_order() -> None:
     values = np.array([*(str(k) for k in (10, 2, 0, 1, 3, 4, 5, 6, 7, 8, 9)), None], dtype=object)  # None: no label
     assert string_classes(values, "label", "hf:x") == [str(k) for k in range(11)]
     assert string_classes(np.array(["b10", "b2"], dtype=object), "label", "hf:x") == ["b10", "b2"]  # text: as text
+
+
+def test_label_strings_are_read_as_names_without_spaces_and_composed() -> None:
+    """A "cat " and a decomposed "é" (as macOS folder names are) were classes of their own, beside "cat" and "é";
+    wds labels and classes.txt lines are read stripped.  An empty string named no row."""
+    from vitkit.data.hfnames import encode, string_classes
+
+    values = np.array(["cat", "cat ", " dog", "caf\u00e9", "cafe\u0301", None], dtype=object)
+    names = string_classes(values, "label", "hf:x")
+    assert names == ["caf\u00e9", "cat", "dog"]
+    assert encode(values, names, "hf:x").tolist() == [1, 1, 2, 0, 0, -1]
+    with pytest.raises(ValueError, match="row 2 of the label column 'label' is an empty string"):
+        string_classes(np.array(["cat", "dog", "  "], dtype=object), "label", "hf:x")

@@ -4,6 +4,7 @@ classes.txt beside them: in memory, streamed, held out, and by every verb that r
 from __future__ import annotations
 
 import json
+import unicodedata
 from pathlib import Path
 
 import numpy as np
@@ -123,3 +124,19 @@ def test_class_name_labels_are_read_through_an_index_naming_the_classes(tmp_path
     train = load_split(f"wds:{tmp_path}", "train", image_size=8, val_fraction=0.0)
     assert len(train) == 24  # the 30 less the fixed 20% test hold-out: none skipped
     assert train.class_names == NAMES and train.labels.tolist() == [labels[i] for i in image_ids(train.images)]
+
+
+def test_a_json_label_of_digits_is_an_index_and_names_are_composed(tmp_path: Path) -> None:
+    """{"label": "9"} was refused ("no integer label") where a .cls holding 9 is read as 9; a decomposed "é" in a
+    label (as macOS folder names are) was not the composed "é" of classes.txt, though both look the same."""
+    images, labels = numbered_images(8, classes=2)
+    names = ["caf\u00e9", "th\u00e9"]  # composed in classes.txt
+    members = []
+    for i in range(8):
+        label = {"label": str(labels[i])} if i % 2 else {"label": unicodedata.normalize("NFD", names[labels[i]])}
+        members += [(f"s{i:06d}.png", png(images[i])), (f"s{i:06d}.json", json.dumps(label).encode())]
+    write_tar(tmp_path / "train-000000.tar", members)
+    (tmp_path / "classes.txt").write_text("\n".join(names) + "\n")
+    train = load_split(f"wds:{tmp_path}", "train", image_size=8, val_fraction=0.0)
+    assert len(train) + len(load_split(f"wds:{tmp_path}", "test", image_size=8)) == 8  # none skipped
+    assert train.class_names == names and train.labels.tolist() == [labels[i] for i in image_ids(train.images)]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import unicodedata
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -214,7 +215,7 @@ def class_file_names(path: str, scanned: list[Unit] | None) -> list[str] | None:
         raise ValueError(f"{file}: {file.stat().st_size:,} bytes, more than a class list holds")
     try:
         text = file.read_bytes().decode("utf-8-sig")  # a byte-order mark dropped
-        names = [line.strip() for line in text.split("\n")]  # not splitlines: \f is no line end
+        names = [unicodedata.normalize("NFC", line.strip()) for line in text.split("\n")]  # \f is no line end
     except UnicodeDecodeError as error:
         raise ValueError(f"{file}: not UTF-8 text ({error})") from error
     while names and not names[-1]:

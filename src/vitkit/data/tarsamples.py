@@ -86,8 +86,9 @@ def _label_value(ext: str, data: bytes) -> int | str:
         if not _DIGITS.fullmatch(data):  # int() also reads "1_0" as 10, and other scripts' digits
             name = data.decode("utf-8", "replace").strip()
             if _is_name(name):
-                return name
-            raise ValueError(f"{data[:20]!r} is not a class index (ASCII digits)")
+                return unicodedata.normalize("NFC", name)
+            what = "empty" if not name else f"{data[:20]!r}, not a class index (ASCII digits) nor a name (a letter)"
+            raise ValueError(f"the label is {what}")
         value = int(data)
     else:
         try:
@@ -96,9 +97,11 @@ def _label_value(ext: str, data: bytes) -> int | str:
             raise ValueError("JSON nested too deeply") from error
         value = record.get("label", record.get("cls")) if isinstance(record, dict) else None
         if isinstance(value, str) and _is_name(value.strip()):
-            return value.strip()
+            return unicodedata.normalize("NFC", value.strip())
+        if isinstance(value, str) and _DIGITS.fullmatch(value.strip().encode()):
+            value = int(value)  # "9", as a .cls holding 9 is read
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError('no integer "label" or "cls" field')
+            raise ValueError('no "label" or "cls" field holding a class index or a class name')
     if not 0 <= value < MAX_CLASSES:
         raise ValueError(f"label {value} is outside 0..{MAX_CLASSES - 1}")
     return value
