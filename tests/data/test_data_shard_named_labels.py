@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shardkit import image_ids, numbered_images, png, write_tar
+from shardkit import image_ids, numbered_images, numbered_shards, png, write_tar
 from vitkit.data.sources import describe, load_split
 from vitkit.data.stream import read_all
 
@@ -140,3 +140,16 @@ def test_a_json_label_of_digits_is_an_index_and_names_are_composed(tmp_path: Pat
     train = load_split(f"wds:{tmp_path}", "train", image_size=8, val_fraction=0.0)
     assert len(train) + len(load_split(f"wds:{tmp_path}", "test", image_size=8)) == 8  # none skipped
     assert train.class_names == names and train.labels.tolist() == [labels[i] for i in image_ids(train.images)]
+
+
+@pytest.mark.parametrize(("lines", "refused"), [("3 7 0 9 1 8 2 6 4 5", True), ("2010 2011", True), ("0 1 cat", False)])
+def test_class_names_in_digits_must_be_their_own_numbers(tmp_path: Path, lines: str, refused: bool) -> None:
+    """A classes.txt of "3 7 0 ...": a .cls "3" read as class 3, which line 4 names "9", so every image took
+    another class's name in silence (train, eval and `vitkit shard` alike)."""
+    numbered_shards(tmp_path, [8], classes=2)
+    (tmp_path / "classes.txt").write_text("\n".join(lines.split()) + "\n")
+    if refused:
+        with pytest.raises(ValueError, match=r"classes.txt: line 1 \(class 0\) is named '(3|2010)', a number other"):
+            load_split(f"wds:{tmp_path}", "train", image_size=8)
+    else:
+        assert load_split(f"wds:{tmp_path}", "train", image_size=8).class_names == ["0", "1", "cat"]

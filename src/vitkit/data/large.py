@@ -23,7 +23,7 @@ from vitkit.data.images import IMAGE_EXTENSIONS, NoLabelsError, probe_images, sp
 from vitkit.data.imageset import NO_LABELS_HINT, UNLABELLED, VAL_HINT, ImageSet, SourceInfo, fits_in_memory
 from vitkit.data.shardscan import CLASS_FILE, name_label, top_label
 from vitkit.data.stream import ShardSet, Unit
-from vitkit.data.tarsamples import ClassNames, check_class_names
+from vitkit.data.tarsamples import ClassNames, check_class_names, check_number_names
 
 PROBED = 16  # images whose headers give the typical side and the channels when no index says
 PER_UNIT = 4  # ... at most this many of each shard or row group, where there are several
@@ -223,6 +223,7 @@ def class_file_names(path: str, scanned: list[Unit] | None) -> list[str] | None:
     if not names or len(names) > tarshards.MAX_CLASSES:
         raise ValueError(f"{file}: expected one class name per line, 1 to {tarshards.MAX_CLASSES:,} of them")
     check_class_names(names, str(file), "line")
+    check_number_names(names, str(file))
     top, holder = top_label(scanned or [])
     if top >= len(names):
         raise ValueError(

@@ -46,6 +46,18 @@ MAX_NAME_CHARS = 1_000  # a class name: WordNet's longest glosses run to a few h
 MAX_NAMES_BYTES = 8 << 20
 
 
+def check_number_names(names: list[str], file: str) -> None:
+    """A CLASS_FILE's names written in digits are their own line numbers from 0: a label "3" reads as class 3
+    (line 4), so a line "3" elsewhere would give each such image another class's name, in silence."""
+    for line, name in enumerate(names):
+        if _DIGITS.fullmatch(name.encode()) and int(name) != line:
+            raise ValueError(
+                f"{file}: line {line + 1} (class {line}) is named {name!r}, a number other than its class: a label "
+                f"{name!r} reads as class {int(name)}, so a class named by digits must be its own number (line i "
+                'holding i); give the classes names with a letter ("class_3"), or order the lines so'
+            )
+
+
 def check_class_names(names: list[str], where: str, item: str) -> None:
     """Class names read from an untrusted file: none empty, none repeated, no control character but a tab;
     `item` is what an entry is called in the messages ("line", "class"), numbered from 1."""
