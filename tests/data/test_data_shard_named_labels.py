@@ -153,3 +153,12 @@ def test_class_names_in_digits_must_be_their_own_numbers(tmp_path: Path, lines: 
             load_split(f"wds:{tmp_path}", "train", image_size=8)
     else:
         assert load_split(f"wds:{tmp_path}", "train", image_size=8).class_names == ["0", "1", "cat"]
+
+
+def test_a_column_flag_on_a_source_without_columns_is_refused(tmp_path: Path) -> None:
+    """`--label-column species` on wds: shards was ignored in silence, the labels read as ever."""
+    named_shards(tmp_path)
+    with pytest.raises(ValueError, match=r"--label-column chooses a column of an hf: data set; wds:.* \(it is wds:\)"):
+        describe(f"wds:{tmp_path}", label_column="species")
+    with pytest.raises(ValueError, match="--image-column chooses a column"):
+        describe("digits", image_column="img")

@@ -370,6 +370,9 @@ def describe(
 ) -> SourceInfo:
     """Counts and sizes of a source from headers, listings and indexes (decodes no pixels, except digits' 100 KB)."""
     kind, path = parse_uri(uri)
+    if kind != "hf" and (image_column or label_column):  # every command describes its data first
+        flag = "--label-column" if label_column else "--image-column"
+        raise ValueError(f"{flag} chooses a column of an hf: data set; {uri} has no columns (it is {kind}:)")
     root, size = Path(path), image_size or DEFAULT_FOLDER_SIZE
     if kind in arrays.ARRAY_KINDS:
         return arrays.describe_arrays(kind, uri, root)
