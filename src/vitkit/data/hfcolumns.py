@@ -64,8 +64,9 @@ def choose_columns(
     labels = _label_candidates(names, kinds)
     if not labels and not label_column:
         raise NoLabelsError(
-            f"{where}: no label column (ClassLabel, integer, or class-name strings named label) among "
-            f"{', '.join(names)}; choose one with --label-column NAME, or train without labels: {NO_LABELS_HINT}"
+            f"{where}: no label column (ClassLabel, integer, or class-name strings named label, labels, class or "
+            f"category) among {', '.join(names)}; choose one with --label-column NAME, or train without labels: "
+            f"{NO_LABELS_HINT}"
         )
     label = _pick(label_column, labels, "label", names, where)
     if kinds[label] not in ("ClassLabel", "int", "string"):
