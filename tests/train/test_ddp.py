@@ -431,8 +431,9 @@ def test_leave_runs_the_exit_handlers_flushes_and_exits_with_the_code(tmp_path: 
 def test_a_process_waiting_for_peers_that_never_start_says_so_and_stops_on_a_signal(tmp_path: Path, sig) -> None:
     """WORLD_SIZE=2 with one process started waited in the rendezvous, in C++, for 30 minutes: silent, and deaf
     to Ctrl-C and SIGTERM (only SIGKILL ended it).  The wait is now said, and either signal ends it at once."""
-    script = (
-        "import sys; from vitkit.train import distributed; distributed.WAIT_SAID_S = 0.5; from vitkit.cli import main; "
+    script = (  # Ctrl-C as a terminal leaves it: a job a script started in the background inherits it ignored
+        "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        "from vitkit.train import distributed; distributed.WAIT_SAID_S = 0.5; from vitkit.cli import main; "
         f"sys.exit(main(['train', '--recipe', 'small-8px-tiny', '--out', {str(tmp_path / 'run')!r}]))"
     )
     env = {**os.environ, "WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
