@@ -5,22 +5,21 @@ line of classes.txt are, so "cat " and a macOS folder's decomposed "é" are no c
 
 from __future__ import annotations
 
-import unicodedata
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from vitkit.data.readers import MAX_CLASSES
-from vitkit.data.tarsamples import check_class_names
+from vitkit.data.tarsamples import check_class_names, class_name
 
 
 def string_classes(values: np.ndarray, label: str, where: str) -> list[str]:
     """The classes of the train split's string labels `values` (None: unlabelled): its sorted unique strings, in
     numeric order where every one is a number written in digits ("2" before "10", as an index reads them)."""
-    names = sorted({name(value) for value in values if value is not None})
+    names = sorted({class_name(value) for value in values if value is not None})
     if names and names[0] == "":  # sorted: the empty name first
-        row = next(i for i, value in enumerate(values) if value is not None and not name(value))
+        row = next(i for i, value in enumerate(values) if value is not None and not class_name(value))
         raise ValueError(
             f"{where}: row {row} of the label column {label!r} is an empty string: give it its class name, or None "
             "to leave it unlabelled"
@@ -41,7 +40,7 @@ def encode(values: np.ndarray, names: Sequence[str], where: str) -> np.ndarray:
     """int64 class index of each string label (-1 where a row has none); a ValueError naming the first row whose
     string is none of the train split's `names`."""
     index = {name: i for i, name in enumerate(names)}
-    codes = np.array([-1 if value is None else index.get(name(value), -2) for value in values], dtype=np.int64)
+    codes = np.array([-1 if value is None else index.get(class_name(value), -2) for value in values], dtype=np.int64)
     if (codes == -2).any():
         row = int(np.flatnonzero(codes == -2)[0])
         raise ValueError(
@@ -55,9 +54,4 @@ def encode(values: np.ndarray, names: Sequence[str], where: str) -> np.ndarray:
 def indices(values: list[Any], names: Sequence[str]) -> list[int]:
     """The class index of each string label, -1 where a row has none or one of no class (read as corrupt)."""
     index = {name: i for i, name in enumerate(names)}
-    return [index.get(name(value), -1) if isinstance(value, str) else -1 for value in values]
-
-
-def name(value: str) -> str:
-    """The class name a label string holds."""
-    return unicodedata.normalize("NFC", value.strip())
+    return [index.get(class_name(value), -1) if isinstance(value, str) else -1 for value in values]

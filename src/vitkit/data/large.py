@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import unicodedata
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from vitkit.data.images import IMAGE_EXTENSIONS, NoLabelsError, probe_images, sp
 from vitkit.data.imageset import NO_LABELS_HINT, UNLABELLED, VAL_HINT, ImageSet, SourceInfo, fits_in_memory
 from vitkit.data.shardscan import CLASS_FILE, name_label, top_label
 from vitkit.data.stream import ShardSet, Unit
-from vitkit.data.tarsamples import ClassNames, check_class_names, check_number_names
+from vitkit.data.tarsamples import ClassNames, check_class_names, check_number_names, class_name
 
 PROBED = 16  # images whose headers give the typical side and the channels when no index says
 PER_UNIT = 4  # ... at most this many of each shard or row group, where there are several
@@ -215,7 +214,7 @@ def class_file_names(path: str, scanned: list[Unit] | None) -> list[str] | None:
         raise ValueError(f"{file}: {file.stat().st_size:,} bytes, more than a class list holds")
     try:
         text = file.read_bytes().decode("utf-8-sig")  # a byte-order mark dropped
-        names = [unicodedata.normalize("NFC", line.strip()) for line in text.split("\n")]  # \f is no line end
+        names = [class_name(line) for line in text.split("\n")]  # not splitlines: \f is no line end
     except UnicodeDecodeError as error:
         raise ValueError(f"{file}: not UTF-8 text ({error})") from error
     while names and not names[-1]:

@@ -15,7 +15,15 @@ from typing import BinaryIO, NamedTuple
 from vitkit.data.readers import DataFormatError, mostly_empty
 from vitkit.data.stream import Unit
 from vitkit.data.tarformat import Member, TarFormatError, read_member
-from vitkit.data.tarsamples import CLASS_FILE, MAX_LABEL_BYTES, _groups, _label_value, _name_once, damage_message
+from vitkit.data.tarsamples import (
+    CLASS_FILE,
+    MAX_LABEL_BYTES,
+    _groups,
+    _label_value,
+    _name_once,
+    damage_message,
+    label_member,
+)
 
 
 class ShardScan(NamedTuple):
@@ -38,7 +46,7 @@ def _scan(path: str, stamp: tuple[int, int]) -> ShardScan:
         try:
             for key, members in _groups(handle):
                 count += 1
-                label = _label_member(members)
+                label = label_member(members)
                 value = None if label is None else _read_label(handle, *label)
                 if isinstance(value, str):  # one string for every shard's copy of a name
                     names.setdefault(sys.intern(value), None)
@@ -53,12 +61,6 @@ def _scan(path: str, stamp: tuple[int, int]) -> ShardScan:
             problem = damage_message(path, count, error)
             _name_once(path, problem, every_process=True)
     return ShardScan(count, top, problem, top_key, bytes(present), tuple(names))
-
-
-def _label_member(members: list[tuple[str, Member]]) -> tuple[str, Member] | None:
-    """The (extension, member) a sample's label is read from, as the reader reads it: its .cls, else its .json."""
-    found = [(e, m) for e, m in members if e.rsplit(".", 1)[-1] in ("cls", "json")]
-    return min(found, key=lambda em: em[0].rsplit(".", 1)[-1] != "cls", default=None)
 
 
 def _read_label(handle: BinaryIO, name: str, member: Member) -> int | str | None:
@@ -109,7 +111,7 @@ def _holder(path: str, name: str) -> str:
     with open(path, "rb") as handle:
         try:
             for key, members in _groups(handle):
-                label = _label_member(members)
+                label = label_member(members)
                 if label is not None and _read_label(handle, *label) == name:
                     return key
         except TarFormatError:
@@ -130,7 +132,7 @@ def _labels(path: str, stamp: tuple[int, int]) -> _Labels:
     with open(path, "rb") as handle:
         try:
             for _, members in _groups(handle):
-                label = _label_member(members)
+                label = label_member(members)
                 value = _read_label(handle, *label) if label is not None and label[1].size <= MAX_LABEL_BYTES else None
                 if isinstance(value, str):
                     value = -2 - names.setdefault(sys.intern(value), len(names))

@@ -98,7 +98,7 @@ def _label_value(ext: str, data: bytes) -> int | str:
         if not _DIGITS.fullmatch(data):  # int() also reads "1_0" as 10, and other scripts' digits
             name = data.decode("utf-8", "replace").strip()
             if _is_name(name):
-                return unicodedata.normalize("NFC", name)
+                return class_name(name)
             what = "empty" if not name else f"{data[:20]!r}, not a class index (ASCII digits) nor a name (a letter)"
             raise ValueError(f"the label is {what}")
         value = int(data)
@@ -109,7 +109,7 @@ def _label_value(ext: str, data: bytes) -> int | str:
             raise ValueError("JSON nested too deeply") from error
         value = record.get("label", record.get("cls")) if isinstance(record, dict) else None
         if isinstance(value, str) and _is_name(value.strip()):
-            return unicodedata.normalize("NFC", value.strip())
+            return class_name(value)
         if isinstance(value, str) and _DIGITS.fullmatch(value.strip().encode()):
             value = int(value)  # "9", as a .cls holding 9 is read
         if isinstance(value, bool) or not isinstance(value, int):
@@ -117,6 +117,18 @@ def _label_value(ext: str, data: bytes) -> int | str:
     if not 0 <= value < MAX_CLASSES:
         raise ValueError(f"label {value} is outside 0..{MAX_CLASSES - 1}")
     return value
+
+
+def label_member(members: list[tuple[str, Member]]) -> tuple[str, Member] | None:
+    """The (extension, member) a sample's label is read from: its .cls, else its .json."""
+    found = [(e, m) for e, m in members if e.rsplit(".", 1)[-1] in ("cls", "json")]
+    return min(found, key=lambda em: em[0].rsplit(".", 1)[-1] != "cls", default=None)
+
+
+def class_name(text: str) -> str:
+    """A class name as every reader compares it (a label, a line of CLASS_FILE, an hf string): without the spaces
+    around it, in Unicode's composed form (NFC), so a macOS folder's decomposed "é" is the same name."""
+    return unicodedata.normalize("NFC", text.strip())
 
 
 def _is_name(text: str) -> bool:
@@ -155,9 +167,7 @@ def _assemble(
     """Image bytes and label of one group of members (or what is wrong with it), a class name read through
     `classes`; without `labelled`, no label member is read and every image is class 0."""
     image = next((m for ext, m in members if ext.rsplit(".", 1)[-1] in _IMAGE_EXTS), None)
-    label = next(((ext, m) for ext, m in members if ext.rsplit(".", 1)[-1] == "cls"), None) or next(
-        ((ext, m) for ext, m in members if ext.rsplit(".", 1)[-1] == "json"), None
-    )
+    label = label_member(members)
     if image is not None and not labelled:
         if image.size > MAX_IMAGE_BYTES:
             return Sample(key, None, None, f"member {image.name!r} of {image.size:,} bytes is too large to be read")
